@@ -1,0 +1,1 @@
+//! The userspace backend (in progress).

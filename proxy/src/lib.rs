@@ -1,0 +1,11 @@
+//! kpr's node agent: a kube-proxy replacement with userspace, iptables, nftables and eBPF dataplanes.
+//!
+//! Data flow: a source (`source::kube` or `source::file`) feeds the change tracker (`tracker`), the
+//! sync runner (`sync`) asks `selection` which endpoints each kind of traffic may use and hands the
+//! result to a [`dataplane::Dataplane`]. Metrics, health and the state `proxy inspect` reads are
+//! served by `server`.
+
+pub mod dataplane;
+pub mod error;
+pub mod model;
+pub mod selection;

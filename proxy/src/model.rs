@@ -1,0 +1,188 @@
+//! The proxy's view of Services and endpoints: the types every other module speaks.
+//!
+//! Owns: `ServicePortName` (the unit of change), `ServicePort` (everything a dataplane needs to know
+//! about one port of one Service) and `Endpoint`. Conversion from Kubernetes objects lives in
+//! `convert`; this module has no I/O and no Kubernetes types.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// Transport protocol of a Service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// The Kubernetes spelling (`TCP`, `UDP`, `SCTP`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+
+    /// The lower-case spelling nft, iptables and conntrack use.
+    pub fn lower(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+
+    /// IANA protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
+    /// Parses the Kubernetes spelling; `None` (absent) means TCP as in the API defaults.
+    pub fn parse(s: Option<&str>) -> Option<Protocol> {
+        match s {
+            None | Some("TCP") => Some(Protocol::Tcp),
+            Some("UDP") => Some(Protocol::Udp),
+            Some("SCTP") => Some(Protocol::Sctp),
+            Some(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identifies one port of one Service: the unit the change tracker and the dataplanes work in.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ServicePortName {
+    pub namespace: String,
+    pub name: String,
+    pub port_name: String,
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port_name.is_empty() {
+            write!(f, "{}/{}/{}", self.namespace, self.name, self.protocol)
+        } else {
+            write!(f, "{}/{}:{}/{}", self.namespace, self.name, self.port_name, self.protocol)
+        }
+    }
+}
+
+/// Load-balancing algorithm, chosen per node (`--balance`) and per Service (annotation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    #[default]
+    RoundRobin,
+    LeastConn,
+}
+
+impl Algorithm {
+    /// Parses `round-robin` / `rr` and `least-conn` / `least-connection` / `lc`.
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "round-robin" | "roundrobin" | "rr" => Some(Algorithm::RoundRobin),
+            "least-conn" | "least-connection" | "leastconn" | "lc" => Some(Algorithm::LeastConn),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::RoundRobin => "round-robin",
+            Algorithm::LeastConn => "least-conn",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The annotation by which a Service overrides the node's `--balance` algorithm.
+pub const ALGORITHM_ANNOTATION: &str = "kpr.io/balance";
+
+/// Everything a dataplane needs to know about one port of one Service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServicePort {
+    pub name: ServicePortName,
+    /// clusterIPs of the Service (one per IP family).
+    pub cluster_ips: Vec<IpAddr>,
+    pub port: u16,
+    pub protocol: Protocol,
+    /// 0 when the Service has no node port for this port.
+    pub node_port: u16,
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip`, minus entries with `ipMode: Proxy`.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges`; empty means everyone.
+    pub source_ranges: Vec<IpNet>,
+    /// Session affinity ClientIP timeout; `None` without affinity.
+    pub affinity: Option<Duration>,
+    /// `externalTrafficPolicy: Local`.
+    pub external_local: bool,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_local: bool,
+    /// 0 when none.
+    pub health_check_node_port: u16,
+    /// The algorithm this Service port uses (node default unless annotated).
+    pub algorithm: Algorithm,
+}
+
+impl ServicePort {
+    /// Destinations that count as "external" (nodePort, externalIPs, LB IPs).
+    pub fn has_external(&self) -> bool {
+        self.node_port != 0 || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+    }
+}
+
+/// One endpoint of one Service port, as an EndpointSlice describes it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub addr: IpAddr,
+    pub port: u16,
+    /// `nodeName` of the endpoint, if set.
+    pub node: Option<String>,
+    pub zone: Option<String>,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}
+
+impl Endpoint {
+    /// The endpoint as `ip:port`.
+    pub fn socket_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.addr, self.port)
+    }
+
+    /// Whether this endpoint runs on the node called `node_name`.
+    pub fn is_local(&self, node_name: &str) -> bool {
+        self.node.as_deref() == Some(node_name)
+    }
+}
+
+/// The whole desired state the core hands to a dataplane.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceMap {
+    pub services: BTreeMap<ServicePortName, ServicePort>,
+    pub endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
+}

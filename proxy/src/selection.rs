@@ -1,0 +1,171 @@
+//! Endpoint selection: the one place that decides which endpoints a connection may use.
+//!
+//! Implements "Choosing endpoints" and the masquerade rules of SERVICE-SEMANTICS.md. Every backend
+//! compiles the output of [`select`] (and asks [`route`] per connection where it decides at connect
+//! time); no backend re-decides which endpoint is usable.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Endpoint, ServicePort};
+
+/// What the node knows about itself, needed to classify sources and endpoints.
+#[derive(Debug, Clone, Default)]
+pub struct NodeContext {
+    /// `--hostname-override` (or the host name): endpoints whose `nodeName` equals it are local.
+    pub node_name: String,
+    /// `--cluster-cidr`: sources inside are pod sources.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// The node's own addresses: sources equal to one are node sources.
+    pub node_ips: Vec<IpAddr>,
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+}
+
+impl NodeContext {
+    /// Classifies a source address as pod, node or external.
+    pub fn source_kind(&self, src: IpAddr) -> SourceKind {
+        if self.node_ips.contains(&src) || src.is_loopback() {
+            SourceKind::Node
+        } else if self.cluster_cidrs.iter().any(|c| c.contains(&src)) {
+            SourceKind::Pod
+        } else {
+            SourceKind::External
+        }
+    }
+}
+
+/// Where a connection comes from (SERVICE-SEMANTICS.md vocabulary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    Pod,
+    Node,
+    External,
+}
+
+/// Which kind of Service address a connection was made to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DestKind {
+    ClusterIp,
+    NodePort,
+    ExternalIp,
+    LoadBalancer,
+}
+
+impl DestKind {
+    /// nodePort, externalIP and LoadBalancer IP are "external" destinations.
+    pub fn is_external(self) -> bool {
+        !matches!(self, DestKind::ClusterIp)
+    }
+}
+
+/// What happens to a new connection when its endpoint set is empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmptyVerdict {
+    /// No usable endpoint anywhere: actively refuse (TCP reset / ICMP unreachable).
+    Reject,
+    /// A Local policy with usable endpoints on other nodes only: silently drop.
+    Drop,
+}
+
+/// The endpoints of one Service port, split by the traffic that may use them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SelectedEndpoints {
+    /// For cluster traffic (clusterIP, and external destinations reached from pod or node sources
+    /// when the short-circuit applies). Honours internalTrafficPolicy.
+    pub cluster: Vec<Endpoint>,
+    /// For external traffic from external sources. Honours externalTrafficPolicy.
+    pub external: Vec<Endpoint>,
+    /// Ready endpoints on this node (the healthCheckNodePort answer).
+    pub local_ready: usize,
+    /// Whether any endpoint anywhere is usable (ready, or serving and terminating).
+    pub any_usable: bool,
+}
+
+impl SelectedEndpoints {
+    /// The verdict for an empty endpoint set under a policy that is Local or not.
+    pub fn empty_verdict(&self, local_policy: bool) -> EmptyVerdict {
+        if local_policy && self.any_usable {
+            EmptyVerdict::Drop
+        } else {
+            EmptyVerdict::Reject
+        }
+    }
+}
+
+/// Ready endpoints if there are any; otherwise those that are serving and terminating.
+pub fn usable(endpoints: &[Endpoint]) -> Vec<Endpoint> {
+    let ready: Vec<Endpoint> = endpoints.iter().filter(|e| e.ready).cloned().collect();
+    if !ready.is_empty() {
+        return ready;
+    }
+    endpoints.iter().filter(|e| e.serving && e.terminating).cloned().collect()
+}
+
+/// Splits a Service port's endpoints into the sets each kind of traffic may use.
+pub fn select(svc: &ServicePort, endpoints: &[Endpoint], node_name: &str) -> SelectedEndpoints {
+    let all = usable(endpoints);
+    let local_eps: Vec<Endpoint> =
+        endpoints.iter().filter(|e| e.is_local(node_name)).cloned().collect();
+    let local = usable(&local_eps);
+    let cluster = if svc.internal_local { local.clone() } else { all.clone() };
+    let external = if svc.external_local { local } else { all.clone() };
+    SelectedEndpoints {
+        cluster,
+        external,
+        local_ready: local_eps.iter().filter(|e| e.ready).count(),
+        any_usable: !all.is_empty(),
+    }
+}
+
+/// The decision for one new connection: which endpoints, what to do if none, whether to SNAT.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Route<'a> {
+    pub endpoints: &'a [Endpoint],
+    pub empty: EmptyVerdict,
+    pub masquerade: bool,
+}
+
+/// Decides the endpoint set and masquerade for a connection from `src` to a `dest` of `svc`.
+///
+/// SERVICE-SEMANTICS.md: external destinations under eTP Local serve external sources from local
+/// endpoints only and keep the client address; pod and node sources are short-circuited to the
+/// cluster endpoints. Traffic to external destinations under eTP Cluster and node-originated traffic
+/// to external destinations are masqueraded, as is traffic from outside the cluster CIDR to a
+/// clusterIP when `--cluster-cidr` is known (kube-proxy's rule); hairpin is decided per endpoint by
+/// [`is_hairpin`].
+pub fn route<'a>(
+    svc: &ServicePort,
+    sel: &'a SelectedEndpoints,
+    ctx: &NodeContext,
+    src: IpAddr,
+    dest: DestKind,
+) -> Route<'a> {
+    let source = ctx.source_kind(src);
+    let (endpoints, local_policy) = if !dest.is_external() {
+        (&sel.cluster, svc.internal_local)
+    } else if svc.external_local && source == SourceKind::External {
+        (&sel.external, true)
+    } else if svc.external_local {
+        (&sel.cluster, svc.internal_local)
+    } else {
+        (&sel.external, false)
+    };
+    let masquerade = ctx.masquerade_all
+        || (dest.is_external() && (!svc.external_local || source == SourceKind::Node))
+        || (!dest.is_external() && source == SourceKind::External && !ctx.cluster_cidrs.is_empty());
+    Route { endpoints, empty: sel.empty_verdict(local_policy), masquerade }
+}
+
+/// An endpoint reaching itself through its own Service must be masqueraded.
+pub fn is_hairpin(src: IpAddr, endpoint: &Endpoint) -> bool {
+    src == endpoint.addr
+}
+
+#[cfg(test)]
+mod tests;
