@@ -7,10 +7,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::error::DataplaneError;
-use crate::model::{Endpoint, ServicePort, ServicePortName};
+use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
 use crate::selection::{NodeContext, SelectedEndpoints};
 
 pub mod userspace;
@@ -24,6 +28,45 @@ pub struct ProxyState {
     /// The endpoints each kind of traffic may use, computed once by `selection::select`.
     pub selected: BTreeMap<ServicePortName, SelectedEndpoints>,
     pub node: NodeContext,
+}
+
+/// Node-wide settings every backend is built from (the agent fills it from its flags).
+///
+/// Backends may add fields they need; keep each one documented with the flag that sets it.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    /// Who this node is (name, pod CIDRs, own addresses, `--masquerade-all`).
+    pub node: NodeContext,
+    /// `--nodeport-addresses`: node addresses that accept nodePort traffic; empty means the node's
+    /// primary addresses (`node.node_ips`).
+    pub nodeport_addresses: Vec<IpNet>,
+    /// `--service-cluster-ip-range`: packets to an unallocated address inside are dropped.
+    pub service_cidrs: Vec<IpNet>,
+    /// `--balance`: the node-wide default (a Service may override it by annotation).
+    pub default_algorithm: Algorithm,
+    /// `--udp-idle-timeout`: how long a UDP session without traffic is kept.
+    pub udp_idle_timeout: Duration,
+    /// `--cgroup-path` (ebpf): the cgroup v2 directory the socket programs attach to.
+    pub cgroup_path: Option<PathBuf>,
+    /// `--bpffs-path` (ebpf): where maps and links are pinned.
+    pub bpffs_path: PathBuf,
+    /// `--iptables-mode` (iptables): `legacy`, `nft`, or `None` to detect.
+    pub iptables_mode: Option<String>,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            node: NodeContext::default(),
+            nodeport_addresses: Vec::new(),
+            service_cidrs: Vec::new(),
+            default_algorithm: Algorithm::RoundRobin,
+            udp_idle_timeout: Duration::from_secs(60),
+            cgroup_path: None,
+            bpffs_path: PathBuf::from("/sys/fs/bpf/kpr"),
+            iptables_mode: None,
+        }
+    }
 }
 
 /// What changed since the previous sync.
