@@ -23,9 +23,16 @@ pub enum DataplaneError {
     #[error("{command} failed: {detail}")]
     Command { command: String, detail: String },
     #[error("{backend} backend does not support {feature}")]
-    Unsupported { backend: &'static str, feature: String },
+    Unsupported {
+        backend: &'static str,
+        feature: String,
+    },
     #[error("{map} is full ({capacity} entries): {object} was not programmed")]
-    MapFull { map: String, capacity: u32, object: String },
+    MapFull {
+        map: String,
+        capacity: u32,
+        object: String,
+    },
     #[error("kernel feature missing: {0}")]
     MissingKernelFeature(String),
     #[error("{context}: {source}")]
@@ -41,6 +48,9 @@ pub enum DataplaneError {
 impl DataplaneError {
     /// Wraps an I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        DataplaneError::Io { context: context.into(), source }
+        DataplaneError::Io {
+            context: context.into(),
+            source,
+        }
     }
 }

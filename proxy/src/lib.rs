@@ -5,7 +5,9 @@
 //! result to a [`dataplane::Dataplane`]. Metrics, health and the state `proxy inspect` reads are
 //! served by `server`.
 
+pub mod convert;
 pub mod dataplane;
 pub mod error;
 pub mod model;
 pub mod selection;
+pub mod tracker;

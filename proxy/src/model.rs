@@ -80,7 +80,11 @@ impl fmt::Display for ServicePortName {
         if self.port_name.is_empty() {
             write!(f, "{}/{}/{}", self.namespace, self.name, self.protocol)
         } else {
-            write!(f, "{}/{}:{}/{}", self.namespace, self.name, self.port_name, self.protocol)
+            write!(
+                f,
+                "{}/{}:{}/{}",
+                self.namespace, self.name, self.port_name, self.protocol
+            )
         }
     }
 }

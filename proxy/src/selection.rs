@@ -104,17 +104,32 @@ pub fn usable(endpoints: &[Endpoint]) -> Vec<Endpoint> {
     if !ready.is_empty() {
         return ready;
     }
-    endpoints.iter().filter(|e| e.serving && e.terminating).cloned().collect()
+    endpoints
+        .iter()
+        .filter(|e| e.serving && e.terminating)
+        .cloned()
+        .collect()
 }
 
 /// Splits a Service port's endpoints into the sets each kind of traffic may use.
 pub fn select(svc: &ServicePort, endpoints: &[Endpoint], node_name: &str) -> SelectedEndpoints {
     let all = usable(endpoints);
-    let local_eps: Vec<Endpoint> =
-        endpoints.iter().filter(|e| e.is_local(node_name)).cloned().collect();
+    let local_eps: Vec<Endpoint> = endpoints
+        .iter()
+        .filter(|e| e.is_local(node_name))
+        .cloned()
+        .collect();
     let local = usable(&local_eps);
-    let cluster = if svc.internal_local { local.clone() } else { all.clone() };
-    let external = if svc.external_local { local } else { all.clone() };
+    let cluster = if svc.internal_local {
+        local.clone()
+    } else {
+        all.clone()
+    };
+    let external = if svc.external_local {
+        local
+    } else {
+        all.clone()
+    };
     SelectedEndpoints {
         cluster,
         external,
@@ -159,7 +174,11 @@ pub fn route<'a>(
     let masquerade = ctx.masquerade_all
         || (dest.is_external() && (!svc.external_local || source == SourceKind::Node))
         || (!dest.is_external() && source == SourceKind::External && !ctx.cluster_cidrs.is_empty());
-    Route { endpoints, empty: sel.empty_verdict(local_policy), masquerade }
+    Route {
+        endpoints,
+        empty: sel.empty_verdict(local_policy),
+        masquerade,
+    }
 }
 
 /// An endpoint reaching itself through its own Service must be masqueraded.

@@ -90,7 +90,11 @@ fn selection_rules_case_by_case() {
             name: "ready endpoints are used, not-ready ones are not",
             internal_local: false,
             external_local: false,
-            endpoints: vec![ep(1, NODE, "ready"), ep(2, "b", "notready"), ep(3, "b", "ready")],
+            endpoints: vec![
+                ep(1, NODE, "ready"),
+                ep(2, "b", "notready"),
+                ep(3, "b", "ready"),
+            ],
             cluster: vec![1, 3],
             external: vec![1, 3],
             cluster_empty: EmptyVerdict::Reject,
@@ -161,7 +165,8 @@ fn selection_rules_case_by_case() {
             external_empty: EmptyVerdict::Drop,
         },
         SelectCase {
-            name: "eTP Local falls back to local serving-terminating even when remote ones are ready",
+            name:
+                "eTP Local falls back to local serving-terminating even when remote ones are ready",
             internal_local: false,
             external_local: true,
             endpoints: vec![ep(1, NODE, "terminating-serving"), ep(2, "b", "ready")],
@@ -184,10 +189,30 @@ fn selection_rules_case_by_case() {
     for case in cases {
         let s = svc(case.internal_local, case.external_local);
         let sel = select(&s, &case.endpoints, NODE);
-        assert_eq!(octets(&sel.cluster), case.cluster, "{}: cluster set", case.name);
-        assert_eq!(octets(&sel.external), case.external, "{}: external set", case.name);
-        assert_eq!(sel.empty_verdict(case.internal_local), case.cluster_empty, "{}: cluster verdict", case.name);
-        assert_eq!(sel.empty_verdict(case.external_local), case.external_empty, "{}: external verdict", case.name);
+        assert_eq!(
+            octets(&sel.cluster),
+            case.cluster,
+            "{}: cluster set",
+            case.name
+        );
+        assert_eq!(
+            octets(&sel.external),
+            case.external,
+            "{}: external set",
+            case.name
+        );
+        assert_eq!(
+            sel.empty_verdict(case.internal_local),
+            case.cluster_empty,
+            "{}: cluster verdict",
+            case.name
+        );
+        assert_eq!(
+            sel.empty_verdict(case.external_local),
+            case.external_empty,
+            "{}: external verdict",
+            case.name
+        );
     }
 }
 
@@ -204,22 +229,90 @@ struct RouteCase {
 fn routing_and_masquerade_case_by_case() {
     let endpoints = vec![ep(1, NODE, "ready"), ep(2, "b", "ready")];
     let cases = vec![
-        RouteCase { name: "pod to clusterIP: all endpoints, no SNAT", external_local: false, src: "10.244.5.5", dest: DestKind::ClusterIp, endpoints: vec![1, 2], masquerade: false },
-        RouteCase { name: "node to clusterIP: no SNAT needed", external_local: false, src: "192.0.2.10", dest: DestKind::ClusterIp, endpoints: vec![1, 2], masquerade: false },
-        RouteCase { name: "outside cluster CIDR to clusterIP: SNAT", external_local: false, src: "198.51.100.7", dest: DestKind::ClusterIp, endpoints: vec![1, 2], masquerade: true },
-        RouteCase { name: "external to nodePort, eTP Cluster: all endpoints, SNAT", external_local: false, src: "198.51.100.7", dest: DestKind::NodePort, endpoints: vec![1, 2], masquerade: true },
-        RouteCase { name: "external to nodePort, eTP Local: local only, client IP kept", external_local: true, src: "198.51.100.7", dest: DestKind::NodePort, endpoints: vec![1], masquerade: false },
-        RouteCase { name: "external to LB IP, eTP Local: local only, client IP kept", external_local: true, src: "198.51.100.7", dest: DestKind::LoadBalancer, endpoints: vec![1], masquerade: false },
-        RouteCase { name: "pod to externalIP, eTP Local: short-circuit to cluster endpoints", external_local: true, src: "10.244.5.5", dest: DestKind::ExternalIp, endpoints: vec![1, 2], masquerade: false },
-        RouteCase { name: "node to nodePort, eTP Local: cluster endpoints, SNAT", external_local: true, src: "192.0.2.10", dest: DestKind::NodePort, endpoints: vec![1, 2], masquerade: true },
-        RouteCase { name: "pod to nodePort, eTP Cluster: SNAT like kube-proxy", external_local: false, src: "10.244.5.5", dest: DestKind::NodePort, endpoints: vec![1, 2], masquerade: true },
+        RouteCase {
+            name: "pod to clusterIP: all endpoints, no SNAT",
+            external_local: false,
+            src: "10.244.5.5",
+            dest: DestKind::ClusterIp,
+            endpoints: vec![1, 2],
+            masquerade: false,
+        },
+        RouteCase {
+            name: "node to clusterIP: no SNAT needed",
+            external_local: false,
+            src: "192.0.2.10",
+            dest: DestKind::ClusterIp,
+            endpoints: vec![1, 2],
+            masquerade: false,
+        },
+        RouteCase {
+            name: "outside cluster CIDR to clusterIP: SNAT",
+            external_local: false,
+            src: "198.51.100.7",
+            dest: DestKind::ClusterIp,
+            endpoints: vec![1, 2],
+            masquerade: true,
+        },
+        RouteCase {
+            name: "external to nodePort, eTP Cluster: all endpoints, SNAT",
+            external_local: false,
+            src: "198.51.100.7",
+            dest: DestKind::NodePort,
+            endpoints: vec![1, 2],
+            masquerade: true,
+        },
+        RouteCase {
+            name: "external to nodePort, eTP Local: local only, client IP kept",
+            external_local: true,
+            src: "198.51.100.7",
+            dest: DestKind::NodePort,
+            endpoints: vec![1],
+            masquerade: false,
+        },
+        RouteCase {
+            name: "external to LB IP, eTP Local: local only, client IP kept",
+            external_local: true,
+            src: "198.51.100.7",
+            dest: DestKind::LoadBalancer,
+            endpoints: vec![1],
+            masquerade: false,
+        },
+        RouteCase {
+            name: "pod to externalIP, eTP Local: short-circuit to cluster endpoints",
+            external_local: true,
+            src: "10.244.5.5",
+            dest: DestKind::ExternalIp,
+            endpoints: vec![1, 2],
+            masquerade: false,
+        },
+        RouteCase {
+            name: "node to nodePort, eTP Local: cluster endpoints, SNAT",
+            external_local: true,
+            src: "192.0.2.10",
+            dest: DestKind::NodePort,
+            endpoints: vec![1, 2],
+            masquerade: true,
+        },
+        RouteCase {
+            name: "pod to nodePort, eTP Cluster: SNAT like kube-proxy",
+            external_local: false,
+            src: "10.244.5.5",
+            dest: DestKind::NodePort,
+            endpoints: vec![1, 2],
+            masquerade: true,
+        },
     ];
     let ctx = ctx();
     for case in cases {
         let s = svc(false, case.external_local);
         let sel = select(&s, &endpoints, NODE);
         let r = route(&s, &sel, &ctx, ip(case.src), case.dest);
-        assert_eq!(octets(r.endpoints), case.endpoints, "{}: endpoints", case.name);
+        assert_eq!(
+            octets(r.endpoints),
+            case.endpoints,
+            "{}: endpoints",
+            case.name
+        );
         assert_eq!(r.masquerade, case.masquerade, "{}: masquerade", case.name);
     }
 }
@@ -243,10 +336,21 @@ fn hairpin_is_an_endpoint_reaching_itself() {
 #[test]
 fn health_check_counts_local_ready_only() {
     let s = svc(false, true);
-    let sel = select(&s, &[ep(1, NODE, "ready"), ep(2, NODE, "terminating-serving"), ep(3, "b", "ready")], NODE);
+    let sel = select(
+        &s,
+        &[
+            ep(1, NODE, "ready"),
+            ep(2, NODE, "terminating-serving"),
+            ep(3, "b", "ready"),
+        ],
+        NODE,
+    );
     assert_eq!(sel.local_ready, 1);
     let sel = select(&s, &[ep(2, NODE, "terminating-serving")], NODE);
-    assert_eq!(sel.local_ready, 0, "all local endpoints terminating: health check says 503");
+    assert_eq!(
+        sel.local_ready, 0,
+        "all local endpoints terminating: health check says 503"
+    );
 }
 
 #[test]

@@ -1,0 +1,466 @@
+//! Conversion of Kubernetes Service and EndpointSlice objects into the proxy's model, with
+//! validation that names the object and the field of every problem.
+//!
+//! Owns: which Services are proxied at all (headless, ExternalName and other proxies' Services are
+//! not), the parsing of addresses and ports, and the normalisation of sloppy input (IPv4 with leading
+//! zeros). A bad port of a Service drops that port only; the Service's other ports stay.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::error::InvalidObject;
+use crate::model::{
+    Algorithm, Endpoint, Protocol, ServicePort, ServicePortName, ALGORITHM_ANNOTATION,
+};
+
+/// Services carrying this label belong to another proxy.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// The label linking an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// kube-proxy's default session affinity timeout.
+pub const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(10800);
+
+/// The result of converting one Service: the ports that are usable and the problems found.
+#[derive(Debug, Default)]
+pub struct ConvertedService {
+    pub ports: Vec<ServicePort>,
+    pub errors: Vec<InvalidObject>,
+}
+
+/// The endpoints an EndpointSlice contributes, per port of its Service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SliceInfo {
+    pub namespace: String,
+    /// The Service this slice belongs to (`kubernetes.io/service-name`).
+    pub service: String,
+    /// (port name, protocol, port number) as the slice lists them.
+    pub ports: Vec<(String, Protocol, u16)>,
+    /// Endpoints without a port: the port comes from `ports`.
+    pub endpoints: Vec<Endpoint>,
+}
+
+fn invalid(
+    kind: &str,
+    object: &str,
+    field: impl Into<String>,
+    message: impl Into<String>,
+) -> InvalidObject {
+    InvalidObject {
+        file: None,
+        kind: kind.to_string(),
+        object: object.to_string(),
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// `namespace/name` of an object's metadata.
+pub fn object_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or("<unnamed>")
+    )
+}
+
+/// Parses an IP address, accepting IPv4 written with leading zeros by old clients ("010.096.0.1"),
+/// which Kubernetes reads as decimal.
+pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.trim().parse::<IpAddr>() {
+        return Some(ip);
+    }
+    let parts: Vec<&str> = s.trim().split('.').collect();
+    if parts.len() != 4 {
+        return None;
+    }
+    let mut octets = [0u8; 4];
+    for (o, p) in octets.iter_mut().zip(&parts) {
+        if p.is_empty() || p.len() > 3 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *o = p.parse().ok()?;
+    }
+    Some(IpAddr::V4(Ipv4Addr::from(octets)))
+}
+
+fn port_u16(value: i32) -> Option<u16> {
+    u16::try_from(value).ok().filter(|p| *p != 0)
+}
+
+/// Whether the proxy handles this Service at all. Returns why not, for the log, when it doesn't.
+pub fn skip_reason(svc: &Service) -> Option<&'static str> {
+    let spec = svc.spec.as_ref()?;
+    if svc
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
+    {
+        return Some("labelled for another proxy (service.kubernetes.io/service-proxy-name)");
+    }
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Some("type ExternalName");
+    }
+    match spec.cluster_ip.as_deref() {
+        Some("None") => Some("headless (clusterIP None)"),
+        None | Some("") => Some("no clusterIP allocated"),
+        _ => None,
+    }
+}
+
+/// Converts a Service into its proxied ports. `default_algorithm` is the node's `--balance`.
+pub fn convert_service(svc: &Service, default_algorithm: Algorithm) -> ConvertedService {
+    let mut out = ConvertedService::default();
+    let obj = object_name(&svc.metadata);
+    let Some(spec) = svc.spec.as_ref() else {
+        out.errors.push(invalid("Service", &obj, "spec", "missing"));
+        return out;
+    };
+    if skip_reason(svc).is_some() {
+        return out;
+    }
+    let cluster_ips = service_ips(&obj, spec, &mut out.errors);
+    if cluster_ips.is_empty() {
+        return out;
+    }
+    let common = CommonFields::from_service(&obj, svc, default_algorithm, &mut out.errors);
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        match convert_port(&obj, i, p, &svc.metadata, &cluster_ips, &common) {
+            Ok(sp) => out.ports.push(sp),
+            Err(e) => out.errors.push(e),
+        }
+    }
+    out
+}
+
+fn service_ips(
+    obj: &str,
+    spec: &k8s_openapi::api::core::v1::ServiceSpec,
+    errors: &mut Vec<InvalidObject>,
+) -> Vec<IpAddr> {
+    let raw: Vec<(String, &str)> = match spec.cluster_ips.as_ref().filter(|v| !v.is_empty()) {
+        Some(ips) => ips
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("spec.clusterIPs[{i}]"), s.as_str()))
+            .collect(),
+        None => spec
+            .cluster_ip
+            .iter()
+            .map(|s| ("spec.clusterIP".to_string(), s.as_str()))
+            .collect(),
+    };
+    let mut ips = Vec::new();
+    for (field, s) in raw {
+        match parse_ip_sloppy(s) {
+            Some(ip) if !ips.contains(&ip) => ips.push(ip),
+            Some(_) => {}
+            None => errors.push(invalid(
+                "Service",
+                obj,
+                field,
+                format!("{s:?} is not an IP address"),
+            )),
+        }
+    }
+    ips
+}
+
+/// Fields shared by every port of a Service.
+struct CommonFields {
+    external_ips: Vec<IpAddr>,
+    load_balancer_ips: Vec<IpAddr>,
+    source_ranges: Vec<IpNet>,
+    affinity: Option<Duration>,
+    external_local: bool,
+    internal_local: bool,
+    health_check_node_port: u16,
+    algorithm: Algorithm,
+}
+
+impl CommonFields {
+    fn from_service(
+        obj: &str,
+        svc: &Service,
+        default_algorithm: Algorithm,
+        errors: &mut Vec<InvalidObject>,
+    ) -> Self {
+        let spec = svc.spec.as_ref().expect("checked by caller");
+        let mut external_ips = Vec::new();
+        for (i, s) in spec.external_ips.iter().flatten().enumerate() {
+            match parse_ip_sloppy(s) {
+                Some(ip) => external_ips.push(ip),
+                None => errors.push(invalid(
+                    "Service",
+                    obj,
+                    format!("spec.externalIPs[{i}]"),
+                    format!("{s:?} is not an IP address"),
+                )),
+            }
+        }
+        let mut load_balancer_ips = Vec::new();
+        let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref());
+        for (i, ing) in ingress.into_iter().flatten().enumerate().filter(|_| is_lb) {
+            if ing.ip_mode.as_deref() == Some("Proxy") {
+                continue;
+            }
+            if let Some(s) = ing.ip.as_deref() {
+                match parse_ip_sloppy(s) {
+                    Some(ip) => load_balancer_ips.push(ip),
+                    None => errors.push(invalid(
+                        "Service",
+                        obj,
+                        format!("status.loadBalancer.ingress[{i}].ip"),
+                        format!("{s:?} is not an IP address"),
+                    )),
+                }
+            }
+        }
+        let mut source_ranges = Vec::new();
+        for (i, s) in spec
+            .load_balancer_source_ranges
+            .iter()
+            .flatten()
+            .enumerate()
+        {
+            match s
+                .trim()
+                .parse::<IpNet>()
+                .or_else(|_| s.trim().parse::<IpAddr>().map(IpNet::from))
+            {
+                Ok(net) => source_ranges.push(net.trunc()),
+                Err(_) => errors.push(invalid(
+                    "Service",
+                    obj,
+                    format!("spec.loadBalancerSourceRanges[{i}]"),
+                    format!("{s:?} is not a CIDR"),
+                )),
+            }
+        }
+        let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+            let secs = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .filter(|s| *s > 0);
+            secs.map(|s| Duration::from_secs(s as u64))
+                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT)
+        });
+        let algorithm = match svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ALGORITHM_ANNOTATION))
+        {
+            None => default_algorithm,
+            Some(v) => Algorithm::parse(v).unwrap_or_else(|| {
+                errors.push(invalid(
+                    "Service",
+                    obj,
+                    format!("metadata.annotations[{ALGORITHM_ANNOTATION}]"),
+                    format!("{v:?} is not round-robin or least-conn; using {default_algorithm}"),
+                ));
+                default_algorithm
+            }),
+        };
+        let has_external = spec
+            .type_
+            .as_deref()
+            .is_some_and(|t| t == "NodePort" || t == "LoadBalancer")
+            || !external_ips.is_empty();
+        CommonFields {
+            external_ips,
+            load_balancer_ips,
+            source_ranges,
+            affinity,
+            external_local: has_external
+                && spec.external_traffic_policy.as_deref() == Some("Local"),
+            internal_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+            health_check_node_port: spec.health_check_node_port.and_then(port_u16).unwrap_or(0),
+            algorithm,
+        }
+    }
+}
+
+fn convert_port(
+    obj: &str,
+    i: usize,
+    p: &k8s_openapi::api::core::v1::ServicePort,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    cluster_ips: &[IpAddr],
+    c: &CommonFields,
+) -> Result<ServicePort, InvalidObject> {
+    let protocol = Protocol::parse(p.protocol.as_deref()).ok_or_else(|| {
+        invalid(
+            "Service",
+            obj,
+            format!("spec.ports[{i}].protocol"),
+            format!(
+                "{:?} is not TCP, UDP or SCTP",
+                p.protocol.as_deref().unwrap_or("")
+            ),
+        )
+    })?;
+    let port = port_u16(p.port).ok_or_else(|| {
+        invalid(
+            "Service",
+            obj,
+            format!("spec.ports[{i}].port"),
+            format!("{} is outside 1-65535", p.port),
+        )
+    })?;
+    let node_port = match p.node_port {
+        None | Some(0) => 0,
+        Some(n) => port_u16(n).ok_or_else(|| {
+            invalid(
+                "Service",
+                obj,
+                format!("spec.ports[{i}].nodePort"),
+                format!("{n} is outside 1-65535"),
+            )
+        })?,
+    };
+    Ok(ServicePort {
+        name: ServicePortName {
+            namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: meta.name.clone().unwrap_or_default(),
+            port_name: p.name.clone().unwrap_or_default(),
+            protocol,
+        },
+        cluster_ips: cluster_ips.to_vec(),
+        port,
+        protocol,
+        node_port,
+        external_ips: c.external_ips.clone(),
+        load_balancer_ips: c.load_balancer_ips.clone(),
+        source_ranges: c.source_ranges.clone(),
+        affinity: c.affinity,
+        external_local: c.external_local,
+        internal_local: c.internal_local,
+        health_check_node_port: c.health_check_node_port,
+        algorithm: c.algorithm,
+    })
+}
+
+/// Converts an EndpointSlice. Bad endpoints and ports are reported and skipped; the rest is kept.
+pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidObject>) {
+    let obj = object_name(&slice.metadata);
+    let mut errors = Vec::new();
+    let Some(service) = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SERVICE_NAME_LABEL))
+        .cloned()
+    else {
+        errors.push(invalid(
+            "EndpointSlice",
+            &obj,
+            format!("metadata.labels[{SERVICE_NAME_LABEL}]"),
+            "missing: the slice belongs to no Service",
+        ));
+        return (None, errors);
+    };
+    if slice.address_type == "FQDN" {
+        return (None, errors);
+    }
+    let mut ports = Vec::new();
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else {
+            errors.push(invalid(
+                "EndpointSlice",
+                &obj,
+                format!("ports[{i}].protocol"),
+                format!(
+                    "{:?} is not TCP, UDP or SCTP",
+                    p.protocol.as_deref().unwrap_or("")
+                ),
+            ));
+            continue;
+        };
+        match p.port.and_then(port_u16) {
+            Some(port) => ports.push((p.name.clone().unwrap_or_default(), protocol, port)),
+            None => errors.push(invalid(
+                "EndpointSlice",
+                &obj,
+                format!("ports[{i}].port"),
+                format!("{:?} is outside 1-65535", p.port),
+            )),
+        }
+    }
+    let mut endpoints = Vec::new();
+    for (i, e) in slice.endpoints.iter().flatten().enumerate() {
+        let Some(first) = e.addresses.first() else {
+            errors.push(invalid(
+                "EndpointSlice",
+                &obj,
+                format!("endpoints[{i}].addresses"),
+                "empty",
+            ));
+            continue;
+        };
+        let Some(addr) = parse_ip_sloppy(first) else {
+            errors.push(invalid(
+                "EndpointSlice",
+                &obj,
+                format!("endpoints[{i}].addresses[0]"),
+                format!("{first:?} is not an IP address"),
+            ));
+            continue;
+        };
+        let family_ok = match slice.address_type.as_str() {
+            "IPv4" => addr.is_ipv4(),
+            "IPv6" => addr.is_ipv6(),
+            _ => true,
+        };
+        if !family_ok {
+            errors.push(invalid(
+                "EndpointSlice",
+                &obj,
+                format!("endpoints[{i}].addresses[0]"),
+                format!("{addr} does not match addressType {}", slice.address_type),
+            ));
+            continue;
+        }
+        let cond = e.conditions.as_ref();
+        let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+        let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
+        let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
+        endpoints.push(Endpoint {
+            addr,
+            port: 0,
+            node: e.node_name.clone(),
+            zone: e.zone.clone(),
+            ready,
+            serving,
+            terminating,
+        });
+    }
+    let namespace = slice
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    (
+        Some(SliceInfo {
+            namespace,
+            service,
+            ports,
+            endpoints,
+        }),
+        errors,
+    )
+}
+
+#[cfg(test)]
+mod tests;

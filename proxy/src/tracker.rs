@@ -1,0 +1,306 @@
+//! The change tracker: Kubernetes objects in, [`ProxyState`] and [`ChangeSet`] out.
+//!
+//! Owns the raw per-object view (Services and EndpointSlices by namespace/name), the set of Services
+//! touched since the last sync, and the state last handed to the dataplane. Sources call the
+//! `apply_*`/`delete_*`/`replace_all` methods; the sync runner calls [`Tracker::take_changes`]. Work per
+//! sync is proportional to the Services touched, not to the cluster size.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::convert::{convert_service, convert_slice, SliceInfo};
+use crate::dataplane::{ChangeSet, ProxyState};
+use crate::error::InvalidObject;
+use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
+use crate::selection::{select, NodeContext};
+
+/// (namespace, name) of an object.
+pub type ObjectKey = (String, String);
+
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
+    (
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Tracks Services and EndpointSlices and computes what changed between syncs.
+#[derive(Debug)]
+pub struct Tracker {
+    default_algorithm: Algorithm,
+    services: HashMap<ObjectKey, Vec<ServicePort>>,
+    slices: HashMap<ObjectKey, SliceInfo>,
+    slices_by_service: HashMap<ObjectKey, BTreeSet<String>>,
+    /// Problems per object (`Service ns/name`, `EndpointSlice ns/name`, or a source's own key).
+    errors: BTreeMap<String, Vec<InvalidObject>>,
+    dirty: BTreeSet<ObjectKey>,
+    ports_by_service: HashMap<ObjectKey, Vec<ServicePortName>>,
+    state: ProxyState,
+    needs_full: bool,
+}
+
+impl Tracker {
+    pub fn new(default_algorithm: Algorithm, node: NodeContext) -> Self {
+        Tracker {
+            default_algorithm,
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            slices_by_service: HashMap::new(),
+            errors: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            ports_by_service: HashMap::new(),
+            state: ProxyState {
+                node,
+                ..ProxyState::default()
+            },
+            needs_full: true,
+        }
+    }
+
+    /// The state as of the last [`Tracker::take_changes`].
+    pub fn state(&self) -> &ProxyState {
+        &self.state
+    }
+
+    /// Every current problem with an input object.
+    pub fn errors(&self) -> impl Iterator<Item = &InvalidObject> {
+        self.errors.values().flatten()
+    }
+
+    /// Whether anything changed since the last sync.
+    pub fn has_changes(&self) -> bool {
+        !self.dirty.is_empty() || self.needs_full
+    }
+
+    /// Asks for a full resync at the next sync (start-up, after a failed sync).
+    pub fn request_full(&mut self) {
+        self.needs_full = true;
+    }
+
+    fn set_errors(&mut self, key: String, errs: Vec<InvalidObject>) {
+        for e in &errs {
+            tracing::warn!("{e}");
+        }
+        if errs.is_empty() {
+            self.errors.remove(&key);
+        } else {
+            self.errors.insert(key, errs);
+        }
+    }
+
+    /// Records problems a source found outside any one object (an unparseable file).
+    pub fn set_source_errors(&mut self, source_key: &str, errs: Vec<InvalidObject>) {
+        self.set_errors(format!("source {source_key}"), errs);
+    }
+
+    pub fn apply_service(&mut self, svc: &Service) {
+        let key = key_of(&svc.metadata);
+        let converted = convert_service(svc, self.default_algorithm);
+        self.set_errors(format!("Service {}/{}", key.0, key.1), converted.errors);
+        if let Some(why) = crate::convert::skip_reason(svc) {
+            tracing::debug!(service = %format!("{}/{}", key.0, key.1), "not proxied: {why}");
+        }
+        if self.services.get(&key) != Some(&converted.ports) {
+            self.services.insert(key.clone(), converted.ports);
+            self.dirty.insert(key);
+        }
+    }
+
+    pub fn delete_service(&mut self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        self.errors.remove(&format!("Service {namespace}/{name}"));
+        if self.services.remove(&key).is_some() {
+            self.dirty.insert(key);
+        }
+    }
+
+    pub fn apply_slice(&mut self, slice: &EndpointSlice) {
+        let key = key_of(&slice.metadata);
+        let (info, errs) = convert_slice(slice);
+        self.set_errors(format!("EndpointSlice {}/{}", key.0, key.1), errs);
+        match info {
+            Some(info) => {
+                if self.slices.get(&key) == Some(&info) {
+                    return;
+                }
+                self.unlink_slice(&key);
+                let svc_key = (info.namespace.clone(), info.service.clone());
+                self.slices_by_service
+                    .entry(svc_key.clone())
+                    .or_default()
+                    .insert(key.1.clone());
+                self.slices.insert(key, info);
+                self.dirty.insert(svc_key);
+            }
+            None => self.unlink_slice(&key),
+        }
+    }
+
+    pub fn delete_slice(&mut self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        self.errors
+            .remove(&format!("EndpointSlice {namespace}/{name}"));
+        self.unlink_slice(&key);
+    }
+
+    fn unlink_slice(&mut self, key: &ObjectKey) {
+        if let Some(old) = self.slices.remove(key) {
+            let svc_key = (old.namespace, old.service);
+            if let Some(set) = self.slices_by_service.get_mut(&svc_key) {
+                set.remove(&key.1);
+                if set.is_empty() {
+                    self.slices_by_service.remove(&svc_key);
+                }
+            }
+            self.dirty.insert(svc_key);
+        }
+    }
+
+    /// Replaces everything with a complete listing (a relist or a reloaded directory): objects not
+    /// in it are deleted, so deletes missed during a watch outage are not lost.
+    pub fn replace_all(&mut self, services: &[Service], slices: &[EndpointSlice]) {
+        let svc_keys: BTreeSet<ObjectKey> = services.iter().map(|s| key_of(&s.metadata)).collect();
+        let slice_keys: BTreeSet<ObjectKey> = slices.iter().map(|s| key_of(&s.metadata)).collect();
+        let gone: Vec<ObjectKey> = self
+            .services
+            .keys()
+            .filter(|k| !svc_keys.contains(*k))
+            .cloned()
+            .collect();
+        for (ns, name) in gone {
+            self.delete_service(&ns, &name);
+        }
+        let gone: Vec<ObjectKey> = self
+            .slices
+            .keys()
+            .filter(|k| !slice_keys.contains(*k))
+            .cloned()
+            .collect();
+        for (ns, name) in gone {
+            self.delete_slice(&ns, &name);
+        }
+        for s in services {
+            self.apply_service(s);
+        }
+        for s in slices {
+            self.apply_slice(s);
+        }
+    }
+
+    /// The endpoints of one service port, merged over the Service's slices, deduplicated, sorted.
+    fn endpoints_for(&self, svc_key: &ObjectKey, sp: &ServicePort) -> Vec<Endpoint> {
+        let mut by_addr: BTreeMap<(std::net::IpAddr, u16), Endpoint> = BTreeMap::new();
+        for slice_name in self.slices_by_service.get(svc_key).into_iter().flatten() {
+            let Some(slice) = self.slices.get(&(svc_key.0.clone(), slice_name.clone())) else {
+                continue;
+            };
+            for &(ref pname, proto, port) in &slice.ports {
+                if *pname != sp.name.port_name || proto != sp.protocol {
+                    continue;
+                }
+                for e in slice.endpoints.iter().filter(|e| {
+                    sp.cluster_ips
+                        .iter()
+                        .any(|ip| ip.is_ipv4() == e.addr.is_ipv4())
+                }) {
+                    let ep = Endpoint { port, ..e.clone() };
+                    let slot = by_addr.entry((ep.addr, port)).or_insert_with(|| ep.clone());
+                    if ep.ready && !slot.ready {
+                        *slot = ep;
+                    }
+                }
+            }
+        }
+        by_addr.into_values().collect()
+    }
+
+    /// Brings the state up to date with everything applied since the last call and says what
+    /// changed. A full change set is returned the first time and after [`Tracker::request_full`].
+    pub fn take_changes(&mut self) -> ChangeSet {
+        let mut changes = ChangeSet {
+            full: std::mem::take(&mut self.needs_full),
+            ..ChangeSet::default()
+        };
+        let dirty = std::mem::take(&mut self.dirty);
+        for svc_key in dirty {
+            self.refresh_service(&svc_key, &mut changes);
+        }
+        changes
+    }
+
+    fn refresh_service(&mut self, svc_key: &ObjectKey, changes: &mut ChangeSet) {
+        let new_ports = self.services.get(svc_key).cloned().unwrap_or_default();
+        let old_names = self.ports_by_service.remove(svc_key).unwrap_or_default();
+        let new_names: Vec<ServicePortName> = new_ports.iter().map(|p| p.name.clone()).collect();
+        for name in old_names.iter().filter(|n| !new_names.contains(n)) {
+            let old_sel = self.state.selected.remove(name);
+            self.state.services.remove(name);
+            self.state.endpoints.remove(name);
+            if let Some(old) = old_sel {
+                let gone: Vec<Endpoint> =
+                    old.cluster.iter().chain(&old.external).cloned().collect();
+                record_removed(changes, name, gone);
+            }
+            changes.changed.insert(name.clone());
+        }
+        for sp in new_ports {
+            let eps = self.endpoints_for(svc_key, &sp);
+            self.update_port(sp, eps, changes);
+        }
+        if !new_names.is_empty() {
+            self.ports_by_service.insert(svc_key.clone(), new_names);
+        }
+    }
+
+    fn update_port(&mut self, sp: ServicePort, eps: Vec<Endpoint>, changes: &mut ChangeSet) {
+        let name = sp.name.clone();
+        if self.state.services.get(&name) == Some(&sp)
+            && self.state.endpoints.get(&name) == Some(&eps)
+        {
+            return;
+        }
+        let sel = select(&sp, &eps, &self.state.node.node_name);
+        let old = self.state.selected.get(&name);
+        let was_reachable = old.is_some_and(|o| o.any_usable);
+        if let Some(old) = old {
+            let now: BTreeSet<_> = sel
+                .cluster
+                .iter()
+                .chain(&sel.external)
+                .map(Endpoint::socket_addr)
+                .collect();
+            let gone: Vec<Endpoint> = old
+                .cluster
+                .iter()
+                .chain(&old.external)
+                .filter(|e| !now.contains(&e.socket_addr()))
+                .cloned()
+                .collect();
+            record_removed(changes, &name, gone);
+        }
+        if !was_reachable && sel.any_usable {
+            changes.became_reachable.insert(name.clone());
+        }
+        self.state.selected.insert(name.clone(), sel);
+        self.state.services.insert(name.clone(), sp);
+        self.state.endpoints.insert(name.clone(), eps);
+        changes.changed.insert(name);
+    }
+}
+
+fn record_removed(changes: &mut ChangeSet, name: &ServicePortName, mut gone: Vec<Endpoint>) {
+    gone.sort();
+    gone.dedup_by_key(|e| e.socket_addr());
+    if !gone.is_empty() {
+        changes
+            .removed_endpoints
+            .entry(name.clone())
+            .or_default()
+            .extend(gone);
+    }
+}
+
+#[cfg(test)]
+mod tests;

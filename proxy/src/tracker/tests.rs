@@ -1,0 +1,134 @@
+//! Change tracking: what a sync is told, and that it is told only what changed.
+
+use super::*;
+
+fn node() -> NodeContext {
+    NodeContext {
+        node_name: "node-a".into(),
+        ..NodeContext::default()
+    }
+}
+
+fn service(name: &str, ip: &str, ports: &str) -> Service {
+    serde_yaml::from_str(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: {ip}\n  ports: {ports}\n"
+    ))
+    .unwrap()
+}
+
+fn slice(name: &str, svc: &str, addrs: &[&str]) -> EndpointSlice {
+    let eps: Vec<String> = addrs
+        .iter()
+        .map(|a| format!("{{addresses: [{a}]}}"))
+        .collect();
+    serde_yaml::from_str(&format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: {svc}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{}]\n",
+        eps.join(", ")
+    ))
+    .unwrap()
+}
+
+fn names(c: &ChangeSet) -> Vec<String> {
+    c.changed.iter().map(|n| n.to_string()).collect()
+}
+
+#[test]
+fn first_sync_is_full_then_only_touched_services() {
+    let mut t = Tracker::new(Algorithm::RoundRobin, node());
+    t.apply_service(&service("a", "10.96.0.1", "[{name: http, port: 80}]"));
+    t.apply_service(&service("b", "10.96.0.2", "[{name: http, port: 80}]"));
+    t.apply_slice(&slice("a-1", "a", &["10.244.1.2"]));
+    let c = t.take_changes();
+    assert!(c.full);
+    assert_eq!(names(&c), vec!["default/a:http/TCP", "default/b:http/TCP"]);
+    assert_eq!(c.became_reachable.len(), 1);
+    assert_eq!(
+        t.state().endpoints[&c.changed.iter().next().unwrap().clone()][0].port,
+        8080
+    );
+
+    t.apply_slice(&slice("a-1", "a", &["10.244.1.2", "10.244.2.2"]));
+    let c = t.take_changes();
+    assert!(!c.full);
+    assert_eq!(names(&c), vec!["default/a:http/TCP"]);
+    assert!(c.removed_endpoints.is_empty());
+
+    t.apply_slice(&slice("a-1", "a", &["10.244.1.2", "10.244.2.2"]));
+    assert!(
+        t.take_changes().is_empty(),
+        "re-applying the same slice changes nothing"
+    );
+}
+
+#[test]
+fn removed_endpoints_and_deleted_services_are_reported() {
+    let mut t = Tracker::new(Algorithm::RoundRobin, node());
+    t.apply_service(&service(
+        "a",
+        "10.96.0.1",
+        "[{name: http, port: 80, protocol: UDP}]",
+    ));
+    let mut s = slice("a-1", "a", &["10.244.1.2", "10.244.2.2"]);
+    s.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
+    t.apply_slice(&s);
+    t.take_changes();
+    s.endpoints.as_mut().unwrap().truncate(1);
+    t.apply_slice(&s);
+    let c = t.take_changes();
+    let gone: Vec<String> = c
+        .removed_endpoints
+        .values()
+        .flatten()
+        .map(|e| e.socket_addr().to_string())
+        .collect();
+    assert_eq!(gone, vec!["10.244.2.2:8080"]);
+
+    t.delete_service("default", "a");
+    let c = t.take_changes();
+    assert_eq!(names(&c), vec!["default/a:http/UDP"]);
+    assert!(t.state().services.is_empty() && t.state().selected.is_empty());
+    assert_eq!(c.removed_endpoints.values().flatten().count(), 1);
+}
+
+#[test]
+fn zero_to_some_endpoints_is_flagged() {
+    let mut t = Tracker::new(Algorithm::RoundRobin, node());
+    t.apply_service(&service("a", "10.96.0.1", "[{name: http, port: 80}]"));
+    assert!(t.take_changes().became_reachable.is_empty());
+    t.apply_slice(&slice("a-1", "a", &["10.244.1.2"]));
+    assert_eq!(t.take_changes().became_reachable.len(), 1);
+}
+
+#[test]
+fn replace_all_deletes_what_the_listing_lacks() {
+    let mut t = Tracker::new(Algorithm::RoundRobin, node());
+    t.apply_service(&service("a", "10.96.0.1", "[{name: http, port: 80}]"));
+    t.apply_service(&service("b", "10.96.0.2", "[{name: http, port: 80}]"));
+    t.apply_slice(&slice("a-1", "a", &["10.244.1.2"]));
+    t.take_changes();
+    t.replace_all(
+        &[service("b", "10.96.0.2", "[{name: http, port: 80}]")],
+        &[],
+    );
+    let c = t.take_changes();
+    assert_eq!(
+        names(&c),
+        vec!["default/a:http/TCP"],
+        "b unchanged, a deleted"
+    );
+    assert_eq!(t.state().services.len(), 1);
+}
+
+#[test]
+fn slices_of_one_service_merge_and_deduplicate() {
+    let mut t = Tracker::new(Algorithm::RoundRobin, node());
+    t.apply_service(&service("a", "10.96.0.1", "[{name: http, port: 80}]"));
+    t.apply_slice(&slice("a-1", "a", &["10.244.1.2", "10.244.2.2"]));
+    t.apply_slice(&slice("a-2", "a", &["10.244.2.2", "10.244.3.2"]));
+    t.take_changes();
+    let eps = t.state().endpoints.values().next().unwrap();
+    assert_eq!(eps.len(), 3);
+    t.delete_slice("default", "a-2");
+    t.take_changes();
+    assert_eq!(t.state().endpoints.values().next().unwrap().len(), 2);
+}
