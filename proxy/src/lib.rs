@@ -10,4 +10,5 @@ pub mod dataplane;
 pub mod error;
 pub mod model;
 pub mod selection;
+pub mod source;
 pub mod tracker;

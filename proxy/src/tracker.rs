@@ -161,28 +161,38 @@ impl Tracker {
     /// Replaces everything with a complete listing (a relist or a reloaded directory): objects not
     /// in it are deleted, so deletes missed during a watch outage are not lost.
     pub fn replace_all(&mut self, services: &[Service], slices: &[EndpointSlice]) {
-        let svc_keys: BTreeSet<ObjectKey> = services.iter().map(|s| key_of(&s.metadata)).collect();
-        let slice_keys: BTreeSet<ObjectKey> = slices.iter().map(|s| key_of(&s.metadata)).collect();
+        self.replace_services(services);
+        self.replace_slices(slices);
+    }
+
+    /// Replaces all Services with a complete listing, deleting those it lacks.
+    pub fn replace_services(&mut self, services: &[Service]) {
+        let keep: BTreeSet<ObjectKey> = services.iter().map(|s| key_of(&s.metadata)).collect();
         let gone: Vec<ObjectKey> = self
             .services
             .keys()
-            .filter(|k| !svc_keys.contains(*k))
+            .filter(|k| !keep.contains(*k))
             .cloned()
             .collect();
         for (ns, name) in gone {
             self.delete_service(&ns, &name);
         }
+        for s in services {
+            self.apply_service(s);
+        }
+    }
+
+    /// Replaces all EndpointSlices with a complete listing, deleting those it lacks.
+    pub fn replace_slices(&mut self, slices: &[EndpointSlice]) {
+        let keep: BTreeSet<ObjectKey> = slices.iter().map(|s| key_of(&s.metadata)).collect();
         let gone: Vec<ObjectKey> = self
             .slices
             .keys()
-            .filter(|k| !slice_keys.contains(*k))
+            .filter(|k| !keep.contains(*k))
             .cloned()
             .collect();
         for (ns, name) in gone {
             self.delete_slice(&ns, &name);
-        }
-        for s in services {
-            self.apply_service(s);
         }
         for s in slices {
             self.apply_slice(s);
