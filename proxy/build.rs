@@ -1,1 +1,92 @@
-fn main() {}
+//! Builds the eBPF object (`proxy-ebpf`) for `bpfel-unknown-none` with aya-build and leaves it at
+//! `$OUT_DIR/proxy-ebpf`, where `dataplane::ebpf` embeds it with `include_bytes_aligned!`.
+//!
+//! `KPR_SKIP_EBPF=1` skips the eBPF build (for `cargo check`/clippy on machines without
+//! bpf-linker): an empty object is embedded and the ebpf backend refuses to start.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context as _};
+use aya_build::{Package, Toolchain};
+
+const SKIP_ENV: &str = "KPR_SKIP_EBPF";
+const EBPF_PACKAGE: &str = "proxy-ebpf";
+
+fn main() -> anyhow::Result<()> {
+    println!("cargo:rerun-if-env-changed={SKIP_ENV}");
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").ok_or_else(|| anyhow!("OUT_DIR not set"))?);
+    let object = out_dir.join(EBPF_PACKAGE);
+    if skip_requested() {
+        println!(
+            "cargo:warning={SKIP_ENV}=1: the eBPF programs are NOT built; the `ebpf` backend of this \
+             agent will refuse to start (rebuild without {SKIP_ENV} and with bpf-linker installed)"
+        );
+        fs::write(&object, b"").with_context(|| format!("writing empty {}", object.display()))?;
+        return Ok(());
+    }
+    build_ebpf_object()
+}
+
+fn skip_requested() -> bool {
+    env::var(SKIP_ENV).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+/// Runs aya-build from inside `proxy-ebpf/`: the crate is excluded from the host workspace, so the
+/// nested `cargo build --package proxy-ebpf` must run where that crate is its own workspace root.
+fn build_ebpf_object() -> anyhow::Result<()> {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR")?);
+    let root = manifest_dir
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no parent", manifest_dir.display()))?;
+    let ebpf_dir = root.join(EBPF_PACKAGE);
+    let common_dir = root.join("proxy-common");
+    ensure_bpf_linker()?;
+    // aya-build watches the eBPF crate; the shared map types live in proxy-common.
+    println!(
+        "cargo:rerun-if-changed={}",
+        common_dir.join("src").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        common_dir.join("Cargo.toml").display()
+    );
+    env::set_current_dir(&ebpf_dir)
+        .with_context(|| format!("entering the eBPF crate at {}", ebpf_dir.display()))?;
+    // aya-build only uses root_dir for rerun-if-changed; watching `src` (not the whole crate)
+    // keeps a manual clippy run's `proxy-ebpf/target` from triggering rebuilds.
+    for file in ["Cargo.toml", "Cargo.lock", "build.rs"] {
+        println!("cargo:rerun-if-changed={}", ebpf_dir.join(file).display());
+    }
+    let ebpf_src = ebpf_dir.join("src");
+    let package = Package {
+        name: EBPF_PACKAGE,
+        root_dir: path_str(&ebpf_src)?,
+        ..Default::default()
+    };
+    // aya-build forwards the nested cargo's stderr as cargo warnings, which cargo replays on every
+    // build of `proxy`; keep the progress lines out so that only real diagnostics show.
+    env::set_var("CARGO_TERM_QUIET", "true");
+    aya_build::build_ebpf([package], Toolchain::default())
+        .with_context(|| format!("building the eBPF programs in {}", ebpf_dir.display()))
+}
+
+fn ensure_bpf_linker() -> anyhow::Result<()> {
+    let found = env::var_os("PATH")
+        .map(|paths| env::split_paths(&paths).any(|dir| dir.join("bpf-linker").is_file()))
+        .unwrap_or(false);
+    if found {
+        return Ok(());
+    }
+    Err(anyhow!(
+        "bpf-linker was not found on PATH; it is needed to build the eBPF programs. Install it \
+         (see DESIGN.md: LLVM_PREFIX=/usr/lib/llvm-22 cargo install bpf-linker --no-default-features \
+         --features llvm-22) or set {SKIP_ENV}=1 to build an agent without the ebpf backend"
+    ))
+}
+
+fn path_str(path: &Path) -> anyhow::Result<&str> {
+    path.to_str()
+        .ok_or_else(|| anyhow!("path {} is not UTF-8", path.display()))
+}
