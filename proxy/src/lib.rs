@@ -5,10 +5,17 @@
 //! result to a [`dataplane::Dataplane`]. Metrics, health and the state `proxy inspect` reads are
 //! served by `server`.
 
+pub mod cli;
 pub mod convert;
 pub mod dataplane;
 pub mod error;
+pub mod healthcheck;
+pub mod metrics;
 pub mod model;
+pub mod nft;
 pub mod selection;
+pub mod server;
 pub mod source;
+pub mod status;
+pub mod sync;
 pub mod tracker;

@@ -1,1 +1,28 @@
-fn main() {}
+//! The `proxy` binary: `run`, `inspect`, `cleanup`.
+
+use clap::Parser;
+use proxy::cli::{Cli, Command};
+
+mod cmd;
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(cmd::run::run(*args))
+        }
+        Command::Inspect(args) => cmd::inspect::run(&args),
+        Command::Cleanup(args) => cmd::cleanup::run(&args),
+    }
+}

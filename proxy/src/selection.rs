@@ -47,7 +47,7 @@ pub enum SourceKind {
 }
 
 /// Which kind of Service address a connection was made to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DestKind {
     ClusterIp,

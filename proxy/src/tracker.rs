@@ -80,6 +80,9 @@ impl Tracker {
     }
 
     fn set_errors(&mut self, key: String, errs: Vec<InvalidObject>) {
+        if self.errors.get(&key).is_some_and(|old| *old == errs) {
+            return;
+        }
         for e in &errs {
             tracing::warn!("{e}");
         }

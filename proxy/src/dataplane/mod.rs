@@ -17,6 +17,7 @@ use crate::error::DataplaneError;
 use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
 use crate::selection::{NodeContext, SelectedEndpoints};
 
+pub mod ebpf;
 pub mod userspace;
 
 /// The complete desired state, as the core hands it to a backend.
@@ -115,7 +116,11 @@ pub trait Dataplane: Send {
     fn name(&self) -> &'static str;
 
     /// Programs the changes (or everything, when `changes.full`).
-    fn sync(&mut self, state: &ProxyState, changes: &ChangeSet) -> Result<SyncStats, DataplaneError>;
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSet,
+    ) -> Result<SyncStats, DataplaneError>;
 
     /// Removes everything this backend ever installed.
     fn cleanup(&mut self) -> Result<(), DataplaneError>;
@@ -123,5 +128,30 @@ pub trait Dataplane: Send {
     /// Live counters for `proxy inspect`, if the backend has any.
     fn live_view(&self) -> Option<std::sync::Arc<dyn LiveView>> {
         None
+    }
+}
+
+/// Every backend `--backend` accepts, in the order `proxy cleanup --backend all` cleans them.
+pub const BACKENDS: [&str; 4] = ["userspace", "nftables", "iptables", "ebpf"];
+
+/// Builds the backend named by `--backend`.
+pub fn build(backend: &str, cfg: &BackendConfig) -> Result<Box<dyn Dataplane>, DataplaneError> {
+    match backend {
+        "userspace" => Ok(Box::new(userspace::UserspaceDataplane::new(cfg)?)),
+        other => Err(DataplaneError::Unsupported {
+            backend: "agent",
+            feature: format!("backend {other} (not built into this agent yet)"),
+        }),
+    }
+}
+
+/// Removes whatever the named backend installed, whether or not an agent is running.
+pub fn cleanup(backend: &str, cfg: &BackendConfig) -> Result<(), DataplaneError> {
+    match backend {
+        "userspace" => userspace::cleanup(cfg),
+        other => Err(DataplaneError::Unsupported {
+            backend: "agent",
+            feature: format!("cleanup of backend {other} (not built into this agent yet)"),
+        }),
     }
 }

@@ -1,0 +1,217 @@
+//! The `proxy` command line. Flags keep kube-proxy's names where they mean the same thing.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use ipnet::IpNet;
+
+use crate::model::Algorithm;
+
+/// kpr: a kube-proxy replacement with userspace, iptables, nftables and eBPF dataplanes.
+#[derive(Debug, Parser)]
+#[command(name = "proxy", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node agent: watch Services and EndpointSlices and program the dataplane.
+    Run(Box<RunArgs>),
+    /// Show what a running agent has programmed: Services, endpoints, active connections, last sync.
+    Inspect(InspectArgs),
+    /// Remove everything a backend ever installed (rules, tables, maps, pins, attachments).
+    Cleanup(CleanupArgs),
+}
+
+/// Which dataplane programs the Services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// A proxy in this process that owns every connection (nftables redirect).
+    Userspace,
+    /// kube-proxy-style NAT rules written with iptables-restore.
+    Iptables,
+    /// NAT through nftables maps, changed incrementally.
+    Nftables,
+    /// eBPF socket-level and tc load balancing with hash maps.
+    Ebpf,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Userspace => "userspace",
+            Backend::Iptables => "iptables",
+            Backend::Nftables => "nftables",
+            Backend::Ebpf => "ebpf",
+        }
+    }
+}
+
+/// Where Services and EndpointSlices come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceArg {
+    /// `kube`: the Kubernetes API (kubeconfig or in-cluster).
+    Kube,
+    /// `file:DIR`: a directory of manifests, reloaded on change.
+    File(PathBuf),
+}
+
+fn parse_source(s: &str) -> Result<SourceArg, String> {
+    match s.split_once(':') {
+        _ if s == "kube" => Ok(SourceArg::Kube),
+        Some(("file", dir)) if !dir.is_empty() => Ok(SourceArg::File(PathBuf::from(dir))),
+        _ => Err(format!("expected `kube` or `file:DIR`, found {s:?}")),
+    }
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 100ms, 30s or 1m: {e}"))
+}
+
+fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+    Algorithm::parse(s).ok_or_else(|| format!("expected round-robin or least-conn, found {s:?}"))
+}
+
+fn parse_cidr(s: &str) -> Result<IpNet, String> {
+    s.parse::<IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map(|n| n.trunc())
+        .map_err(|_| format!("{s:?} is not a CIDR like 10.244.0.0/16"))
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Dataplane backend.
+    #[arg(long, value_enum, default_value = "userspace")]
+    pub backend: Backend,
+    /// `kube` or `file:DIR`.
+    #[arg(long, value_parser = parse_source, default_value = "kube")]
+    pub source: SourceArg,
+    /// kubeconfig for the kube source (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Node-wide balancing algorithm; a Service overrides it with the annotation kpr.io/balance.
+    #[arg(long, value_parser = parse_algorithm, default_value = "round-robin")]
+    pub balance: Algorithm,
+    /// This node's name (endpoints with this nodeName are local). Default: the host name.
+    #[arg(long, env = "NODE_NAME")]
+    pub hostname_override: Option<String>,
+    /// Pod CIDRs: sources inside are pod sources (comma-separated).
+    #[arg(long, value_parser = parse_cidr, value_delimiter = ',')]
+    pub cluster_cidr: Vec<IpNet>,
+    /// Service CIDRs: traffic to an unallocated address inside is dropped (comma-separated).
+    #[arg(long, value_parser = parse_cidr, value_delimiter = ',')]
+    pub service_cluster_ip_range: Vec<IpNet>,
+    /// Node addresses that accept nodePort traffic (comma-separated CIDRs). Default: all node IPs.
+    #[arg(long, value_parser = parse_cidr, value_delimiter = ',')]
+    pub nodeport_addresses: Vec<IpNet>,
+    /// Masquerade (SNAT) all Service traffic.
+    #[arg(long)]
+    pub masquerade_all: bool,
+    /// At most one sync per this period.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub min_sync_period: Duration,
+    /// A sync at least this often.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub sync_period: Duration,
+    /// A full resync at least this often.
+    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    pub full_sync_period: Duration,
+    /// How long an idle UDP session of the userspace backend is kept.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    pub udp_idle_timeout: Duration,
+    /// Metrics and /state address.
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: SocketAddr,
+    /// /healthz address.
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: SocketAddr,
+    /// cgroup v2 directory the eBPF socket programs attach to (default: the cgroup2 mount root).
+    #[arg(long)]
+    pub cgroup_path: Option<PathBuf>,
+    /// bpffs directory where the eBPF backend pins maps and links.
+    #[arg(long, default_value = "/sys/fs/bpf/kpr")]
+    pub bpffs_path: PathBuf,
+    /// iptables flavour: legacy or nft (default: detected).
+    #[arg(long, value_parser = ["legacy", "nft"])]
+    pub iptables_mode: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct InspectArgs {
+    /// The agent's metrics address (where /state is served).
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: SocketAddr,
+    /// Print the raw JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CleanupArgs {
+    /// Which backend's leftovers to remove; `all` removes every backend's.
+    #[arg(long, value_parser = ["userspace", "iptables", "nftables", "ebpf", "all"], default_value = "all")]
+    pub backend: String,
+    /// bpffs directory of the eBPF backend's pins.
+    #[arg(long, default_value = "/sys/fs/bpf/kpr")]
+    pub bpffs_path: PathBuf,
+    /// cgroup the eBPF programs were attached to.
+    #[arg(long)]
+    pub cgroup_path: Option<PathBuf>,
+    /// iptables flavour: legacy or nft (default: both).
+    #[arg(long, value_parser = ["legacy", "nft"])]
+    pub iptables_mode: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_flags_parse_like_kube_proxy() {
+        let cli = Cli::try_parse_from([
+            "proxy",
+            "run",
+            "--backend",
+            "nftables",
+            "--source",
+            "file:/tmp/m",
+            "--balance",
+            "least-conn",
+            "--hostname-override",
+            "n1",
+            "--cluster-cidr",
+            "10.244.0.0/16,fd00::/64",
+            "--min-sync-period",
+            "100ms",
+            "--nodeport-addresses",
+            "192.0.2.0/24",
+        ])
+        .unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(r.backend, Backend::Nftables);
+        assert_eq!(r.source, SourceArg::File("/tmp/m".into()));
+        assert_eq!(r.balance, Algorithm::LeastConn);
+        assert_eq!(r.cluster_cidr.len(), 2);
+        assert_eq!(r.min_sync_period, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn bad_values_say_what_was_expected() {
+        let e = Cli::try_parse_from(["proxy", "run", "--source", "etcd"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected `kube` or `file:DIR`"), "{e}");
+        let e = Cli::try_parse_from(["proxy", "run", "--cluster-cidr", "10.0.0.0/33"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not a CIDR"), "{e}");
+    }
+}

@@ -1,0 +1,140 @@
+//! `proxy run`: assembles source, tracker, sync runner, dataplane and HTTP endpoints.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use proxy::cli::{RunArgs, SourceArg};
+use proxy::dataplane::{self, BackendConfig};
+use proxy::metrics::Metrics;
+use proxy::selection::NodeContext;
+use proxy::status::Health;
+use proxy::sync::{Runner, SyncTiming};
+use proxy::tracker::Tracker;
+use proxy::{server, source};
+use tokio::sync::mpsc;
+
+/// The node's own addresses: every non-loopback address in this network namespace.
+fn node_addresses() -> anyhow::Result<Vec<IpAddr>> {
+    let mut ips = Vec::new();
+    for ifa in nix::ifaddrs::getifaddrs().context("listing interface addresses")? {
+        let Some(addr) = ifa.address else { continue };
+        let ip = if let Some(v4) = addr.as_sockaddr_in() {
+            IpAddr::V4(v4.ip())
+        } else if let Some(v6) = addr.as_sockaddr_in6() {
+            IpAddr::V6(v6.ip())
+        } else {
+            continue;
+        };
+        let link_local_v6 = matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80);
+        if !ip.is_loopback() && !link_local_v6 && !ips.contains(&ip) {
+            ips.push(ip);
+        }
+    }
+    Ok(ips)
+}
+
+fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
+    let node_name = match &args.hostname_override {
+        Some(n) => n.clone(),
+        None => nix::unistd::gethostname()
+            .context("reading the host name")?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let node = NodeContext {
+        node_name,
+        cluster_cidrs: args.cluster_cidr.clone(),
+        node_ips: node_addresses()?,
+        masquerade_all: args.masquerade_all,
+    };
+    Ok(BackendConfig {
+        node,
+        nodeport_addresses: args.nodeport_addresses.clone(),
+        service_cidrs: args.service_cluster_ip_range.clone(),
+        default_algorithm: args.balance,
+        udp_idle_timeout: args.udp_idle_timeout,
+        cgroup_path: args.cgroup_path.clone(),
+        bpffs_path: args.bpffs_path.clone(),
+        iptables_mode: args.iptables_mode.clone(),
+    })
+}
+
+async fn start_source(args: &RunArgs, tx: mpsc::Sender<source::SourceEvent>) -> anyhow::Result<()> {
+    match &args.source {
+        SourceArg::File(dir) => {
+            if !dir.is_dir() {
+                bail!("--source file:{}: not a directory", dir.display());
+            }
+            let dir = dir.clone();
+            tokio::spawn(async move {
+                if let Err(e) =
+                    source::file::run(dir.clone(), tx, std::time::Duration::from_secs(5)).await
+                {
+                    tracing::error!("file source {}: {e}", dir.display());
+                }
+            });
+        }
+        SourceArg::Kube => {
+            let client = source::kube::client(args.kubeconfig.as_deref())
+                .await
+                .context("building the Kubernetes client")?;
+            tokio::spawn(source::kube::run(client, tx));
+        }
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let cfg = backend_config(&args)?;
+    tracing::info!(backend = args.backend.as_str(), node = %cfg.node.node_name, node_ips = ?cfg.node.node_ips, "starting");
+    let dp = dataplane::build(args.backend.as_str(), &cfg)
+        .with_context(|| format!("starting the {} backend", args.backend.as_str()))?;
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::default());
+    let (ev_tx, ev_rx) = mpsc::channel(4096);
+    let (q_tx, q_rx) = mpsc::channel(16);
+    let health_timeout = (args.sync_period * 2).max(std::time::Duration::from_secs(60));
+    server::start(
+        args.metrics_bind_address,
+        args.healthz_bind_address,
+        metrics.clone(),
+        health.clone(),
+        health_timeout,
+        q_tx,
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "binding {} and {}",
+            args.metrics_bind_address, args.healthz_bind_address
+        )
+    })?;
+    start_source(&args, ev_tx).await?;
+    let timing = SyncTiming {
+        min_sync_period: args.min_sync_period,
+        sync_period: args.sync_period,
+        full_sync_period: args.full_sync_period,
+    };
+    let runner = Runner::new(
+        Tracker::new(args.balance, cfg.node.clone()),
+        dp,
+        timing,
+        metrics,
+        health,
+    );
+    tokio::select! {
+        _ = runner.run(ev_rx, q_rx) => {}
+        _ = shutdown_signal() => tracing::info!("terminating; the dataplane stays programmed for the next start"),
+    }
+    Ok(())
+}

@@ -1,0 +1,239 @@
+//! Endpoint choice for the userspace backend: round-robin cursors, exact least-connection counters,
+//! and ClientIP session affinity. Which endpoints are candidates is decided by `selection::route`;
+//! this module only picks among them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::dataplane::LiveView;
+use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
+
+/// Balancing state shared by every listener.
+#[derive(Debug, Default)]
+pub struct Balancer {
+    cursors: Mutex<HashMap<ServicePortName, usize>>,
+    active: Mutex<HashMap<SocketAddr, u64>>,
+    affinity: Mutex<HashMap<(ServicePortName, IpAddr), (SocketAddr, Instant)>>,
+}
+
+/// Counts one active connection to an endpoint for as long as it lives.
+#[derive(Debug)]
+pub struct ActiveGuard {
+    balancer: Arc<Balancer>,
+    endpoint: SocketAddr,
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        let mut active = self.balancer.active.lock().expect("active counters lock");
+        if let Some(n) = active.get_mut(&self.endpoint) {
+            *n -= 1;
+            if *n == 0 {
+                active.remove(&self.endpoint);
+            }
+        }
+    }
+}
+
+impl Balancer {
+    /// Picks an endpoint for a new connection from `client`, skipping `exclude` (endpoints that
+    /// refused this connection already). `None` when no candidate is left.
+    pub fn pick(
+        &self,
+        svc: &ServicePort,
+        candidates: &[Endpoint],
+        client: IpAddr,
+        exclude: &[SocketAddr],
+    ) -> Option<SocketAddr> {
+        let usable: Vec<SocketAddr> = candidates
+            .iter()
+            .map(Endpoint::socket_addr)
+            .filter(|a| !exclude.contains(a))
+            .collect();
+        if usable.is_empty() {
+            return None;
+        }
+        if let Some(timeout) = svc.affinity {
+            let mut aff = self.affinity.lock().expect("affinity lock");
+            let key = (svc.name.clone(), client);
+            if let Some((ep, last)) = aff.get_mut(&key) {
+                if last.elapsed() <= timeout && usable.contains(ep) {
+                    *last = Instant::now();
+                    return Some(*ep);
+                }
+            }
+            let ep = self.choose(svc, &usable);
+            aff.insert(key, (ep, Instant::now()));
+            return Some(ep);
+        }
+        Some(self.choose(svc, &usable))
+    }
+
+    fn choose(&self, svc: &ServicePort, usable: &[SocketAddr]) -> SocketAddr {
+        let start = {
+            let mut cursors = self.cursors.lock().expect("cursor lock");
+            let c = cursors.entry(svc.name.clone()).or_insert(0);
+            let start = *c % usable.len();
+            *c = c.wrapping_add(1);
+            start
+        };
+        match svc.algorithm {
+            Algorithm::RoundRobin => usable[start],
+            Algorithm::LeastConn => {
+                let active = self.active.lock().expect("active counters lock");
+                // Ties go round-robin: scan from the cursor, keep the first minimum.
+                (0..usable.len())
+                    .map(|i| usable[(start + i) % usable.len()])
+                    .min_by_key(|a| active.get(a).copied().unwrap_or(0))
+                    .expect("usable is not empty")
+            }
+        }
+    }
+
+    /// Starts counting a connection to `endpoint`.
+    pub fn acquire(self: &Arc<Self>, endpoint: SocketAddr) -> ActiveGuard {
+        *self
+            .active
+            .lock()
+            .expect("active counters lock")
+            .entry(endpoint)
+            .or_insert(0) += 1;
+        ActiveGuard {
+            balancer: self.clone(),
+            endpoint,
+        }
+    }
+
+    /// Forgets cursors and affinity of service ports that no longer exist.
+    pub fn forget(&self, name: &ServicePortName) {
+        self.cursors.lock().expect("cursor lock").remove(name);
+        self.affinity
+            .lock()
+            .expect("affinity lock")
+            .retain(|(n, _), _| n != name);
+    }
+
+    /// Drops expired affinity entries (called on every sync).
+    pub fn expire_affinity(
+        &self,
+        timeout_of: impl Fn(&ServicePortName) -> Option<std::time::Duration>,
+    ) {
+        self.affinity
+            .lock()
+            .expect("affinity lock")
+            .retain(|(name, _), (_, last)| timeout_of(name).is_some_and(|t| last.elapsed() <= t));
+    }
+}
+
+impl LiveView for Balancer {
+    fn active_connections(&self) -> BTreeMap<SocketAddr, u64> {
+        self.active
+            .lock()
+            .expect("active counters lock")
+            .iter()
+            .map(|(a, n)| (*a, *n))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Protocol;
+
+    fn svc(algorithm: Algorithm, affinity: bool) -> ServicePort {
+        ServicePort {
+            name: ServicePortName {
+                namespace: "d".into(),
+                name: "s".into(),
+                port_name: String::new(),
+                protocol: Protocol::Tcp,
+            },
+            cluster_ips: vec![],
+            port: 80,
+            protocol: Protocol::Tcp,
+            node_port: 0,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            source_ranges: vec![],
+            affinity: affinity.then(|| std::time::Duration::from_secs(60)),
+            external_local: false,
+            internal_local: false,
+            health_check_node_port: 0,
+            algorithm,
+        }
+    }
+
+    fn eps(n: u8) -> Vec<Endpoint> {
+        (1..=n)
+            .map(|i| Endpoint {
+                addr: IpAddr::from([10, 0, 0, i]),
+                port: 80,
+                node: None,
+                zone: None,
+                ready: true,
+                serving: true,
+                terminating: false,
+            })
+            .collect()
+    }
+
+    const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+
+    #[test]
+    fn round_robin_cycles_exactly() {
+        let b = Balancer::default();
+        let s = svc(Algorithm::RoundRobin, false);
+        let picks: Vec<u8> = (0..8)
+            .map(|_| match b.pick(&s, &eps(4), CLIENT, &[]).unwrap().ip() {
+                IpAddr::V4(v) => v.octets()[3],
+                IpAddr::V6(_) => unreachable!(),
+            })
+            .collect();
+        assert_eq!(picks, vec![1, 2, 3, 4, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn least_conn_avoids_busy_endpoints_and_counts_exactly() {
+        let b = Arc::new(Balancer::default());
+        let s = svc(Algorithm::LeastConn, false);
+        let e = eps(3);
+        let busy: Vec<ActiveGuard> = (0..5).map(|_| b.acquire(e[0].socket_addr())).collect();
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            let ep = b.pick(&s, &e, CLIENT, &[]).unwrap();
+            assert_ne!(ep, e[0].socket_addr());
+            held.push(b.acquire(ep));
+        }
+        let live = b.active_connections();
+        assert_eq!(live[&e[0].socket_addr()], 5);
+        assert_eq!(live[&e[1].socket_addr()], 2);
+        assert_eq!(live[&e[2].socket_addr()], 2);
+        drop(busy);
+        drop(held);
+        assert!(b.active_connections().is_empty());
+    }
+
+    #[test]
+    fn affinity_sticks_and_excluded_endpoints_are_skipped() {
+        let b = Balancer::default();
+        let s = svc(Algorithm::RoundRobin, true);
+        let first = b.pick(&s, &eps(4), CLIENT, &[]).unwrap();
+        for _ in 0..10 {
+            assert_eq!(b.pick(&s, &eps(4), CLIENT, &[]).unwrap(), first);
+        }
+        let other = b.pick(&s, &eps(4), CLIENT, &[first]).unwrap();
+        assert_ne!(other, first);
+        assert_eq!(
+            b.pick(&s, &eps(4), CLIENT, &[]).unwrap(),
+            other,
+            "affinity follows the endpoint that answered"
+        );
+        assert_eq!(
+            b.pick(&s, &eps(1), CLIENT, &[eps(1)[0].socket_addr()]),
+            None
+        );
+    }
+}

@@ -1,0 +1,113 @@
+//! The healthCheckNodePort servers of eTP Local LoadBalancer Services.
+//!
+//! Answers 200 with the count of local ready endpoints when there is at least one, 503 otherwise
+//! (also when every local endpoint is terminating), as kube-proxy does. One listener per port,
+//! opened and closed as Services come and go; the count is updated in place on every sync.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+
+use crate::dataplane::ProxyState;
+
+struct Listener {
+    service: String,
+    local: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Keeps one HTTP listener per healthCheckNodePort.
+#[derive(Default)]
+pub struct HealthCheckServers {
+    listeners: HashMap<u16, Listener>,
+}
+
+impl Drop for HealthCheckServers {
+    fn drop(&mut self) {
+        for l in self.listeners.values() {
+            l.task.abort();
+        }
+    }
+}
+
+impl HealthCheckServers {
+    /// Brings listeners and counts in line with the state (cheap: O(service ports with a hcnp)).
+    pub fn update(&mut self, state: &ProxyState) {
+        let mut wanted: HashMap<u16, (String, usize)> = HashMap::new();
+        for (name, sp) in state
+            .services
+            .iter()
+            .filter(|(_, sp)| sp.health_check_node_port != 0 && sp.external_local)
+        {
+            let local = state.selected.get(name).map_or(0, |s| s.local_ready);
+            let e = wanted
+                .entry(sp.health_check_node_port)
+                .or_insert((format!("{}/{}", name.namespace, name.name), 0));
+            e.1 = e.1.max(local);
+        }
+        self.listeners.retain(|port, l| {
+            let keep = wanted.get(port).is_some_and(|(svc, _)| *svc == l.service);
+            if !keep {
+                l.task.abort();
+            }
+            keep
+        });
+        for (port, (service, local)) in wanted {
+            match self.listeners.get(&port) {
+                Some(l) => l.local.store(local, Ordering::Relaxed),
+                None => self.open(port, service, local),
+            }
+        }
+    }
+
+    fn open(&mut self, port: u16, service: String, local: usize) {
+        let count = Arc::new(AtomicUsize::new(local));
+        let std_listener = match std::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(%service, port, "cannot open healthCheckNodePort: {e}");
+                return;
+            }
+        };
+        let _ = std_listener.set_nonblocking(true);
+        let (svc, c) = (service.clone(), count.clone());
+        let task = tokio::spawn(async move {
+            let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
+                return;
+            };
+            let app = axum::Router::new().fallback(move || {
+                let (svc, c) = (svc.clone(), c.clone());
+                async move { respond(&svc, c.load(Ordering::Relaxed)) }
+            });
+            let _ = axum::serve(listener, app).await;
+        });
+        self.listeners.insert(
+            port,
+            Listener {
+                service,
+                local: count,
+                task,
+            },
+        );
+    }
+}
+
+fn respond(service: &str, local: usize) -> impl IntoResponse {
+    let (ns, name) = service.split_once('/').unwrap_or(("", service));
+    let body = serde_json::json!({"service": {"namespace": ns, "name": name}, "localEndpoints": local, "serviceProxyHealthy": true});
+    let status = if local > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        [("content-type", "application/json")],
+        body.to_string(),
+    )
+}

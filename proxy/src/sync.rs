@@ -1,0 +1,292 @@
+//! The sync runner: owns the tracker and the dataplane, applies source events, and programs the
+//! dataplane at most every `min_sync_period` and at least every `sync_period`, never before the
+//! first complete listing.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::dataplane::{ChangeSet, Dataplane};
+use crate::healthcheck::HealthCheckServers;
+use crate::metrics::{Metrics, TrafficPolicyLabel};
+use crate::model::ServicePortName;
+use crate::source::SourceEvent;
+use crate::status::{service_views, Health, LastSync, StateView};
+use crate::tracker::Tracker;
+
+/// Timing of syncs.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncTiming {
+    /// `--min-sync-period`: at most one sync per this period.
+    pub min_sync_period: Duration,
+    /// `--sync-period`: a sync at least this often, even without changes.
+    pub sync_period: Duration,
+    /// A full resync at least this often (recovers from rules changed behind our back).
+    pub full_sync_period: Duration,
+}
+
+/// A request for the current [`StateView`].
+pub type StateQuery = oneshot::Sender<StateView>;
+
+pub struct Runner {
+    tracker: Tracker,
+    dataplane: Box<dyn Dataplane>,
+    timing: SyncTiming,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    healthchecks: HealthCheckServers,
+    synced: bool,
+    last_sync: Option<Instant>,
+    last_full: Option<Instant>,
+    pending_since: Option<Instant>,
+    /// Syncs failed in a row: the retry backs off exponentially up to `sync_period`.
+    failures: u32,
+    last_result: Option<LastSync>,
+    no_local_internal: BTreeSet<ServicePortName>,
+    no_local_external: BTreeSet<ServicePortName>,
+}
+
+impl Runner {
+    pub fn new(
+        tracker: Tracker,
+        dataplane: Box<dyn Dataplane>,
+        timing: SyncTiming,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+    ) -> Self {
+        Runner {
+            tracker,
+            dataplane,
+            timing,
+            metrics,
+            health,
+            healthchecks: HealthCheckServers::default(),
+            synced: false,
+            last_sync: None,
+            last_full: None,
+            pending_since: None,
+            failures: 0,
+            last_result: None,
+            no_local_internal: BTreeSet::new(),
+            no_local_external: BTreeSet::new(),
+        }
+    }
+
+    /// Runs until the event channel closes and no query can arrive any more.
+    pub async fn run(
+        mut self,
+        mut events: mpsc::Receiver<SourceEvent>,
+        mut queries: mpsc::Receiver<StateQuery>,
+    ) {
+        let mut events_open = true;
+        loop {
+            let deadline = tokio::time::Instant::from_std(self.next_deadline());
+            tokio::select! {
+                ev = events.recv(), if events_open => match ev {
+                    Some(ev) => {
+                        self.apply(ev);
+                        while let Ok(ev) = events.try_recv() {
+                            self.apply(ev);
+                        }
+                    }
+                    None => {
+                        tracing::error!("the source stopped; keeping the last programmed state");
+                        events_open = false;
+                    }
+                },
+                q = queries.recv() => match q {
+                    Some(reply) => { let _ = reply.send(self.view()); }
+                    None if !events_open => return,
+                    None => {}
+                },
+                _ = tokio::time::sleep_until(deadline) => self.sync(),
+            }
+        }
+    }
+
+    fn apply(&mut self, ev: SourceEvent) {
+        if ev.apply(&mut self.tracker) && !self.synced {
+            tracing::info!("initial listing complete; programming the dataplane");
+            self.synced = true;
+            self.health.set_synced();
+        }
+        if self.tracker.has_changes() && self.pending_since.is_none() {
+            self.pending_since = Some(Instant::now());
+            self.health.queued();
+            self.metrics.last_queued_timestamp.set(unix_now());
+        }
+    }
+
+    fn next_deadline(&self) -> Instant {
+        let now = Instant::now();
+        if !self.synced {
+            return now + Duration::from_secs(3600);
+        }
+        match self.last_sync {
+            None => now,
+            Some(last) if self.tracker.has_changes() => (last + self.retry_delay()).max(now),
+            Some(last) => last + self.timing.sync_period,
+        }
+    }
+
+    fn retry_delay(&self) -> Duration {
+        let backoff = self.timing.min_sync_period.max(Duration::from_millis(100))
+            * 2u32.saturating_pow(self.failures.min(10));
+        if self.failures == 0 {
+            self.timing.min_sync_period
+        } else {
+            backoff.min(self.timing.sync_period)
+        }
+    }
+
+    fn sync(&mut self) {
+        if self
+            .last_full
+            .is_none_or(|t| t.elapsed() >= self.timing.full_sync_period)
+        {
+            self.tracker.request_full();
+        }
+        let start = Instant::now();
+        let changes = self.tracker.take_changes();
+        let result =
+            tokio::task::block_in_place(|| self.dataplane.sync(self.tracker.state(), &changes));
+        let took = start.elapsed();
+        self.last_sync = Some(Instant::now());
+        let mut last = LastSync::now(took, changes.full);
+        match result {
+            Ok(stats) => {
+                last.touched = stats.touched;
+                last.operations = stats.operations;
+                self.failures = 0;
+                self.record_success(&changes, took);
+                tracing::debug!(
+                    full = changes.full,
+                    touched = stats.touched,
+                    ops = stats.operations,
+                    ms = took.as_secs_f64() * 1e3,
+                    "synced"
+                );
+            }
+            Err(e) => {
+                tracing::error!("sync failed, the next one is a full resync: {e}");
+                last.error = Some(e.to_string());
+                self.metrics.sync_errors_total.inc();
+                self.failures += 1;
+                self.tracker.request_full();
+            }
+        }
+        self.last_result = Some(last);
+    }
+
+    fn record_success(&mut self, changes: &ChangeSet, took: Duration) {
+        if changes.full {
+            self.last_full = Some(Instant::now());
+            self.metrics.sync_full_duration.observe(took.as_secs_f64());
+        } else {
+            self.metrics
+                .sync_partial_duration
+                .observe(took.as_secs_f64());
+        }
+        self.metrics.sync_duration.observe(took.as_secs_f64());
+        if let Some(since) = self.pending_since.take() {
+            self.metrics
+                .network_programming_duration
+                .observe(since.elapsed().as_secs_f64());
+        }
+        self.health.programmed();
+        self.metrics.last_sync_timestamp.set(unix_now());
+        let state = self.tracker.state();
+        self.metrics
+            .service_changes_total
+            .inc_by(changes.changed.len() as u64);
+        self.metrics.endpoint_changes_total.inc_by(
+            changes
+                .removed_endpoints
+                .values()
+                .map(Vec::len)
+                .sum::<usize>() as u64,
+        );
+        self.metrics.service_ports.set(state.services.len() as i64);
+        self.metrics
+            .endpoints
+            .set(state.endpoints.values().map(Vec::len).sum::<usize>() as i64);
+        self.metrics
+            .invalid_objects
+            .set(self.tracker.errors().count() as i64);
+        self.update_no_local(changes);
+        self.healthchecks.update(self.tracker.state());
+    }
+
+    /// Keeps kube-proxy's "no local endpoints" gauges, touching only the changed service ports.
+    fn update_no_local(&mut self, changes: &ChangeSet) {
+        let state = self.tracker.state();
+        let names: Vec<ServicePortName> = if changes.full {
+            state.services.keys().cloned().collect()
+        } else {
+            changes.changed.iter().cloned().collect()
+        };
+        if changes.full {
+            self.no_local_internal.clear();
+            self.no_local_external.clear();
+        }
+        for name in names {
+            let (sp, sel) = (state.services.get(&name), state.selected.get(&name));
+            let lacks = |local: bool, set: Option<&Vec<crate::model::Endpoint>>| {
+                local && set.is_none_or(|s| s.is_empty())
+            };
+            set_member(
+                &mut self.no_local_internal,
+                &name,
+                sp.is_some_and(|sp| lacks(sp.internal_local, sel.map(|s| &s.cluster))),
+            );
+            set_member(
+                &mut self.no_local_external,
+                &name,
+                sp.is_some_and(|sp| lacks(sp.external_local, sel.map(|s| &s.external))),
+            );
+        }
+        for (policy, set) in [
+            ("internal", &self.no_local_internal),
+            ("external", &self.no_local_external),
+        ] {
+            self.metrics
+                .no_local_endpoints
+                .get_or_create(&TrafficPolicyLabel {
+                    traffic_policy: policy.into(),
+                })
+                .set(set.len() as i64);
+        }
+    }
+
+    fn view(&self) -> StateView {
+        let live = self.dataplane.live_view();
+        let active = live
+            .as_ref()
+            .map(|l| l.active_connections())
+            .unwrap_or_default();
+        StateView {
+            backend: self.dataplane.name().to_string(),
+            synced: self.synced,
+            last_sync: self.last_result.clone(),
+            services: service_views(self.tracker.state(), &active, live.is_some()),
+            errors: self.tracker.errors().map(|e| e.to_string()).collect(),
+        }
+    }
+}
+
+fn set_member(set: &mut BTreeSet<ServicePortName>, name: &ServicePortName, member: bool) {
+    if member {
+        set.insert(name.clone());
+    } else {
+        set.remove(name);
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
