@@ -1,0 +1,384 @@
+//! Runs the `proxy` agent inside a node namespace with the file source, and reads what it reports.
+//!
+//! Owns: the agent process, its manifest directory and its log file. The guard stops the agent
+//! (SIGTERM, then SIGKILL) and removes the directory on drop, printing the agent's log when the test
+//! is panicking (or always with `KPR_TEST_LOG=1`).
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::Deserialize;
+
+use crate::client::http_get;
+use crate::cluster::{CLUSTER_CIDR, NODE_IP, NODE_NAME, SERVICE_CIDR};
+use crate::netns::{unique_prefix, Netns};
+use crate::HarnessError;
+
+/// Where the agent serves `/healthz` (inside the node namespace).
+pub const HEALTHZ_ADDR: &str = "127.0.0.1:10256";
+/// Where the agent serves metrics and `/state` (inside the node namespace).
+pub const METRICS_ADDR: &str = "127.0.0.1:10249";
+
+/// How the agent is started.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// `userspace`, `nftables`, `iptables` or `ebpf`.
+    pub backend: String,
+    /// `round-robin` or `least-conn`.
+    pub balance: String,
+    /// More flags (`--masquerade-all`, `--cgroup-path DIR`, ...).
+    pub extra_args: Vec<String>,
+    /// How long to wait for the first healthy `/healthz`.
+    pub ready_timeout: Duration,
+}
+
+impl AgentOptions {
+    pub fn backend(backend: &str) -> AgentOptions {
+        AgentOptions {
+            backend: backend.into(),
+            balance: "round-robin".into(),
+            extra_args: Vec::new(),
+            ready_timeout: Duration::from_secs(30),
+        }
+    }
+
+    pub fn balance(mut self, balance: &str) -> Self {
+        self.balance = balance.into();
+        self
+    }
+
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra_args.push(arg.into());
+        self
+    }
+}
+
+/// The `proxy` binary: `$KPR_PROXY_BIN`, else `<workspace>/target/debug/proxy`.
+pub fn proxy_binary() -> Result<PathBuf, HarnessError> {
+    let path = match std::env::var_os("KPR_PROXY_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/proxy"),
+    };
+    if !path.is_file() {
+        return Err(HarnessError::Agent(format!(
+            "no proxy binary at {}: build it: cargo build -p proxy (cargo xtask test does this)",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+/// A running agent. Borrow of the node namespace keeps the namespace alive longer than the agent.
+#[derive(Debug)]
+pub struct Agent<'n> {
+    node: &'n Netns,
+    child: Mutex<Option<Child>>,
+    dir: PathBuf,
+    manifests: PathBuf,
+    log: PathBuf,
+}
+
+impl<'n> Agent<'n> {
+    /// Writes `manifests` (file name, content) into a fresh directory, starts
+    /// `proxy run --source file:DIR` in `node` and waits until `/healthz` answers 200.
+    pub fn start(
+        node: &'n Netns,
+        opts: &AgentOptions,
+        manifests: &[(&str, String)],
+    ) -> Result<Agent<'n>, HarnessError> {
+        let binary = proxy_binary()?;
+        let dir = std::env::temp_dir().join(format!("{}-agent", unique_prefix()));
+        let io = |what: String| move |e| HarnessError::Io { what, source: e };
+        let manifest_dir = dir.join("manifests");
+        fs::create_dir_all(&manifest_dir)
+            .map_err(io(format!("creating {}", manifest_dir.display())))?;
+        let log = dir.join("agent.log");
+        let log_file = fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
+        let log_err = log_file
+            .try_clone()
+            .map_err(io("duplicating the log handle".into()))?;
+        let agent = Agent {
+            node,
+            child: Mutex::new(None),
+            dir,
+            manifests: manifest_dir,
+            log,
+        };
+        for (name, content) in manifests {
+            agent.write_manifest(name, content)?;
+        }
+        let mut cmd = node.command(&binary);
+        cmd.args([
+            "run",
+            "--backend",
+            &opts.backend,
+            "--balance",
+            &opts.balance,
+        ])
+        .arg("--source")
+        .arg(format!("file:{}", agent.manifests.display()))
+        .args([
+            "--hostname-override",
+            NODE_NAME,
+            "--cluster-cidr",
+            CLUSTER_CIDR,
+        ])
+        .args(["--service-cluster-ip-range", SERVICE_CIDR])
+        .args(["--nodeport-addresses", &format!("{NODE_IP}/32")])
+        .args([
+            "--min-sync-period",
+            "100ms",
+            "--sync-period",
+            "30s",
+            "--udp-idle-timeout",
+            "60s",
+        ])
+        .args([
+            "--metrics-bind-address",
+            METRICS_ADDR,
+            "--healthz-bind-address",
+            "0.0.0.0:10256",
+        ])
+        .args(&opts.extra_args)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err);
+        let child = cmd
+            .spawn()
+            .map_err(io(format!("spawning {}", binary.display())))?;
+        *agent.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        agent.wait_healthy(opts.ready_timeout)?;
+        Ok(agent)
+    }
+
+    /// The directory the file source watches.
+    pub fn manifest_dir(&self) -> &Path {
+        &self.manifests
+    }
+
+    /// Writes (or replaces) one manifest file atomically (write a hidden temp file, then rename).
+    pub fn write_manifest(&self, name: &str, content: &str) -> Result<(), HarnessError> {
+        let tmp = self.manifests.join(format!(".{name}.tmp"));
+        let path = self.manifests.join(name);
+        fs::write(&tmp, content)
+            .and_then(|_| fs::rename(&tmp, &path))
+            .map_err(|e| HarnessError::Io {
+                what: format!("writing {}", path.display()),
+                source: e,
+            })
+    }
+
+    /// Removes one manifest file.
+    pub fn remove_manifest(&self, name: &str) -> Result<(), HarnessError> {
+        let path = self.manifests.join(name);
+        fs::remove_file(&path).map_err(|e| HarnessError::Io {
+            what: format!("removing {}", path.display()),
+            source: e,
+        })
+    }
+
+    /// Everything the agent printed so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `GET /healthz` from inside the node namespace: (status, body).
+    pub fn healthz(&self) -> Result<(u16, String), HarnessError> {
+        let addr: SocketAddr = HEALTHZ_ADDR.parse().expect("constant");
+        http_get(self.node, addr, "/healthz", Duration::from_secs(2))
+            .map_err(|e| HarnessError::Agent(format!("GET /healthz: {e}")))
+    }
+
+    /// `GET /state`, parsed.
+    pub fn state(&self) -> Result<State, HarnessError> {
+        let addr: SocketAddr = METRICS_ADDR.parse().expect("constant");
+        let (status, body) = http_get(self.node, addr, "/state", Duration::from_secs(2))
+            .map_err(|e| HarnessError::Agent(format!("GET /state: {e}")))?;
+        if status != 200 {
+            return Err(HarnessError::Agent(format!(
+                "GET /state answered {status}: {body}"
+            )));
+        }
+        let raw: serde_json::Value = serde_json::from_str(&body)
+            .map_err(|e| HarnessError::Agent(format!("GET /state: not JSON ({e}): {body}")))?;
+        let mut state: State = serde_json::from_value(raw.clone()).map_err(|e| {
+            HarnessError::Agent(format!("GET /state: unexpected shape ({e}): {body}"))
+        })?;
+        state.raw = raw;
+        Ok(state)
+    }
+
+    /// Polls `/state` until `ready` holds (bounded by `timeout`); the error shows the last state.
+    pub fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        ready: impl Fn(&State) -> bool,
+    ) -> Result<State, HarnessError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_running()?;
+            let last = self.state();
+            if let Ok(s) = &last {
+                if ready(s) {
+                    return last;
+                }
+            }
+            if Instant::now() > deadline {
+                let shown = match last {
+                    Ok(s) => serde_json::to_string_pretty(&s.raw).unwrap_or_default(),
+                    Err(e) => e.to_string(),
+                };
+                return Err(HarnessError::Agent(format!(
+                    "waited {timeout:?} for {what}; last state: {shown}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Polls the agent log until it contains `needle` (bounded by `timeout`).
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> Result<String, HarnessError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return Ok(log);
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::Agent(format!(
+                    "waited {timeout:?} for {needle:?} in the agent log"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn check_running(&self) -> Result<(), HarnessError> {
+        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        let exited = match guard.as_mut() {
+            Some(child) => child.try_wait().ok().flatten().map(|s| s.to_string()),
+            None => Some("stopped".to_string()),
+        };
+        match exited {
+            Some(status) => Err(HarnessError::Agent(format!(
+                "the agent exited ({status}); its log:\n{}",
+                self.log()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn wait_healthy(&self, timeout: Duration) -> Result<(), HarnessError> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::from("no answer yet");
+        while Instant::now() < deadline {
+            self.check_running()?;
+            match self.healthz() {
+                Ok((200, _)) => return Ok(()),
+                Ok((code, body)) => last = format!("{code} {body}"),
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(HarnessError::Agent(format!(
+            "/healthz not 200 after {timeout:?} (last: {last}); agent log:\n{}",
+            self.log()
+        )))
+    }
+
+    /// Stops the agent: SIGTERM, up to 5 s grace, then SIGKILL. Returns its exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self
+            .child
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    }
+}
+
+impl Drop for Agent<'_> {
+    fn drop(&mut self) {
+        let status = self.stop();
+        if std::thread::panicking() || std::env::var_os("KPR_TEST_LOG").is_some() {
+            eprintln!(
+                "---- agent log ({}, exit {status:?}) ----\n{}---- end of agent log ----",
+                self.log.display(),
+                self.log()
+            );
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `GET /state` as the tests read it (unknown fields ignored; `raw` keeps everything).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct State {
+    pub backend: String,
+    pub synced: bool,
+    pub services: Vec<ServiceState>,
+    /// Input problems (bad manifests), each naming its object and field.
+    pub errors: Vec<String>,
+    pub last_sync: Option<serde_json::Value>,
+    #[serde(skip)]
+    pub raw: serde_json::Value,
+}
+
+impl State {
+    /// The service port whose name is `name` (`ns/svc:port/TCP` or `ns/svc/TCP`).
+    pub fn service(&self, name: &str) -> Option<&ServiceState> {
+        self.services.iter().find(|s| s.name == name)
+    }
+}
+
+/// One service port in `/state`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ServiceState {
+    pub name: String,
+    pub cluster_ips: Vec<String>,
+    pub port: u16,
+    pub protocol: String,
+    pub node_port: u16,
+    pub algorithm: String,
+    pub endpoints: Vec<EndpointState>,
+}
+
+impl ServiceState {
+    /// Endpoint addresses (`ip:port`).
+    pub fn endpoint_addrs(&self) -> Vec<String> {
+        self.endpoints.iter().map(|e| e.addr.clone()).collect()
+    }
+}
+
+/// One endpoint in `/state`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct EndpointState {
+    pub addr: String,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub active: Option<u64>,
+}

@@ -1,0 +1,125 @@
+//! `probe`: the harness's clients as a command, for tests that need client *processes* (the eBPF
+//! tests put them in a cgroup). Runs in whatever namespace it is started in.
+//!
+//! ```text
+//! probe tcp ADDR [--count N] [--hold SECS] [--timeout SECS]
+//! probe udp ADDR [--count N] [--timeout SECS]
+//! ```
+//! Prints one line per request: `<pod> <peer-ip>:<peer-port>` on success, `error <kind>` on failure
+//! (kind: refused, reset, unreachable, timeout, closed, other: ...). With `--hold`, each TCP
+//! connection is opened, its greeting printed, and all are kept open SECS seconds, checked alive
+//! (`alive <pod>` / `dead <pod>`), then closed. Exit status 0 when every request succeeded, 1 otherwise.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use kpr_tests::client::{tcp_hold_here, tcp_request_here, udp_request_here};
+use kpr_tests::ClientError;
+
+struct Opts {
+    proto: String,
+    addr: SocketAddr,
+    count: usize,
+    hold: Option<u64>,
+    timeout: Duration,
+}
+
+fn parse(args: &[String]) -> anyhow::Result<Opts> {
+    let usage = "usage: probe tcp|udp ADDR [--count N] [--hold SECS] [--timeout SECS]";
+    let (proto, addr) = match args {
+        [p, a, ..] if p == "tcp" || p == "udp" => (p.clone(), a),
+        _ => bail!("{usage}"),
+    };
+    let addr = addr
+        .parse()
+        .with_context(|| format!("ADDR {addr:?} is not IP:PORT"))?;
+    let mut opts = Opts {
+        proto,
+        addr,
+        count: 1,
+        hold: None,
+        timeout: Duration::from_secs(2),
+    };
+    let mut rest = args[2..].iter();
+    while let Some(flag) = rest.next() {
+        let value = rest
+            .next()
+            .with_context(|| format!("{flag} needs a value; {usage}"))?;
+        let n: u64 = value
+            .parse()
+            .with_context(|| format!("{flag} {value:?} is not a number"))?;
+        match flag.as_str() {
+            "--count" => opts.count = n as usize,
+            "--hold" => opts.hold = Some(n),
+            "--timeout" => opts.timeout = Duration::from_secs(n),
+            _ => bail!("unknown flag {flag}; {usage}"),
+        }
+    }
+    if opts.hold.is_some() && opts.proto != "tcp" {
+        bail!("--hold is for tcp only");
+    }
+    Ok(opts)
+}
+
+fn show_error(e: &ClientError) -> String {
+    match e {
+        ClientError::Refused => "error refused".into(),
+        ClientError::Reset => "error reset".into(),
+        ClientError::Unreachable => "error unreachable".into(),
+        ClientError::Timeout => "error timeout".into(),
+        ClientError::Closed => "error closed".into(),
+        ClientError::Other(m) => format!("error other: {m}"),
+    }
+}
+
+fn hold(opts: &Opts, secs: u64) -> bool {
+    let mut held = Vec::new();
+    let mut ok = true;
+    for _ in 0..opts.count {
+        match tcp_hold_here(opts.addr, opts.timeout) {
+            Ok(c) => {
+                println!("{} {}", c.reply.pod, c.reply.peer);
+                held.push(c);
+            }
+            Err(e) => {
+                println!("{}", show_error(&e));
+                ok = false;
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_secs(secs));
+    for mut c in held {
+        let alive = c.is_alive();
+        println!("{} {}", if alive { "alive" } else { "dead" }, c.reply.pod);
+        ok &= alive;
+        c.close();
+    }
+    ok
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = parse(&args)?;
+    let ok = match opts.hold {
+        Some(secs) => hold(&opts, secs),
+        None => {
+            let mut ok = true;
+            for _ in 0..opts.count {
+                let r = match opts.proto.as_str() {
+                    "tcp" => tcp_request_here(opts.addr, opts.timeout),
+                    _ => udp_request_here(opts.addr, opts.timeout),
+                };
+                match r {
+                    Ok(r) => println!("{} {}", r.pod, r.peer),
+                    Err(e) => {
+                        println!("{}", show_error(&e));
+                        ok = false;
+                    }
+                }
+            }
+            ok
+        }
+    };
+    std::process::exit(if ok { 0 } else { 1 });
+}

@@ -1,0 +1,287 @@
+//! A one-node cluster made of network namespaces:
+//!
+//! ```text
+//!   pod i (10.244.(i+1).2/24) --eth0===p<i>-- node (ip_forward=1) --cl===eth0-- client (192.0.2.100/24)
+//!   podclient (10.244.200.2/24) --eth0===pc--/   node side: 10.244.(i+1).1, 10.244.200.1, 192.0.2.1
+//! ```
+//!
+//! Every non-node namespace has a default route via the node, so the service CIDR, node ports,
+//! external IPs and LoadBalancer IPs all reach the node. The node's own default route points at the
+//! client namespace (the "outside world"), so node-originated traffic to a service address has a
+//! route, as on a real node. Veth pairs are created directly between the namespaces (never in the
+//! machine's own namespace). Owns the namespaces and the pods' echo servers; all removed on drop.
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use crate::echo::EchoServer;
+use crate::netns::{unique_prefix, Netns};
+use crate::HarnessError;
+
+/// The node's address for NodePort traffic (node side of the client link).
+pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// The external client's address.
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
+/// The pod-source client's address (inside the cluster CIDR).
+pub const PODCLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 200, 2);
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The node name the agent is started with; endpoints with this `nodeName` are local.
+pub const NODE_NAME: &str = "node";
+/// The port every echo server listens on (TCP and UDP).
+pub const ECHO_PORT: u16 = 8080;
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// Number of pod namespaces (at most 199).
+    pub pods: usize,
+    /// Start an echo server in every pod.
+    pub echo: bool,
+}
+
+impl ClusterSpec {
+    pub fn pods(n: usize) -> ClusterSpec {
+        ClusterSpec {
+            pods: n,
+            echo: true,
+        }
+    }
+}
+
+/// One pod: its namespace, name (what its echo server answers with) and address.
+#[derive(Debug)]
+pub struct Pod {
+    /// Declared first: the echo server stops before the namespace goes.
+    echo: Option<EchoServer>,
+    pub name: String,
+    pub ip: Ipv4Addr,
+    pub ns: Netns,
+}
+
+impl Pod {
+    /// `ip:8080`.
+    pub fn echo_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.ip, ECHO_PORT))
+    }
+
+    /// The running echo server, if any.
+    pub fn echo(&self) -> Option<&EchoServer> {
+        self.echo.as_ref()
+    }
+}
+
+/// The namespaces of one test cluster. Fields drop in declaration order: echo servers (in `pods`)
+/// stop before the namespaces go.
+#[derive(Debug)]
+pub struct Cluster {
+    pub pods: Vec<Pod>,
+    pub podclient: Netns,
+    pub client: Netns,
+    pub node: Netns,
+    prefix: String,
+}
+
+/// The name the task description uses for the same thing.
+pub type Topology = Cluster;
+
+impl Cluster {
+    pub fn new(spec: ClusterSpec) -> Result<Cluster, HarnessError> {
+        assert!(
+            spec.pods < 200,
+            "at most 199 pods (10.244.200.0/24 is the pod client's)"
+        );
+        let prefix = unique_prefix();
+        let node = Netns::with_name(format!("{prefix}-node"))?;
+        node.sysctl("net.ipv4.ip_forward", "1")?;
+        let client = Netns::with_name(format!("{prefix}-client"))?;
+        link(&node, "cl", &client, NODE_IP, CLIENT_IP)?;
+        node.ip(&["route", "add", "default", "via", &CLIENT_IP.to_string()])?;
+        let podclient = Netns::with_name(format!("{prefix}-podclient"))?;
+        link(
+            &node,
+            "pc",
+            &podclient,
+            Ipv4Addr::new(10, 244, 200, 1),
+            PODCLIENT_IP,
+        )?;
+        let mut cluster = Cluster {
+            pods: Vec::new(),
+            podclient,
+            client,
+            node,
+            prefix,
+        };
+        for i in 0..spec.pods {
+            let third = u8::try_from(i + 1).expect("checked above");
+            let name = format!("pod{i}");
+            let ns = Netns::with_name(format!("{}-{name}", cluster.prefix))?;
+            let ip = Ipv4Addr::new(10, 244, third, 2);
+            link(
+                &cluster.node,
+                &format!("p{i}"),
+                &ns,
+                Ipv4Addr::new(10, 244, third, 1),
+                ip,
+            )?;
+            cluster.pods.push(Pod {
+                name,
+                ip,
+                ns,
+                echo: None,
+            });
+            if spec.echo {
+                cluster.start_echo(i)?;
+            }
+        }
+        Ok(cluster)
+    }
+
+    /// The prefix every namespace of this cluster starts with.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Endpoint addresses of all pods (`10.244.(i+1).2`).
+    pub fn pod_ips(&self) -> Vec<Ipv4Addr> {
+        self.pods.iter().map(|p| p.ip).collect()
+    }
+
+    /// (Re)starts pod `i`'s echo server.
+    pub fn start_echo(&mut self, i: usize) -> Result<(), HarnessError> {
+        let pod = &mut self.pods[i];
+        if pod.echo.is_none() {
+            pod.echo = Some(EchoServer::start(&pod.ns, &pod.name, ECHO_PORT)?);
+        }
+        Ok(())
+    }
+
+    /// Stops pod `i`'s echo server: its port refuses connections from now on.
+    pub fn stop_echo(&mut self, i: usize) {
+        if let Some(mut e) = self.pods[i].echo.take() {
+            e.stop();
+        }
+    }
+
+    /// The pod with this name.
+    pub fn pod(&self, name: &str) -> Option<&Pod> {
+        self.pods.iter().find(|p| p.name == name)
+    }
+}
+
+/// A routed veth pair: `node_if` in the node namespace with `node_ip/24`, `eth0` in `other` with
+/// `other_ip/24` and a default route via the node.
+fn link(
+    node: &Netns,
+    node_if: &str,
+    other: &Netns,
+    node_ip: Ipv4Addr,
+    other_ip: Ipv4Addr,
+) -> Result<(), HarnessError> {
+    node.ip(&[
+        "link",
+        "add",
+        node_if,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        other.name(),
+    ])?;
+    node.ip(&["addr", "add", &format!("{node_ip}/24"), "dev", node_if])?;
+    node.ip(&["link", "set", node_if, "up"])?;
+    other.ip(&["addr", "add", &format!("{other_ip}/24"), "dev", "eth0"])?;
+    other.ip(&["link", "set", "eth0", "up"])?;
+    other.ip(&["route", "add", "default", "via", &node_ip.to_string()])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{tcp_request, udp_request, ClientError};
+    use std::time::Duration;
+
+    const T: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn pods_are_reachable_from_every_client_namespace_without_a_proxy() {
+        let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+        for (label, ns, source) in [
+            ("client", &cluster.client, CLIENT_IP),
+            ("podclient", &cluster.podclient, PODCLIENT_IP),
+            ("node", &cluster.node, Ipv4Addr::new(10, 244, 2, 1)),
+        ] {
+            let r = tcp_request(ns, cluster.pods[1].echo_addr(), T)
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+            assert_eq!(r.pod, "pod1", "{label}");
+            assert_eq!(r.peer.ip(), source, "{label}: routed, not masqueraded");
+            let u = udp_request(ns, cluster.pods[0].echo_addr(), T)
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+            assert_eq!(u.pod, "pod0", "{label}");
+        }
+    }
+
+    #[test]
+    fn a_stopped_echo_server_refuses_and_restarts() {
+        let mut cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
+        let addr = cluster.pods[0].echo_addr();
+        assert!(tcp_request(&cluster.client, addr, T).is_ok());
+        cluster.stop_echo(0);
+        assert_eq!(
+            tcp_request(&cluster.client, addr, T),
+            Err(ClientError::Refused)
+        );
+        cluster.start_echo(0).unwrap();
+        assert_eq!(tcp_request(&cluster.client, addr, T).unwrap().pod, "pod0");
+    }
+
+    #[test]
+    fn held_connections_are_counted_and_closed_by_stop() {
+        let mut cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
+        let addr = cluster.pods[0].echo_addr();
+        let mut held = crate::client::tcp_hold(&cluster.podclient, addr).unwrap();
+        assert!(held.is_alive());
+        assert_eq!(cluster.pods[0].echo().unwrap().active(), 1);
+        cluster.stop_echo(0);
+        assert!(!held.is_alive(), "stop closes open connections");
+    }
+
+    #[test]
+    fn all_namespaces_are_gone_after_drop() {
+        let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+        let prefix = format!("{}-", cluster.prefix());
+        drop(cluster);
+        let left: Vec<_> = std::fs::read_dir("/run/netns")
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let ours: Vec<_> = left.iter().filter(|n| n.starts_with(&prefix)).collect();
+        assert!(ours.is_empty(), "left behind: {ours:?}");
+    }
+
+    #[test]
+    fn cleanup_happens_on_panic_too() {
+        let prefix = std::sync::Mutex::new(String::new());
+        let result = std::panic::catch_unwind(|| {
+            let cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
+            *prefix.lock().unwrap() = format!("{}-", cluster.prefix());
+            panic!("test body fails");
+        });
+        assert!(result.is_err());
+        let prefix = prefix.into_inner().unwrap();
+        assert!(!prefix.is_empty());
+        let ours = std::fs::read_dir("/run/netns")
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                    .count()
+            })
+            .unwrap_or(0);
+        assert_eq!(ours, 0);
+    }
+}

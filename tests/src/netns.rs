@@ -1,0 +1,279 @@
+//! Network namespaces owned by a test: creation with a unique name, running code and commands
+//! inside, and removal (killing whatever still runs inside) when the guard drops.
+//!
+//! Owns: the namespaces it creates (`/run/netns/kpr-*`). It never touches the machine's own
+//! (root) network namespace: every `ip` command it runs is scoped with `-n NAME` or `netns exec`.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::JoinHandle;
+
+use nix::sched::{setns, CloneFlags};
+
+use crate::HarnessError;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A unique prefix `kpr-<pid>-<counter>` for names of objects created by this process.
+pub fn unique_prefix() -> String {
+    format!(
+        "kpr-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs a command to completion and turns a non-zero exit into an error naming the command.
+pub fn run_cmd(cmd: &mut Command) -> Result<String, HarnessError> {
+    let shown = format!("{cmd:?}");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| HarnessError::Command {
+            command: shown.clone(),
+            message: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(HarnessError::Command {
+            command: shown,
+            message: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `ip ARGS...`.
+pub fn ip(args: &[&str]) -> Result<String, HarnessError> {
+    run_cmd(Command::new("ip").args(args))
+}
+
+/// A network namespace that exists as long as this guard lives.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+    fd: File,
+}
+
+impl Netns {
+    /// Creates `kpr-<pid>-<counter>-<tag>` with `lo` up.
+    pub fn new(tag: &str) -> Result<Netns, HarnessError> {
+        Netns::with_name(format!("{}-{tag}", unique_prefix()))
+    }
+
+    /// Creates a namespace with exactly this name (it must not exist yet).
+    pub fn with_name(name: String) -> Result<Netns, HarnessError> {
+        ip(&["netns", "add", &name])?;
+        let path = PathBuf::from("/run/netns").join(&name);
+        let fd = match File::open(&path) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = ip(&["netns", "del", &name]);
+                return Err(HarnessError::Io {
+                    what: format!("opening {}", path.display()),
+                    source: e,
+                });
+            }
+        };
+        let ns = Netns { name, fd };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// The namespace's name (as `ip netns` lists it).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `ip -n NAME ARGS...`.
+    pub fn ip(&self, args: &[&str]) -> Result<String, HarnessError> {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        ip(&full)
+    }
+
+    /// Sets a sysctl inside the namespace (per-namespace keys such as `net.ipv4.ip_forward`).
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<(), HarnessError> {
+        run_cmd(
+            self.command("sysctl")
+                .args(["-q", "-w", &format!("{key}={value}")]),
+        )?;
+        Ok(())
+    }
+
+    /// A command that runs `program` inside the namespace (`ip netns exec NAME program`).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name]).arg(program);
+        cmd
+    }
+
+    /// Runs `f` on a thread that has entered the namespace and waits for its result. Sockets `f`
+    /// creates belong to the namespace for their whole life, whichever thread uses them later.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, HarnessError> {
+        std::thread::scope(|s| {
+            let handle = s.spawn(|| {
+                self.enter()?;
+                Ok(f())
+            });
+            handle
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
+    /// Starts `f` on a new thread inside the namespace (for servers that outlive the call). Threads
+    /// `f` spawns inherit the namespace.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<JoinHandle<T>, HarnessError> {
+        let fd = self.fd.try_clone().map_err(|e| HarnessError::Io {
+            what: format!("duplicating the handle of netns {}", self.name),
+            source: e,
+        })?;
+        let name = self.name.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name(format!("ns-{name}"))
+            .spawn(move || {
+                let entered =
+                    setns(fd.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| HarnessError::Setns {
+                        netns: name,
+                        message: e.to_string(),
+                    });
+                let ok = entered.is_ok();
+                let _ = tx.send(entered);
+                assert!(ok, "thread could not enter its namespace");
+                f()
+            })
+            .map_err(|e| HarnessError::Io {
+                what: "spawning a thread".into(),
+                source: e,
+            })?;
+        match rx.recv() {
+            Ok(Ok(())) => Ok(handle),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(HarnessError::Setns {
+                netns: self.name.clone(),
+                message: "thread died".into(),
+            }),
+        }
+    }
+
+    /// Moves the calling thread into the namespace (for threads dedicated to it).
+    pub fn enter(&self) -> Result<(), HarnessError> {
+        setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| HarnessError::Setns {
+            netns: self.name.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Process ids running inside the namespace.
+    pub fn pids(&self) -> Vec<i32> {
+        ip(&["netns", "pids", &self.name])
+            .map(|out| {
+                out.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let me = std::process::id() as i32;
+        for pid in self.pids().into_iter().filter(|p| *p != me) {
+            // Only processes inside our own namespace: started by this test.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if let Err(e) = ip(&["netns", "del", &self.name]) {
+            eprintln!("kpr-tests: could not delete netns {}: {e}", self.name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn namespace_is_created_with_lo_up_and_removed_on_drop() {
+        let ns = Netns::new("unit").unwrap();
+        let path = Path::new("/run/netns").join(ns.name());
+        assert!(path.exists());
+        let links = ns.ip(&["-o", "link", "show"]).unwrap();
+        assert_eq!(
+            links.lines().count(),
+            1,
+            "a fresh namespace holds only lo: {links}"
+        );
+        assert!(
+            links.contains("UP") || links.contains("UNKNOWN"),
+            "lo is up: {links}"
+        );
+        drop(ns);
+        assert!(!path.exists(), "{} still exists after drop", path.display());
+    }
+
+    #[test]
+    fn drop_kills_processes_left_inside() {
+        let ns = Netns::new("kill").unwrap();
+        let mut child = ns.command("sleep").arg("600").spawn().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while ns.pids().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(ns.pids(), vec![child.id() as i32]);
+        drop(ns);
+        let status = child.wait().unwrap();
+        assert!(
+            !status.success(),
+            "sleep was killed, not finished: {status}"
+        );
+    }
+
+    #[test]
+    fn run_executes_inside_the_namespace() {
+        let ns = Netns::new("run").unwrap();
+        let inside = ns
+            .run(|| {
+                nix::ifaddrs::getifaddrs()
+                    .unwrap()
+                    .map(|i| i.interface_name)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap();
+        assert!(
+            inside.iter().all(|n| n == "lo"),
+            "only lo inside, found {inside:?}"
+        );
+        let outside: Vec<_> = nix::ifaddrs::getifaddrs()
+            .unwrap()
+            .map(|i| i.interface_name)
+            .collect();
+        assert!(
+            outside.iter().any(|n| n != "lo"),
+            "the test host has more than lo: {outside:?}"
+        );
+    }
+
+    #[test]
+    fn names_are_unique_and_short() {
+        let a = unique_prefix();
+        let b = unique_prefix();
+        assert_ne!(a, b);
+        assert!(a.starts_with("kpr-"));
+    }
+}
