@@ -3,4 +3,244 @@
 //! Everything here is `#[repr(C)]`, `Copy`, with explicit padding and no `Option` or `bool`, so the
 //! kernel and userspace agree on the byte layout. With the `user` feature the types implement
 //! `aya::Pod` so userspace can put them into maps.
+//!
+//! Addresses are `[u32; 4]` in network byte order: an IPv4 address fills word 0 and leaves the
+//! other words zero (the `family` fields tell them apart), so IPv6 needs no new layout. Ports are
+//! in network byte order too, as the kernel hands them to the programs.
+//!
+//! The maps (names as the eBPF object declares them, all pinned by name):
+//!
+//! | map | kind | key | value |
+//! | --- | --- | --- | --- |
+//! | `KPR_SERVICES` | hash | [`ServiceKey`] (frontend) | [`ServiceValue`] |
+//! | `KPR_SLOTS` | hash | [`SlotKey`] (set id, slot 0..count) | backend id `u32` |
+//! | `KPR_BACKENDS` | hash | backend id `u32` | [`Backend`] |
+//! | `KPR_COUNTERS` | hash | backend id `u32` | [`BackendCounters`] |
+//! | `KPR_RR` | hash | set id `u32` | round-robin cursor `u32` |
+//! | `KPR_AFFINITY` | LRU hash | [`AffinityKey`] | [`AffinityValue`] |
+//! | `KPR_SOCKS` | hash | socket cookie `u64` | [`SockBackend`] |
+//! | `KPR_REVNAT` | LRU hash | [`RevNatKey`] | [`RevNatValue`] |
+//! | `KPR_CT` | LRU hash | [`CtKey`] | [`CtValue`] (tc path) |
 #![no_std]
+
+/// IANA protocol numbers as they appear in [`ServiceKey::proto`] and [`Backend::proto`].
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_SCTP: u8 = 132;
+
+/// Address families (`AF_INET`, `AF_INET6`).
+pub const FAMILY_V4: u8 = 2;
+pub const FAMILY_V6: u8 = 10;
+
+/// [`ServiceKey::scope`]: the frontend as local sockets see it (cgroup programs).
+pub const SCOPE_SOCKET: u8 = 0;
+/// [`ServiceKey::scope`]: the frontend as traffic from outside the node sees it (tc program).
+pub const SCOPE_EXTERNAL: u8 = 1;
+
+/// [`ServiceValue::algorithm`] values.
+pub const ALG_ROUND_ROBIN: u8 = 0;
+pub const ALG_LEAST_CONN: u8 = 1;
+
+/// [`ServiceValue::flags`]: with no backend, drop (Local policy with endpoints elsewhere) instead of
+/// rejecting.
+pub const SVC_F_DROP_EMPTY: u16 = 1 << 0;
+/// [`ServiceValue::flags`]: session affinity ClientIP (timeout in `affinity_timeout_s`).
+pub const SVC_F_AFFINITY: u16 = 1 << 1;
+/// [`ServiceValue::flags`]: the tc path masquerades (SNAT to the node) this frontend's traffic.
+pub const SVC_F_MASQUERADE: u16 = 1 << 2;
+
+/// [`AffinityKey::kind`]: the client is identified by its network namespace cookie (socket path,
+/// where the source address is not known yet at `connect()`).
+pub const CLIENT_NETNS: u8 = 0;
+/// [`AffinityKey::kind`]: the client is identified by its source address (tc path).
+pub const CLIENT_ADDR: u8 = 1;
+
+/// A service frontend: destination address, port and protocol, per scope.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServiceKey {
+    /// Network byte order; IPv4 in word 0.
+    pub addr: [u32; 4],
+    /// Network byte order.
+    pub port: u16,
+    pub proto: u8,
+    /// [`SCOPE_SOCKET`] or [`SCOPE_EXTERNAL`].
+    pub scope: u8,
+}
+
+/// What a frontend translates to: a backend set and how to pick from it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceValue {
+    /// The backend set: slots `(set_id, 0..count)` in `KPR_SLOTS`.
+    pub set_id: u32,
+    /// Number of backends in the set; 0 means reject (or drop, see [`SVC_F_DROP_EMPTY`]).
+    pub count: u32,
+    /// Session affinity timeout in seconds (with [`SVC_F_AFFINITY`]).
+    pub affinity_timeout_s: u32,
+    /// `SVC_F_*` bits.
+    pub flags: u16,
+    /// [`ALG_ROUND_ROBIN`] or [`ALG_LEAST_CONN`].
+    pub algorithm: u8,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u8,
+}
+
+/// One slot of a backend set.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SlotKey {
+    pub set_id: u32,
+    pub slot: u32,
+}
+
+/// An endpoint: where a connection is translated to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Backend {
+    /// Network byte order; IPv4 in word 0.
+    pub addr: [u32; 4],
+    /// Network byte order.
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+/// Per-backend counters, written by the programs with atomic adds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendCounters {
+    /// Open sockets (cgroup path) translated to this backend; the least-connection input.
+    pub active: u64,
+    /// Connections ever translated to this backend.
+    pub total: u64,
+}
+
+/// Session affinity: one client of one backend set.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AffinityKey {
+    /// [`CLIENT_NETNS`]: the netns cookie in words 0-1; [`CLIENT_ADDR`]: the source address.
+    pub client: [u32; 4],
+    pub set_id: u32,
+    /// [`CLIENT_NETNS`] or [`CLIENT_ADDR`].
+    pub kind: u8,
+    pub _pad: [u8; 3],
+}
+
+/// The backend a client sticks to, and when it last used it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffinityValue {
+    pub backend_id: u32,
+    pub _pad: u32,
+    /// `bpf_ktime_get_ns()` of the last connection.
+    pub last_used_ns: u64,
+}
+
+/// Which backend a socket was translated to (decremented from the counters at `sock_release`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockBackend {
+    pub backend_id: u32,
+    pub _pad: u32,
+}
+
+/// Reverse translation of the cgroup path: a socket and the backend address it talks to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RevNatKey {
+    pub cookie: u64,
+    /// The backend address (network byte order).
+    pub addr: [u32; 4],
+    /// The backend port (network byte order).
+    pub port: u16,
+    pub _pad: [u8; 6],
+}
+
+/// The service address a socket believes it talks to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RevNatValue {
+    pub addr: [u32; 4],
+    pub port: u16,
+    pub _pad: [u8; 2],
+}
+
+/// A flow of the tc path, as seen in one direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+
+/// What the tc path did to a flow: the translated addresses and when it last saw it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtValue {
+    /// The address to rewrite the packet's addresses to (forward: backend; reply: frontend).
+    pub nat_addr: [u32; 4],
+    /// With masquerade: the source address to write (forward) or restore (reply).
+    pub snat_addr: [u32; 4],
+    pub nat_port: u16,
+    pub snat_port: u16,
+    pub backend_id: u32,
+    pub last_seen_ns: u64,
+    /// `CT_F_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// [`CtValue::flags`]: the entry is the reply direction of a flow.
+pub const CT_F_REPLY: u32 = 1 << 0;
+/// [`CtValue::flags`]: the flow was masqueraded.
+pub const CT_F_SNAT: u32 = 1 << 1;
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+
+    // SAFETY: every type is #[repr(C)], Copy, made of integers only, with explicit padding fields,
+    // so any byte pattern is a valid value and there are no implicit padding bytes.
+    unsafe impl aya::Pod for ServiceKey {}
+    unsafe impl aya::Pod for ServiceValue {}
+    unsafe impl aya::Pod for SlotKey {}
+    unsafe impl aya::Pod for Backend {}
+    unsafe impl aya::Pod for BackendCounters {}
+    unsafe impl aya::Pod for AffinityKey {}
+    unsafe impl aya::Pod for AffinityValue {}
+    unsafe impl aya::Pod for SockBackend {}
+    unsafe impl aya::Pod for RevNatKey {}
+    unsafe impl aya::Pod for RevNatValue {}
+    unsafe impl aya::Pod for CtKey {}
+    unsafe impl aya::Pod for CtValue {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    /// The sizes are part of the kernel/userspace contract: no implicit padding anywhere.
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<ServiceKey>(), 16 + 2 + 1 + 1);
+        assert_eq!(size_of::<ServiceValue>(), 4 + 4 + 4 + 2 + 1 + 1);
+        assert_eq!(size_of::<SlotKey>(), 8);
+        assert_eq!(size_of::<Backend>(), 16 + 2 + 1 + 1);
+        assert_eq!(size_of::<BackendCounters>(), 16);
+        assert_eq!(size_of::<AffinityKey>(), 16 + 4 + 1 + 3);
+        assert_eq!(size_of::<AffinityValue>(), 16);
+        assert_eq!(size_of::<SockBackend>(), 8);
+        assert_eq!(size_of::<RevNatKey>(), 8 + 16 + 2 + 6);
+        assert_eq!(size_of::<RevNatValue>(), 16 + 2 + 2);
+        assert_eq!(size_of::<CtKey>(), 16 + 16 + 2 + 2 + 1 + 1 + 2);
+        assert_eq!(size_of::<CtValue>(), 16 + 16 + 2 + 2 + 4 + 8 + 4 + 4);
+    }
+}

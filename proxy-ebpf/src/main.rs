@@ -1,13 +1,49 @@
 //! kpr's eBPF programs. Only execution lives here: which endpoints a kind of traffic may use is
-//! decided in userspace (`proxy::selection`) and written into the maps this object declares.
+//! decided in userspace (`proxy::selection`) and written into the maps (`maps`).
+//!
+//! Programs: `kpr_connect4`, `kpr_sendmsg4`, `kpr_recvmsg4`, `kpr_getpeername4` (cgroup sock_addr)
+//! and `kpr_sock_release` (cgroup sock).
 #![no_std]
 #![no_main]
+#![feature(core_intrinsics)]
+#![expect(
+    internal_features,
+    reason = "atomic_xadd: the bpf target has no CAS, so no AtomicU32::fetch_add"
+)]
 
-use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+mod atomic;
+mod lb;
+mod maps;
+mod sock;
+
+use aya_ebpf::{
+    macros::{cgroup_sock, cgroup_sock_addr},
+    programs::{SockAddrContext, SockContext},
+};
 
 #[cgroup_sock_addr(connect4)]
-pub fn kpr_connect4(_ctx: SockAddrContext) -> i32 {
-    1
+pub fn kpr_connect4(ctx: SockAddrContext) -> i32 {
+    sock::translate(&ctx, ctx.sock_addr, sock::Mode::Connect)
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn kpr_sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock::translate(&ctx, ctx.sock_addr, sock::Mode::Sendmsg)
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn kpr_recvmsg4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx, ctx.sock_addr)
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn kpr_getpeername4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx, ctx.sock_addr)
+}
+
+#[cgroup_sock(sock_release)]
+pub fn kpr_sock_release(ctx: SockContext) -> i32 {
+    sock::release(&ctx)
 }
 
 #[cfg(not(test))]

@@ -1,0 +1,50 @@
+//! The maps of the eBPF object. Sizes here are defaults; the agent sets the real sizes at load time
+//! (`EbpfLoader::set_max_entries`) and every map is pinned by name under the agent's bpffs path, so
+//! a restarted agent finds the same maps.
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    macros::map,
+    maps::{HashMap, LruHashMap},
+};
+use proxy_common::{
+    AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, RevNatKey, RevNatValue,
+    ServiceKey, ServiceValue, SlotKey, SockBackend,
+};
+
+#[map]
+pub static KPR_SERVICES: HashMap<ServiceKey, ServiceValue> =
+    HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static KPR_SLOTS: HashMap<SlotKey, u32> = HashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static KPR_BACKENDS: HashMap<u32, Backend> = HashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static KPR_COUNTERS: HashMap<u32, BackendCounters> =
+    HashMap::pinned(1_048_576, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static KPR_RR: HashMap<u32, u32> = HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static KPR_AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(65_536, 0);
+
+/// Sockets translated by `connect4`, so `sock_release` can decrement their backend's counter.
+#[map]
+pub static KPR_SOCKS: HashMap<u64, SockBackend> = HashMap::pinned(262_144, BPF_F_NO_PREALLOC);
+
+/// (socket, backend) -> service address, for `recvmsg4` and `getpeername4`.
+#[map]
+pub static KPR_REVNAT: LruHashMap<RevNatKey, RevNatValue> = LruHashMap::pinned(262_144, 0);
+
+/// (socket, service address) -> backend, so datagrams of one unconnected UDP socket to one service
+/// keep going to the backend the first one chose.
+#[map]
+pub static KPR_UDP_FWD: LruHashMap<RevNatKey, SockBackend> = LruHashMap::pinned(262_144, 0);
+
+/// Connection tracking of the tc path.
+#[map]
+pub static KPR_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(262_144, 0);
