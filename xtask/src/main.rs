@@ -1,1 +1,52 @@
-fn main() {}
+//! `cargo xtask`: set up a machine, build, lint and test kpr, run the demo, deploy to kind.
+
+use clap::{Parser, Subcommand};
+use xtask::exec::Cmd;
+use xtask::{kind, setup, test, workspace_root};
+
+mod demo;
+
+/// kpr's project automation. Run as root on Debian 12; `cargo` is the only prerequisite.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Install what building and testing needs (Debian packages, nightly rust-src, bpf-linker),
+    /// skipping what is present.
+    Setup,
+    /// Setup, build, lints (rustfmt, clippy, the eBPF crate's clippy) and every test, then a summary.
+    Test(test::TestArgs),
+    /// Setup, build, then the demo: the agent and its backends on network namespaces.
+    Demo(demo::DemoArgs),
+    /// kpr on a kind cluster without kube-proxy: create, build, load, deploy, smoke test.
+    Kind(kind::KindArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Setup => setup::run(),
+        Command::Test(args) => test::run(&args),
+        Command::Demo(args) => {
+            setup::run()?;
+            Cmd::new("cargo")
+                .args([
+                    "build",
+                    "-p",
+                    "proxy",
+                    "--bins",
+                    "-p",
+                    "kpr-tests",
+                    "--bins",
+                ])
+                .dir(workspace_root())
+                .run()?;
+            demo::run(&args)
+        }
+        Command::Kind(args) => kind::run(&args),
+    }
+}

@@ -1,0 +1,148 @@
+//! What `deploy/` is checked against: the one image name, the manifest files, and the rendering
+//! `cargo xtask kind` applies (the committed manifests are valid as they are, for the default backend
+//! and cluster; rendering substitutes the chosen backend and the cluster's API server host).
+
+use std::fs;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context as _};
+
+use crate::workspace_root;
+
+/// The image `cargo xtask kind` builds from deploy/Dockerfile and loads into kind; the manifests
+/// reference exactly this (with `imagePullPolicy: Never`: it only exists where it was loaded).
+pub const IMAGE: &str = "kpr:dev";
+/// The backends the agent accepts (`proxy run --backend`).
+pub const BACKENDS: &[&str] = &["userspace", "iptables", "nftables", "ebpf"];
+/// The backend the committed DaemonSet runs with.
+pub const DEFAULT_BACKEND: &str = "nftables";
+/// The kind cluster name the committed manifests are written for.
+pub const DEFAULT_CLUSTER: &str = "kpr";
+
+pub const KIND_CONFIG: &str = "kind-config.yaml";
+pub const DOCKERFILE: &str = "Dockerfile";
+/// The agent: ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet.
+pub const AGENT_MANIFEST: &str = "proxy.yaml";
+/// The controller-manager: ServiceAccount, RBAC, Deployment.
+pub const CONTROLLER_MANIFEST: &str = "controller-manager.yaml";
+/// The smoke test's echo Deployment, ClusterIP and NodePort Services and client Pod.
+pub const SMOKE_MANIFEST: &str = "smoke.yaml";
+/// Every Kubernetes manifest in deploy/, in the order they are applied.
+pub const MANIFESTS: &[&str] = &[AGENT_MANIFEST, CONTROLLER_MANIFEST, SMOKE_MANIFEST];
+
+/// Names the smoke test and the manifests share.
+pub const AGENT_DAEMONSET: &str = "kpr-proxy";
+pub const CONTROLLER_DEPLOYMENT: &str = "kpr-controller-manager";
+pub const SYSTEM_NAMESPACE: &str = "kube-system";
+pub const SMOKE_NAMESPACE: &str = "kpr-smoke";
+pub const SMOKE_NODE_PORT: u16 = 30080;
+
+/// The agent flag that selects the backend, as written in the committed DaemonSet.
+const BACKEND_ARG: &str = "--backend=";
+
+pub fn deploy_dir() -> PathBuf {
+    workspace_root().join("deploy")
+}
+
+/// What a rendering substitutes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Render {
+    pub backend: String,
+    pub cluster: String,
+}
+
+impl Default for Render {
+    fn default() -> Self {
+        Render {
+            backend: DEFAULT_BACKEND.to_owned(),
+            cluster: DEFAULT_CLUSTER.to_owned(),
+        }
+    }
+}
+
+impl Render {
+    /// The host the agent reaches the API server at: kind's control-plane container, resolved by
+    /// Docker's DNS, because the agent is what makes the `kubernetes` Service address work.
+    pub fn api_server_host(&self) -> String {
+        format!("{}-control-plane", self.cluster)
+    }
+}
+
+/// Reads `deploy/<file>` and renders it.
+pub fn render_file(file: &str, render: &Render) -> anyhow::Result<String> {
+    let path = deploy_dir().join(file);
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    render_text(file, &text, render)
+}
+
+/// Substitutes the backend (in `--backend=...`) and the API server host (`kpr-control-plane`).
+/// The agent manifest must name each exactly once, so a manifest edit cannot silently stop the
+/// substitution from happening.
+pub fn render_text(file: &str, text: &str, render: &Render) -> anyhow::Result<String> {
+    if !BACKENDS.contains(&render.backend.as_str()) {
+        bail!(
+            "unknown backend {:?}: expected one of {}",
+            render.backend,
+            BACKENDS.join(", ")
+        );
+    }
+    let default_host = Render::default().api_server_host();
+    let backend_arg = format!("{BACKEND_ARG}{DEFAULT_BACKEND}");
+    if file == AGENT_MANIFEST {
+        for token in [backend_arg.as_str(), default_host.as_str()] {
+            let count = text.matches(token).count();
+            if count != 1 {
+                bail!("deploy/{file}: expected {token:?} exactly once (the text xtask substitutes), found it {count} times");
+            }
+        }
+    }
+    Ok(text
+        .replace(&backend_arg, &format!("{BACKEND_ARG}{}", render.backend))
+        .replace(&default_host, &render.api_server_host()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_manifest_renders_every_backend_and_cluster() {
+        for backend in BACKENDS {
+            let render = Render {
+                backend: backend.to_string(),
+                cluster: "dev".into(),
+            };
+            let text = render_file(AGENT_MANIFEST, &render).unwrap();
+            assert!(text.contains(&format!("--backend={backend}")), "{backend}");
+            assert!(text.contains("dev-control-plane"));
+            assert!(!text.contains("kpr-control-plane"));
+        }
+    }
+
+    #[test]
+    fn unknown_backend_is_refused() {
+        let render = Render {
+            backend: "ipvs".into(),
+            ..Render::default()
+        };
+        let err = render_text(AGENT_MANIFEST, "", &render)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown backend \"ipvs\""), "{err}");
+    }
+
+    #[test]
+    fn a_manifest_without_the_backend_flag_is_an_error() {
+        let err = render_text(
+            AGENT_MANIFEST,
+            "value: kpr-control-plane",
+            &Render::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("expected \"--backend=nftables\" exactly once"),
+            "{err}"
+        );
+    }
+}

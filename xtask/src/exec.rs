@@ -1,0 +1,203 @@
+//! The one way xtask runs a program: [`Cmd`] prints the command line (`$ cargo build ...`) before
+//! running it, never gives the child a standard input, and fails with the command line in the error.
+//! Nothing else in xtask spawns processes.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context as _};
+
+/// A command line to run, built up with the methods below.
+#[derive(Debug, Clone)]
+pub struct Cmd {
+    program: OsString,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    dir: Option<PathBuf>,
+    dry_run: bool,
+}
+
+/// Whether [`exec`] hands the child's standard output back or lets it through to the terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Inherit,
+    Capture,
+}
+
+impl Cmd {
+    pub fn new(program: impl AsRef<OsStr>) -> Self {
+        Cmd {
+            program: program.as_ref().to_owned(),
+            args: Vec::new(),
+            env: Vec::new(),
+            dir: None,
+            dry_run: false,
+        }
+    }
+
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.env
+            .push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    pub fn dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.dir = Some(dir.as_ref().to_owned());
+        self
+    }
+
+    /// With `true`, [`Cmd::run`] and [`Cmd::read`] only print the command line (marked as a dry
+    /// run) and return success with empty output.
+    pub fn dry_run(mut self, dry_run: bool) -> Self {
+        self.dry_run = dry_run;
+        self
+    }
+
+    /// Runs the command with its output going to the terminal.
+    pub fn run(&self) -> anyhow::Result<()> {
+        exec(self, Output::Inherit).map(drop)
+    }
+
+    /// Runs the command and returns its standard output (standard error still goes to the terminal).
+    pub fn read(&self) -> anyhow::Result<String> {
+        exec(self, Output::Capture)
+    }
+}
+
+/// The shell-like rendering printed before the command runs: `$ KEY=value program arg 'two words'`
+/// (`(in DIR)` when it runs elsewhere than the current directory).
+impl fmt::Display for Cmd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let words = self
+            .env
+            .iter()
+            .map(|(k, v)| format!("{}={}", k.to_string_lossy(), quote(v)))
+            .chain(std::iter::once(quote(&self.program)))
+            .chain(self.args.iter().map(|a| quote(a)));
+        let line: Vec<String> = words.collect();
+        write!(f, "{}", line.join(" "))?;
+        if let Some(dir) = &self.dir {
+            write!(f, "  (in {})", dir.display())?;
+        }
+        Ok(())
+    }
+}
+
+fn quote(word: &OsStr) -> String {
+    let s = word.to_string_lossy();
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        s.into_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// The single place a child process is started.
+fn exec(cmd: &Cmd, output: Output) -> anyhow::Result<String> {
+    if cmd.dry_run {
+        println!("$ {cmd}    # dry run: not executed");
+        return Ok(String::new());
+    }
+    println!("$ {cmd}");
+    let mut command = Command::new(&cmd.program);
+    command.args(&cmd.args).stdin(Stdio::null());
+    command.envs(cmd.env.iter().map(|(k, v)| (k, v)));
+    if let Some(dir) = &cmd.dir {
+        command.current_dir(dir);
+    }
+    if output == Output::Capture {
+        command.stdout(Stdio::piped());
+    }
+    let child = command.spawn().with_context(|| {
+        format!(
+            "could not start `{cmd}` (is {} installed and on PATH?)",
+            quote(&cmd.program)
+        )
+    })?;
+    let result = child
+        .wait_with_output()
+        .with_context(|| format!("waiting for `{cmd}`"))?;
+    if !result.status.success() {
+        bail!("`{cmd}` failed: {}", result.status);
+    }
+    String::from_utf8(result.stdout)
+        .with_context(|| format!("`{cmd}` printed output that is not UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_is_printed_shell_quoted_with_env() {
+        let cmd = Cmd::new("cargo")
+            .args(["test", "--", "two words", "it's"])
+            .env("KPR_PROXY_BIN", "/t/debug/proxy");
+        assert_eq!(
+            cmd.to_string(),
+            r"KPR_PROXY_BIN=/t/debug/proxy cargo test -- 'two words' 'it'\''s'"
+        );
+    }
+
+    #[test]
+    fn failure_names_the_command_and_status() {
+        let err = Cmd::new("sh")
+            .args(["-c", "exit 3"])
+            .run()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`sh -c 'exit 3'` failed"), "{err}");
+        assert!(err.contains("exit status: 3"), "{err}");
+    }
+
+    #[test]
+    fn missing_program_says_so() {
+        let err = Cmd::new("kpr-no-such-program")
+            .run()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("could not start `kpr-no-such-program`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn read_returns_stdout_and_has_no_stdin() {
+        let out = Cmd::new("sh")
+            .args(["-c", "cat; echo done"])
+            .read()
+            .unwrap();
+        assert_eq!(out, "done\n");
+    }
+
+    #[test]
+    fn dry_run_executes_nothing() {
+        let out = Cmd::new("sh")
+            .args(["-c", "echo ran"])
+            .dry_run(true)
+            .read()
+            .unwrap();
+        assert_eq!(out, "");
+    }
+}

@@ -1,0 +1,354 @@
+//! `cargo xtask kind`: kpr on a local kind cluster with kube-proxy disabled. Creates the cluster
+//! from deploy/kind-config.yaml, builds and loads the image, deploys the agent and the
+//! controller-manager, waits for them, and runs a smoke test (echo servers behind a ClusterIP and a
+//! NodePort Service, reached from a pod and from a node). `--down` deletes the cluster; `--dry-run`
+//! prints every step and the rendered manifests without Docker.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, ensure, Context as _};
+use clap::Args;
+
+use crate::deploy::{self, Render};
+use crate::exec::Cmd;
+use crate::setup::find_on_path;
+use crate::{target_dir, workspace_root};
+
+#[derive(Debug, Clone, Args)]
+pub struct KindArgs {
+    /// Dataplane backend the agent DaemonSet runs with.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(deploy::BACKENDS), default_value = deploy::DEFAULT_BACKEND)]
+    pub backend: String,
+    /// Name of the kind cluster (kubectl context `kind-NAME`).
+    #[arg(long, default_value = deploy::DEFAULT_CLUSTER)]
+    pub cluster: String,
+    /// Delete the cluster instead of creating it.
+    #[arg(long)]
+    pub down: bool,
+    /// Print every step and the rendered manifests; run nothing (works without Docker).
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// How many requests each smoke check sends.
+const SMOKE_REQUESTS: usize = 6;
+const TIMEOUT: &str = "--timeout=300s";
+
+pub fn run(args: &KindArgs) -> anyhow::Result<()> {
+    check_tools(args.dry_run)?;
+    let kind = Kind::new(args);
+    if args.down {
+        return kind
+            .cmd("kind")
+            .args(["delete", "cluster", "--name", &args.cluster])
+            .run();
+    }
+    kind.create_cluster()?;
+    kind.build_and_load_image()?;
+    let dir = kind.render_manifests()?;
+    kind.deploy(&dir)?;
+    kind.smoke_test(&dir)?;
+    println!(
+        "\nkpr ({}) runs on kind cluster {:?}: kubectl --context {} -n {} get pods",
+        args.backend,
+        args.cluster,
+        kind.context,
+        deploy::SYSTEM_NAMESPACE
+    );
+    Ok(())
+}
+
+/// docker, kind and kubectl on PATH; says which are missing and where to get them.
+fn check_tools(dry_run: bool) -> anyhow::Result<()> {
+    let tools = [
+        (
+            "docker",
+            "a Docker engine: https://docs.docker.com/engine/install/debian/",
+        ),
+        (
+            "kind",
+            "https://kind.sigs.k8s.io/docs/user/quick-start/#installation",
+        ),
+        (
+            "kubectl",
+            "https://kubernetes.io/docs/tasks/tools/install-kubectl-linux/",
+        ),
+    ];
+    let mut missing = Vec::new();
+    for (tool, hint) in tools {
+        match find_on_path(tool) {
+            Some(path) => println!("[ok] {tool} found ({})", path.display()),
+            None => {
+                println!("[missing] {tool}: install {hint}");
+                missing.push(tool);
+            }
+        }
+    }
+    if missing.is_empty() || dry_run {
+        if !missing.is_empty() {
+            println!("dry run: continuing without {}", missing.join(", "));
+        }
+        return Ok(());
+    }
+    bail!(
+        "cargo xtask kind needs {} (see the lines above); `--dry-run` shows the steps without them",
+        missing.join(", ")
+    )
+}
+
+struct Kind {
+    render: Render,
+    context: String,
+    dry_run: bool,
+    root: PathBuf,
+}
+
+impl Kind {
+    fn new(args: &KindArgs) -> Self {
+        Kind {
+            render: Render {
+                backend: args.backend.clone(),
+                cluster: args.cluster.clone(),
+            },
+            context: format!("kind-{}", args.cluster),
+            dry_run: args.dry_run,
+            root: workspace_root(),
+        }
+    }
+
+    fn cmd(&self, program: &str) -> Cmd {
+        Cmd::new(program).dry_run(self.dry_run)
+    }
+
+    fn kubectl(&self) -> Cmd {
+        self.cmd("kubectl").args(["--context", &self.context])
+    }
+
+    fn create_cluster(&self) -> anyhow::Result<()> {
+        step("create the cluster (kube-proxy disabled)");
+        let clusters = self.cmd("kind").args(["get", "clusters"]).read()?;
+        if clusters.lines().any(|c| c.trim() == self.render.cluster) {
+            println!("[ok] kind cluster {:?} already exists", self.render.cluster);
+            return Ok(());
+        }
+        let config = deploy::deploy_dir().join(deploy::KIND_CONFIG);
+        self.cmd("kind")
+            .args([
+                "create",
+                "cluster",
+                "--name",
+                &self.render.cluster,
+                "--config",
+            ])
+            .arg(&config)
+            .run()
+    }
+
+    fn build_and_load_image(&self) -> anyhow::Result<()> {
+        step("build the image and load it into the nodes");
+        let dockerfile = deploy::deploy_dir().join(deploy::DOCKERFILE);
+        self.cmd("docker")
+            .args(["build", "-t", deploy::IMAGE, "-f"])
+            .arg(&dockerfile)
+            .arg(&self.root)
+            .run()?;
+        self.cmd("kind")
+            .args([
+                "load",
+                "docker-image",
+                deploy::IMAGE,
+                "--name",
+                &self.render.cluster,
+            ])
+            .run()
+    }
+
+    /// Writes the rendered manifests to `target/kind/<cluster>/` (printing them on a dry run).
+    fn render_manifests(&self) -> anyhow::Result<PathBuf> {
+        step(&format!(
+            "render the manifests (backend {})",
+            self.render.backend
+        ));
+        let dir = target_dir().join("kind").join(&self.render.cluster);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for file in deploy::MANIFESTS {
+            let text = deploy::render_file(file, &self.render)?;
+            let path = dir.join(file);
+            fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+            println!("rendered {}", path.display());
+            if self.dry_run {
+                println!("---8<--- {file}\n{text}---8<---");
+            }
+        }
+        Ok(dir)
+    }
+
+    fn deploy(&self, dir: &Path) -> anyhow::Result<()> {
+        step("deploy the agent and the controller-manager");
+        for file in [deploy::AGENT_MANIFEST, deploy::CONTROLLER_MANIFEST] {
+            self.kubectl()
+                .args(["apply", "-f"])
+                .arg(dir.join(file))
+                .run()?;
+        }
+        let ns = ["-n", deploy::SYSTEM_NAMESPACE];
+        let ds = format!("daemonset/{}", deploy::AGENT_DAEMONSET);
+        self.kubectl()
+            .args(["rollout", "status", &ds, TIMEOUT])
+            .args(ns)
+            .run()?;
+        // Nodes become Ready once the CNI runs, and the CNI needs Service routing: ours.
+        self.kubectl()
+            .args(["wait", "--for=condition=Ready", "nodes", "--all", TIMEOUT])
+            .run()?;
+        let deployment = format!("deployment/{}", deploy::CONTROLLER_DEPLOYMENT);
+        self.kubectl()
+            .args(["rollout", "status", &deployment, TIMEOUT])
+            .args(ns)
+            .run()
+    }
+
+    fn smoke_test(&self, dir: &Path) -> anyhow::Result<()> {
+        step("smoke test: ClusterIP from a pod, ClusterIP and NodePort from a node");
+        let ns = ["-n", deploy::SMOKE_NAMESPACE];
+        self.kubectl()
+            .args(["apply", "-f"])
+            .arg(dir.join(deploy::SMOKE_MANIFEST))
+            .run()?;
+        self.kubectl()
+            .args(["rollout", "status", "deployment/echo", TIMEOUT])
+            .args(ns)
+            .run()?;
+        self.kubectl()
+            .args(["wait", "--for=condition=Ready", "pod/client", TIMEOUT])
+            .args(ns)
+            .run()?;
+        let cluster_ip = self.jsonpath(
+            &["get", "service", "echo", "-n", deploy::SMOKE_NAMESPACE],
+            "{.spec.clusterIP}",
+            "ECHO_CLUSTER_IP",
+        )?;
+        let node = self.render.api_server_host();
+        let node_ip = self.jsonpath(
+            &["get", "node", &node],
+            r#"{.status.addresses[?(@.type=="InternalIP")].address}"#,
+            "NODE_IP",
+        )?;
+        let by_name = format!(
+            "http://echo.{}.svc.cluster.local/hostname",
+            deploy::SMOKE_NAMESPACE
+        );
+        let in_pod = self.kubectl().args(["exec", "client"]).args(ns).arg("--");
+        let on_node = self.cmd("docker").args(["exec", &node]);
+        let checks = [
+            ("pod -> ClusterIP (by DNS name)", in_pod, by_name),
+            (
+                "node -> ClusterIP",
+                on_node.clone(),
+                format!("http://{cluster_ip}/hostname"),
+            ),
+            (
+                "node -> NodePort",
+                on_node,
+                format!("http://{node_ip}:{}/hostname", deploy::SMOKE_NODE_PORT),
+            ),
+        ];
+        let mut results = Vec::new();
+        for (what, prefix, url) in checks {
+            let out = prefix.args(["sh", "-c", &curl_loop(&url)]).read()?;
+            results.push((what, out));
+        }
+        self.kubectl()
+            .args([
+                "exec",
+                "-n",
+                deploy::SYSTEM_NAMESPACE,
+                &format!("daemonset/{}", deploy::AGENT_DAEMONSET),
+            ])
+            .args(["--", "proxy", "inspect"])
+            .run()?;
+        report(&results, self.dry_run)
+    }
+
+    /// One value read from the cluster; on a dry run, `placeholder` stands in for it.
+    fn jsonpath(&self, get: &[&str], path: &str, placeholder: &str) -> anyhow::Result<String> {
+        let out = self
+            .kubectl()
+            .args(get)
+            .arg(format!("-o=jsonpath={path}"))
+            .read()?;
+        let value = if self.dry_run {
+            placeholder
+        } else {
+            out.trim()
+        };
+        ensure!(
+            !value.is_empty(),
+            "`kubectl {}` with jsonpath {path} returned nothing",
+            get.join(" ")
+        );
+        Ok(value.to_owned())
+    }
+}
+
+/// A shell loop that fails on the first request that gets no answer.
+fn curl_loop(url: &str) -> String {
+    format!("set -e; for i in $(seq {SMOKE_REQUESTS}); do curl -sS --max-time 5 {url}; echo; done")
+}
+
+/// Prints which echo pods answered each check; every request must have been answered.
+fn report(results: &[(&str, String)], dry_run: bool) -> anyhow::Result<()> {
+    step("smoke test result");
+    if dry_run {
+        println!("dry run: no requests were sent");
+        return Ok(());
+    }
+    for (what, out) in results {
+        let answers: Vec<&str> = out
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let mut pods = answers.clone();
+        pods.sort_unstable();
+        pods.dedup();
+        println!(
+            "{what}: {}/{SMOKE_REQUESTS} answered, by {}",
+            answers.len(),
+            pods.join(", ")
+        );
+        ensure!(
+            answers.len() == SMOKE_REQUESTS,
+            "{what}: expected {SMOKE_REQUESTS} answers, got {}",
+            answers.len()
+        );
+    }
+    Ok(())
+}
+
+fn step(what: &str) {
+    println!("\n==> {what}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curl_loop_stops_at_the_first_failure() {
+        let script = curl_loop("http://10.96.0.10/hostname");
+        assert!(script.starts_with("set -e;"));
+        assert!(script.contains("seq 6"));
+        assert!(script.contains("curl -sS --max-time 5 http://10.96.0.10/hostname"));
+    }
+
+    #[test]
+    fn report_requires_every_answer() {
+        let short = [("pod -> ClusterIP", "echo-a\necho-b\n".to_owned())];
+        let err = report(&short, false).unwrap_err().to_string();
+        assert!(err.contains("expected 6 answers, got 2"), "{err}");
+        let full = [("pod -> ClusterIP", "a\nb\na\nb\na\nb\n".to_owned())];
+        report(&full, false).unwrap();
+    }
+}

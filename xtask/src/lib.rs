@@ -1,0 +1,25 @@
+//! `cargo xtask`: the project's automation (setup, test, demo, kind), as a library so that tests can
+//! check the deploy manifests against the same image name and rendering that `cargo xtask kind` uses.
+
+use std::env;
+use std::path::{Path, PathBuf};
+
+pub mod deploy;
+pub mod exec;
+pub mod kind;
+pub mod setup;
+pub mod test;
+
+/// The repository root (the directory holding the workspace Cargo.toml).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_owned()
+}
+
+/// Cargo's target directory: `$CARGO_TARGET_DIR` (relative to the root) or `<root>/target`.
+pub fn target_dir() -> PathBuf {
+    let root = workspace_root();
+    env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |dir| root.join(dir))
+}

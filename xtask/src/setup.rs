@@ -1,0 +1,236 @@
+//! `cargo xtask setup`: installs what building and testing kpr needs, skipping what is present.
+//! Idempotent, one line per step, no standard input (Debian 12, as root). Presence is checked by
+//! looking at the filesystem (dpkg's status file, rustup's toolchain directories, PATH), so a machine
+//! that has everything runs no command at all.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+
+use crate::exec::Cmd;
+
+/// Debian packages: the dataplanes' tools, the VM runner, and LLVM 22 for bpf-linker. gcc and
+/// libc6-dev are the host linker a rustup-only machine may lack.
+pub const APT_PACKAGES: &[&str] = &[
+    "nftables",
+    "iptables",
+    "iproute2",
+    "conntrack",
+    "kmod",
+    "qemu-system-x86",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+    "gcc",
+    "libc6-dev",
+];
+
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+const DPKG_STATUS: &str = "/var/lib/dpkg/status";
+
+/// Runs every step; the first failing step stops setup with its error.
+pub fn run() -> anyhow::Result<()> {
+    apt_packages()?;
+    nightly_toolchain()?;
+    host_components()?;
+    bpf_linker()?;
+    Ok(())
+}
+
+fn apt_packages() -> anyhow::Result<()> {
+    let status = fs::read_to_string(DPKG_STATUS)
+        .with_context(|| format!("reading {DPKG_STATUS} (setup supports Debian 12 only)"))?;
+    let installed = installed_packages(&status);
+    let mut missing = Vec::new();
+    for &package in APT_PACKAGES {
+        if installed.contains(&package) {
+            println!("[ok] {package} already installed");
+        } else {
+            println!("[install] {package}");
+            missing.push(package);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    require_root("installing Debian packages")?;
+    let apt = |args: &[&str]| {
+        Cmd::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+    };
+    apt(&["update", "-q"]).run()?;
+    apt(&["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .run()
+}
+
+/// Names of the packages dpkg lists as `install ok installed`.
+fn installed_packages(status: &str) -> Vec<&str> {
+    status
+        .split("\n\n")
+        .filter(|stanza| stanza.lines().any(|l| l == "Status: install ok installed"))
+        .filter_map(|stanza| stanza.lines().find_map(|l| l.strip_prefix("Package: ")))
+        .collect()
+}
+
+fn nightly_toolchain() -> anyhow::Result<()> {
+    let home = rustup_home()?;
+    let Some(nightly) = find_toolchain(&home, "nightly-")? else {
+        println!("[install] nightly toolchain with rust-src and clippy");
+        return Cmd::new("rustup")
+            .args(["toolchain", "install", "nightly", "--profile", "minimal"])
+            .args(["--component", "rust-src,clippy"])
+            .run();
+    };
+    println!(
+        "[ok] nightly toolchain already installed ({})",
+        nightly.display()
+    );
+    let mut wanted = Vec::new();
+    if nightly.join("lib/rustlib/src/rust/library").is_dir() {
+        println!("[ok] rust-src already installed for nightly");
+    } else {
+        println!("[install] rust-src for nightly");
+        wanted.push("rust-src");
+    }
+    if nightly.join("bin/cargo-clippy").is_file() {
+        println!("[ok] clippy already installed for nightly");
+    } else {
+        println!("[install] clippy for nightly");
+        wanted.push("clippy");
+    }
+    component_add("nightly", &wanted)
+}
+
+/// clippy and rustfmt for the toolchain that runs xtask (the one `cargo xtask test` lints with).
+fn host_components() -> anyhow::Result<()> {
+    let Ok(name) = env::var("RUSTUP_TOOLCHAIN") else {
+        println!("[ok] not run through rustup: clippy and rustfmt are assumed present");
+        return Ok(());
+    };
+    let toolchain = rustup_home()?.join("toolchains").join(&name);
+    let mut wanted = Vec::new();
+    for (component, binary) in [("clippy", "cargo-clippy"), ("rustfmt", "rustfmt")] {
+        if toolchain.join("bin").join(binary).is_file() || !toolchain.is_dir() {
+            println!("[ok] {component} already installed for {name}");
+        } else {
+            println!("[install] {component} for {name}");
+            wanted.push(component);
+        }
+    }
+    component_add(&name, &wanted)
+}
+
+fn component_add(toolchain: &str, components: &[&str]) -> anyhow::Result<()> {
+    if components.is_empty() {
+        return Ok(());
+    }
+    Cmd::new("rustup")
+        .args(["component", "add"])
+        .args(components)
+        .args(["--toolchain", toolchain])
+        .run()
+}
+
+fn bpf_linker() -> anyhow::Result<()> {
+    if let Some(found) =
+        find_on_path("bpf-linker").or_else(|| existing(cargo_home().join("bin/bpf-linker")))
+    {
+        println!("[ok] bpf-linker already installed ({})", found.display());
+        return Ok(());
+    }
+    println!("[install] bpf-linker (about 90 s)");
+    // bpf-linker 0.13 reads LLVM_PREFIX; llvm-sys reads LLVM_SYS_221_PREFIX.
+    Cmd::new("cargo")
+        .args([
+            "install",
+            "bpf-linker",
+            "--locked",
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ])
+        .env("LLVM_PREFIX", LLVM_PREFIX)
+        .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
+        .run()
+}
+
+fn rustup_home() -> anyhow::Result<PathBuf> {
+    if let Some(home) = env::var_os("RUSTUP_HOME") {
+        return Ok(home.into());
+    }
+    let home = env::var_os("HOME").context("neither RUSTUP_HOME nor HOME is set")?;
+    Ok(Path::new(&home).join(".rustup"))
+}
+
+fn cargo_home() -> PathBuf {
+    env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cargo"))
+}
+
+/// The installed toolchain directory whose name starts with `prefix` (e.g. `nightly-`).
+fn find_toolchain(rustup_home: &Path, prefix: &str) -> anyhow::Result<Option<PathBuf>> {
+    let dir = rustup_home.join("toolchains");
+    if !dir.is_dir() {
+        bail!(
+            "no rustup toolchains at {}: install Rust with rustup (https://rustup.rs) first",
+            dir.display()
+        );
+    }
+    let entries = fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        if entry.file_name().to_string_lossy().starts_with(prefix) {
+            return Ok(Some(entry.path()));
+        }
+    }
+    Ok(None)
+}
+
+/// The first executable file called `name` in a PATH directory.
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    let paths = env::var_os("PATH")?;
+    env::split_paths(&paths).find_map(|dir| existing(dir.join(name)))
+}
+
+fn existing(path: PathBuf) -> Option<PathBuf> {
+    path.is_file().then_some(path)
+}
+
+fn require_root(what: &str) -> anyhow::Result<()> {
+    let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1));
+    if euid == Some("0") {
+        Ok(())
+    } else {
+        bail!("{what} needs root: run `cargo xtask setup` as root (effective uid is {euid:?})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_fully_installed_packages_count() {
+        let status = "Package: nftables\nStatus: install ok installed\nVersion: 1\n\n\
+                      Package: kmod\nStatus: deinstall ok config-files\n\n\
+                      Package: gcc\nVersion: 12\nStatus: install ok installed\n";
+        assert_eq!(installed_packages(status), vec!["nftables", "gcc"]);
+    }
+
+    #[test]
+    fn this_machine_has_dpkg_status_with_packages() {
+        let status = fs::read_to_string(DPKG_STATUS).unwrap();
+        assert!(installed_packages(&status).contains(&"iproute2"));
+    }
+}

@@ -1,0 +1,150 @@
+//! `cargo xtask test`: everything CI runs, in order: setup, build, lints, tests, with a summary.
+//! Setup and build failures stop the run (nothing after them could pass); lint and test steps all
+//! run so one report shows every failure. The process exits non-zero if any step failed.
+
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use clap::Args;
+
+use crate::exec::Cmd;
+use crate::{setup, target_dir, workspace_root};
+
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// Arguments for the test binaries after `--`, e.g. a name filter or `--nocapture`.
+    #[arg(last = true)]
+    pub test_args: Vec<String>,
+}
+
+pub fn run(args: &TestArgs) -> anyhow::Result<()> {
+    let mut summary = Summary::default();
+    let root = workspace_root();
+    let fatal = summary.step("setup", setup::run)
+        && summary.step("build", || {
+            Cmd::new("cargo")
+                .args(["build", "--workspace", "--bins"])
+                .dir(&root)
+                .run()
+        });
+    if fatal {
+        lints_and_tests(&mut summary, args);
+    }
+    summary.print();
+    summary.result()
+}
+
+fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
+    let root = workspace_root();
+    let cargo = |args: &[&str]| Cmd::new("cargo").args(args).dir(&root);
+    summary.step("rustfmt", || {
+        cargo(&["fmt", "--all", "--", "--check"]).run()
+    });
+    summary.step("clippy", || {
+        cargo(&[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .run()
+    });
+    let ebpf = root.join("proxy-ebpf");
+    if ebpf.is_dir() {
+        summary.step("clippy proxy-ebpf", || {
+            Cmd::new("cargo")
+                .args([
+                    "+nightly",
+                    "clippy",
+                    "--target",
+                    "bpfel-unknown-none",
+                    "-Z",
+                    "build-std=core",
+                ])
+                .args(["--", "-D", "warnings"])
+                .dir(&ebpf)
+                .run()
+        });
+    }
+    let proxy_bin = target_dir().join("debug/proxy");
+    summary.step("cargo test", || {
+        cargo(&["test", "--workspace", "--"])
+            .args(&args.test_args)
+            .env("KPR_PROXY_BIN", &proxy_bin)
+            .run()
+    });
+    // Further suites are added here as more `summary.step(..)` calls, after the unit and netns
+    // tests: the VM smoke test (`cargo xtask vm`) and the quick benchmark.
+}
+
+/// What each step did, for the table printed at the end.
+#[derive(Default)]
+struct Summary {
+    steps: Vec<(&'static str, Duration, Result<(), String>)>,
+}
+
+impl Summary {
+    /// Runs one step, records its outcome, and returns whether it passed.
+    fn step(&mut self, name: &'static str, f: impl FnOnce() -> anyhow::Result<()>) -> bool {
+        println!("\n==> {name}");
+        let start = Instant::now();
+        let outcome = f().map_err(|e| format!("{e:#}"));
+        let passed = outcome.is_ok();
+        self.steps.push((name, start.elapsed(), outcome));
+        passed
+    }
+
+    fn print(&self) {
+        println!("\n==> summary");
+        for (name, took, outcome) in &self.steps {
+            let took = format!("{:.1}s", took.as_secs_f64());
+            match outcome {
+                Ok(()) => println!("[pass] {name:<20} {took:>8}"),
+                Err(e) => println!("[FAIL] {name:<20} {took:>8}  {e}"),
+            }
+        }
+    }
+
+    fn result(&self) -> anyhow::Result<()> {
+        let failed: Vec<&str> = self
+            .steps
+            .iter()
+            .filter(|(_, _, outcome)| outcome.is_err())
+            .map(|(name, _, _)| *name)
+            .collect();
+        if failed.is_empty() {
+            println!("all {} steps passed", self.steps.len());
+            Ok(())
+        } else {
+            bail!(
+                "{} of {} steps failed: {}",
+                failed.len(),
+                self.steps.len(),
+                failed.join(", ")
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_step_fails_the_summary_and_is_named() {
+        let mut summary = Summary::default();
+        assert!(summary.step("good", || Ok(())));
+        assert!(!summary.step("bad", || bail!("boom")));
+        let err = summary.result().unwrap_err().to_string();
+        assert_eq!(err, "1 of 2 steps failed: bad");
+    }
+
+    #[test]
+    fn all_passed_is_ok() {
+        let mut summary = Summary::default();
+        summary.step("good", || Ok(()));
+        assert!(summary.result().is_ok());
+    }
+}
