@@ -12,6 +12,7 @@
 //! machine's own namespace). Owns the namespaces and the pods' echo servers; all removed on drop.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Mutex;
 
 use crate::echo::EchoServer;
 use crate::netns::{unique_prefix, Netns};
@@ -52,7 +53,7 @@ impl ClusterSpec {
 #[derive(Debug)]
 pub struct Pod {
     /// Declared first: the echo server stops before the namespace goes.
-    echo: Option<EchoServer>,
+    echo: Mutex<Option<EchoServer>>,
     pub name: String,
     pub ip: Ipv4Addr,
     pub ns: Netns,
@@ -64,9 +65,27 @@ impl Pod {
         SocketAddr::from((self.ip, ECHO_PORT))
     }
 
-    /// The running echo server, if any.
-    pub fn echo(&self) -> Option<&EchoServer> {
-        self.echo.as_ref()
+    /// The running echo server's (active, accepted) TCP connection counts, if it runs.
+    pub fn echo_counts(&self) -> Option<(usize, usize)> {
+        let echo = self.echo.lock().unwrap_or_else(|p| p.into_inner());
+        echo.as_ref().map(|e| (e.active(), e.accepted()))
+    }
+
+    /// (Re)starts the echo server.
+    pub fn start_echo(&self) -> Result<(), HarnessError> {
+        let mut echo = self.echo.lock().unwrap_or_else(|p| p.into_inner());
+        if echo.is_none() {
+            *echo = Some(EchoServer::start(&self.ns, &self.name, ECHO_PORT)?);
+        }
+        Ok(())
+    }
+
+    /// Stops the echo server: its port refuses connections from now on.
+    pub fn stop_echo(&self) {
+        let taken = self.echo.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut e) = taken {
+            e.stop();
+        }
     }
 }
 
@@ -127,7 +146,7 @@ impl Cluster {
                 name,
                 ip,
                 ns,
-                echo: None,
+                echo: Mutex::new(None),
             });
             if spec.echo {
                 cluster.start_echo(i)?;
@@ -147,19 +166,13 @@ impl Cluster {
     }
 
     /// (Re)starts pod `i`'s echo server.
-    pub fn start_echo(&mut self, i: usize) -> Result<(), HarnessError> {
-        let pod = &mut self.pods[i];
-        if pod.echo.is_none() {
-            pod.echo = Some(EchoServer::start(&pod.ns, &pod.name, ECHO_PORT)?);
-        }
-        Ok(())
+    pub fn start_echo(&self, i: usize) -> Result<(), HarnessError> {
+        self.pods[i].start_echo()
     }
 
     /// Stops pod `i`'s echo server: its port refuses connections from now on.
-    pub fn stop_echo(&mut self, i: usize) {
-        if let Some(mut e) = self.pods[i].echo.take() {
-            e.stop();
-        }
+    pub fn stop_echo(&self, i: usize) {
+        self.pods[i].stop_echo()
     }
 
     /// The pod with this name.
@@ -225,7 +238,7 @@ mod tests {
 
     #[test]
     fn a_stopped_echo_server_refuses_and_restarts() {
-        let mut cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
+        let cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
         let addr = cluster.pods[0].echo_addr();
         assert!(tcp_request(&cluster.client, addr, T).is_ok());
         cluster.stop_echo(0);
@@ -239,11 +252,11 @@ mod tests {
 
     #[test]
     fn held_connections_are_counted_and_closed_by_stop() {
-        let mut cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
+        let cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
         let addr = cluster.pods[0].echo_addr();
         let mut held = crate::client::tcp_hold(&cluster.podclient, addr).unwrap();
         assert!(held.is_alive());
-        assert_eq!(cluster.pods[0].echo().unwrap().active(), 1);
+        assert_eq!(cluster.pods[0].echo_counts(), Some((1, 1)));
         cluster.stop_echo(0);
         assert!(!held.is_alive(), "stop closes open connections");
     }

@@ -1,0 +1,447 @@
+//! The userspace backend in real network namespaces: the agent runs in a "node" namespace, echo
+//! servers in pod namespaces, clients in the "podclient" (pod source), "client" (external source)
+//! and node namespaces. Every test builds its own cluster; all of it is removed on drop.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use kpr_tests::cluster::{ClusterSpec, NODE_IP};
+use kpr_tests::{
+    tcp_hold, tcp_request, udp_request, yaml, Agent, AgentOptions, Cluster, EndpointSlice, Netns,
+    Service,
+};
+
+const BACKEND: &str = "userspace";
+const T: Duration = Duration::from_secs(3);
+const CHANGE: Duration = Duration::from_secs(10);
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// `web`: clusterIP 10.96.0.10:80 -> pods:8080 (port name `http`), NodePort 30080.
+fn web() -> Service {
+    Service::new("web")
+        .cluster_ip("10.96.0.10")
+        .tcp(80, 8080)
+        .named("http")
+        .node_port(30080)
+}
+
+fn slice_all(svc: &Service, cluster: &Cluster) -> EndpointSlice {
+    EndpointSlice::for_service(svc).ready_all(cluster.pod_ips())
+}
+
+fn start<'c>(cluster: &'c Cluster, balance: &str, files: &[(&str, String)]) -> Agent<'c> {
+    Agent::start(
+        &cluster.node,
+        &AgentOptions::backend(BACKEND).balance(balance),
+        files,
+    )
+    .unwrap()
+}
+
+/// `n` sequential TCP requests; returns how many each pod answered. Any failure fails the test.
+fn tally_tcp(ns: &Netns, to: SocketAddr, n: usize) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for i in 0..n {
+        let reply = tcp_request(ns, to, T)
+            .unwrap_or_else(|e| panic!("request {i} to {to} from {}: {e}", ns.name()));
+        *counts.entry(reply.pod).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+fn round_robin_spreads_400_connections_evenly_over_4_endpoints() {
+    let cluster = Cluster::new(ClusterSpec::pods(4)).unwrap();
+    let svc = web();
+    let agent = start(
+        &cluster,
+        "round-robin",
+        &[("web.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)]))],
+    );
+    let state = agent.state().unwrap();
+    let port = state
+        .service("default/web:http/TCP")
+        .expect("web in /state");
+    assert_eq!(port.endpoints.len(), 4, "{port:?}");
+    assert_eq!(port.algorithm, "round-robin");
+
+    let counts = tally_tcp(&cluster.podclient, addr("10.96.0.10:80"), 400);
+    assert_eq!(counts.len(), 4, "every endpoint got traffic: {counts:?}");
+    for (pod, n) in &counts {
+        assert!(
+            (99..=101).contains(n),
+            "{pod} got {n} of 400 connections: {counts:?}"
+        );
+    }
+}
+
+#[test]
+fn least_connection_steers_new_connections_away_from_a_busy_endpoint() {
+    let cluster = Cluster::new(ClusterSpec::pods(4)).unwrap();
+    let svc = web().balance("least-conn");
+    let only_pod0 = EndpointSlice::for_service(&svc).ready(cluster.pods[0].ip);
+    let agent = start(
+        &cluster,
+        "round-robin",
+        &[("web.yaml", yaml(&[&svc, &only_pod0]))],
+    );
+    let vip = addr("10.96.0.10:80");
+
+    // Five long connections, all on pod0 (the only endpoint yet).
+    let mut held: Vec<_> = (0..5)
+        .map(|_| tcp_hold(&cluster.client, vip).unwrap())
+        .collect();
+    assert!(held.iter().all(|c| c.reply.pod == "pod0"));
+
+    agent
+        .write_manifest("web.yaml", &yaml(&[&svc, &slice_all(&svc, &cluster)]))
+        .unwrap();
+    let state = agent
+        .wait_for("4 endpoints for web", CHANGE, |s| {
+            s.service("default/web:http/TCP")
+                .is_some_and(|p| p.endpoints.len() == 4)
+        })
+        .unwrap();
+    let port = state.service("default/web:http/TCP").unwrap();
+    assert_eq!(
+        port.algorithm, "least-conn",
+        "the annotation overrides --balance"
+    );
+    let pod0 = port
+        .endpoints
+        .iter()
+        .find(|e| e.addr == "10.244.1.2:8080")
+        .expect("pod0 listed");
+    assert_eq!(
+        pod0.active,
+        Some(5),
+        "the userspace backend counts active connections exactly"
+    );
+
+    // New short connections go to the idle endpoints only; with round-robin pod0 would get 1 in 4.
+    let counts = tally_tcp(&cluster.client, vip, 30);
+    assert_eq!(
+        counts.get("pod0"),
+        None,
+        "pod0 holds 5 connections and must get none: {counts:?}"
+    );
+    assert_eq!(counts.len(), 3, "{counts:?}");
+
+    // Once the long connections close, pod0 is preferred again (it is among the least loaded).
+    assert!(
+        held.iter_mut().all(|c| c.is_alive()),
+        "long connections survived the resync"
+    );
+    held.into_iter().for_each(|c| c.close());
+    agent
+        .wait_for("pod0 idle", CHANGE, |s| {
+            s.service("default/web:http/TCP")
+                .and_then(|p| {
+                    p.endpoints
+                        .iter()
+                        .find(|e| e.addr == "10.244.1.2:8080")
+                        .map(|e| e.active == Some(0))
+                })
+                .unwrap_or(false)
+        })
+        .unwrap();
+    let counts = tally_tcp(&cluster.client, vip, 8);
+    assert!(counts.get("pod0").copied().unwrap_or(0) >= 1, "{counts:?}");
+}
+
+#[test]
+fn session_affinity_client_ip_sticks_to_one_endpoint_per_client() {
+    let cluster = Cluster::new(ClusterSpec::pods(4)).unwrap();
+    let svc = web().affinity(60);
+    let _agent = start(
+        &cluster,
+        "round-robin",
+        &[("web.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)]))],
+    );
+    for (label, ns) in [
+        ("podclient", &cluster.podclient),
+        ("client", &cluster.client),
+        ("node", &cluster.node),
+    ] {
+        let counts = tally_tcp(ns, addr("10.96.0.10:80"), 20);
+        assert_eq!(
+            counts.len(),
+            1,
+            "{label}: all 20 connections on one endpoint: {counts:?}"
+        );
+    }
+}
+
+#[test]
+fn a_refused_endpoint_is_skipped_and_the_client_never_sees_the_refusal() {
+    let cluster = Cluster::new(ClusterSpec::pods(4)).unwrap();
+    let svc = web();
+    let _agent = start(
+        &cluster,
+        "round-robin",
+        &[("web.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)]))],
+    );
+    cluster.stop_echo(2);
+    let counts = tally_tcp(&cluster.podclient, addr("10.96.0.10:80"), 40);
+    assert_eq!(counts.get("pod2"), None, "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), 40);
+    assert_eq!(
+        counts.len(),
+        3,
+        "the other three share the load: {counts:?}"
+    );
+}
+
+#[test]
+fn a_service_without_endpoints_rejects_at_once() {
+    let cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
+    let empty = Service::new("empty")
+        .cluster_ip("10.96.0.20")
+        .tcp(80, 8080)
+        .named("http");
+    let no_slice = Service::new("noslice")
+        .cluster_ip("10.96.0.21")
+        .tcp(80, 8080)
+        .named("http");
+    let files = [(
+        "empty.yaml",
+        yaml(&[&empty, &EndpointSlice::for_service(&empty), &no_slice]),
+    )];
+    let _agent = start(&cluster, "round-robin", &files);
+    for (label, ns) in [
+        ("podclient", &cluster.podclient),
+        ("client", &cluster.client),
+        ("node", &cluster.node),
+    ] {
+        for vip in ["10.96.0.20:80", "10.96.0.21:80"] {
+            let started = Instant::now();
+            let err = tcp_request(ns, addr(vip), T).expect_err("no endpoint can answer");
+            let took = started.elapsed();
+            assert!(
+                err.is_rejection(),
+                "{label} -> {vip}: expected refused/reset/unreachable, got {err:?}"
+            );
+            assert!(
+                took < Duration::from_secs(1),
+                "{label} -> {vip}: rejection took {took:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn udp_requests_are_answered_by_every_endpoint() {
+    let cluster = Cluster::new(ClusterSpec::pods(4)).unwrap();
+    let svc = Service::new("dns")
+        .cluster_ip("10.96.0.53")
+        .udp(53, 8080)
+        .named("dns")
+        .node_port(30053);
+    let _agent = start(
+        &cluster,
+        "round-robin",
+        &[("dns.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)]))],
+    );
+    let node_port = SocketAddr::from((NODE_IP, 30053));
+    for (label, ns, to) in [
+        ("podclient", &cluster.podclient, addr("10.96.0.53:53")),
+        ("node", &cluster.node, addr("10.96.0.53:53")),
+        ("client", &cluster.client, addr("10.96.0.53:53")),
+        ("client via nodePort", &cluster.client, node_port),
+    ] {
+        let mut counts = BTreeMap::new();
+        for i in 0..20 {
+            let r = udp_request(ns, to, T)
+                .unwrap_or_else(|e| panic!("{label}: datagram {i} to {to}: {e}"));
+            *counts.entry(r.pod).or_insert(0) += 1;
+        }
+        assert_eq!(
+            counts.len(),
+            4,
+            "{label}: each new client port is a new session: {counts:?}"
+        );
+    }
+}
+
+#[test]
+fn an_endpoint_removed_from_the_manifests_gets_no_new_connections() {
+    let cluster = Cluster::new(ClusterSpec::pods(4)).unwrap();
+    let svc = web();
+    let agent = start(
+        &cluster,
+        "round-robin",
+        &[("web.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)]))],
+    );
+    let vip = addr("10.96.0.10:80");
+    assert_eq!(tally_tcp(&cluster.client, vip, 8).len(), 4);
+
+    let three = EndpointSlice::for_service(&svc).ready_all(cluster.pod_ips().into_iter().take(3));
+    agent
+        .write_manifest("web.yaml", &yaml(&[&svc, &three]))
+        .unwrap();
+    agent
+        .wait_for("3 endpoints", CHANGE, |s| {
+            s.service("default/web:http/TCP")
+                .is_some_and(|p| p.endpoints.len() == 3)
+        })
+        .unwrap();
+    for (label, ns) in [
+        ("client", &cluster.client),
+        ("podclient", &cluster.podclient),
+        ("node", &cluster.node),
+    ] {
+        let counts = tally_tcp(ns, vip, 30);
+        assert_eq!(counts.get("pod3"), None, "{label}: {counts:?}");
+        assert_eq!(counts.len(), 3, "{label}: {counts:?}");
+    }
+
+    agent.remove_manifest("web.yaml").unwrap();
+    agent
+        .wait_for("web gone", CHANGE, |s| {
+            s.service("default/web:http/TCP").is_none()
+        })
+        .unwrap();
+    let err = tcp_request(&cluster.client, vip, T).expect_err("the Service is gone");
+    assert!(
+        err.is_rejection() || err == kpr_tests::ClientError::Timeout,
+        "{err:?}"
+    );
+}
+
+#[test]
+fn node_port_and_cluster_ip_work_from_every_source() {
+    let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+    let svc = web();
+    let _agent = start(
+        &cluster,
+        "round-robin",
+        &[("web.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)]))],
+    );
+    let node_port = SocketAddr::from((NODE_IP, 30080));
+    for (label, ns, to) in [
+        ("client -> nodePort", &cluster.client, node_port),
+        (
+            "client -> clusterIP",
+            &cluster.client,
+            addr("10.96.0.10:80"),
+        ),
+        (
+            "podclient -> clusterIP",
+            &cluster.podclient,
+            addr("10.96.0.10:80"),
+        ),
+        ("podclient -> nodePort", &cluster.podclient, node_port),
+        ("node -> clusterIP", &cluster.node, addr("10.96.0.10:80")),
+        ("node -> nodePort", &cluster.node, node_port),
+    ] {
+        let counts = tally_tcp(ns, to, 4);
+        assert_eq!(counts.len(), 2, "{label}: {counts:?}");
+    }
+}
+
+#[test]
+fn a_malformed_manifest_is_reported_by_file_and_field_while_other_services_keep_working() {
+    let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+    let svc = web();
+    let broken = "apiVersion: v1\nkind: Service\nmetadata:\n  name: broken\n  namespace: default\n\
+                  spec:\n  clusterIP: 10.96.0.30\n  ports:\n  - port: eighty\n    targetPort: 8080\n";
+    let agent = start(
+        &cluster,
+        "round-robin",
+        &[
+            ("web.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)])),
+            ("broken.yaml", broken.to_string()),
+        ],
+    );
+    let state = agent
+        .wait_for("an input error", CHANGE, |s| !s.errors.is_empty())
+        .unwrap();
+    let err = state
+        .errors
+        .iter()
+        .find(|e| e.contains("broken.yaml"))
+        .unwrap_or_else(|| panic!("{:?}", state.errors));
+    assert!(
+        err.contains("spec.ports[0].port"),
+        "the error names the field: {err}"
+    );
+    let log = agent.wait_for_log("broken.yaml", CHANGE).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("broken.yaml") && l.contains("spec.ports[0].port")),
+        "the log names file and field:\n{log}"
+    );
+    assert_eq!(
+        tally_tcp(&cluster.client, addr("10.96.0.10:80"), 4).len(),
+        2
+    );
+
+    // Changes after the bad file are still programmed.
+    let api = Service::new("api")
+        .cluster_ip("10.96.0.11")
+        .tcp(80, 8080)
+        .named("http");
+    agent
+        .write_manifest("api.yaml", &yaml(&[&api, &slice_all(&api, &cluster)]))
+        .unwrap();
+    agent
+        .wait_for("api", CHANGE, |s| {
+            s.service("default/api:http/TCP").is_some()
+        })
+        .unwrap();
+    assert_eq!(
+        tally_tcp(&cluster.podclient, addr("10.96.0.11:80"), 4).len(),
+        2
+    );
+}
+
+#[test]
+fn the_probe_binary_is_a_client_process_with_the_same_answers() {
+    let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+    let svc = web();
+    let _agent = start(
+        &cluster,
+        "round-robin",
+        &[("web.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)]))],
+    );
+    let out = cluster
+        .podclient
+        .command(env!("CARGO_BIN_EXE_probe"))
+        .args(["tcp", "10.96.0.10:80", "--count", "6"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "probe failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let replies: Vec<_> = text
+        .lines()
+        .map(|l| kpr_tests::client::parse_reply(l).unwrap())
+        .collect();
+    assert_eq!(replies.len(), 6);
+    assert_eq!(
+        replies.iter().filter(|r| r.pod == "pod0").count(),
+        3,
+        "{text}"
+    );
+
+    let held = cluster
+        .client
+        .command(env!("CARGO_BIN_EXE_probe"))
+        .args(["tcp", "10.96.0.10:80", "--count", "2", "--hold", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&held.stdout);
+    assert!(held.status.success(), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("alive ")).count(),
+        2,
+        "{text}"
+    );
+}
