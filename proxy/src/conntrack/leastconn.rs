@@ -1,0 +1,322 @@
+//! Least-connection for the rule backends, driven by conntrack events.
+//!
+//! Owns [`LcTable`] (per-endpoint active connection counts and the endpoint each target currently
+//! sends new connections to) and [`LeastConn`] (the event-driven controller). The rule backends
+//! mark every connection with its target id (ct mark) and send a least-connection target's new
+//! connections to one endpoint, the *pick*. Each conntrack NEW event counts a connection on the
+//! endpoint of its reply tuple; a TCP state past ESTABLISHED or a DESTROY uncounts it. After every
+//! batch of events the controller moves each affected target's pick to its least-loaded endpoint
+//! (ties in round-robin order) through the backend's [`Steer`].
+//!
+//! How exact: a pick is one dataplane update behind the events. Connections opened faster than
+//! one event round trip plus one `nft`/`iptables-restore` run (a few milliseconds) all go to the
+//! same pick; sequential connections are exact. Connections that existed before the controller
+//! started are not counted. Counts are per endpoint across all Services on this node.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::dataplane::LiveView;
+use crate::error::DataplaneError;
+
+use super::events::{CtEvent, CtEventKind, EventStream};
+
+/// A target's pick moved from `old` to `new` (`None`: not programmed / to be removed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PickChange {
+    pub id: u32,
+    /// Backend-defined name of the target (e.g. the iptables chain).
+    pub label: String,
+    pub old: Option<SocketAddrV4>,
+    pub new: Option<SocketAddrV4>,
+}
+
+#[derive(Debug, Clone)]
+struct LcTarget {
+    label: String,
+    endpoints: Vec<SocketAddrV4>,
+    /// Where the round-robin among equally loaded endpoints continues.
+    cursor: usize,
+    /// What the dataplane currently sends new connections to.
+    programmed: Option<SocketAddrV4>,
+}
+
+/// Counts and picks; everything here is pure bookkeeping.
+#[derive(Debug, Default)]
+pub struct LcTable {
+    targets: HashMap<u32, LcTarget>,
+    counts: HashMap<SocketAddrV4, u64>,
+    /// Counted connections: conntrack id -> endpoint.
+    open: HashMap<u64, SocketAddrV4>,
+}
+
+impl LcTable {
+    /// Registers or updates a target; returns the pick change to program, if any.
+    pub fn set_target(
+        &mut self,
+        id: u32,
+        label: &str,
+        endpoints: &[SocketAddrV4],
+    ) -> Option<PickChange> {
+        let t = self.targets.entry(id).or_insert_with(|| LcTarget {
+            label: label.to_string(),
+            endpoints: Vec::new(),
+            cursor: 0,
+            programmed: None,
+        });
+        t.label = label.to_string();
+        if t.endpoints != endpoints {
+            t.endpoints = endpoints.to_vec();
+            t.cursor = 0;
+        }
+        self.repick(id)
+    }
+
+    /// Forgets a target; returns the change that removes its pick, if one was programmed.
+    pub fn remove_target(&mut self, id: u32) -> Option<PickChange> {
+        let t = self.targets.remove(&id)?;
+        t.programmed.map(|old| PickChange {
+            id,
+            label: t.label,
+            old: Some(old),
+            new: None,
+        })
+    }
+
+    /// The dataplane was rebuilt without picks: every target needs its pick programmed again.
+    pub fn forget_programmed(&mut self) {
+        for t in self.targets.values_mut() {
+            t.programmed = None;
+        }
+    }
+
+    /// The targets currently known, by id.
+    pub fn target_ids(&self) -> Vec<u32> {
+        self.targets.keys().copied().collect()
+    }
+
+    /// Accounts one event; returns the targets whose pick must move.
+    pub fn on_event(&mut self, ev: &CtEvent) -> Vec<PickChange> {
+        let Some(ep) = ev.endpoint else {
+            return Vec::new();
+        };
+        let affected: Vec<u32> = if ev.kind == CtEventKind::New || !ev.closes() {
+            if ev.kind != CtEventKind::New || !self.targets.contains_key(&ev.mark) {
+                return Vec::new();
+            }
+            if self.open.insert(ev.id, ep).is_none() {
+                *self.counts.entry(ep).or_default() += 1;
+            }
+            if let Some(t) = self.targets.get_mut(&ev.mark) {
+                if let Some(i) = t.endpoints.iter().position(|e| *e == ep) {
+                    t.cursor = (i + 1) % t.endpoints.len();
+                }
+            }
+            self.targets_with(ep)
+        } else {
+            let Some(ep) = self.open.remove(&ev.id) else {
+                return Vec::new();
+            };
+            if let Some(c) = self.counts.get_mut(&ep) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    self.counts.remove(&ep);
+                }
+            }
+            self.targets_with(ep)
+        };
+        affected
+            .into_iter()
+            .filter_map(|id| self.repick(id))
+            .collect()
+    }
+
+    /// Active connections per endpoint.
+    pub fn counts(&self) -> BTreeMap<SocketAddr, u64> {
+        self.counts
+            .iter()
+            .map(|(e, c)| (SocketAddr::V4(*e), *c))
+            .collect()
+    }
+
+    fn targets_with(&self, ep: SocketAddrV4) -> Vec<u32> {
+        self.targets
+            .iter()
+            .filter(|(_, t)| t.endpoints.contains(&ep))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The least-loaded endpoint, scanning from the cursor so that ties go round-robin.
+    fn best(&self, t: &LcTarget) -> Option<SocketAddrV4> {
+        let n = t.endpoints.len();
+        (0..n)
+            .map(|k| t.endpoints[(t.cursor + k) % n])
+            .min_by_key(|e| self.counts.get(e).copied().unwrap_or(0))
+    }
+
+    fn repick(&mut self, id: u32) -> Option<PickChange> {
+        let best = self.best(self.targets.get(&id)?);
+        let t = self.targets.get_mut(&id)?;
+        if best == t.programmed {
+            return None;
+        }
+        let change = PickChange {
+            id,
+            label: t.label.clone(),
+            old: t.programmed,
+            new: best,
+        };
+        t.programmed = best;
+        Some(change)
+    }
+}
+
+/// How a backend moves picks in its dataplane.
+pub trait Steer: Send + 'static {
+    fn steer(&mut self, changes: &[PickChange]) -> Result<(), DataplaneError>;
+}
+
+/// The running controller: the event stream, a worker that applies picks, and the shared table.
+pub struct LeastConn {
+    table: Arc<Mutex<LcTable>>,
+    _events: EventStream,
+}
+
+impl LeastConn {
+    /// Starts `conntrack -E` and the worker. Both run in the calling thread's network namespace.
+    pub fn start(steer: Box<dyn Steer>) -> Result<LeastConn, DataplaneError> {
+        let table = Arc::new(Mutex::new(LcTable::default()));
+        let (tx, rx) = mpsc::channel::<CtEvent>();
+        let netns = std::fs::File::open("/proc/thread-self/ns/net")
+            .map_err(|e| DataplaneError::io("opening /proc/thread-self/ns/net", e))?;
+        let worker_table = Arc::clone(&table);
+        std::thread::Builder::new()
+            .name("kpr-leastconn".into())
+            .spawn(move || {
+                if let Err(e) = nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET) {
+                    tracing::error!(
+                        "least-connection worker cannot enter its network namespace: {e}"
+                    );
+                    return;
+                }
+                run_worker(&worker_table, rx, steer);
+            })
+            .map_err(|e| DataplaneError::io("spawning the least-connection worker", e))?;
+        let events = EventStream::start(move |ev| {
+            if ev.mark != 0 {
+                let _ = tx.send(ev);
+            }
+        })?;
+        Ok(LeastConn {
+            table,
+            _events: events,
+        })
+    }
+
+    /// The table, locked. Backends hold it while they sync so that a pick never races a rebuild.
+    pub fn lock(&self) -> MutexGuard<'_, LcTable> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A live view of the counts for `proxy inspect`.
+    pub fn live_view(&self) -> Arc<dyn LiveView> {
+        Arc::new(LcView(Arc::clone(&self.table)))
+    }
+}
+
+/// Applies picks after each batch of events (events are drained first, so a burst costs one
+/// dataplane update).
+fn run_worker(table: &Mutex<LcTable>, rx: Receiver<CtEvent>, mut steer: Box<dyn Steer>) {
+    while let Ok(first) = rx.recv() {
+        let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut changes: BTreeMap<u32, PickChange> = BTreeMap::new();
+        for ev in std::iter::once(first).chain(rx.try_iter()) {
+            for c in t.on_event(&ev) {
+                changes
+                    .entry(c.id)
+                    .and_modify(|prev| prev.new = c.new)
+                    .or_insert(c);
+            }
+        }
+        let changes: Vec<PickChange> = changes.into_values().filter(|c| c.old != c.new).collect();
+        if changes.is_empty() {
+            continue;
+        }
+        if let Err(e) = steer.steer(&changes) {
+            tracing::warn!("least-connection: moving picks failed: {e}");
+            // The dataplane state is unknown: program every pick again on the next change.
+            t.forget_programmed();
+        }
+    }
+}
+
+struct LcView(Arc<Mutex<LcTable>>);
+
+impl LiveView for LcView {
+    fn active_connections(&self) -> BTreeMap<SocketAddr, u64> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).counts()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(n: u8) -> SocketAddrV4 {
+        SocketAddrV4::new([10, 244, n, 2].into(), 8080)
+    }
+
+    fn new(id: u64, mark: u32, e: SocketAddrV4) -> CtEvent {
+        CtEvent {
+            kind: CtEventKind::New,
+            id,
+            mark,
+            proto: "tcp".into(),
+            endpoint: Some(e),
+            tcp_state: Some("SYN_SENT".into()),
+        }
+    }
+
+    fn destroy(id: u64, e: SocketAddrV4) -> CtEvent {
+        CtEvent {
+            kind: CtEventKind::Destroy,
+            tcp_state: None,
+            ..new(id, 1, e)
+        }
+    }
+
+    #[test]
+    fn ties_go_round_robin_and_load_is_avoided() {
+        let mut t = LcTable::default();
+        let first = t.set_target(1, "svc", &[ep(1), ep(2), ep(3)]).unwrap();
+        assert_eq!(first.new, Some(ep(1)));
+        let c = t.on_event(&new(100, 1, ep(1)));
+        assert_eq!(c[0].new, Some(ep(2)));
+        let c = t.on_event(&new(101, 1, ep(2)));
+        assert_eq!(c[0].new, Some(ep(3)));
+        // Connection 100 closes: ep(1) is free again, ep(3) still next in round-robin order.
+        assert!(t.on_event(&destroy(100, ep(1))).is_empty());
+        let c = t.on_event(&new(102, 1, ep(3)));
+        assert_eq!(c[0].new, Some(ep(1)));
+        assert_eq!(t.counts().values().sum::<u64>(), 2);
+    }
+
+    #[test]
+    fn events_of_unknown_targets_are_not_counted() {
+        let mut t = LcTable::default();
+        t.set_target(1, "svc", &[ep(1)]);
+        assert!(t.on_event(&new(5, 2, ep(1))).is_empty());
+        assert!(t.counts().is_empty());
+    }
+
+    #[test]
+    fn removing_a_programmed_target_removes_its_pick() {
+        let mut t = LcTable::default();
+        t.set_target(4, "svc", &[ep(1)]);
+        let c = t.remove_target(4).unwrap();
+        assert_eq!((c.old, c.new), (Some(ep(1)), None));
+    }
+}

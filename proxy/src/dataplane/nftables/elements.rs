@@ -1,0 +1,185 @@
+//! The elements the kernel holds, with their owners, and the diff that turns a recompiled
+//! service port into element operations.
+//!
+//! Owns [`ElementTable`]. Two service ports may need the same key (two ports of one Service share
+//! a clusterIP in `cluster_ips`; two Services may claim one externalIP:port): the table keeps
+//! every owner, programs the first owner's value, and deletes the key only when its last owner
+//! goes. This is what lets a sync touch only the changed service ports without listing the table.
+
+use std::collections::{HashMap, HashSet};
+
+use super::compile::Element;
+use super::ops::Op;
+
+/// Owners of one key and the values they want; the first is programmed.
+#[derive(Debug, Clone, Default)]
+struct Owners(Vec<(u32, Option<String>)>);
+
+/// What is programmed, keyed by (set, key).
+#[derive(Debug, Clone, Default)]
+pub struct ElementTable {
+    keys: HashMap<(&'static str, String), Owners>,
+}
+
+/// Operations collected by a diff: deletions are applied before additions so that a key whose
+/// value changes is deleted and re-added in one transaction.
+#[derive(Debug, Default)]
+pub struct Delta {
+    pub deletes: Vec<Op>,
+    pub adds: Vec<Op>,
+}
+
+impl Delta {
+    pub fn into_ops(self) -> Vec<Op> {
+        let mut ops = self.deletes;
+        ops.extend(self.adds);
+        ops
+    }
+}
+
+impl ElementTable {
+    /// Number of distinct programmed keys.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Forgets everything (the kernel side was flushed).
+    pub fn clear(&mut self) {
+        self.keys.clear();
+    }
+
+    /// Replaces `owner`'s elements `old` by `new`, recording the kernel operations needed.
+    pub fn replace(&mut self, owner: u32, old: &[Element], new: &[Element], delta: &mut Delta) {
+        let old_set: HashSet<&Element> = old.iter().collect();
+        let new_set: HashSet<&Element> = new.iter().collect();
+        for e in old {
+            if !new_set.contains(e) {
+                self.remove(owner, e, delta);
+            }
+        }
+        for e in new {
+            if !old_set.contains(e) {
+                self.add(owner, e, delta);
+            }
+        }
+    }
+
+    fn add(&mut self, owner: u32, e: &Element, delta: &mut Delta) {
+        let owners = self.keys.entry((e.set, e.key.clone())).or_default();
+        owners.0.push((owner, e.value.clone()));
+        if owners.0.len() == 1 {
+            delta.adds.push(add_op(e.set, &e.key, e.value.clone()));
+        }
+    }
+
+    fn remove(&mut self, owner: u32, e: &Element, delta: &mut Delta) {
+        let k = (e.set, e.key.clone());
+        let Some(owners) = self.keys.get_mut(&k) else {
+            return;
+        };
+        let Some(pos) = owners
+            .0
+            .iter()
+            .position(|(o, v)| *o == owner && *v == e.value)
+        else {
+            return;
+        };
+        let active_before = owners.0[0].1.clone();
+        owners.0.remove(pos);
+        match owners.0.first() {
+            None => {
+                self.keys.remove(&k);
+                delta.deletes.push(Op::DeleteElement {
+                    set: e.set.to_string(),
+                    key: e.key.clone(),
+                });
+            }
+            Some((_, v)) if pos == 0 && *v != active_before => {
+                delta.deletes.push(Op::DeleteElement {
+                    set: e.set.to_string(),
+                    key: e.key.clone(),
+                });
+                delta.adds.push(add_op(e.set, &e.key, v.clone()));
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+fn add_op(set: &str, key: &str, value: Option<String>) -> Op {
+    Op::AddElement {
+        set: set.to_string(),
+        key: key.to_string(),
+        value,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn el(set: &'static str, key: &str, value: Option<&str>) -> Element {
+        Element {
+            set,
+            key: key.into(),
+            value: value.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn shared_key_is_deleted_only_with_its_last_owner() {
+        let mut t = ElementTable::default();
+        let ip = el("cluster_ips", "10.0.0.1", None);
+        let mut d = Delta::default();
+        t.replace(1, &[], std::slice::from_ref(&ip), &mut d);
+        t.replace(2, &[], std::slice::from_ref(&ip), &mut d);
+        assert_eq!(d.adds.len(), 1);
+        let mut d = Delta::default();
+        t.replace(1, std::slice::from_ref(&ip), &[], &mut d);
+        assert!(d.deletes.is_empty() && d.adds.is_empty());
+        t.replace(2, std::slice::from_ref(&ip), &[], &mut d);
+        assert_eq!(d.deletes.len(), 1);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn conflicting_owner_takes_over_when_the_first_leaves() {
+        let mut t = ElementTable::default();
+        let a = el("fe", "1.2.3.4 . tcp . 80", Some("5"));
+        let b = el("fe", "1.2.3.4 . tcp . 80", Some("9"));
+        let mut d = Delta::default();
+        t.replace(1, &[], std::slice::from_ref(&a), &mut d);
+        t.replace(2, &[], std::slice::from_ref(&b), &mut d);
+        assert_eq!(d.adds.len(), 1);
+        let mut d = Delta::default();
+        t.replace(1, std::slice::from_ref(&a), &[], &mut d);
+        assert_eq!(d.deletes.len(), 1);
+        assert_eq!(
+            d.adds,
+            vec![add_op("fe", "1.2.3.4 . tcp . 80", Some("9".into()))]
+        );
+    }
+
+    #[test]
+    fn changed_value_is_deleted_then_added() {
+        let mut t = ElementTable::default();
+        let a = el("slots", "3 . 0", Some("10.1.0.2 . 80"));
+        let b = el("slots", "3 . 0", Some("10.1.0.3 . 80"));
+        let mut d = Delta::default();
+        t.replace(1, &[], std::slice::from_ref(&a), &mut d);
+        let mut d = Delta::default();
+        t.replace(
+            1,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&b),
+            &mut d,
+        );
+        let ops = d.into_ops();
+        assert!(matches!(ops[0], Op::DeleteElement { .. }));
+        assert!(matches!(ops[1], Op::AddElement { .. }));
+    }
+}

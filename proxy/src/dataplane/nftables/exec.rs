@@ -1,0 +1,78 @@
+//! Runs an `nft -f -` transaction: the only place this backend executes `nft`.
+//!
+//! One call is one netlink batch, so a sync is applied atomically or not at all. `nft` runs in
+//! the network namespace of the calling thread.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use crate::error::DataplaneError;
+
+/// Lines of the failing script quoted in an error, around the line nft complains about.
+const CONTEXT_LINES: usize = 2;
+
+/// Applies `script` as one transaction.
+pub fn apply(script: &str) -> Result<(), DataplaneError> {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| DataplaneError::io("running nft -f - (is nftables installed?)", e))?;
+    let mut stdin = child.stdin.take().expect("stdin was piped");
+    let write = stdin.write_all(script.as_bytes());
+    drop(stdin);
+    let out = child
+        .wait_with_output()
+        .map_err(|e| DataplaneError::io("waiting for nft -f -", e))?;
+    write.map_err(|e| DataplaneError::io("writing the transaction to nft -f -", e))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    Err(DataplaneError::Command {
+        command: "nft -f -".into(),
+        detail: format!("{}{}", first_lines(&stderr, 12), quote(script, &stderr)),
+    })
+}
+
+fn first_lines(s: &str, n: usize) -> String {
+    s.lines().take(n).collect::<Vec<_>>().join("\n")
+}
+
+/// Quotes the script lines nft's first `/dev/stdin:LINE:` reference points at.
+fn quote(script: &str, stderr: &str) -> String {
+    let Some(line) = stderr
+        .split(|c: char| c.is_whitespace())
+        .find_map(|w| w.strip_prefix("/dev/stdin:"))
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|n| n.parse::<usize>().ok())
+    else {
+        return String::new();
+    };
+    let lines: Vec<&str> = script.lines().collect();
+    let from = line.saturating_sub(1 + CONTEXT_LINES);
+    let to = (line + CONTEXT_LINES).min(lines.len());
+    let mut out = format!("\ntransaction lines {}..{}:", from + 1, to);
+    for (i, l) in lines[from..to].iter().enumerate() {
+        let l: String = l.chars().take(300).collect();
+        out.push_str(&format!("\n{:>6}: {l}", from + i + 1));
+    }
+    out
+}
+
+/// Runs `nft` with arguments and returns its standard output (small queries only).
+pub fn query(args: &[&str]) -> Result<String, DataplaneError> {
+    let out = Command::new("nft")
+        .args(args)
+        .output()
+        .map_err(|e| DataplaneError::io(format!("running nft {}", args.join(" ")), e))?;
+    if !out.status.success() {
+        return Err(DataplaneError::Command {
+            command: format!("nft {}", args.join(" ")),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

@@ -1,0 +1,298 @@
+//! The nftables dataplane: kernel NAT through data maps in one table of our own, `ip kpr`.
+//!
+//! Owns the `ip kpr` table and nothing else (it never lists or changes other tables). A full sync
+//! re-creates the skeleton in place and reloads every element in one `nft -f` transaction; an
+//! incremental sync recompiles only the service ports of the [`ChangeSet`] and applies the element
+//! difference in one transaction, without listing anything. See `ruleset` for the layout.
+//!
+//! Why text and not the `nftables` crate's JSON: measured at 20,000 Services (140,000 elements)
+//! on this kernel, `nft -j -f` loads in 0.72 s and `nft -f` in 0.98 s, but nft 1.0.6 has no JSON
+//! form of the map-update statement session affinity needs (`update @aff { k : v }`), and one
+//! transaction cannot mix both formats. The crate is used where JSON suffices (`cleanup`).
+//!
+//! IPv4 only: IPv6 addresses of a Service are skipped with a warning (not implemented).
+
+pub mod compile;
+pub mod elements;
+pub mod exec;
+pub mod ops;
+pub mod ruleset;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddrV4;
+use std::sync::Arc;
+
+use crate::conntrack::leastconn::{LcTable, LeastConn, PickChange, Steer};
+use crate::dataplane::{BackendConfig, ChangeSet, Dataplane, LiveView, ProxyState, SyncStats};
+use crate::error::DataplaneError;
+use crate::model::{Algorithm, ServicePortName};
+
+use compile::{ChainNeed, Compiled, Representatives, TargetIds};
+use elements::{Delta, ElementTable};
+pub use ops::Op;
+use ruleset::Skeleton;
+
+/// The nftables backend.
+pub struct NftablesDataplane {
+    cfg: BackendConfig,
+    ids: TargetIds,
+    table: ElementTable,
+    /// What each programmed service port compiled to, with its owner id in `table`.
+    programmed: HashMap<ServicePortName, (u32, Compiled)>,
+    next_owner: u32,
+    /// Chains created on demand since the last skeleton.
+    chains: BTreeSet<ChainNeed>,
+    /// The skeleton the table was last built from; `None` before the first full sync.
+    skeleton: Option<Skeleton>,
+    /// Set after a failed transaction: the kernel state is unknown, the next sync is full.
+    needs_full: bool,
+    last_ops: Vec<Op>,
+    lc: Option<LeastConn>,
+}
+
+impl NftablesDataplane {
+    /// Checks that `nft` runs; nothing is programmed until the first sync.
+    pub fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
+        exec::query(&["--version"])?;
+        Ok(NftablesDataplane {
+            cfg: cfg.clone(),
+            ids: TargetIds::default(),
+            table: ElementTable::default(),
+            programmed: HashMap::new(),
+            next_owner: 1,
+            chains: BTreeSet::new(),
+            skeleton: None,
+            needs_full: true,
+            last_ops: Vec::new(),
+            lc: None,
+        })
+    }
+
+    /// The operations of the last transaction that was applied (or attempted).
+    pub fn last_transaction_ops(&self) -> &[Op] {
+        &self.last_ops
+    }
+
+    /// The conntrack mark (target id) of each target of a service port, for tests and inspect.
+    pub fn target_ids(&self, spn: &ServicePortName) -> Vec<u32> {
+        self.programmed
+            .get(spn)
+            .map(|(_, c)| c.targets.iter().map(|t| t.id).collect())
+            .unwrap_or_default()
+    }
+
+    /// Computes the transaction for `changes` and updates the bookkeeping as if it was applied.
+    ///
+    /// Pure with respect to the kernel: nothing runs. `sync` applies the result; a test can call
+    /// this directly to see which operations a change causes.
+    pub fn plan(&mut self, state: &ProxyState, changes: &ChangeSet) -> (bool, Vec<Op>, usize) {
+        let reps = Representatives::new(&state.node);
+        let skel = self.skeleton_for(state, &reps);
+        let full = changes.full || self.needs_full || self.skeleton.as_ref() != Some(&skel);
+        let mut head = Vec::new();
+        let spns: Vec<ServicePortName> = if full {
+            head.push(Op::Skeleton(ruleset::skeleton(&skel)));
+            self.table.clear();
+            self.programmed.clear();
+            self.chains.clear();
+            self.skeleton = Some(skel);
+            state.services.keys().cloned().collect()
+        } else {
+            changes.changed.iter().cloned().collect()
+        };
+        let mut delta = Delta::default();
+        for spn in &spns {
+            if let Some(svc) = state.services.get(spn) {
+                if !compile::is_ipv4(svc) {
+                    tracing::warn!("nftables: Service port {spn} has no IPv4 address; IPv6 is not implemented by this backend");
+                }
+            }
+            let new = compile::compile(state, spn, &reps, &mut self.ids);
+            self.apply_compiled(spn, new, &mut delta, &mut head);
+        }
+        let touched = spns.len();
+        head.extend(delta.into_ops());
+        (full, head, touched)
+    }
+
+    fn skeleton_for(&self, state: &ProxyState, reps: &Representatives) -> Skeleton {
+        Skeleton::from_config(
+            &state.node.cluster_cidrs,
+            &state.node.node_ips,
+            &self.cfg.nodeport_addresses,
+            &self.cfg.service_cidrs,
+            compile::clusterip_masq(&state.node, reps),
+        )
+    }
+
+    fn apply_compiled(
+        &mut self,
+        spn: &ServicePortName,
+        new: Compiled,
+        delta: &mut Delta,
+        chain_ops: &mut Vec<Op>,
+    ) {
+        for need in &new.chains {
+            if self.chains.insert(*need) {
+                let (name, commands) = match need {
+                    ChainNeed::RoundRobin(n) => ruleset::rr_chain(*n),
+                    ChainNeed::Affinity(secs) => ruleset::affinity_chains(*secs),
+                };
+                chain_ops.push(Op::EnsureChain { name, commands });
+            }
+        }
+        let (owner, old) = match self.programmed.remove(spn) {
+            Some((owner, old)) => (owner, old),
+            None => {
+                self.next_owner += 1;
+                (self.next_owner, Compiled::default())
+            }
+        };
+        self.table
+            .replace(owner, &old.elements, &new.elements, delta);
+        // Targets that disappeared are dropped from least-connection bookkeeping by `sync`.
+        if !new.elements.is_empty() || !new.targets.is_empty() {
+            self.programmed.insert(spn.clone(), (owner, new));
+        }
+    }
+
+    /// The least-connection targets that have endpoints: (id, label, endpoints).
+    fn lc_wanted(&self) -> Vec<LcWanted> {
+        self.programmed
+            .iter()
+            .flat_map(|(spn, (_, c))| {
+                c.targets
+                    .iter()
+                    .filter(|t| t.algorithm == Algorithm::LeastConn && !t.endpoints.is_empty())
+                    .map(move |t| (t.id, spn.to_string(), t.endpoints.clone()))
+            })
+            .collect()
+    }
+}
+
+type LcWanted = (u32, String, Vec<SocketAddrV4>);
+
+/// Registers `wanted` targets and removes the others; returns the pick changes.
+fn lc_changes(table: &mut LcTable, wanted: &[LcWanted]) -> Vec<PickChange> {
+    let keep: BTreeSet<u32> = wanted.iter().map(|w| w.0).collect();
+    let mut changes: Vec<PickChange> = table
+        .target_ids()
+        .into_iter()
+        .filter(|id| !keep.contains(id))
+        .filter_map(|id| table.remove_target(id))
+        .collect();
+    for (id, label, eps) in wanted {
+        changes.extend(table.set_target(*id, label, eps));
+    }
+    changes
+}
+
+/// The `lc_pick` element operations that move one pick.
+fn pick_ops(c: &PickChange) -> Vec<Op> {
+    let mut ops = Vec::new();
+    if c.old.is_some() {
+        ops.push(Op::DeleteElement {
+            set: "lc_pick".into(),
+            key: c.id.to_string(),
+        });
+    }
+    if let Some(new) = c.new {
+        ops.push(Op::AddElement {
+            set: "lc_pick".into(),
+            key: c.id.to_string(),
+            value: Some(format!("{} . {}", new.ip(), new.port())),
+        });
+    }
+    ops
+}
+
+/// Moves least-connection picks with one `nft -f` transaction per batch of events.
+struct NftSteer;
+
+impl Steer for NftSteer {
+    fn steer(&mut self, changes: &[PickChange]) -> Result<(), DataplaneError> {
+        let ops: Vec<Op> = changes.iter().flat_map(pick_ops).collect();
+        exec::apply(&ops::render(&ops))
+    }
+}
+
+impl Dataplane for NftablesDataplane {
+    fn name(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSet,
+    ) -> Result<SyncStats, DataplaneError> {
+        let (full, mut ops, touched) = self.plan(state, changes);
+        let wanted = self.lc_wanted();
+        if !wanted.is_empty() && self.lc.is_none() {
+            match LeastConn::start(Box::new(NftSteer)) {
+                Ok(lc) => self.lc = Some(lc),
+                Err(e) => {
+                    self.needs_full = true;
+                    return Err(e);
+                }
+            }
+        }
+        // The least-connection table stays locked until the transaction is applied, so that the
+        // controller never moves a pick this transaction also writes.
+        let mut lc_table = self.lc.as_ref().map(LeastConn::lock);
+        if let Some(t) = lc_table.as_mut() {
+            if full {
+                t.forget_programmed();
+            }
+            ops.extend(lc_changes(t, &wanted).iter().flat_map(pick_ops));
+        }
+        let result = exec::apply(&ops::render(&ops));
+        if let (Err(_), Some(t)) = (&result, lc_table.as_mut()) {
+            t.forget_programmed();
+        }
+        drop(lc_table);
+        self.last_ops = ops;
+        if let Err(e) = result {
+            self.needs_full = true;
+            return Err(e);
+        }
+        self.needs_full = false;
+        if let Err(e) = crate::conntrack::cleanup_stale(state, changes) {
+            tracing::warn!("nftables: stale conntrack cleanup failed: {e}");
+        }
+        Ok(SyncStats {
+            full,
+            service_ports: self.programmed.len(),
+            touched,
+            operations: self.last_ops.len(),
+        })
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        self.lc = None;
+        let mut batch = ::nftables::batch::Batch::new();
+        let table = ::nftables::schema::Table {
+            family: ::nftables::types::NfFamily::IP,
+            name: "kpr".into(),
+            handle: None,
+        };
+        batch.add(::nftables::schema::NfListObject::Table(table.clone()));
+        batch.delete(::nftables::schema::NfListObject::Table(table));
+        ::nftables::helper::apply_ruleset(&batch.to_nftables()).map_err(|e| {
+            DataplaneError::Command {
+                command: "nft -j -f - (delete table ip kpr)".into(),
+                detail: e.to_string(),
+            }
+        })?;
+        self.table.clear();
+        self.programmed.clear();
+        self.chains.clear();
+        self.skeleton = None;
+        self.needs_full = true;
+        Ok(())
+    }
+
+    fn live_view(&self) -> Option<Arc<dyn LiveView>> {
+        self.lc.as_ref().map(LeastConn::live_view)
+    }
+}

@@ -1,0 +1,153 @@
+//! The operations of one nftables transaction and their rendering to `nft -f` text.
+//!
+//! Owns: [`Op`] (what a sync asks of the kernel, countable by tests) and [`render`], which batches
+//! consecutive element operations on one set into one `add element`/`delete element` command so
+//! that a 20,000-Service load is a few hundred commands, not hundreds of thousands.
+
+use std::fmt::Write as _;
+
+use super::ruleset::TABLE;
+
+/// One operation of a transaction, in the order it is applied.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    /// Raw nft commands that (re)create the table's skeleton: sets, maps, base chains and rules.
+    /// Emitted once per full sync.
+    Skeleton(String),
+    /// Creates a chain that dispatch jumps to (`rr_N`, `aff_T`, `rec_T`) with its rules, and the
+    /// affinity map it needs, if any. Idempotent: the chain is flushed before its rules are added.
+    EnsureChain { name: String, commands: Vec<String> },
+    /// Removes one element (maps: the key alone identifies it).
+    DeleteElement { set: String, key: String },
+    /// Adds one element; `value` is the map data for maps, `None` for sets.
+    AddElement {
+        set: String,
+        key: String,
+        value: Option<String>,
+    },
+}
+
+impl Op {
+    /// The set or map this operation changes, if it is an element operation.
+    pub fn set(&self) -> Option<&str> {
+        match self {
+            Op::DeleteElement { set, .. } | Op::AddElement { set, .. } => Some(set),
+            _ => None,
+        }
+    }
+
+    /// The element key, if it is an element operation.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Op::DeleteElement { key, .. } | Op::AddElement { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// Most elements per `add element` command: nft parses one command at a time, and very long
+/// commands make its error messages useless without making the load faster.
+const ELEMENTS_PER_COMMAND: usize = 4096;
+
+/// Renders operations as one `nft -f` script, batching runs of element operations per set.
+pub fn render(ops: &[Op]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < ops.len() {
+        match &ops[i] {
+            Op::Skeleton(text) => {
+                out.push_str(text);
+                out.push('\n');
+                i += 1;
+            }
+            Op::EnsureChain { commands, .. } => {
+                for c in commands {
+                    out.push_str(c);
+                    out.push('\n');
+                }
+                i += 1;
+            }
+            Op::DeleteElement { .. } | Op::AddElement { .. } => {
+                i = render_element_run(ops, i, &mut out);
+            }
+        }
+    }
+    out
+}
+
+/// Renders the run of element operations of one kind on one set starting at `start`; returns
+/// the index after it.
+fn render_element_run(ops: &[Op], start: usize, out: &mut String) -> usize {
+    let verb = match &ops[start] {
+        Op::AddElement { .. } => "add",
+        _ => "delete",
+    };
+    let set = ops[start].set().unwrap_or_default().to_string();
+    let mut end = start;
+    while end < ops.len()
+        && end - start < ELEMENTS_PER_COMMAND
+        && ops[end].set() == Some(set.as_str())
+        && std::mem::discriminant(&ops[end]) == std::mem::discriminant(&ops[start])
+    {
+        end += 1;
+    }
+    let _ = write!(out, "{verb} element {TABLE} {set} {{ ");
+    for (n, op) in ops[start..end].iter().enumerate() {
+        if n > 0 {
+            out.push_str(", ");
+        }
+        match op {
+            Op::AddElement {
+                key,
+                value: Some(v),
+                ..
+            } => {
+                let _ = write!(out, "{key} : {v}");
+            }
+            Op::AddElement { key, .. } | Op::DeleteElement { key, .. } => out.push_str(key),
+            _ => {}
+        }
+    }
+    out.push_str(" }\n");
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(set: &str, key: &str, value: Option<&str>) -> Op {
+        Op::AddElement {
+            set: set.into(),
+            key: key.into(),
+            value: value.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn consecutive_elements_of_one_set_share_one_command() {
+        let ops = vec![
+            Op::DeleteElement {
+                set: "fe".into(),
+                key: "10.0.0.1 . tcp . 80".into(),
+            },
+            add("fe", "10.0.0.1 . tcp . 80", Some("7")),
+            add("fe", "10.0.0.2 . udp . 53", Some("8")),
+            add("cluster_ips", "10.0.0.2", None),
+        ];
+        assert_eq!(
+            render(&ops),
+            "delete element ip kpr fe { 10.0.0.1 . tcp . 80 }\n\
+             add element ip kpr fe { 10.0.0.1 . tcp . 80 : 7, 10.0.0.2 . udp . 53 : 8 }\n\
+             add element ip kpr cluster_ips { 10.0.0.2 }\n"
+        );
+    }
+
+    #[test]
+    fn long_runs_are_split() {
+        let ops: Vec<Op> = (0..ELEMENTS_PER_COMMAND + 1)
+            .map(|n| add("slots", &format!("{n} . 0"), Some("10.0.0.1 . 80")))
+            .collect();
+        assert_eq!(render(&ops).lines().count(), 2);
+    }
+}

@@ -1,0 +1,418 @@
+//! The fixed part of the `ip kpr` table: sets, maps, base chains and their rules.
+//!
+//! Owns the table layout. Packets are dispatched through data maps, never through one chain per
+//! Service (that layout is quadratic in the kernel, see DESIGN.md):
+//!
+//! ```text
+//! nat prerouting: source class by set (node / pod / external) -> from_<class>
+//! nat output:     from_node
+//! from_<class>:   masquerade mark from @masq_<class> / @npmasq_<class>;
+//!                 ct mark <- target id from @fe_<class>, @fe (ip . proto . port)
+//!                 or @np_<class>, @np (proto . port, daddr in @nodeport_ips)
+//! dispatch:       ct mark vmap @aff_lookup (jump aff_T: dnat from the affinity map on a hit)
+//!                 ct mark vmap @targets    (goto rr_N | lc | empty_reject | empty_drop)
+//! rr_N:           dnat to ct mark . numgen inc mod N map @slots
+//! lc:             dnat to ct mark map @lc_pick (kept by the least-connection controller)
+//! nat postrouting: record affinity (ct mark vmap @aff_record), masquerade marked and hairpin
+//! filter input/forward/output (new): drop/reject marks, reject unexposed clusterIP ports,
+//!                 drop unallocated service CIDR addresses
+//! filter prerouting (dstnat-10): loadBalancerSourceRanges via @fw_protected / @fw_allowed
+//! ```
+//!
+//! The target id lives in the conntrack mark so that conntrack events name the target
+//! (least-connection accounting). Must not touch anything outside the `ip kpr` table.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::{IpNet, Ipv4Net};
+
+/// The table every command addresses.
+pub const TABLE: &str = "ip kpr";
+/// Packet mark bit: masquerade in postrouting (kube-proxy's value).
+pub const MARK_MASQ: u32 = 0x4000;
+/// Packet mark bit: drop in the filter chains (Local policy with endpoints elsewhere only).
+pub const MARK_DROP: u32 = 0x8000;
+/// Packet mark bit: reject in the filter chains (no usable endpoint).
+pub const MARK_REJECT: u32 = 0x10000;
+
+/// Source classes of SERVICE-SEMANTICS.md, each with its own chain and override maps.
+pub const CLASSES: [&str; 3] = ["node", "pod", "ext"];
+
+/// Node-wide inputs of the skeleton (from `BackendConfig`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Skeleton {
+    pub cluster_cidrs: Vec<Ipv4Net>,
+    /// Node addresses; 127.0.0.0/8 is always added.
+    pub node_ips: Vec<Ipv4Addr>,
+    /// Addresses that accept nodePort traffic.
+    pub nodeport_nets: Vec<Ipv4Net>,
+    pub service_cidrs: Vec<Ipv4Net>,
+    /// Per class (node, pod, ext): whether traffic to a clusterIP is masqueraded.
+    pub clusterip_masq: [bool; 3],
+}
+
+impl Skeleton {
+    /// The IPv4 part of the configured addresses; nodePort addresses default to the node's
+    /// addresses and never include loopback (nodePorts on localhost are not supported).
+    pub fn from_config(
+        cluster_cidrs: &[IpNet],
+        node_ips: &[IpAddr],
+        nodeport_addresses: &[IpNet],
+        service_cidrs: &[IpNet],
+        clusterip_masq: [bool; 3],
+    ) -> Skeleton {
+        let v4nets = |nets: &[IpNet]| -> Vec<Ipv4Net> {
+            nets.iter()
+                .filter_map(|n| match n {
+                    IpNet::V4(n) => Some(n.trunc()),
+                    IpNet::V6(_) => None,
+                })
+                .collect()
+        };
+        let node_v4: Vec<Ipv4Addr> = node_ips
+            .iter()
+            .filter_map(|a| match a {
+                IpAddr::V4(a) if !a.is_loopback() => Some(*a),
+                _ => None,
+            })
+            .collect();
+        let nodeport_nets = if nodeport_addresses.is_empty() {
+            node_v4
+                .iter()
+                .map(|a| Ipv4Net::new(*a, 32).expect("32 is a valid prefix"))
+                .collect()
+        } else {
+            v4nets(nodeport_addresses)
+                .into_iter()
+                .filter(|n| !n.network().is_loopback())
+                .collect()
+        };
+        Skeleton {
+            cluster_cidrs: v4nets(cluster_cidrs),
+            node_ips: node_v4,
+            nodeport_nets,
+            service_cidrs: v4nets(service_cidrs),
+            clusterip_masq,
+        }
+    }
+}
+
+/// Sets and maps whose elements the backend manages (flushed and refilled by a full sync).
+const MANAGED_SETS: &[(&str, &str, &str)] = &[
+    ("set", "cluster_cidrs", "type ipv4_addr; flags interval;"),
+    ("set", "node_srcs", "type ipv4_addr; flags interval;"),
+    ("set", "nodeport_ips", "type ipv4_addr; flags interval;"),
+    ("set", "service_cidrs", "type ipv4_addr; flags interval;"),
+    ("set", "cluster_ips", "type ipv4_addr;"),
+    ("set", "hairpin", "type ipv4_addr . ipv4_addr;"),
+    (
+        "map",
+        "fe",
+        "type ipv4_addr . inet_proto . inet_service : mark;",
+    ),
+    (
+        "map",
+        "fe_node",
+        "type ipv4_addr . inet_proto . inet_service : mark;",
+    ),
+    (
+        "map",
+        "fe_pod",
+        "type ipv4_addr . inet_proto . inet_service : mark;",
+    ),
+    (
+        "map",
+        "fe_ext",
+        "type ipv4_addr . inet_proto . inet_service : mark;",
+    ),
+    ("map", "np", "type inet_proto . inet_service : mark;"),
+    ("map", "np_node", "type inet_proto . inet_service : mark;"),
+    ("map", "np_pod", "type inet_proto . inet_service : mark;"),
+    ("map", "np_ext", "type inet_proto . inet_service : mark;"),
+    (
+        "set",
+        "masq_node",
+        "type ipv4_addr . inet_proto . inet_service;",
+    ),
+    (
+        "set",
+        "masq_pod",
+        "type ipv4_addr . inet_proto . inet_service;",
+    ),
+    (
+        "set",
+        "masq_ext",
+        "type ipv4_addr . inet_proto . inet_service;",
+    ),
+    ("set", "npmasq_node", "type inet_proto . inet_service;"),
+    ("set", "npmasq_pod", "type inet_proto . inet_service;"),
+    ("set", "npmasq_ext", "type inet_proto . inet_service;"),
+    ("map", "targets", "type mark : verdict;"),
+    (
+        "map",
+        "slots",
+        "typeof ct mark . numgen inc mod 2 : ip daddr . th dport;",
+    ),
+    ("map", "lc_pick", "type mark : ipv4_addr . inet_service;"),
+    ("map", "aff_lookup", "type mark : verdict;"),
+    ("map", "aff_record", "type mark : verdict;"),
+    (
+        "set",
+        "fw_protected",
+        "type ipv4_addr . inet_proto . inet_service;",
+    ),
+    (
+        "set",
+        "fw_allowed",
+        "type ipv4_addr . inet_proto . inet_service . ipv4_addr; flags interval;",
+    ),
+];
+
+/// Base chains: (name, hook spec or "" for a regular chain).
+const CHAINS: &[(&str, &str)] = &[
+    (
+        "nat_prerouting",
+        "type nat hook prerouting priority dstnat; policy accept;",
+    ),
+    (
+        "nat_output",
+        "type nat hook output priority -100; policy accept;",
+    ),
+    ("from_node", ""),
+    ("from_pod", ""),
+    ("from_ext", ""),
+    ("dispatch", ""),
+    ("lc", ""),
+    ("empty_reject", ""),
+    ("empty_drop", ""),
+    (
+        "nat_postrouting",
+        "type nat hook postrouting priority srcnat; policy accept;",
+    ),
+    (
+        "firewall",
+        "type filter hook prerouting priority dstnat - 10; policy accept;",
+    ),
+    ("fw_check", ""),
+    ("checks", ""),
+    (
+        "filter_input",
+        "type filter hook input priority filter; policy accept;",
+    ),
+    (
+        "filter_forward",
+        "type filter hook forward priority filter; policy accept;",
+    ),
+    (
+        "filter_output",
+        "type filter hook output priority filter; policy accept;",
+    ),
+];
+
+/// Commands that delete the table if it exists (a crashed run's leftovers included).
+pub fn delete_table() -> String {
+    format!("add table {TABLE}\ndelete table {TABLE}\n")
+}
+
+/// Commands that create (or re-create in place) the skeleton and refill its configuration sets.
+///
+/// Idempotent on an existing table: sets are flushed, chains flushed and refilled. Affinity maps
+/// (`aff_T`) are left alone so that a periodic full resync keeps session affinity.
+pub fn skeleton(s: &Skeleton) -> String {
+    let mut out = format!("add table {TABLE}\n");
+    for (kind, name, spec) in MANAGED_SETS {
+        let _ = writeln!(out, "add {kind} {TABLE} {name} {{ {spec} }}");
+        let _ = writeln!(out, "flush {kind} {TABLE} {name}");
+    }
+    for (name, hook) in CHAINS {
+        let _ = writeln!(out, "add chain {TABLE} {name} {{ {hook} }}");
+        let _ = writeln!(out, "flush chain {TABLE} {name}");
+    }
+    for (chain, rule) in base_rules(s) {
+        let _ = writeln!(out, "add rule {TABLE} {chain} {rule}");
+    }
+    config_elements(s, &mut out);
+    out
+}
+
+fn config_elements(s: &Skeleton, out: &mut String) {
+    let mut sets: Vec<(&str, Vec<String>)> = vec![
+        (
+            "cluster_cidrs",
+            s.cluster_cidrs.iter().map(ToString::to_string).collect(),
+        ),
+        ("node_srcs", {
+            let mut v: Vec<String> = s.node_ips.iter().map(ToString::to_string).collect();
+            v.push("127.0.0.0/8".into());
+            v
+        }),
+        (
+            "nodeport_ips",
+            s.nodeport_nets.iter().map(ToString::to_string).collect(),
+        ),
+        (
+            "service_cidrs",
+            s.service_cidrs.iter().map(ToString::to_string).collect(),
+        ),
+    ];
+    for (name, elems) in sets.iter_mut() {
+        if !elems.is_empty() {
+            let _ = writeln!(out, "add element {TABLE} {name} {{ {} }}", elems.join(", "));
+        }
+    }
+}
+
+/// The rules of the base chains, in order.
+fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
+    let fe_key = "ip daddr . meta l4proto . th dport";
+    let np_key = "meta l4proto . th dport";
+    let masq = format!("meta mark set meta mark | {MARK_MASQ:#x}");
+    let mut rules: Vec<(&'static str, String)> = vec![
+        (
+            "nat_prerouting",
+            "ip saddr @node_srcs goto from_node".into(),
+        ),
+        (
+            "nat_prerouting",
+            "ip saddr @cluster_cidrs goto from_pod".into(),
+        ),
+        ("nat_prerouting", "goto from_ext".into()),
+        ("nat_output", "goto from_node".into()),
+    ];
+    for (i, class) in CLASSES.iter().enumerate() {
+        let chain: &'static str = match i {
+            0 => "from_node",
+            1 => "from_pod",
+            _ => "from_ext",
+        };
+        rules.push((chain, format!("{fe_key} @masq_{class} {masq}")));
+        if s.clusterip_masq[i] {
+            rules.push((chain, format!("ip daddr @cluster_ips {masq}")));
+        }
+        rules.push((
+            chain,
+            format!("ct mark set {fe_key} map @fe_{class} goto dispatch"),
+        ));
+        rules.push((chain, format!("ct mark set {fe_key} map @fe goto dispatch")));
+        rules.push((
+            chain,
+            format!("ip daddr @nodeport_ips {np_key} @npmasq_{class} {masq}"),
+        ));
+        rules.push((
+            chain,
+            format!("ip daddr @nodeport_ips ct mark set {np_key} map @np_{class} goto dispatch"),
+        ));
+        rules.push((
+            chain,
+            format!("ip daddr @nodeport_ips ct mark set {np_key} map @np goto dispatch"),
+        ));
+    }
+    rules.extend([
+        ("dispatch", "ct mark vmap @aff_lookup".to_string()),
+        ("dispatch", "ct mark vmap @targets".to_string()),
+        (
+            "lc",
+            "meta l4proto { tcp, udp, sctp } dnat ip to ct mark map @lc_pick".to_string(),
+        ),
+        (
+            "empty_reject",
+            format!("meta mark set meta mark | {MARK_REJECT:#x}"),
+        ),
+        ("empty_drop", format!("meta mark set meta mark | {MARK_DROP:#x}")),
+        (
+            "nat_postrouting",
+            "ct status dnat ct mark vmap @aff_record".to_string(),
+        ),
+        (
+            "nat_postrouting",
+            format!(
+                "meta mark & {MARK_MASQ:#x} == {MARK_MASQ:#x} meta mark set meta mark ^ {MARK_MASQ:#x} masquerade"
+            ),
+        ),
+        (
+            "nat_postrouting",
+            "ct status dnat ip saddr . ip daddr @hairpin masquerade".to_string(),
+        ),
+        (
+            "firewall",
+            format!("ct state new {fe_key} @fw_protected jump fw_check"),
+        ),
+        ("fw_check", "ip saddr @node_srcs return".to_string()),
+        (
+            "fw_check",
+            format!("{fe_key} . ip saddr @fw_allowed return"),
+        ),
+        ("fw_check", "drop".to_string()),
+        (
+            "checks",
+            format!("meta mark & {MARK_DROP:#x} == {MARK_DROP:#x} drop"),
+        ),
+        (
+            "checks",
+            format!("meta mark & {MARK_REJECT:#x} == {MARK_REJECT:#x} meta l4proto tcp reject with tcp reset"),
+        ),
+        (
+            "checks",
+            format!("meta mark & {MARK_REJECT:#x} == {MARK_REJECT:#x} reject"),
+        ),
+        (
+            "checks",
+            "ip daddr @cluster_ips meta l4proto tcp reject with tcp reset".to_string(),
+        ),
+        ("checks", "ip daddr @cluster_ips reject".to_string()),
+        ("checks", "ip daddr @service_cidrs drop".to_string()),
+        ("filter_input", "ct state new jump checks".to_string()),
+        ("filter_forward", "ct state new jump checks".to_string()),
+        ("filter_output", "ct state new jump checks".to_string()),
+    ]);
+    rules
+}
+
+/// The round-robin chain over `n` slots.
+pub fn rr_chain(n: usize) -> (String, Vec<String>) {
+    let name = format!("rr_{n}");
+    let commands = vec![
+        format!("add chain {TABLE} {name}"),
+        format!("flush chain {TABLE} {name}"),
+        format!(
+            "add rule {TABLE} {name} meta l4proto {{ tcp, udp, sctp }} dnat ip to ct mark . numgen inc mod {n} map @slots"
+        ),
+    ];
+    (name, commands)
+}
+
+/// Name of the affinity map and lookup chain for a timeout of `secs` seconds.
+pub fn affinity_name(secs: u64) -> String {
+    format!("aff_{secs}")
+}
+
+/// Name of the chain that records affinity for a timeout of `secs` seconds.
+pub fn affinity_record_name(secs: u64) -> String {
+    format!("rec_{secs}")
+}
+
+/// The affinity map for one timeout, its lookup chain and its record chain.
+///
+/// The map is keyed by (target id, client address) and holds the endpoint the client used last;
+/// it is created with `add` (kept when it exists) so that a resync does not forget clients.
+pub fn affinity_chains(secs: u64) -> (String, Vec<String>) {
+    let name = affinity_name(secs);
+    let rec = affinity_record_name(secs);
+    let commands = vec![
+        format!(
+            "add map {TABLE} {name} {{ type mark . ipv4_addr : ipv4_addr . inet_service; size 1048576; timeout {secs}s; flags dynamic,timeout; }}"
+        ),
+        format!("add chain {TABLE} {name}"),
+        format!("flush chain {TABLE} {name}"),
+        format!(
+            "add rule {TABLE} {name} meta l4proto {{ tcp, udp, sctp }} dnat ip to ct mark . ip saddr map @{name}"
+        ),
+        format!("add chain {TABLE} {rec}"),
+        format!("flush chain {TABLE} {rec}"),
+        format!(
+            "add rule {TABLE} {rec} update @{name} {{ ct mark . ip saddr : ip daddr . th dport }}"
+        ),
+    ];
+    (name, commands)
+}
