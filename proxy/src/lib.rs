@@ -6,6 +6,7 @@
 //! served by `server`.
 
 pub mod cli;
+pub mod conntrack;
 pub mod convert;
 pub mod dataplane;
 pub mod error;

@@ -18,6 +18,7 @@ use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
 use crate::selection::{NodeContext, SelectedEndpoints};
 
 pub mod ebpf;
+pub mod nftables;
 pub mod userspace;
 
 /// The complete desired state, as the core hands it to a backend.
