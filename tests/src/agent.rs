@@ -36,6 +36,8 @@ pub struct AgentOptions {
     pub extra_args: Vec<String>,
     /// How long to wait for the first healthy `/healthz`.
     pub ready_timeout: Duration,
+    /// `--cgroup-path` (required for `ebpf`: never the machine's root cgroup).
+    pub cgroup: Option<PathBuf>,
 }
 
 impl AgentOptions {
@@ -45,7 +47,14 @@ impl AgentOptions {
             balance: "round-robin".into(),
             extra_args: Vec::new(),
             ready_timeout: Duration::from_secs(30),
+            cgroup: None,
         }
+    }
+
+    /// Attach the eBPF socket programs to this test cgroup.
+    pub fn cgroup(mut self, cgroup: &crate::cgroup::Cgroup) -> Self {
+        self.cgroup = Some(cgroup.path().to_path_buf());
+        self
     }
 
     pub fn balance(mut self, balance: &str) -> Self {
@@ -82,6 +91,9 @@ pub struct Agent<'n> {
     dir: PathBuf,
     manifests: PathBuf,
     log: PathBuf,
+    /// The eBPF backend's private `--bpffs-path`, removed on drop.
+    bpffs: Option<PathBuf>,
+    binary: PathBuf,
 }
 
 impl<'n> Agent<'n> {
@@ -103,17 +115,21 @@ impl<'n> Agent<'n> {
         let log_err = log_file
             .try_clone()
             .map_err(io("duplicating the log handle".into()))?;
+        let bpffs =
+            (opts.backend == "ebpf").then(|| PathBuf::from("/sys/fs/bpf").join(unique_prefix()));
         let agent = Agent {
             node,
             child: Mutex::new(None),
             dir,
             manifests: manifest_dir,
             log,
+            bpffs,
+            binary: binary.clone(),
         };
         for (name, content) in manifests {
             agent.write_manifest(name, content)?;
         }
-        let mut cmd = node.command(&binary);
+        let mut cmd = node.exec(&binary)?;
         cmd.args([
             "run",
             "--backend",
@@ -145,6 +161,7 @@ impl<'n> Agent<'n> {
             "--healthz-bind-address",
             "0.0.0.0:10256",
         ])
+        .args(agent.isolation_args(opts)?)
         .args(&opts.extra_args)
         .env(
             "RUST_LOG",
@@ -159,6 +176,22 @@ impl<'n> Agent<'n> {
         *agent.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
         agent.wait_healthy(opts.ready_timeout)?;
         Ok(agent)
+    }
+
+    /// Flags that keep an eBPF agent off the machine's own cgroup and pins.
+    fn isolation_args(&self, opts: &AgentOptions) -> Result<Vec<String>, HarnessError> {
+        let mut args = Vec::new();
+        if let Some(bpffs) = &self.bpffs {
+            let Some(cgroup) = &opts.cgroup else {
+                return Err(HarnessError::Agent(
+                    "the ebpf backend needs a test cgroup: AgentOptions::cgroup(&Cgroup::new(..)?)"
+                        .into(),
+                ));
+            };
+            args.extend(["--cgroup-path".to_string(), cgroup.display().to_string()]);
+            args.extend(["--bpffs-path".to_string(), bpffs.display().to_string()]);
+        }
+        Ok(args)
     }
 
     /// The directory the file source watches.
@@ -326,6 +359,15 @@ impl Drop for Agent<'_> {
                 self.log.display(),
                 self.log()
             );
+        }
+        if let Some(bpffs) = &self.bpffs {
+            if let Ok(mut c) = self.node.exec(&self.binary) {
+                let _ = c
+                    .args(["cleanup", "--backend", "ebpf", "--bpffs-path"])
+                    .arg(bpffs)
+                    .output();
+            }
+            let _ = fs::remove_dir_all(bpffs);
         }
         let _ = fs::remove_dir_all(&self.dir);
     }

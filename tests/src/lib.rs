@@ -6,6 +6,7 @@
 //! (also when a test panics). It never touches the machine's own network namespace.
 
 pub mod agent;
+pub mod cgroup;
 pub mod client;
 pub mod cluster;
 pub mod echo;
@@ -13,6 +14,7 @@ pub mod manifest;
 pub mod netns;
 
 pub use agent::{Agent, AgentOptions, EndpointState, ServiceState, State};
+pub use cgroup::Cgroup;
 pub use client::{http_get, tcp_hold, tcp_request, udp_request, ClientError, HeldConn, Reply};
 pub use cluster::{Cluster, ClusterSpec, Pod, Topology};
 pub use echo::EchoServer;

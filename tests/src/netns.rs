@@ -6,6 +6,7 @@
 
 use std::fs::File;
 use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -112,6 +113,26 @@ impl Netns {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.name]).arg(program);
         cmd
+    }
+
+    /// A command that runs `program` with only its network namespace switched (a `setns` between
+    /// fork and exec). Unlike [`Netns::command`] it keeps the machine's mounts, so `/sys/fs/bpf`
+    /// and the cgroup2 mount stay visible (`ip netns exec` remounts `/sys`): use it for the agent
+    /// and for processes that must be put into a cgroup.
+    pub fn exec(&self, program: impl AsRef<std::ffi::OsStr>) -> Result<Command, HarnessError> {
+        let fd = self.fd.try_clone().map_err(|e| HarnessError::Io {
+            what: format!("duplicating the handle of netns {}", self.name),
+            source: e,
+        })?;
+        let mut cmd = Command::new(program);
+        // SAFETY: the closure only calls setns(2) on an fd opened before the fork; no allocation,
+        // no locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                setns(fd.as_fd(), CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
+            });
+        }
+        Ok(cmd)
     }
 
     /// Runs `f` on a thread that has entered the namespace and waits for its result. Sockets `f`
@@ -266,6 +287,35 @@ mod tests {
         assert!(
             outside.iter().any(|n| n != "lo"),
             "the test host has more than lo: {outside:?}"
+        );
+    }
+
+    #[test]
+    fn exec_switches_only_the_network_namespace() {
+        let ns = Netns::new("exec").unwrap();
+        let out = ns
+            .exec("ip")
+            .unwrap()
+            .args(["-o", "link", "show"])
+            .output()
+            .unwrap();
+        let links = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            links.lines().count(),
+            1,
+            "only lo in the namespace: {links}"
+        );
+        let mine = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+        let out = ns
+            .exec("readlink")
+            .unwrap()
+            .arg("/proc/self/ns/mnt")
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            mine.to_string_lossy(),
+            "same mount namespace"
         );
     }
 
