@@ -1,7 +1,216 @@
-//! The eBPF dataplane: socket-level load balancing with cgroup programs (and tc for traffic from
-//! outside the node), driven by hash maps that this module fills from the selected endpoints.
+//! The eBPF dataplane: socket-level load balancing with cgroup programs, driven by hash maps that
+//! this module fills from the selected endpoints.
 //!
-//! Owns: the embedded eBPF object, loading and attaching it, pinning under bpffs, and the map
-//! contents. It never decides which endpoints are usable (`selection` does).
+//! Owns: the embedded eBPF object (`object`), loading and attaching it with pins under bpffs
+//! (`attach`), the map handles (`maps`), compiling a service port to map entries (`compile`),
+//! the programmed state and its per-service diff (`programmed`), live counters (`live`) and the
+//! program log drain (`logs`). It never decides which endpoints are usable (`selection` does).
+//!
+//! What the programs do (proxy-ebpf): `connect4` rewrites a TCP/UDP/SCTP connect() to a service
+//! frontend (clusterIP, externalIP, LB IP, nodeIP:nodePort) to one backend, by round-robin (an
+//! atomic per-set cursor: exact across CPUs), least-connection (min over per-backend active
+//! counters, ties round-robin) and session affinity (per client network namespace); `sendmsg4`
+//! does the same per (socket, service) flow for unconnected UDP; `recvmsg4` and `getpeername4`
+//! show the service address; `sock_release` gives back the socket's active count. A frontend
+//! without backends fails connect()/sendmsg() at once: with ECONNREFUSED (Reject), or with EPERM
+//! where the semantics say drop (a Local policy with endpoints on other nodes only).
+//!
+//! Not done: IPv6 (v6 addresses are skipped with a warning), the tc path for traffic from outside
+//! the node (NodePort/externalIP/LB DNAT with conntrack), loadBalancerSourceRanges for local
+//! clients (a socket has no source address yet at connect()).
 
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use aya::Ebpf;
+
+use crate::dataplane::{BackendConfig, ChangeSet, Dataplane, LiveView, ProxyState, SyncStats};
+use crate::error::DataplaneError;
+use crate::model::ServicePortName;
+use crate::selection::{self, SelectedEndpoints};
+
+pub mod attach;
+pub mod compile;
+pub mod live;
+mod logs;
+pub mod maps;
 pub mod object;
+pub mod programmed;
+
+pub use attach::MapSizes;
+pub use live::EbpfLive;
+
+use attach::Pins;
+use maps::Maps;
+use programmed::Programmed;
+
+/// The `ebpf` backend.
+pub struct EbpfDataplane {
+    pins: Pins,
+    nodeport_ips: Vec<IpAddr>,
+    maps: Maps,
+    programmed: Programmed,
+    _logs: Option<logs::LogDrain>,
+    /// Keeps the loaded programs' file descriptors; the links are pinned.
+    _ebpf: Ebpf,
+}
+
+impl EbpfDataplane {
+    /// Loads the programs, attaches them to `cfg.cgroup_path` and pins maps and links under
+    /// `cfg.bpffs_path`, with the default map sizes.
+    pub fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
+        Self::with_map_sizes(cfg, MapSizes::default())
+    }
+
+    /// As [`EbpfDataplane::new`], with explicit map sizes (used when maps are created; maps that
+    /// are already pinned keep the size they were created with).
+    pub fn with_map_sizes(cfg: &BackendConfig, sizes: MapSizes) -> Result<Self, DataplaneError> {
+        object::embedded()?;
+        let cgroup_path = cfg
+            .cgroup_path
+            .as_ref()
+            .ok_or_else(|| DataplaneError::Unsupported {
+                backend: "ebpf",
+                feature: "running without --cgroup-path (the cgroup v2 directory the socket \
+                      programs attach to, e.g. the cgroup2 mount's root on a node)"
+                    .into(),
+            })?;
+        let cgroup = attach::check_cgroup(cgroup_path)?;
+        let pins = Pins {
+            root: cfg.bpffs_path.clone(),
+        };
+        attach::prepare_bpffs(&pins.root)?;
+        let mut ebpf = attach::load(&pins, &sizes)?;
+        let logs = logs::LogDrain::start(&mut ebpf);
+        let maps = Maps::take(&mut ebpf)?;
+        let programmed = Programmed::recover(&maps)?;
+        attach::attach_all(&mut ebpf, &cgroup, &pins)?;
+        Ok(EbpfDataplane {
+            pins,
+            nodeport_ips: nodeport_ips(cfg),
+            maps,
+            programmed,
+            _logs: logs,
+            _ebpf: ebpf,
+        })
+    }
+
+    /// The backend set ids of a service port, cluster set first (tests, `proxy inspect`).
+    pub fn set_ids(&self, name: &ServicePortName) -> Vec<u32> {
+        self.programmed.set_ids(name)
+    }
+
+    /// Where maps and links are pinned.
+    pub fn bpffs_path(&self) -> &std::path::Path {
+        &self.pins.root
+    }
+
+    /// Reads the live counters (per endpoint: active and total connections).
+    pub fn live(&self) -> EbpfLive {
+        EbpfLive::new(self.pins.maps())
+    }
+
+    fn sync_one(
+        &mut self,
+        state: &ProxyState,
+        name: &ServicePortName,
+        ops: &mut usize,
+    ) -> Result<(), DataplaneError> {
+        let desired = state.services.get(name).map(|svc| {
+            let computed;
+            let sel: &SelectedEndpoints = match state.selected.get(name) {
+                Some(sel) => sel,
+                None => {
+                    let eps = state.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[]);
+                    computed = selection::select(svc, eps, &state.node.node_name);
+                    &computed
+                }
+            };
+            compile::compile(svc, sel, &self.nodeport_ips)
+        });
+        if let Some(d) = &desired {
+            if !d.skipped_v6.is_empty() {
+                tracing::warn!(
+                    "ebpf: Service port {name}: IPv6 addresses {:?} not programmed (the ebpf \
+                     backend handles IPv4 only)",
+                    d.skipped_v6
+                );
+            }
+        }
+        self.programmed
+            .apply(&mut self.maps, name, desired.as_ref(), ops)
+    }
+}
+
+impl Dataplane for EbpfDataplane {
+    fn name(&self) -> &'static str {
+        "ebpf"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSet,
+    ) -> Result<SyncStats, DataplaneError> {
+        let names: BTreeSet<ServicePortName> = if changes.full {
+            state
+                .services
+                .keys()
+                .chain(self.programmed.names())
+                .cloned()
+                .collect()
+        } else {
+            changes.changed.clone()
+        };
+        let mut ops = 0;
+        let mut first_err = None;
+        for name in &names {
+            if let Err(e) = self.sync_one(state, name, &mut ops) {
+                tracing::error!("ebpf: {e}");
+                first_err.get_or_insert(e);
+            }
+        }
+        if changes.full && self.programmed.needs_sweep {
+            self.programmed.sweep(&mut self.maps, &mut ops)?;
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(SyncStats {
+                full: changes.full,
+                service_ports: self.programmed.len(),
+                touched: names.len(),
+                operations: ops,
+            }),
+        }
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        attach::unpin_all(&self.pins)
+    }
+
+    fn live_view(&self) -> Option<Arc<dyn LiveView>> {
+        Some(Arc::new(self.live()))
+    }
+}
+
+/// Removes everything the ebpf backend pinned under `cfg.bpffs_path` (detaching its programs),
+/// whether or not an agent is running. Nothing pinned is not an error.
+pub fn cleanup(cfg: &BackendConfig) -> Result<(), DataplaneError> {
+    attach::unpin_all(&Pins {
+        root: cfg.bpffs_path.clone(),
+    })
+}
+
+/// The node addresses that accept nodePort traffic: `--nodeport-addresses`, or all node IPs.
+fn nodeport_ips(cfg: &BackendConfig) -> Vec<IpAddr> {
+    cfg.node
+        .node_ips
+        .iter()
+        .copied()
+        .filter(|ip| {
+            cfg.nodeport_addresses.is_empty()
+                || cfg.nodeport_addresses.iter().any(|n| n.contains(ip))
+        })
+        .collect()
+}

@@ -1,0 +1,288 @@
+//! Loading the embedded object with its maps pinned under bpffs, attaching the cgroup programs,
+//! and pinning their links; plus removing all of that again.
+//!
+//! Layout under `--bpffs-path` (default /sys/fs/bpf/kpr): `maps/<MAP>` and `links/<program>`.
+//! A restart reuses the pinned maps (same state, same counters) and replaces each pinned link
+//! make-before-break: the new program is attached before the old link is unpinned and dropped,
+//! so no connect() goes untranslated in between.
+
+use std::fs;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr};
+use aya::{Ebpf, EbpfLoader};
+
+use super::maps;
+use super::object;
+use crate::error::DataplaneError;
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// The programs of the object: (name in the object, link pin name).
+pub const SOCK_ADDR_PROGRAMS: [(&str, &str); 4] = [
+    ("kpr_connect4", "connect4"),
+    ("kpr_sendmsg4", "sendmsg4"),
+    ("kpr_recvmsg4", "recvmsg4"),
+    ("kpr_getpeername4", "getpeername4"),
+];
+pub const SOCK_PROGRAMS: [(&str, &str); 1] = [("kpr_sock_release", "sock_release")];
+
+/// Map sizes (`max_entries`), applied when the maps are created (pinned maps keep their size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapSizes {
+    /// Frontends (service address, port, protocol): `KPR_SERVICES`, and backend sets: `KPR_RR`.
+    pub services: u32,
+    /// Backend slots over all sets: `KPR_SLOTS`.
+    pub backend_slots: u32,
+    /// Distinct endpoints: `KPR_BACKENDS`, `KPR_COUNTERS`.
+    pub backends: u32,
+    /// Session affinity entries (LRU): `KPR_AFFINITY`.
+    pub affinity: u32,
+    /// Open translated sockets tracked for least-connection: `KPR_SOCKS`.
+    pub sockets: u32,
+    /// Reverse translations and unconnected-UDP flows (LRU): `KPR_REVNAT`, `KPR_UDP_FWD`.
+    pub flows: u32,
+    /// tc connection tracking (LRU): `KPR_CT`.
+    pub conntrack: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        MapSizes {
+            services: 262_144,
+            backend_slots: 1_048_576,
+            backends: 1_048_576,
+            affinity: 65_536,
+            sockets: 262_144,
+            flows: 262_144,
+            conntrack: 262_144,
+        }
+    }
+}
+
+impl MapSizes {
+    fn of(&self, map: &str) -> u32 {
+        match map {
+            maps::SERVICES | maps::RR => self.services,
+            maps::SLOTS => self.backend_slots,
+            maps::BACKENDS | maps::COUNTERS => self.backends,
+            maps::AFFINITY => self.affinity,
+            maps::SOCKS => self.sockets,
+            maps::REVNAT | maps::UDP_FWD => self.flows,
+            _ => self.conntrack,
+        }
+    }
+}
+
+/// Where things are pinned.
+#[derive(Debug, Clone)]
+pub struct Pins {
+    pub root: PathBuf,
+}
+
+impl Pins {
+    pub fn maps(&self) -> PathBuf {
+        self.root.join("maps")
+    }
+
+    pub fn links(&self) -> PathBuf {
+        self.root.join("links")
+    }
+}
+
+fn io_err(what: String) -> impl FnOnce(std::io::Error) -> DataplaneError {
+    move |e| DataplaneError::io(what, e)
+}
+
+/// Makes sure `root` is a directory on a bpf filesystem, mounting bpffs at /sys/fs/bpf when the
+/// path is below it and nothing is mounted there (what a node agent does on a fresh node).
+pub fn prepare_bpffs(root: &Path) -> Result<(), DataplaneError> {
+    let sys_bpf = Path::new("/sys/fs/bpf");
+    if root.starts_with(sys_bpf) && fs_magic(sys_bpf) != Some(BPF_FS_MAGIC) {
+        nix::mount::mount(
+            Some("bpf"),
+            sys_bpf,
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .map_err(|e| DataplaneError::io("mounting bpffs at /sys/fs/bpf", e.into()))?;
+    }
+    let parent = root.parent().unwrap_or(root);
+    let fs_of = if root.exists() { root } else { parent };
+    if fs_magic(fs_of) != Some(BPF_FS_MAGIC) {
+        return Err(DataplaneError::MissingKernelFeature(format!(
+            "--bpffs-path {}: {} is not on a bpf filesystem (mount one with \
+             `mount -t bpf bpf {}`)",
+            root.display(),
+            fs_of.display(),
+            fs_of.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that `path` is a cgroup v2 directory.
+pub fn check_cgroup(path: &Path) -> Result<fs::File, DataplaneError> {
+    if fs_magic(path) != Some(CGROUP2_SUPER_MAGIC) {
+        return Err(DataplaneError::MissingKernelFeature(format!(
+            "--cgroup-path {}: not a cgroup v2 directory (find the cgroup2 mount with \
+             `findmnt -t cgroup2`)",
+            path.display()
+        )));
+    }
+    fs::File::open(path).map_err(io_err(format!("opening --cgroup-path {}", path.display())))
+}
+
+fn fs_magic(path: &Path) -> Option<i64> {
+    nix::sys::statfs::statfs(path)
+        .ok()
+        .map(|s| s.filesystem_type().0)
+}
+
+/// Loads the embedded object, creating or reusing the pinned maps.
+pub fn load(pins: &Pins, sizes: &MapSizes) -> Result<Ebpf, DataplaneError> {
+    let bytes = object::embedded()?;
+    let maps_dir = pins.maps();
+    fs::create_dir_all(&maps_dir).map_err(io_err(format!("creating {}", maps_dir.display())))?;
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(&maps_dir);
+    for name in maps::ALL {
+        loader.map_max_entries(name, sizes.of(name));
+    }
+    loader.load(bytes).map_err(|e| {
+        DataplaneError::Other(format!(
+            "loading the eBPF object (maps pinned in {}): {e}{}",
+            maps_dir.display(),
+            error_chain(&e)
+        ))
+    })
+}
+
+/// Loads every program and attaches it to `cgroup`, pinning (or replacing) its link.
+pub fn attach_all(ebpf: &mut Ebpf, cgroup: &fs::File, pins: &Pins) -> Result<(), DataplaneError> {
+    let links = pins.links();
+    fs::create_dir_all(&links).map_err(io_err(format!("creating {}", links.display())))?;
+    for (prog, pin) in SOCK_ADDR_PROGRAMS {
+        let p: &mut CgroupSockAddr = program(ebpf, prog)?;
+        p.load().map_err(|e| prog_err(prog, "loading", &e))?;
+        let id = p
+            .attach(cgroup.as_fd(), CgroupAttachMode::AllowMultiple)
+            .map_err(|e| prog_err(prog, "attaching", &e))?;
+        let link = p
+            .take_link(id)
+            .map_err(|e| prog_err(prog, "taking the link", &e))?;
+        let link = FdLink::try_from(link).map_err(|e| prog_err(prog, "converting the link", &e))?;
+        replace_pin(link, &links.join(pin))?;
+    }
+    for (prog, pin) in SOCK_PROGRAMS {
+        let p: &mut CgroupSock = program(ebpf, prog)?;
+        p.load().map_err(|e| prog_err(prog, "loading", &e))?;
+        let id = p
+            .attach(cgroup.as_fd(), CgroupAttachMode::AllowMultiple)
+            .map_err(|e| prog_err(prog, "attaching", &e))?;
+        let link = p
+            .take_link(id)
+            .map_err(|e| prog_err(prog, "taking the link", &e))?;
+        let link = FdLink::try_from(link).map_err(|e| prog_err(prog, "converting the link", &e))?;
+        replace_pin(link, &links.join(pin))?;
+    }
+    Ok(())
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, DataplaneError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let p = ebpf
+        .program_mut(name)
+        .ok_or_else(|| DataplaneError::Other(format!("the eBPF object has no program {name}")))?;
+    p.try_into().map_err(|e| prog_err(name, "typing", &e))
+}
+
+fn prog_err(prog: &str, what: &str, e: &dyn std::error::Error) -> DataplaneError {
+    DataplaneError::Other(format!(
+        "eBPF program {prog}: {what}: {e}{}",
+        error_chain(e)
+    ))
+}
+
+/// The sources of an error (the verifier log, the errno), which aya keeps out of `Display`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = String::new();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}
+
+/// Pins `link` at `path`, replacing an older pinned link there only after the new one is attached.
+fn replace_pin(link: FdLink, path: &Path) -> Result<(), DataplaneError> {
+    let old = if path.exists() {
+        PinnedLink::from_pin(path).ok()
+    } else {
+        None
+    };
+    if path.exists() {
+        fs::remove_file(path)
+            .map_err(io_err(format!("unpinning the old link {}", path.display())))?;
+    }
+    link.pin(path).map_err(|e| {
+        DataplaneError::Other(format!(
+            "pinning the link {}: {e}{}",
+            path.display(),
+            error_chain(&e)
+        ))
+    })?;
+    // Dropping the old link's last reference detaches the old program.
+    drop(old);
+    Ok(())
+}
+
+/// Unpins every link (detaching the programs) and every map under `pins`, then removes the
+/// directories. Missing pieces are not an error.
+pub fn unpin_all(pins: &Pins) -> Result<(), DataplaneError> {
+    let mut first_err = None;
+    for dir in [pins.links(), pins.maps()] {
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(DataplaneError::io(format!("listing {}", dir.display()), e)),
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if let Err(e) = fs::remove_file(&path) {
+                first_err.get_or_insert(DataplaneError::io(
+                    format!("unpinning {}", path.display()),
+                    e,
+                ));
+            }
+        }
+        if let Err(e) = fs::remove_dir(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                first_err
+                    .get_or_insert(DataplaneError::io(format!("removing {}", dir.display()), e));
+            }
+        }
+    }
+    match fs::remove_dir(&pins.root) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            first_err.get_or_insert(DataplaneError::io(
+                format!("removing {}", pins.root.display()),
+                e,
+            ));
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,161 @@
+//! Which frontends and backend sets a service port compiles to, case by case.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use super::*;
+use crate::model::ServicePortName;
+use crate::selection::select;
+
+const NODE: &str = "node-a";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn svc() -> ServicePort {
+    ServicePort {
+        name: ServicePortName {
+            namespace: "default".into(),
+            name: "web".into(),
+            port_name: String::new(),
+            protocol: Protocol::Tcp,
+        },
+        cluster_ips: vec![ip("10.96.0.10")],
+        port: 80,
+        protocol: Protocol::Tcp,
+        node_port: 0,
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        source_ranges: vec![],
+        affinity: None,
+        external_local: false,
+        internal_local: false,
+        health_check_node_port: 0,
+        algorithm: Algorithm::RoundRobin,
+    }
+}
+
+fn ep(last: u8, node: &str) -> Endpoint {
+    Endpoint {
+        addr: IpAddr::V4(Ipv4Addr::new(10, 244, 0, last)),
+        port: 8080,
+        node: Some(node.into()),
+        zone: None,
+        ready: true,
+        serving: true,
+        terminating: false,
+    }
+}
+
+fn run(svc: &ServicePort, eps: &[Endpoint]) -> DesiredService {
+    let sel = select(svc, eps, NODE);
+    compile(svc, &sel, &[ip("192.168.1.10")])
+}
+
+fn last_octets(set: &[BackendAddr]) -> Vec<u8> {
+    set.iter().map(|b| b.addr.octets()[3]).collect()
+}
+
+#[test]
+fn cluster_ip_maps_to_sorted_cluster_set_in_network_order() {
+    let d = run(&svc(), &[ep(3, NODE), ep(1, "other"), ep(2, NODE)]);
+    assert_eq!(last_octets(&d.cluster), vec![1, 2, 3]);
+    assert_eq!(d.external, None);
+    assert_eq!(d.frontends.len(), 1);
+    let f = &d.frontends[0];
+    assert_eq!(f.key.addr[0].to_ne_bytes(), [10, 96, 0, 10]);
+    assert_eq!(f.key.port, 80u16.to_be());
+    assert_eq!(f.key.proto, 6);
+    assert_eq!(f.set, SetKind::Cluster);
+    assert_eq!(f.flags, 0);
+}
+
+#[test]
+fn node_port_and_external_ips_share_the_cluster_set_under_etp_cluster() {
+    let mut s = svc();
+    s.node_port = 30080;
+    s.external_ips = vec![ip("203.0.113.5")];
+    let d = run(&s, &[ep(1, NODE), ep(2, "other")]);
+    let keys: Vec<([u8; 4], u16)> = d
+        .frontends
+        .iter()
+        .map(|f| (f.key.addr[0].to_ne_bytes(), u16::from_be(f.key.port)))
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            ([10, 96, 0, 10], 80),
+            ([203, 0, 113, 5], 80),
+            ([192, 168, 1, 10], 30080)
+        ]
+    );
+    assert!(d.frontends.iter().all(|f| f.set == SetKind::Cluster));
+    assert_eq!(d.external, None, "identical external set is not duplicated");
+}
+
+#[test]
+fn internal_local_gives_external_frontends_their_own_set() {
+    let mut s = svc();
+    s.node_port = 30080;
+    s.internal_local = true;
+    let d = run(&s, &[ep(1, NODE), ep(2, "other")]);
+    assert_eq!(last_octets(&d.cluster), vec![1]);
+    assert_eq!(last_octets(d.external.as_ref().unwrap()), vec![1, 2]);
+    assert_eq!(d.frontends[0].set, SetKind::Cluster);
+    assert_eq!(d.frontends[1].set, SetKind::External);
+}
+
+#[test]
+fn etp_local_short_circuits_local_clients_to_cluster_endpoints() {
+    let mut s = svc();
+    s.node_port = 30080;
+    s.external_local = true;
+    let d = run(&s, &[ep(1, "other"), ep(2, "other")]);
+    assert_eq!(last_octets(&d.cluster), vec![1, 2]);
+    assert!(d.frontends.iter().all(|f| f.set == SetKind::Cluster));
+    assert!(d.frontends.iter().all(|f| f.flags & SVC_F_DROP_EMPTY == 0));
+}
+
+#[test]
+fn internal_local_without_local_endpoints_drops_instead_of_rejecting() {
+    let mut s = svc();
+    s.internal_local = true;
+    let d = run(&s, &[ep(1, "other")]);
+    assert!(d.cluster.is_empty());
+    assert_eq!(d.frontends[0].flags & SVC_F_DROP_EMPTY, SVC_F_DROP_EMPTY);
+    let none = run(&s, &[]);
+    assert_eq!(none.frontends[0].flags & SVC_F_DROP_EMPTY, 0);
+}
+
+#[test]
+fn affinity_and_least_conn_are_carried_to_every_frontend() {
+    let mut s = svc();
+    s.node_port = 30080;
+    s.affinity = Some(Duration::from_secs(10800));
+    s.algorithm = Algorithm::LeastConn;
+    let d = run(&s, &[ep(1, NODE)]);
+    for f in &d.frontends {
+        assert_eq!(f.flags & SVC_F_AFFINITY, SVC_F_AFFINITY);
+        assert_eq!(f.affinity_timeout_s, 10800);
+        assert_eq!(f.algorithm, ALG_LEAST_CONN);
+    }
+}
+
+#[test]
+fn ipv6_addresses_are_reported_as_skipped() {
+    let mut s = svc();
+    s.cluster_ips = vec![ip("10.96.0.10"), ip("fd00::10")];
+    let d = run(&s, &[ep(1, NODE)]);
+    assert_eq!(d.frontends.len(), 1);
+    assert_eq!(d.skipped_v6, vec![ip("fd00::10")]);
+}
+
+#[test]
+fn udp_port_keys_carry_the_udp_protocol() {
+    let mut s = svc();
+    s.protocol = Protocol::Udp;
+    let d = run(&s, &[ep(1, NODE)]);
+    assert_eq!(d.frontends[0].key.proto, 17);
+    assert_eq!(d.cluster[0].proto, Protocol::Udp);
+}

@@ -1,0 +1,410 @@
+//! What the agent has written into the maps, per service port, and the diff that brings one
+//! service port from its programmed entries to its desired ones (touching only what differs).
+//!
+//! Ids: a backend set id per (service port, set kind) and a backend id per endpoint address, both
+//! allocated monotonically and never reused while the maps live, so a socket released after its
+//! backend was removed cannot decrement somebody else's counter. After a restart, ids are recovered
+//! from the pinned maps (same endpoint, same id: least-connection counts survive), and the first
+//! full sync sweeps whatever no desired service claimed.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use proxy_common::{Backend, BackendCounters, ServiceKey, ServiceValue, SlotKey};
+
+use super::compile::{v4_from_word, v4_word, BackendAddr, DesiredService, SetKind, V4};
+use super::maps::Maps;
+use crate::error::DataplaneError;
+use crate::model::{Protocol, ServicePortName};
+
+/// One backend set as programmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SetState {
+    id: u32,
+    /// Backend ids by slot; `None` for a set recovered from pinned maps (slots unknown).
+    backends: Option<Vec<u32>>,
+    addrs: Vec<BackendAddr>,
+}
+
+/// One service port as programmed.
+#[derive(Debug, Clone, Default)]
+struct SvcState {
+    frontends: HashMap<ServiceKey, ServiceValue>,
+    sets: BTreeMap<SetKind, SetState>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BackendRef {
+    id: u32,
+    refs: usize,
+}
+
+/// What a previous agent left in the pinned maps.
+#[derive(Debug, Default)]
+struct Recovered {
+    frontends: HashMap<ServiceKey, ServiceValue>,
+    backends: HashMap<BackendAddr, u32>,
+}
+
+/// The programmed state of every service port.
+#[derive(Debug, Default)]
+pub struct Programmed {
+    services: HashMap<ServicePortName, SvcState>,
+    backends: HashMap<BackendAddr, BackendRef>,
+    recovered: Recovered,
+    next_set: u32,
+    next_backend: u32,
+    /// Entries not claimed by any service port may exist (start-up, after an error).
+    pub needs_sweep: bool,
+}
+
+impl Programmed {
+    /// Reads what earlier runs left in the (pinned) maps.
+    pub fn recover(maps: &Maps) -> Result<Self, DataplaneError> {
+        let mut p = Programmed {
+            next_set: 1,
+            next_backend: 1,
+            needs_sweep: true,
+            ..Programmed::default()
+        };
+        for (key, value) in maps.services.entries()? {
+            p.next_set = p.next_set.max(value.set_id + 1);
+            p.recovered.frontends.insert(key, value);
+        }
+        for (id, b) in maps.backends.entries()? {
+            p.next_backend = p.next_backend.max(id + 1);
+            if let Some(addr) = backend_addr(&b) {
+                p.recovered.backends.insert(addr, id);
+            }
+        }
+        for (set_id, _) in maps.rr.entries()? {
+            p.next_set = p.next_set.max(set_id + 1);
+        }
+        Ok(p)
+    }
+
+    /// Number of programmed service ports.
+    pub fn len(&self) -> usize {
+        self.services.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+    }
+
+    /// Names of every programmed service port.
+    pub fn names(&self) -> impl Iterator<Item = &ServicePortName> {
+        self.services.keys()
+    }
+
+    /// Brings `name` to `desired` (`None`: remove it). On error the service port is removed
+    /// entirely (no half-programmed service stays behind) and the error names it.
+    pub fn apply(
+        &mut self,
+        maps: &mut Maps,
+        name: &ServicePortName,
+        desired: Option<&DesiredService>,
+        ops: &mut usize,
+    ) -> Result<(), DataplaneError> {
+        let old = self.services.remove(name).unwrap_or_default();
+        let Some(desired) = desired else {
+            return self.remove(maps, name, old, ops);
+        };
+        let object = format!("Service port {name}");
+        let mut new = SvcState::default();
+        match self.write(maps, &object, &old, desired, &mut new, ops) {
+            Ok(()) => {
+                self.finish(maps, &old, &new, ops)?;
+                self.services.insert(name.clone(), new);
+                Ok(())
+            }
+            Err(e) => {
+                // Remove what was written of the new state and what remains of the old one.
+                let _ = self.remove(maps, name, new, ops);
+                let _ = self.remove(maps, name, old, ops);
+                self.needs_sweep = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes sets, slots and frontends of `desired` (new entries before the values that use them).
+    fn write(
+        &mut self,
+        maps: &mut Maps,
+        object: &str,
+        old: &SvcState,
+        desired: &DesiredService,
+        new: &mut SvcState,
+        ops: &mut usize,
+    ) -> Result<(), DataplaneError> {
+        let mut kinds = vec![SetKind::Cluster];
+        if desired.external.is_some() {
+            kinds.push(SetKind::External);
+        }
+        for kind in kinds {
+            self.write_set(maps, object, old, desired, kind, new, ops)?;
+        }
+        for f in &desired.frontends {
+            let set = &new.sets[&f.set];
+            let value = ServiceValue {
+                set_id: set.id,
+                count: set.addrs.len() as u32,
+                affinity_timeout_s: f.affinity_timeout_s,
+                flags: f.flags,
+                algorithm: f.algorithm,
+                family: V4,
+            };
+            if old.frontends.get(&f.key) != Some(&value) {
+                maps.services.put(f.key, value, object, ops)?;
+            }
+            new.frontends.insert(f.key, value);
+        }
+        Ok(())
+    }
+
+    /// Writes one backend set. The set is registered in `new` before any backend is acquired, so
+    /// that an error releases exactly what was acquired.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site; the arguments are the diff"
+    )]
+    fn write_set(
+        &mut self,
+        maps: &mut Maps,
+        object: &str,
+        old: &SvcState,
+        desired: &DesiredService,
+        kind: SetKind,
+        new: &mut SvcState,
+        ops: &mut usize,
+    ) -> Result<(), DataplaneError> {
+        let previous = old.sets.get(&kind);
+        let (id, old_slots, fresh) = match previous {
+            Some(s) => (s.id, s.backends.clone(), false),
+            None => match self.recover_set(desired, kind) {
+                Some(id) => (id, None, false),
+                None => {
+                    let id = self.next_set;
+                    self.next_set += 1;
+                    (id, Some(Vec::new()), true)
+                }
+            },
+        };
+        new.sets.insert(
+            kind,
+            SetState {
+                id,
+                backends: Some(Vec::new()),
+                addrs: Vec::new(),
+            },
+        );
+        if fresh || (previous.is_none() && maps.rr.get(&id)?.is_none()) {
+            maps.rr.put(id, 0, object, ops)?;
+        }
+        for (slot, addr) in desired.set(kind).iter().enumerate() {
+            let bid = self.acquire_backend(maps, object, addr, ops)?;
+            let set = new.sets.get_mut(&kind).expect("registered above");
+            set.addrs.push(*addr);
+            set.backends.get_or_insert_with(Vec::new).push(bid);
+            let unchanged = old_slots.as_ref().and_then(|o| o.get(slot)) == Some(&bid);
+            if !unchanged {
+                maps.slots.put(slot_key(id, slot), bid, object, ops)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The set id an earlier agent used for this service port's `kind` frontends.
+    fn recover_set(&mut self, desired: &DesiredService, kind: SetKind) -> Option<u32> {
+        let claimed: HashSet<u32> = self
+            .services
+            .values()
+            .flat_map(|s| s.sets.values().map(|set| set.id))
+            .collect();
+        desired
+            .frontends
+            .iter()
+            .filter(|f| f.set == kind)
+            .find_map(|f| self.recovered.frontends.get(&f.key))
+            .map(|v| v.set_id)
+            .filter(|id| !claimed.contains(id))
+    }
+
+    /// Deletes what `old` had and `new` no longer has, then releases old backend references.
+    fn finish(
+        &mut self,
+        maps: &mut Maps,
+        old: &SvcState,
+        new: &SvcState,
+        ops: &mut usize,
+    ) -> Result<(), DataplaneError> {
+        for key in old.frontends.keys() {
+            if !new.frontends.contains_key(key) {
+                maps.services.del(key, ops)?;
+            }
+        }
+        for (kind, set) in &old.sets {
+            let kept = new.sets.get(kind).filter(|n| n.id == set.id);
+            let from = kept.map_or(0, |n| n.addrs.len());
+            for slot in from..set.addrs.len() {
+                maps.slots.del(&slot_key(set.id, slot), ops)?;
+            }
+            if kept.is_none() {
+                maps.rr.del(&set.id, ops)?;
+            }
+            self.release_set(maps, set, ops)?;
+        }
+        Ok(())
+    }
+
+    fn remove(
+        &mut self,
+        maps: &mut Maps,
+        _name: &ServicePortName,
+        old: SvcState,
+        ops: &mut usize,
+    ) -> Result<(), DataplaneError> {
+        self.finish(maps, &old, &SvcState::default(), ops)
+    }
+
+    fn acquire_backend(
+        &mut self,
+        maps: &mut Maps,
+        object: &str,
+        addr: &BackendAddr,
+        ops: &mut usize,
+    ) -> Result<u32, DataplaneError> {
+        if let Some(r) = self.backends.get_mut(addr) {
+            r.refs += 1;
+            return Ok(r.id);
+        }
+        let id = match self.recovered.backends.remove(addr) {
+            Some(id) => {
+                if maps.counters.get(&id)?.is_none() {
+                    maps.counters
+                        .put(id, BackendCounters::default(), object, ops)?;
+                }
+                id
+            }
+            None => {
+                let id = self.next_backend;
+                self.next_backend += 1;
+                maps.counters
+                    .put(id, BackendCounters::default(), object, ops)?;
+                maps.backends.put(id, backend_value(addr), object, ops)?;
+                id
+            }
+        };
+        self.backends.insert(*addr, BackendRef { id, refs: 1 });
+        Ok(id)
+    }
+
+    fn release_set(
+        &mut self,
+        maps: &mut Maps,
+        set: &SetState,
+        ops: &mut usize,
+    ) -> Result<(), DataplaneError> {
+        for addr in &set.addrs {
+            let Some(r) = self.backends.get_mut(addr) else {
+                continue;
+            };
+            r.refs -= 1;
+            if r.refs == 0 {
+                let id = r.id;
+                self.backends.remove(addr);
+                maps.backends.del(&id, ops)?;
+                maps.counters.del(&id, ops)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every map entry no programmed service port claims (after a restart or an error).
+    pub fn sweep(&mut self, maps: &mut Maps, ops: &mut usize) -> Result<(), DataplaneError> {
+        let frontends: HashSet<ServiceKey> = self
+            .services
+            .values()
+            .flat_map(|s| s.frontends.keys().copied())
+            .collect();
+        let sets: HashMap<u32, usize> = self
+            .services
+            .values()
+            .flat_map(|s| s.sets.values().map(|set| (set.id, set.addrs.len())))
+            .collect();
+        let backends: HashSet<u32> = self.backends.values().map(|r| r.id).collect();
+        for (key, _) in maps.services.entries()? {
+            if !frontends.contains(&key) {
+                maps.services.del(&key, ops)?;
+            }
+        }
+        for (key, _) in maps.slots.entries()? {
+            if sets
+                .get(&key.set_id)
+                .is_none_or(|len| key.slot as usize >= *len)
+            {
+                maps.slots.del(&key, ops)?;
+            }
+        }
+        for (id, _) in maps.rr.entries()? {
+            if !sets.contains_key(&id) {
+                maps.rr.del(&id, ops)?;
+            }
+        }
+        for (id, _) in maps.backends.entries()? {
+            if !backends.contains(&id) {
+                maps.backends.del(&id, ops)?;
+            }
+        }
+        for (id, _) in maps.counters.entries()? {
+            if !backends.contains(&id) {
+                maps.counters.del(&id, ops)?;
+            }
+        }
+        self.recovered = Recovered::default();
+        self.needs_sweep = false;
+        Ok(())
+    }
+
+    /// The set ids of a service port, cluster set first (for tests and `proxy inspect`).
+    pub fn set_ids(&self, name: &ServicePortName) -> Vec<u32> {
+        self.services
+            .get(name)
+            .map(|s| s.sets.values().map(|set| set.id).collect())
+            .unwrap_or_default()
+    }
+}
+
+fn slot_key(set_id: u32, slot: usize) -> SlotKey {
+    SlotKey {
+        set_id,
+        slot: slot as u32,
+    }
+}
+
+fn backend_value(addr: &BackendAddr) -> Backend {
+    Backend {
+        addr: [v4_word(addr.addr), 0, 0, 0],
+        port: addr.port.to_be(),
+        proto: addr.proto.number(),
+        family: V4,
+    }
+}
+
+/// The address of a backend map value (IPv4 only).
+pub fn backend_addr(b: &Backend) -> Option<BackendAddr> {
+    if b.family != V4 {
+        return None;
+    }
+    let proto = match b.proto {
+        6 => Protocol::Tcp,
+        17 => Protocol::Udp,
+        132 => Protocol::Sctp,
+        _ => return None,
+    };
+    Some(BackendAddr {
+        addr: v4_from_word(b.addr[0]),
+        port: u16::from_be(b.port),
+        proto,
+    })
+}
