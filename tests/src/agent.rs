@@ -38,6 +38,8 @@ pub struct AgentOptions {
     pub ready_timeout: Duration,
     /// `--cgroup-path` (required for `ebpf`: never the machine's root cgroup).
     pub cgroup: Option<PathBuf>,
+    /// The `proxy` binary; `None` means [`proxy_binary`].
+    pub binary: Option<PathBuf>,
 }
 
 impl AgentOptions {
@@ -48,7 +50,14 @@ impl AgentOptions {
             extra_args: Vec::new(),
             ready_timeout: Duration::from_secs(30),
             cgroup: None,
+            binary: None,
         }
+    }
+
+    /// Run this `proxy` binary instead of the default one.
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binary = Some(path.into());
+        self
     }
 
     /// Attach the eBPF socket programs to this test cgroup.
@@ -104,7 +113,10 @@ impl<'n> Agent<'n> {
         opts: &AgentOptions,
         manifests: &[(&str, String)],
     ) -> Result<Agent<'n>, HarnessError> {
-        let binary = proxy_binary()?;
+        let binary = match &opts.binary {
+            Some(b) => b.clone(),
+            None => proxy_binary()?,
+        };
         let dir = std::env::temp_dir().join(format!("{}-agent", unique_prefix()));
         let io = |what: String| move |e| HarnessError::Io { what, source: e };
         let manifest_dir = dir.join("manifests");
@@ -163,6 +175,8 @@ impl<'n> Agent<'n> {
         ])
         .args(agent.isolation_args(opts)?)
         .args(&opts.extra_args)
+        .env("NO_COLOR", "1")
+        .env("RUST_LIB_BACKTRACE", "0")
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),

@@ -34,15 +34,7 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => {
             setup::run()?;
             Cmd::new("cargo")
-                .args([
-                    "build",
-                    "-p",
-                    "proxy",
-                    "--bins",
-                    "-p",
-                    "kpr-tests",
-                    "--bins",
-                ])
+                .args(["build", "-p", "proxy", "-p", "kpr-tests", "--bins"])
                 .dir(workspace_root())
                 .run()?;
             demo::run(&args)
