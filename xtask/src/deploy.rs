@@ -27,8 +27,15 @@ pub const AGENT_MANIFEST: &str = "proxy.yaml";
 pub const CONTROLLER_MANIFEST: &str = "controller-manager.yaml";
 /// The smoke test's echo Deployment, ClusterIP and NodePort Services and client Pod.
 pub const SMOKE_MANIFEST: &str = "smoke.yaml";
-/// Every Kubernetes manifest in deploy/, in the order they are applied.
-pub const MANIFESTS: &[&str] = &[AGENT_MANIFEST, CONTROLLER_MANIFEST, SMOKE_MANIFEST];
+/// The rollback to kube-proxy: a DaemonSet that runs `proxy cleanup --backend all` on every node.
+pub const CLEANUP_MANIFEST: &str = "cleanup.yaml";
+/// Every Kubernetes manifest in deploy/.
+pub const MANIFESTS: &[&str] = &[
+    AGENT_MANIFEST,
+    CONTROLLER_MANIFEST,
+    SMOKE_MANIFEST,
+    CLEANUP_MANIFEST,
+];
 
 /// Names the smoke test and the manifests share.
 pub const AGENT_DAEMONSET: &str = "kpr-proxy";
@@ -37,8 +44,9 @@ pub const SYSTEM_NAMESPACE: &str = "kube-system";
 pub const SMOKE_NAMESPACE: &str = "kpr-smoke";
 pub const SMOKE_NODE_PORT: u16 = 30080;
 
-/// The agent flag that selects the backend, as written in the committed DaemonSet.
-const BACKEND_ARG: &str = "--backend=";
+/// How the committed agent manifest sets the backend (`KPR_BACKEND`, read by the agent's
+/// `--backend=$(KPR_BACKEND)` and by the init container that cleans up the other backends).
+const BACKEND_VALUE: &str = "value: nftables # backend";
 
 pub fn deploy_dir() -> PathBuf {
     workspace_root().join("deploy")
@@ -75,9 +83,9 @@ pub fn render_file(file: &str, render: &Render) -> anyhow::Result<String> {
     render_text(file, &text, render)
 }
 
-/// Substitutes the backend (in `--backend=...`) and the API server host (`kpr-control-plane`).
-/// The agent manifest must name each exactly once, so a manifest edit cannot silently stop the
-/// substitution from happening.
+/// Substitutes the backend (the `value: nftables # backend` lines) and the API server host
+/// (`kpr-control-plane`). The agent manifest must contain both, so a manifest edit cannot silently
+/// stop the substitution from happening.
 pub fn render_text(file: &str, text: &str, render: &Render) -> anyhow::Result<String> {
     if !BACKENDS.contains(&render.backend.as_str()) {
         bail!(
@@ -87,17 +95,16 @@ pub fn render_text(file: &str, text: &str, render: &Render) -> anyhow::Result<St
         );
     }
     let default_host = Render::default().api_server_host();
-    let backend_arg = format!("{BACKEND_ARG}{DEFAULT_BACKEND}");
     if file == AGENT_MANIFEST {
-        for token in [backend_arg.as_str(), default_host.as_str()] {
-            let count = text.matches(token).count();
-            if count != 1 {
-                bail!("deploy/{file}: expected {token:?} exactly once (the text xtask substitutes), found it {count} times");
+        for token in [BACKEND_VALUE, default_host.as_str()] {
+            if !text.contains(token) {
+                bail!("deploy/{file}: expected {token:?} (the text xtask substitutes), found none");
             }
         }
     }
+    let backend_value = BACKEND_VALUE.replace(DEFAULT_BACKEND, &render.backend);
     Ok(text
-        .replace(&backend_arg, &format!("{BACKEND_ARG}{}", render.backend))
+        .replace(BACKEND_VALUE, &backend_value)
         .replace(&default_host, &render.api_server_host()))
 }
 
@@ -113,7 +120,12 @@ mod tests {
                 cluster: "dev".into(),
             };
             let text = render_file(AGENT_MANIFEST, &render).unwrap();
-            assert!(text.contains(&format!("--backend={backend}")), "{backend}");
+            let value = format!("value: {backend} # backend");
+            assert_eq!(
+                text.matches(&value).count(),
+                2,
+                "{backend}: agent and cleanup init container"
+            );
             assert!(text.contains("dev-control-plane"));
             assert!(!text.contains("kpr-control-plane"));
         }
@@ -132,7 +144,7 @@ mod tests {
     }
 
     #[test]
-    fn a_manifest_without_the_backend_flag_is_an_error() {
+    fn a_manifest_without_the_backend_value_is_an_error() {
         let err = render_text(
             AGENT_MANIFEST,
             "value: kpr-control-plane",
@@ -141,7 +153,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            err.contains("expected \"--backend=nftables\" exactly once"),
+            err.contains("expected \"value: nftables # backend\""),
             "{err}"
         );
     }

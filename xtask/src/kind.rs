@@ -172,7 +172,11 @@ impl Kind {
         ));
         let dir = target_dir().join("kind").join(&self.render.cluster);
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        for file in deploy::MANIFESTS {
+        for file in [
+            deploy::AGENT_MANIFEST,
+            deploy::CONTROLLER_MANIFEST,
+            deploy::SMOKE_MANIFEST,
+        ] {
             let text = deploy::render_file(file, &self.render)?;
             let path = dir.join(file);
             fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;

@@ -1,0 +1,940 @@
+//! deploy/ checked against what the agent and `cargo xtask kind` expect. Every manifest parses into
+//! k8s-openapi types and serializes back to the same document (so a misspelled field is not silently
+//! dropped); the agent's RBAC is read-only; its DaemonSet has the capabilities, host mounts, probe,
+//! tolerations and image xtask builds; and its arguments, rendered for every backend, parse with the
+//! agent's own command line (`proxy::cli::Cli`) and cover every flag the netns tests pass.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use clap::Parser;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use proxy::cli::{Backend, Cli, Command, RunArgs};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use xtask::deploy::{self, Render};
+
+/// The flags the brief's agent command line and the netns harness (tests/src/agent.rs) give
+/// `proxy run`; the DaemonSet must pass each of them too. `flags_in_the_harness` additionally reads
+/// the harness source so that a flag added there without the DaemonSet fails this test.
+const AGENT_FLAGS: &[&str] = &[
+    "--backend",
+    "--source",
+    "--balance",
+    "--hostname-override",
+    "--cluster-cidr",
+    "--service-cluster-ip-range",
+    "--nodeport-addresses",
+    "--min-sync-period",
+    "--sync-period",
+    "--udp-idle-timeout",
+    "--metrics-bind-address",
+    "--healthz-bind-address",
+];
+
+/// What the agent container may add; anything else (SYS_ADMIN, ALL, ...) fails the check.
+const AGENT_CAPABILITIES: &[&str] = &["NET_ADMIN", "NET_RAW", "BPF", "PERFMON", "SYS_RESOURCE"];
+
+/// Sample values the downward API would give on a kind worker.
+const NODE_NAME: &str = "kpr-worker";
+const NODE_IP: &str = "172.18.0.3";
+
+fn deploy_file(name: &str) -> String {
+    let path = deploy::deploy_dir().join(name);
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The YAML documents of a manifest text, as generic values, with where each came from.
+fn documents(file: &str, text: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .enumerate()
+        .map(|(i, doc)| {
+            serde_yaml::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("deploy/{file} document {i}: not YAML: {e}"))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Parses one document into `T` and checks that `T` serializes back to the same JSON: a field the
+/// type does not know (a typo, a wrong nesting) would be dropped and show up as a difference.
+fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &serde_yaml::Value) -> T {
+    let what = format!(
+        "deploy/{file} {} {}",
+        field(doc, "kind"),
+        field(&doc["metadata"], "name")
+    );
+    let parsed: T = serde_yaml::from_value(doc.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let original = serde_json::to_value(doc).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let back = serde_json::to_value(&parsed).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(
+        back, original,
+        "{what}: fields were lost or changed by parsing (misspelled or misplaced?)"
+    );
+    parsed
+}
+
+fn field<'a>(value: &'a serde_yaml::Value, key: &str) -> &'a str {
+    value[key].as_str().unwrap_or("?")
+}
+
+/// Every object of a rendered manifest set, by kind.
+#[derive(Default)]
+struct Objects {
+    daemon_sets: Vec<DaemonSet>,
+    deployments: Vec<Deployment>,
+    service_accounts: Vec<ServiceAccount>,
+    cluster_roles: Vec<ClusterRole>,
+    cluster_role_bindings: Vec<ClusterRoleBinding>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
+    services: Vec<Service>,
+    pods: Vec<Pod>,
+    namespaces: Vec<Namespace>,
+}
+
+impl Objects {
+    fn add(&mut self, file: &str, doc: &serde_yaml::Value) {
+        match field(doc, "kind") {
+            "DaemonSet" => self.daemon_sets.push(typed(file, doc)),
+            "Deployment" => self.deployments.push(typed(file, doc)),
+            "ServiceAccount" => self.service_accounts.push(typed(file, doc)),
+            "ClusterRole" => self.cluster_roles.push(typed(file, doc)),
+            "ClusterRoleBinding" => self.cluster_role_bindings.push(typed(file, doc)),
+            "Role" => self.roles.push(typed(file, doc)),
+            "RoleBinding" => self.role_bindings.push(typed(file, doc)),
+            "Service" => self.services.push(typed(file, doc)),
+            "Pod" => self.pods.push(typed(file, doc)),
+            "Namespace" => self.namespaces.push(typed(file, doc)),
+            other => panic!("deploy/{file}: kind {other:?} is not checked by this test; add it"),
+        }
+    }
+
+    fn daemon_set(&self, name: &str) -> &DaemonSet {
+        let found = self
+            .daemon_sets
+            .iter()
+            .find(|d| d.metadata.name.as_deref() == Some(name));
+        found.unwrap_or_else(|| panic!("no DaemonSet {name}"))
+    }
+
+    fn deployment(&self, name: &str) -> &Deployment {
+        let found = self
+            .deployments
+            .iter()
+            .find(|d| d.metadata.name.as_deref() == Some(name));
+        found.unwrap_or_else(|| panic!("no Deployment {name}"))
+    }
+
+    fn cluster_role(&self, name: &str) -> &ClusterRole {
+        let found = self
+            .cluster_roles
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some(name));
+        found.unwrap_or_else(|| panic!("no ClusterRole {name}"))
+    }
+}
+
+fn objects(render: &Render) -> Objects {
+    let mut objects = Objects::default();
+    for file in deploy::MANIFESTS {
+        let text = deploy::render_file(file, render).unwrap_or_else(|e| panic!("{e:#}"));
+        for doc in documents(file, &text) {
+            objects.add(file, &doc);
+        }
+    }
+    objects
+}
+
+fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+    ds.spec
+        .template
+        .spec
+        .as_ref()
+        .expect("DaemonSet has a pod spec")
+}
+
+fn agent_container(objects: &Objects) -> Container {
+    let spec = pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET));
+    assert_eq!(
+        spec.containers.len(),
+        1,
+        "the agent DaemonSet runs one container"
+    );
+    spec.containers[0].clone()
+}
+
+/// The agent's command line with `$(VAR)` replaced the way the kubelet would, after checking that
+/// each variable comes from the downward API field it should.
+fn agent_argv(container: &Container) -> Vec<String> {
+    let sources: BTreeMap<&str, &str> = container
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| {
+            let path = e
+                .value_from
+                .as_ref()?
+                .field_ref
+                .as_ref()?
+                .field_path
+                .as_str();
+            Some((e.name.as_str(), path))
+        })
+        .collect();
+    assert_eq!(
+        sources.get("NODE_NAME"),
+        Some(&"spec.nodeName"),
+        "NODE_NAME from the downward API"
+    );
+    assert_eq!(
+        sources.get("NODE_IP"),
+        Some(&"status.hostIP"),
+        "NODE_IP from the downward API"
+    );
+    let command = container.command.clone().unwrap_or_default();
+    assert_eq!(command, ["/usr/local/bin/proxy"], "the agent's command");
+    let mut values = env_values(container);
+    values.insert("NODE_NAME", NODE_NAME);
+    values.insert("NODE_IP", NODE_IP);
+    let args = container.args.clone().unwrap_or_default();
+    let substituted = args.iter().map(|a| {
+        values.iter().fold(a.clone(), |a, (name, value)| {
+            a.replace(&format!("$({name})"), value)
+        })
+    });
+    let argv: Vec<String> = std::iter::once("proxy".to_owned())
+        .chain(substituted)
+        .collect();
+    assert!(
+        !argv.iter().any(|a| a.contains("$(")),
+        "an unresolved $(VAR) in {argv:?}"
+    );
+    argv
+}
+
+fn run_args(argv: &[String]) -> RunArgs {
+    let cli = Cli::try_parse_from(argv)
+        .unwrap_or_else(|e| panic!("the DaemonSet's arguments {argv:?} do not parse:\n{e}"));
+    match cli.command {
+        Command::Run(args) => *args,
+        other => panic!("the DaemonSet runs {other:?}, not `proxy run`"),
+    }
+}
+
+/// The kind cluster config, as generic YAML (kind's types are not Kubernetes API types).
+fn kind_config() -> serde_yaml::Value {
+    let text = deploy_file(deploy::KIND_CONFIG);
+    let docs = documents(deploy::KIND_CONFIG, &text);
+    assert_eq!(
+        docs.len(),
+        1,
+        "deploy/{} holds one document",
+        deploy::KIND_CONFIG
+    );
+    docs[0].clone()
+}
+
+#[test]
+fn every_yaml_file_in_deploy_is_checked() {
+    let dir = deploy::deploy_dir();
+    let mut checked: BTreeSet<&str> = deploy::MANIFESTS.iter().copied().collect();
+    checked.insert(deploy::KIND_CONFIG);
+    for entry in fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if Path::new(&name)
+            .extension()
+            .is_some_and(|e| e == "yaml" || e == "yml")
+        {
+            assert!(
+                checked.contains(name.as_str()),
+                "deploy/{name} is not in xtask::deploy::MANIFESTS"
+            );
+        }
+    }
+    // Parsing (with the round trip) happens here for the committed form of every manifest.
+    let objects = objects(&Render::default());
+    assert_eq!(
+        objects.daemon_sets.len(),
+        2,
+        "the agent and the rollback cleanup"
+    );
+    assert_eq!(objects.namespaces.len(), 1);
+}
+
+#[test]
+fn agent_rbac_is_exactly_read_only() {
+    let objects = objects(&Render::default());
+    let role = objects.cluster_role("kpr-proxy");
+    let mut granted = BTreeSet::new();
+    for rule in role.rules.iter().flatten() {
+        let verbs: BTreeSet<&str> = rule.verbs.iter().map(String::as_str).collect();
+        assert_eq!(
+            verbs,
+            BTreeSet::from(["get", "list", "watch"]),
+            "agent rule {rule:?}"
+        );
+        assert!(
+            rule.non_resource_urls.is_none() && rule.resource_names.is_none(),
+            "{rule:?}"
+        );
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                granted.insert(format!("{group}/{resource}"));
+            }
+        }
+    }
+    let expected = BTreeSet::from([
+        "/services".to_owned(),
+        "/nodes".into(),
+        "discovery.k8s.io/endpointslices".into(),
+    ]);
+    assert_eq!(
+        granted, expected,
+        "the agent reads Services, EndpointSlices and Nodes, nothing else"
+    );
+    let spec = pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET));
+    let account = spec
+        .service_account_name
+        .as_deref()
+        .expect("the DaemonSet names its ServiceAccount");
+    let binding = objects
+        .cluster_role_bindings
+        .iter()
+        .find(|b| b.role_ref.name == "kpr-proxy")
+        .expect("a ClusterRoleBinding for kpr-proxy");
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    let subjects = binding.subjects.as_deref().unwrap_or_default();
+    assert!(
+        subjects.iter().any(|s| s.kind == "ServiceAccount"
+            && s.name == account
+            && s.namespace.as_deref() == Some(deploy::SYSTEM_NAMESPACE)),
+        "the binding's subjects {subjects:?} include the DaemonSet's ServiceAccount {account}"
+    );
+    assert!(objects
+        .service_accounts
+        .iter()
+        .any(|a| a.metadata.name.as_deref() == Some(account)));
+}
+
+#[test]
+fn no_role_grants_wildcards() {
+    let objects = objects(&Render::default());
+    let rules = objects
+        .cluster_roles
+        .iter()
+        .flat_map(|r| r.rules.iter().flatten())
+        .chain(objects.roles.iter().flat_map(|r| r.rules.iter().flatten()));
+    for rule in rules {
+        let words = rule
+            .verbs
+            .iter()
+            .chain(rule.resources.iter().flatten())
+            .chain(rule.api_groups.iter().flatten());
+        assert!(!words.clone().any(|w| w == "*"), "wildcard in {rule:?}");
+    }
+}
+
+fn grants(rules: &[PolicyRule], group: &str, resource: &str, verb: &str) -> bool {
+    rules.iter().any(|r| {
+        r.api_groups.iter().flatten().any(|g| g == group)
+            && r.resources.iter().flatten().any(|x| x == resource)
+            && r.verbs.iter().any(|v| v == verb)
+    })
+}
+
+#[test]
+fn controller_manager_rbac_covers_its_controllers_and_no_more() {
+    let objects = objects(&Render::default());
+    let rules = objects
+        .cluster_role("kpr-controller-manager")
+        .rules
+        .clone()
+        .unwrap_or_default();
+    for resource in ["services", "pods", "endpoints"] {
+        for verb in ["get", "list", "watch"] {
+            assert!(grants(&rules, "", resource, verb), "{verb} {resource}");
+        }
+        for verb in ["create", "update", "patch", "delete"] {
+            assert!(
+                !grants(&rules, "", resource, verb),
+                "{verb} {resource} is not needed"
+            );
+        }
+    }
+    for verb in ["update", "patch"] {
+        assert!(
+            grants(&rules, "", "services/status", verb),
+            "{verb} services/status (LB IPs)"
+        );
+    }
+    for verb in [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ] {
+        assert!(
+            grants(&rules, "discovery.k8s.io", "endpointslices", verb),
+            "{verb} endpointslices"
+        );
+    }
+    let role = objects
+        .roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some("kpr-controller-manager"));
+    let role = role.expect("a Role for leader election");
+    assert_eq!(
+        role.metadata.namespace.as_deref(),
+        Some(deploy::SYSTEM_NAMESPACE)
+    );
+    let lease_rules = role.rules.clone().unwrap_or_default();
+    for verb in ["get", "create", "update"] {
+        assert!(
+            grants(&lease_rules, "coordination.k8s.io", "leases", verb),
+            "{verb} leases"
+        );
+    }
+    let deployment = objects.deployment(deploy::CONTROLLER_DEPLOYMENT);
+    let pod = deployment.spec.template.spec.as_ref().unwrap();
+    let account = pod.service_account_name.as_deref().unwrap();
+    let bound = |subjects: Option<&Vec<k8s_openapi::api::rbac::v1::Subject>>| {
+        subjects.into_iter().flatten().any(|s| s.name == account)
+    };
+    assert!(objects
+        .cluster_role_bindings
+        .iter()
+        .any(|b| b.role_ref.name == "kpr-controller-manager" && bound(b.subjects.as_ref())));
+    assert!(objects
+        .role_bindings
+        .iter()
+        .any(|b| b.role_ref.name == "kpr-controller-manager" && bound(b.subjects.as_ref())));
+    let args = pod.containers[0].args.clone().unwrap_or_default();
+    assert!(
+        args.iter().any(|a| a.starts_with("--controllers=")),
+        "{args:?}"
+    );
+}
+
+#[test]
+fn agent_runs_on_every_node_with_host_network_and_high_priority() {
+    let objects = objects(&Render::default());
+    let spec = pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET));
+    assert_eq!(spec.host_network, Some(true));
+    assert_eq!(
+        spec.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    assert_eq!(
+        spec.dns_policy.as_deref(),
+        Some("Default"),
+        "cluster DNS needs the proxy itself"
+    );
+    let tolerations = spec.tolerations.as_deref().unwrap_or_default();
+    assert!(
+        tolerations
+            .iter()
+            .any(|t| t.operator.as_deref() == Some("Exists")
+                && t.key.is_none()
+                && t.effect.is_none()),
+        "a toleration of every taint, found {tolerations:?}"
+    );
+}
+
+/// The plain `value:` environment variables of a container.
+fn env_values(container: &Container) -> BTreeMap<&str, &str> {
+    container
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.as_str(), e.value.as_deref()?)))
+        .collect()
+}
+
+/// Not privileged, no privilege escalation, every capability dropped but the agent's.
+fn assert_agent_privileges(what: &str, container: &Container) {
+    let security = container
+        .security_context
+        .clone()
+        .unwrap_or_else(|| panic!("{what} sets a securityContext"));
+    assert_ne!(security.privileged, Some(true), "{what} is not privileged");
+    assert_eq!(security.allow_privilege_escalation, Some(false), "{what}");
+    let caps = security
+        .capabilities
+        .unwrap_or_else(|| panic!("{what} lists capabilities"));
+    assert_eq!(
+        caps.drop.as_deref(),
+        Some(&["ALL".to_owned()][..]),
+        "{what}: everything else is dropped"
+    );
+    let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
+    assert_eq!(
+        added,
+        AGENT_CAPABILITIES.iter().copied().collect(),
+        "{what}: capabilities added"
+    );
+}
+
+fn init_container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
+    let found = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == name);
+    found.unwrap_or_else(|| panic!("no init container {name}"))
+}
+
+#[test]
+fn agent_has_only_the_capabilities_it_needs_and_is_not_privileged() {
+    let objects = objects(&Render::default());
+    assert_agent_privileges("the agent", &agent_container(&objects));
+    let spec = pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET));
+    let names: Vec<&str> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["mount-bpffs", "cleanup-other-backends"],
+        "init containers"
+    );
+    assert_agent_privileges(
+        "cleanup-other-backends",
+        init_container(spec, "cleanup-other-backends"),
+    );
+    let cleanup = pod_spec(objects.daemon_set("kpr-cleanup"));
+    assert_agent_privileges("kpr-cleanup's cleanup", init_container(cleanup, "cleanup"));
+}
+
+#[test]
+fn the_only_privileged_container_mounts_bpffs_and_nothing_else() {
+    let objects = objects(&Render::default());
+    let mut specs: Vec<&PodSpec> = objects.daemon_sets.iter().map(pod_spec).collect();
+    specs.extend(
+        objects
+            .deployments
+            .iter()
+            .filter_map(|d| d.spec.template.spec.as_ref()),
+    );
+    specs.extend(objects.pods.iter().filter_map(|p| p.spec.as_ref()));
+    let privileged: Vec<&Container> = specs
+        .iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
+        .filter(|c| c.security_context.as_ref().and_then(|s| s.privileged) == Some(true))
+        .collect();
+    let names: Vec<&str> = privileged.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["mount-bpffs"], "privileged containers");
+    let init = privileged[0];
+    let script = init.command.clone().unwrap_or_default().join(" ");
+    assert!(
+        script.contains("mount -t bpf bpffs /run/kpr/bpffs"),
+        "{script}"
+    );
+    assert!(
+        !script.contains(';') && !script.contains("&&"),
+        "the privileged container does one thing: {script}"
+    );
+    let mounts = init.volume_mounts.as_deref().unwrap_or_default();
+    assert_eq!(mounts.len(), 1, "mount-bpffs sees only bpffs");
+    assert_eq!(
+        (
+            mounts[0].name.as_str(),
+            mounts[0].mount_propagation.as_deref()
+        ),
+        ("bpffs", Some("Bidirectional"))
+    );
+}
+
+#[test]
+fn switching_backends_cleans_up_every_other_backend_first() {
+    for backend in deploy::BACKENDS {
+        let render = Render {
+            backend: backend.to_string(),
+            ..Render::default()
+        };
+        let objects = objects(&render);
+        let spec = pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET));
+        let init = init_container(spec, "cleanup-other-backends");
+        assert_eq!(
+            env_values(init).get("KPR_BACKEND"),
+            Some(backend),
+            "init container's backend"
+        );
+        assert_eq!(
+            env_values(&agent_container(&objects)).get("KPR_BACKEND"),
+            Some(backend),
+            "agent's backend"
+        );
+        let command = init.command.clone().unwrap_or_default();
+        assert_eq!(command[..2], ["/bin/sh", "-c"], "a shell script");
+        let script = &command[2];
+        let loop_over = format!("for b in {};", deploy::BACKENDS.join(" "));
+        assert!(script.contains(&loop_over), "{script}");
+        assert!(
+            script.contains(
+                r#"[ "$b" = "$KPR_BACKEND" ] || /usr/local/bin/proxy cleanup --backend "$b""#
+            ),
+            "{script}"
+        );
+        assert!(
+            script.starts_with("set -e;"),
+            "a failed cleanup stops the pod: {script}"
+        );
+        // The cleanup uses the same pin and cgroup paths the agent runs with.
+        let args = run_args(&agent_argv(&agent_container(&objects)));
+        let paths = format!(
+            "--bpffs-path {} --cgroup-path {}",
+            args.bpffs_path.display(),
+            args.cgroup_path.as_ref().unwrap().display()
+        );
+        assert!(script.contains(&paths), "{script} should use {paths}");
+    }
+}
+
+#[test]
+fn rollback_daemonset_cleans_up_every_backend() {
+    let objects = objects(&Render::default());
+    let spec = pod_spec(objects.daemon_set("kpr-cleanup"));
+    let command = init_container(spec, "cleanup")
+        .command
+        .clone()
+        .unwrap_or_default();
+    let argv: Vec<&str> = std::iter::once("proxy")
+        .chain(command.iter().skip(1).map(String::as_str))
+        .collect();
+    let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let Command::Cleanup(args) = cli.command else {
+        panic!("{argv:?} is not `proxy cleanup`")
+    };
+    assert_eq!(args.backend, "all");
+    assert_eq!(args.bpffs_path, Path::new("/run/kpr/bpffs/kpr"));
+    assert_eq!(
+        spec.automount_service_account_token,
+        Some(false),
+        "no API access needed"
+    );
+    assert_eq!(
+        spec.host_network,
+        Some(true),
+        "the node's network namespace is the one to clean"
+    );
+}
+
+#[test]
+fn agent_mounts_bpffs_cgroup2_xtables_lock_and_modules_from_the_host() {
+    let objects = objects(&Render::default());
+    let spec = pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET));
+    let container = agent_container(&objects);
+    let mounts: BTreeMap<&str, (&str, bool)> = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| {
+            (
+                m.name.as_str(),
+                (m.mount_path.as_str(), m.read_only == Some(true)),
+            )
+        })
+        .collect();
+    let host: BTreeMap<&str, (&str, Option<&str>)> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| {
+            let h = v.host_path.as_ref()?;
+            Some((v.name.as_str(), (h.path.as_str(), h.type_.as_deref())))
+        })
+        .collect();
+    let expect = [
+        ("bpffs", "/sys/fs/bpf", false),
+        ("cgroup", "/sys/fs/cgroup", false),
+        ("xtables-lock", "/run/xtables.lock", false),
+        ("lib-modules", "/lib/modules", true),
+    ];
+    for (name, host_path, read_only) in expect {
+        assert_eq!(
+            host.get(name).map(|h| h.0),
+            Some(host_path),
+            "volume {name} is hostPath {host_path}"
+        );
+        let (_, ro) = mounts
+            .get(name)
+            .unwrap_or_else(|| panic!("volume {name} is mounted"));
+        assert_eq!(*ro, read_only, "volume {name} read-only");
+    }
+    assert_eq!(
+        host["xtables-lock"].1,
+        Some("FileOrCreate"),
+        "the lock file is created if missing"
+    );
+    assert_eq!(
+        mounts["xtables-lock"].0, "/run/xtables.lock",
+        "iptables looks for its lock there"
+    );
+    assert_eq!(mounts["lib-modules"].0, "/lib/modules");
+    // The agent's pin and attach paths point into those mounts.
+    let args = run_args(&agent_argv(&container));
+    assert_eq!(
+        args.cgroup_path.as_deref(),
+        Some(Path::new(mounts["cgroup"].0)),
+        "--cgroup-path is the cgroup2 mount"
+    );
+    assert!(
+        args.bpffs_path.starts_with(mounts["bpffs"].0),
+        "--bpffs-path {:?} is inside the bpffs mount",
+        args.bpffs_path
+    );
+}
+
+#[test]
+fn agent_liveness_probe_is_healthz_on_the_healthz_port() {
+    let objects = objects(&Render::default());
+    let container = agent_container(&objects);
+    let args = run_args(&agent_argv(&container));
+    for (what, probe) in [
+        ("liveness", &container.liveness_probe),
+        ("readiness", &container.readiness_probe),
+    ] {
+        let get = probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .unwrap_or_else(|| panic!("an HTTP {what} probe"));
+        assert_eq!(get.path.as_deref(), Some("/healthz"), "{what} probe path");
+        let port = match &get.port {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => *p,
+            other => panic!("{what} probe port {other:?} should be a number"),
+        };
+        assert_eq!(port, 10256);
+        assert_eq!(
+            u16::try_from(port).ok(),
+            Some(args.healthz_bind_address.port()),
+            "{what} probe port = --healthz-bind-address port"
+        );
+    }
+    assert!(
+        args.healthz_bind_address.ip().is_unspecified(),
+        "the kubelet probes the node address"
+    );
+    assert_eq!(
+        args.metrics_bind_address,
+        "127.0.0.1:10249".parse::<SocketAddr>().unwrap()
+    );
+}
+
+#[test]
+fn every_kpr_container_runs_the_image_xtask_builds() {
+    let objects = objects(&Render::default());
+    let mut specs: Vec<&PodSpec> = objects.daemon_sets.iter().map(pod_spec).collect();
+    specs.extend(
+        objects
+            .deployments
+            .iter()
+            .filter_map(|d| d.spec.template.spec.as_ref()),
+    );
+    let mut kpr_containers = 0;
+    for spec in specs {
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            let Some(image) = c.image.as_deref() else {
+                panic!("container {} has no image", c.name)
+            };
+            if image.starts_with("kpr") {
+                assert_eq!(image, deploy::IMAGE, "container {}", c.name);
+                assert_eq!(
+                    c.image_pull_policy.as_deref(),
+                    Some("Never"),
+                    "{}: the image is loaded, not pulled",
+                    c.name
+                );
+                kpr_containers += 1;
+            }
+        }
+    }
+    assert_eq!(
+        kpr_containers, 6,
+        "agent and its 2 init containers, controller-manager, rollback cleanup and its init container"
+    );
+}
+
+#[test]
+fn agent_arguments_parse_with_the_agent_cli_for_every_backend() {
+    let kind = kind_config();
+    let pod_subnet = kind["networking"]["podSubnet"].as_str().unwrap();
+    let service_subnet = kind["networking"]["serviceSubnet"].as_str().unwrap();
+    let backends = [
+        ("userspace", Backend::Userspace),
+        ("iptables", Backend::Iptables),
+        ("nftables", Backend::Nftables),
+        ("ebpf", Backend::Ebpf),
+    ];
+    assert_eq!(backends.len(), deploy::BACKENDS.len());
+    for (name, backend) in backends {
+        let render = Render {
+            backend: name.into(),
+            cluster: "dev".into(),
+        };
+        let objects = objects(&render);
+        let container = agent_container(&objects);
+        let args = run_args(&agent_argv(&container));
+        assert_eq!(args.backend, backend, "rendered for {name}");
+        assert_eq!(args.hostname_override.as_deref(), Some(NODE_NAME));
+        let cidrs = |v: &[ipnet::IpNet]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            cidrs(&args.cluster_cidr),
+            [pod_subnet],
+            "--cluster-cidr is kind's podSubnet"
+        );
+        assert_eq!(
+            cidrs(&args.service_cluster_ip_range),
+            [service_subnet],
+            "--service-cluster-ip-range is kind's serviceSubnet"
+        );
+        assert_eq!(cidrs(&args.nodeport_addresses), [format!("{NODE_IP}/32")]);
+        assert_eq!(args.source, proxy::cli::SourceArg::Kube);
+        let env = env_values(&container);
+        assert_eq!(
+            env.get("KUBERNETES_SERVICE_HOST").copied(),
+            Some(render.api_server_host().as_str())
+        );
+    }
+}
+
+#[test]
+fn daemonset_passes_every_flag_the_netns_tests_pass() {
+    let objects = objects(&Render::default());
+    let argv = agent_argv(&agent_container(&objects));
+    let given: BTreeSet<&str> = argv
+        .iter()
+        .filter_map(|a| a.split('=').next().filter(|f| f.starts_with("--")))
+        .collect();
+    for flag in AGENT_FLAGS.iter().copied().chain(flags_in_the_harness()) {
+        assert!(
+            given.contains(flag),
+            "the DaemonSet does not pass {flag} (given: {given:?})"
+        );
+    }
+}
+
+/// The `"--flag"` literals tests/src/agent.rs passes to `proxy run`.
+fn flags_in_the_harness() -> Vec<&'static str> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent.rs");
+    let source =
+        fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let flags: Vec<&'static str> = source
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| {
+            s.starts_with("--")
+                && s.len() > 2
+                && s[2..].chars().all(|c| c.is_ascii_lowercase() || c == '-')
+        })
+        .map(|s| &*Box::leak(s.to_owned().into_boxed_str()))
+        .collect();
+    assert!(
+        flags.contains(&"--backend"),
+        "found no flags in {}: {flags:?}",
+        path.display()
+    );
+    flags
+}
+
+#[test]
+fn kind_config_disables_kube_proxy() {
+    let kind = kind_config();
+    assert_eq!(kind["kind"].as_str(), Some("Cluster"));
+    assert_eq!(kind["apiVersion"].as_str(), Some("kind.x-k8s.io/v1alpha4"));
+    assert_eq!(kind["networking"]["kubeProxyMode"].as_str(), Some("none"));
+    let roles: Vec<&str> = kind["nodes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|n| n["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["control-plane", "worker"],
+        "the smoke test spreads echo pods over two nodes"
+    );
+}
+
+#[test]
+fn smoke_test_services_match_what_xtask_queries() {
+    let objects = objects(&Render::default());
+    let ns = |s: &Service| s.metadata.namespace.clone();
+    assert!(objects
+        .services
+        .iter()
+        .all(|s| ns(s).as_deref() == Some(deploy::SMOKE_NAMESPACE)));
+    let echo = objects
+        .services
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("echo"))
+        .expect("Service echo");
+    assert_eq!(
+        echo.spec.as_ref().unwrap().type_.as_deref(),
+        Some("ClusterIP")
+    );
+    let node_port = objects
+        .services
+        .iter()
+        .filter_map(|s| s.spec.as_ref())
+        .filter(|s| s.type_.as_deref() == Some("NodePort"))
+        .flat_map(|s| s.ports.iter().flatten())
+        .find_map(|p| p.node_port);
+    assert_eq!(node_port, Some(i32::from(deploy::SMOKE_NODE_PORT)));
+    assert!(objects
+        .pods
+        .iter()
+        .any(|p| p.metadata.name.as_deref() == Some("client")));
+    assert!(objects
+        .deployments
+        .iter()
+        .any(|d| d.metadata.name.as_deref() == Some("echo")));
+}
+
+#[test]
+fn dockerfile_builds_the_agent_with_ebpf_and_ships_nft_and_iptables() {
+    let text = deploy_file(deploy::DOCKERFILE);
+    let stages: Vec<&str> = text.split("\nFROM ").collect();
+    assert_eq!(stages.len(), 3, "a build stage and a runtime stage");
+    let (build, runtime) = (stages[1], stages[2]);
+    assert!(
+        build.contains("cargo install bpf-linker")
+            && build.contains("LLVM_PREFIX=/usr/lib/llvm-22")
+    );
+    assert!(build.contains("--component rust-src"));
+    assert!(build.contains("cargo build --release --locked -p proxy -p controllers --bins"));
+    assert!(
+        !text.contains("KPR_SKIP_EBPF=1"),
+        "the image's agent has its eBPF programs"
+    );
+    assert!(
+        runtime.starts_with("debian:bookworm-slim"),
+        "a small Debian base"
+    );
+    for package in ["nftables", "iptables", "conntrack"] {
+        assert!(
+            runtime.contains(package),
+            "the runtime image installs {package}"
+        );
+    }
+    assert!(
+        runtime.contains("COPY --from=build /out/proxy /out/controller-manager /usr/local/bin/")
+    );
+    let ignore = deploy_file("Dockerfile.dockerignore");
+    assert!(
+        ignore.lines().any(|l| l == "target"),
+        "target/ stays out of the build context"
+    );
+}
