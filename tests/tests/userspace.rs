@@ -69,24 +69,49 @@ fn round_robin_spreads_400_connections_evenly_over_4_endpoints() {
     assert_eq!(port.endpoints.len(), 4, "{port:?}");
     assert_eq!(port.algorithm, "round-robin");
 
-    let counts = tally_tcp(&cluster.podclient, addr("10.96.0.10:80"), 400);
-    assert_eq!(counts.len(), 4, "every endpoint got traffic: {counts:?}");
-    for (pod, n) in &counts {
-        assert!(
-            (99..=101).contains(n),
-            "{pod} got {n} of 400 connections: {counts:?}"
+    let node_port = SocketAddr::from((NODE_IP, 30080));
+    for (label, ns, to) in [
+        (
+            "podclient -> clusterIP",
+            &cluster.podclient,
+            addr("10.96.0.10:80"),
+        ),
+        ("client -> nodePort", &cluster.client, node_port),
+        ("node -> clusterIP", &cluster.node, addr("10.96.0.10:80")),
+    ] {
+        let counts = tally_tcp(ns, to, 400);
+        assert_eq!(
+            counts.len(),
+            4,
+            "{label}: every endpoint got traffic: {counts:?}"
         );
+        for (pod, n) in &counts {
+            assert!(
+                (99..=101).contains(n),
+                "{label}: {pod} got {n} of 400 connections: {counts:?}"
+            );
+        }
     }
 }
 
 #[test]
-fn least_connection_steers_new_connections_away_from_a_busy_endpoint() {
+fn least_connection_by_annotation_steers_new_connections_away_from_a_busy_endpoint() {
+    least_connection_steers_away_from_busy_endpoint(web().balance("least-conn"), "round-robin");
+}
+
+#[test]
+fn least_connection_by_node_flag_steers_new_connections_away_from_a_busy_endpoint() {
+    least_connection_steers_away_from_busy_endpoint(web(), "least-conn");
+}
+
+/// Five long connections on pod0 while it is the only endpoint, then three idle endpoints join:
+/// new connections must avoid pod0 until its connections close.
+fn least_connection_steers_away_from_busy_endpoint(svc: Service, node_balance: &str) {
     let cluster = Cluster::new(ClusterSpec::pods(4)).unwrap();
-    let svc = web().balance("least-conn");
     let only_pod0 = EndpointSlice::for_service(&svc).ready(cluster.pods[0].ip);
     let agent = start(
         &cluster,
-        "round-robin",
+        node_balance,
         &[("web.yaml", yaml(&[&svc, &only_pod0]))],
     );
     let vip = addr("10.96.0.10:80");
@@ -109,7 +134,7 @@ fn least_connection_steers_new_connections_away_from_a_busy_endpoint() {
     let port = state.service("default/web:http/TCP").unwrap();
     assert_eq!(
         port.algorithm, "least-conn",
-        "the annotation overrides --balance"
+        "from the annotation or --balance"
     );
     let pod0 = port
         .endpoints
