@@ -67,14 +67,14 @@ pub enum Tag {
 #[derive(Debug, Clone)]
 pub struct TargetIds {
     next: u32,
-    by_key: HashMap<(ServicePortName, Tag), (u32, Vec<SocketAddrV4>)>,
+    by_port: HashMap<ServicePortName, BTreeMap<Tag, (u32, Vec<SocketAddrV4>)>>,
 }
 
 impl Default for TargetIds {
     fn default() -> Self {
         TargetIds {
             next: 1,
-            by_key: HashMap::new(),
+            by_port: HashMap::new(),
         }
     }
 }
@@ -87,8 +87,7 @@ impl TargetIds {
         endpoints: &[SocketAddrV4],
         affinity: bool,
     ) -> u32 {
-        let key = (spn.clone(), tag);
-        if let Some((id, old)) = self.by_key.get_mut(&key) {
+        if let Some((id, old)) = self.by_port.get_mut(spn).and_then(|m| m.get_mut(&tag)) {
             let lost_one = old.iter().any(|e| !endpoints.contains(e));
             if !(affinity && lost_one) {
                 *old = endpoints.to_vec();
@@ -97,14 +96,21 @@ impl TargetIds {
         }
         let id = self.next;
         self.next = self.next.wrapping_add(1).max(1);
-        self.by_key.insert(key, (id, endpoints.to_vec()));
+        self.by_port
+            .entry(spn.clone())
+            .or_default()
+            .insert(tag, (id, endpoints.to_vec()));
         id
     }
 
     /// Forgets the ids of a service port's routes that are not in `keep`.
     pub fn retain(&mut self, spn: &ServicePortName, keep: &[Tag]) {
-        self.by_key
-            .retain(|(s, tag), _| s != spn || keep.contains(tag));
+        if let Some(m) = self.by_port.get_mut(spn) {
+            m.retain(|tag, _| keep.contains(tag));
+            if m.is_empty() {
+                self.by_port.remove(spn);
+            }
+        }
     }
 }
 
@@ -343,7 +349,7 @@ impl Builder<'_> {
             self.out.chains.push(ChainNeed::RoundRobin(n));
             for (slot, ep) in t.endpoints.iter().enumerate() {
                 self.element(
-                    "slots",
+                    super::ruleset::slots_map(self.svc.protocol.lower()),
                     format!("{id} . {slot}"),
                     Some(format!("{} . {}", ep.ip(), ep.port())),
                 );

@@ -30,7 +30,11 @@ pub struct Delta {
 }
 
 impl Delta {
-    pub fn into_ops(self) -> Vec<Op> {
+    /// Deletions, then additions, each grouped by set (stable) so that `ops::render` batches
+    /// them into few commands.
+    pub fn into_ops(mut self) -> Vec<Op> {
+        self.deletes.sort_by(|a, b| a.set().cmp(&b.set()));
+        self.adds.sort_by(|a, b| a.set().cmp(&b.set()));
         let mut ops = self.deletes;
         ops.extend(self.adds);
         ops

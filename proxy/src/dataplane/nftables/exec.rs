@@ -11,8 +11,18 @@ use crate::error::DataplaneError;
 /// Lines of the failing script quoted in an error, around the line nft complains about.
 const CONTEXT_LINES: usize = 2;
 
-/// Applies `script` as one transaction.
+static DUMPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Applies `script` as one transaction (set `KPR_NFT_DUMP_DIR` to keep each script as a file).
 pub fn apply(script: &str) -> Result<(), DataplaneError> {
+    if let Some(dir) = std::env::var_os("KPR_NFT_DUMP_DIR") {
+        // Debugging aid: keep every transaction as a file.
+        let n = DUMPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let _ = std::fs::write(
+            std::path::Path::new(&dir).join(format!("tx-{n}.nft")),
+            script,
+        );
+    }
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())

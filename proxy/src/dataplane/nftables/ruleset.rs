@@ -11,7 +11,7 @@
 //!                 or @np_<class>, @np (proto . port, daddr in @nodeport_ips)
 //! dispatch:       ct mark vmap @aff_lookup (jump aff_T: dnat from the affinity map on a hit)
 //!                 ct mark vmap @targets    (goto rr_N | lc | empty_reject | empty_drop)
-//! rr_N:           dnat to ct mark . numgen inc mod N map @slots
+//! rr_N:           dnat to ct mark . numgen inc mod N map @slots_<protocol>
 //! lc:             dnat to ct mark map @lc_pick (kept by the least-connection controller)
 //! nat postrouting: record affinity (ct mark vmap @aff_record), masquerade marked and hairpin
 //! filter input/forward/output (new): drop/reject marks, reject unexposed clusterIP ports,
@@ -149,10 +149,22 @@ const MANAGED_SETS: &[(&str, &str, &str)] = &[
     ("set", "npmasq_pod", "type inet_proto . inet_service;"),
     ("set", "npmasq_ext", "type inet_proto . inet_service;"),
     ("map", "targets", "type mark : verdict;"),
+    // One slot map per protocol: nft 1.0.6 cannot re-read a `typeof` map whose data is
+    // `th dport` when it adds a rule to an existing table ("conflicting protocols").
     (
         "map",
-        "slots",
-        "typeof ct mark . numgen inc mod 2 : ip daddr . th dport;",
+        "slots_tcp",
+        "typeof ct mark . numgen inc mod 2 : ip daddr . tcp dport;",
+    ),
+    (
+        "map",
+        "slots_udp",
+        "typeof ct mark . numgen inc mod 2 : ip daddr . udp dport;",
+    ),
+    (
+        "map",
+        "slots_sctp",
+        "typeof ct mark . numgen inc mod 2 : ip daddr . sctp dport;",
     ),
     ("map", "lc_pick", "type mark : ipv4_addr . inet_service;"),
     ("map", "aff_lookup", "type mark : verdict;"),
@@ -372,14 +384,26 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
 /// The round-robin chain over `n` slots.
 pub fn rr_chain(n: usize) -> (String, Vec<String>) {
     let name = format!("rr_{n}");
-    let commands = vec![
+    let mut commands = vec![
         format!("add chain {TABLE} {name}"),
         format!("flush chain {TABLE} {name}"),
-        format!(
-            "add rule {TABLE} {name} meta l4proto {{ tcp, udp, sctp }} dnat ip to ct mark . numgen inc mod {n} map @slots"
-        ),
     ];
+    for p in ["tcp", "udp", "sctp"] {
+        commands.push(format!(
+            "add rule {TABLE} {name} meta l4proto {p} dnat ip to ct mark . numgen inc mod {n} map @{}",
+            slots_map(p)
+        ));
+    }
     (name, commands)
+}
+
+/// The slot map of a protocol (`tcp`, `udp`, `sctp`).
+pub fn slots_map(protocol: &str) -> &'static str {
+    match protocol {
+        "tcp" => "slots_tcp",
+        "udp" => "slots_udp",
+        _ => "slots_sctp",
+    }
 }
 
 /// Name of the affinity map and lookup chain for a timeout of `secs` seconds.

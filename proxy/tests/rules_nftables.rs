@@ -1,0 +1,248 @@
+//! Kernel tests of the nftables backend: the shared scenarios, plus the 20,000-Service load and
+//! the one-change-touches-one-Service check. Every test builds its own namespaces (removed by
+//! guards, also on panic); nothing runs in the machine's own network namespace.
+
+mod rules_common;
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::time::Instant;
+
+use kpr_tests::{tcp_request, Cluster, ClusterSpec};
+use proxy::dataplane::nftables::{NftablesDataplane, Op};
+use proxy::dataplane::{ChangeSet, Dataplane, ProxyState};
+use proxy::model::Protocol;
+use proxy::selection;
+use rules_common::scenarios::SCENARIOS;
+use rules_common::{addr, backend_config, endpoint, node_context, service, tally, Rig, TIMEOUT};
+
+fn make(
+    cfg: &proxy::dataplane::BackendConfig,
+) -> Result<Box<dyn Dataplane>, proxy::error::DataplaneError> {
+    Ok(Box::new(NftablesDataplane::new(cfg)?))
+}
+
+fn run_scenario(name: &str) {
+    let (_, pods, f) = SCENARIOS
+        .iter()
+        .find(|s| s.0 == name)
+        .unwrap_or_else(|| panic!("no scenario {name}"));
+    let mut rig = Rig::new(*pods, make);
+    f(&mut rig);
+}
+
+macro_rules! scenario_tests {
+    ($($name:ident),* $(,)?) => {
+        $(#[test]
+        fn $name() {
+            run_scenario(stringify!($name));
+        })*
+
+        #[test]
+        fn every_scenario_has_a_test() {
+            let tested: BTreeSet<&str> = [$(stringify!($name)),*].into_iter().collect();
+            let all: BTreeSet<&str> = SCENARIOS.iter().map(|s| s.0).collect();
+            assert_eq!(tested, all);
+        }
+    };
+}
+
+scenario_tests!(
+    round_robin_over_4_endpoints,
+    reject_and_drop,
+    nodeport_and_masquerade,
+    least_conn_avoids_held,
+    session_affinity,
+    load_balancer_source_ranges,
+    udp_conntrack_cleanup,
+    cleanup_and_leftovers,
+);
+
+const SERVICES: usize = 20_000;
+const CHANGED: usize = 12_345;
+
+fn cluster_ip(i: usize) -> String {
+    format!("10.96.{}.{}", 100 + i / 256, i % 256)
+}
+
+/// 20,000 Services with 2 endpoints each; service CHANGED uses real pods 0 and 1.
+fn big_state(cluster: &Cluster) -> ProxyState {
+    let mut state = ProxyState {
+        node: node_context(),
+        ..ProxyState::default()
+    };
+    for i in 0..SERVICES {
+        let svc = service(&format!("s{i}"), &cluster_ip(i), 80, Protocol::Tcp);
+        let eps = if i == CHANGED {
+            vec![
+                endpoint(cluster.pods[0].ip, false),
+                endpoint(cluster.pods[1].ip, false),
+            ]
+        } else {
+            (0..2)
+                .map(|k| {
+                    let n = 2 * i + k;
+                    endpoint(
+                        Ipv4Addr::new(10, 245, (n / 256) as u8, (n % 256) as u8),
+                        true,
+                    )
+                })
+                .collect()
+        };
+        let spn = svc.name.clone();
+        state
+            .selected
+            .insert(spn.clone(), selection::select(&svc, &eps, "node"));
+        state.endpoints.insert(spn.clone(), eps);
+        state.services.insert(spn, svc);
+    }
+    state
+}
+
+#[test]
+fn one_endpoint_change_among_20000_services_touches_only_that_service() {
+    let cluster = Cluster::new(ClusterSpec::pods(3)).expect("cluster");
+    let mut state = big_state(&cluster);
+    let (full_time, inc_time, ops, id) = cluster
+        .node
+        .run(|| {
+            let mut dp = NftablesDataplane::new(&backend_config()).expect("backend");
+            let t = Instant::now();
+            let stats = dp
+                .sync(
+                    &state,
+                    &ChangeSet {
+                        full: true,
+                        ..Default::default()
+                    },
+                )
+                .expect("full sync");
+            let full_time = t.elapsed();
+            assert!(stats.full);
+            assert_eq!(stats.service_ports, SERVICES);
+
+            let spn = state
+                .services
+                .keys()
+                .find(|s| s.name == format!("s{CHANGED}"))
+                .unwrap()
+                .clone();
+            let svc = state.services[&spn].clone();
+            let eps = vec![
+                endpoint(cluster.pods[0].ip, false),
+                endpoint(cluster.pods[2].ip, false),
+            ];
+            state
+                .selected
+                .insert(spn.clone(), selection::select(&svc, &eps, "node"));
+            state.endpoints.insert(spn.clone(), eps);
+            let changes = ChangeSet {
+                changed: BTreeSet::from([spn.clone()]),
+                ..Default::default()
+            };
+            let t = Instant::now();
+            let stats = dp.sync(&state, &changes).expect("incremental sync");
+            let inc_time = t.elapsed();
+            assert!(!stats.full);
+            assert_eq!(stats.touched, 1);
+            let ids = dp.target_ids(&spn);
+            assert_eq!(ids.len(), 1, "one target for a plain clusterIP Service");
+            (
+                full_time,
+                inc_time,
+                dp.last_transaction_ops().to_vec(),
+                ids[0],
+            )
+        })
+        .expect("enter node netns");
+    eprintln!(
+        "nftables: full sync of {SERVICES} Services {full_time:?}; one endpoint change {inc_time:?} with {} ops: {ops:?}",
+        ops.len()
+    );
+    // Endpoint pod1 -> pod2 in slot 1: the slot's value and the hairpin entries, nothing else.
+    let pod1 = cluster.pods[1].ip.to_string();
+    let pod2 = cluster.pods[2].ip.to_string();
+    assert_eq!(ops.len(), 4, "{ops:?}");
+    for op in &ops {
+        let key = op.key().expect("only element operations");
+        let mine =
+            key.starts_with(&format!("{id} . ")) || key.contains(&pod1) || key.contains(&pod2);
+        assert!(mine, "operation outside the changed Service: {op:?}");
+        assert!(matches!(
+            op,
+            Op::AddElement { .. } | Op::DeleteElement { .. }
+        ));
+    }
+    assert!(
+        full_time.as_secs_f64() < 10.0,
+        "full load took {full_time:?}"
+    );
+    assert!(inc_time.as_millis() < 200, "one change took {inc_time:?}");
+    // And the packets follow: the changed Service balances over pod0 and pod2 only.
+    let t = tally((0..10).map(|_| {
+        tcp_request(&cluster.podclient, addr(&cluster_ip(CHANGED), 80), TIMEOUT)
+            .expect("request")
+            .pod
+    }));
+    assert_eq!(
+        t.keys().cloned().collect::<Vec<_>>(),
+        vec!["pod0", "pod2"],
+        "{t:?}"
+    );
+}
+
+#[test]
+fn a_new_instance_takes_over_a_crashed_runs_table_and_cleanup_removes_it() {
+    let cluster = Cluster::new(ClusterSpec::pods(1)).expect("cluster");
+    let mut state = ProxyState {
+        node: node_context(),
+        ..ProxyState::default()
+    };
+    let svc = service("x", "10.96.0.90", 80, Protocol::Tcp);
+    let eps = vec![endpoint(cluster.pods[0].ip, false)];
+    let spn = svc.name.clone();
+    state
+        .selected
+        .insert(spn.clone(), selection::select(&svc, &eps, "node"));
+    state.endpoints.insert(spn.clone(), eps);
+    state.services.insert(spn, svc);
+    let full = ChangeSet {
+        full: true,
+        ..Default::default()
+    };
+    let listed = cluster
+        .node
+        .run(|| {
+            // A first run programs the node and "crashes" (is dropped without cleanup).
+            let mut first = NftablesDataplane::new(&backend_config()).unwrap();
+            first.sync(&state, &full).expect("first run");
+            drop(first);
+            let mut second = NftablesDataplane::new(&backend_config()).unwrap();
+            second
+                .sync(&state, &full)
+                .expect("second run over leftovers");
+            let before = std::process::Command::new("nft")
+                .args(["list", "tables"])
+                .output()
+                .unwrap();
+            second.cleanup().expect("cleanup");
+            second.cleanup().expect("cleanup is idempotent");
+            let after = std::process::Command::new("nft")
+                .args(["list", "tables"])
+                .output()
+                .unwrap();
+            (
+                String::from_utf8_lossy(&before.stdout).into_owned(),
+                String::from_utf8_lossy(&after.stdout).into_owned(),
+            )
+        })
+        .unwrap();
+    assert!(listed.0.contains("table ip kpr"), "{listed:?}");
+    assert!(!listed.1.contains("kpr"), "left behind: {listed:?}");
+    let e = tcp_request(
+        &cluster.podclient,
+        addr("10.96.0.90", 80),
+        rules_common::DROP_WAIT,
+    );
+    assert!(e.is_err(), "still translated after cleanup: {e:?}");
+}
