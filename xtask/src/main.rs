@@ -1,5 +1,7 @@
 //! `cargo xtask`: set up a machine, build, lint and test kpr, run the demo, deploy to kind.
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 use xtask::exec::Cmd;
 use xtask::{kind, setup, test, workspace_root};
@@ -27,8 +29,20 @@ enum Command {
     Kind(kind::KindArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+/// Errors are printed with their whole context chain (`error: what: why`), without the backtrace
+/// anyhow would add under RUST_BACKTRACE: the failing command line is what a reader needs.
+fn main() -> ExitCode {
+    match run(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Setup => setup::run(),
         Command::Test(args) => test::run(&args),
         Command::Demo(args) => {

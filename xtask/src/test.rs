@@ -70,7 +70,8 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
     }
     let proxy_bin = target_dir().join("debug/proxy");
     summary.step("cargo test", || {
-        cargo(&["test", "--workspace", "--"])
+        // --no-fail-fast: every test binary runs, so the log shows every failure, not the first.
+        cargo(&["test", "--workspace", "--no-fail-fast", "--"])
             .args(&args.test_args)
             .env("KPR_PROXY_BIN", &proxy_bin)
             .run()
