@@ -246,3 +246,42 @@ fn a_new_instance_takes_over_a_crashed_runs_table_and_cleanup_removes_it() {
     );
     assert!(e.is_err(), "still translated after cleanup: {e:?}");
 }
+
+#[test]
+fn an_incompatible_leftover_table_is_replaced() {
+    let cluster = Cluster::new(ClusterSpec::pods(1)).expect("cluster");
+    let mut state = ProxyState {
+        node: node_context(),
+        ..ProxyState::default()
+    };
+    let svc = service("y", "10.96.0.91", 80, Protocol::Tcp);
+    let eps = vec![endpoint(cluster.pods[0].ip, false)];
+    let spn = svc.name.clone();
+    state
+        .selected
+        .insert(spn.clone(), selection::select(&svc, &eps, "node"));
+    state.endpoints.insert(spn.clone(), eps);
+    state.services.insert(spn, svc);
+    cluster
+        .node
+        .run(|| {
+            // A table of the same name whose `fe` has another type (an older layout, say).
+            let out = std::process::Command::new("nft")
+                .args(["add table ip kpr; add set ip kpr fe { type ipv4_addr; }"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            let mut dp = NftablesDataplane::new(&backend_config()).unwrap();
+            dp.sync(
+                &state,
+                &ChangeSet {
+                    full: true,
+                    ..Default::default()
+                },
+            )
+            .expect("full sync replaces the incompatible table");
+        })
+        .unwrap();
+    let r = tcp_request(&cluster.podclient, addr("10.96.0.91", 80), TIMEOUT).expect("served");
+    assert_eq!(r.pod, "pod0");
+}

@@ -176,8 +176,11 @@ pub fn least_conn_avoids_held(rig: &mut Rig) {
     drop(b);
 }
 
-/// ClientIP affinity: one client sticks to one endpoint.
+/// ClientIP affinity: one client sticks to one endpoint (the affinity Service arrives in an
+/// incremental sync, after a first full one).
 pub fn session_affinity(rig: &mut Rig) {
+    let eps = rig.endpoints(&[0], false);
+    rig.set(service("plain", "10.96.0.51", 80, Protocol::Tcp), Some(eps));
     let mut svc = service("aff", "10.96.0.50", 80, Protocol::Tcp);
     svc.affinity = Some(Duration::from_secs(60));
     let eps = rig.endpoints(&[0, 1, 2], false);

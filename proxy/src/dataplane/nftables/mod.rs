@@ -246,7 +246,14 @@ impl Dataplane for NftablesDataplane {
             }
             ops.extend(lc_changes(t, &wanted).iter().flat_map(pick_ops));
         }
-        let result = exec::apply(&ops::render(&ops));
+        let script = ops::render(&ops);
+        let mut result = exec::apply(&script);
+        if let (true, Err(e)) = (full, &result) {
+            // The table in the kernel does not fit the skeleton (another version, a broken
+            // leftover): replace it whole, still in one transaction.
+            tracing::warn!("nftables: in-place reload failed ({e}); replacing the table");
+            result = exec::apply(&format!("{}{script}", ruleset::delete_table()));
+        }
         if let (Err(_), Some(t)) = (&result, lc_table.as_mut()) {
             t.forget_programmed();
         }
