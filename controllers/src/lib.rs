@@ -1,2 +1,15 @@
-//! The control plane that feeds the proxy (EndpointSlice controller, LoadBalancer IP allocation) and
-//! the workload controllers. Grown in its own issue; see `shared/seeds/DIGEST.md`.
+//! The control plane that feeds the proxy: the EndpointSlice controller, the legacy Endpoints
+//! controller, the LoadBalancer IP allocator, Lease-based leader election and the
+//! `controller-manager` that runs them. Workload controllers grow here later (see
+//! `shared/seeds/DIGEST.md`).
+//!
+//! Every controller has the same split: pure planning functions (unit-tested, in `plan` modules or
+//! `podutil`) and a thin layer applying the plan through kube-rs.
+
+pub mod cache;
+pub mod endpointslice;
+pub mod error;
+pub mod inputs;
+pub mod podutil;
+
+pub use error::{Error, Result};

@@ -1,0 +1,262 @@
+//! The EndpointSlice controller: keeps the EndpointSlices of every Service with a selector in step
+//! with its Pods.
+//!
+//! Shape: `Controller::for_stream(services).owns_stream(slices).reconcile_on(pod triggers)`. The
+//! reconcile reads the indexed caches, computes a `plan::Plan` with pure functions and applies it:
+//! creates, then updates (with the resourceVersion read, so a stale cache gets 409 and a retry), then
+//! deletes. A tracker remembers the generation of every slice written, and a reconcile whose cache
+//! has not yet seen them waits (requeue) instead of planning from stale slices, as upstream's
+//! EndpointSliceTracker does. Deleted Services get their slices removed here (there may be no
+//! garbage collector). Must not touch slices managed by anyone else.
+
+pub mod plan;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, ResourceExt};
+
+use crate::cache::{Indexed, Key};
+use crate::error::{Error, Result};
+use crate::inputs::{self, Inputs};
+
+/// How long a written slice may stay unseen by the cache before the tracker gives up on it.
+const EXPECTATION_TTL: Duration = Duration::from_secs(10);
+
+/// Index of a slice: `ns/service-name`.
+pub fn slice_index(s: &EndpointSlice) -> Vec<String> {
+    s.labels()
+        .get(plan::LABEL_SERVICE_NAME)
+        .map(|svc| vec![format!("{}/{svc}", s.namespace().unwrap_or_default())])
+        .unwrap_or_default()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Generation(i64),
+    Gone,
+}
+
+/// Slices written per Service that the cache must reflect before the next plan.
+#[derive(Default)]
+struct Tracker(Mutex<HashMap<Key, Pending>>);
+
+/// Slice name -> what the cache must show, and since when.
+type Pending = HashMap<String, (Expect, Instant)>;
+
+impl Tracker {
+    fn expect(&self, svc: &Key, slice: String, e: Expect) {
+        let mut m = self.0.lock().expect("tracker lock");
+        m.entry(svc.clone())
+            .or_default()
+            .insert(slice, (e, Instant::now()));
+    }
+
+    /// True while some write of this Service is not yet visible in `slices`.
+    fn stale(&self, svc: &Key, slices: &Indexed<EndpointSlice>) -> bool {
+        let mut m = self.0.lock().expect("tracker lock");
+        let Some(pending) = m.get_mut(svc) else {
+            return false;
+        };
+        pending.retain(|name, (e, at)| {
+            let cached = slices.get(&svc.0, name);
+            let seen = match e {
+                Expect::Gone => cached.is_none(),
+                Expect::Generation(g) => {
+                    cached.is_some_and(|c| c.metadata.generation.unwrap_or(0) >= *g)
+                }
+            };
+            !seen && at.elapsed() < EXPECTATION_TTL
+        });
+        let stale = !pending.is_empty();
+        if !stale {
+            m.remove(svc);
+        }
+        stale
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    client: Client,
+    pods: Arc<Indexed<Pod>>,
+    slices: Arc<Indexed<EndpointSlice>>,
+    tracker: Tracker,
+}
+
+/// Options.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Reconciles running at once.
+    pub concurrency: u16,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self { concurrency: 16 }
+    }
+}
+
+/// Runs the controller until the client's streams end (normally: forever).
+pub async fn run(client: Client, cfg: Config) {
+    let Inputs {
+        reader,
+        pods,
+        service_stream,
+        pod_triggers,
+        deleted,
+        ..
+    } = inputs::inputs(&client);
+    let slices = Indexed::new(slice_index);
+    let slice_cache = slices.clone();
+    let managed = format!("{}={}", plan::LABEL_MANAGED_BY, plan::MANAGED_BY);
+    let slice_stream = watcher::watcher(
+        Api::<EndpointSlice>::all(client.clone()),
+        watcher::Config::default().labels(&managed),
+    )
+    .default_backoff()
+    .map_ok(move |ev| {
+        slice_cache.apply(&ev);
+        ev
+    })
+    .touched_objects();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        pods,
+        slices,
+        tracker: Tracker::default(),
+    });
+    tokio::spawn(cleanup_deleted(ctx.clone(), deleted));
+    Controller::for_stream(service_stream, reader)
+        .owns_stream(slice_stream)
+        .reconcile_on(pod_triggers)
+        .with_config(controller::Config::default().concurrency(cfg.concurrency))
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| {
+            if let Err(e) = r {
+                tracing::debug!("endpointslice controller: {e}");
+            }
+            futures::future::ready(())
+        })
+        .await;
+}
+
+fn svc_key(svc: &Service) -> Key {
+    (svc.namespace().unwrap_or_default(), svc.name_any())
+}
+
+/// Plans and applies the slices of one Service.
+pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.pods.wait_ready().await;
+    ctx.slices.wait_ready().await;
+    if svc.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let key = svc_key(&svc);
+    if ctx.tracker.stale(&key, &ctx.slices) {
+        return Ok(Action::requeue(Duration::from_millis(50)));
+    }
+    let pods = inputs::pods_for(&ctx.pods, &svc);
+    let existing = ctx.slices.by_index(&format!("{}/{}", key.0, key.1));
+    let plan = plan::plan(&svc, &pods, &existing);
+    if !plan.is_empty() {
+        apply(&ctx, &key, plan).await?;
+    }
+    Ok(Action::await_change())
+}
+
+/// Applies a plan: creates first, then updates, then deletes (endpoints are never missing in between).
+async fn apply(ctx: &Context, key: &Key, plan: plan::Plan) -> Result<()> {
+    let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &key.0);
+    let obj = |name: &str| format!("{}/{name}", key.0);
+    for slice in plan.create {
+        let created = api
+            .create(&PostParams::default(), &slice)
+            .await
+            .map_err(|e| Error::kube("creating EndpointSlice for Service", obj(&key.1), e))?;
+        ctx.tracker.expect(
+            key,
+            created.name_any(),
+            Expect::Generation(created.metadata.generation.unwrap_or(0)),
+        );
+    }
+    for slice in plan.update {
+        let name = slice.name_any();
+        let updated = api
+            .replace(&name, &PostParams::default(), &slice)
+            .await
+            .map_err(|e| Error::kube("updating EndpointSlice", obj(&name), e))?;
+        ctx.tracker.expect(
+            key,
+            name,
+            Expect::Generation(updated.metadata.generation.unwrap_or(0)),
+        );
+    }
+    for slice in plan.delete {
+        delete_slice(&api, &slice).await?;
+        ctx.tracker.expect(key, slice.name_any(), Expect::Gone);
+    }
+    Ok(())
+}
+
+async fn delete_slice(api: &Api<EndpointSlice>, slice: &EndpointSlice) -> Result<()> {
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: slice.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&slice.name_any(), &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(
+            "deleting EndpointSlice",
+            format!(
+                "{}/{}",
+                slice.namespace().unwrap_or_default(),
+                slice.name_any()
+            ),
+            e,
+        )),
+    }
+}
+
+/// Deletes the managed slices owned by Services that went away.
+async fn cleanup_deleted(
+    ctx: Arc<Context>,
+    mut deleted: tokio::sync::mpsc::UnboundedReceiver<Service>,
+) {
+    while let Some(svc) = deleted.recv().await {
+        let key = svc_key(&svc);
+        let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &key.0);
+        let owned = ctx.slices.by_index(&format!("{}/{}", key.0, key.1));
+        for slice in owned.iter().filter(|s| {
+            s.owner_references()
+                .iter()
+                .any(|o| Some(&o.uid) == svc.uid().as_ref())
+        }) {
+            if let Err(e) = delete_slice(&api, slice).await {
+                tracing::warn!("cleaning up after deleted Service {}/{}: {e}", key.0, key.1);
+            }
+        }
+    }
+}
+
+/// Requeues a failed reconcile after a second.
+pub fn error_policy(svc: Arc<Service>, err: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::info!(
+        "endpointslice: Service {}/{}: {err}",
+        svc.namespace().unwrap_or_default(),
+        svc.name_any()
+    );
+    Action::requeue(Duration::from_secs(1))
+}

@@ -1,0 +1,401 @@
+//! The EndpointSlice plan: from a Service, its Pods and the slices that exist, which slices to
+//! create, update and delete. Pure functions only; the apply layer lives in `super`.
+//!
+//! Follows kube-controller-manager's reconciler: endpoints are grouped by address type and by their
+//! resolved port set (named target ports can resolve differently per Pod); existing slices are kept
+//! and edited in place (minimal churn), endpoints that moved or appeared fill slices that are being
+//! updated anyway, then an unchanged slice with enough room, and only then new slices of at most
+//! `MAX_ENDPOINTS_PER_SLICE`. A Service without endpoints keeps one empty placeholder slice.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt;
+
+use crate::podutil;
+
+/// At most this many endpoints go into one slice (kube-controller-manager's default).
+pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
+/// The label linking a slice to its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// The label naming the controller that manages a slice.
+pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+/// Our value of `LABEL_MANAGED_BY`.
+pub const MANAGED_BY: &str = "endpointslice-controller.kpr.io";
+
+/// What the apply layer must do.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Plan {
+    /// New slices (with `generateName`).
+    pub create: Vec<EndpointSlice>,
+    /// Existing slices with new content (carrying their resourceVersion).
+    pub update: Vec<EndpointSlice>,
+    /// Existing slices to remove.
+    pub delete: Vec<EndpointSlice>,
+}
+
+impl Plan {
+    /// No API call needed.
+    pub fn is_empty(&self) -> bool {
+        self.create.is_empty() && self.update.is_empty() && self.delete.is_empty()
+    }
+}
+
+/// Ordered identity of a port set: (name, protocol, port, appProtocol) per port.
+type PortKey = Vec<(Option<String>, Option<String>, Option<i32>, Option<String>)>;
+
+fn port_key(ports: &[EndpointPort]) -> PortKey {
+    let mut k: PortKey = ports
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone(),
+                p.protocol.clone(),
+                p.port,
+                p.app_protocol.clone(),
+            )
+        })
+        .collect();
+    k.sort();
+    k
+}
+
+/// The endpoints of a slice (absent means none).
+pub fn endpoints_of(s: &EndpointSlice) -> &[Endpoint] {
+    s.endpoints.as_deref().unwrap_or(&[])
+}
+
+fn endpoints_mut(s: &mut EndpointSlice) -> &mut Vec<Endpoint> {
+    s.endpoints.get_or_insert_with(Vec::new)
+}
+
+/// Whether a slice is one this controller manages.
+pub fn is_managed(slice: &EndpointSlice) -> bool {
+    slice.labels().get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY)
+}
+
+/// The labels every slice of this Service carries: the Service's own labels plus ours.
+pub fn slice_labels(svc: &Service) -> BTreeMap<String, String> {
+    let mut labels = svc.labels().clone();
+    labels.insert(LABEL_SERVICE_NAME.into(), svc.name_any());
+    labels.insert(LABEL_MANAGED_BY.into(), MANAGED_BY.into());
+    if svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None") {
+        labels.insert("service.kubernetes.io/headless".into(), String::new());
+    }
+    labels
+}
+
+/// The controller ownerReference pointing at the Service.
+pub fn owner_ref(svc: &Service) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Service".into(),
+        name: svc.name_any(),
+        uid: svc.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn address_types(svc: &Service) -> Vec<String> {
+    let fams = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ip_families.clone())
+        .unwrap_or_default();
+    let mut out: Vec<String> = fams
+        .into_iter()
+        .filter(|f| f == "IPv4" || f == "IPv6")
+        .collect();
+    if out.is_empty() {
+        out.push("IPv4".into());
+    }
+    out
+}
+
+fn family_ip(pod: &Pod, address_type: &str) -> Option<IpAddr> {
+    podutil::pod_ips(pod)
+        .into_iter()
+        .find(|ip| ip.is_ipv4() == (address_type == "IPv4"))
+}
+
+/// The endpoint ports of one Pod: every Service port whose target resolves on it.
+pub fn endpoint_ports(svc: &Service, pod: &Pod) -> Vec<EndpointPort> {
+    let ports = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.clone())
+        .unwrap_or_default();
+    ports
+        .iter()
+        .filter_map(|sp| {
+            Some(EndpointPort {
+                name: Some(sp.name.clone().unwrap_or_default()),
+                port: Some(podutil::resolve_target_port(pod, sp)?),
+                protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
+                app_protocol: sp.app_protocol.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The endpoint of one Pod.
+pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr) -> Endpoint {
+    let c = podutil::conditions(pod, podutil::publish_not_ready(svc));
+    let spec = pod.spec.as_ref();
+    let hostname = spec
+        .filter(|s| s.subdomain.as_deref() == Some(svc.name_any().as_str()))
+        .and_then(|s| s.hostname.clone());
+    Endpoint {
+        addresses: vec![ip.to_string()],
+        conditions: Some(EndpointConditions {
+            ready: Some(c.ready),
+            serving: Some(c.serving),
+            terminating: Some(c.terminating),
+        }),
+        hostname,
+        node_name: spec.and_then(|s| s.node_name.clone()),
+        target_ref: Some(ObjectReference {
+            kind: Some("Pod".into()),
+            namespace: pod.namespace(),
+            name: Some(pod.name_any()),
+            uid: pod.uid(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Desired endpoints of one address type, grouped by port set, keyed by address.
+type Desired = BTreeMap<PortKey, (Vec<EndpointPort>, BTreeMap<String, Endpoint>)>;
+
+fn desired(svc: &Service, pods: &[Arc<Pod>], address_type: &str) -> Desired {
+    let mut out = Desired::new();
+    for pod in pods
+        .iter()
+        .filter(|p| podutil::should_be_in_endpoints(p, true))
+    {
+        let Some(ip) = family_ip(pod, address_type) else {
+            continue;
+        };
+        let ports = endpoint_ports(svc, pod);
+        let entry = out
+            .entry(port_key(&ports))
+            .or_insert_with(|| (ports, BTreeMap::new()));
+        entry.1.insert(ip.to_string(), pod_endpoint(svc, pod, ip));
+    }
+    out
+}
+
+fn new_slice(
+    svc: &Service,
+    address_type: &str,
+    ports: Vec<EndpointPort>,
+    endpoints: Vec<Endpoint>,
+) -> EndpointSlice {
+    EndpointSlice {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-", svc.name_any())),
+            namespace: svc.namespace(),
+            labels: Some(slice_labels(svc)),
+            owner_references: Some(vec![owner_ref(svc)]),
+            ..Default::default()
+        },
+        address_type: address_type.into(),
+        endpoints: Some(endpoints),
+        ports: Some(ports),
+    }
+}
+
+fn metadata_current(svc: &Service, slice: &EndpointSlice) -> bool {
+    let owned = slice
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == svc.uid().as_ref());
+    owned && slice.labels() == &slice_labels(svc)
+}
+
+fn with_metadata(svc: &Service, mut slice: EndpointSlice) -> EndpointSlice {
+    slice.metadata.labels = Some(slice_labels(svc));
+    let mut owners: Vec<OwnerReference> = slice
+        .owner_references()
+        .iter()
+        .filter(|o| o.controller != Some(true))
+        .cloned()
+        .collect();
+    owners.push(owner_ref(svc));
+    slice.metadata.owner_references = Some(owners);
+    slice
+}
+
+/// Plans the slices of one Service. `existing` may contain slices of other controllers; only
+/// managed ones are considered. Services without a selector or of type ExternalName get none.
+pub fn plan(svc: &Service, pods: &[Arc<Pod>], existing: &[Arc<EndpointSlice>]) -> Plan {
+    let mut managed: Vec<&EndpointSlice> = existing
+        .iter()
+        .map(Arc::as_ref)
+        .filter(|s| is_managed(s))
+        .collect();
+    managed.sort_by_key(|s| s.name_any());
+    let external_name = svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName");
+    if podutil::service_selector(svc).is_none() || external_name {
+        return Plan {
+            delete: managed.into_iter().cloned().collect(),
+            ..Plan::default()
+        };
+    }
+    let mut plan = Plan::default();
+    let mut unchanged = Vec::new();
+    let mut total = 0;
+    for at in address_types(svc) {
+        let mut want = desired(svc, pods, &at);
+        total += want.values().map(|(_, e)| e.len()).sum::<usize>();
+        let of_type: Vec<&EndpointSlice> = managed
+            .iter()
+            .copied()
+            .filter(|s| s.address_type == at)
+            .collect();
+        let mut typed_unchanged = Vec::new();
+        keep_existing(svc, of_type, &mut want, &mut plan, &mut typed_unchanged);
+        place_remaining(svc, &at, want, &mut plan, &mut typed_unchanged);
+        unchanged.extend(typed_unchanged);
+    }
+    for s in managed
+        .iter()
+        .filter(|s| !address_types(svc).contains(&s.address_type))
+    {
+        plan.delete.push((*s).clone());
+    }
+    if total == 0 {
+        keep_placeholder(svc, &mut plan, &unchanged);
+    }
+    plan
+}
+
+/// Step 1: edit existing slices in place; endpoints they keep leave `want`.
+fn keep_existing(
+    svc: &Service,
+    slices: Vec<&EndpointSlice>,
+    want: &mut Desired,
+    plan: &mut Plan,
+    unchanged: &mut Vec<EndpointSlice>,
+) {
+    for slice in slices {
+        let ports = slice.ports.clone().unwrap_or_default();
+        let Some((_, wanted)) = want.get_mut(&port_key(&ports)) else {
+            plan.delete.push(slice.clone());
+            continue;
+        };
+        let mut changed = !metadata_current(svc, slice);
+        let mut kept = Vec::with_capacity(endpoints_of(slice).len());
+        for ep in endpoints_of(slice) {
+            match ep.addresses.first().and_then(|a| wanted.remove(a)) {
+                Some(d) => {
+                    changed |= &d != ep;
+                    kept.push(d);
+                }
+                None => changed = true,
+            }
+        }
+        if kept.is_empty() {
+            plan.delete.push(slice.clone());
+        } else if changed {
+            let mut s = with_metadata(svc, slice.clone());
+            s.endpoints = Some(kept);
+            plan.update.push(s);
+        } else {
+            unchanged.push(slice.clone());
+        }
+    }
+}
+
+/// Steps 2 and 3: remaining endpoints fill slices already being updated, then one unchanged slice
+/// with room for all of them, then new slices.
+fn place_remaining(
+    svc: &Service,
+    at: &str,
+    want: Desired,
+    plan: &mut Plan,
+    unchanged: &mut Vec<EndpointSlice>,
+) {
+    for (pk, (ports, eps)) in want {
+        let mut rest: Vec<Endpoint> = eps.into_values().collect();
+        if rest.is_empty() {
+            continue;
+        }
+        for s in plan
+            .update
+            .iter_mut()
+            .filter(|s| s.address_type == at && port_key(s.ports.as_deref().unwrap_or(&[])) == pk)
+        {
+            let room = MAX_ENDPOINTS_PER_SLICE
+                .saturating_sub(endpoints_of(s).len())
+                .min(rest.len());
+            endpoints_mut(s).extend(rest.drain(..room));
+        }
+        if rest.is_empty() {
+            continue;
+        }
+        let fits = unchanged
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| port_key(s.ports.as_deref().unwrap_or(&[])) == pk)
+            .filter(|(_, s)| {
+                MAX_ENDPOINTS_PER_SLICE - endpoints_of(s).len().min(MAX_ENDPOINTS_PER_SLICE)
+                    >= rest.len()
+            })
+            .max_by_key(|(_, s)| endpoints_of(s).len())
+            .map(|(i, _)| i);
+        if let Some(i) = fits {
+            let mut s = unchanged.remove(i);
+            endpoints_mut(&mut s).append(&mut rest);
+            plan.update.push(s);
+            continue;
+        }
+        while !rest.is_empty() {
+            let chunk: Vec<Endpoint> = rest
+                .drain(..rest.len().min(MAX_ENDPOINTS_PER_SLICE))
+                .collect();
+            plan.create.push(new_slice(svc, at, ports.clone(), chunk));
+        }
+    }
+}
+
+/// A Service with no endpoints keeps exactly one empty slice, so consumers can tell "no endpoints"
+/// from "not synced yet".
+fn keep_placeholder(svc: &Service, plan: &mut Plan, unchanged: &[EndpointSlice]) {
+    if !plan.create.is_empty() || !plan.update.is_empty() || !unchanged.is_empty() {
+        return;
+    }
+    let at = address_types(svc).remove(0);
+    let is_placeholder = |s: &EndpointSlice| {
+        endpoints_of(s).is_empty()
+            && s.ports.as_ref().is_none_or(|p| p.is_empty())
+            && s.address_type == at
+    };
+    if let Some(i) = plan
+        .delete
+        .iter()
+        .position(|s| is_placeholder(s) && metadata_current(svc, s))
+    {
+        plan.delete.remove(i);
+        return;
+    }
+    if let Some(i) = plan.delete.iter().position(|s| s.address_type == at) {
+        let mut s = with_metadata(svc, plan.delete.remove(i));
+        s.endpoints = Some(Vec::new());
+        s.ports = Some(Vec::new());
+        plan.update.push(s);
+        return;
+    }
+    plan.create
+        .push(new_slice(svc, &at, Vec::new(), Vec::new()));
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,305 @@
+//! Named cases for the EndpointSlice plan.
+
+use super::*;
+use serde_json::json;
+
+fn svc_with(extra: serde_json::Value) -> Service {
+    let mut v = json!({
+        "metadata": {"name": "web", "namespace": "ns", "uid": "svc-uid", "labels": {"team": "a"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]}
+    });
+    json_patch::merge(&mut v, &extra);
+    serde_json::from_value(v).unwrap()
+}
+
+fn svc() -> Service {
+    svc_with(json!({}))
+}
+
+fn pod_full(i: usize, ready: bool, container_port: i32, terminating: bool) -> Arc<Pod> {
+    let mut meta = json!({"name": format!("p{i}"), "namespace": "ns", "uid": format!("uid-{i}"), "labels": {"app": "web"}});
+    if terminating {
+        meta["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    }
+    let ip = format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256);
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": meta,
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "x", "ports": [{"name": "http", "containerPort": container_port}]}]},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
+        }))
+        .unwrap(),
+    )
+}
+
+fn pods(n: usize) -> Vec<Arc<Pod>> {
+    (0..n).map(|i| pod_full(i, true, 8080, false)).collect()
+}
+
+/// Gives created slices names and resourceVersions, as the API server would.
+fn materialize(plan: &Plan, existing: &[Arc<EndpointSlice>]) -> Vec<Arc<EndpointSlice>> {
+    let mut out: BTreeMap<String, Arc<EndpointSlice>> =
+        existing.iter().map(|s| (s.name_any(), s.clone())).collect();
+    for s in &plan.delete {
+        out.remove(&s.name_any());
+    }
+    for s in &plan.update {
+        out.insert(s.name_any(), Arc::new(s.clone()));
+    }
+    for (i, s) in plan.create.iter().enumerate() {
+        let mut s = s.clone();
+        s.metadata.name = Some(format!("web-{}-{i}", out.len()));
+        out.insert(s.name_any(), Arc::new(s));
+    }
+    out.into_values().collect()
+}
+
+fn sizes(slices: &[Arc<EndpointSlice>]) -> Vec<usize> {
+    let mut v: Vec<usize> = slices.iter().map(|s| endpoints_of(s).len()).collect();
+    v.sort_unstable_by(|a, b| b.cmp(a));
+    v
+}
+
+fn counts(p: &Plan) -> (usize, usize, usize) {
+    (p.create.len(), p.update.len(), p.delete.len())
+}
+
+#[test]
+fn packing_from_cold_start() {
+    let cases: [(&str, usize, Vec<usize>); 5] = [
+        ("0 endpoints: one empty placeholder", 0, vec![0]),
+        ("1 endpoint", 1, vec![1]),
+        ("100 endpoints fill one slice", 100, vec![100]),
+        ("101 endpoints need two", 101, vec![100, 1]),
+        ("250 endpoints need three", 250, vec![100, 100, 50]),
+    ];
+    for (name, n, want) in cases {
+        let p = plan(&svc(), &pods(n), &[]);
+        assert_eq!(counts(&p), (want.len(), 0, 0), "{name}");
+        assert_eq!(sizes(&materialize(&p, &[])), want, "{name}");
+        let again = plan(&svc(), &pods(n), &materialize(&p, &[]));
+        assert!(
+            again.is_empty(),
+            "{name}: a second pass over its own result changes nothing: {again:?}"
+        );
+    }
+}
+
+#[test]
+fn slices_carry_labels_owner_ports_and_endpoint_fields() {
+    let p = plan(&svc(), &pods(1), &[]);
+    let s = &p.create[0];
+    assert_eq!(s.metadata.generate_name.as_deref(), Some("web-"));
+    assert_eq!(s.labels()[LABEL_SERVICE_NAME], "web");
+    assert_eq!(s.labels()[LABEL_MANAGED_BY], MANAGED_BY);
+    assert_eq!(s.labels()["team"], "a", "service labels are copied");
+    let owner = &s.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("Service", "svc-uid", Some(true))
+    );
+    assert_eq!(s.address_type, "IPv4");
+    let port = &s.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (port.name.as_deref(), port.port, port.protocol.as_deref()),
+        (Some("http"), Some(8080), Some("TCP"))
+    );
+    let ep = &endpoints_of(s)[0];
+    assert_eq!(ep.addresses, ["10.0.0.0"]);
+    assert_eq!(ep.node_name.as_deref(), Some("node-1"));
+    assert_eq!(ep.target_ref.as_ref().unwrap().name.as_deref(), Some("p0"));
+}
+
+#[test]
+fn named_ports_resolving_differently_split_slices() {
+    let ps = vec![
+        pod_full(0, true, 8080, false),
+        pod_full(1, true, 9090, false),
+        pod_full(2, true, 8080, false),
+    ];
+    let p = plan(&svc(), &ps, &[]);
+    let mut got: Vec<(i32, usize)> = p
+        .create
+        .iter()
+        .map(|s| {
+            (
+                s.ports.as_ref().unwrap()[0].port.unwrap(),
+                endpoints_of(s).len(),
+            )
+        })
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, [(8080, 2), (9090, 1)]);
+}
+
+#[test]
+fn a_pod_without_the_named_port_gets_no_port() {
+    let mut pod = (*pod_full(0, true, 8080, false)).clone();
+    pod.spec.as_mut().unwrap().containers[0].ports = None;
+    let p = plan(&svc(), &[Arc::new(pod)], &[]);
+    assert_eq!(p.create[0].ports.as_deref(), Some(&[][..]));
+    assert_eq!(endpoints_of(&p.create[0]).len(), 1);
+}
+
+#[test]
+fn conditions_follow_pod_state() {
+    let ps = vec![
+        pod_full(0, true, 8080, false),
+        pod_full(1, false, 8080, false),
+        pod_full(2, true, 8080, true),
+    ];
+    let cond = |s: &Service| -> Vec<(bool, bool, bool)> {
+        let p = plan(s, &ps, &[]);
+        p.create[0]
+            .endpoints
+            .iter()
+            .flatten()
+            .map(|e| {
+                let c = e.conditions.as_ref().unwrap();
+                (c.ready.unwrap(), c.serving.unwrap(), c.terminating.unwrap())
+            })
+            .collect()
+    };
+    assert_eq!(
+        cond(&svc()),
+        [
+            (true, true, false),
+            (false, false, false),
+            (false, true, true)
+        ],
+        "ready / unready / terminating-but-serving"
+    );
+    assert_eq!(
+        cond(&svc_with(
+            json!({"spec": {"publishNotReadyAddresses": true}})
+        )),
+        [
+            (true, true, false),
+            (true, false, false),
+            (true, true, true)
+        ],
+        "publishNotReadyAddresses makes every endpoint ready"
+    );
+}
+
+#[test]
+fn pods_without_ip_or_terminal_are_left_out() {
+    let mut no_ip = (*pod_full(0, true, 8080, false)).clone();
+    no_ip.status.as_mut().unwrap().pod_ip = None;
+    let mut done = (*pod_full(1, true, 8080, false)).clone();
+    done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    let p = plan(
+        &svc(),
+        &[
+            Arc::new(no_ip),
+            Arc::new(done),
+            pod_full(2, true, 8080, false),
+        ],
+        &[],
+    );
+    assert_eq!(sizes(&materialize(&p, &[])), [1]);
+}
+
+#[test]
+fn churn_is_minimal() {
+    let base = pods(250);
+    let existing = materialize(&plan(&svc(), &base, &[]), &[]);
+
+    let mut fewer = base.clone();
+    fewer.remove(120);
+    let p = plan(&svc(), &fewer, &existing);
+    assert_eq!(
+        counts(&p),
+        (0, 1, 0),
+        "removing one pod updates only its slice"
+    );
+
+    let mut more = fewer.clone();
+    more.push(pod_full(1000, true, 8080, false));
+    let after_removal = materialize(&p, &existing);
+    let p = plan(&svc(), &more, &after_removal);
+    assert_eq!(
+        counts(&p),
+        (0, 1, 0),
+        "a new pod goes into a slice with room, no new slice"
+    );
+
+    let mut flipped = base.clone();
+    flipped[5] = pod_full(5, false, 8080, false);
+    let p = plan(&svc(), &flipped, &existing);
+    assert_eq!(
+        counts(&p),
+        (0, 1, 0),
+        "a readiness change updates one slice"
+    );
+    assert!(endpoints_of(&p.update[0])
+        .iter()
+        .any(|e| e.addresses[0] == "10.0.0.5"));
+
+    let p = plan(&svc(), &pods(300), &existing);
+    assert_eq!(
+        counts(&p),
+        (0, 1, 0),
+        "50 new endpoints fit the half-full slice"
+    );
+    assert_eq!(sizes(&materialize(&p, &existing)), [100, 100, 100]);
+
+    let p = plan(&svc(), &pods(301), &existing);
+    assert_eq!(
+        counts(&p),
+        (1, 0, 0),
+        "51 new endpoints do not fit: one new slice, the others untouched"
+    );
+}
+
+#[test]
+fn emptying_a_service_keeps_one_placeholder() {
+    let existing = materialize(&plan(&svc(), &pods(150), &[]), &[]);
+    let p = plan(&svc(), &[], &existing);
+    assert_eq!(counts(&p), (0, 1, 1));
+    assert!(endpoints_of(&p.update[0]).is_empty());
+    let after = materialize(&p, &existing);
+    assert!(
+        plan(&svc(), &[], &after).is_empty(),
+        "the placeholder is stable"
+    );
+    let p = plan(&svc(), &pods(3), &after);
+    assert_eq!(
+        counts(&p),
+        (1, 0, 1),
+        "endpoints with ports replace the port-less placeholder"
+    );
+}
+
+#[test]
+fn no_selector_or_external_name_deletes_managed_slices_only() {
+    let mut existing = materialize(&plan(&svc(), &pods(3), &[]), &[]);
+    let mut foreign = (*existing[0]).clone();
+    foreign.metadata.name = Some("someone-else".into());
+    foreign
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(LABEL_MANAGED_BY.into(), "other".into());
+    existing.push(Arc::new(foreign));
+    let no_selector = svc_with(json!({"spec": {"selector": null}}));
+    assert_eq!(counts(&plan(&no_selector, &pods(3), &existing)), (0, 0, 1));
+    let external = svc_with(json!({"spec": {"type": "ExternalName"}}));
+    assert_eq!(counts(&plan(&external, &pods(3), &existing)), (0, 0, 1));
+}
+
+#[test]
+fn dual_stack_services_get_one_slice_per_family() {
+    let s = svc_with(json!({"spec": {"ipFamilies": ["IPv4", "IPv6"]}}));
+    let mut p6 = (*pod_full(0, true, 8080, false)).clone();
+    p6.status.as_mut().unwrap().pod_ips = Some(vec![
+        serde_json::from_value(json!({"ip": "10.0.0.0"})).unwrap(),
+        serde_json::from_value(json!({"ip": "fd00::1"})).unwrap(),
+    ]);
+    let p = plan(&s, &[Arc::new(p6)], &[]);
+    let mut types: Vec<&str> = p.create.iter().map(|s| s.address_type.as_str()).collect();
+    types.sort_unstable();
+    assert_eq!(types, ["IPv4", "IPv6"]);
+}

@@ -1,0 +1,319 @@
+//! Pure helpers about Pods and Services shared by the endpoint controllers: selector matching, which
+//! Pods belong in endpoints, endpoint conditions, named target port resolution.
+//!
+//! No I/O, no caches: every function takes the objects it needs.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Pod, Service, ServicePort};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// The three EndpointSlice conditions of one Pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conditions {
+    /// Should receive new traffic.
+    pub ready: bool,
+    /// Passes its readiness check (also while terminating).
+    pub serving: bool,
+    /// Has a deletionTimestamp.
+    pub terminating: bool,
+}
+
+/// Whether every `selector` pair is among `labels` (an empty selector matches nothing here: Services
+/// without a selector are not managed).
+pub fn selector_matches(
+    selector: &BTreeMap<String, String>,
+    labels: Option<&BTreeMap<String, String>>,
+) -> bool {
+    !selector.is_empty()
+        && labels.is_some_and(|l| selector.iter().all(|(k, v)| l.get(k) == Some(v)))
+}
+
+/// The Service's selector when it has a non-empty one.
+pub fn service_selector(svc: &Service) -> Option<&BTreeMap<String, String>> {
+    svc.spec
+        .as_ref()?
+        .selector
+        .as_ref()
+        .filter(|s| !s.is_empty())
+}
+
+/// The Pod's Ready condition is True.
+pub fn is_pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The Pod has terminated (Succeeded or Failed): it never belongs in endpoints.
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// The Pod's IPs (status.podIPs, else status.podIP), parsed; unparsable ones are skipped.
+pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let Some(status) = pod.status.as_ref() else {
+        return Vec::new();
+    };
+    let mut out: Vec<IpAddr> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .filter_map(|p| p.ip.parse().ok())
+        .collect();
+    if out.is_empty() {
+        out.extend(
+            status
+                .pod_ip
+                .as_deref()
+                .and_then(|ip| ip.parse::<IpAddr>().ok()),
+        );
+    }
+    out
+}
+
+/// Whether the Pod goes into endpoints at all: not terminal, has an IP, and, when
+/// `include_terminating` is false, not being deleted.
+pub fn should_be_in_endpoints(pod: &Pod, include_terminating: bool) -> bool {
+    !is_terminal(pod)
+        && !pod_ips(pod).is_empty()
+        && (include_terminating || pod.metadata.deletion_timestamp.is_none())
+}
+
+/// EndpointSlice conditions as kube-controller-manager computes them: serving is the Ready
+/// condition, terminating is a deletionTimestamp, ready is serving and not terminating, or always
+/// true with publishNotReadyAddresses.
+pub fn conditions(pod: &Pod, publish_not_ready: bool) -> Conditions {
+    let serving = is_pod_ready(pod);
+    let terminating = pod.metadata.deletion_timestamp.is_some();
+    Conditions {
+        ready: publish_not_ready || (serving && !terminating),
+        serving,
+        terminating,
+    }
+}
+
+/// `spec.publishNotReadyAddresses`.
+pub fn publish_not_ready(svc: &Service) -> bool {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.publish_not_ready_addresses)
+        .unwrap_or(false)
+}
+
+/// Resolves a Service port's targetPort on one Pod: a number is used as is (default: the Service
+/// port), a name is looked up among the Pod's container ports with the same protocol. `None` when a
+/// name is not found (that port is then left out for this Pod, as upstream does).
+pub fn resolve_target_port(pod: &Pod, port: &ServicePort) -> Option<i32> {
+    let protocol = port.protocol.as_deref().unwrap_or("TCP");
+    match &port.target_port {
+        None => Some(port.port),
+        Some(IntOrString::Int(n)) => Some(*n),
+        Some(IntOrString::String(name)) => {
+            if let Ok(n) = name.parse::<i32>() {
+                return Some(n);
+            }
+            pod.spec
+                .as_ref()?
+                .containers
+                .iter()
+                .flat_map(|c| c.ports.iter().flatten())
+                .find_map(|cp| {
+                    let same_protocol = cp.protocol.as_deref().unwrap_or("TCP") == protocol;
+                    (cp.name.as_deref() == Some(name.as_str()) && same_protocol)
+                        .then_some(cp.container_port)
+                })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn named_port_pod() -> Pod {
+        pod(json!({"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "a", "image": "x", "ports": [{"name": "http", "containerPort": 8080},
+                                                 {"name": "dns", "containerPort": 5353, "protocol": "UDP"}]},
+            {"name": "b", "image": "x", "ports": [{"name": "metrics", "containerPort": 9090}]}]}}))
+    }
+
+    fn sp(v: serde_json::Value) -> ServicePort {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn named_port_resolution_cases() {
+        let p = named_port_pod();
+        let cases = [
+            (
+                "numeric target",
+                json!({"port": 80, "targetPort": 8081}),
+                Some(8081),
+            ),
+            ("no target uses port", json!({"port": 80}), Some(80)),
+            (
+                "named in first container",
+                json!({"port": 80, "targetPort": "http"}),
+                Some(8080),
+            ),
+            (
+                "named in second container",
+                json!({"port": 80, "targetPort": "metrics"}),
+                Some(9090),
+            ),
+            (
+                "named with UDP protocol",
+                json!({"port": 53, "protocol": "UDP", "targetPort": "dns"}),
+                Some(5353),
+            ),
+            (
+                "named but protocol differs",
+                json!({"port": 53, "targetPort": "dns"}),
+                None,
+            ),
+            (
+                "unknown name",
+                json!({"port": 80, "targetPort": "nope"}),
+                None,
+            ),
+            (
+                "numeric string",
+                json!({"port": 80, "targetPort": "8082"}),
+                Some(8082),
+            ),
+        ];
+        for (name, port, want) in cases {
+            assert_eq!(resolve_target_port(&p, &sp(port)), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn condition_cases() {
+        let ready =
+            json!({"conditions": [{"type": "Ready", "status": "True"}], "podIP": "10.0.0.1"});
+        let unready =
+            json!({"conditions": [{"type": "Ready", "status": "False"}], "podIP": "10.0.0.1"});
+        let deleting = json!({"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"});
+        let c = |cs: [bool; 3]| Conditions {
+            ready: cs[0],
+            serving: cs[1],
+            terminating: cs[2],
+        };
+        let cases = [
+            (
+                "ready pod",
+                json!({"metadata": {"name": "p"}, "status": ready}),
+                false,
+                c([true, true, false]),
+            ),
+            (
+                "unready pod",
+                json!({"metadata": {"name": "p"}, "status": unready}),
+                false,
+                c([false, false, false]),
+            ),
+            (
+                "unready pod, publishNotReady",
+                json!({"metadata": {"name": "p"}, "status": unready}),
+                true,
+                c([true, false, false]),
+            ),
+            (
+                "terminating ready pod",
+                json!({"metadata": deleting, "status": ready}),
+                false,
+                c([false, true, true]),
+            ),
+            (
+                "terminating unready pod",
+                json!({"metadata": deleting, "status": unready}),
+                false,
+                c([false, false, true]),
+            ),
+            (
+                "terminating pod, publishNotReady",
+                json!({"metadata": deleting, "status": unready}),
+                true,
+                c([true, false, true]),
+            ),
+        ];
+        for (name, p, pnr, want) in cases {
+            assert_eq!(conditions(&pod(p), pnr), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn membership_cases() {
+        let cases = [
+            (
+                "running with IP",
+                json!({"phase": "Running", "podIP": "10.0.0.1"}),
+                None,
+                true,
+            ),
+            ("no IP yet", json!({"phase": "Pending"}), None, false),
+            (
+                "succeeded",
+                json!({"phase": "Succeeded", "podIP": "10.0.0.1"}),
+                None,
+                false,
+            ),
+            (
+                "failed",
+                json!({"phase": "Failed", "podIP": "10.0.0.1"}),
+                None,
+                false,
+            ),
+            (
+                "podIPs only",
+                json!({"podIPs": [{"ip": "fd00::1"}]}),
+                None,
+                true,
+            ),
+            (
+                "terminating, excluded",
+                json!({"podIP": "10.0.0.1"}),
+                Some(false),
+                false,
+            ),
+            (
+                "terminating, included",
+                json!({"podIP": "10.0.0.1"}),
+                Some(true),
+                true,
+            ),
+        ];
+        for (name, status, terminating, want) in cases {
+            let mut meta = json!({"name": "p"});
+            if terminating.is_some() {
+                meta["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            let p = pod(json!({"metadata": meta, "status": status}));
+            assert_eq!(
+                should_be_in_endpoints(&p, terminating.unwrap_or(true)),
+                want,
+                "{name}"
+            );
+        }
+        let sel: BTreeMap<String, String> = [("app".to_string(), "a".to_string())].into();
+        let labels: BTreeMap<String, String> =
+            [("app".into(), "a".into()), ("x".into(), "y".into())].into();
+        assert!(selector_matches(&sel, Some(&labels)));
+        assert!(
+            !selector_matches(&BTreeMap::new(), Some(&labels)),
+            "empty selector selects nothing"
+        );
+        assert!(!selector_matches(&sel, None));
+    }
+}
