@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::netns::unique_prefix;
+use crate::netns::{stale_owner, unique_prefix};
 use crate::HarnessError;
 
 /// The cgroup2 mount point, from `/proc/self/mounts`.
@@ -37,7 +37,9 @@ pub struct Cgroup {
 
 impl Cgroup {
     pub fn new(tag: &str) -> Result<Cgroup, HarnessError> {
-        let path = cgroup2_mount()?.join(format!("{}-{tag}", unique_prefix()));
+        let mount = cgroup2_mount()?;
+        remove_stale(&mount);
+        let path = mount.join(format!("{}-{tag}", unique_prefix()));
         fs::create_dir(&path).map_err(|e| HarnessError::Io {
             what: format!("creating cgroup {}", path.display()),
             source: e,
@@ -74,6 +76,17 @@ impl Cgroup {
             cmd.pre_exec(move || file.write_all(b"0"));
         }
         Ok(())
+    }
+}
+
+/// Removes cgroups left by killed test runs (named `kpr-<pid>-...` with a dead pid).
+fn remove_stale(mount: &Path) {
+    let Ok(dir) = fs::read_dir(mount) else { return };
+    for entry in dir.filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if stale_owner(&name).is_some() {
+            drop(Cgroup { path: entry.path() });
+        }
     }
 }
 

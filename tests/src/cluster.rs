@@ -109,6 +109,7 @@ impl Cluster {
             spec.pods < 200,
             "at most 199 pods (10.244.200.0/24 is the pod client's)"
         );
+        crate::netns::remove_stale();
         let prefix = unique_prefix();
         let node = Netns::with_name(format!("{prefix}-node"))?;
         node.sysctl("net.ipv4.ip_forward", "1")?;

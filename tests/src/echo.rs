@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -161,6 +162,9 @@ fn accept_loop(name: &str, listener: &TcpListener, shared: &Arc<Shared>) {
             Err(_) => std::thread::sleep(POLL),
         }
     }
+    // Stop listening now, for every copy of the descriptor: a process forked by another thread
+    // may hold one until its exec, and would otherwise keep accepting (then resetting) connections.
+    let _ = nix::sys::socket::shutdown(listener.as_raw_fd(), nix::sys::socket::Shutdown::Both);
     for w in workers {
         let _ = w.join();
     }

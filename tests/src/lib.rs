@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod echo;
 pub mod manifest;
 pub mod netns;
+pub mod probe;
 
 pub use agent::{Agent, AgentOptions, EndpointState, ServiceState, State};
 pub use cgroup::Cgroup;
@@ -20,6 +21,7 @@ pub use cluster::{Cluster, ClusterSpec, Pod, Topology};
 pub use echo::EchoServer;
 pub use manifest::{yaml, Endpoint, EndpointSlice, Manifest, Service};
 pub use netns::Netns;
+pub use probe::{probe_command, run_probe, ProbeLine, ProbeOutput};
 
 /// A failure of the harness itself (not of the system under test).
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,7 @@
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
@@ -25,6 +25,39 @@ pub fn unique_prefix() -> String {
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// The pid in a name `kpr-<pid>-<counter>-...` when that process no longer exists: the object was
+/// left by a test run that was killed before its guards ran.
+pub fn stale_owner(name: &str) -> Option<u32> {
+    let pid: u32 = name.strip_prefix("kpr-")?.split('-').next()?.parse().ok()?;
+    let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+    (!alive).then_some(pid)
+}
+
+/// Deletes namespaces left by killed test runs (see [`stale_owner`]), killing what runs inside.
+/// Returns their names.
+pub fn remove_stale() -> Vec<String> {
+    let names: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let stale: Vec<String> = names
+        .into_iter()
+        .filter(|n| stale_owner(n).is_some())
+        .collect();
+    for name in &stale {
+        if let Ok(fd) = File::open(Path::new("/run/netns").join(name)) {
+            drop(Netns {
+                name: name.clone(),
+                fd,
+            });
+        }
+    }
+    stale
 }
 
 /// Runs a command to completion and turns a non-zero exit into an error naming the command.
@@ -227,7 +260,6 @@ impl Drop for Netns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     #[test]
     fn namespace_is_created_with_lo_up_and_removed_on_drop() {
@@ -317,6 +349,23 @@ mod tests {
             mine.to_string_lossy(),
             "same mount namespace"
         );
+    }
+
+    #[test]
+    fn a_namespace_of_a_dead_test_process_is_stale_and_removed() {
+        // pid_max is at most 2^22, so this pid cannot exist.
+        let name = "kpr-99999999-0-stale".to_string();
+        assert_eq!(stale_owner(&name), Some(99_999_999));
+        assert_eq!(
+            stale_owner(&format!("kpr-{}-0-x", std::process::id())),
+            None
+        );
+        assert_eq!(stale_owner("kpr-1-0-init"), None, "pid 1 lives");
+        assert_eq!(stale_owner("other-99999999"), None);
+        ip(&["netns", "add", &name]).unwrap();
+        let removed = remove_stale();
+        assert!(removed.contains(&name), "{removed:?}");
+        assert!(!Path::new("/run/netns").join(&name).exists());
     }
 
     #[test]

@@ -7,9 +7,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kpr_tests::cluster::{ClusterSpec, NODE_IP};
+use kpr_tests::probe::parse_probe_output;
 use kpr_tests::{
-    tcp_hold, tcp_request, udp_request, yaml, Agent, AgentOptions, Cluster, EndpointSlice, Netns,
-    Service,
+    run_probe, tcp_hold, tcp_request, udp_request, yaml, Agent, AgentOptions, Cgroup, Cluster,
+    EndpointSlice, Netns, ProbeLine, Service,
 };
 
 const BACKEND: &str = "userspace";
@@ -428,11 +429,16 @@ fn a_malformed_manifest_is_reported_by_file_and_field_while_other_services_keep_
 fn the_probe_binary_is_a_client_process_with_the_same_answers() {
     let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
     let svc = web();
-    let _agent = start(
-        &cluster,
-        "round-robin",
-        &[("web.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)]))],
-    );
+    let dns = Service::new("dns")
+        .cluster_ip("10.96.0.53")
+        .udp(53, 8080)
+        .named("dns");
+    let files = [
+        ("web.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)])),
+        ("dns.yaml", yaml(&[&dns, &slice_all(&dns, &cluster)])),
+    ];
+    let _agent = start(&cluster, "round-robin", &files);
+    // As a plain process in the pod-client namespace.
     let out = cluster
         .podclient
         .command(env!("CARGO_BIN_EXE_probe"))
@@ -445,28 +451,46 @@ fn the_probe_binary_is_a_client_process_with_the_same_answers() {
         "probe failed: {text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let replies: Vec<_> = text
-        .lines()
-        .map(|l| kpr_tests::client::parse_reply(l).unwrap())
-        .collect();
-    assert_eq!(replies.len(), 6);
-    assert_eq!(
-        replies.iter().filter(|r| r.pod == "pod0").count(),
-        3,
-        "{text}"
-    );
+    let lines = parse_probe_output(&text).unwrap();
+    assert_eq!(lines.len(), 6, "{text}");
+    let pod0 = lines
+        .iter()
+        .filter(|l| matches!(l, ProbeLine::Reply(r) if r.pod == "pod0"))
+        .count();
+    assert_eq!(pod0, 3, "round-robin over two endpoints: {text}");
 
-    let held = cluster
-        .client
-        .command(env!("CARGO_BIN_EXE_probe"))
-        .args(["tcp", "10.96.0.10:80", "--count", "2", "--hold", "1"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&held.stdout);
-    assert!(held.status.success(), "{text}");
-    assert_eq!(
-        text.lines().filter(|l| l.starts_with("alive ")).count(),
-        2,
-        "{text}"
-    );
+    // Held connections, from a process inside a test cgroup (as the eBPF tests run them).
+    let cgroup = Cgroup::new("probe").unwrap();
+    let held = run_probe(
+        &cluster.client,
+        Some(&cgroup),
+        &["tcp", "10.96.0.10:80", "--count", "2", "--hold", "1"],
+    )
+    .unwrap();
+    assert!(held.success, "{held:?}");
+    let alive = held
+        .lines
+        .iter()
+        .filter(|l| matches!(l, ProbeLine::Alive(_)))
+        .count();
+    assert_eq!(alive, 2, "{held:?}");
+
+    let udp = run_probe(
+        &cluster.node,
+        None,
+        &["udp", "10.96.0.53:53", "--count", "4"],
+    )
+    .unwrap();
+    assert!(udp.success, "{udp:?}");
+    assert_eq!(udp.replies().len(), 4);
+
+    // A failure is printed, not hidden, and fails the exit status.
+    let refused = run_probe(
+        &cluster.client,
+        None,
+        &["tcp", &format!("{}:9", cluster.pods[0].ip)],
+    )
+    .unwrap();
+    assert!(!refused.success);
+    assert_eq!(refused.errors(), vec!["refused"]);
 }
