@@ -11,7 +11,10 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 #[inline(always)]
 pub unsafe fn fetch_add_u32(p: *mut u32, v: u32) -> u32 {
     // SAFETY: the caller guarantees `p`.
-    unsafe { atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(p, v) }
+    // SeqCst, not Relaxed: LLVM 22's BPF backend selects the non-fetching `lock xadd` for a
+    // relaxed add even when the result is used (the "result" is then the operand); a sequentially
+    // consistent add is selected as `atomic_fetch_add`.
+    unsafe { atomic_xadd::<u32, u32, { AtomicOrdering::SeqCst }>(p, v) }
 }
 
 /// Adds `v` (two's complement: also subtracts) to `*p` atomically.

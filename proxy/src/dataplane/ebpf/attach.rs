@@ -163,6 +163,9 @@ pub fn load(pins: &Pins, sizes: &MapSizes) -> Result<Ebpf, DataplaneError> {
 }
 
 /// Loads every program and attaches it to `cgroup`, pinning (or replacing) its link.
+///
+/// `CgroupAttachMode::Single` is what bpf_link_create needs (the kernel rejects any flag on cgroup
+/// links with EINVAL); links are multi-attach by nature, which the make-before-break relies on.
 pub fn attach_all(ebpf: &mut Ebpf, cgroup: &fs::File, pins: &Pins) -> Result<(), DataplaneError> {
     let links = pins.links();
     fs::create_dir_all(&links).map_err(io_err(format!("creating {}", links.display())))?;
@@ -170,7 +173,7 @@ pub fn attach_all(ebpf: &mut Ebpf, cgroup: &fs::File, pins: &Pins) -> Result<(),
         let p: &mut CgroupSockAddr = program(ebpf, prog)?;
         p.load().map_err(|e| prog_err(prog, "loading", &e))?;
         let id = p
-            .attach(cgroup.as_fd(), CgroupAttachMode::AllowMultiple)
+            .attach(cgroup.as_fd(), CgroupAttachMode::Single)
             .map_err(|e| prog_err(prog, "attaching", &e))?;
         let link = p
             .take_link(id)
@@ -182,7 +185,7 @@ pub fn attach_all(ebpf: &mut Ebpf, cgroup: &fs::File, pins: &Pins) -> Result<(),
         let p: &mut CgroupSock = program(ebpf, prog)?;
         p.load().map_err(|e| prog_err(prog, "loading", &e))?;
         let id = p
-            .attach(cgroup.as_fd(), CgroupAttachMode::AllowMultiple)
+            .attach(cgroup.as_fd(), CgroupAttachMode::Single)
             .map_err(|e| prog_err(prog, "attaching", &e))?;
         let link = p
             .take_link(id)

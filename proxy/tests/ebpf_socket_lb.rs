@@ -1,0 +1,335 @@
+//! Kernel tests of the eBPF dataplane's socket-level load balancing: real programs attached to a
+//! test cgroup, real client processes inside it, real echo servers in pod namespaces.
+//!
+//! Run as root: `cargo test -p proxy --test ebpf_socket_lb`.
+
+mod ebpf_support;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ebpf_support::*;
+use proxy::dataplane::ebpf::maps::{Table, SERVICES, SLOTS};
+use proxy::dataplane::ebpf::MapSizes;
+use proxy::dataplane::{Dataplane, ProxyState};
+use proxy::error::DataplaneError;
+use proxy::model::{Algorithm, Protocol};
+use proxy_common::{ServiceKey, ServiceValue, SlotKey};
+
+/// Not a test: the body of the client processes the tests spawn (see `ebpf_support::run_client`).
+#[test]
+#[ignore = "helper: runs only as a client process spawned by the other tests"]
+fn client_process_entry() {
+    let spec = std::env::var(CLIENT_ENV).expect("KPR_EBPF_CLIENT is set by the spawning test");
+    run_client(&spec);
+}
+
+fn vip(port: u16) -> SocketAddr {
+    SocketAddr::from((VIP, port))
+}
+
+/// One Service (clusterIP 10.96.0.10:80) over pods `idx`.
+fn one_service(fx: &Fixture, idx: &[usize], algorithm: Algorithm) -> ProxyState {
+    let n = name("web", Protocol::Tcp);
+    let mut svc = service(&n, VIP, 80);
+    svc.algorithm = algorithm;
+    let mut state = ProxyState::default();
+    state.services.insert(n.clone(), svc);
+    state.endpoints.insert(n, fx.endpoints(idx));
+    state
+}
+
+#[test]
+fn round_robin_is_exact_over_400_connections() {
+    let mut fx = Fixture::new("rr", 4);
+    let mut state = one_service(&fx, &[0, 1, 2, 3], Algorithm::RoundRobin);
+    let stats = fx.sync(&mut state, &full());
+    assert_eq!(stats.service_ports, 1);
+    let lines = fx.client_lines(&format!("tcp {} 400", vip(80)));
+    assert_eq!(lines.len(), 400, "{lines:?}");
+    let pods: Vec<&str> = lines
+        .iter()
+        .map(|l| l.strip_prefix("pod ").unwrap_or_else(|| panic!("{l}")))
+        .collect();
+    // Exact rotation: every window of 4 successive connections covers the 4 pods.
+    for w in pods.chunks(4) {
+        let distinct: BTreeSet<&&str> = w.iter().collect();
+        assert_eq!(distinct.len(), 4, "window {w:?}");
+    }
+    let counts = pod_counts(&lines);
+    assert_eq!(counts.len(), 4);
+    assert!(counts.values().all(|&c| c == 100), "{counts:?}");
+    // The kernel counted the same: 100 connections per endpoint, none active any more.
+    let live = fx.dp().live().counters().expect("counters");
+    assert_eq!(live.len(), 4);
+    for (addr, c) in &live {
+        assert_eq!(c.total, 100, "{addr}");
+        assert_eq!(c.active, 0, "{addr}: sock_release must give the count back");
+    }
+}
+
+#[test]
+fn least_connection_spreads_held_connections_within_one() {
+    let mut fx = Fixture::new("lc", 4);
+    let mut state = one_service(&fx, &[0, 1, 2, 3], Algorithm::LeastConn);
+    fx.sync(&mut state, &full());
+    let first = Held::start(&fx, vip(80), 6);
+    let second = Held::start(&fx, vip(80), 5);
+    let all: Vec<String> = first.pods.iter().chain(&second.pods).cloned().collect();
+    let counts = pod_counts(&all.iter().map(|p| format!("pod {p}")).collect::<Vec<_>>());
+    assert_eq!(counts.len(), 4, "{counts:?}");
+    let (min, max) = (
+        counts.values().min().unwrap(),
+        counts.values().max().unwrap(),
+    );
+    assert!(max - min <= 1, "spread {counts:?}");
+    let active = fx.dp().live_view().unwrap().active_connections();
+    assert_eq!(active.values().sum::<u64>(), 11, "{active:?}");
+    // Free the first client's 6: least-connection now fills the emptied endpoints first.
+    first.release();
+    std::thread::sleep(Duration::from_millis(100));
+    let active = fx.dp().live_view().unwrap().active_connections();
+    assert_eq!(active.values().sum::<u64>(), 5, "after release: {active:?}");
+    let third = Held::start(&fx, vip(80), 7);
+    let mut per_pod = pod_counts(
+        &second
+            .pods
+            .iter()
+            .map(|p| format!("pod {p}"))
+            .collect::<Vec<_>>(),
+    );
+    for p in &third.pods {
+        *per_pod.entry(p.clone()).or_default() += 1;
+    }
+    let (min, max) = (
+        per_pod.values().min().unwrap(),
+        per_pod.values().max().unwrap(),
+    );
+    assert!(max - min <= 1, "spread after refill {per_pod:?}");
+    drop(third);
+    drop(second);
+}
+
+#[test]
+fn session_affinity_sticks_to_one_endpoint() {
+    let mut fx = Fixture::new("aff", 4);
+    let mut state = one_service(&fx, &[0, 1, 2, 3], Algorithm::RoundRobin);
+    let n = name("web", Protocol::Tcp);
+    state.services.get_mut(&n).unwrap().affinity = Some(Duration::from_secs(10800));
+    fx.sync(&mut state, &full());
+    let lines = fx.client_lines(&format!("tcp {} 40", vip(80)));
+    let counts = pod_counts(&lines);
+    assert_eq!(
+        counts.len(),
+        1,
+        "all 40 connections on one endpoint: {counts:?}"
+    );
+    assert_eq!(counts.values().sum::<usize>(), 40);
+    // Without affinity the same client spreads again.
+    state.services.get_mut(&n).unwrap().affinity = None;
+    fx.sync(&mut state, &changed(&[&n]));
+    let counts = pod_counts(&fx.client_lines(&format!("tcp {} 40", vip(80))));
+    assert_eq!(counts.len(), 4, "{counts:?}");
+}
+
+#[test]
+fn service_without_endpoints_is_refused_at_once() {
+    let mut fx = Fixture::new("none", 1);
+    let mut state = one_service(&fx, &[], Algorithm::RoundRobin);
+    fx.sync(&mut state, &full());
+    let lines = fx.client_lines(&format!("tcp {} 3", vip(80)));
+    assert_eq!(lines.len(), 3);
+    for l in &lines {
+        let mut w = l.split_whitespace();
+        assert_eq!(w.next(), Some("err"), "{l}");
+        assert_eq!(
+            w.next(),
+            Some("Refused"),
+            "connect() must fail with ECONNREFUSED: {l}"
+        );
+        let ms: u128 = w.next().unwrap().parse().unwrap();
+        assert!(ms < 100, "refusal took {ms} ms: {l}");
+    }
+    // A port the Service does not have is not translated (and this cluster does not route it).
+    let lines = fx.client_lines(&format!("tcp {} 1", vip(81)));
+    assert!(lines[0].starts_with("err"), "{lines:?}");
+}
+
+#[test]
+fn one_changed_endpoint_rewrites_only_that_service() {
+    let mut fx = Fixture::new("incr", 4);
+    let a = name("a", Protocol::Tcp);
+    let b = name("b", Protocol::Tcp);
+    let vip_b = std::net::Ipv4Addr::new(10, 96, 0, 11);
+    let mut state = ProxyState::default();
+    state.services.insert(a.clone(), service(&a, VIP, 80));
+    state.services.insert(b.clone(), service(&b, vip_b, 80));
+    state.endpoints.insert(a.clone(), fx.endpoints(&[0, 1]));
+    state.endpoints.insert(b.clone(), fx.endpoints(&[2, 3]));
+    fx.sync(&mut state, &full());
+    let maps = maps_dir(fx.dp().bpffs_path());
+    let services: Table<ServiceKey, ServiceValue> = Table::from_pin(&maps, SERVICES).unwrap();
+    let slots: Table<SlotKey, u32> = Table::from_pin(&maps, SLOTS).unwrap();
+    let set_a = fx.dp().set_ids(&a)[0];
+    let set_b = fx.dp().set_ids(&b)[0];
+    let b_before: Vec<_> = services
+        .entries()
+        .unwrap()
+        .into_iter()
+        .filter(|(_, v)| v.set_id == set_b)
+        .collect();
+    let slots_before = slots.entries().unwrap();
+
+    // Pod 1 of service a is replaced by pod 2 (a new endpoint for a, shared with b).
+    state.endpoints.insert(a.clone(), fx.endpoints(&[0, 2]));
+    let stats = fx.sync(&mut state, &changed(&[&a]));
+    assert_eq!(stats.touched, 1);
+    // slot 1 of a's set rewritten, pod 1's backend and counters deleted; pod 2's backend is
+    // shared with b (no new backend), a's frontend keeps its value (same count).
+    assert_eq!(stats.operations, 3, "{stats:?}");
+    assert_eq!(fx.dp().set_ids(&a), vec![set_a]);
+    assert_eq!(fx.dp().set_ids(&b), vec![set_b]);
+    let b_after: Vec<_> = services
+        .entries()
+        .unwrap()
+        .into_iter()
+        .filter(|(_, v)| v.set_id == set_b)
+        .collect();
+    assert_eq!(b_before, b_after);
+    let slots_after = slots.entries().unwrap();
+    let unchanged_b = |s: &Vec<(SlotKey, u32)>| -> BTreeSet<(u32, u32, u32)> {
+        s.iter()
+            .filter(|(k, _)| k.set_id == set_b)
+            .map(|(k, v)| (k.set_id, k.slot, *v))
+            .collect()
+    };
+    assert_eq!(unchanged_b(&slots_before), unchanged_b(&slots_after));
+    // Traffic to a now reaches pods 0 and 2 only.
+    let counts = pod_counts(&fx.client_lines(&format!("tcp {} 8", vip(80))));
+    let expected: BTreeSet<String> = [0, 2]
+        .iter()
+        .map(|&i| fx.cluster.pods[i].name.clone())
+        .collect();
+    assert_eq!(counts.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    // A full resync of an unchanged state writes nothing.
+    let stats = fx.sync(&mut state, &full());
+    assert_eq!(stats.operations, 0, "{stats:?}");
+}
+
+#[test]
+fn unconnected_udp_replies_come_from_the_service_address() {
+    let mut fx = Fixture::new("udp", 2);
+    let n = name("dns", Protocol::Udp);
+    let mut state = ProxyState::default();
+    state.services.insert(n.clone(), service(&n, VIP, 53));
+    let mut eps = fx.endpoints(&[0, 1]);
+    for e in &mut eps {
+        e.port = kpr_tests::cluster::ECHO_PORT;
+    }
+    state.endpoints.insert(n, eps);
+    fx.sync(&mut state, &full());
+    let lines = fx.client_lines(&format!("udp {} 6", vip(53)));
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    let pods: BTreeSet<&str> = lines
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        pods.len(),
+        1,
+        "one unconnected socket keeps its backend: {lines:?}"
+    );
+    for l in &lines {
+        assert!(
+            l.ends_with(&format!("from {}", vip(53))),
+            "recvmsg must show the service: {l}"
+        );
+    }
+}
+
+#[test]
+fn getpeername_shows_the_service_address() {
+    let mut fx = Fixture::new("peer", 1);
+    let mut state = one_service(&fx, &[0], Algorithm::RoundRobin);
+    fx.sync(&mut state, &full());
+    let lines = fx.client_lines(&format!("peer {}", vip(80)));
+    assert_eq!(lines, vec![format!("peer {}", vip(80))]);
+}
+
+#[test]
+fn restart_reuses_pins_and_keeps_balancing_state() {
+    let mut fx = Fixture::new("restart", 4);
+    let mut state = one_service(&fx, &[0, 1, 2, 3], Algorithm::RoundRobin);
+    fx.sync(&mut state, &full());
+    let n = name("web", Protocol::Tcp);
+    let set = fx.dp().set_ids(&n);
+    assert_eq!(
+        pod_counts(&fx.client_lines(&format!("tcp {} 3", vip(80)))).len(),
+        3
+    );
+    // The agent goes away without cleanup: pinned links keep translating.
+    drop(fx.dp.take());
+    let counts = pod_counts(&fx.client_lines(&format!("tcp {} 4", vip(80))));
+    assert_eq!(counts.len(), 4, "still balanced with no agent: {counts:?}");
+    // A new agent recovers the ids and the cursor: 7 connections so far, so the next 4
+    // continue the rotation and the totals stay exact.
+    fx.dp = Some(proxy::dataplane::ebpf::EbpfDataplane::new(&fx.cfg).expect("restart"));
+    fx.sync(&mut state, &full());
+    assert_eq!(fx.dp().set_ids(&n), set);
+    let _ = fx.client_lines(&format!("tcp {} 5", vip(80)));
+    let live = fx.dp().live().counters().unwrap();
+    let totals: Vec<u64> = live.values().map(|c| c.total).collect();
+    assert_eq!(totals, vec![3, 3, 3, 3], "{live:?}");
+}
+
+#[test]
+fn cleanup_detaches_and_unpins_everything() {
+    let mut fx = Fixture::new("clean", 1);
+    let mut state = one_service(&fx, &[0], Algorithm::RoundRobin);
+    fx.sync(&mut state, &full());
+    let root = fx.dp().bpffs_path().to_path_buf();
+    assert!(root.join("links/connect4").exists());
+    fx.dp().cleanup().expect("cleanup");
+    assert!(!root.exists(), "{} still exists", root.display());
+    let lines = fx.client_lines(&format!("tcp {} 1", vip(80)));
+    assert!(
+        lines[0].starts_with("err"),
+        "no translation after cleanup: {lines:?}"
+    );
+}
+
+#[test]
+fn a_full_map_is_an_error_naming_the_service() {
+    let sizes = MapSizes {
+        services: 2,
+        ..MapSizes::default()
+    };
+    let mut fx = Fixture::with_sizes("full", 1, sizes);
+    let mut state = ProxyState::default();
+    for i in 0..3u8 {
+        let n = name(&format!("s{i}"), Protocol::Tcp);
+        state.services.insert(
+            n.clone(),
+            service(&n, std::net::Ipv4Addr::new(10, 96, 1, i), 80),
+        );
+        state.endpoints.insert(n, fx.endpoints(&[0]));
+    }
+    state.node = fx.cfg.node.clone();
+    let err = fx
+        .dp()
+        .sync(&state, &full())
+        .expect_err("3 services do not fit in 2 entries");
+    match err {
+        DataplaneError::MapFull {
+            map,
+            capacity,
+            object,
+        } => {
+            assert_eq!(capacity, 2);
+            assert!(map == "KPR_SERVICES" || map == "KPR_RR", "{map}");
+            assert!(object.contains("default/s2"), "{object}");
+        }
+        other => panic!("expected MapFull, got {other}"),
+    }
+}
