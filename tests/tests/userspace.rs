@@ -653,3 +653,86 @@ fn a_pod_reaches_itself_through_its_service_hairpin() {
         "hairpin traffic is masqueraded"
     );
 }
+
+#[test]
+fn traffic_policies_local_use_only_this_nodes_endpoints() {
+    let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+    let ips = cluster.pod_ips();
+    // pod0 runs on this node, pod1 on another one (reachable through the node all the same).
+    let etp = Service::new("etp")
+        .cluster_ip("10.96.0.50")
+        .tcp(80, 8080)
+        .named("http")
+        .node_port(30082)
+        .external_traffic_local();
+    let etp_slice = EndpointSlice::for_service(&etp)
+        .ready(ips[0])
+        .endpoint(kpr_tests::Endpoint::ready(ips[1]).on_node("other"));
+    let itp = Service::new("itp")
+        .cluster_ip("10.96.0.51")
+        .tcp(80, 8080)
+        .named("http")
+        .internal_traffic_local();
+    let itp_slice = EndpointSlice::for_service(&itp)
+        .ready(ips[0])
+        .endpoint(kpr_tests::Endpoint::ready(ips[1]).on_node("other"));
+    let remote = Service::new("remote")
+        .cluster_ip("10.96.0.52")
+        .tcp(80, 8080)
+        .named("http")
+        .node_port(30083)
+        .external_traffic_local();
+    let remote_slice = EndpointSlice::for_service(&remote)
+        .endpoint(kpr_tests::Endpoint::ready(ips[1]).on_node("other"));
+    let files = [
+        ("etp.yaml", yaml(&[&etp, &etp_slice])),
+        ("itp.yaml", yaml(&[&itp, &itp_slice])),
+        ("remote.yaml", yaml(&[&remote, &remote_slice])),
+    ];
+    let _agent = start(&cluster, "round-robin", &files);
+    let pods = |counts: BTreeMap<String, usize>| counts.into_keys().collect::<Vec<_>>();
+
+    assert_eq!(
+        pods(tally_tcp(
+            &cluster.client,
+            SocketAddr::from((NODE_IP, 30082)),
+            6
+        )),
+        vec!["pod0"],
+        "eTP Local, external source"
+    );
+    assert_eq!(
+        pods(tally_tcp(&cluster.podclient, addr("10.96.0.50:80"), 6)),
+        vec!["pod0", "pod1"],
+        "clusterIP ignores eTP"
+    );
+    assert_eq!(
+        pods(tally_tcp(
+            &cluster.podclient,
+            SocketAddr::from((NODE_IP, 30082)),
+            6
+        )),
+        vec!["pod0", "pod1"],
+        "a pod source to an eTP Local nodePort is short-circuited to all endpoints"
+    );
+    assert_eq!(
+        pods(tally_tcp(&cluster.podclient, addr("10.96.0.51:80"), 6)),
+        vec!["pod0"],
+        "iTP Local"
+    );
+
+    // eTP Local with no endpoint here: external traffic is dropped, cluster traffic still works.
+    let err = tcp_request(&cluster.client, SocketAddr::from((NODE_IP, 30083)), T)
+        .expect_err("no local endpoint");
+    assert!(
+        matches!(
+            err,
+            kpr_tests::ClientError::Timeout | kpr_tests::ClientError::Closed
+        ),
+        "dropped (the userspace proxy can only close what it accepted), not served: {err:?}"
+    );
+    assert_eq!(
+        pods(tally_tcp(&cluster.podclient, addr("10.96.0.52:80"), 2)),
+        vec!["pod1"]
+    );
+}
