@@ -20,7 +20,9 @@
 //! | `KPR_AFFINITY` | LRU hash | [`AffinityKey`] | [`AffinityValue`] |
 //! | `KPR_SOCKS` | hash | socket cookie `u64` | [`SockBackend`] |
 //! | `KPR_REVNAT` | LRU hash | [`RevNatKey`] | [`RevNatValue`] |
+//! | `KPR_UDP_FWD` | LRU hash | [`RevNatKey`] (socket, service) | [`SockBackend`] |
 //! | `KPR_CT` | LRU hash | [`CtKey`] | [`CtValue`] (tc path) |
+//! | `KPR_CONFIG` | array (1) | 0 | [`NodeConfig`] (tc path) |
 #![no_std]
 
 /// IANA protocol numbers as they appear in [`ServiceKey::proto`] and [`Backend::proto`].
@@ -197,6 +199,14 @@ pub struct CtValue {
     pub _pad: u32,
 }
 
+/// Node-wide settings of the tc path, written by the agent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// The address masqueraded traffic gets as its source (network byte order; IPv4 in word 0).
+    pub masq_addr: [u32; 4],
+}
+
 /// [`CtValue::flags`]: the entry is the reply direction of a flow.
 pub const CT_F_REPLY: u32 = 1 << 0;
 /// [`CtValue::flags`]: the flow was masqueraded.
@@ -220,6 +230,7 @@ mod pod {
     unsafe impl aya::Pod for RevNatValue {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtValue {}
+    unsafe impl aya::Pod for NodeConfig {}
 }
 
 #[cfg(test)]
@@ -242,5 +253,6 @@ mod tests {
         assert_eq!(size_of::<RevNatValue>(), 16 + 2 + 2);
         assert_eq!(size_of::<CtKey>(), 16 + 16 + 2 + 2 + 1 + 1 + 2);
         assert_eq!(size_of::<CtValue>(), 16 + 16 + 2 + 2 + 4 + 8 + 4 + 4);
+        assert_eq!(size_of::<NodeConfig>(), 16);
     }
 }

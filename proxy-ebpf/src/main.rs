@@ -2,7 +2,7 @@
 //! decided in userspace (`proxy::selection`) and written into the maps (`maps`).
 //!
 //! Programs: `kpr_connect4`, `kpr_sendmsg4`, `kpr_recvmsg4`, `kpr_getpeername4` (cgroup sock_addr)
-//! and `kpr_sock_release` (cgroup sock).
+//! and `kpr_sock_release` (cgroup sock); `kpr_tc_ingress` (tc clsact ingress).
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
@@ -15,10 +15,11 @@ mod atomic;
 mod lb;
 mod maps;
 mod sock;
+mod tc;
 
 use aya_ebpf::{
-    macros::{cgroup_sock, cgroup_sock_addr},
-    programs::{SockAddrContext, SockContext},
+    macros::{cgroup_sock, cgroup_sock_addr, classifier},
+    programs::{SockAddrContext, SockContext, TcContext},
 };
 
 #[cgroup_sock_addr(connect4)]
@@ -44,6 +45,11 @@ pub fn kpr_getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock(sock_release)]
 pub fn kpr_sock_release(ctx: SockContext) -> i32 {
     sock::release(&ctx)
+}
+
+#[classifier]
+pub fn kpr_tc_ingress(ctx: TcContext) -> i32 {
+    tc::ingress(&ctx)
 }
 
 #[cfg(not(test))]

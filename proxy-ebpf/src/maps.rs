@@ -5,11 +5,11 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{HashMap, LruHashMap},
+    maps::{Array, HashMap, LruHashMap},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, RevNatKey, RevNatValue,
-    ServiceKey, ServiceValue, SlotKey, SockBackend,
+    AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, NodeConfig, RevNatKey,
+    RevNatValue, ServiceKey, ServiceValue, SlotKey, SockBackend,
 };
 
 #[map]
@@ -48,3 +48,7 @@ pub static KPR_UDP_FWD: LruHashMap<RevNatKey, SockBackend> = LruHashMap::pinned(
 /// Connection tracking of the tc path.
 #[map]
 pub static KPR_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(262_144, 0);
+
+/// Node-wide settings of the tc path (index 0).
+#[map]
+pub static KPR_CONFIG: Array<NodeConfig> = Array::pinned(1, 0);

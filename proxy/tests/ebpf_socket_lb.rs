@@ -274,7 +274,7 @@ fn restart_reuses_pins_and_keeps_balancing_state() {
     assert_eq!(counts.len(), 4, "still balanced with no agent: {counts:?}");
     // A new agent recovers the ids and the cursor: 7 connections so far, so the next 4
     // continue the rotation and the totals stay exact.
-    fx.dp = Some(proxy::dataplane::ebpf::EbpfDataplane::new(&fx.cfg).expect("restart"));
+    fx.restart();
     fx.sync(&mut state, &full());
     assert_eq!(fx.dp().set_ids(&n), set);
     let _ = fx.client_lines(&format!("tcp {} 5", vip(80)));

@@ -16,7 +16,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kpr_tests::{Cgroup, Cluster, ClusterSpec};
-use proxy::dataplane::ebpf::{EbpfDataplane, MapSizes};
+use proxy::dataplane::ebpf::{EbpfDataplane, EbpfOptions, MapSizes, TcInterfaces};
 use proxy::dataplane::{BackendConfig, ChangeSet, Dataplane, ProxyState, SyncStats};
 use proxy::model::{Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
 use proxy::selection::{self, NodeContext};
@@ -106,8 +106,16 @@ impl Fixture {
             _bpffs: bpffs,
             cluster,
         };
-        fx.dp = Some(EbpfDataplane::with_map_sizes(&fx.cfg, sizes).expect("EbpfDataplane::new"));
+        fx.dp = Some(
+            EbpfDataplane::with_options(&fx.cfg, socket_only(sizes)).expect("EbpfDataplane::new"),
+        );
         fx
+    }
+
+    /// A new dataplane on the same pins (an agent restart).
+    pub fn restart(&mut self) {
+        let opts = socket_only(MapSizes::default());
+        self.dp = Some(EbpfDataplane::with_options(&self.cfg, opts).expect("restart"));
     }
 
     pub fn dp(&mut self) -> &mut EbpfDataplane {
@@ -178,6 +186,15 @@ impl Fixture {
             "client `{spec}` printed no result:\n{stdout}"
         );
         lines
+    }
+}
+
+/// Options for a dataplane built on the test's own thread, which is in the machine's network
+/// namespace: no tc attachment there, ever.
+pub fn socket_only(map_sizes: MapSizes) -> EbpfOptions {
+    EbpfOptions {
+        map_sizes,
+        tc: TcInterfaces::Off,
     }
 }
 

@@ -64,16 +64,17 @@ impl Default for MapSizes {
 }
 
 impl MapSizes {
-    fn of(&self, map: &str) -> u32 {
-        match map {
+    fn of(&self, map: &str) -> Option<u32> {
+        Some(match map {
             maps::SERVICES | maps::RR => self.services,
             maps::SLOTS => self.backend_slots,
             maps::BACKENDS | maps::COUNTERS => self.backends,
             maps::AFFINITY => self.affinity,
             maps::SOCKS => self.sockets,
             maps::REVNAT | maps::UDP_FWD => self.flows,
-            _ => self.conntrack,
-        }
+            maps::CT => self.conntrack,
+            _ => return None,
+        })
     }
 }
 
@@ -151,7 +152,9 @@ pub fn load(pins: &Pins, sizes: &MapSizes) -> Result<Ebpf, DataplaneError> {
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(&maps_dir);
     for name in maps::ALL {
-        loader.map_max_entries(name, sizes.of(name));
+        if let Some(size) = sizes.of(name) {
+            loader.map_max_entries(name, size);
+        }
     }
     loader.load(bytes).map_err(|e| {
         DataplaneError::Other(format!(
@@ -214,7 +217,7 @@ fn prog_err(prog: &str, what: &str, e: &dyn std::error::Error) -> DataplaneError
 }
 
 /// The sources of an error (the verifier log, the errno), which aya keeps out of `Display`.
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = String::new();
     let mut cur = e.source();
     while let Some(s) = cur {
@@ -226,7 +229,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Pins `link` at `path`, replacing an older pinned link there only after the new one is attached.
-fn replace_pin(link: FdLink, path: &Path) -> Result<(), DataplaneError> {
+pub(crate) fn replace_pin(link: FdLink, path: &Path) -> Result<(), DataplaneError> {
     let old = if path.exists() {
         PinnedLink::from_pin(path).ok()
     } else {

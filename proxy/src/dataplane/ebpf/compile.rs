@@ -6,12 +6,16 @@
 //! IPs use the cluster endpoints when eTP is Local (pod/node sources are short-circuited) and the
 //! external endpoints otherwise. Address translation at the socket keeps the client's own source,
 //! so no masquerade is involved on this path.
+//!
+//! With the tc path attached, every external frontend also gets a `SCOPE_EXTERNAL` entry for
+//! traffic from outside the node: the external endpoints (eTP), masqueraded unless eTP is Local
+//! (or always with `--masquerade-all`). SCTP is left to the socket path.
 
 use std::net::{IpAddr, Ipv4Addr};
 
 use proxy_common::{
-    ServiceKey, ALG_LEAST_CONN, ALG_ROUND_ROBIN, FAMILY_V4, SCOPE_SOCKET, SVC_F_AFFINITY,
-    SVC_F_DROP_EMPTY,
+    ServiceKey, ALG_LEAST_CONN, ALG_ROUND_ROBIN, FAMILY_V4, SCOPE_EXTERNAL, SCOPE_SOCKET,
+    SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_MASQUERADE,
 };
 
 use crate::model::{Algorithm, Endpoint, Protocol, ServicePort};
@@ -69,13 +73,20 @@ impl DesiredService {
     }
 }
 
-/// Compiles `svc` with its selected endpoints; `nodeport_ips` are the node addresses that accept
-/// nodePort traffic.
-pub fn compile(
-    svc: &ServicePort,
-    sel: &SelectedEndpoints,
-    nodeport_ips: &[IpAddr],
-) -> DesiredService {
+/// Node-wide inputs of the compilation.
+#[derive(Debug, Clone, Default)]
+pub struct CompileContext {
+    /// The node addresses that accept nodePort traffic.
+    pub nodeport_ips: Vec<IpAddr>,
+    /// The tc path is attached: also write `SCOPE_EXTERNAL` frontends for traffic from outside.
+    pub tc: bool,
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+}
+
+/// Compiles `svc` with its selected endpoints.
+pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext) -> DesiredService {
+    let nodeport_ips = &ctx.nodeport_ips;
     let mut out = DesiredService {
         cluster: backends(&sel.cluster, svc.protocol),
         ..DesiredService::default()
@@ -97,6 +108,18 @@ pub fn compile(
         flags: affinity_flag | empty_flag(sel, local_policy),
         algorithm,
         affinity_timeout_s,
+    };
+    // Traffic from outside the node: the external set, masqueraded unless eTP is Local.
+    let masquerade = if ctx.masquerade_all || !svc.external_local {
+        SVC_F_MASQUERADE
+    } else {
+        0
+    };
+    let tc_frontend = |ip: Ipv4Addr, port: u16| {
+        let mut f = frontend(ip, port, SetKind::External, svc.external_local);
+        f.key.scope = SCOPE_EXTERNAL;
+        f.flags |= masquerade;
+        f
     };
     let (ext_set, ext_local) = if svc.external_local {
         (SetKind::Cluster, svc.internal_local)
@@ -121,7 +144,12 @@ pub fn compile(
     }
     for (ip, port) in externals {
         match ip {
-            IpAddr::V4(v4) => out.frontends.push(frontend(v4, port, ext_set, ext_local)),
+            IpAddr::V4(v4) => {
+                out.frontends.push(frontend(v4, port, ext_set, ext_local));
+                if ctx.tc && svc.protocol != Protocol::Sctp {
+                    out.frontends.push(tc_frontend(v4, port));
+                }
+            }
             IpAddr::V6(_) => out.skipped_v6.push(ip),
         }
     }

@@ -4,10 +4,10 @@
 use std::fmt;
 use std::path::Path;
 
-use aya::maps::{HashMap, Map, MapData, MapError};
+use aya::maps::{Array, HashMap, Map, MapData, MapError};
 use aya::sys::SyscallError;
 use aya::Pod;
-use proxy_common::{Backend, BackendCounters, ServiceKey, ServiceValue, SlotKey};
+use proxy_common::{Backend, BackendCounters, NodeConfig, ServiceKey, ServiceValue, SlotKey};
 
 use crate::error::DataplaneError;
 
@@ -22,10 +22,11 @@ pub const SOCKS: &str = "KPR_SOCKS";
 pub const REVNAT: &str = "KPR_REVNAT";
 pub const UDP_FWD: &str = "KPR_UDP_FWD";
 pub const CT: &str = "KPR_CT";
+pub const CONFIG: &str = "KPR_CONFIG";
 
 /// Every map of the object, for pinning, sizing and cleanup.
-pub const ALL: [&str; 10] = [
-    SERVICES, SLOTS, BACKENDS, COUNTERS, RR, AFFINITY, SOCKS, REVNAT, UDP_FWD, CT,
+pub const ALL: [&str; 11] = [
+    SERVICES, SLOTS, BACKENDS, COUNTERS, RR, AFFINITY, SOCKS, REVNAT, UDP_FWD, CT, CONFIG,
 ];
 
 /// One hash map with its name and capacity.
@@ -148,6 +149,7 @@ pub struct Maps {
     pub backends: Table<u32, Backend>,
     pub counters: Table<u32, BackendCounters>,
     pub rr: Table<u32, u32>,
+    pub config: Array<MapData, NodeConfig>,
 }
 
 impl Maps {
@@ -163,6 +165,14 @@ impl Maps {
             backends: Table::new(BACKENDS, take(BACKENDS)?)?,
             counters: Table::new(COUNTERS, take(COUNTERS)?)?,
             rr: Table::new(RR, take(RR)?)?,
+            config: Array::try_from(take(CONFIG)?).map_err(|e| map_err(CONFIG, "opening", e))?,
         })
+    }
+
+    /// Writes the node-wide settings of the tc path.
+    pub fn set_config(&mut self, config: NodeConfig) -> Result<(), DataplaneError> {
+        self.config
+            .set(0, config, 0)
+            .map_err(|e| map_err(CONFIG, "writing index 0", e))
     }
 }

@@ -15,15 +15,21 @@
 //! without backends fails connect()/sendmsg() at once: with ECONNREFUSED (Reject), or with EPERM
 //! where the semantics say drop (a Local policy with endpoints on other nodes only).
 //!
-//! Not done: IPv6 (v6 addresses are skipped with a warning), the tc path for traffic from outside
-//! the node (NodePort/externalIP/LB DNAT with conntrack), loadBalancerSourceRanges for local
-//! clients (a socket has no source address yet at connect()).
+//! The tc program (`tc`) handles NodePort, externalIP and LB IP traffic from outside the node:
+//! DNAT to the external endpoints, masquerade to the node address unless eTP is Local, reverse
+//! translation of replies, flows tracked in `KPR_CT` (LRU).
+//!
+//! Not done: IPv6 (v6 addresses are skipped with a warning); loadBalancerSourceRanges (neither
+//! path checks them: a socket has no source address yet at connect(), and the tc path does not
+//! implement them); tc masquerade keeps the client's source port (two external clients using the
+//! same source port towards the same backend collide); SCTP on the tc path.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use aya::Ebpf;
+use proxy_common::NodeConfig;
 
 use crate::dataplane::{BackendConfig, ChangeSet, Dataplane, LiveView, ProxyState, SyncStats};
 use crate::error::DataplaneError;
@@ -37,18 +43,40 @@ mod logs;
 pub mod maps;
 pub mod object;
 pub mod programmed;
+pub mod tc;
 
 pub use attach::MapSizes;
 pub use live::EbpfLive;
+pub use tc::TcInterfaces;
 
 use attach::Pins;
 use maps::Maps;
 use programmed::Programmed;
 
+/// Construction options beyond [`BackendConfig`].
+#[derive(Debug, Clone)]
+pub struct EbpfOptions {
+    pub map_sizes: MapSizes,
+    /// Where the tc program attaches, in the network namespace of the thread that constructs the
+    /// dataplane. Default: every non-loopback interface (what a node agent needs). Tests that
+    /// construct the dataplane outside a namespace of their own must pass `Off`.
+    pub tc: TcInterfaces,
+}
+
+impl Default for EbpfOptions {
+    fn default() -> Self {
+        EbpfOptions {
+            map_sizes: MapSizes::default(),
+            tc: TcInterfaces::All,
+        }
+    }
+}
+
 /// The `ebpf` backend.
 pub struct EbpfDataplane {
     pins: Pins,
-    nodeport_ips: Vec<IpAddr>,
+    compile_ctx: compile::CompileContext,
+    tc: tc::TcAttacher,
     maps: Maps,
     programmed: Programmed,
     _logs: Option<logs::LogDrain>,
@@ -57,15 +85,17 @@ pub struct EbpfDataplane {
 }
 
 impl EbpfDataplane {
-    /// Loads the programs, attaches them to `cfg.cgroup_path` and pins maps and links under
-    /// `cfg.bpffs_path`, with the default map sizes.
+    /// Loads the programs, attaches the socket programs to `cfg.cgroup_path` and the tc program
+    /// to every non-loopback interface of the calling thread's network namespace, and pins maps
+    /// and links under `cfg.bpffs_path`, with the default map sizes.
     pub fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
-        Self::with_map_sizes(cfg, MapSizes::default())
+        Self::with_options(cfg, EbpfOptions::default())
     }
 
-    /// As [`EbpfDataplane::new`], with explicit map sizes (used when maps are created; maps that
-    /// are already pinned keep the size they were created with).
-    pub fn with_map_sizes(cfg: &BackendConfig, sizes: MapSizes) -> Result<Self, DataplaneError> {
+    /// As [`EbpfDataplane::new`], with explicit options. Map sizes apply when maps are created;
+    /// maps that are already pinned keep the size they were created with.
+    pub fn with_options(cfg: &BackendConfig, opts: EbpfOptions) -> Result<Self, DataplaneError> {
+        let sizes = opts.map_sizes;
         object::embedded()?;
         let cgroup_path = cfg
             .cgroup_path
@@ -83,12 +113,23 @@ impl EbpfDataplane {
         attach::prepare_bpffs(&pins.root)?;
         let mut ebpf = attach::load(&pins, &sizes)?;
         let logs = logs::LogDrain::start(&mut ebpf);
-        let maps = Maps::take(&mut ebpf)?;
+        let mut maps = Maps::take(&mut ebpf)?;
         let programmed = Programmed::recover(&maps)?;
+        let nodeport_ips = nodeport_ips(cfg);
+        maps.set_config(NodeConfig {
+            masq_addr: [masquerade_addr(cfg, &nodeport_ips), 0, 0, 0],
+        })?;
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
+        let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
+        tc.refresh(&mut ebpf)?;
         Ok(EbpfDataplane {
             pins,
-            nodeport_ips: nodeport_ips(cfg),
+            compile_ctx: compile::CompileContext {
+                tc: tc.enabled(),
+                nodeport_ips,
+                masquerade_all: cfg.node.masquerade_all,
+            },
+            tc,
             maps,
             programmed,
             _logs: logs,
@@ -127,7 +168,7 @@ impl EbpfDataplane {
                     &computed
                 }
             };
-            compile::compile(svc, sel, &self.nodeport_ips)
+            compile::compile(svc, sel, &self.compile_ctx)
         });
         if let Some(d) = &desired {
             if !d.skipped_v6.is_empty() {
@@ -163,6 +204,8 @@ impl Dataplane for EbpfDataplane {
         } else {
             changes.changed.clone()
         };
+        // New interfaces (a pod's veth) get the tc program before their traffic is translated.
+        self.tc.refresh(&mut self._ebpf)?;
         let mut ops = 0;
         let mut first_err = None;
         for name in &names {
@@ -200,6 +243,25 @@ pub fn cleanup(cfg: &BackendConfig) -> Result<(), DataplaneError> {
     attach::unpin_all(&Pins {
         root: cfg.bpffs_path.clone(),
     })
+}
+
+/// The source address masqueraded tc traffic gets: the first IPv4 nodePort address, else the
+/// first IPv4 node address (0: masquerade disabled, with a warning).
+fn masquerade_addr(cfg: &BackendConfig, nodeport_ips: &[IpAddr]) -> u32 {
+    let v4 = nodeport_ips
+        .iter()
+        .chain(&cfg.node.node_ips)
+        .find_map(|ip| match ip {
+            IpAddr::V4(v4) => Some(*v4),
+            IpAddr::V6(_) => None,
+        });
+    match v4 {
+        Some(ip) => compile::v4_word(ip),
+        None => {
+            tracing::warn!("ebpf: no IPv4 node address: traffic from outside is not masqueraded");
+            0
+        }
+    }
 }
 
 /// The node addresses that accept nodePort traffic: `--nodeport-addresses`, or all node IPs.

@@ -50,7 +50,15 @@ fn ep(last: u8, node: &str) -> Endpoint {
 
 fn run(svc: &ServicePort, eps: &[Endpoint]) -> DesiredService {
     let sel = select(svc, eps, NODE);
-    compile(svc, &sel, &[ip("192.168.1.10")])
+    compile(svc, &sel, &ctx(false))
+}
+
+fn ctx(tc: bool) -> CompileContext {
+    CompileContext {
+        nodeport_ips: vec![ip("192.168.1.10")],
+        tc,
+        masquerade_all: false,
+    }
 }
 
 fn last_octets(set: &[BackendAddr]) -> Vec<u8> {
@@ -158,4 +166,52 @@ fn udp_port_keys_carry_the_udp_protocol() {
     let d = run(&s, &[ep(1, NODE)]);
     assert_eq!(d.frontends[0].key.proto, 17);
     assert_eq!(d.cluster[0].proto, Protocol::Udp);
+}
+
+#[test]
+fn tc_frontends_use_the_external_set_and_masquerade_under_etp_cluster() {
+    let mut s = svc();
+    s.node_port = 30080;
+    let sel = select(&s, &[ep(1, NODE), ep(2, "other")], NODE);
+    let d = compile(&s, &sel, &ctx(true));
+    let tc: Vec<&Frontend> = d
+        .frontends
+        .iter()
+        .filter(|f| f.key.scope == SCOPE_EXTERNAL)
+        .collect();
+    assert_eq!(tc.len(), 1);
+    assert_eq!(u16::from_be(tc[0].key.port), 30080);
+    assert_eq!(tc[0].flags & SVC_F_MASQUERADE, SVC_F_MASQUERADE);
+    assert_eq!(
+        tc[0].set,
+        SetKind::Cluster,
+        "same endpoints: the set is shared"
+    );
+}
+
+#[test]
+fn tc_frontends_under_etp_local_keep_the_client_and_use_local_endpoints() {
+    let mut s = svc();
+    s.node_port = 30080;
+    s.external_local = true;
+    let sel = select(&s, &[ep(1, NODE), ep(2, "other")], NODE);
+    let d = compile(&s, &sel, &ctx(true));
+    let tc = d
+        .frontends
+        .iter()
+        .find(|f| f.key.scope == SCOPE_EXTERNAL)
+        .unwrap();
+    assert_eq!(tc.flags & SVC_F_MASQUERADE, 0);
+    assert_eq!(tc.set, SetKind::External);
+    assert_eq!(last_octets(d.external.as_ref().unwrap()), vec![1]);
+    let socket = d
+        .frontends
+        .iter()
+        .find(|f| f.key.scope == SCOPE_SOCKET && f.key.port == 30080u16.to_be())
+        .unwrap();
+    assert_eq!(
+        socket.set,
+        SetKind::Cluster,
+        "local clients are short-circuited"
+    );
 }

@@ -1,0 +1,156 @@
+//! Attaching the tc program (`kpr_tc_ingress`, TCX ingress) to the node's interfaces, in the
+//! network namespace the dataplane was created in, and keeping that set current.
+//!
+//! The namespace is captured at construction (`/proc/thread-self/ns/net`) and every attach runs
+//! on a short-lived thread that entered it, so later syncs from any thread never touch another
+//! namespace. Links are pinned as `links/tc-<interface>`; interfaces that disappeared lose their
+//! pin on the next refresh.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+
+use aya::programs::links::FdLink;
+use aya::programs::{SchedClassifier, TcAttachType};
+use aya::Ebpf;
+use nix::sched::{setns, CloneFlags};
+
+use super::attach::{error_chain, replace_pin};
+use crate::error::DataplaneError;
+
+pub const PROGRAM: &str = "kpr_tc_ingress";
+
+/// Which interfaces get the tc program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TcInterfaces {
+    /// No tc path: only local clients (cgroup programs) are load-balanced.
+    Off,
+    /// Every interface except loopback, as they come and go (a node's default).
+    All,
+    /// Exactly these interfaces.
+    Only(Vec<String>),
+}
+
+/// The tc program's attachments in one network namespace.
+pub struct TcAttacher {
+    netns: File,
+    mode: TcInterfaces,
+    links_dir: PathBuf,
+    attached: BTreeSet<String>,
+}
+
+impl TcAttacher {
+    /// Captures the calling thread's network namespace and loads the program.
+    pub fn new(
+        ebpf: &mut Ebpf,
+        mode: TcInterfaces,
+        links_dir: PathBuf,
+    ) -> Result<Self, DataplaneError> {
+        let netns = File::open("/proc/thread-self/ns/net")
+            .map_err(|e| DataplaneError::io("opening /proc/thread-self/ns/net", e))?;
+        if mode != TcInterfaces::Off {
+            program(ebpf)?.load().map_err(|e| tc_err("loading", &e))?;
+        }
+        Ok(TcAttacher {
+            netns,
+            mode,
+            links_dir,
+            attached: BTreeSet::new(),
+        })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.mode != TcInterfaces::Off
+    }
+
+    /// Attaches to interfaces that appeared and unpins those that went away.
+    pub fn refresh(&mut self, ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let prog = program(ebpf)?;
+        let netns = &self.netns;
+        let mode = &self.mode;
+        let links_dir = &self.links_dir;
+        let attached = &self.attached;
+        let result = std::thread::scope(|s| {
+            s.spawn(move || -> Result<BTreeSet<String>, DataplaneError> {
+                setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| {
+                    DataplaneError::io("entering the dataplane's network namespace", e.into())
+                })?;
+                let present = interfaces(mode)?;
+                for name in present.difference(attached) {
+                    attach_one(prog, name, links_dir)?;
+                }
+                Ok(present)
+            })
+            .join()
+            .map_err(|_| DataplaneError::Other("the tc attach thread panicked".into()))?
+        })?;
+        for gone in self.attached.difference(&result) {
+            let _ = fs::remove_file(self.links_dir.join(pin_name(gone)));
+        }
+        self.attached = result;
+        Ok(())
+    }
+
+    /// Interfaces the program is attached to.
+    pub fn attached(&self) -> &BTreeSet<String> {
+        &self.attached
+    }
+}
+
+fn program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, DataplaneError> {
+    let p = ebpf.program_mut(PROGRAM).ok_or_else(|| {
+        DataplaneError::Other(format!("the eBPF object has no program {PROGRAM}"))
+    })?;
+    p.try_into().map_err(|e| tc_err("typing", &e))
+}
+
+fn tc_err(what: &str, e: &dyn std::error::Error) -> DataplaneError {
+    DataplaneError::Other(format!(
+        "eBPF program {PROGRAM}: {what}: {e}{}",
+        error_chain(e)
+    ))
+}
+
+fn pin_name(interface: &str) -> String {
+    format!("tc-{interface}")
+}
+
+/// The interfaces of the current thread's namespace that `mode` selects.
+fn interfaces(mode: &TcInterfaces) -> Result<BTreeSet<String>, DataplaneError> {
+    let all = nix::net::if_::if_nameindex()
+        .map_err(|e| DataplaneError::io("listing network interfaces", e.into()))?;
+    let names: BTreeSet<String> = all
+        .iter()
+        .map(|i| i.name().to_string_lossy().into_owned())
+        .filter(|n| n != "lo")
+        .collect();
+    Ok(match mode {
+        TcInterfaces::Off => BTreeSet::new(),
+        TcInterfaces::All => names,
+        TcInterfaces::Only(only) => only
+            .iter()
+            .filter(|n| names.contains(*n))
+            .cloned()
+            .collect(),
+    })
+}
+
+fn attach_one(
+    prog: &mut SchedClassifier,
+    interface: &str,
+    links_dir: &std::path::Path,
+) -> Result<(), DataplaneError> {
+    let what = |step: &str| format!("{step} on interface {interface}");
+    let id = prog
+        .attach(interface, TcAttachType::Ingress)
+        .map_err(|e| tc_err(&what("attaching (TCX ingress)"), &e))?;
+    let link = prog
+        .take_link(id)
+        .map_err(|e| tc_err(&what("taking the link"), &e))?;
+    let link = FdLink::try_from(link).map_err(|e| tc_err(&what("converting the link"), &e))?;
+    replace_pin(link, &links_dir.join(pin_name(interface)))
+}
