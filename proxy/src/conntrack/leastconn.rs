@@ -92,6 +92,11 @@ impl LcTable {
         }
     }
 
+    /// The endpoint target `id` currently sends new connections to.
+    pub fn pick(&self, id: u32) -> Option<SocketAddrV4> {
+        self.targets.get(&id).and_then(|t| t.programmed)
+    }
+
     /// The targets currently known, by id.
     pub fn target_ids(&self) -> Vec<u32> {
         self.targets.keys().copied().collect()

@@ -80,7 +80,9 @@ impl Default for TargetIds {
 }
 
 impl TargetIds {
-    fn get(
+    /// The id of route `tag` of `spn`: the previous one unless the route is new, or it has
+    /// affinity and lost an endpoint.
+    pub fn get(
         &mut self,
         spn: &ServicePortName,
         tag: Tag,

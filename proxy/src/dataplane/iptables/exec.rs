@@ -1,0 +1,148 @@
+//! Running the iptables tools in the mode this node uses (legacy or nft).
+//!
+//! Owns: mode detection and the only calls to `iptables`, `iptables-save` and
+//! `iptables-restore`. All run in the calling thread's network namespace and wait for the xtables
+//! lock (`-w`).
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use crate::error::DataplaneError;
+
+/// Which iptables implementation programs the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Legacy,
+    Nft,
+}
+
+impl Mode {
+    /// Parses `--iptables-mode` (`legacy` or `nft`).
+    pub fn parse(s: &str) -> Result<Mode, DataplaneError> {
+        match s {
+            "legacy" => Ok(Mode::Legacy),
+            "nft" => Ok(Mode::Nft),
+            other => Err(DataplaneError::Other(format!(
+                "--iptables-mode: expected `legacy` or `nft`, found `{other}`"
+            ))),
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Mode::Legacy => "legacy",
+            Mode::Nft => "nft",
+        }
+    }
+
+    /// The binary `iptables-<mode>[-save|-restore]`.
+    pub fn binary(self, tool: &str) -> String {
+        if tool.is_empty() {
+            format!("iptables-{}", self.suffix())
+        } else {
+            format!("iptables-{}-{tool}", self.suffix())
+        }
+    }
+
+    /// Picks the mode whose tables already hold rules (as kube-proxy's iptables-wrapper does);
+    /// with no rules anywhere, nft (the Debian default).
+    pub fn detect() -> Mode {
+        let count = |m: Mode| -> usize {
+            Command::new(m.binary("save"))
+                .output()
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .lines()
+                        .filter(|l| l.starts_with("-A "))
+                        .count()
+                })
+                .unwrap_or(0)
+        };
+        if count(Mode::Legacy) > count(Mode::Nft) {
+            Mode::Legacy
+        } else {
+            Mode::Nft
+        }
+    }
+}
+
+fn command_error(command: String, stderr: &[u8], script: Option<&str>) -> DataplaneError {
+    let stderr = String::from_utf8_lossy(stderr);
+    let mut detail: String = stderr.lines().take(8).collect::<Vec<_>>().join("\n");
+    // iptables-restore names the failing line: "line 12 failed".
+    let line = stderr
+        .split("line ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<usize>().ok());
+    if let (Some(script), Some(n)) = (script, line) {
+        if let Some(l) = script.lines().nth(n.saturating_sub(1)) {
+            detail.push_str(&format!("\nrestore line {n}: {l}"));
+        }
+    }
+    DataplaneError::Command { command, detail }
+}
+
+/// Applies `script` with `iptables-restore --noflush` (one atomic commit per table).
+pub fn restore(mode: Mode, script: &str) -> Result<(), DataplaneError> {
+    let bin = mode.binary("restore");
+    let mut child = Command::new(&bin)
+        .args(["-w", "5", "--noflush"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| DataplaneError::io(format!("running {bin}"), e))?;
+    let mut stdin = child.stdin.take().expect("stdin was piped");
+    let write = stdin.write_all(script.as_bytes());
+    drop(stdin);
+    let out = child
+        .wait_with_output()
+        .map_err(|e| DataplaneError::io(format!("waiting for {bin}"), e))?;
+    write.map_err(|e| DataplaneError::io(format!("writing the restore input to {bin}"), e))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(command_error(
+            format!("{bin} -w 5 --noflush"),
+            &out.stderr,
+            Some(script),
+        ))
+    }
+}
+
+/// Runs `iptables-<mode> args`; returns whether it succeeded (for `-C` checks) or an error when
+/// the tool could not run at all.
+pub fn iptables(mode: Mode, args: &[&str]) -> Result<bool, DataplaneError> {
+    let bin = mode.binary("");
+    let out = Command::new(&bin)
+        .arg("-w")
+        .args(args)
+        .output()
+        .map_err(|e| DataplaneError::io(format!("running {bin}"), e))?;
+    Ok(out.status.success())
+}
+
+/// The chains of `table` whose names start with `prefix` (one `iptables-save`; full syncs and
+/// cleanup only).
+pub fn chains(mode: Mode, table: &str, prefix: &str) -> Result<Vec<String>, DataplaneError> {
+    let bin = mode.binary("save");
+    let out = Command::new(&bin)
+        .args(["-t", table])
+        .output()
+        .map_err(|e| DataplaneError::io(format!("running {bin}"), e))?;
+    if !out.status.success() {
+        return Err(command_error(
+            format!("{bin} -t {table}"),
+            &out.stderr,
+            None,
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| c.starts_with(prefix))
+        .map(str::to_string)
+        .collect())
+}

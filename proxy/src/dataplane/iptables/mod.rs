@@ -1,0 +1,652 @@
+//! The iptables dataplane: kube-proxy-compatible NAT chains (prefix `KPR-`), written with
+//! `iptables-restore --noflush`.
+//!
+//! Owns every chain whose name starts with `KPR-` in the nat and filter tables and the jump rules
+//! to them in the built-in chains; never touches anything else (a real kube-proxy's `KUBE-`
+//! chains included). A full sync rewrites all our chains in one restore (and removes leftover
+//! `KPR-` chains of a crashed run); an incremental sync rewrites only the chains of the changed
+//! service ports and adds or deletes their single rules in the shared chains. Chains that are no
+//! longer referenced are flushed at once and deleted after a grace period. Works with
+//! iptables-legacy and iptables-nft (`--iptables-mode`, or detected). IPv4 only.
+
+pub mod compile;
+pub mod exec;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::conntrack::leastconn::{LcTable, LeastConn, PickChange, Steer};
+use crate::dataplane::nftables::compile::{Representatives, TargetIds};
+use crate::dataplane::{BackendConfig, ChangeSet, Dataplane, LiveView, ProxyState, SyncStats};
+use crate::error::DataplaneError;
+use crate::model::ServicePortName;
+
+use compile::{Compiled, CLUSTER_IPS, FILTER, MARK_MASQ_CHAIN, NODEPORTS, POSTROUTING, SERVICES};
+pub use exec::Mode;
+
+/// How long an unreferenced chain is kept (flushed) before it is deleted.
+pub const DEFAULT_STALE_GRACE: Duration = Duration::from_secs(30);
+
+/// Jump rules in built-in chains: (table, chain, rule).
+const HOOKS: &[(&str, &str, &str)] = &[
+    (
+        "nat",
+        "PREROUTING",
+        "-m comment --comment kpr-services -j KPR-SERVICES",
+    ),
+    (
+        "nat",
+        "OUTPUT",
+        "-m comment --comment kpr-services -j KPR-SERVICES",
+    ),
+    (
+        "nat",
+        "POSTROUTING",
+        "-m comment --comment kpr-postrouting -j KPR-POSTROUTING",
+    ),
+    (
+        "filter",
+        "INPUT",
+        "-m conntrack --ctstate NEW -m comment --comment kpr-checks -j KPR-FILTER",
+    ),
+    (
+        "filter",
+        "FORWARD",
+        "-m conntrack --ctstate NEW -m comment --comment kpr-checks -j KPR-FILTER",
+    ),
+    (
+        "filter",
+        "OUTPUT",
+        "-m conntrack --ctstate NEW -m comment --comment kpr-checks -j KPR-FILTER",
+    ),
+];
+
+/// The iptables backend.
+pub struct IptablesDataplane {
+    cfg: BackendConfig,
+    mode: Mode,
+    ids: TargetIds,
+    programmed: HashMap<ServicePortName, Compiled>,
+    cluster_ip_refs: HashMap<Ipv4Addr, usize>,
+    /// Flushed, unreferenced chains and when they became so.
+    stale: BTreeMap<String, Instant>,
+    grace: Duration,
+    /// The node-wide inputs of the static rules at the last full sync.
+    statics: Option<String>,
+    needs_full: bool,
+    last_restore: String,
+    lc: Option<LeastConn>,
+}
+
+impl IptablesDataplane {
+    /// Picks the iptables mode (`cfg.iptables_mode` or detected) and checks the tools run.
+    pub fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
+        let mode = match cfg.iptables_mode.as_deref() {
+            Some(m) => Mode::parse(m)?,
+            None => Mode::detect(),
+        };
+        if !exec::iptables(mode, &["--version"])? {
+            return Err(DataplaneError::Other(format!(
+                "{} --version failed: iptables ({mode:?}) is not usable",
+                mode.binary("")
+            )));
+        }
+        Ok(IptablesDataplane {
+            cfg: cfg.clone(),
+            mode,
+            ids: TargetIds::default(),
+            programmed: HashMap::new(),
+            cluster_ip_refs: HashMap::new(),
+            stale: BTreeMap::new(),
+            grace: DEFAULT_STALE_GRACE,
+            statics: None,
+            needs_full: true,
+            last_restore: String::new(),
+            lc: None,
+        })
+    }
+
+    /// The mode in use.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Sets how long unreferenced chains are kept before deletion.
+    pub fn set_stale_grace(&mut self, grace: Duration) {
+        self.grace = grace;
+    }
+
+    /// The `iptables-restore` input of the last sync.
+    pub fn last_restore(&self) -> &str {
+        &self.last_restore
+    }
+
+    /// Chains flushed and waiting for deletion.
+    pub fn stale_chains(&self) -> Vec<String> {
+        self.stale.keys().cloned().collect()
+    }
+
+    fn statics_key(&self, state: &ProxyState) -> String {
+        format!(
+            "{:?}|{:?}|{:?}|{:?}|{}",
+            state.node.cluster_cidrs,
+            state.node.node_ips,
+            self.cfg.nodeport_addresses,
+            self.cfg.service_cidrs,
+            state.node.masquerade_all
+        )
+    }
+
+    /// Static rules of our shared chains (nat, filter).
+    fn static_rules(&self) -> (Vec<String>, Vec<String>) {
+        let mut nat = vec![
+            format!(
+                "-A {MARK_MASQ_CHAIN} -j MARK --or-mark {:#x}",
+                compile::MARK_MASQ
+            ),
+            format!(
+                "-A {POSTROUTING} -m mark ! --mark {m:#x}/{m:#x} -j RETURN",
+                m = compile::MARK_MASQ
+            ),
+            format!(
+                "-A {POSTROUTING} -j MARK --xor-mark {:#x}",
+                compile::MARK_MASQ
+            ),
+            format!("-A {POSTROUTING} -j MASQUERADE"),
+        ];
+        let v4nets: Vec<String> = self
+            .cfg
+            .nodeport_addresses
+            .iter()
+            .filter_map(|n| match n {
+                ipnet::IpNet::V4(n) if !n.network().is_loopback() => Some(n.trunc().to_string()),
+                _ => None,
+            })
+            .collect();
+        if v4nets.is_empty() {
+            nat.push(format!(
+                "-A {SERVICES} -m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j {NODEPORTS}"
+            ));
+        } else {
+            for n in v4nets {
+                nat.push(format!("-A {SERVICES} -d {n} -j {NODEPORTS}"));
+            }
+        }
+        let mut filter = vec![
+            format!(
+                "-A {FILTER} -m mark --mark {m:#x}/{m:#x} -j DROP",
+                m = compile::MARK_DROP
+            ),
+            format!(
+                "-A {FILTER} -p tcp -m mark --mark {m:#x}/{m:#x} -j REJECT --reject-with tcp-reset",
+                m = compile::MARK_REJECT
+            ),
+            format!(
+                "-A {FILTER} -m mark --mark {m:#x}/{m:#x} -j REJECT",
+                m = compile::MARK_REJECT
+            ),
+            format!("-A {FILTER} -j {CLUSTER_IPS}"),
+        ];
+        for c in &self.cfg.service_cidrs {
+            if let ipnet::IpNet::V4(n) = c {
+                filter.push(format!("-A {FILTER} -d {} -j DROP", n.trunc()));
+            }
+        }
+        (nat, filter)
+    }
+
+    fn cluster_ip_rules(ip: Ipv4Addr) -> [String; 2] {
+        [
+            format!("{CLUSTER_IPS} -d {ip}/32 -p tcp -j REJECT --reject-with tcp-reset"),
+            format!("{CLUSTER_IPS} -d {ip}/32 -j REJECT"),
+        ]
+    }
+
+    /// Builds the restore input of a sync and updates the bookkeeping as if it was applied.
+    fn plan(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSet,
+        lc: Option<&mut LcTable>,
+    ) -> Result<(bool, String, usize), DataplaneError> {
+        let reps = Representatives::new(&state.node);
+        let key = self.statics_key(state);
+        let full = changes.full || self.needs_full || self.statics.as_deref() != Some(&key);
+        let spns: Vec<ServicePortName> = if full {
+            state.services.keys().cloned().collect()
+        } else {
+            changes.changed.iter().cloned().collect()
+        };
+        let mut p = Plan::default();
+        if full {
+            self.full_prologue(&mut p)?;
+            self.statics = Some(key);
+        }
+        let mut lc_targets = Vec::new();
+        for spn in &spns {
+            let new = compile::compile(state, spn, &reps, &mut self.ids);
+            let old = self.programmed.remove(spn).unwrap_or_default();
+            self.diff(&old, &new, full, &mut p);
+            lc_targets.extend(new.lc.iter().cloned());
+            if new != Compiled::default() {
+                self.programmed.insert(spn.clone(), new);
+            }
+        }
+        if let Some(table) = lc {
+            self.lc_chains(table, &lc_targets, full, &mut p);
+        }
+        let now = Instant::now();
+        let expired: Vec<String> = self
+            .stale
+            .iter()
+            .filter(|(_, t)| now.duration_since(**t) >= self.grace)
+            .map(|(c, _)| c.clone())
+            .collect();
+        for c in expired {
+            self.stale.remove(&c);
+            p.nat_delete_chains.push(c);
+        }
+        Ok((full, p.render(), spns.len()))
+    }
+
+    /// Full sync: every shared chain re-declared (flushed) with its static rules; leftovers of
+    /// earlier runs flushed and deleted.
+    fn full_prologue(&mut self, p: &mut Plan) -> Result<(), DataplaneError> {
+        self.programmed.clear();
+        self.cluster_ip_refs.clear();
+        let (nat, filter) = self.static_rules();
+        for c in [SERVICES, NODEPORTS, MARK_MASQ_CHAIN, POSTROUTING] {
+            p.nat_declare.insert(c.to_string());
+        }
+        for c in [FILTER, CLUSTER_IPS] {
+            p.filter_declare.insert(c.to_string());
+        }
+        p.nat_rules.extend(nat);
+        p.filter_rules.extend(filter);
+        // Whatever else of ours exists (a crashed run, chains waiting for their grace period)
+        // is flushed now and deleted at the end of this restore unless the sync declares it.
+        for c in exec::chains(self.mode, "nat", "KPR-")? {
+            p.nat_leftovers.insert(c);
+        }
+        for c in exec::chains(self.mode, "filter", "KPR-")? {
+            p.filter_leftovers.insert(c);
+        }
+        self.stale.clear();
+        Ok(())
+    }
+
+    fn diff(&mut self, old: &Compiled, new: &Compiled, full: bool, p: &mut Plan) {
+        for (name, rules) in &new.chains {
+            if full || old.chains.get(name) != Some(rules) {
+                p.nat_declare.insert(name.clone());
+                p.nat_rules
+                    .extend(rules.iter().map(|r| format!("-A {name} {r}")));
+            }
+            self.stale.remove(name);
+        }
+        for name in old.chains.keys() {
+            if !new.chains.contains_key(name) {
+                p.nat_declare.insert(name.clone());
+                self.stale.insert(name.clone(), Instant::now());
+            }
+        }
+        for (chain, old_rules, new_rules) in [
+            (SERVICES, &old.services, &new.services),
+            (NODEPORTS, &old.nodeports, &new.nodeports),
+        ] {
+            for r in old_rules {
+                if !new_rules.contains(r) && !full {
+                    p.nat_deletes.push(format!("-D {chain} {r}"));
+                }
+            }
+            for r in new_rules {
+                if full || !old_rules.contains(r) {
+                    p.nat_rules.push(format!("-A {chain} {r}"));
+                }
+            }
+        }
+        for ip in &old.cluster_ips {
+            if full || new.cluster_ips.contains(ip) {
+                continue;
+            }
+            let n = self.cluster_ip_refs.entry(*ip).or_default();
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.cluster_ip_refs.remove(ip);
+                p.filter_deletes
+                    .extend(Self::cluster_ip_rules(*ip).map(|r| format!("-D {r}")));
+            }
+        }
+        for ip in &new.cluster_ips {
+            if !full && old.cluster_ips.contains(ip) {
+                continue;
+            }
+            let n = self.cluster_ip_refs.entry(*ip).or_default();
+            *n += 1;
+            if *n == 1 {
+                p.filter_rules
+                    .extend(Self::cluster_ip_rules(*ip).map(|r| format!("-A {r}")));
+            }
+        }
+    }
+
+    /// Least-connection chains of the compiled service ports, each pointing at its current pick.
+    fn lc_chains(
+        &self,
+        table: &mut LcTable,
+        targets: &[compile::LcTarget],
+        full: bool,
+        p: &mut Plan,
+    ) {
+        if full {
+            table.forget_programmed();
+        }
+        let wanted: BTreeSet<u32> = self
+            .programmed
+            .values()
+            .flat_map(|c| c.lc.iter().map(|t| t.id))
+            .collect();
+        for id in table.target_ids() {
+            if !wanted.contains(&id) {
+                let _ = table.remove_target(id);
+            }
+        }
+        for t in targets {
+            let _ = table.set_target(t.id, &lc_label(t), &t.endpoints);
+            p.nat_declare.insert(t.chain.clone());
+            if let Some(pick) = table.pick(t.id) {
+                p.nat_rules.push(format!(
+                    "-A {} -j {}",
+                    t.chain,
+                    compile::sep_chain(&t.spn, pick)
+                ));
+            }
+        }
+    }
+}
+
+/// The label the least-connection table carries for a target: `<LC chain> <service port>`.
+fn lc_label(t: &compile::LcTarget) -> String {
+    format!("{} {}", t.chain, t.spn)
+}
+
+/// The pieces of one restore input, rendered table by table.
+#[derive(Debug, Default)]
+struct Plan {
+    nat_declare: BTreeSet<String>,
+    nat_leftovers: BTreeSet<String>,
+    nat_deletes: Vec<String>,
+    nat_rules: Vec<String>,
+    nat_delete_chains: Vec<String>,
+    filter_declare: BTreeSet<String>,
+    filter_leftovers: BTreeSet<String>,
+    filter_deletes: Vec<String>,
+    filter_rules: Vec<String>,
+}
+
+impl Plan {
+    fn render(&self) -> String {
+        let mut out = String::new();
+        render_table(
+            &mut out,
+            "nat",
+            &self.nat_declare,
+            &self.nat_leftovers,
+            &self.nat_deletes,
+            &self.nat_rules,
+            &self.nat_delete_chains,
+        );
+        render_table(
+            &mut out,
+            "filter",
+            &self.filter_declare,
+            &self.filter_leftovers,
+            &self.filter_deletes,
+            &self.filter_rules,
+            &[],
+        );
+        out
+    }
+}
+
+fn render_table(
+    out: &mut String,
+    table: &str,
+    declare: &BTreeSet<String>,
+    leftovers: &BTreeSet<String>,
+    deletes: &[String],
+    rules: &[String],
+    delete_chains: &[String],
+) {
+    let extra: Vec<&String> = leftovers.iter().filter(|c| !declare.contains(*c)).collect();
+    if declare.is_empty()
+        && extra.is_empty()
+        && deletes.is_empty()
+        && rules.is_empty()
+        && delete_chains.is_empty()
+    {
+        return;
+    }
+    let _ = writeln!(out, "*{table}");
+    for c in declare.iter().chain(extra.iter().copied()) {
+        let _ = writeln!(out, ":{c} - [0:0]");
+    }
+    for l in deletes.iter().chain(rules) {
+        out.push_str(l);
+        out.push('\n');
+    }
+    for c in extra.iter().copied().chain(delete_chains) {
+        let _ = writeln!(out, "-X {c}");
+    }
+    out.push_str("COMMIT\n");
+}
+
+fn count_ops(script: &str) -> usize {
+    script
+        .lines()
+        .filter(|l| {
+            l.starts_with(':') || l.starts_with("-A") || l.starts_with("-D") || l.starts_with("-X")
+        })
+        .count()
+}
+
+/// Rewrites a least-connection chain when the controller moves its pick.
+struct IptSteer(Mode);
+
+impl Steer for IptSteer {
+    fn steer(&mut self, changes: &[PickChange]) -> Result<(), DataplaneError> {
+        let mut script = String::from("*nat\n");
+        let mut rules = String::new();
+        for c in changes {
+            let Some((chain, spn)) = c.label.split_once(' ') else {
+                continue;
+            };
+            let _ = writeln!(script, ":{chain} - [0:0]");
+            if let Some(pick) = c.new {
+                let _ = writeln!(rules, "-A {chain} -j {}", compile::sep_chain(spn, pick));
+            }
+        }
+        script.push_str(&rules);
+        script.push_str("COMMIT\n");
+        exec::restore(self.0, &script)
+    }
+}
+
+impl IptablesDataplane {
+    fn ensure_hooks(&self) -> Result<(), DataplaneError> {
+        for (table, chain, rule) in HOOKS {
+            let spec: Vec<&str> = split_rule(rule);
+            let mut check = vec!["-t", table, "-C", chain];
+            check.extend(&spec);
+            if exec::iptables(self.mode, &check)? {
+                continue;
+            }
+            let mut insert = vec!["-t", table, "-I", chain, "1"];
+            insert.extend(&spec);
+            if !exec::iptables(self.mode, &insert)? {
+                return Err(DataplaneError::Command {
+                    command: format!("{} {}", self.mode.binary(""), insert.join(" ")),
+                    detail: format!("could not add the jump to our chains in {table}/{chain}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn wants_lc(&self) -> bool {
+        self.programmed.values().any(|c| !c.lc.is_empty())
+    }
+}
+
+fn split_rule(rule: &str) -> Vec<&str> {
+    rule.split_whitespace().collect()
+}
+
+impl Dataplane for IptablesDataplane {
+    fn name(&self) -> &'static str {
+        "iptables"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSet,
+    ) -> Result<SyncStats, DataplaneError> {
+        let needs_lc = self.wants_lc()
+            || state
+                .services
+                .values()
+                .any(|s| s.algorithm == crate::model::Algorithm::LeastConn);
+        if needs_lc && self.lc.is_none() {
+            self.lc = Some(LeastConn::start(Box::new(IptSteer(self.mode)))?);
+        }
+        let lc = self.lc.take();
+        let result = {
+            let mut guard = lc.as_ref().map(LeastConn::lock);
+            let planned = self.plan(state, changes, guard.as_deref_mut());
+            let applied = planned.and_then(|(full, script, touched)| {
+                let r = if script.is_empty() {
+                    Ok(())
+                } else {
+                    exec::restore(self.mode, &script)
+                };
+                self.last_restore = script;
+                r.map(|()| (full, touched))
+            });
+            if applied.is_err() {
+                if let Some(t) = guard.as_mut() {
+                    t.forget_programmed();
+                }
+            }
+            applied
+        };
+        self.lc = lc;
+        let (full, touched) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                self.needs_full = true;
+                return Err(e);
+            }
+        };
+        if full {
+            if let Err(e) = self.ensure_hooks() {
+                self.needs_full = true;
+                return Err(e);
+            }
+        }
+        self.needs_full = false;
+        if let Err(e) = crate::conntrack::cleanup_stale(state, changes) {
+            tracing::warn!("iptables: stale conntrack cleanup failed: {e}");
+        }
+        Ok(SyncStats {
+            full,
+            service_ports: self.programmed.len(),
+            touched,
+            operations: count_ops(&self.last_restore),
+        })
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        self.lc = None;
+        for (table, chain, rule) in HOOKS {
+            let mut del = vec!["-t", table, "-D", chain];
+            del.extend(split_rule(rule));
+            // A crashed run may have added a jump more than once.
+            for _ in 0..16 {
+                if !exec::iptables(self.mode, &del)? {
+                    break;
+                }
+            }
+        }
+        let mut script = String::new();
+        for table in ["nat", "filter"] {
+            let chains = exec::chains(self.mode, table, "KPR-")?;
+            if chains.is_empty() {
+                continue;
+            }
+            let _ = writeln!(script, "*{table}");
+            for c in &chains {
+                let _ = writeln!(script, ":{c} - [0:0]");
+            }
+            for c in &chains {
+                let _ = writeln!(script, "-X {c}");
+            }
+            script.push_str("COMMIT\n");
+        }
+        if !script.is_empty() {
+            exec::restore(self.mode, &script)?;
+        }
+        self.programmed.clear();
+        self.cluster_ip_refs.clear();
+        self.stale.clear();
+        self.statics = None;
+        self.needs_full = true;
+        Ok(())
+    }
+
+    fn live_view(&self) -> Option<Arc<dyn LiveView>> {
+        self.lc.as_ref().map(LeastConn::live_view)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddrV4;
+
+    #[test]
+    fn restore_declares_chains_before_rules_and_deletes_last() {
+        let mut p = Plan::default();
+        p.nat_declare.insert("KPR-SVC-A".into());
+        p.nat_rules.push("-A KPR-SVC-A -j KPR-SEP-B".into());
+        p.nat_deletes
+            .push("-D KPR-SERVICES -d 10.0.0.1/32 -j KPR-FE-C".into());
+        p.nat_delete_chains.push("KPR-SEP-OLD".into());
+        assert_eq!(
+            p.render(),
+            "*nat\n:KPR-SVC-A - [0:0]\n-D KPR-SERVICES -d 10.0.0.1/32 -j KPR-FE-C\n\
+             -A KPR-SVC-A -j KPR-SEP-B\n-X KPR-SEP-OLD\nCOMMIT\n"
+        );
+    }
+
+    #[test]
+    fn an_empty_plan_renders_nothing() {
+        assert_eq!(Plan::default().render(), "");
+    }
+
+    #[test]
+    fn sep_names_are_stable_and_short() {
+        let a = compile::sep_chain(
+            "default/web/TCP",
+            "10.244.1.2:8080".parse::<SocketAddrV4>().unwrap(),
+        );
+        assert_eq!(
+            a,
+            compile::sep_chain("default/web/TCP", "10.244.1.2:8080".parse().unwrap())
+        );
+        assert!(a.len() <= 28, "{a}");
+    }
+}
