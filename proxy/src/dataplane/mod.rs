@@ -18,6 +18,7 @@ use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
 use crate::selection::{NodeContext, SelectedEndpoints};
 
 pub mod ebpf;
+pub mod iptables;
 pub mod nftables;
 pub mod userspace;
 
