@@ -100,6 +100,7 @@ pub struct Agent<'n> {
     dir: PathBuf,
     manifests: PathBuf,
     log: PathBuf,
+    opts: AgentOptions,
     /// The eBPF backend's private `--bpffs-path`, removed on drop.
     bpffs: Option<PathBuf>,
     binary: PathBuf,
@@ -118,85 +119,110 @@ impl<'n> Agent<'n> {
             None => proxy_binary()?,
         };
         let dir = std::env::temp_dir().join(format!("{}-agent", unique_prefix()));
-        let io = |what: String| move |e| HarnessError::Io { what, source: e };
         let manifest_dir = dir.join("manifests");
-        fs::create_dir_all(&manifest_dir)
-            .map_err(io(format!("creating {}", manifest_dir.display())))?;
-        let log = dir.join("agent.log");
-        let log_file = fs::File::create(&log).map_err(io(format!("creating {}", log.display())))?;
-        let log_err = log_file
-            .try_clone()
-            .map_err(io("duplicating the log handle".into()))?;
+        fs::create_dir_all(&manifest_dir).map_err(|e| HarnessError::Io {
+            what: format!("creating {}", manifest_dir.display()),
+            source: e,
+        })?;
         let bpffs =
             (opts.backend == "ebpf").then(|| PathBuf::from("/sys/fs/bpf").join(unique_prefix()));
         let agent = Agent {
             node,
+            opts: opts.clone(),
+            binary,
             child: Mutex::new(None),
+            log: dir.join("agent.log"),
             dir,
             manifests: manifest_dir,
-            log,
             bpffs,
-            binary: binary.clone(),
         };
         for (name, content) in manifests {
             agent.write_manifest(name, content)?;
         }
-        let mut cmd = node.exec(&binary)?;
-        cmd.args([
+        agent.spawn()?;
+        Ok(agent)
+    }
+
+    /// Stops the agent and starts it again with the same flags and manifests (the log continues).
+    pub fn restart(&self) -> Result<(), HarnessError> {
+        self.stop();
+        self.spawn()
+    }
+
+    /// Starts the process (appending to the log) and waits for the first healthy `/healthz`.
+    fn spawn(&self) -> Result<(), HarnessError> {
+        let io = |what: String| move |e| HarnessError::Io { what, source: e };
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(io(format!("opening {}", self.log.display())))?;
+        let log_err = log
+            .try_clone()
+            .map_err(io("duplicating the log handle".into()))?;
+        let mut cmd = self.node.exec(&self.binary)?;
+        cmd.args(self.run_args()?)
+            .env("NO_COLOR", "1")
+            .env("RUST_LIB_BACKTRACE", "0")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        let child = cmd
+            .spawn()
+            .map_err(io(format!("spawning {}", self.binary.display())))?;
+        *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        self.wait_healthy(self.opts.ready_timeout)
+    }
+
+    /// `run` and every flag, in the order of the agent's usage line.
+    fn run_args(&self) -> Result<Vec<String>, HarnessError> {
+        let o = &self.opts;
+        let source = format!("file:{}", self.manifests.display());
+        let nodeport = format!("{NODE_IP}/32");
+        let mut args: Vec<String> = [
             "run",
             "--backend",
-            &opts.backend,
+            &o.backend,
+            "--source",
+            &source,
             "--balance",
-            &opts.balance,
-        ])
-        .arg("--source")
-        .arg(format!("file:{}", agent.manifests.display()))
-        .args([
+            &o.balance,
             "--hostname-override",
             NODE_NAME,
             "--cluster-cidr",
             CLUSTER_CIDR,
-        ])
-        .args(["--service-cluster-ip-range", SERVICE_CIDR])
-        .args(["--nodeport-addresses", &format!("{NODE_IP}/32")])
-        .args([
+            "--service-cluster-ip-range",
+            SERVICE_CIDR,
+            "--nodeport-addresses",
+            &nodeport,
             "--min-sync-period",
             "100ms",
             "--sync-period",
             "30s",
             "--udp-idle-timeout",
             "60s",
-        ])
-        .args([
             "--metrics-bind-address",
             METRICS_ADDR,
             "--healthz-bind-address",
             "0.0.0.0:10256",
-        ])
-        .args(agent.isolation_args(opts)?)
-        .args(&opts.extra_args)
-        .env("NO_COLOR", "1")
-        .env("RUST_LIB_BACKTRACE", "0")
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .stdin(Stdio::null())
-        .stdout(log_file)
-        .stderr(log_err);
-        let child = cmd
-            .spawn()
-            .map_err(io(format!("spawning {}", binary.display())))?;
-        *agent.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
-        agent.wait_healthy(opts.ready_timeout)?;
-        Ok(agent)
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(self.isolation_args()?);
+        args.extend(o.extra_args.iter().cloned());
+        Ok(args)
     }
 
     /// Flags that keep an eBPF agent off the machine's own cgroup and pins.
-    fn isolation_args(&self, opts: &AgentOptions) -> Result<Vec<String>, HarnessError> {
+    fn isolation_args(&self) -> Result<Vec<String>, HarnessError> {
         let mut args = Vec::new();
         if let Some(bpffs) = &self.bpffs {
-            let Some(cgroup) = &opts.cgroup else {
+            let Some(cgroup) = &self.opts.cgroup else {
                 return Err(HarnessError::Agent(
                     "the ebpf backend needs a test cgroup: AgentOptions::cgroup(&Cgroup::new(..)?)"
                         .into(),
@@ -345,10 +371,10 @@ impl<'n> Agent<'n> {
     }
 
     /// Stops the agent: SIGTERM, up to 5 s grace, then SIGKILL. Returns its exit status.
-    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+    pub fn stop(&self) -> Option<std::process::ExitStatus> {
         let mut child = self
             .child
-            .get_mut()
+            .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()?;
         let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
@@ -437,4 +463,94 @@ pub struct EndpointState {
     pub serving: bool,
     pub terminating: bool,
     pub active: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn script(body: &str) -> (PathBuf, impl Drop) {
+        struct Rm(PathBuf);
+        impl Drop for Rm {
+            fn drop(&mut self) {
+                let _ = fs::remove_file(&self.0);
+            }
+        }
+        let path = std::env::temp_dir().join(format!("{}-fake-proxy", unique_prefix()));
+        fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        (path.clone(), Rm(path))
+    }
+
+    #[test]
+    fn an_agent_that_exits_at_once_fails_start_with_its_log() {
+        let node = Netns::new("agent").unwrap();
+        let (bin, _rm) = script("echo \"bad flag: $2\" >&2; exit 3");
+        let opts = AgentOptions::backend("userspace").binary(&bin);
+        let err = Agent::start(&node, &opts, &[]).unwrap_err().to_string();
+        assert!(err.contains("the agent exited"), "{err}");
+        assert!(
+            err.contains("bad flag: --backend"),
+            "the log is part of the error: {err}"
+        );
+    }
+
+    #[test]
+    fn an_agent_that_never_gets_healthy_times_out_and_is_killed() {
+        let node = Netns::new("agent").unwrap();
+        let (bin, _rm) = script("echo started; exec sleep 600");
+        let mut opts = AgentOptions::backend("userspace").binary(&bin);
+        opts.ready_timeout = Duration::from_millis(500);
+        let started = Instant::now();
+        let err = Agent::start(&node, &opts, &[]).unwrap_err().to_string();
+        assert!(err.contains("/healthz not 200"), "{err}");
+        assert!(err.contains("started"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(8));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !node.pids().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            node.pids().is_empty(),
+            "the failed agent was stopped: {:?}",
+            node.pids()
+        );
+    }
+
+    #[test]
+    fn the_ebpf_backend_is_refused_without_a_test_cgroup() {
+        let node = Netns::new("agent").unwrap();
+        let (bin, _rm) = script("exit 0");
+        let opts = AgentOptions::backend("ebpf").binary(&bin);
+        let err = Agent::start(&node, &opts, &[]).unwrap_err().to_string();
+        assert!(err.contains("needs a test cgroup"), "{err}");
+    }
+
+    #[test]
+    fn manifests_are_written_before_the_agent_starts_and_flags_follow_the_contract() {
+        let node = Netns::new("agent").unwrap();
+        // Records its arguments and the manifest directory listing, then exits.
+        let (bin, _rm) = script("echo \"$@\"; ls \"${5#file:}\"; exit 1");
+        let opts = AgentOptions::backend("nftables")
+            .balance("least-conn")
+            .arg("--masquerade-all");
+        let opts = opts.binary(&bin);
+        let err = Agent::start(&node, &opts, &[("web.yaml", "kind: Service\n".into())])
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "run --backend nftables --source file:",
+            "--balance least-conn",
+            "--hostname-override node",
+            "--cluster-cidr 10.244.0.0/16",
+            "--service-cluster-ip-range 10.96.0.0/16",
+            "--nodeport-addresses 192.0.2.1/32",
+            "--healthz-bind-address 0.0.0.0:10256",
+            "--masquerade-all",
+            "web.yaml",
+        ] {
+            assert!(err.contains(want), "{want:?} missing from: {err}");
+        }
+    }
 }
