@@ -7,9 +7,13 @@
 //! `podutil`) and a thin layer applying the plan through kube-rs.
 
 pub mod cache;
+pub mod endpoints;
 pub mod endpointslice;
 pub mod error;
 pub mod inputs;
+pub mod lbipam;
+pub mod leader;
+pub mod manager;
 pub mod podutil;
 
 pub use error::{Error, Result};

@@ -4,8 +4,10 @@
 //! Follows kube-controller-manager's reconciler: endpoints are grouped by address type and by their
 //! resolved port set (named target ports can resolve differently per Pod); existing slices are kept
 //! and edited in place (minimal churn), endpoints that moved or appeared fill slices that are being
-//! updated anyway, then an unchanged slice with enough room, and only then new slices of at most
-//! `MAX_ENDPOINTS_PER_SLICE`. A Service without endpoints keeps one empty placeholder slice.
+//! updated anyway, then unchanged slices with room (fullest first), and only then new slices of at
+//! most `MAX_ENDPOINTS_PER_SLICE`. Unlike upstream, which leaves an unchanged slice alone unless all
+//! new endpoints fit in it, existing slices are always filled first: one more write now, fewer
+//! half-empty slices later. A Service without endpoints keeps one empty placeholder slice.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -313,8 +315,8 @@ fn keep_existing(
     }
 }
 
-/// Steps 2 and 3: remaining endpoints fill slices already being updated, then one unchanged slice
-/// with room for all of them, then new slices.
+/// Steps 2 and 3: remaining endpoints fill slices already being updated, then unchanged slices with
+/// room (fullest first), then new slices.
 fn place_remaining(
     svc: &Service,
     at: &str,
@@ -340,28 +342,37 @@ fn place_remaining(
         if rest.is_empty() {
             continue;
         }
-        let fits = unchanged
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| port_key(s.ports.as_deref().unwrap_or(&[])) == pk)
-            .filter(|(_, s)| {
-                MAX_ENDPOINTS_PER_SLICE - endpoints_of(s).len().min(MAX_ENDPOINTS_PER_SLICE)
-                    >= rest.len()
-            })
-            .max_by_key(|(_, s)| endpoints_of(s).len())
-            .map(|(i, _)| i);
-        if let Some(i) = fits {
-            let mut s = unchanged.remove(i);
-            endpoints_mut(&mut s).append(&mut rest);
-            plan.update.push(s);
-            continue;
-        }
+        fill_unchanged(&pk, &mut rest, plan, unchanged);
         while !rest.is_empty() {
             let chunk: Vec<Endpoint> = rest
                 .drain(..rest.len().min(MAX_ENDPOINTS_PER_SLICE))
                 .collect();
             plan.create.push(new_slice(svc, at, ports.clone(), chunk));
         }
+    }
+}
+
+/// Moves endpoints into unchanged slices with room, fullest first (each becomes an update), so new
+/// slices are made only when the existing ones are full.
+fn fill_unchanged(
+    pk: &PortKey,
+    rest: &mut Vec<Endpoint>,
+    plan: &mut Plan,
+    unchanged: &mut Vec<EndpointSlice>,
+) {
+    while !rest.is_empty() {
+        let fullest = unchanged
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| port_key(s.ports.as_deref().unwrap_or(&[])) == *pk)
+            .filter(|(_, s)| endpoints_of(s).len() < MAX_ENDPOINTS_PER_SLICE)
+            .max_by_key(|(_, s)| endpoints_of(s).len())
+            .map(|(i, _)| i);
+        let Some(i) = fullest else { return };
+        let mut s = unchanged.remove(i);
+        let room = (MAX_ENDPOINTS_PER_SLICE - endpoints_of(&s).len()).min(rest.len());
+        endpoints_mut(&mut s).extend(rest.drain(..room));
+        plan.update.push(s);
     }
 }
 

@@ -248,9 +248,22 @@ fn churn_is_minimal() {
     let p = plan(&svc(), &pods(301), &existing);
     assert_eq!(
         counts(&p),
-        (1, 0, 0),
-        "51 new endpoints do not fit: one new slice, the others untouched"
+        (1, 1, 0),
+        "51 new endpoints: the half-full slice is filled first, one new slice"
     );
+    assert_eq!(sizes(&materialize(&p, &existing)), [100, 100, 100, 1]);
+
+    let mut grown = existing.clone();
+    for n in [260, 275, 290, 305] {
+        let p = plan(&svc(), &pods(n), &grown);
+        assert_eq!(
+            p.create.len(),
+            usize::from(n > 300),
+            "growing to {n}: new slices only when the others are full"
+        );
+        grown = materialize(&p, &grown);
+    }
+    assert_eq!(sizes(&grown), [100, 100, 100, 5]);
 }
 
 #[test]

@@ -1,0 +1,120 @@
+//! `controller-manager`: runs the kpr control plane controllers against a Kubernetes API server.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use controllers::lbipam::pool::Pool;
+use controllers::leader::{self, LeaderConfig};
+use controllers::manager::{self, ManagerConfig};
+
+/// Runs the EndpointSlice, Endpoints and LoadBalancer IPAM controllers.
+#[derive(Debug, Parser)]
+#[command(name = "controller-manager", version)]
+struct Args {
+    /// Kubeconfig file (default: in-cluster config or ~/.kube/config).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Controllers to run, comma separated: endpointslice, endpoints, lb-ipam
+    /// (default: endpointslice,endpoints, plus lb-ipam when --lb-pool is given).
+    #[arg(long)]
+    controllers: Option<String>,
+    /// LoadBalancer address pool: a CIDR (10.0.0.0/24) or a range (10.0.0.10-10.0.0.20).
+    #[arg(long)]
+    lb_pool: Option<Pool>,
+    /// Run controllers only while holding the leader Lease.
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the leader Lease.
+    #[arg(long, default_value = "kube-system")]
+    leader_elect_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "kpr-controller-manager")]
+    leader_elect_name: String,
+    /// Identity in the Lease (default: hostname_pid).
+    #[arg(long)]
+    leader_elect_identity: Option<String>,
+    /// Lease validity without renewal.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    leader_elect_lease_duration: Duration,
+    /// How long a leader keeps working without a successful renewal.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    leader_elect_renew_deadline: Duration,
+    /// How often candidates try to acquire or renew.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    leader_elect_retry_period: Duration,
+    /// Reconciles running at once per controller.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u16,
+}
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("inferring the Kubernetes client configuration")?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+fn identity() -> String {
+    let host =
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "unknown".into());
+    format!("{}_{}", host.trim(), std::process::id())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let controllers = match &args.controllers {
+        Some(list) => manager::parse_controllers(list)?,
+        None if args.lb_pool.is_some() => {
+            manager::parse_controllers("endpointslice,endpoints,lb-ipam")?
+        }
+        None => manager::parse_controllers("endpointslice,endpoints")?,
+    };
+    let leader = args.leader_elect.then(|| LeaderConfig {
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+        ..LeaderConfig::new(
+            &args.leader_elect_namespace,
+            &args.leader_elect_name,
+            &args.leader_elect_identity.clone().unwrap_or_else(identity),
+        )
+    });
+    let client = client(args.kubeconfig.as_deref()).await?;
+    let cfg = ManagerConfig {
+        controllers,
+        lb_pool: args.lb_pool,
+        leader: leader.clone(),
+        concurrency: args.concurrency,
+    };
+    tracing::info!("controller-manager starting: {:?}", cfg.controllers);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing SIGTERM handler")?;
+    tokio::select! {
+        r = manager::run(client.clone(), cfg) => r.context("controller-manager stopped")?,
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+        _ = term.recv() => tracing::info!("terminated"),
+    }
+    if let Some(l) = leader {
+        leader::release(&client, &l)
+            .await
+            .context("releasing the leader Lease")?;
+    }
+    Ok(())
+}
