@@ -8,6 +8,11 @@
 //! also when a test panics: programs detached and pins removed (dataplane cleanup), the bpffs
 //! unmounted, the cgroup (and whatever runs in it) and the namespaces removed.
 
+#![allow(
+    dead_code,
+    reason = "each test file uses a different part of the shared fixture"
+)]
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
@@ -85,6 +90,15 @@ impl Fixture {
     }
 
     pub fn with_sizes(tag: &str, pods: usize, sizes: MapSizes) -> Fixture {
+        let mut fx = Self::bare(tag, pods);
+        fx.dp = Some(
+            EbpfDataplane::with_options(&fx.cfg, socket_only(sizes)).expect("EbpfDataplane::new"),
+        );
+        fx
+    }
+
+    /// Cluster, cgroup and bpffs, no dataplane yet.
+    fn bare(tag: &str, pods: usize) -> Fixture {
         let cluster = Cluster::new(ClusterSpec::pods(pods)).expect("building the test cluster");
         let cgroup = Cgroup::new(tag).expect("creating the test cgroup");
         let bpffs = Bpffs::mount(tag);
@@ -99,16 +113,27 @@ impl Fixture {
             bpffs_path: bpffs.pin_root(),
             ..BackendConfig::default()
         };
-        let mut fx = Fixture {
+        Fixture {
             dp: None,
             cfg,
             cgroup,
             _bpffs: bpffs,
             cluster,
-        };
-        fx.dp = Some(
-            EbpfDataplane::with_options(&fx.cfg, socket_only(sizes)).expect("EbpfDataplane::new"),
-        );
+        }
+    }
+
+    /// Like [`Fixture::new`], but the dataplane is built on a thread inside the node namespace with
+    /// the tc program on all of the node's interfaces (as the agent runs on a node).
+    pub fn with_tc(tag: &str, pods: usize) -> Fixture {
+        let mut fx = Self::bare(tag, pods);
+        let cfg = fx.cfg.clone();
+        let dp = fx
+            .cluster
+            .node
+            .run(move || EbpfDataplane::new(&cfg))
+            .expect("entering the node namespace")
+            .expect("EbpfDataplane::new in the node namespace");
+        fx.dp = Some(dp);
         fx
     }
 

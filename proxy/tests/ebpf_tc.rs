@@ -1,0 +1,157 @@
+//! Kernel tests of the eBPF dataplane's tc path: traffic from outside the node (the harness's
+//! `client` namespace, 192.0.2.100) to nodeIP:nodePort, translated by `kpr_tc_ingress` attached
+//! (TCX) to every interface of the test's node namespace, with real echo servers in pod
+//! namespaces. The dataplane is built on a thread inside the node namespace; nothing is attached
+//! in the machine's own namespace.
+//!
+//! Run as root: `cargo test -p proxy --test ebpf_tc`.
+
+mod ebpf_support;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use ebpf_support::*;
+use kpr_tests::cluster::{CLIENT_IP, NODE_IP};
+use kpr_tests::ClientError;
+use proxy::dataplane::ProxyState;
+use proxy::model::Protocol;
+
+/// Not a test: the body of the client processes the shared fixture can spawn.
+#[test]
+#[ignore = "helper: runs only as a client process spawned by the other tests"]
+fn client_process_entry() {
+    let spec = std::env::var(CLIENT_ENV).expect("KPR_EBPF_CLIENT is set by the spawning test");
+    run_client(&spec);
+}
+
+const NODE_PORT: u16 = 30080;
+
+fn node_port() -> SocketAddr {
+    SocketAddr::from((NODE_IP, NODE_PORT))
+}
+
+/// A NodePort Service (clusterIP 10.96.0.10:80, nodePort 30080) over pods `idx`; pods listed in
+/// `remote` run on another node.
+fn node_port_service(
+    fx: &Fixture,
+    proto: Protocol,
+    idx: &[usize],
+    remote: &[usize],
+    local: bool,
+) -> ProxyState {
+    let n = name("web", proto);
+    let mut svc = service(&n, VIP, 80);
+    svc.node_port = NODE_PORT;
+    svc.external_local = local;
+    let mut eps = fx.endpoints(idx);
+    for (e, i) in eps.iter_mut().zip(idx) {
+        if remote.contains(i) {
+            e.node = Some("other-node".into());
+        }
+    }
+    let mut state = ProxyState::default();
+    state.services.insert(n.clone(), svc);
+    state.endpoints.insert(n, eps);
+    state
+}
+
+fn tcp(fx: &Fixture, n: usize) -> Vec<Result<kpr_tests::Reply, ClientError>> {
+    (0..n)
+        .map(|_| kpr_tests::tcp_request(&fx.cluster.client, node_port(), Duration::from_secs(2)))
+        .collect()
+}
+
+#[test]
+fn node_port_from_outside_is_balanced_and_masqueraded() {
+    let mut fx = Fixture::with_tc("tcnp", 4);
+    let mut state = node_port_service(&fx, Protocol::Tcp, &[0, 1, 2, 3], &[], false);
+    fx.sync(&mut state, &full());
+    let replies: Vec<kpr_tests::Reply> = tcp(&fx, 8)
+        .into_iter()
+        .map(|r| r.expect("request through the node port"))
+        .collect();
+    let pods: BTreeSet<&str> = replies.iter().map(|r| r.pod.as_str()).collect();
+    assert_eq!(pods.len(), 4, "round-robin over the 4 pods: {replies:?}");
+    for r in &replies {
+        assert_eq!(
+            r.peer.ip(),
+            IpAddr::V4(NODE_IP),
+            "eTP Cluster masquerades to the node: {r:?}"
+        );
+    }
+    let live = fx.dp().live().counters().unwrap();
+    assert_eq!(live.values().map(|c| c.total).sum::<u64>(), 8, "{live:?}");
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_the_client_address_and_local_endpoints() {
+    let mut fx = Fixture::with_tc("tclocal", 4);
+    let mut state = node_port_service(&fx, Protocol::Tcp, &[0, 1, 2, 3], &[2, 3], true);
+    fx.sync(&mut state, &full());
+    let replies: Vec<kpr_tests::Reply> = tcp(&fx, 6)
+        .into_iter()
+        .map(|r| r.expect("request"))
+        .collect();
+    let pods: BTreeSet<&str> = replies.iter().map(|r| r.pod.as_str()).collect();
+    let local: BTreeSet<&str> = [0, 1]
+        .iter()
+        .map(|&i| fx.cluster.pods[i].name.as_str())
+        .collect();
+    assert_eq!(pods, local, "only this node's endpoints: {replies:?}");
+    for r in &replies {
+        assert_eq!(
+            r.peer.ip(),
+            IpAddr::V4(CLIENT_IP),
+            "eTP Local keeps the client: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn udp_node_port_replies_come_from_the_node_port() {
+    let mut fx = Fixture::with_tc("tcudp", 2);
+    let mut state = node_port_service(&fx, Protocol::Udp, &[0, 1], &[], false);
+    fx.sync(&mut state, &full());
+    // The client's socket is connected to nodeIP:30080: an untranslated reply would be discarded.
+    let r = kpr_tests::udp_request(&fx.cluster.client, node_port(), Duration::from_secs(2))
+        .expect("UDP through the node port");
+    assert!(fx.cluster.pods.iter().any(|p| p.name == r.pod), "{r:?}");
+    assert_eq!(r.peer.ip(), IpAddr::V4(NODE_IP), "{r:?}");
+}
+
+#[test]
+fn node_port_without_endpoints_is_refused() {
+    let mut fx = Fixture::with_tc("tcnone", 1);
+    let mut state = node_port_service(&fx, Protocol::Tcp, &[], &[], false);
+    fx.sync(&mut state, &full());
+    let start = std::time::Instant::now();
+    let r = tcp(&fx, 1).remove(0);
+    assert_eq!(r, Err(ClientError::Refused));
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn tc_links_are_pinned_per_interface_and_removed_by_cleanup() {
+    let mut fx = Fixture::with_tc("tcpin", 1);
+    let root = fx.dp().bpffs_path().to_path_buf();
+    for iface in ["cl", "pc", "p0"] {
+        assert!(
+            root.join(format!("links/tc-{iface}")).exists(),
+            "tc link on {iface}"
+        );
+    }
+    assert!(!root.join("links/tc-lo").exists());
+    proxy::dataplane::Dataplane::cleanup(fx.dp()).expect("cleanup");
+    assert!(!root.exists());
+    // Without the tc program the node port is just a closed port of the node.
+    let mut state = node_port_service(&fx, Protocol::Tcp, &[0], &[], false);
+    state.node = fx.cfg.node.clone();
+    assert_eq!(tcp(&fx, 1).remove(0), Err(ClientError::Refused));
+    drop(state);
+}
