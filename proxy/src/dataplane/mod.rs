@@ -140,6 +140,8 @@ pub const BACKENDS: [&str; 4] = ["userspace", "nftables", "iptables", "ebpf"];
 pub fn build(backend: &str, cfg: &BackendConfig) -> Result<Box<dyn Dataplane>, DataplaneError> {
     match backend {
         "userspace" => Ok(Box::new(userspace::UserspaceDataplane::new(cfg)?)),
+        "nftables" => Ok(Box::new(nftables::NftablesDataplane::new(cfg)?)),
+        "iptables" => Ok(Box::new(iptables::IptablesDataplane::new(cfg)?)),
         other => Err(DataplaneError::Unsupported {
             backend: "agent",
             feature: format!("backend {other} (not built into this agent yet)"),
@@ -151,6 +153,8 @@ pub fn build(backend: &str, cfg: &BackendConfig) -> Result<Box<dyn Dataplane>, D
 pub fn cleanup(backend: &str, cfg: &BackendConfig) -> Result<(), DataplaneError> {
     match backend {
         "userspace" => userspace::cleanup(cfg),
+        "nftables" => nftables::cleanup(cfg),
+        "iptables" => iptables::cleanup(cfg),
         other => Err(DataplaneError::Unsupported {
             backend: "agent",
             feature: format!("cleanup of backend {other} (not built into this agent yet)"),

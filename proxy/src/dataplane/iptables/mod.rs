@@ -64,6 +64,23 @@ const HOOKS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Removes everything this backend installs (`proxy cleanup`), with or without a running agent
+/// and after a crash.
+/// Without `--iptables-mode`, both modes are cleaned: a crashed run may have used either.
+pub fn cleanup(cfg: &BackendConfig) -> Result<(), DataplaneError> {
+    if cfg.iptables_mode.is_some() {
+        return IptablesDataplane::new(cfg)?.cleanup();
+    }
+    for mode in ["nft", "legacy"] {
+        let cfg = BackendConfig {
+            iptables_mode: Some(mode.into()),
+            ..cfg.clone()
+        };
+        IptablesDataplane::new(&cfg)?.cleanup()?;
+    }
+    Ok(())
+}
+
 /// The iptables backend.
 pub struct IptablesDataplane {
     cfg: BackendConfig,

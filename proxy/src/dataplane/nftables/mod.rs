@@ -32,6 +32,12 @@ use elements::{Delta, ElementTable};
 pub use ops::Op;
 use ruleset::Skeleton;
 
+/// Removes everything this backend installs (`proxy cleanup`), with or without a running agent
+/// and after a crash.
+pub fn cleanup(cfg: &BackendConfig) -> Result<(), DataplaneError> {
+    NftablesDataplane::new(cfg)?.cleanup()
+}
+
 /// The nftables backend.
 pub struct NftablesDataplane {
     cfg: BackendConfig,
