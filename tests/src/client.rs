@@ -143,13 +143,31 @@ pub fn tcp_request_here(addr: SocketAddr, timeout: Duration) -> Result<Reply, Cl
 
 /// One UDP request here: a datagram from a fresh socket, one answer expected.
 pub fn udp_request_here(addr: SocketAddr, timeout: Duration) -> Result<Reply, ClientError> {
-    let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
-    sock.set_read_timeout(Some(timeout))?;
-    sock.connect(addr)?;
-    sock.send(b"ping")?;
-    let mut buf = [0u8; 2048];
-    let n = sock.recv(&mut buf)?;
-    parse_reply(&String::from_utf8_lossy(&buf[..n]))
+    UdpSession::here(addr, timeout)?.request()
+}
+
+/// A UDP socket kept for several requests: one flow, so one endpoint should answer all of them.
+#[derive(Debug)]
+pub struct UdpSession {
+    sock: UdpSocket,
+}
+
+impl UdpSession {
+    /// Connects a fresh socket to `addr` here (in the calling thread's namespace).
+    pub fn here(addr: SocketAddr, timeout: Duration) -> Result<UdpSession, ClientError> {
+        let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+        sock.set_read_timeout(Some(timeout))?;
+        sock.connect(addr)?;
+        Ok(UdpSession { sock })
+    }
+
+    /// One datagram out, one answer back.
+    pub fn request(&self) -> Result<Reply, ClientError> {
+        self.sock.send(b"ping")?;
+        let mut buf = [0u8; 2048];
+        let n = self.sock.recv(&mut buf)?;
+        parse_reply(&String::from_utf8_lossy(&buf[..n]))
+    }
 }
 
 /// HTTP/1.1 GET here; returns the status code and the body.
@@ -218,6 +236,15 @@ pub fn tcp_hold(ns: &Netns, addr: SocketAddr) -> Result<HeldConn, ClientError> {
 /// One UDP request from inside `ns`.
 pub fn udp_request(ns: &Netns, addr: SocketAddr, timeout: Duration) -> Result<Reply, ClientError> {
     run_in(ns, || udp_request_here(addr, timeout))
+}
+
+/// A UDP session from inside `ns` (the socket stays in `ns`).
+pub fn udp_session(
+    ns: &Netns,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<UdpSession, ClientError> {
+    run_in(ns, || UdpSession::here(addr, timeout))
 }
 
 /// HTTP GET from inside `ns`.

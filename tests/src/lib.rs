@@ -16,7 +16,10 @@ pub mod probe;
 
 pub use agent::{Agent, AgentOptions, EndpointState, ServiceState, State};
 pub use cgroup::Cgroup;
-pub use client::{http_get, tcp_hold, tcp_request, udp_request, ClientError, HeldConn, Reply};
+pub use client::{
+    http_get, tcp_hold, tcp_request, udp_request, udp_session, ClientError, HeldConn, Reply,
+    UdpSession,
+};
 pub use cluster::{Cluster, ClusterSpec, Pod, Topology};
 pub use echo::EchoServer;
 pub use manifest::{yaml, Endpoint, EndpointSlice, Manifest, Service};

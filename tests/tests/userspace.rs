@@ -736,3 +736,58 @@ fn traffic_policies_local_use_only_this_nodes_endpoints() {
         vec!["pod1"]
     );
 }
+
+#[test]
+fn one_udp_flow_stays_on_one_endpoint() {
+    let cluster = Cluster::new(ClusterSpec::pods(4)).unwrap();
+    let svc = Service::new("dns")
+        .cluster_ip("10.96.0.53")
+        .udp(53, 8080)
+        .named("dns");
+    let _agent = start(
+        &cluster,
+        "round-robin",
+        &[("dns.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)]))],
+    );
+    for (label, ns) in [
+        ("podclient", &cluster.podclient),
+        ("client", &cluster.client),
+        ("node", &cluster.node),
+    ] {
+        let session = kpr_tests::udp_session(ns, addr("10.96.0.53:53"), T).unwrap();
+        let first = session.request().unwrap_or_else(|e| panic!("{label}: {e}"));
+        for i in 1..10 {
+            let r = session
+                .request()
+                .unwrap_or_else(|e| panic!("{label}: datagram {i}: {e}"));
+            assert_eq!(
+                r.pod, first.pod,
+                "{label}: datagram {i} of one flow changed endpoint"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_restarted_agent_serves_again_with_the_same_balancing() {
+    let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+    let svc = web();
+    let agent = start(
+        &cluster,
+        "round-robin",
+        &[("web.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)]))],
+    );
+    assert_eq!(
+        tally_tcp(&cluster.client, addr("10.96.0.10:80"), 4).len(),
+        2
+    );
+    agent.restart().unwrap();
+    let state = agent.state().unwrap();
+    assert!(state.synced, "{:?}", state.raw);
+    let counts = tally_tcp(&cluster.client, addr("10.96.0.10:80"), 10);
+    assert_eq!(
+        counts.values().copied().collect::<Vec<_>>(),
+        vec![5, 5],
+        "{counts:?}"
+    );
+}
