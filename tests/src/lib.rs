@@ -4,6 +4,27 @@
 //!
 //! Owns: every namespace, temp directory and process it creates, and removes them all in `Drop`
 //! (also when a test panics). It never touches the machine's own network namespace.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use kpr_tests::{tcp_request, yaml, Agent, AgentOptions, Cluster, ClusterSpec, EndpointSlice, Service};
+//!
+//! let cluster = Cluster::new(ClusterSpec::pods(2))?; // node, client, podclient, pod0, pod1
+//! let svc = Service::new("web").cluster_ip("10.96.0.10").tcp(80, 8080).named("http");
+//! let slice = EndpointSlice::for_service(&svc).ready_all(cluster.pod_ips());
+//! let files = [("web.yaml", yaml(&[&svc, &slice]))];
+//! let agent = Agent::start(&cluster.node, &AgentOptions::backend("nftables"), &files)?;
+//! let reply = tcp_request(&cluster.client, "10.96.0.10:80".parse()?, Duration::from_secs(2))?;
+//! println!("{} answered, and saw the client as {}", reply.pod, reply.peer);
+//! let state = agent.state()?; // GET /state
+//! assert!(state.service("default/web:http/TCP").is_some());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Modules: [`netns`] (one namespace), [`cluster`] (the topology and addresses), [`echo`] (the
+//! pods' servers), [`client`] (in-process clients), [`probe`] (clients as processes), [`cgroup`]
+//! (a test cgroup for the eBPF backend), [`manifest`] (Service and EndpointSlice builders),
+//! [`agent`] (the `proxy run` guard and `/state`).
 
 pub mod agent;
 pub mod cgroup;
