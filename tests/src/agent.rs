@@ -272,6 +272,18 @@ impl<'n> Agent<'n> {
             .map_err(|e| HarnessError::Agent(format!("GET /healthz: {e}")))
     }
 
+    /// `GET /metrics` (Prometheus text) from inside the node namespace.
+    pub fn metrics(&self) -> Result<String, HarnessError> {
+        let addr: SocketAddr = METRICS_ADDR.parse().expect("constant");
+        match http_get(self.node, addr, "/metrics", Duration::from_secs(2)) {
+            Ok((200, body)) => Ok(body),
+            Ok((status, body)) => Err(HarnessError::Agent(format!(
+                "GET /metrics answered {status}: {body}"
+            ))),
+            Err(e) => Err(HarnessError::Agent(format!("GET /metrics: {e}"))),
+        }
+    }
+
     /// `GET /state`, parsed.
     pub fn state(&self) -> Result<State, HarnessError> {
         let addr: SocketAddr = METRICS_ADDR.parse().expect("constant");

@@ -784,6 +784,11 @@ fn a_restarted_agent_serves_again_with_the_same_balancing() {
     agent.restart().unwrap();
     let state = agent.state().unwrap();
     assert!(state.synced, "{:?}", state.raw);
+    let metrics = agent.metrics().unwrap();
+    assert!(
+        metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds"),
+        "kube-proxy's metric names after the restart:\n{metrics}"
+    );
     let counts = tally_tcp(&cluster.client, addr("10.96.0.10:80"), 10);
     assert_eq!(
         counts.values().copied().collect::<Vec<_>>(),
