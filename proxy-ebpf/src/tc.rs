@@ -82,9 +82,14 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, i64> {
     };
     // SAFETY: copied out at once.
     if let Some(ct) = unsafe { KPR_CT.get(pkt.key()).copied() } {
-        touch(&pkt);
-        apply(ctx, &pkt, &ct)?;
-        return forward(ctx, &pkt, &ct);
+        if !stale_udp(&pkt, &ct) {
+            touch(&pkt);
+            apply(ctx, &pkt, &ct)?;
+            return forward(ctx, &pkt, &ct);
+        }
+        // A UDP flow towards an endpoint that went away is forgotten and chosen again, so the
+        // client is not black-holed (TCP flows are left alone, as the semantics ask).
+        let _ = KPR_CT.remove(pkt.key());
     }
     let is_new = pkt.proto == PROTO_UDP
         || (pkt.tcp_flags & TCP_FLAG_SYN != 0 && pkt.tcp_flags & TCP_FLAG_ACK == 0);
@@ -165,6 +170,14 @@ fn open_flow(pkt: &Packet, baddr: u32, bport: u16, masq: u32, id: u32) -> CtValu
     let _ = KPR_CT.insert(pkt.key(), fwd, 0);
     let _ = KPR_CT.insert(reply_key, reply, 0);
     fwd
+}
+
+/// A forward UDP entry whose backend no longer exists.
+#[inline(always)]
+fn stale_udp(pkt: &Packet, ct: &CtValue) -> bool {
+    pkt.proto == PROTO_UDP
+        && ct.flags & CT_F_REPLY == 0
+        && KPR_BACKENDS.get_ptr(ct.backend_id).is_none()
 }
 
 #[inline(always)]

@@ -251,6 +251,7 @@ fn unconnected_udp_replies_come_from_the_service_address() {
 #[test]
 fn getpeername_shows_the_service_address() {
     let mut fx = Fixture::new("peer", 1);
+    assert!(fx.dp().logs_drained(), "the aya-log ring buffer is drained");
     let mut state = one_service(&fx, &[0], Algorithm::RoundRobin);
     fx.sync(&mut state, &full());
     let lines = fx.client_lines(&format!("peer {}", vip(80)));

@@ -155,3 +155,71 @@ fn tc_links_are_pinned_per_interface_and_removed_by_cleanup() {
     assert_eq!(tcp(&fx, 1).remove(0), Err(ClientError::Refused));
     drop(state);
 }
+
+#[test]
+fn udp_flow_to_a_removed_endpoint_is_rebalanced() {
+    let mut fx = Fixture::with_tc("tcudpgone", 2);
+    let mut state = node_port_service(&fx, Protocol::Udp, &[0, 1], &[], false);
+    fx.sync(&mut state, &full());
+    let ask = |sock: &std::net::UdpSocket| -> String {
+        sock.send(b"ping").expect("send");
+        let mut buf = [0u8; 512];
+        let n = sock.recv(&mut buf).expect("UDP reply");
+        String::from_utf8_lossy(&buf[..n])
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let sock = fx
+        .cluster
+        .client
+        .run(|| {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s.connect(node_port()).unwrap();
+            s
+        })
+        .unwrap();
+    let first = ask(&sock);
+    assert_eq!(ask(&sock), first, "one flow stays on its endpoint");
+    // The endpoint the flow uses goes away; the same socket (same 5-tuple) must get the other.
+    let keep = fx
+        .cluster
+        .pods
+        .iter()
+        .position(|p| p.name != first)
+        .unwrap();
+    let n = name("web", Protocol::Udp);
+    state.endpoints.insert(n.clone(), fx.endpoints(&[keep]));
+    fx.sync(&mut state, &changed(&[&n]));
+    assert_eq!(ask(&sock), fx.cluster.pods[keep].name);
+}
+
+#[test]
+fn restart_in_the_node_keeps_the_tc_path_and_reattaches() {
+    let mut fx = Fixture::with_tc("tcrestart", 2);
+    let mut state = node_port_service(&fx, Protocol::Tcp, &[0, 1], &[], false);
+    fx.sync(&mut state, &full());
+    assert!(tcp(&fx, 1).remove(0).is_ok());
+    drop(fx.dp.take());
+    assert!(
+        tcp(&fx, 1).remove(0).is_ok(),
+        "pinned tc links keep translating with no agent"
+    );
+    let cfg = fx.cfg.clone();
+    let dp = fx
+        .cluster
+        .node
+        .run(move || proxy::dataplane::ebpf::EbpfDataplane::new(&cfg))
+        .unwrap()
+        .expect("restart in the node namespace");
+    fx.dp = Some(dp);
+    assert!(fx.dp().tc_interfaces().contains(&"cl".to_string()));
+    fx.sync(&mut state, &full());
+    let pods: BTreeSet<String> = tcp(&fx, 4)
+        .into_iter()
+        .map(|r| r.expect("after restart").pod)
+        .collect();
+    assert_eq!(pods.len(), 2);
+}

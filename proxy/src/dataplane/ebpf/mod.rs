@@ -142,6 +142,16 @@ impl EbpfDataplane {
         self.programmed.set_ids(name)
     }
 
+    /// Whether the programs' aya-log records are being drained into `log`/tracing.
+    pub fn logs_drained(&self) -> bool {
+        self._logs.is_some()
+    }
+
+    /// Interfaces the tc program is attached to.
+    pub fn tc_interfaces(&self) -> Vec<String> {
+        self.tc.attached().iter().cloned().collect()
+    }
+
     /// Where maps and links are pinned.
     pub fn bpffs_path(&self) -> &std::path::Path {
         &self.pins.root
