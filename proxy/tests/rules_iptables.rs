@@ -72,6 +72,8 @@ scenario_tests!(
     load_balancer_source_ranges,
     udp_conntrack_cleanup,
     cleanup_and_leftovers,
+    external_ip_and_hairpin,
+    udp_without_endpoints_is_rejected,
 );
 
 fn state_with(services: &[(String, String, Vec<proxy::model::Endpoint>)]) -> ProxyState {

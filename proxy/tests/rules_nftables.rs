@@ -56,6 +56,8 @@ scenario_tests!(
     load_balancer_source_ranges,
     udp_conntrack_cleanup,
     cleanup_and_leftovers,
+    external_ip_and_hairpin,
+    udp_without_endpoints_is_rejected,
 );
 
 const SERVICES: usize = 20_000;

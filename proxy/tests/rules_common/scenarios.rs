@@ -5,7 +5,7 @@ use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 use kpr_tests::cluster::{CLIENT_IP, NODE_IP};
-use kpr_tests::{tcp_hold, tcp_request, ClientError};
+use kpr_tests::{tcp_hold, tcp_request, udp_request, ClientError};
 use proxy::model::{Algorithm, Protocol};
 
 use super::{addr, service, tally, Rig, DROP_WAIT, TIMEOUT};
@@ -30,6 +30,12 @@ pub const SCENARIOS: &[Scenario] = &[
     ),
     ("udp_conntrack_cleanup", 2, udp_conntrack_cleanup),
     ("cleanup_and_leftovers", 1, cleanup_removes_translation),
+    ("external_ip_and_hairpin", 2, external_ip_and_hairpin),
+    (
+        "udp_without_endpoints_is_rejected",
+        1,
+        udp_without_endpoints_is_rejected,
+    ),
 ];
 
 /// 400 sequential connections over 4 endpoints: 100 (+-1) each.
@@ -266,4 +272,42 @@ pub fn cleanup_removes_translation(rig: &mut Rig) {
             .pod,
         "pod0"
     );
+}
+
+/// externalIPs are reached from outside (masqueraded under eTP Cluster); a pod that reaches
+/// itself through its Service is masqueraded (hairpin) so that the reply comes back through
+/// the node.
+pub fn external_ip_and_hairpin(rig: &mut Rig) {
+    let mut svc = service("ext", "10.96.0.100", 80, Protocol::Tcp);
+    svc.external_ips = vec!["198.51.100.7".parse().unwrap()];
+    let eps = rig.endpoints(&[0], false);
+    rig.set(svc, Some(eps));
+    let r =
+        tcp_request(&rig.cluster.client, addr("198.51.100.7", 80), TIMEOUT).expect("externalIP");
+    assert_eq!(r.pod, "pod0");
+    assert_ne!(r.peer.ip(), CLIENT_IP, "eTP Cluster masquerades: {r:?}");
+    let pod0 = &rig.cluster.pods[0];
+    let r = tcp_request(&pod0.ns, addr("10.96.0.100", 80), TIMEOUT).expect("hairpin");
+    assert_eq!(r.pod, "pod0");
+    assert_ne!(
+        r.peer.ip(),
+        std::net::IpAddr::V4(pod0.ip),
+        "hairpin must be masqueraded"
+    );
+    let other = tcp_request(&rig.cluster.pods[1].ns, addr("10.96.0.100", 80), TIMEOUT).unwrap();
+    assert_eq!(
+        other.peer.ip(),
+        std::net::IpAddr::V4(rig.cluster.pods[1].ip),
+        "another pod is not masqueraded"
+    );
+}
+
+/// A UDP Service without endpoints answers with ICMP unreachable (not silence).
+pub fn udp_without_endpoints_is_rejected(rig: &mut Rig) {
+    rig.set(
+        service("nodns", "10.96.0.110", 53, Protocol::Udp),
+        Some(vec![]),
+    );
+    let e = udp_request(&rig.cluster.podclient, addr("10.96.0.110", 53), TIMEOUT).unwrap_err();
+    assert!(e.is_rejection(), "expected an ICMP rejection, got {e:?}");
 }
