@@ -825,12 +825,18 @@ fn daemonset_passes_every_flag_the_netns_tests_pass() {
     }
 }
 
-/// The `"--flag"` literals tests/src/agent.rs passes to `proxy run`.
+/// The `"--flag"` literals of the harness's command-line builder (`fn run_args` in
+/// tests/src/agent.rs: the flags every netns test passes; optional ones come from the tests).
 fn flags_in_the_harness() -> Vec<&'static str> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent.rs");
     let source =
         fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let flags: Vec<&'static str> = source
+    let start = source
+        .find("fn run_args(")
+        .unwrap_or_else(|| panic!("no `fn run_args(` in {}: update this test", path.display()));
+    let body = &source[start..];
+    let body = &body[..body.find("\n    }\n").unwrap_or(body.len())];
+    let flags: Vec<&'static str> = body
         .split('"')
         .skip(1)
         .step_by(2)
@@ -842,8 +848,8 @@ fn flags_in_the_harness() -> Vec<&'static str> {
         .map(|s| &*Box::leak(s.to_owned().into_boxed_str()))
         .collect();
     assert!(
-        flags.contains(&"--backend"),
-        "found no flags in {}: {flags:?}",
+        flags.contains(&"--backend") && flags.contains(&"--healthz-bind-address"),
+        "found no flags in {}'s run_args: {flags:?}",
         path.display()
     );
     flags
@@ -937,4 +943,192 @@ fn dockerfile_builds_the_agent_with_ebpf_and_ships_nft_and_iptables() {
         ignore.lines().any(|l| l == "target"),
         "target/ stays out of the build context"
     );
+}
+
+/// The DaemonSet's own command line, for backends `backends`, run for real: the agent starts in the
+/// node namespace of a namespace cluster with exactly the DaemonSet's arguments (the downward API
+/// values filled in as the kubelet would), except `--source=kube` (no API server here: the file
+/// source gets the same objects) and the host paths (a temp directory instead of the node's
+/// /run/kpr mounts). Its liveness and readiness probes must pass as the kubelet runs them
+/// (GET http://<node IP>:10256/healthz), `proxy inspect` with its default address (what
+/// `kubectl exec ds/kpr-proxy -- proxy inspect` runs) must show the Service, and the ClusterIP and
+/// the NodePort on `--nodeport-addresses=$(NODE_IP)/32` must reach the endpoint.
+mod live {
+    use std::fs;
+    use std::net::{SocketAddr, SocketAddrV4};
+    use std::path::PathBuf;
+    use std::process::{Child, Stdio};
+    use std::thread::sleep;
+    use std::time::{Duration, Instant};
+
+    use k8s_openapi::api::core::v1::Probe;
+    use kpr_tests::cluster::{ClusterSpec, NODE_IP as HARNESS_NODE_IP, NODE_NAME as HARNESS_NODE};
+    use kpr_tests::netns::unique_prefix;
+    use kpr_tests::{http_get, tcp_request, yaml, Cluster, EndpointSlice, Service};
+
+    use super::*;
+
+    /// Every backend whose translation applies to the harness's clients as they are: not `ebpf`,
+    /// whose socket programs translate only for processes inside the agent's cgroup (its own
+    /// suites run clients there). The first is the DaemonSet's default, what `cargo xtask kind`
+    /// deploys.
+    const BACKENDS: &[&str] = &[deploy::DEFAULT_BACKEND, "iptables", "userspace"];
+    const T: Duration = Duration::from_secs(3);
+
+    /// Kills the agent and removes its directory on drop; prints its log when the test fails.
+    struct Running {
+        child: Child,
+        dir: PathBuf,
+    }
+
+    impl Running {
+        fn log(&self) -> String {
+            fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+        }
+    }
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            if std::thread::panicking() {
+                eprintln!("---- agent log ----\n{}---- end ----", self.log());
+            }
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// The DaemonSet's argv with the kubelet's substitutions for the harness node, the file source
+    /// and temp paths.
+    fn daemonset_argv(backend: &str, dir: &Path) -> Vec<String> {
+        let render = Render {
+            backend: backend.into(),
+            ..Render::default()
+        };
+        let container = agent_container(&objects(&render));
+        let argv = agent_argv(&container);
+        let node_ip = HARNESS_NODE_IP.to_string();
+        argv.into_iter()
+            .skip(1)
+            .map(|a| match a.split_once('=') {
+                Some(("--source", "kube")) => {
+                    format!("--source=file:{}", dir.join("manifests").display())
+                }
+                Some(("--hostname-override", _)) => format!("--hostname-override={HARNESS_NODE}"),
+                Some(("--nodeport-addresses", v)) => {
+                    format!("--nodeport-addresses={}", v.replace(NODE_IP, &node_ip))
+                }
+                Some(("--cgroup-path", _)) => {
+                    format!("--cgroup-path={}", dir.join("cgroup").display())
+                }
+                Some(("--bpffs-path", _)) => {
+                    format!("--bpffs-path={}", dir.join("bpffs").display())
+                }
+                _ => a,
+            })
+            .collect()
+    }
+
+    fn start(cluster: &Cluster, backend: &str) -> Running {
+        let dir = std::env::temp_dir().join(format!("{}-daemonset-args", unique_prefix()));
+        fs::create_dir_all(dir.join("manifests")).unwrap();
+        let svc = Service::new("web")
+            .cluster_ip("10.96.0.10")
+            .tcp(80, 8080)
+            .named("http")
+            .node_port(30080);
+        let slice = EndpointSlice::for_service(&svc).ready_all(cluster.pod_ips());
+        fs::write(dir.join("manifests/web.yaml"), yaml(&[&svc, &slice])).unwrap();
+        let args = daemonset_argv(backend, &dir);
+        assert!(args.contains(&format!("--backend={backend}")), "{args:?}");
+        let log = fs::File::create(dir.join("agent.log")).unwrap();
+        let child = cluster
+            .node
+            .exec(kpr_tests::agent::proxy_binary().unwrap())
+            .unwrap()
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Running { child, dir }
+    }
+
+    /// Runs `probe` the way the kubelet does against a hostNetwork pod (the node's address).
+    fn kubelet_probe(cluster: &Cluster, what: &str, probe: &Probe, within: Duration) {
+        let get = probe.http_get.as_ref().unwrap();
+        let port = match get.port {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => {
+                u16::try_from(p).unwrap()
+            }
+            ref other => panic!("{what} port {other:?}"),
+        };
+        let to = SocketAddr::V4(SocketAddrV4::new(HARNESS_NODE_IP, port));
+        let path = get.path.as_deref().unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            match http_get(&cluster.node, to, path, T) {
+                Ok((200, _)) => return,
+                other if Instant::now() > deadline => {
+                    panic!("{what} probe GET {to}{path}: {other:?}")
+                }
+                _ => sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+
+    #[test]
+    fn daemonset_arguments_run_an_agent_that_passes_its_probes_and_serves() {
+        for backend in BACKENDS {
+            let cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
+            let running = start(&cluster, backend);
+            let container = agent_container(&objects(&Render::default()));
+            kubelet_probe(
+                &cluster,
+                "readiness",
+                container.readiness_probe.as_ref().unwrap(),
+                Duration::from_secs(20),
+            );
+            kubelet_probe(
+                &cluster,
+                "liveness",
+                container.liveness_probe.as_ref().unwrap(),
+                T,
+            );
+            let inspect = cluster
+                .node
+                .exec(kpr_tests::agent::proxy_binary().unwrap())
+                .unwrap()
+                .arg("inspect")
+                .output()
+                .unwrap();
+            let printed = String::from_utf8_lossy(&inspect.stdout);
+            assert!(
+                inspect.status.success(),
+                "{backend}: proxy inspect: {}",
+                String::from_utf8_lossy(&inspect.stderr)
+            );
+            assert!(
+                printed.contains(&format!("backend {backend}")) && printed.contains("default/web"),
+                "{backend}: {printed}"
+            );
+            let pod = &cluster.pods[0].name;
+            let via_cluster_ip =
+                tcp_request(&cluster.podclient, "10.96.0.10:80".parse().unwrap(), T);
+            assert_eq!(
+                via_cluster_ip.map(|r| r.pod).ok().as_ref(),
+                Some(pod),
+                "{backend}: clusterIP from a pod"
+            );
+            let node_port = SocketAddr::V4(SocketAddrV4::new(HARNESS_NODE_IP, 30080));
+            let via_node_port = tcp_request(&cluster.client, node_port, T);
+            assert_eq!(
+                via_node_port.map(|r| r.pod).ok().as_ref(),
+                Some(pod),
+                "{backend}: nodePort from outside"
+            );
+            drop(running);
+        }
+    }
 }
