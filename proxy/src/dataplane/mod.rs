@@ -142,6 +142,7 @@ pub fn build(backend: &str, cfg: &BackendConfig) -> Result<Box<dyn Dataplane>, D
         "userspace" => Ok(Box::new(userspace::UserspaceDataplane::new(cfg)?)),
         "nftables" => Ok(Box::new(nftables::NftablesDataplane::new(cfg)?)),
         "iptables" => Ok(Box::new(iptables::IptablesDataplane::new(cfg)?)),
+        "ebpf" => Ok(Box::new(ebpf::EbpfDataplane::new(cfg)?)),
         other => Err(DataplaneError::Unsupported {
             backend: "agent",
             feature: format!("backend {other} (not built into this agent yet)"),
@@ -155,6 +156,7 @@ pub fn cleanup(backend: &str, cfg: &BackendConfig) -> Result<(), DataplaneError>
         "userspace" => userspace::cleanup(cfg),
         "nftables" => nftables::cleanup(cfg),
         "iptables" => iptables::cleanup(cfg),
+        "ebpf" => ebpf::cleanup(cfg),
         other => Err(DataplaneError::Unsupported {
             backend: "agent",
             feature: format!("cleanup of backend {other} (not built into this agent yet)"),
