@@ -178,40 +178,50 @@ impl Fixture {
 
     /// Runs a client process in the pod-client namespace, inside the test cgroup.
     pub fn client(&self, spec: &str) -> Child {
-        let exe = std::env::current_exe().expect("current_exe");
-        let mut cmd: Command = self.cluster.podclient.exec(&exe).expect("netns exec");
-        cmd.args([
-            "--ignored",
-            "--exact",
-            "client_process_entry",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CLIENT_ENV, spec)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-        self.cgroup.add_on_exec(&mut cmd).expect("cgroup");
-        cmd.spawn().expect("spawning the client process")
+        spawn_client(&self.cluster.podclient, &self.cgroup, spec)
     }
 
     /// Runs a client to completion and returns its `KPR` lines.
     pub fn client_lines(&self, spec: &str) -> Vec<String> {
-        let child = self.client(spec);
-        let out = child.wait_with_output().expect("client output");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "client `{spec}` failed: {:?}\n{stdout}",
-            out.status
-        );
-        let lines = kpr_lines(&stdout);
-        assert!(
-            !lines.is_empty(),
-            "client `{spec}` printed no result:\n{stdout}"
-        );
-        lines
+        client_lines(&self.cluster.podclient, &self.cgroup, spec)
     }
+}
+
+/// Runs this test binary as a client process (`client_process_entry`) in `ns`, inside `cgroup`.
+pub fn spawn_client(ns: &kpr_tests::Netns, cgroup: &Cgroup, spec: &str) -> Child {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd: Command = ns.exec(&exe).expect("netns exec");
+    cmd.args([
+        "--ignored",
+        "--exact",
+        "client_process_entry",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CLIENT_ENV, spec)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
+    cgroup.add_on_exec(&mut cmd).expect("cgroup");
+    cmd.spawn().expect("spawning the client process")
+}
+
+/// Runs a client to completion and returns its `KPR` lines.
+pub fn client_lines(ns: &kpr_tests::Netns, cgroup: &Cgroup, spec: &str) -> Vec<String> {
+    let child = spawn_client(ns, cgroup, spec);
+    let out = child.wait_with_output().expect("client output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "client `{spec}` failed: {:?}\n{stdout}",
+        out.status
+    );
+    let lines = kpr_lines(&stdout);
+    assert!(
+        !lines.is_empty(),
+        "client `{spec}` printed no result:\n{stdout}"
+    );
+    lines
 }
 
 /// Options for a dataplane built on the test's own thread, which is in the machine's network
