@@ -355,36 +355,66 @@ fn controller_manager_rbac_covers_its_controllers_and_no_more() {
         .rules
         .clone()
         .unwrap_or_default();
-    for resource in ["services", "pods", "endpoints"] {
-        for verb in ["get", "list", "watch"] {
-            assert!(grants(&rules, "", resource, verb), "{verb} {resource}");
-        }
-        for verb in ["create", "update", "patch", "delete"] {
-            assert!(
-                !grants(&rules, "", resource, verb),
-                "{verb} {resource} is not needed"
+    // (group, resource, verbs granted); every other verb on these, and any other resource, is not.
+    let expected: &[(&str, &str, &[&str])] = &[
+        ("", "pods", &["get", "list", "watch"]),
+        ("", "services", &["get", "list", "watch", "patch"]),
+        ("", "services/status", &["get", "update", "patch"]),
+        (
+            "",
+            "endpoints",
+            &["get", "list", "watch", "create", "update", "delete"],
+        ),
+        (
+            "discovery.k8s.io",
+            "endpointslices",
+            &[
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ],
+        ),
+    ];
+    let all_verbs = [
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+    ];
+    for (group, resource, verbs) in expected {
+        for verb in all_verbs {
+            assert_eq!(
+                grants(&rules, group, resource, verb),
+                verbs.contains(&verb),
+                "{verb} {group}/{resource}"
             );
         }
     }
-    for verb in ["update", "patch"] {
-        assert!(
-            grants(&rules, "", "services/status", verb),
-            "{verb} services/status (LB IPs)"
-        );
-    }
-    for verb in [
-        "get", "list", "watch", "create", "update", "patch", "delete",
-    ] {
-        assert!(
-            grants(&rules, "discovery.k8s.io", "endpointslices", verb),
-            "{verb} endpointslices"
-        );
-    }
+    let granted: BTreeSet<(String, String)> = rules
+        .iter()
+        .flat_map(|r| {
+            let groups = r.api_groups.clone().unwrap_or_default();
+            let resources = r.resources.clone().unwrap_or_default();
+            groups
+                .into_iter()
+                .flat_map(move |g| resources.clone().into_iter().map(move |x| (g.clone(), x)))
+        })
+        .collect();
+    let listed: BTreeSet<(String, String)> = expected
+        .iter()
+        .map(|(g, r, _)| (g.to_string(), r.to_string()))
+        .collect();
+    assert_eq!(
+        granted, listed,
+        "resources the controller-manager may touch"
+    );
     let role = objects
         .roles
         .iter()
-        .find(|r| r.metadata.name.as_deref() == Some("kpr-controller-manager"));
-    let role = role.expect("a Role for leader election");
+        .find(|r| r.metadata.name.as_deref() == Some("kpr-controller-manager"))
+        .expect("a Role for leader election");
     assert_eq!(
         role.metadata.namespace.as_deref(),
         Some(deploy::SYSTEM_NAMESPACE)
@@ -410,10 +440,57 @@ fn controller_manager_rbac_covers_its_controllers_and_no_more() {
         .role_bindings
         .iter()
         .any(|b| b.role_ref.name == "kpr-controller-manager" && bound(b.subjects.as_ref())));
-    let args = pod.containers[0].args.clone().unwrap_or_default();
+}
+
+/// The Deployment's arguments are accepted by the real `controller-manager` binary: with an extra
+/// `--kubeconfig` that does not exist, it must get past argument parsing and fail on the file.
+#[test]
+fn controller_manager_arguments_parse_with_the_real_binary() {
+    let objects = objects(&Render::default());
+    let pod = objects
+        .deployment(deploy::CONTROLLER_DEPLOYMENT)
+        .spec
+        .template
+        .spec
+        .clone()
+        .unwrap();
+    let container = &pod.containers[0];
+    assert_eq!(
+        container.command.as_deref(),
+        Some(&["/usr/local/bin/controller-manager".to_owned()][..])
+    );
+    let args = container.args.clone().unwrap_or_default();
+    assert!(args.iter().any(|a| a == "--leader-elect"), "{args:?}");
+    let binary = kpr_tests::agent::proxy_binary()
+        .unwrap()
+        .with_file_name("controller-manager");
     assert!(
-        args.iter().any(|a| a.starts_with("--controllers=")),
-        "{args:?}"
+        binary.is_file(),
+        "no {}: cargo build -p controllers --bins (cargo xtask test does)",
+        binary.display()
+    );
+    let missing = std::env::temp_dir().join(format!(
+        "{}-no-such-kubeconfig",
+        kpr_tests::netns::unique_prefix()
+    ));
+    let out = std::process::Command::new(&binary)
+        .args(&args)
+        .arg("--kubeconfig")
+        .arg(&missing)
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_ne!(
+        out.status.code(),
+        Some(2),
+        "clap rejected {args:?}:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("reading kubeconfig"),
+        "{args:?} parsed, then: {stderr}"
     );
 }
 
