@@ -74,6 +74,7 @@ scenario_tests!(
     cleanup_and_leftovers,
     external_ip_and_hairpin,
     udp_without_endpoints_is_rejected,
+    interleaved_services_each_round_robin,
 );
 
 fn state_with(services: &[(String, String, Vec<proxy::model::Endpoint>)]) -> ProxyState {

@@ -58,6 +58,7 @@ scenario_tests!(
     cleanup_and_leftovers,
     external_ip_and_hairpin,
     udp_without_endpoints_is_rejected,
+    interleaved_services_each_round_robin,
 );
 
 const SERVICES: usize = 20_000;

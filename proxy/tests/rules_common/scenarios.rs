@@ -36,6 +36,11 @@ pub const SCENARIOS: &[Scenario] = &[
         1,
         udp_without_endpoints_is_rejected,
     ),
+    (
+        "interleaved_services_each_round_robin",
+        4,
+        interleaved_services_each_round_robin,
+    ),
 ];
 
 /// 400 sequential connections over 4 endpoints: 100 (+-1) each.
@@ -310,4 +315,24 @@ pub fn udp_without_endpoints_is_rejected(rig: &mut Rig) {
     );
     let e = udp_request(&rig.cluster.podclient, addr("10.96.0.110", 53), TIMEOUT).unwrap_err();
     assert!(e.is_rejection(), "expected an ICMP rejection, got {e:?}");
+}
+
+/// Two Services with two endpoints each, connections strictly alternating between them: each
+/// Service still alternates between its own endpoints.
+pub fn interleaved_services_each_round_robin(rig: &mut Rig) {
+    let eps = rig.endpoints(&[0, 1], false);
+    rig.set(service("a", "10.96.0.120", 80, Protocol::Tcp), Some(eps));
+    let eps = rig.endpoints(&[2, 3], false);
+    rig.set(service("b", "10.96.0.121", 80, Protocol::Tcp), Some(eps));
+    let mut got: Vec<String> = Vec::new();
+    for _ in 0..20 {
+        for ip in ["10.96.0.120", "10.96.0.121"] {
+            let r = tcp_request(&rig.cluster.podclient, addr(ip, 80), TIMEOUT).expect("request");
+            got.push(r.pod);
+        }
+    }
+    let t = tally(got);
+    for pod in ["pod0", "pod1", "pod2", "pod3"] {
+        assert_eq!(t.get(pod), Some(&10), "{t:?}");
+    }
 }

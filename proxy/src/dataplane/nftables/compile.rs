@@ -23,11 +23,18 @@ pub struct Element {
     pub value: Option<String>,
 }
 
+/// Round-robin counters per endpoint count. A `numgen inc` counter belongs to its rule, so all
+/// targets that share an `rr_N_B` chain share one counter: a target sees successive endpoints
+/// only while no other target of its chain takes connections in between. Spreading targets over
+/// buckets (by id) keeps that sharing rare without one chain per Service, which is the layout
+/// whose load time grows with the square of the chain count.
+pub const RR_BUCKETS: u32 = 16;
+
 /// A chain the elements jump to, created on demand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ChainNeed {
-    /// `rr_N`: round-robin over N slots.
-    RoundRobin(usize),
+    /// `rr_N_B`: round-robin over N slots, counter bucket B (see [`RR_BUCKETS`]).
+    RoundRobin(usize, u32),
     /// `aff_T` / `rec_T`: session affinity with a timeout of T seconds.
     Affinity(u64),
 }
@@ -348,7 +355,8 @@ impl Builder<'_> {
             "goto lc".to_string()
         } else {
             let n = t.endpoints.len();
-            self.out.chains.push(ChainNeed::RoundRobin(n));
+            let bucket = id % RR_BUCKETS;
+            self.out.chains.push(ChainNeed::RoundRobin(n, bucket));
             for (slot, ep) in t.endpoints.iter().enumerate() {
                 self.element(
                     super::ruleset::slots_map(self.svc.protocol.lower()),
@@ -356,7 +364,7 @@ impl Builder<'_> {
                     Some(format!("{} . {}", ep.ip(), ep.port())),
                 );
             }
-            format!("goto rr_{n}")
+            format!("goto rr_{n}_{bucket}")
         };
         self.element("targets", id.to_string(), Some(verdict));
         for ep in &t.endpoints {

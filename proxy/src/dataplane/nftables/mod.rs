@@ -141,7 +141,7 @@ impl NftablesDataplane {
         for need in &new.chains {
             if self.chains.insert(*need) {
                 let (name, commands) = match need {
-                    ChainNeed::RoundRobin(n) => ruleset::rr_chain(*n),
+                    ChainNeed::RoundRobin(n, b) => ruleset::rr_chain(*n, *b),
                     ChainNeed::Affinity(secs) => ruleset::affinity_chains(*secs),
                 };
                 chain_ops.push(Op::EnsureChain { name, commands });

@@ -10,8 +10,8 @@
 //!                 ct mark <- target id from @fe_<class>, @fe (ip . proto . port)
 //!                 or @np_<class>, @np (proto . port, daddr in @nodeport_ips)
 //! dispatch:       ct mark vmap @aff_lookup (jump aff_T: dnat from the affinity map on a hit)
-//!                 ct mark vmap @targets    (goto rr_N | lc | empty_reject | empty_drop)
-//! rr_N:           dnat to ct mark . numgen inc mod N map @slots_<protocol>
+//!                 ct mark vmap @targets    (goto rr_N_B | lc | empty_reject | empty_drop)
+//! rr_N_B:         dnat to ct mark . numgen inc mod N map @slots_<protocol> (B: counter bucket)
 //! lc:             dnat to ct mark map @lc_pick (kept by the least-connection controller)
 //! nat postrouting: record affinity (ct mark vmap @aff_record), masquerade marked and hairpin
 //! filter input/forward/output (new): drop/reject marks, reject unexposed clusterIP ports,
@@ -381,9 +381,9 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
     rules
 }
 
-/// The round-robin chain over `n` slots.
-pub fn rr_chain(n: usize) -> (String, Vec<String>) {
-    let name = format!("rr_{n}");
+/// The round-robin chain over `n` slots for counter bucket `bucket`.
+pub fn rr_chain(n: usize, bucket: u32) -> (String, Vec<String>) {
+    let name = format!("rr_{n}_{bucket}");
     let mut commands = vec![
         format!("add chain {TABLE} {name}"),
         format!("flush chain {TABLE} {name}"),
