@@ -1,0 +1,168 @@
+//! The `controller-manager` binary against the test API server: two processes with
+//! `--leader-elect`, one leads and writes EndpointSlices; killing it hands the Lease to the other.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use test_apiserver::TestApiServer;
+use tokio::process::{Child, Command};
+
+fn spawn(kubeconfig: &Path, identity: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_controller-manager"))
+        .args([
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--controllers",
+            "endpointslice,endpoints",
+        ])
+        .args([
+            "--leader-elect",
+            "--leader-elect-namespace",
+            "kube-system",
+            "--leader-elect-identity",
+            identity,
+        ])
+        .args([
+            "--leader-elect-lease-duration",
+            "2s",
+            "--leader-elect-renew-deadline",
+            "1500ms",
+            "--leader-elect-retry-period",
+            "200ms",
+        ])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawning controller-manager")
+}
+
+async fn holder(client: &Client) -> Option<String> {
+    let lease = Api::<Lease>::namespaced(client.clone(), "kube-system")
+        .get_opt("kpr-controller-manager")
+        .await
+        .ok()??;
+    lease.spec?.holder_identity
+}
+
+async fn wait_for<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !f().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn service_with_pod(client: &Client, name: &str, ip: &str) {
+    let svc: Service = serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"port": 80}]}}))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let pod: Pod =
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let status = json!({"status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+}
+
+async fn has_endpoint(client: &Client, svc: &str, ip: &str) -> bool {
+    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={svc}"));
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), "default")
+        .list(&lp)
+        .await
+        .unwrap()
+        .items;
+    slices
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .any(|e| e.addresses == [ip])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_binaries_elect_one_leader_and_fail_over() {
+    let srv = TestApiServer::start().await.unwrap();
+    let client = srv.client().unwrap();
+    let dir = std::env::temp_dir().join(format!("kpr-cm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    srv.write_kubeconfig(&kubeconfig).unwrap();
+
+    let mut a = spawn(&kubeconfig, "cm-a");
+    wait_for("cm-a to lead", || async {
+        holder(&client).await.as_deref() == Some("cm-a")
+    })
+    .await;
+    let mut b = spawn(&kubeconfig, "cm-b");
+    service_with_pod(&client, "first", "10.1.0.1").await;
+    wait_for("an EndpointSlice written by the leader", || {
+        has_endpoint(&client, "first", "10.1.0.1")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        holder(&client).await.as_deref(),
+        Some("cm-a"),
+        "the follower does not steal a renewed lease"
+    );
+    assert!(
+        b.try_wait().unwrap().is_none(),
+        "the follower keeps waiting"
+    );
+
+    a.kill().await.unwrap();
+    wait_for("cm-b to take over", || async {
+        holder(&client).await.as_deref() == Some("cm-b")
+    })
+    .await;
+    service_with_pod(&client, "second", "10.1.0.2").await;
+    wait_for("an EndpointSlice written by the new leader", || {
+        has_endpoint(&client, "second", "10.1.0.2")
+    })
+    .await;
+
+    // SIGTERM makes the leader release the Lease and exit cleanly.
+    let pid = pid_of(&b);
+    send_sigterm(pid);
+    let status = tokio::time::timeout(Duration::from_secs(10), b.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "controller-manager exit status {status}");
+    assert_eq!(
+        holder(&client).await,
+        None,
+        "the Lease was released on shutdown"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn pid_of(c: &Child) -> i32 {
+    i32::try_from(c.id().expect("child still running")).unwrap()
+}
+
+fn send_sigterm(pid: i32) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
