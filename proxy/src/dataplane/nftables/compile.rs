@@ -445,3 +445,165 @@ pub fn clusterip_masq(ctx: &NodeContext, reps: &Representatives) -> [bool; 3] {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selection::select;
+
+    fn spn(name: &str) -> ServicePortName {
+        ServicePortName {
+            namespace: "ns".into(),
+            name: name.into(),
+            port_name: String::new(),
+            protocol: Protocol::Tcp,
+        }
+    }
+
+    fn svc(name: &str) -> ServicePort {
+        ServicePort {
+            name: spn(name),
+            cluster_ips: vec!["10.96.0.10".parse().unwrap()],
+            port: 80,
+            protocol: Protocol::Tcp,
+            node_port: 0,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            source_ranges: vec![],
+            affinity: None,
+            external_local: false,
+            internal_local: false,
+            health_check_node_port: 0,
+            algorithm: Algorithm::RoundRobin,
+        }
+    }
+
+    fn ep(last: u8, node: &str) -> Endpoint {
+        Endpoint {
+            addr: IpAddr::V4(Ipv4Addr::new(10, 244, last, 2)),
+            port: 8080,
+            node: Some(node.into()),
+            zone: None,
+            ready: true,
+            serving: true,
+            terminating: false,
+        }
+    }
+
+    fn state(svc: ServicePort, eps: Vec<Endpoint>) -> ProxyState {
+        let mut s = ProxyState::default();
+        s.node.node_name = "me".into();
+        s.node.cluster_cidrs = vec!["10.244.0.0/16".parse().unwrap()];
+        s.node.node_ips = vec!["192.0.2.1".parse().unwrap()];
+        let n = svc.name.clone();
+        s.selected.insert(n.clone(), select(&svc, &eps, "me"));
+        s.endpoints.insert(n.clone(), eps);
+        s.services.insert(n, svc);
+        s
+    }
+
+    fn sets(c: &Compiled) -> Vec<(&'static str, String, Option<String>)> {
+        c.elements
+            .iter()
+            .map(|e| (e.set, e.key.clone(), e.value.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn cluster_ip_compiles_to_one_target_with_slots_and_no_per_service_masquerade() {
+        let st = state(svc("a"), vec![ep(1, "me"), ep(2, "other")]);
+        let reps = Representatives::new(&st.node);
+        let c = compile(&st, &spn("a"), &reps, &mut TargetIds::default());
+        assert_eq!(c.targets.len(), 1);
+        let id = c.targets[0].id;
+        let e = sets(&c);
+        assert!(e.contains(&("fe", "10.96.0.10 . tcp . 80".into(), Some(id.to_string()))));
+        assert!(e.contains(&(
+            "slots_tcp",
+            format!("{id} . 1"),
+            Some("10.244.2.2 . 8080".into())
+        )));
+        assert!(e.contains(&(
+            "targets",
+            id.to_string(),
+            Some(format!("goto rr_2_{}", id % RR_BUCKETS))
+        )));
+        assert!(!e
+            .iter()
+            .any(|(s, _, _)| s.starts_with("masq_") || s.starts_with("fe_")));
+    }
+
+    #[test]
+    fn external_local_splits_external_sources_and_keeps_their_address() {
+        let mut s = svc("b");
+        s.node_port = 30080;
+        s.external_local = true;
+        let st = state(s, vec![ep(1, "me"), ep(2, "other")]);
+        let reps = Representatives::new(&st.node);
+        let c = compile(&st, &spn("b"), &reps, &mut TargetIds::default());
+        assert_eq!(c.targets.len(), 2, "cluster and external routes");
+        let local = c.targets.iter().find(|t| t.endpoints.len() == 1).unwrap();
+        let e = sets(&c);
+        // External sources get the local endpoint only; pods and the node are short-circuited.
+        assert!(e.contains(&("np_ext", "tcp . 30080".into(), Some(local.id.to_string()))));
+        assert!(
+            !e.iter().any(|(s, _, _)| *s == "npmasq_ext"),
+            "eTP Local keeps the client address"
+        );
+        assert!(
+            e.iter()
+                .any(|(s, k, _)| *s == "npmasq_node" && k == "tcp . 30080"),
+            "node sources are masqueraded"
+        );
+    }
+
+    #[test]
+    fn no_endpoints_rejects_and_local_policy_elsewhere_drops() {
+        let st = state(svc("c"), vec![]);
+        let reps = Representatives::new(&st.node);
+        let c = compile(&st, &spn("c"), &reps, &mut TargetIds::default());
+        assert_eq!(c.targets[0].empty, EmptyVerdict::Reject);
+        assert!(sets(&c)
+            .iter()
+            .any(|(_, _, v)| v.as_deref() == Some("goto empty_reject")));
+
+        let mut s = svc("d");
+        s.internal_local = true;
+        let st = state(s, vec![ep(2, "other")]);
+        let c = compile(&st, &spn("d"), &reps, &mut TargetIds::default());
+        assert!(sets(&c)
+            .iter()
+            .any(|(_, _, v)| v.as_deref() == Some("goto empty_drop")));
+    }
+
+    #[test]
+    fn source_ranges_protect_the_load_balancer_ip() {
+        let mut s = svc("e");
+        s.load_balancer_ips = vec!["203.0.113.10".parse().unwrap()];
+        s.source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
+        let st = state(s, vec![ep(1, "me")]);
+        let reps = Representatives::new(&st.node);
+        let e = sets(&compile(&st, &spn("e"), &reps, &mut TargetIds::default()));
+        let key = "203.0.113.10 . tcp . 80";
+        assert!(e.contains(&("fw_protected", key.into(), None)));
+        assert!(e.contains(&("fw_allowed", format!("{key} . 198.51.100.0/24"), None)));
+        assert!(e.contains(&("fw_allowed", format!("{key} . 203.0.113.10"), None)));
+    }
+
+    #[test]
+    fn affinity_target_gets_a_new_id_only_when_it_loses_an_endpoint() {
+        let mut s = svc("f");
+        s.affinity = Some(std::time::Duration::from_secs(30));
+        let mut ids = TargetIds::default();
+        let id = |eps: Vec<Endpoint>, ids: &mut TargetIds| {
+            let st = state(s.clone(), eps);
+            let reps = Representatives::new(&st.node);
+            compile(&st, &spn("f"), &reps, ids).targets[0].id
+        };
+        let a = id(vec![ep(1, "me")], &mut ids);
+        let b = id(vec![ep(1, "me"), ep(2, "me")], &mut ids);
+        assert_eq!(a, b, "an added endpoint keeps existing clients' affinity");
+        let c = id(vec![ep(2, "me")], &mut ids);
+        assert_ne!(b, c, "a removed endpoint orphans the affinity entries");
+    }
+}
