@@ -51,6 +51,10 @@ pub const SVC_F_AFFINITY: u16 = 1 << 1;
 /// [`ServiceValue::flags`]: the tc path masquerades (SNAT to the node) this frontend's traffic.
 pub const SVC_F_MASQUERADE: u16 = 1 << 2;
 
+/// [`ServiceValue::flags`]: a marker entry (port 0, protocol 0) saying the address is a clusterIP:
+/// a port or protocol the Service does not expose is rejected instead of routed.
+pub const SVC_F_VIP: u16 = 1 << 3;
+
 /// [`AffinityKey::kind`]: the client is identified by its network namespace cookie (socket path,
 /// where the source address is not known yet at `connect()`).
 pub const CLIENT_NETNS: u8 = 0;
@@ -205,6 +209,10 @@ pub struct CtValue {
 pub struct NodeConfig {
     /// The address masqueraded traffic gets as its source (network byte order; IPv4 in word 0).
     pub masq_addr: [u32; 4],
+    /// `--service-cluster-ip-range` (IPv4, network byte order): connects to an address inside
+    /// that belongs to no Service fail (the "dropped" of the semantics). Mask 0: no range.
+    pub svc_net: u32,
+    pub svc_mask: u32,
 }
 
 /// [`CtValue::flags`]: the entry is the reply direction of a flow.
@@ -253,6 +261,6 @@ mod tests {
         assert_eq!(size_of::<RevNatValue>(), 16 + 2 + 2);
         assert_eq!(size_of::<CtKey>(), 16 + 16 + 2 + 2 + 1 + 1 + 2);
         assert_eq!(size_of::<CtValue>(), 16 + 16 + 2 + 2 + 4 + 8 + 4 + 4);
-        assert_eq!(size_of::<NodeConfig>(), 16);
+        assert_eq!(size_of::<NodeConfig>(), 16 + 4 + 4);
     }
 }

@@ -13,7 +13,7 @@ use proxy_common::{
 };
 
 use crate::lb;
-use crate::maps::{KPR_BACKENDS, KPR_REVNAT, KPR_SERVICES, KPR_SOCKS, KPR_UDP_FWD};
+use crate::maps::{KPR_BACKENDS, KPR_CONFIG, KPR_REVNAT, KPR_SERVICES, KPR_SOCKS, KPR_UDP_FWD};
 
 /// Let the syscall proceed.
 pub const ALLOW: i32 = 1;
@@ -54,7 +54,7 @@ pub fn translate<C: EbpfContext>(ctx: &C, sa: *mut bpf_sock_addr, mode: Mode) ->
     };
     // SAFETY: the value is copied out at once.
     let Some(svc) = (unsafe { KPR_SERVICES.get(key).copied() }) else {
-        return ALLOW;
+        return not_a_frontend(&key);
     };
     // SAFETY: helpers valid for cgroup sock_addr programs (kernel >= 5.7).
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
@@ -170,6 +170,30 @@ fn refuse(svc: &ServiceValue) -> i32 {
         unsafe { bpf_set_retval(-ECONNREFUSED) };
     }
     DENY
+}
+
+/// A destination that is no frontend: a clusterIP with another port or protocol is refused
+/// (ECONNREFUSED), an unallocated address of the service range fails (EPERM, the socket-level
+/// "drop"), anything else is left alone.
+#[inline(always)]
+fn not_a_frontend(key: &ServiceKey) -> i32 {
+    let marker = ServiceKey {
+        addr: key.addr,
+        port: 0,
+        proto: 0,
+        scope: SCOPE_SOCKET,
+    };
+    if KPR_SERVICES.get_ptr(marker).is_some() {
+        // SAFETY: helper valid for cgroup programs (kernel >= 5.18).
+        unsafe { bpf_set_retval(-ECONNREFUSED) };
+        return DENY;
+    }
+    if let Some(cfg) = KPR_CONFIG.get(0) {
+        if cfg.svc_mask != 0 && key.addr[0] & cfg.svc_mask == cfg.svc_net {
+            return DENY;
+        }
+    }
+    ALLOW
 }
 
 /// recvmsg4 / getpeername4: show the service address instead of the backend's.

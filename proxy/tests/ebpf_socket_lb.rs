@@ -151,9 +151,16 @@ fn service_without_endpoints_is_refused_at_once() {
         let ms: u128 = w.next().unwrap().parse().unwrap();
         assert!(ms < 100, "refusal took {ms} ms: {l}");
     }
-    // A port the Service does not have is not translated (and this cluster does not route it).
+    // A port the Service does not expose on its clusterIP is refused as well, at once.
     let lines = fx.client_lines(&format!("tcp {} 1", vip(81)));
-    assert!(lines[0].starts_with("err"), "{lines:?}");
+    assert!(lines[0].starts_with("err Refused "), "{lines:?}");
+    // An address of the service range that belongs to no Service fails at once (EPERM: a socket
+    // program cannot drop silently).
+    let lines = fx.client_lines("tcp 10.96.5.5:80 1");
+    assert!(
+        lines[0].starts_with("err Other(\"Operation not permitted"),
+        "{lines:?}"
+    );
 }
 
 #[test]
@@ -302,8 +309,9 @@ fn cleanup_detaches_and_unpins_everything() {
 
 #[test]
 fn a_full_map_is_an_error_naming_the_service() {
+    // Each Service takes 2 entries of KPR_SERVICES (its frontend and its clusterIP marker).
     let sizes = MapSizes {
-        services: 2,
+        services: 4,
         ..MapSizes::default()
     };
     let mut fx = Fixture::with_sizes("full", 1, sizes);
@@ -320,14 +328,14 @@ fn a_full_map_is_an_error_naming_the_service() {
     let err = fx
         .dp()
         .sync(&state, &full())
-        .expect_err("3 services do not fit in 2 entries");
+        .expect_err("3 services do not fit in 4 entries");
     match err {
         DataplaneError::MapFull {
             map,
             capacity,
             object,
         } => {
-            assert_eq!(capacity, 2);
+            assert_eq!(capacity, 4);
             assert!(map == "KPR_SERVICES" || map == "KPR_RR", "{map}");
             assert!(object.contains("default/s2"), "{object}");
         }

@@ -61,6 +61,8 @@ pub struct DesiredService {
     pub frontends: Vec<Frontend>,
     /// IPv6 addresses of this service port that were not programmed (IPv6 is not implemented).
     pub skipped_v6: Vec<IpAddr>,
+    /// clusterIP marker keys (port 0, protocol 0): other ports of these addresses are refused.
+    pub vips: Vec<ServiceKey>,
 }
 
 impl DesiredService {
@@ -132,6 +134,9 @@ pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext)
         externals.extend(nodeport_ips.iter().map(|ip| (*ip, svc.node_port)));
     }
     for ip in &svc.cluster_ips {
+        if let IpAddr::V4(v4) = ip {
+            out.vips.push(vip_key(*v4));
+        }
         match ip {
             IpAddr::V4(v4) => out.frontends.push(frontend(
                 *v4,
@@ -204,6 +209,16 @@ pub fn service_key(ip: Ipv4Addr, port: u16, proto: Protocol) -> ServiceKey {
         addr: [v4_word(ip), 0, 0, 0],
         port: port.to_be(),
         proto: proto.number(),
+        scope: SCOPE_SOCKET,
+    }
+}
+
+/// The marker key saying `ip` is a clusterIP.
+pub fn vip_key(ip: Ipv4Addr) -> ServiceKey {
+    ServiceKey {
+        addr: [v4_word(ip), 0, 0, 0],
+        port: 0,
+        proto: 0,
         scope: SCOPE_SOCKET,
     }
 }

@@ -116,8 +116,11 @@ impl EbpfDataplane {
         let mut maps = Maps::take(&mut ebpf)?;
         let programmed = Programmed::recover(&maps)?;
         let nodeport_ips = nodeport_ips(cfg);
+        let (svc_net, svc_mask) = service_range(cfg);
         maps.set_config(NodeConfig {
             masq_addr: [masquerade_addr(cfg, &nodeport_ips), 0, 0, 0],
+            svc_net,
+            svc_mask,
         })?;
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
         let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
@@ -253,6 +256,21 @@ pub fn cleanup(cfg: &BackendConfig) -> Result<(), DataplaneError> {
     attach::unpin_all(&Pins {
         root: cfg.bpffs_path.clone(),
     })
+}
+
+/// The first IPv4 `--service-cluster-ip-range` as (network, mask) in network byte order; (0, 0)
+/// when there is none.
+fn service_range(cfg: &BackendConfig) -> (u32, u32) {
+    cfg.service_cidrs
+        .iter()
+        .find_map(|net| match net {
+            ipnet::IpNet::V4(v4) => Some((
+                compile::v4_word(v4.network()),
+                compile::v4_word(v4.netmask()),
+            )),
+            ipnet::IpNet::V6(_) => None,
+        })
+        .unwrap_or((0, 0))
 }
 
 /// The source address masqueraded tc traffic gets: the first IPv4 nodePort address, else the

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use proxy_common::{Backend, BackendCounters, ServiceKey, ServiceValue, SlotKey};
+use proxy_common::{Backend, BackendCounters, ServiceKey, ServiceValue, SlotKey, SVC_F_VIP};
 
 use super::compile::{v4_from_word, v4_word, BackendAddr, DesiredService, SetKind, V4};
 use super::maps::Maps;
@@ -30,6 +30,8 @@ struct SetState {
 struct SvcState {
     frontends: HashMap<ServiceKey, ServiceValue>,
     sets: BTreeMap<SetKind, SetState>,
+    /// clusterIP marker keys this service port holds a reference on.
+    vips: Vec<ServiceKey>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +52,8 @@ struct Recovered {
 pub struct Programmed {
     services: HashMap<ServicePortName, SvcState>,
     backends: HashMap<BackendAddr, BackendRef>,
+    /// clusterIP markers, shared by the ports of one Service.
+    vip_refs: HashMap<ServiceKey, usize>,
     recovered: Recovered,
     next_set: u32,
     next_backend: u32,
@@ -159,6 +163,20 @@ impl Programmed {
             }
             new.frontends.insert(f.key, value);
         }
+        for key in &desired.vips {
+            // Registered first, so that an error releases exactly what was acquired.
+            new.vips.push(*key);
+            let refs = self.vip_refs.entry(*key).or_insert(0);
+            *refs += 1;
+            if *refs == 1 {
+                let marker = ServiceValue {
+                    flags: SVC_F_VIP,
+                    family: V4,
+                    ..ServiceValue::default()
+                };
+                maps.services.put(*key, marker, object, ops)?;
+            }
+        }
         Ok(())
     }
 
@@ -254,6 +272,14 @@ impl Programmed {
             }
             self.release_set(maps, set, ops)?;
         }
+        for key in &old.vips {
+            let refs = self.vip_refs.entry(*key).or_insert(1);
+            *refs -= 1;
+            if *refs == 0 {
+                self.vip_refs.remove(key);
+                maps.services.del(key, ops)?;
+            }
+        }
         Ok(())
     }
 
@@ -326,6 +352,7 @@ impl Programmed {
             .services
             .values()
             .flat_map(|s| s.frontends.keys().copied())
+            .chain(self.vip_refs.keys().copied())
             .collect();
         let sets: HashMap<u32, usize> = self
             .services

@@ -215,3 +215,11 @@ fn tc_frontends_under_etp_local_keep_the_client_and_use_local_endpoints() {
         "local clients are short-circuited"
     );
 }
+
+#[test]
+fn cluster_ips_get_a_port_zero_marker() {
+    let d = run(&svc(), &[ep(1, NODE)]);
+    assert_eq!(d.vips.len(), 1);
+    assert_eq!(d.vips[0].addr[0].to_ne_bytes(), [10, 96, 0, 10]);
+    assert_eq!((d.vips[0].port, d.vips[0].proto), (0, 0));
+}
