@@ -1029,7 +1029,9 @@ fn dockerfile_builds_the_agent_with_ebpf_and_ships_nft_and_iptables() {
 /// /run/kpr mounts). Its liveness and readiness probes must pass as the kubelet runs them
 /// (GET http://<node IP>:10256/healthz), `proxy inspect` with its default address (what
 /// `kubectl exec ds/kpr-proxy -- proxy inspect` runs) must show the Service, and the ClusterIP and
-/// the NodePort on `--nodeport-addresses=$(NODE_IP)/32` must reach the endpoint.
+/// the NodePort on `--nodeport-addresses=$(NODE_IP)/32` must reach the endpoint. Before the agent
+/// starts, the `cleanup-other-backends` init container's script runs as rendered and must remove a
+/// table that another backend left behind.
 mod live {
     use std::fs;
     use std::net::{SocketAddr, SocketAddrV4};
@@ -1155,10 +1157,67 @@ mod live {
         }
     }
 
+    /// The nftables table each rule-writing backend owns, to plant as a leftover of a previous
+    /// backend: (backend, nft family and table).
+    const LEFTOVERS: &[(&str, &str)] = &[("nftables", "ip kpr"), ("userspace", "ip kpr-userspace")];
+
+    fn nft(cluster: &Cluster, args: &str) -> std::process::Output {
+        let mut cmd = cluster.node.exec("nft").unwrap();
+        cmd.args(args.split(' '))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// Runs the rendered `cleanup-other-backends` init container's script in the node namespace
+    /// (with the agent binary and temp paths in place of the image's): it must succeed, and it must
+    /// remove a table another backend left behind.
+    fn cleanup_other_backends(cluster: &Cluster, backend: &str) {
+        let render = Render {
+            backend: backend.into(),
+            ..Render::default()
+        };
+        let objects = objects(&render);
+        let init = init_container(
+            pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET)),
+            "cleanup-other-backends",
+        );
+        let dir = std::env::temp_dir().join(format!("{}-cleanup", unique_prefix()));
+        let binary = kpr_tests::agent::proxy_binary().unwrap();
+        let script = init.command.as_ref().unwrap()[2]
+            .replace("/usr/local/bin/proxy", &binary.display().to_string())
+            .replace("/run/kpr/", &format!("{}/", dir.display()));
+        let (other, table) = LEFTOVERS.iter().find(|(b, _)| *b != backend).unwrap();
+        let planted = nft(cluster, &format!("add table {table}"));
+        assert!(planted.status.success(), "planting {table}: {planted:?}");
+        let out = cluster
+            .node
+            .exec("sh")
+            .unwrap()
+            .args(["-c", &script])
+            .env("KPR_BACKEND", env_values(init)["KPR_BACKEND"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        assert!(
+            out.status.success(),
+            "{backend}: cleanup-other-backends failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let left = nft(cluster, &format!("list table {table}"));
+        assert!(
+            !left.status.success(),
+            "{backend}: the {other} backend's table {table} is still there"
+        );
+    }
+
     #[test]
-    fn daemonset_arguments_run_an_agent_that_passes_its_probes_and_serves() {
+    fn daemonset_cleans_up_then_runs_an_agent_that_passes_its_probes_and_serves() {
         for backend in BACKENDS {
             let cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
+            cleanup_other_backends(&cluster, backend);
             let running = start(&cluster, backend);
             let container = agent_container(&objects(&Render::default()));
             kubelet_probe(
