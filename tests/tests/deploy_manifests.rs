@@ -1213,6 +1213,52 @@ mod live {
         );
     }
 
+    /// deploy/cleanup.yaml's command (the rollback), run in a node namespace with leftovers of
+    /// every rule backend: it succeeds and they are gone.
+    #[test]
+    fn rollback_cleanup_removes_every_backends_leftovers() {
+        let cluster = Cluster::new(ClusterSpec::pods(0)).unwrap();
+        for (_, table) in LEFTOVERS {
+            let planted = nft(&cluster, &format!("add table {table}"));
+            assert!(planted.status.success(), "planting {table}: {planted:?}");
+        }
+        let objects = objects(&Render::default());
+        let init = init_container(pod_spec(objects.daemon_set("kpr-cleanup")), "cleanup");
+        let dir = std::env::temp_dir().join(format!("{}-rollback", unique_prefix()));
+        let command = init.command.clone().unwrap();
+        let args = command[1..]
+            .iter()
+            .map(|a| a.replace("/run/kpr/", &format!("{}/", dir.display())));
+        let out = cluster
+            .node
+            .exec(kpr_tests::agent::proxy_binary().unwrap())
+            .unwrap()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{command:?}: {printed}");
+        for backend in deploy::BACKENDS {
+            assert!(
+                printed.contains(&format!("{backend}: cleaned up")),
+                "{backend} not cleaned: {printed}"
+            );
+        }
+        for (backend, table) in LEFTOVERS {
+            let left = nft(&cluster, &format!("list table {table}"));
+            assert!(
+                !left.status.success(),
+                "the {backend} backend's table {table} is still there"
+            );
+        }
+    }
+
     #[test]
     fn daemonset_cleans_up_then_runs_an_agent_that_passes_its_probes_and_serves() {
         for backend in BACKENDS {
