@@ -10,8 +10,12 @@
 //!
 //! How exact: a pick is one dataplane update behind the events. Connections opened faster than
 //! one event round trip plus one `nft`/`iptables-restore` run (a few milliseconds) all go to the
-//! same pick; sequential connections are exact. Connections that existed before the controller
-//! started are not counted. Counts are per endpoint across all Services on this node.
+//! same pick; sequential connections are exact. Measured in the node namespace of the kernel
+//! tests (3 endpoints): 30 connections opened back to back by one client ended 10/9/11 (nftables)
+//! and 10/10/10 (iptables-legacy); six more, 50 ms apart, each went to the least-loaded endpoint
+//! (12/12/12 afterwards). Connections that existed before the controller started are not counted.
+//! A TCP connection stops counting at its first FIN or RST, a UDP flow when its conntrack entry
+//! is destroyed (after the UDP timeout). Counts are per endpoint across all Services on this node.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, SocketAddrV4};

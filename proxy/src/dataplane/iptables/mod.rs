@@ -244,6 +244,11 @@ impl IptablesDataplane {
         }
         let mut lc_targets = Vec::new();
         for spn in &spns {
+            if let Some(svc) = state.services.get(spn) {
+                if !crate::dataplane::nftables::compile::is_ipv4(svc) {
+                    tracing::warn!("iptables: Service port {spn} has no IPv4 address; IPv6 is not implemented by this backend");
+                }
+            }
             let new = compile::compile(state, spn, &reps, &mut self.ids);
             let old = self.programmed.remove(spn).unwrap_or_default();
             self.diff(&old, &new, full, &mut p);
