@@ -3,10 +3,12 @@
 //! Owns chain naming and the rules of the per-Service chains. Layout (nat table):
 //!
 //! ```text
-//! PREROUTING/OUTPUT -> KPR-SERVICES:  -d VIP -p P --dport N -> KPR-FE-h (or KPR-FW-h for LB IPs
-//!                                     with loadBalancerSourceRanges)
-//! PREROUTING/OUTPUT -> KPR-NODEPORTS (dst-type LOCAL): -p P --dport NP -> KPR-FE-h
-//! KPR-FE-h:  per source class (node: src-type LOCAL, pod: -s clusterCIDR, external: rest):
+//! PREROUTING/OUTPUT -> KPR-SERVICES:  -d clusterIP -p P --dport N -> KPR-CIP-h
+//!                                     -d externalIP/LB IP ... -> KPR-EXT-h (or KPR-FW-h for LB
+//!                                     IPs with loadBalancerSourceRanges)
+//! KPR-SERVICES (dst-type LOCAL) -> KPR-NODEPORTS: -p P --dport NP -> KPR-EXT-h
+//! KPR-CIP-h / KPR-EXT-h: per source class (node: src-type LOCAL, pod: -s clusterCIDR,
+//!            external: the rest):
 //!            KPR-MARK-MASQ when `selection::route` says so, then -> KPR-SVC-h of its route
 //! KPR-SVC-h: [CONNMARK id, least-connection] [recent --rcheck per endpoint, affinity]
 //!            statistic nth round-robin -> KPR-SEP-h | -> KPR-LC-h (least-connection pick)
@@ -209,10 +211,15 @@ impl Builder<'_> {
         chain
     }
 
-    /// KPR-FE-h for cluster or external destinations: masquerade and route per source class.
+    /// KPR-CIP-h (clusterIP) or KPR-EXT-h (externalIP, LB IP, nodePort): masquerade and route
+    /// per source class.
     fn frontend_chain(&mut self, dest: DestKind) -> String {
-        let group = if dest.is_external() { "ext" } else { "cluster" };
-        let chain = format!("KPR-FE-{}", hash(&[self.name, group]));
+        let (group, prefix) = if dest.is_external() {
+            ("ext", "KPR-EXT")
+        } else {
+            ("cluster", "KPR-CIP")
+        };
+        let chain = format!("{prefix}-{}", hash(&[self.name, group]));
         let mut routes: Vec<(usize, String, bool)> = Vec::new();
         for class in 0..3 {
             let Some(src) = self.reps.0[class] else {

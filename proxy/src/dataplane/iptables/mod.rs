@@ -645,11 +645,11 @@ mod tests {
         p.nat_declare.insert("KPR-SVC-A".into());
         p.nat_rules.push("-A KPR-SVC-A -j KPR-SEP-B".into());
         p.nat_deletes
-            .push("-D KPR-SERVICES -d 10.0.0.1/32 -j KPR-FE-C".into());
+            .push("-D KPR-SERVICES -d 10.0.0.1/32 -j KPR-CIP-C".into());
         p.nat_delete_chains.push("KPR-SEP-OLD".into());
         assert_eq!(
             p.render(),
-            "*nat\n:KPR-SVC-A - [0:0]\n-D KPR-SERVICES -d 10.0.0.1/32 -j KPR-FE-C\n\
+            "*nat\n:KPR-SVC-A - [0:0]\n-D KPR-SERVICES -d 10.0.0.1/32 -j KPR-CIP-C\n\
              -A KPR-SVC-A -j KPR-SEP-B\n-X KPR-SEP-OLD\nCOMMIT\n"
         );
     }
