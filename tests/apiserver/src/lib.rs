@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 pub use fault::FaultHandle;
 pub use store::ServiceCidr;
@@ -181,22 +181,30 @@ impl Builder {
             faults: faults.clone(),
             bookmark_interval: self.bookmark_interval,
         };
-        let (shutdown, rx) = oneshot::channel::<()>();
-        let app = http::router(state);
-        tokio::spawn(async move {
-            let serve = axum::serve(listener, app);
-            tokio::select! {
-                r = serve => if let Err(e) = r { tracing::warn!("test API server stopped: {e}") },
-                _ = rx => {}
-            }
-        });
+        let (shutdown, _) = watch::channel(false);
+        serve(listener, state.clone(), shutdown.subscribe());
         Ok(TestApiServer {
             url: format!("http://{addr}"),
             store,
             faults,
-            shutdown: Some(shutdown),
+            state,
+            shutdown,
         })
     }
+}
+
+fn serve(
+    listener: tokio::net::TcpListener,
+    state: http::AppState,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let app = http::router(state);
+    tokio::spawn(async move {
+        tokio::select! {
+            r = axum::serve(listener, app) => if let Err(e) = r { tracing::warn!("test API server stopped: {e}") },
+            _ = shutdown.wait_for(|stop| *stop) => {}
+        }
+    });
 }
 
 /// A running test API server. Dropping it stops accepting connections and ends open watches.
@@ -204,15 +212,14 @@ pub struct TestApiServer {
     url: String,
     store: Arc<Mutex<store::Store>>,
     faults: FaultHandle,
-    shutdown: Option<oneshot::Sender<()>>,
+    state: http::AppState,
+    shutdown: watch::Sender<bool>,
 }
 
 impl Drop for TestApiServer {
     fn drop(&mut self) {
         self.faults.drop_watches();
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
+        self.shutdown.send_replace(true);
     }
 }
 
@@ -260,6 +267,31 @@ impl TestApiServer {
             what: format!("writing kubeconfig {}", path.display()),
             source,
         })
+    }
+
+    /// Serves the same objects on one more listener, bound by the caller: for example a socket
+    /// bound inside a test network namespace, so an agent in that namespace reaches the server on
+    /// its own loopback. Returns that listener's URL. Needs a tokio runtime.
+    pub fn serve_also(&self, listener: std::net::TcpListener) -> Result<String, Error> {
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |source| Error::Io { what, source }
+        };
+        let addr = listener
+            .local_addr()
+            .map_err(io("reading the extra listener's address"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(io("making the extra listener non-blocking"))?;
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(io("registering the extra listener"))?;
+        serve(listener, self.state.clone(), self.shutdown.subscribe());
+        Ok(format!("http://{addr}"))
+    }
+
+    /// The kubeconfig YAML for another URL of this server (see `serve_also`).
+    pub fn kubeconfig_for(&self, url: &str) -> String {
+        self.kubeconfig().replace(&self.url, url)
     }
 
     /// The fault injection handle.
