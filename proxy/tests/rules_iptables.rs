@@ -75,6 +75,7 @@ scenario_tests!(
     external_ip_and_hairpin,
     udp_without_endpoints_is_rejected,
     interleaved_services_each_round_robin,
+    terminating_fallback,
 );
 
 fn state_with(services: &[(String, String, Vec<proxy::model::Endpoint>)]) -> ProxyState {

@@ -41,6 +41,7 @@ pub const SCENARIOS: &[Scenario] = &[
         4,
         interleaved_services_each_round_robin,
     ),
+    ("terminating_fallback", 2, terminating_fallback),
 ];
 
 /// 400 sequential connections over 4 endpoints: 100 (+-1) each.
@@ -335,4 +336,37 @@ pub fn interleaved_services_each_round_robin(rig: &mut Rig) {
     for pod in ["pod0", "pod1", "pod2", "pod3"] {
         assert_eq!(t.get(pod), Some(&10), "{t:?}");
     }
+}
+
+/// Serving-and-terminating endpoints are used only while no endpoint is ready.
+pub fn terminating_fallback(rig: &mut Rig) {
+    let svc = service("term", "10.96.0.130", 80, Protocol::Tcp);
+    let mut eps = rig.endpoints(&[0, 1], false);
+    eps[0].ready = false;
+    eps[0].terminating = true;
+    rig.set(svc.clone(), Some(eps.clone()));
+    let target = addr("10.96.0.130", 80);
+    let t = tally((0..6).map(|_| {
+        tcp_request(&rig.cluster.podclient, target, TIMEOUT)
+            .expect("request")
+            .pod
+    }));
+    assert_eq!(
+        t.keys().cloned().collect::<Vec<_>>(),
+        vec!["pod1"],
+        "ready only: {t:?}"
+    );
+    eps[1].ready = false;
+    eps[1].serving = false;
+    rig.set(svc, Some(eps));
+    let t = tally((0..6).map(|_| {
+        tcp_request(&rig.cluster.podclient, target, TIMEOUT)
+            .expect("request")
+            .pod
+    }));
+    assert_eq!(
+        t.keys().cloned().collect::<Vec<_>>(),
+        vec!["pod0"],
+        "falls back to the serving terminating endpoint: {t:?}"
+    );
 }
