@@ -525,3 +525,45 @@ async fn leader_election_with_two_managers() {
     wait_states(&client, "two", vec![st(2, true, true, false)]).await;
     b.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftovers_of_services_deleted_while_down_are_removed_at_start() {
+    let srv = TestApiServer::start().await.unwrap();
+    let client = srv.client().unwrap();
+    let managed = json!({"kubernetes.io/service-name": "gone", LABEL_MANAGED_BY: MANAGED_BY});
+    let owner = json!([{"apiVersion": "v1", "kind": "Service", "name": "gone", "uid": "old-uid", "controller": true}]);
+    srv.insert("endpointslices", json!({"metadata": {"name": "gone-abc", "namespace": NS, "labels": managed, "ownerReferences": owner},
+        "addressType": "IPv4", "endpoints": [{"addresses": ["10.9.9.9"]}]}))
+        .unwrap();
+    let foreign = json!({"kubernetes.io/service-name": "gone", LABEL_MANAGED_BY: "someone-else"});
+    srv.insert(
+        "endpointslices",
+        json!({"metadata": {"name": "gone-foreign", "namespace": NS, "labels": foreign},
+        "addressType": "IPv4", "endpoints": []}),
+    )
+    .unwrap();
+    srv.insert(
+        "endpoints",
+        json!({"metadata": {"name": "gone", "namespace": NS}, "subsets": []}),
+    )
+    .unwrap();
+    let mgr = start(
+        &client,
+        manager_cfg(&[ControllerKind::EndpointSlice, ControllerKind::Endpoints]),
+    );
+    eventually(
+        "the orphaned slice and Endpoints to be deleted",
+        Duration::from_secs(15),
+        || async {
+            let slice_gone = srv.get("endpointslices", Some(NS), "gone-abc").is_err();
+            let ep_gone = srv.get("endpoints", Some(NS), "gone").is_err();
+            (slice_gone && ep_gone).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        srv.get("endpointslices", Some(NS), "gone-foreign").is_ok(),
+        "slices of other managers are left alone"
+    );
+    mgr.abort();
+}

@@ -34,11 +34,11 @@ pub struct Context {
 pub async fn run(client: Client, concurrency: u16) {
     let Inputs {
         reader,
+        services,
         pods,
         service_stream,
         pod_triggers,
         deleted,
-        ..
     } = inputs::inputs(&client);
     let endpoints = Indexed::new(|_: &Endpoints| Vec::new());
     let cache = endpoints.clone();
@@ -66,7 +66,8 @@ pub async fn run(client: Client, concurrency: u16) {
         pods,
         endpoints,
     });
-    tokio::spawn(cleanup_deleted(client, deleted));
+    tokio::spawn(cleanup_deleted(client.clone(), deleted));
+    tokio::spawn(sweep_leftovers(client, services, ctx.endpoints.clone()));
     Controller::for_stream(service_stream, reader)
         .reconcile_on(pod_triggers)
         .reconcile_on(ep_triggers)
@@ -129,6 +130,42 @@ async fn cleanup_deleted(
             Err(e) => tracing::warn!(
                 "deleting Endpoints {ns}/{} of a deleted Service: {e}",
                 svc.name_any()
+            ),
+        }
+    }
+}
+
+/// Deletes Endpoints objects that have no Service (left over from Services deleted while no
+/// controller ran), once the caches are complete, as upstream's `checkLeftoverEndpoints` does.
+async fn sweep_leftovers(
+    client: Client,
+    services: Arc<Indexed<Service>>,
+    endpoints: Arc<Indexed<Endpoints>>,
+) {
+    services.wait_ready().await;
+    endpoints.wait_ready().await;
+    for ep in endpoints.all() {
+        let ns = ep.namespace().unwrap_or_default();
+        if services.get(&ns, &ep.name_any()).is_some() {
+            continue;
+        }
+        let api: Api<Endpoints> = Api::namespaced(client.clone(), &ns);
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: ep.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&ep.name_any(), &dp).await {
+            Ok(_) => tracing::info!(
+                "endpoints: deleted leftover Endpoints {ns}/{}",
+                ep.name_any()
+            ),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => tracing::warn!(
+                "endpoints: deleting leftover Endpoints {ns}/{}: {e}",
+                ep.name_any()
             ),
         }
     }

@@ -109,11 +109,11 @@ impl Default for Config {
 pub async fn run(client: Client, cfg: Config) {
     let Inputs {
         reader,
+        services,
         pods,
         service_stream,
         pod_triggers,
         deleted,
-        ..
     } = inputs::inputs(&client);
     let slices = Indexed::new(slice_index);
     let slice_cache = slices.clone();
@@ -135,6 +135,7 @@ pub async fn run(client: Client, cfg: Config) {
         tracker: Tracker::default(),
     });
     tokio::spawn(cleanup_deleted(ctx.clone(), deleted));
+    tokio::spawn(sweep_orphans(ctx.clone(), services));
     Controller::for_stream(service_stream, reader)
         .owns_stream(slice_stream)
         .reconcile_on(pod_triggers)
@@ -248,6 +249,53 @@ async fn cleanup_deleted(
                 tracing::warn!("cleaning up after deleted Service {}/{}: {e}", key.0, key.1);
             }
         }
+    }
+}
+
+/// The managed slices whose Service (by name and uid) is not in `services`.
+pub fn orphans(
+    slices: &[Arc<EndpointSlice>],
+    services: &Indexed<Service>,
+) -> Vec<Arc<EndpointSlice>> {
+    slices
+        .iter()
+        .filter(|s| plan::is_managed(s))
+        .filter(|s| {
+            let ns = s.namespace().unwrap_or_default();
+            let owner = s
+                .labels()
+                .get(plan::LABEL_SERVICE_NAME)
+                .and_then(|name| services.get(&ns, name));
+            let owner_uid = s
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .map(|o| o.uid.clone());
+            owner.is_none_or(|svc| svc.uid() != owner_uid)
+        })
+        .cloned()
+        .collect()
+}
+
+/// Deletes slices left behind by Services deleted while no controller ran: once the caches are
+/// complete, and then every minute.
+async fn sweep_orphans(ctx: Arc<Context>, services: Arc<Indexed<Service>>) {
+    services.wait_ready().await;
+    ctx.slices.wait_ready().await;
+    loop {
+        for slice in orphans(&ctx.slices.all(), &services) {
+            let api: Api<EndpointSlice> =
+                Api::namespaced(ctx.client.clone(), &slice.namespace().unwrap_or_default());
+            match delete_slice(&api, &slice).await {
+                Ok(()) => tracing::info!(
+                    "endpointslice: deleted orphaned slice {}/{}",
+                    slice.namespace().unwrap_or_default(),
+                    slice.name_any()
+                ),
+                Err(e) => tracing::warn!("endpointslice: orphan sweep: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(60)).await;
     }
 }
 
