@@ -170,5 +170,19 @@ async fn api_objects_become_connections_through_controller_and_agent() {
         .await
         .unwrap();
     eventually_answered_by(&cluster.podclient, to, &["pod0"]).await;
+
+    // The API server goes away (every request 500, every watch cut): the node keeps serving the
+    // last programmed state, and follows again once the server is back.
+    let faults = srv.faults();
+    faults.fail_for(Duration::from_secs(3));
+    faults.drop_watches();
+    assert_eq!(
+        tally(&cluster.podclient, to, 6).as_deref(),
+        Some(&["pod0".to_string()][..]),
+        "served during the outage"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    create_pod(&client, "pod1", &cluster.pods[1].ip.to_string()).await;
+    eventually_answered_by(&cluster.podclient, to, &["pod0", "pod1"]).await;
     mgr.abort();
 }
