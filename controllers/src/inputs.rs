@@ -44,9 +44,13 @@ fn label_keys(ns: &str, labels: &std::collections::BTreeMap<String, String>) -> 
         .collect()
 }
 
-/// Index of a Pod: one key per label.
+/// Index of a Pod: one key per label, plus `node:NAME` for its node.
 pub fn pod_index(p: &Pod) -> Vec<String> {
-    label_keys(&p.namespace().unwrap_or_default(), p.labels())
+    let mut keys = label_keys(&p.namespace().unwrap_or_default(), p.labels());
+    if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+        keys.push(format!("node:{node}"));
+    }
+    keys
 }
 
 /// Index of a Service: one key per selector pair.
@@ -77,7 +81,7 @@ pub fn pods_for(pods: &Indexed<Pod>, svc: &Service) -> Vec<Arc<Pod>> {
 /// The Services selecting a Pod.
 pub fn services_for(services: &Indexed<Service>, pod: &Pod) -> HashSet<ObjectRef<Service>> {
     let mut out = HashSet::new();
-    for ix in pod_index(pod) {
+    for ix in label_keys(&pod.namespace().unwrap_or_default(), pod.labels()) {
         for svc in services.by_index(&ix) {
             if podutil::service_selector(&svc)
                 .is_some_and(|sel| podutil::selector_matches(sel, Some(pod.labels())))

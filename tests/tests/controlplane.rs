@@ -11,7 +11,7 @@ use controllers::leader::LeaderConfig;
 use controllers::manager::{self, ControllerKind, ManagerConfig};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -189,6 +189,9 @@ async fn endpoint_slices_and_endpoints_follow_pods() {
         &client,
         manager_cfg(&[ControllerKind::EndpointSlice, ControllerKind::Endpoints]),
     );
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "node-1", "labels": {"topology.kubernetes.io/zone": "zone-a"}}})).unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
     let svc = create_service(&client, "web", json!({})).await;
     for (i, ready) in [(0, true), (1, true), (2, false)] {
         create_pod(&client, "web", i, ready).await;
@@ -227,6 +230,11 @@ async fn endpoint_slices_and_endpoints_follow_pods() {
         s.endpoints.as_ref().unwrap()[0].node_name.as_deref(),
         Some("node-1")
     );
+    assert_eq!(
+        s.endpoints.as_ref().unwrap()[0].zone.as_deref(),
+        Some("zone-a"),
+        "zone from the Node's label"
+    );
     let ep = wait_endpoints(&client, "web", vec![pod_ip(0), pod_ip(1)], vec![pod_ip(2)]).await;
     assert_eq!(
         ep.subsets.as_ref().unwrap()[0].ports.as_ref().unwrap()[0].port,
@@ -237,6 +245,27 @@ async fn endpoint_slices_and_endpoints_follow_pods() {
         Some("shop"),
         "Endpoints carry the Service's labels"
     );
+
+    // A Node moving zone updates its endpoints.
+    let relabel = json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "zone-b"}}});
+    nodes
+        .patch("node-1", &PatchParams::default(), &Patch::Merge(relabel))
+        .await
+        .unwrap();
+    eventually(
+        "endpoints to move to zone-b",
+        Duration::from_secs(15),
+        || async {
+            let slices = slices_of(&client, "web").await;
+            let zones: Vec<Option<String>> = slices
+                .iter()
+                .flat_map(|s| s.endpoints.iter().flatten())
+                .map(|e| e.zone.clone())
+                .collect();
+            (zones.len() == 3 && zones.iter().all(|z| z.as_deref() == Some("zone-b"))).then_some(())
+        },
+    )
+    .await;
 
     // Readiness flips are followed.
     set_status(&client, "web-2", 2, true).await;

@@ -16,15 +16,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
-use crate::cache::{Indexed, Key};
+use crate::cache::{Change, Indexed, Key};
 use crate::error::{Error, Result};
 use crate::inputs::{self, Inputs};
 
@@ -88,6 +89,7 @@ impl Tracker {
 pub struct Context {
     client: Client,
     pods: Arc<Indexed<Pod>>,
+    nodes: Arc<Indexed<Node>>,
     slices: Arc<Indexed<EndpointSlice>>,
     tracker: Tracker,
 }
@@ -128,17 +130,21 @@ pub async fn run(client: Client, cfg: Config) {
         ev
     })
     .touched_objects();
+    let nodes = Indexed::new(|_: &Node| Vec::new());
     let ctx = Arc::new(Context {
         client: client.clone(),
         pods,
+        nodes: nodes.clone(),
         slices,
         tracker: Tracker::default(),
     });
+    let node_triggers = node_zone_triggers(&client, nodes, ctx.pods.clone(), services.clone());
     tokio::spawn(cleanup_deleted(ctx.clone(), deleted));
     tokio::spawn(sweep_orphans(ctx.clone(), services));
     Controller::for_stream(service_stream, reader)
         .owns_stream(slice_stream)
         .reconcile_on(pod_triggers)
+        .reconcile_on(node_triggers)
         .with_config(controller::Config::default().concurrency(cfg.concurrency))
         .run(reconcile, error_policy, ctx)
         .for_each(|r| {
@@ -154,10 +160,45 @@ fn svc_key(svc: &Service) -> Key {
     (svc.namespace().unwrap_or_default(), svc.name_any())
 }
 
+fn zone(n: &Option<Arc<Node>>) -> Option<&String> {
+    n.as_ref().and_then(|n| n.labels().get(plan::LABEL_ZONE))
+}
+
+/// Services to reconcile because a Node's zone label changed (their endpoints on it carry the zone).
+fn node_zone_triggers(
+    client: &Client,
+    nodes: Arc<Indexed<Node>>,
+    pods: Arc<Indexed<Pod>>,
+    services: Arc<Indexed<Service>>,
+) -> impl futures::Stream<Item = ObjectRef<Service>> + Send + 'static {
+    watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |ev| {
+            let mut refs = Vec::new();
+            if let Ok(ev) = ev {
+                if let Change::One { old, new } = nodes.apply(&ev) {
+                    if zone(&old) != zone(&new) {
+                        let name = old
+                            .as_ref()
+                            .or(new.as_ref())
+                            .map(|n| n.name_any())
+                            .unwrap_or_default();
+                        for pod in pods.by_index(&format!("node:{name}")) {
+                            refs.extend(inputs::services_for(&services, &pod));
+                        }
+                    }
+                }
+            }
+            futures::future::ready(Some(futures::stream::iter(refs)))
+        })
+        .flatten()
+}
+
 /// Plans and applies the slices of one Service.
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
     ctx.pods.wait_ready().await;
     ctx.slices.wait_ready().await;
+    ctx.nodes.wait_ready().await;
     if svc.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -167,7 +208,12 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
     }
     let pods = inputs::pods_for(&ctx.pods, &svc);
     let existing = ctx.slices.by_index(&format!("{}/{}", key.0, key.1));
-    let plan = plan::plan(&svc, &pods, &existing);
+    let zone_of = |node: &str| {
+        ctx.nodes
+            .get("", node)
+            .and_then(|n| n.labels().get(plan::LABEL_ZONE).cloned())
+    };
+    let plan = plan::plan_with_zones(&svc, &pods, &existing, &zone_of);
     if !plan.is_empty() {
         apply(&ctx, &key, plan).await?;
     }

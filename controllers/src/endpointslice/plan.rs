@@ -145,8 +145,14 @@ pub fn endpoint_ports(svc: &Service, pod: &Pod) -> Vec<EndpointPort> {
         .collect()
 }
 
+/// Zone of a node by name (the Node's `topology.kubernetes.io/zone` label).
+pub type ZoneOf<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// The label a Node's zone is read from.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+
 /// The endpoint of one Pod.
-pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr) -> Endpoint {
+pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr, zone_of: ZoneOf<'_>) -> Endpoint {
     let c = podutil::conditions(pod, podutil::publish_not_ready(svc));
     let spec = pod.spec.as_ref();
     let hostname = spec
@@ -161,6 +167,7 @@ pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr) -> Endpoint {
         }),
         hostname,
         node_name: spec.and_then(|s| s.node_name.clone()),
+        zone: spec.and_then(|s| s.node_name.as_deref()).and_then(zone_of),
         target_ref: Some(ObjectReference {
             kind: Some("Pod".into()),
             namespace: pod.namespace(),
@@ -175,7 +182,7 @@ pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr) -> Endpoint {
 /// Desired endpoints of one address type, grouped by port set, keyed by address.
 type Desired = BTreeMap<PortKey, (Vec<EndpointPort>, BTreeMap<String, Endpoint>)>;
 
-fn desired(svc: &Service, pods: &[Arc<Pod>], address_type: &str) -> Desired {
+fn desired(svc: &Service, pods: &[Arc<Pod>], address_type: &str, zone_of: ZoneOf<'_>) -> Desired {
     let mut out = Desired::new();
     for pod in pods
         .iter()
@@ -188,7 +195,9 @@ fn desired(svc: &Service, pods: &[Arc<Pod>], address_type: &str) -> Desired {
         let entry = out
             .entry(port_key(&ports))
             .or_insert_with(|| (ports, BTreeMap::new()));
-        entry.1.insert(ip.to_string(), pod_endpoint(svc, pod, ip));
+        entry
+            .1
+            .insert(ip.to_string(), pod_endpoint(svc, pod, ip, zone_of));
     }
     out
 }
@@ -234,9 +243,20 @@ fn with_metadata(svc: &Service, mut slice: EndpointSlice) -> EndpointSlice {
     slice
 }
 
+/// Plans the slices of one Service without zone information (see `plan_with_zones`).
+pub fn plan(svc: &Service, pods: &[Arc<Pod>], existing: &[Arc<EndpointSlice>]) -> Plan {
+    plan_with_zones(svc, pods, existing, &|_| None)
+}
+
 /// Plans the slices of one Service. `existing` may contain slices of other controllers; only
 /// managed ones are considered. Services without a selector or of type ExternalName get none.
-pub fn plan(svc: &Service, pods: &[Arc<Pod>], existing: &[Arc<EndpointSlice>]) -> Plan {
+/// `zone_of` gives each endpoint's `zone` from its Pod's node.
+pub fn plan_with_zones(
+    svc: &Service,
+    pods: &[Arc<Pod>],
+    existing: &[Arc<EndpointSlice>],
+    zone_of: ZoneOf<'_>,
+) -> Plan {
     let mut managed: Vec<&EndpointSlice> = existing
         .iter()
         .map(Arc::as_ref)
@@ -254,7 +274,7 @@ pub fn plan(svc: &Service, pods: &[Arc<Pod>], existing: &[Arc<EndpointSlice>]) -
     let mut unchanged = Vec::new();
     let mut total = 0;
     for at in address_types(svc) {
-        let mut want = desired(svc, pods, &at);
+        let mut want = desired(svc, pods, &at, zone_of);
         total += want.values().map(|(_, e)| e.len()).sum::<usize>();
         let of_type: Vec<&EndpointSlice> = managed
             .iter()

@@ -316,3 +316,20 @@ fn dual_stack_services_get_one_slice_per_family() {
     types.sort_unstable();
     assert_eq!(types, ["IPv4", "IPv6"]);
 }
+
+#[test]
+fn endpoints_carry_the_zone_of_their_node() {
+    let zones = |node: &str| (node == "node-1").then(|| "zone-a".to_string());
+    let p = plan_with_zones(&svc(), &pods(1), &[], &zones);
+    assert_eq!(
+        endpoints_of(&p.create[0])[0].zone.as_deref(),
+        Some("zone-a")
+    );
+    let existing = materialize(&p, &[]);
+    let moved = |_: &str| Some("zone-b".to_string());
+    assert_eq!(
+        counts(&plan_with_zones(&svc(), &pods(1), &existing, &moved)),
+        (0, 1, 0),
+        "a zone change updates the slice"
+    );
+}
