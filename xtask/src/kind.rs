@@ -44,10 +44,10 @@ pub fn run(args: &KindArgs) -> anyhow::Result<()> {
             .args(["delete", "cluster", "--name", &args.cluster])
             .run();
     }
-    kind.create_cluster()?;
+    let existed = kind.create_cluster()?;
     kind.build_and_load_image()?;
     let dir = kind.render_manifests()?;
-    kind.deploy(&dir)?;
+    kind.deploy(&dir, existed)?;
     kind.smoke_test(&dir)?;
     println!(
         "\nkpr ({}) runs on kind cluster {:?}: kubectl --context {} -n {} get pods",
@@ -125,12 +125,13 @@ impl Kind {
         self.cmd("kubectl").args(["--context", &self.context])
     }
 
-    fn create_cluster(&self) -> anyhow::Result<()> {
+    /// Creates the cluster unless it exists; returns whether it existed.
+    fn create_cluster(&self) -> anyhow::Result<bool> {
         step("create the cluster (kube-proxy disabled)");
         let clusters = self.cmd("kind").args(["get", "clusters"]).read()?;
         if clusters.lines().any(|c| c.trim() == self.render.cluster) {
             println!("[ok] kind cluster {:?} already exists", self.render.cluster);
-            return Ok(());
+            return Ok(true);
         }
         let config = deploy::deploy_dir().join(deploy::KIND_CONFIG);
         self.cmd("kind")
@@ -142,7 +143,8 @@ impl Kind {
                 "--config",
             ])
             .arg(&config)
-            .run()
+            .run()?;
+        Ok(false)
     }
 
     fn build_and_load_image(&self) -> anyhow::Result<()> {
@@ -188,7 +190,9 @@ impl Kind {
         Ok(dir)
     }
 
-    fn deploy(&self, dir: &Path) -> anyhow::Result<()> {
+    /// Applies the agent and the controller-manager and waits for them. On an existing cluster the
+    /// pods are restarted too: the image keeps its tag, so `apply` alone would not pick up a rebuild.
+    fn deploy(&self, dir: &Path, existed: bool) -> anyhow::Result<()> {
         step("deploy the agent and the controller-manager");
         for file in [deploy::AGENT_MANIFEST, deploy::CONTROLLER_MANIFEST] {
             self.kubectl()
@@ -198,6 +202,16 @@ impl Kind {
         }
         let ns = ["-n", deploy::SYSTEM_NAMESPACE];
         let ds = format!("daemonset/{}", deploy::AGENT_DAEMONSET);
+        let deployment = format!("deployment/{}", deploy::CONTROLLER_DEPLOYMENT);
+        if existed || self.dry_run {
+            if self.dry_run {
+                println!("(only when the cluster already existed:)");
+            }
+            self.kubectl()
+                .args(["rollout", "restart", &ds, &deployment])
+                .args(ns)
+                .run()?;
+        }
         self.kubectl()
             .args(["rollout", "status", &ds, TIMEOUT])
             .args(ns)
@@ -206,7 +220,6 @@ impl Kind {
         self.kubectl()
             .args(["wait", "--for=condition=Ready", "nodes", "--all", TIMEOUT])
             .run()?;
-        let deployment = format!("deployment/{}", deploy::CONTROLLER_DEPLOYMENT);
         self.kubectl()
             .args(["rollout", "status", &deployment, TIMEOUT])
             .args(ns)
