@@ -466,3 +466,41 @@ async fn faults_fail_stall_and_drop_watches() {
         "watcher resumed and saw the pod created after the faults"
     );
 }
+
+#[tokio::test]
+async fn streaming_list_watchers_get_initial_events_and_the_end_bookmark() {
+    let srv = TestApiServer::start().await.unwrap();
+    let api: Api<Pod> = Api::namespaced(srv.client().unwrap(), "default");
+    for name in ["a", "b"] {
+        api.create(&PostParams::default(), &pod(name))
+            .await
+            .unwrap();
+    }
+    let mut events = watcher(api.clone(), watcher::Config::default().streaming_lists()).boxed();
+    let mut seen = Vec::new();
+    while !seen.iter().any(|s| s == "InitDone") {
+        let ev = tokio::time::timeout(Duration::from_secs(5), events.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push(match ev {
+            watcher::Event::Init => "Init".to_string(),
+            watcher::Event::InitApply(p) => format!("InitApply {}", p.name_any()),
+            watcher::Event::InitDone => "InitDone".to_string(),
+            watcher::Event::Apply(p) => format!("Apply {}", p.name_any()),
+            watcher::Event::Delete(p) => format!("Delete {}", p.name_any()),
+        });
+    }
+    assert_eq!(seen, ["Init", "InitApply a", "InitApply b", "InitDone"]);
+    api.create(&PostParams::default(), &pod("c")).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), events.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(next, watcher::Event::Apply(ref p) if p.name_any() == "c"),
+        "{next:?}"
+    );
+}
