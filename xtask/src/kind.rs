@@ -361,6 +361,25 @@ mod tests {
     }
 
     #[test]
+    fn dry_run_renders_the_chosen_backend_without_docker() {
+        let cluster = format!("xtask-test-{}", std::process::id());
+        let args = KindArgs {
+            backend: "ebpf".into(),
+            cluster: cluster.clone(),
+            down: false,
+            dry_run: true,
+        };
+        run(&args).unwrap();
+        let dir = target_dir().join("kind").join(&cluster);
+        let agent = fs::read_to_string(dir.join(deploy::AGENT_MANIFEST)).unwrap();
+        let smoke = fs::read_to_string(dir.join(deploy::SMOKE_MANIFEST)).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(agent.matches("value: ebpf # backend").count(), 2, "{agent}");
+        assert!(agent.contains(&format!("value: {cluster}-control-plane")));
+        assert!(smoke.contains("nodePort: 30080"));
+    }
+
+    #[test]
     fn report_requires_every_answer() {
         let short = [("pod -> ClusterIP", "echo-a\necho-b\n".to_owned())];
         let err = report(&short, false).unwrap_err().to_string();
