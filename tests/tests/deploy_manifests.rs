@@ -1213,6 +1213,45 @@ mod live {
         );
     }
 
+    /// The privileged `mount-bpffs` init container's script, run twice in a private mount namespace
+    /// on a plain directory standing for the node's /sys/fs/bpf: the first run mounts bpffs there,
+    /// the second sees it and mounts nothing.
+    #[test]
+    fn mount_bpffs_init_container_mounts_bpffs_once() {
+        let objects = objects(&Render::default());
+        let init = init_container(
+            pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET)),
+            "mount-bpffs",
+        );
+        let command = init.command.clone().unwrap();
+        assert_eq!(command[..2], ["/bin/sh", "-c"]);
+        let dir = std::env::temp_dir().join(format!("{}-bpffs", unique_prefix()));
+        fs::create_dir_all(&dir).unwrap();
+        let script = command[2].replace("/run/kpr/bpffs", &dir.display().to_string());
+        let check = format!(
+            "{script} && {script} && stat -f -c %T {d} && grep -c ' {d} ' /proc/self/mounts",
+            d = dir.display()
+        );
+        // unshare: the mount lives and dies with this private mount namespace.
+        let out = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &check])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = fs::remove_dir(&dir);
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{check}: {printed}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            printed.lines().collect::<Vec<_>>(),
+            ["bpf_fs", "1"],
+            "mounted once: {printed}"
+        );
+    }
+
     /// deploy/cleanup.yaml's command (the rollback), run in a node namespace with leftovers of
     /// every rule backend: it succeeds and they are gone.
     #[test]
