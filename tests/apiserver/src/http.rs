@@ -29,6 +29,17 @@ pub(crate) struct AppState {
     pub store: Arc<Mutex<Store>>,
     pub faults: FaultHandle,
     pub bookmark_interval: Duration,
+    pub pages: Arc<Mutex<Pages>>,
+}
+
+/// How long a paginated listing's snapshot serves `continue` tokens.
+const SNAPSHOT_TTL: Duration = Duration::from_secs(60);
+
+/// Snapshots of paginated listings, so every page of one listing comes from the same state.
+#[derive(Default)]
+pub(crate) struct Pages {
+    next: u64,
+    snapshots: HashMap<u64, (Vec<Value>, u64, std::time::Instant)>,
 }
 
 /// The router: one fallback handler that parses Kubernetes URLs itself.
@@ -201,7 +212,13 @@ fn dispatch(
         }
         (Method::GET, None, None) => (
             StatusCode::OK,
-            list(&store, t.res, filter_from(&params, t.ns.clone())?, &params)?,
+            list(
+                &store,
+                &st.pages,
+                t.res,
+                filter_from(&params, t.ns.clone())?,
+                &params,
+            )?,
         ),
         (Method::GET, Some(name), None | Some("status")) => {
             (StatusCode::OK, store.get(t.res, ns, name)?)
@@ -262,10 +279,12 @@ fn list_doc(res: &ResourceType, items: Vec<Value>, rv: u64) -> Value {
            "metadata": {"resourceVersion": rv.to_string()}, "items": items})
 }
 
-/// Lists everything in one page (`limit` is ignored, so a listing is always one consistent snapshot).
+/// Lists matching objects. With `limit`, the listing is cut into pages served from one snapshot
+/// (the `continue` token names the snapshot and the offset; an expired token answers 410 Gone).
 /// `resourceVersionMatch=Exact` can only be served at the current version.
 fn list(
     store: &Store,
+    pages: &Mutex<Pages>,
     res: &ResourceType,
     filter: Filter,
     params: &Params,
@@ -279,8 +298,56 @@ fn list(
             )));
         }
     }
-    let (items, rv) = store.list(res, &filter);
-    Ok(list_doc(res, items, rv))
+    let limit = params
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let token = params.get("continue").filter(|c| !c.is_empty());
+    let Some(limit) = limit.or(token.map(|_| usize::MAX)) else {
+        let (items, rv) = store.list(res, &filter);
+        return Ok(list_doc(res, items, rv));
+    };
+    let mut pages = pages.lock().expect("pages lock");
+    pages
+        .snapshots
+        .retain(|_, (_, _, at)| at.elapsed() < SNAPSHOT_TTL);
+    let (id, offset) = match token {
+        Some(t) => parse_token(t)?,
+        None => {
+            let (items, rv) = store.list(res, &filter);
+            pages.next += 1;
+            let id = pages.next;
+            pages
+                .snapshots
+                .insert(id, (items, rv, std::time::Instant::now()));
+            (id, 0)
+        }
+    };
+    let gone = || {
+        Error::Gone(
+            "the provided continue parameter is too old to display a consistent list result".into(),
+        )
+    };
+    let (items, rv, _) = pages.snapshots.get(&id).ok_or_else(gone)?;
+    let end = offset.saturating_add(limit).min(items.len());
+    let page = items.get(offset..end).ok_or_else(gone)?.to_vec();
+    let mut doc = list_doc(res, page, *rv);
+    if end < items.len() {
+        doc["metadata"]["continue"] = json!(format!("{id}:{end}"));
+        doc["metadata"]["remainingItemCount"] = json!(items.len() - end);
+    } else {
+        pages.snapshots.remove(&id);
+    }
+    Ok(doc)
+}
+
+fn parse_token(t: &str) -> Result<(u64, usize), Error> {
+    let bad = || Error::BadRequest(format!("continue {t:?}: not a token this server issued"));
+    let (id, offset) = t.split_once(':').ok_or_else(bad)?;
+    Ok((
+        id.parse().map_err(|_| bad())?,
+        offset.parse().map_err(|_| bad())?,
+    ))
 }
 
 fn line(kind: &str, object: &Value) -> Bytes {

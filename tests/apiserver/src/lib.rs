@@ -6,7 +6,8 @@
 //! configmaps, events; discovery.k8s.io/v1 endpointslices; coordination.k8s.io/v1 leases; apps/v1 and
 //! batch/v1 workloads. Discovery documents for all of them.
 //!
-//! Semantics kept: list with resourceVersion and label/field selectors (one page: `limit` is ignored);
+//! Semantics kept: list with resourceVersion and label/field selectors, paginated with `limit` and
+//! `continue` from one snapshot per listing;
 //! watch from a resourceVersion (JSON lines), bookmarks, `sendInitialEvents`, an ERROR event with
 //! code 410 when the version is older than the bounded history; create with generateName, uid,
 //! creationTimestamp, generation, resourceVersion, 409 AlreadyExists; update with 409 on a stale
@@ -17,7 +18,7 @@
 //!
 //! Not kept: authentication, admission, validation of field contents, garbage collection of
 //! dependents (ownerReferences are stored as written and nothing acts on them), field managers,
-//! graceful Pod deletion (Pods without finalizers go at once), pagination.
+//! graceful Pod deletion (Pods without finalizers go at once).
 //!
 //! Faults: `FaultHandle` fails requests with 500, stalls them, or drops all open watches.
 
@@ -180,6 +181,7 @@ impl Builder {
             store: store.clone(),
             faults: faults.clone(),
             bookmark_interval: self.bookmark_interval,
+            pages: Arc::default(),
         };
         let (shutdown, _) = watch::channel(false);
         serve(listener, state.clone(), shutdown.subscribe());

@@ -504,3 +504,44 @@ async fn streaming_list_watchers_get_initial_events_and_the_end_bookmark() {
         "{next:?}"
     );
 }
+
+#[tokio::test]
+async fn paginated_lists_come_from_one_snapshot() {
+    let srv = TestApiServer::start().await.unwrap();
+    let api: Api<Pod> = Api::namespaced(srv.client().unwrap(), "default");
+    for name in ["a", "b", "c", "d", "e"] {
+        api.create(&PostParams::default(), &pod(name))
+            .await
+            .unwrap();
+    }
+    let first = api.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(first.items.len(), 2);
+    assert_eq!(first.metadata.remaining_item_count, Some(3));
+    api.create(&PostParams::default(), &pod("late"))
+        .await
+        .unwrap();
+    let mut names: Vec<String> = first.items.iter().map(|p| p.name_any()).collect();
+    let mut token = first.metadata.continue_.clone();
+    while let Some(t) = token.filter(|t| !t.is_empty()) {
+        let page = api
+            .list(&ListParams::default().limit(2).continue_token(&t))
+            .await
+            .unwrap();
+        assert_eq!(
+            page.metadata.resource_version, first.metadata.resource_version,
+            "every page at the first page's version"
+        );
+        names.extend(page.items.iter().map(|p| p.name_any()));
+        token = page.metadata.continue_;
+    }
+    assert_eq!(
+        names,
+        ["a", "b", "c", "d", "e"],
+        "an object created between pages is not in this listing"
+    );
+    let bad = api
+        .list(&ListParams::default().limit(2).continue_token("999:2"))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&bad), 410);
+}
