@@ -596,3 +596,16 @@ async fn leftovers_of_services_deleted_while_down_are_removed_at_start() {
     );
     mgr.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_are_written_without_zones_when_nodes_are_forbidden() {
+    let srv = TestApiServer::start().await.unwrap();
+    srv.faults().forbid("nodes");
+    let client = srv.client().unwrap();
+    let mgr = start(&client, manager_cfg(&[ControllerKind::EndpointSlice]));
+    create_service(&client, "norbac", json!({})).await;
+    create_pod(&client, "norbac", 3, true).await;
+    let slices = wait_states(&client, "norbac", vec![st(3, true, true, false)]).await;
+    assert_eq!(slices[0].endpoints.as_ref().unwrap()[0].zone, None);
+    mgr.abort();
+}

@@ -29,6 +29,9 @@ use crate::cache::{Change, Indexed, Key};
 use crate::error::{Error, Result};
 use crate::inputs::{self, Inputs};
 
+/// How long the first reconcile waits for the Node listing (zones) before going on without it.
+const NODES_WAIT: Duration = Duration::from_secs(2);
+
 /// How long a written slice may stay unseen by the cache before the tracker gives up on it.
 const EXPECTATION_TTL: Duration = Duration::from_secs(10);
 
@@ -92,6 +95,7 @@ pub struct Context {
     nodes: Arc<Indexed<Node>>,
     slices: Arc<Indexed<EndpointSlice>>,
     tracker: Tracker,
+    nodes_gate: tokio::sync::OnceCell<()>,
 }
 
 /// Options.
@@ -137,6 +141,7 @@ pub async fn run(client: Client, cfg: Config) {
         nodes: nodes.clone(),
         slices,
         tracker: Tracker::default(),
+        nodes_gate: tokio::sync::OnceCell::new(),
     });
     let node_triggers = node_zone_triggers(&client, nodes, ctx.pods.clone(), services.clone());
     tokio::spawn(cleanup_deleted(ctx.clone(), deleted));
@@ -176,16 +181,25 @@ fn node_zone_triggers(
         .filter_map(move |ev| {
             let mut refs = Vec::new();
             if let Ok(ev) = ev {
-                if let Change::One { old, new } = nodes.apply(&ev) {
-                    if zone(&old) != zone(&new) {
-                        let name = old
-                            .as_ref()
-                            .or(new.as_ref())
-                            .map(|n| n.name_any())
-                            .unwrap_or_default();
-                        for pod in pods.by_index(&format!("node:{name}")) {
-                            refs.extend(inputs::services_for(&services, &pod));
-                        }
+                let changed: Vec<String> = match nodes.apply(&ev) {
+                    Change::One { old, new } if zone(&old) != zone(&new) => old
+                        .as_ref()
+                        .or(new.as_ref())
+                        .map(|n| n.name_any())
+                        .into_iter()
+                        .collect(),
+                    // A (re)listing: every node with a zone may have news for its endpoints.
+                    Change::Relisted => nodes
+                        .all()
+                        .iter()
+                        .filter(|n| n.labels().contains_key(plan::LABEL_ZONE))
+                        .map(|n| n.name_any())
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                for name in changed {
+                    for pod in pods.by_index(&format!("node:{name}")) {
+                        refs.extend(inputs::services_for(&services, &pod));
                     }
                 }
             }
@@ -198,7 +212,15 @@ fn node_zone_triggers(
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
     ctx.pods.wait_ready().await;
     ctx.slices.wait_ready().await;
-    ctx.nodes.wait_ready().await;
+    // Zones are optional: without read access to Nodes (or before they are listed) endpoints carry
+    // no zone, and a later Node listing re-reconciles. The first reconcile waits briefly, once.
+    ctx.nodes_gate
+        .get_or_init(|| async {
+            if tokio::time::timeout(NODES_WAIT, ctx.nodes.wait_ready()).await.is_err() {
+                tracing::warn!("endpointslice: Nodes not listed within {NODES_WAIT:?}: endpoints get no zone until they are");
+            }
+        })
+        .await;
     if svc.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }

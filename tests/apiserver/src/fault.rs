@@ -2,6 +2,7 @@
 //!
 //! Owns only the fault switches; the `http` module consults them on every request.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +16,7 @@ struct Inner {
     stall: Mutex<Option<(Duration, Option<Instant>)>>,
     drop_watches: watch::Sender<u64>,
     requests: AtomicU64,
+    forbidden: Mutex<HashSet<String>>,
 }
 
 /// A cloneable handle that switches faults on and off while the server runs.
@@ -30,6 +32,7 @@ impl Default for FaultHandle {
             stall: Mutex::new(None),
             drop_watches: tx,
             requests: AtomicU64::new(0),
+            forbidden: Mutex::new(HashSet::new()),
         }))
     }
 }
@@ -62,6 +65,29 @@ impl FaultHandle {
         self.0.fail_next.store(0, Ordering::SeqCst);
         *self.0.fail_until.lock().expect("fault lock") = None;
         *self.0.stall.lock().expect("fault lock") = None;
+    }
+
+    /// Every request on resource type `plural` (e.g. "nodes") answers 403 Forbidden, as for a client
+    /// whose RBAC role lacks it, until `allow`.
+    pub fn forbid(&self, plural: &str) {
+        self.0
+            .forbidden
+            .lock()
+            .expect("fault lock")
+            .insert(plural.to_string());
+    }
+
+    /// Undoes `forbid`.
+    pub fn allow(&self, plural: &str) {
+        self.0.forbidden.lock().expect("fault lock").remove(plural);
+    }
+
+    pub(crate) fn is_forbidden(&self, plural: &str) -> bool {
+        self.0
+            .forbidden
+            .lock()
+            .expect("fault lock")
+            .contains(plural)
     }
 
     /// Requests received so far (including failed ones).

@@ -203,6 +203,12 @@ fn dispatch(
         }
         Route::Resource(t) => t,
     };
+    if st.faults.is_forbidden(t.res.plural) {
+        return Err(Error::Forbidden(format!(
+            "{} is forbidden: injected fault (the client may not {method} this resource)",
+            t.res.plural
+        )));
+    }
     let ns = t.ns.as_deref();
     let mut store = st.store.lock().expect("store lock");
     let (code, out) = match (method.clone(), t.name.as_deref(), t.sub.as_deref()) {

@@ -20,7 +20,8 @@
 //! dependents (ownerReferences are stored as written and nothing acts on them), field managers,
 //! graceful Pod deletion (Pods without finalizers go at once).
 //!
-//! Faults: `FaultHandle` fails requests with 500, stalls them, or drops all open watches.
+//! Faults: `FaultHandle` fails requests with 500, stalls them, drops all open watches, or forbids
+//! a resource type (403, as a missing RBAC rule would).
 
 mod fault;
 mod http;
@@ -46,6 +47,9 @@ pub enum Error {
     /// 400 BadRequest.
     #[error("{0}")]
     BadRequest(String),
+    /// 403 Forbidden.
+    #[error("{0}")]
+    Forbidden(String),
     /// 404 NotFound.
     #[error("{0}")]
     NotFound(String),
@@ -88,6 +92,7 @@ impl Error {
     pub fn code(&self) -> u16 {
         match self {
             Self::BadRequest(_) => 400,
+            Self::Forbidden(_) => 403,
             Self::NotFound(_) => 404,
             Self::MethodNotAllowed(_) => 405,
             Self::AlreadyExists(_) | Self::Conflict(_) => 409,
@@ -102,6 +107,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::BadRequest(_) => "BadRequest",
+            Self::Forbidden(_) => "Forbidden",
             Self::NotFound(_) => "NotFound",
             Self::MethodNotAllowed(_) => "MethodNotAllowed",
             Self::AlreadyExists(_) => "AlreadyExists",

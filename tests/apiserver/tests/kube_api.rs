@@ -422,6 +422,13 @@ async fn faults_fail_stall_and_drop_watches() {
         );
     }
     api.list(&ListParams::default()).await.unwrap();
+    faults.forbid("pods");
+    assert_eq!(
+        code(&api.list(&ListParams::default()).await.unwrap_err()),
+        403
+    );
+    faults.allow("pods");
+    api.list(&ListParams::default()).await.unwrap();
     faults.stall(Duration::from_millis(300), None);
     let t = Instant::now();
     api.list(&ListParams::default()).await.unwrap();
