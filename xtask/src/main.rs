@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use xtask::exec::Cmd;
 use xtask::{kind, setup, test, workspace_root};
 
+mod bench;
 mod demo;
 
 /// kpr's project automation. Run as root on Debian 12; `cargo` is the only prerequisite.
@@ -27,6 +28,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// kpr on a kind cluster without kube-proxy: create, build, load, deploy, smoke test.
     Kind(kind::KindArgs),
+    /// N Services per backend next to kube-proxy's iptables and nftables layouts (--quick: 1,000).
+    Bench(bench::BenchArgs),
 }
 
 /// Errors are printed with their whole context chain (`error: what: why`), without the backtrace
@@ -54,5 +57,6 @@ fn run(command: Command) -> anyhow::Result<()> {
             demo::run(&args)
         }
         Command::Kind(args) => kind::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }

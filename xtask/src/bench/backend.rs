@@ -1,0 +1,334 @@
+//! One kpr backend under the benchmark: a worker thread inside the node namespace owns the
+//! `Dataplane` (built with `proxy::dataplane::build`) and runs the syncs the benchmark times; the
+//! client measurements run from the pod-client namespace; then the real `proxy` agent is started
+//! with the same Services from files, for its first-sync time and peak RSS.
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+use kpr_tests::{Agent, AgentOptions, Cgroup, Netns};
+use proxy::dataplane::{BackendConfig, ChangeSet, Dataplane, ProxyState, SyncStats};
+use proxy::model::Algorithm;
+use serde::Serialize;
+
+use super::traffic::{self, InCgroup, Latency};
+use super::workload::{backend_config, Workload, SERVICE_PORT};
+use super::{kernel_memory_kib, Plan};
+
+type Job = Box<dyn FnOnce(&mut dyn Dataplane) + Send>;
+
+/// The thread in the node namespace that owns one dataplane; dropping it cleans the dataplane up.
+pub struct Worker {
+    tx: Option<mpsc::Sender<Job>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Builds `backend` on a new thread inside `ns`.
+    pub fn start(ns: &Netns, backend: &str, cfg: BackendConfig) -> anyhow::Result<Worker> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let name = backend.to_string();
+        let handle = ns.spawn(move || {
+            // The userspace backend runs its proxies on the tokio runtime it is built in; the
+            // runtime's threads inherit this thread's namespace.
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("starting a tokio runtime: {e}")));
+                    return;
+                }
+            };
+            let _entered = rt.enter();
+            serve(&name, &cfg, &rx, &ready_tx);
+        })?;
+        let worker = Worker {
+            tx: Some(tx),
+            handle: Some(handle),
+        };
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(worker),
+            Ok(Err(e)) => Err(anyhow!("building backend {backend}: {e}")),
+            Err(_) => Err(anyhow!(
+                "building backend {backend}: the worker thread died"
+            )),
+        }
+    }
+
+    /// Runs `f` on the worker thread with the dataplane and returns its result.
+    pub fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn Dataplane) -> T + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let (tx, rx) = mpsc::channel();
+        let job: Job = Box::new(move |dp| {
+            let _ = tx.send(f(dp));
+        });
+        self.tx
+            .as_ref()
+            .expect("set until drop")
+            .send(job)
+            .map_err(|_| anyhow!("the dataplane worker thread is gone"))?;
+        rx.recv()
+            .map_err(|_| anyhow!("the dataplane worker thread panicked"))
+    }
+
+    /// One timed sync.
+    pub fn sync(
+        &self,
+        state: &ProxyState,
+        changes: ChangeSet,
+    ) -> anyhow::Result<(Duration, SyncStats)> {
+        let state = state.clone();
+        self.call(move |dp| {
+            let start = Instant::now();
+            let stats = dp.sync(&state, &changes);
+            (start.elapsed(), stats)
+        })
+        .and_then(|(t, stats)| Ok((t, stats.map_err(|e| anyhow!("sync: {e}"))?)))
+    }
+}
+
+/// The worker thread's body: build, then run jobs until the channel closes, then clean up.
+fn serve(
+    name: &str,
+    cfg: &BackendConfig,
+    rx: &mpsc::Receiver<Job>,
+    ready: &mpsc::Sender<Result<(), String>>,
+) {
+    match proxy::dataplane::build(name, cfg) {
+        Ok(mut dp) => {
+            let _ = ready.send(Ok(()));
+            for job in rx {
+                job(dp.as_mut());
+            }
+            if let Err(e) = dp.cleanup() {
+                eprintln!("warning: cleanup of backend {name}: {e}");
+            }
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e.to_string()));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Everything measured for one kpr backend.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BackendResult {
+    pub first_sync_ms: f64,
+    pub sync_operations: usize,
+    pub change_p50_ms: f64,
+    pub change_p99_ms: f64,
+    pub changes: usize,
+    pub kernel_mem_kib: Option<i64>,
+    pub latency_10: Option<Latency>,
+    pub latency_n: Option<Latency>,
+    pub rps_ratio: Option<f64>,
+    pub rps: Option<f64>,
+    pub rr_deviation_pct: Option<f64>,
+    pub lc_spread: Option<String>,
+    pub agent_first_sync_s: Option<f64>,
+    pub agent_vmhwm_mib: Option<f64>,
+    pub notes: Vec<String>,
+}
+
+/// The namespaces, cgroup and bpffs directory one backend runs in.
+pub struct Env {
+    pub cluster: super::Site,
+    pub cgroup: Option<Cgroup>,
+    pub bpffs: std::path::PathBuf,
+}
+
+impl Env {
+    pub fn new(plan: &Plan, backend: &str) -> anyhow::Result<Env> {
+        let cluster = super::cluster(plan)?;
+        let cgroup = (backend == "ebpf")
+            .then(|| Cgroup::new("bench"))
+            .transpose()?;
+        let bpffs =
+            std::path::PathBuf::from("/sys/fs/bpf").join(format!("{}-bench", cluster.prefix()));
+        Ok(Env {
+            cluster,
+            cgroup,
+            bpffs,
+        })
+    }
+
+    fn config(&self) -> BackendConfig {
+        backend_config(self.cgroup.as_ref(), &self.bpffs)
+    }
+
+    fn workload(&self, plan: &Plan, services: usize) -> Workload {
+        Workload {
+            services,
+            endpoints: plan.endpoints,
+            pods: self.cluster.pod_ips(),
+        }
+    }
+
+    /// Runs `f` with this process in the eBPF test cgroup when there is one.
+    fn as_client<T>(&self, f: impl FnOnce(&Netns) -> anyhow::Result<T>) -> anyhow::Result<T> {
+        let _in = self.cgroup.as_ref().map(InCgroup::enter).transpose()?;
+        f(&self.cluster.podclient)
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.bpffs);
+    }
+}
+
+fn last_addr(services: usize) -> SocketAddr {
+    SocketAddr::from((Workload::cluster_ip(services - 1), SERVICE_PORT))
+}
+
+/// Measures one backend; an error means the backend failed (not available, or broken).
+pub fn run(plan: &Plan, backend: &str) -> anyhow::Result<BackendResult> {
+    let env = Env::new(plan, backend)?;
+    let mut result = BackendResult::default();
+    small(plan, &env, backend, &mut result).context("at 10 Services")?;
+    large(plan, &env, backend, &mut result)
+        .with_context(|| format!("at {} Services", plan.services))?;
+    agent(plan, &env, backend, &mut result).context("proxy agent")?;
+    Ok(result)
+}
+
+fn small(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow::Result<()> {
+    let w = env.workload(plan, 10);
+    let worker = Worker::start(&env.cluster.node, backend, env.config())?;
+    worker.sync(&w.state(), full())?;
+    r.latency_10 =
+        Some(env.as_client(|ns| traffic::latency(ns, last_addr(10), plan.latency_samples))?);
+    Ok(())
+}
+
+fn full() -> ChangeSet {
+    ChangeSet {
+        full: true,
+        ..ChangeSet::default()
+    }
+}
+
+fn large(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow::Result<()> {
+    let w = env.workload(plan, plan.services);
+    let mut state = w.state();
+    let worker = Worker::start(&env.cluster.node, backend, env.config())?;
+    let before = kernel_memory_kib();
+    let (t, stats) = worker.sync(&state, full()).context("first full sync")?;
+    r.first_sync_ms = t.as_secs_f64() * 1e3;
+    r.sync_operations = stats.operations;
+    r.kernel_mem_kib = before.zip(kernel_memory_kib()).map(|(a, b)| b - a);
+    println!(
+        "  {backend}: first full sync of {} Services: {:.1} ms",
+        plan.services, r.first_sync_ms
+    );
+    let mut times = Vec::with_capacity(plan.changes);
+    for k in 0..plan.changes {
+        // Spread over the Services, deterministically from the seed.
+        let i = (plan.seed as usize).wrapping_add(k * 7_919) % plan.services;
+        for ready in [false, true] {
+            let changes = w.flip_endpoint(&mut state, i, ready);
+            let (t, _) = worker
+                .sync(&state, changes)
+                .with_context(|| format!("change {k}"))?;
+            times.push(t);
+        }
+    }
+    let lat = traffic::summarize(times);
+    (r.change_p50_ms, r.change_p99_ms, r.changes) =
+        (lat.p50_us / 1e3, lat.p99_us / 1e3, lat.samples);
+    let target = last_addr(plan.services);
+    let direct = env.cluster.pods[0].echo_addr();
+    env.as_client(|ns| {
+        r.latency_n = Some(traffic::latency(ns, target, plan.latency_samples)?);
+        let rps = traffic::request_rate(ns, target, plan.rate_time)?;
+        let floor = traffic::request_rate(ns, direct, plan.rate_time)?;
+        (r.rps, r.rps_ratio) = (Some(rps), Some(rps / floor));
+        let counts = traffic::distribution(ns, target, plan.rr_connections)?;
+        r.rr_deviation_pct = Some(traffic::max_deviation_pct(&counts, plan.endpoints));
+        Ok(())
+    })?;
+    r.lc_spread = Some(least_conn(plan, env, &worker, &w, &mut state));
+    Ok(())
+}
+
+/// Held long connections per pod under least-connection (and under round-robin, for contrast);
+/// a backend that refuses least-connection is reported, not failed.
+fn least_conn(
+    plan: &Plan,
+    env: &Env,
+    worker: &Worker,
+    w: &Workload,
+    state: &mut ProxyState,
+) -> String {
+    let last = plan.services - 1;
+    let target = last_addr(plan.services);
+    let mix = |env: &Env| {
+        env.as_client(|ns| traffic::held_spread(ns, target, plan.long_conns, plan.short_per_long))
+            .map(|per_pod| traffic::spread(&per_pod, plan.endpoints))
+    };
+    let rr = mix(env);
+    let changes = w.set_algorithm(state, last, Algorithm::LeastConn);
+    if let Err(e) = worker.sync(state, changes) {
+        return format!("least-conn refused: {e:#}");
+    }
+    let lc = mix(env);
+    match (lc, rr) {
+        (Ok(lc), Ok(rr)) => format!("{lc} (rr {rr})"),
+        (Err(e), _) | (_, Err(e)) => format!("error: {e:#}"),
+    }
+}
+
+fn agent(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow::Result<()> {
+    let w = env.workload(plan, plan.services);
+    let files = w.manifests();
+    let files: Vec<(&str, String)> = files.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let mut opts = AgentOptions::backend(backend);
+    opts.ready_timeout = plan.agent_timeout;
+    if let Some(cg) = &env.cgroup {
+        opts = opts.cgroup(cg);
+    }
+    let start = Instant::now();
+    let agent = Agent::start(&env.cluster.node, &opts, &files)?;
+    agent.wait_for("every Service in /state", plan.agent_timeout, |s| {
+        s.synced && s.services.len() == plan.services
+    })?;
+    r.agent_first_sync_s = Some(start.elapsed().as_secs_f64());
+    r.agent_vmhwm_mib = agent_vmhwm_kib(&env.cluster.node).map(|k| k as f64 / 1024.0);
+    Ok(())
+}
+
+/// VmHWM of the `proxy` process running in `ns`.
+fn agent_vmhwm_kib(ns: &Netns) -> Option<u64> {
+    ns.pids().into_iter().find_map(|pid| {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        if comm.trim() != "proxy" {
+            return None;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}

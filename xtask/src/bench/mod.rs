@@ -1,0 +1,244 @@
+//! `cargo xtask bench`: N Services (default 20,000) with M endpoints per kpr backend, next to
+//! kube-proxy's iptables and nftables layouts and a direct connection to the pod (the floor).
+//! Everything runs in network namespaces (and, for eBPF, a cgroup) this command creates; the
+//! harness's guards remove them even on error or panic.
+//!
+//! Owns the plan (sizes and sample counts from the flags) and the order of the runs; the workload
+//! is in [`workload`], the kpr backends in [`backend`], the baselines in [`baseline`], the client
+//! measurements in [`traffic`], the outputs (table, JSON, SVG, markdown) in [`report`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use kpr_tests::{Cluster, ClusterSpec};
+use xtask::exec::Cmd;
+
+mod backend;
+mod baseline;
+mod report;
+mod server;
+mod traffic;
+mod workload;
+
+use baseline::Layout;
+use report::{BackendRow, Report};
+
+/// Flags of `cargo xtask bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Services in the large run.
+    #[arg(long, default_value_t = 20_000)]
+    pub services: usize,
+    /// Endpoints per Service (one pod namespace each, at most 64).
+    #[arg(long, default_value_t = 4)]
+    pub endpoints: usize,
+    /// kpr backends to measure (comma separated); one that cannot be built is reported as not
+    /// available.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "userspace,nftables,iptables,ebpf"
+    )]
+    pub backends: Vec<String>,
+    /// 1,000 Services and fewer samples (CI); fails only when a backend errors.
+    #[arg(long)]
+    pub quick: bool,
+    /// Seed of the pseudo-random choices (which Services the single changes touch).
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Largest size the kube-proxy nftables layout is loaded at (its load time grows with the
+    /// square of the chain count: 215 s at 20,000 on kernel 6.x); growth is measured at 1/4, 1/2
+    /// and all of this and extrapolated to --services.
+    #[arg(long, default_value_t = 4_000)]
+    pub nft_baseline_max: usize,
+    /// Skip the kube-proxy baselines.
+    #[arg(long)]
+    pub no_baselines: bool,
+}
+
+/// Sizes and sample counts of one run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub services: usize,
+    pub endpoints: usize,
+    pub seed: u64,
+    pub changes: usize,
+    pub baseline_changes: usize,
+    pub latency_samples: usize,
+    pub rate_time: Duration,
+    pub rr_connections: usize,
+    pub long_conns: usize,
+    pub short_per_long: usize,
+    pub agent_timeout: Duration,
+    pub nft_sizes: Vec<usize>,
+    pub out_dir: PathBuf,
+}
+
+impl Plan {
+    fn new(args: &BenchArgs) -> anyhow::Result<Plan> {
+        if args.endpoints == 0 || args.endpoints > 64 {
+            bail!(
+                "--endpoints {}: must be 1..=64 (one pod namespace each)",
+                args.endpoints
+            );
+        }
+        let services = if args.quick { 1_000 } else { args.services };
+        if !(10..=60_000).contains(&services) {
+            bail!("--services {services}: must be 10..=60000 (the 10.96.0.0/16 service range)");
+        }
+        let max = args.nft_baseline_max.min(services).max(10);
+        let mut nft_sizes: Vec<usize> = if args.quick {
+            vec![max.min(1_000)]
+        } else {
+            vec![max / 4, max / 2, max]
+        };
+        nft_sizes.retain(|&n| n >= 10);
+        nft_sizes.dedup();
+        Ok(Plan {
+            services,
+            endpoints: args.endpoints,
+            seed: args.seed,
+            changes: if args.quick { 20 } else { 50 },
+            baseline_changes: if args.quick { 2 } else { 3 },
+            latency_samples: if args.quick { 200 } else { 1_000 },
+            rate_time: Duration::from_millis(if args.quick { 500 } else { 2_000 }),
+            rr_connections: if args.quick { 2_000 } else { 10_000 },
+            long_conns: if args.quick { 16 } else { 40 },
+            short_per_long: 5,
+            agent_timeout: Duration::from_secs(if args.quick { 120 } else { 1_200 }),
+            nft_sizes,
+            out_dir: xtask::target_dir().join("bench"),
+        })
+    }
+}
+
+/// A cluster with the benchmark's servers in its pods. Fields drop in order: the servers stop
+/// before the namespaces go.
+pub struct Site {
+    _servers: Vec<server::Server>,
+    pub cluster: Cluster,
+}
+
+impl std::ops::Deref for Site {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.cluster
+    }
+}
+
+/// A fresh cluster: node, client, pod client and one pod per endpoint, each serving on
+/// `pod-ip:8080` (see [`server`]).
+pub fn cluster(plan: &Plan) -> anyhow::Result<Site> {
+    let spec = ClusterSpec {
+        echo: false,
+        ..ClusterSpec::pods(plan.endpoints)
+    };
+    let cluster = Cluster::new(spec)?;
+    for (key, value) in [
+        ("net.ipv4.tcp_tw_reuse", "1"),
+        ("net.ipv4.ip_local_port_range", "1024 65000"),
+    ] {
+        cluster.podclient.sysctl(key, value)?;
+    }
+    let servers = cluster
+        .pods
+        .iter()
+        .map(|p| server::Server::start(&p.ns, &p.name, p.echo_addr()))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(Site {
+        _servers: servers,
+        cluster,
+    })
+}
+
+/// Slab + vmalloc + per-cpu kernel memory (KiB) from /proc/meminfo: machine-wide, so a delta
+/// around a load includes whatever else the machine did meanwhile.
+pub fn kernel_memory_kib() -> Option<i64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<i64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some(field("Slab:")? + field("VmallocUsed:")? + field("Percpu:")?)
+}
+
+/// Runs the benchmark and writes the outputs under `target/bench/`.
+///
+/// A debug build of xtask first builds xtask and the `proxy` agent with `--release` and runs the
+/// release xtask with the same flags: the backends compiled into xtask and the agent are measured
+/// as they ship, not unoptimized.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if cfg!(debug_assertions) && std::env::var_os(IN_RELEASE).is_none() {
+        return rerun_in_release();
+    }
+    let plan = Plan::new(args)?;
+    std::fs::create_dir_all(&plan.out_dir)?;
+    println!(
+        "bench: {} Services x {} endpoints, backends {:?}",
+        plan.services, plan.endpoints, args.backends
+    );
+    let mut report = Report::new(&plan, args);
+    let (floor_latency, floor_rps) = baseline::direct(&plan)?;
+    report.direct = Some((floor_latency, floor_rps));
+    let mut failed = Vec::new();
+    for name in &args.backends {
+        println!("bench: backend {name}");
+        let row = match backend::run(&plan, name) {
+            Ok(result) => BackendRow::Measured(Box::new(result)),
+            Err(e) if is_unavailable(&e) => BackendRow::NotAvailable(format!("{e:#}")),
+            Err(e) => {
+                failed.push(format!("{name}: {e:#}"));
+                BackendRow::Failed(format!("{e:#}"))
+            }
+        };
+        report.backends.push((name.clone(), row));
+    }
+    if !args.no_baselines {
+        println!("bench: kube-proxy iptables layout at {}", plan.services);
+        report
+            .baselines
+            .push(baseline::run(&plan, Layout::Iptables, plan.services, true)?);
+        let sizes = plan.nft_sizes.clone();
+        for (k, &n) in sizes.iter().enumerate() {
+            println!("bench: kube-proxy nftables layout at {n}");
+            let last = k + 1 == sizes.len();
+            report
+                .baselines
+                .push(baseline::run(&plan, Layout::Nftables, n, last)?);
+        }
+    }
+    report.write()?;
+    if !failed.is_empty() {
+        bail!("backends failed:\n  {}", failed.join("\n  "));
+    }
+    Ok(())
+}
+
+/// Set in the release xtask that [`run`] starts.
+const IN_RELEASE: &str = "KPR_BENCH_IN_RELEASE";
+
+fn rerun_in_release() -> anyhow::Result<()> {
+    let release = xtask::target_dir().join("release");
+    Cmd::new("cargo")
+        .args(["build", "--release", "-p", "proxy", "-p", "xtask"])
+        .dir(xtask::workspace_root())
+        .run()?;
+    Cmd::new(release.join("xtask"))
+        .args(std::env::args_os().skip(1))
+        .env(IN_RELEASE, "1")
+        .env("KPR_PROXY_BIN", release.join("proxy"))
+        .run()
+}
+
+/// A backend that this agent cannot build here (not wired into `build`, or a feature it reports
+/// as unfinished) is "not available", not a failure.
+fn is_unavailable(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    text.starts_with("building backend")
+        && (text.contains("does not support") || text.contains("kernel feature missing"))
+}

@@ -1,0 +1,249 @@
+//! The benchmark's outputs: the table printed at the end, `target/bench/bench.json` (every
+//! number), `target/bench/bench.svg` (a hand-written bar chart) and `target/bench/BENCHMARKS.md`
+//! (a markdown summary to paste into docs/BENCHMARKS.md).
+
+use std::fmt::Write as _;
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use super::backend::BackendResult;
+use super::baseline::BaselineResult;
+use super::traffic::Latency;
+use super::{BenchArgs, Plan};
+
+/// What happened to one kpr backend.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "status", content = "result", rename_all = "kebab-case")]
+pub enum BackendRow {
+    Measured(Box<BackendResult>),
+    NotAvailable(String),
+    Failed(String),
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub command: String,
+    pub services: usize,
+    pub endpoints: usize,
+    pub seed: u64,
+    pub quick: bool,
+    pub kernel: String,
+    pub date: String,
+    pub direct: Option<(Latency, f64)>,
+    pub backends: Vec<(String, BackendRow)>,
+    pub baselines: Vec<BaselineResult>,
+    #[serde(skip)]
+    out_dir: std::path::PathBuf,
+}
+
+fn read_trim(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn now_utc() -> String {
+    xtask::exec::Cmd::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .read()
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+fn lat(l: &Option<Latency>) -> String {
+    l.map_or("-".into(), |l| format!("{:.0} / {:.0}", l.p50_us, l.p99_us))
+}
+
+fn ratio(a: &Option<Latency>, b: &Option<Latency>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b.p50_us > 0.0 => format!("{:.2}", a.p50_us / b.p50_us),
+        _ => "-".into(),
+    }
+}
+
+impl Report {
+    pub fn new(plan: &Plan, args: &BenchArgs) -> Report {
+        let mut command = String::from("cargo xtask bench");
+        if args.quick {
+            command.push_str(" --quick");
+        } else {
+            write!(command, " --services {}", plan.services).unwrap();
+        }
+        write!(
+            command,
+            " --endpoints {} --backends {} --seed {}",
+            plan.endpoints,
+            args.backends.join(","),
+            plan.seed
+        )
+        .unwrap();
+        if !args.quick {
+            write!(command, " --nft-baseline-max {}", args.nft_baseline_max).unwrap();
+        }
+        Report {
+            command,
+            services: plan.services,
+            endpoints: plan.endpoints,
+            seed: plan.seed,
+            quick: args.quick,
+            kernel: read_trim("/proc/sys/kernel/osrelease"),
+            date: now_utc(),
+            direct: None,
+            backends: Vec::new(),
+            baselines: Vec::new(),
+            out_dir: plan.out_dir.clone(),
+        }
+    }
+
+    /// The markdown table (also what is printed).
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        writeln!(s, "Command: `{}`  \nKernel: {}  \nDate: {}  \nServices: {} (ClusterIP; the last {} also NodePort), {} endpoints each\n",
+            self.command, self.kernel, self.date, self.services, super::workload::NODE_PORTS.min(self.services), self.endpoints).unwrap();
+        s.push_str("| dataplane | full sync/load (ms) | one change p50 / p99 (ms) | kernel mem Δ (KiB, approx.) | agent: first sync (s) / VmHWM (MiB) | latency@10 p50/p99 (µs) | latency@N p50/p99 (µs) | @N / @10 | req/s vs direct | RR max dev (%) | LC held spread (RR) |\n");
+        s.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        if let Some((l, rps)) = &self.direct {
+            writeln!(s, "| direct to pod (floor) | - | - | - | - | - | {:.0} / {:.0} | - | 1.00 ({rps:.0}/s) | - | - |", l.p50_us, l.p99_us).unwrap();
+        }
+        for (name, row) in &self.backends {
+            match row {
+                BackendRow::Measured(r) => writeln!(s, "| kpr {name} | {:.1} | {:.2} / {:.2} ({} changes) | {} | {} / {} | {} | {} | {} | {} | {} | {} |",
+                    r.first_sync_ms, r.change_p50_ms, r.change_p99_ms, r.changes,
+                    r.kernel_mem_kib.map_or("-".into(), |k| k.to_string()),
+                    opt(r.agent_first_sync_s, 2), opt(r.agent_vmhwm_mib, 1),
+                    lat(&r.latency_10), lat(&r.latency_n), ratio(&r.latency_n, &r.latency_10),
+                    opt(r.rps_ratio, 2), opt(r.rr_deviation_pct, 1), r.lc_spread.as_deref().unwrap_or("-")).unwrap(),
+                BackendRow::NotAvailable(why) => writeln!(s, "| kpr {name} | not available: {} |||||||||| ", why.replace('|', "/")).unwrap(),
+                BackendRow::Failed(why) => writeln!(s, "| kpr {name} | FAILED: {} |||||||||| ", why.replace('|', "/").replace('\n', " ")).unwrap(),
+            }
+        }
+        for b in &self.baselines {
+            writeln!(
+                s,
+                "| {} @{} | {:.1} | {} ({}) | {} | n/a | {} | {} | {} | {} | {} | n/a |",
+                b.name,
+                b.services,
+                b.load_ms,
+                opt(b.change_ms, 1),
+                b.change_what,
+                b.kernel_mem_kib.map_or("-".into(), |k| k.to_string()),
+                lat(&b.latency_10),
+                lat(&b.latency_n),
+                ratio(&b.latency_n, &b.latency_10),
+                opt(b.rps_ratio, 2),
+                opt(b.rr_deviation_pct, 1)
+            )
+            .unwrap();
+        }
+        if let Some(g) = self.nft_growth() {
+            s.push('\n');
+            s.push_str(&g);
+        }
+        s
+    }
+
+    /// The measured growth of the kube-proxy nft layout's load time and its extrapolation to N.
+    fn nft_growth(&self) -> Option<String> {
+        let pts: Vec<(usize, f64)> = self
+            .baselines
+            .iter()
+            .filter(|b| b.name.contains("nftables"))
+            .map(|b| (b.services, b.load_ms))
+            .collect();
+        let (&(n1, t1), &(n2, t2)) = (pts.get(pts.len().checked_sub(2)?)?, pts.last()?);
+        if n2 <= n1 || t1 <= 0.0 {
+            return None;
+        }
+        let k = (t2 / t1).ln() / (n2 as f64 / n1 as f64).ln();
+        let at_n = t2 * (self.services as f64 / n2 as f64).powf(k);
+        let listed: Vec<String> = pts
+            .iter()
+            .map(|(n, t)| format!("{n}: {:.0} ms", t))
+            .collect();
+        Some(format!("kube-proxy nftables layout load time, measured: {}; growth exponent {k:.2} between {n1} and {n2}; extrapolated to {}: {:.0} s (not measured).\n",
+            listed.join(", "), self.services, at_n / 1e3))
+    }
+
+    /// A horizontal bar chart of p50 latency at N per dataplane, with the first sync/load time.
+    pub fn svg(&self) -> String {
+        let mut bars: Vec<(String, f64, String)> = Vec::new();
+        if let Some((l, _)) = &self.direct {
+            bars.push(("direct to pod".into(), l.p50_us, String::new()));
+        }
+        for (name, row) in &self.backends {
+            if let BackendRow::Measured(r) = row {
+                if let Some(l) = r.latency_n {
+                    bars.push((
+                        format!("kpr {name}"),
+                        l.p50_us,
+                        format!("sync {:.0} ms", r.first_sync_ms),
+                    ));
+                }
+            }
+        }
+        for b in &self.baselines {
+            if let Some(l) = b.latency_n {
+                bars.push((
+                    format!("{} @{}", b.name, b.services),
+                    l.p50_us,
+                    format!("load {:.0} ms", b.load_ms),
+                ));
+            }
+        }
+        let max = bars.iter().map(|b| b.1).fold(1.0, f64::max);
+        let (w, row, left) = (900.0, 28.0, 300.0);
+        let h = 60.0 + row * bars.len() as f64;
+        let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
+        writeln!(s, "<text x=\"10\" y=\"20\" font-size=\"14\">p50 connect+request latency to the last Service of {} (µs), {}</text>", self.services, self.kernel).unwrap();
+        for (k, (label, v, note)) in bars.iter().enumerate() {
+            let y = 40.0 + row * k as f64;
+            let len = (w - left - 180.0) * v / max;
+            writeln!(
+                s,
+                "<text x=\"10\" y=\"{:.0}\">{}</text>",
+                y + 15.0,
+                xml(label)
+            )
+            .unwrap();
+            writeln!(s, "<rect x=\"{left}\" y=\"{y:.0}\" width=\"{len:.1}\" height=\"20\" fill=\"#4878a8\"/>").unwrap();
+            writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.0}\">{v:.0} µs {}</text>",
+                left + len + 5.0,
+                y + 15.0,
+                xml(note)
+            )
+            .unwrap();
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+
+    /// Prints the table and writes bench.json, bench.svg and BENCHMARKS.md under the out dir.
+    pub fn write(&self) -> anyhow::Result<()> {
+        let md = self.markdown();
+        println!("\n{md}");
+        let json = serde_json::to_string_pretty(self)?;
+        for (file, text) in [
+            ("bench.json", json),
+            ("bench.svg", self.svg()),
+            ("BENCHMARKS.md", md),
+        ] {
+            let path = self.out_dir.join(file);
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
+        Ok(())
+    }
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}

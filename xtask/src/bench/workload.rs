@@ -1,0 +1,255 @@
+//! The benchmark's workload: N Services with M endpoints each, as the in-process [`ProxyState`]
+//! the dataplanes compile and as the YAML manifests the `proxy` agent's file source reads.
+//!
+//! Owns the address plan: Service `i` is `bench/svc-<i, zero padded>` port `http` 80/TCP on
+//! clusterIP `10.96.0.0 + 10 + i`; the last [`NODE_PORTS`] Services are also NodePort
+//! (`30000 + ...`: the nodePort range cannot hold 20,000 ports); endpoint `j` of Service `i` is pod
+//! `(i + j) % pods` on port 8080. Names sort in index order, so Service `N - 1` is last in every
+//! backend's rule order.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use kpr_tests::cluster::{CLUSTER_CIDR, ECHO_PORT, NODE_IP, NODE_NAME, SERVICE_CIDR};
+use proxy::dataplane::{BackendConfig, ChangeSet, ProxyState};
+use proxy::model::{Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
+use proxy::selection::{self, NodeContext};
+
+/// How many of the last Services also get a node port.
+pub const NODE_PORTS: usize = 2_500;
+/// The Service port every Service exposes.
+pub const SERVICE_PORT: u16 = 80;
+
+/// N Services over a set of pod addresses.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub services: usize,
+    pub endpoints: usize,
+    pub pods: Vec<Ipv4Addr>,
+}
+
+impl Workload {
+    /// The clusterIP of Service `i`.
+    pub fn cluster_ip(i: usize) -> Ipv4Addr {
+        let x = u32::try_from(i + 10).expect("fewer than 65,000 Services");
+        assert!(x < 65_536, "Service {i} does not fit in {SERVICE_CIDR}");
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + x)
+    }
+
+    /// The node port of Service `i`, if it has one.
+    pub fn node_port(&self, i: usize) -> Option<u16> {
+        let first = self.services.saturating_sub(NODE_PORTS);
+        (i >= first).then(|| 30_000 + u16::try_from(i - first).expect("< 2,500"))
+    }
+
+    pub fn name(i: usize) -> String {
+        format!("svc-{i:05}")
+    }
+
+    pub fn port_name(i: usize) -> ServicePortName {
+        ServicePortName {
+            namespace: "bench".into(),
+            name: Self::name(i),
+            port_name: "http".into(),
+            protocol: Protocol::Tcp,
+        }
+    }
+
+    /// The pod addresses Service `i`'s endpoints are on.
+    pub fn endpoint_ips(&self, i: usize) -> Vec<Ipv4Addr> {
+        (0..self.endpoints)
+            .map(|j| self.pods[(i + j) % self.pods.len()])
+            .collect()
+    }
+
+    fn service_port(&self, i: usize, algorithm: Algorithm) -> ServicePort {
+        ServicePort {
+            name: Self::port_name(i),
+            cluster_ips: vec![IpAddr::V4(Self::cluster_ip(i))],
+            port: SERVICE_PORT,
+            protocol: Protocol::Tcp,
+            node_port: self.node_port(i).unwrap_or(0),
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            affinity: None,
+            external_local: false,
+            internal_local: false,
+            health_check_node_port: 0,
+            algorithm,
+        }
+    }
+
+    fn endpoint(ip: Ipv4Addr, ready: bool) -> Endpoint {
+        Endpoint {
+            addr: IpAddr::V4(ip),
+            port: ECHO_PORT,
+            node: Some(NODE_NAME.into()),
+            zone: None,
+            ready,
+            serving: ready,
+            terminating: false,
+        }
+    }
+
+    /// The whole state: every Service with all its endpoints ready.
+    pub fn state(&self) -> ProxyState {
+        let mut state = ProxyState {
+            node: node_context(),
+            ..ProxyState::default()
+        };
+        for i in 0..self.services {
+            let eps = self
+                .endpoint_ips(i)
+                .into_iter()
+                .map(|ip| Self::endpoint(ip, true))
+                .collect();
+            set_service(&mut state, self.service_port(i, Algorithm::RoundRobin), eps);
+        }
+        state
+    }
+
+    /// Changes Service `i` in `state`: its first endpoint becomes not ready (`ready == false`) or
+    /// ready again; returns the ChangeSet a tracker would produce.
+    pub fn flip_endpoint(&self, state: &mut ProxyState, i: usize, ready: bool) -> ChangeSet {
+        let name = Self::port_name(i);
+        let mut eps = state.endpoints.get(&name).cloned().unwrap_or_default();
+        let removed: Vec<Endpoint> = if ready { Vec::new() } else { eps[..1].to_vec() };
+        eps[0] = Self::endpoint(self.endpoint_ips(i)[0], ready);
+        let svc = state.services[&name].clone();
+        set_service(state, svc, eps);
+        ChangeSet {
+            changed: [name.clone()].into(),
+            removed_endpoints: if removed.is_empty() {
+                BTreeMap::new()
+            } else {
+                [(name, removed)].into()
+            },
+            ..ChangeSet::default()
+        }
+    }
+
+    /// Sets Service `i`'s algorithm; returns the ChangeSet.
+    pub fn set_algorithm(
+        &self,
+        state: &mut ProxyState,
+        i: usize,
+        algorithm: Algorithm,
+    ) -> ChangeSet {
+        let name = Self::port_name(i);
+        let eps = state.endpoints[&name].clone();
+        set_service(state, self.service_port(i, algorithm), eps);
+        ChangeSet {
+            changed: [name].into(),
+            ..ChangeSet::default()
+        }
+    }
+
+    /// The Services and EndpointSlices as manifest files for `proxy run --source file:DIR`
+    /// (files of at most 1,000 Services each).
+    pub fn manifests(&self) -> Vec<(String, String)> {
+        (0..self.services)
+            .step_by(1_000)
+            .map(|start| {
+                let end = (start + 1_000).min(self.services);
+                let mut text = String::new();
+                for i in start..end {
+                    text.push_str(&self.manifest(i));
+                }
+                (format!("bench-{start:05}.yaml"), text)
+            })
+            .collect()
+    }
+
+    fn manifest(&self, i: usize) -> String {
+        let mut svc = kpr_tests::Service::new(&Self::name(i))
+            .namespace("bench")
+            .cluster_ip(&Self::cluster_ip(i).to_string())
+            .tcp(SERVICE_PORT, ECHO_PORT)
+            .named("http");
+        if let Some(np) = self.node_port(i) {
+            svc = svc.node_port(np);
+        }
+        let slice = kpr_tests::EndpointSlice::for_service(&svc).ready_all(self.endpoint_ips(i));
+        format!("---\n{}", kpr_tests::yaml(&[&svc, &slice]))
+    }
+}
+
+fn set_service(state: &mut ProxyState, svc: ServicePort, eps: Vec<Endpoint>) {
+    let selected = selection::select(&svc, &eps, NODE_NAME);
+    state.selected.insert(svc.name.clone(), selected);
+    state.endpoints.insert(svc.name.clone(), eps);
+    state.services.insert(svc.name.clone(), svc);
+}
+
+/// The node as the harness's agent flags describe it.
+pub fn node_context() -> NodeContext {
+    NodeContext {
+        node_name: NODE_NAME.into(),
+        cluster_cidrs: vec![CLUSTER_CIDR.parse().expect("constant")],
+        node_ips: vec![IpAddr::V4(NODE_IP)],
+        masquerade_all: false,
+    }
+}
+
+/// The backend configuration the harness's agent would get (plus the eBPF cgroup, if any).
+pub fn backend_config(
+    cgroup: Option<&kpr_tests::Cgroup>,
+    bpffs: &std::path::Path,
+) -> BackendConfig {
+    BackendConfig {
+        node: node_context(),
+        service_cidrs: vec![SERVICE_CIDR.parse().expect("constant")],
+        cgroup_path: cgroup.map(|c| c.path().to_path_buf()),
+        bpffs_path: bpffs.to_path_buf(),
+        ..BackendConfig::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(n: usize) -> Workload {
+        Workload {
+            services: n,
+            endpoints: 4,
+            pods: (1..=4).map(|i| Ipv4Addr::new(10, 244, i, 2)).collect(),
+        }
+    }
+
+    #[test]
+    fn addresses_and_node_ports_follow_the_plan() {
+        let w = workload(20_000);
+        assert_eq!(Workload::cluster_ip(0), Ipv4Addr::new(10, 96, 0, 10));
+        assert_eq!(Workload::cluster_ip(19_999), Ipv4Addr::new(10, 96, 78, 41));
+        assert_eq!(w.node_port(17_499), None);
+        assert_eq!(w.node_port(17_500), Some(30_000));
+        assert_eq!(w.node_port(19_999), Some(32_499));
+        assert!(Workload::name(9) < Workload::name(10_000));
+    }
+
+    #[test]
+    fn flipping_an_endpoint_changes_only_that_service() {
+        let w = workload(10);
+        let mut state = w.state();
+        assert_eq!(state.services.len(), 10);
+        let changes = w.flip_endpoint(&mut state, 3, false);
+        let name = Workload::port_name(3);
+        assert_eq!(changes.changed.len(), 1);
+        assert_eq!(state.selected[&name].cluster.len(), 3);
+        assert_eq!(changes.removed_endpoints[&name].len(), 1);
+        w.flip_endpoint(&mut state, 3, true);
+        assert_eq!(state.selected[&name].cluster.len(), 4);
+    }
+
+    #[test]
+    fn manifests_hold_every_service() {
+        let w = workload(1_500);
+        let files = w.manifests();
+        assert_eq!(files.len(), 2);
+        let text: String = files.iter().map(|(_, t)| t.as_str()).collect();
+        assert_eq!(text.matches("kind: Service\n").count(), 1_500);
+        assert!(text.contains("nodePort: 30000"));
+    }
+}
