@@ -199,22 +199,22 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         report.backends.push((name.clone(), row));
     }
     if !args.no_baselines {
-        println!("bench: kube-proxy iptables layout at {}", plan.services);
-        report
-            .baselines
-            .push(baseline::run(&plan, Layout::Iptables, plan.services, true)?);
-        let sizes = plan.nft_sizes.clone();
-        for (k, &n) in sizes.iter().enumerate() {
-            println!("bench: kube-proxy nftables layout at {n}");
-            let last = k + 1 == sizes.len();
-            report
-                .baselines
-                .push(baseline::run(&plan, Layout::Nftables, n, last)?);
+        let mut runs = vec![(Layout::Iptables, plan.services, true)];
+        for (k, &n) in plan.nft_sizes.iter().enumerate() {
+            runs.push((Layout::Nftables, n, k + 1 == plan.nft_sizes.len()));
+        }
+        for (layout, n, with_traffic) in runs {
+            println!("bench: {} at {n}", layout.name());
+            match baseline::run(&plan, layout, n, with_traffic) {
+                Ok(r) => report.baselines.push(r),
+                Err(e) => failed.push(format!("{} at {n}: {e:#}", layout.name())),
+            }
         }
     }
+    report.failures.clone_from(&failed);
     report.write()?;
     if !failed.is_empty() {
-        bail!("backends failed:\n  {}", failed.join("\n  "));
+        bail!("failed:\n  {}", failed.join("\n  "));
     }
     Ok(())
 }

@@ -33,6 +33,8 @@ pub struct Report {
     pub direct: Option<(Latency, f64)>,
     pub backends: Vec<(String, BackendRow)>,
     pub baselines: Vec<BaselineResult>,
+    /// Backends and baselines that errored.
+    pub failures: Vec<String>,
     #[serde(skip)]
     out_dir: std::path::PathBuf,
 }
@@ -96,6 +98,7 @@ impl Report {
             direct: None,
             backends: Vec::new(),
             baselines: Vec::new(),
+            failures: Vec::new(),
             out_dir: plan.out_dir.clone(),
         }
     }
@@ -139,6 +142,9 @@ impl Report {
                 opt(b.rr_deviation_pct, 1)
             )
             .unwrap();
+        }
+        for f in &self.failures {
+            writeln!(s, "\nFAILED: {f}").unwrap();
         }
         if let Some(g) = self.nft_growth() {
             s.push('\n');
