@@ -16,7 +16,9 @@ use nix::unistd::Pid;
 use serde::Deserialize;
 
 use crate::client::http_get;
-use crate::cluster::{CLUSTER_CIDR, NODE_IP, NODE_NAME, SERVICE_CIDR};
+use crate::cluster::{
+    CLUSTER_CIDR, CLUSTER_CIDR6, NODE_IP, NODE_IP6, NODE_NAME, SERVICE_CIDR, SERVICE_CIDR6,
+};
 use crate::netns::{unique_prefix, Netns};
 use crate::HarnessError;
 
@@ -40,6 +42,9 @@ pub struct AgentOptions {
     pub cgroup: Option<PathBuf>,
     /// The `proxy` binary; `None` means [`proxy_binary`].
     pub binary: Option<PathBuf>,
+    /// Pass the IPv6 cluster CIDR, service CIDR and node address as well (for
+    /// `ClusterSpec::dual_stack` clusters).
+    pub dual_stack: bool,
 }
 
 impl AgentOptions {
@@ -51,7 +56,14 @@ impl AgentOptions {
             ready_timeout: Duration::from_secs(30),
             cgroup: None,
             binary: None,
+            dual_stack: false,
         }
+    }
+
+    /// IPv4 and IPv6 CIDRs in the flags.
+    pub fn dual_stack(mut self) -> Self {
+        self.dual_stack = true;
+        self
     }
 
     /// Run this `proxy` binary instead of the default one.
@@ -182,7 +194,19 @@ impl<'n> Agent<'n> {
     fn run_args(&self) -> Result<Vec<String>, HarnessError> {
         let o = &self.opts;
         let source = format!("file:{}", self.manifests.display());
-        let nodeport = format!("{NODE_IP}/32");
+        let (cluster, services, nodeport) = if o.dual_stack {
+            (
+                format!("{CLUSTER_CIDR},{CLUSTER_CIDR6}"),
+                format!("{SERVICE_CIDR},{SERVICE_CIDR6}"),
+                format!("{NODE_IP}/32,{NODE_IP6}/128"),
+            )
+        } else {
+            (
+                CLUSTER_CIDR.into(),
+                SERVICE_CIDR.into(),
+                format!("{NODE_IP}/32"),
+            )
+        };
         let mut args: Vec<String> = [
             "run",
             "--backend",
@@ -194,9 +218,9 @@ impl<'n> Agent<'n> {
             "--hostname-override",
             NODE_NAME,
             "--cluster-cidr",
-            CLUSTER_CIDR,
+            &cluster,
             "--service-cluster-ip-range",
-            SERVICE_CIDR,
+            &services,
             "--nodeport-addresses",
             &nodeport,
             "--min-sync-period",

@@ -155,7 +155,10 @@ pub struct UdpSession {
 impl UdpSession {
     /// Connects a fresh socket to `addr` here (in the calling thread's namespace).
     pub fn here(addr: SocketAddr, timeout: Duration) -> Result<UdpSession, ClientError> {
-        let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+        let sock = UdpSocket::bind(match addr {
+            SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+            SocketAddr::V6(_) => SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)),
+        })?;
         sock.set_read_timeout(Some(timeout))?;
         sock.connect(addr)?;
         Ok(UdpSession { sock })

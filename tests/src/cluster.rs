@@ -5,13 +5,17 @@
 //!   podclient (10.244.200.2/24) --eth0===pc--/   node side: 10.244.(i+1).1, 10.244.200.1, 192.0.2.1
 //! ```
 //!
+//! With [`ClusterSpec::dual_stack`], every link also gets IPv6: pod i `fd00:10:244:<i+1>::2/64`
+//! (node side `::1`), podclient `fd00:10:244:c8::2`, client `2001:db8:2::100/64` and node
+//! `2001:db8:2::1` (added with `nodad`, so they are usable at once).
+//!
 //! Every non-node namespace has a default route via the node, so the service CIDR, node ports,
 //! external IPs and LoadBalancer IPs all reach the node. The node's own default route points at the
 //! client namespace (the "outside world"), so node-originated traffic to a service address has a
 //! route, as on a real node. Veth pairs are created directly between the namespaces (never in the
 //! machine's own namespace). Owns the namespaces and the pods' echo servers; all removed on drop.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Mutex;
 
 use crate::echo::EchoServer;
@@ -26,6 +30,12 @@ pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
 pub const PODCLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 200, 2);
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// IPv6 counterparts (dual-stack clusters only).
+pub const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 1);
+pub const CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 0x100);
+pub const PODCLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 200, 0, 0, 0, 2);
+pub const CLUSTER_CIDR6: &str = "fd00:10:244::/48";
+pub const SERVICE_CIDR6: &str = "fd00:10:96::/112";
 /// The node name the agent is started with; endpoints with this `nodeName` are local.
 pub const NODE_NAME: &str = "node";
 /// The port every echo server listens on (TCP and UDP).
@@ -38,6 +48,8 @@ pub struct ClusterSpec {
     pub pods: usize,
     /// Start an echo server in every pod.
     pub echo: bool,
+    /// Give every link IPv6 addresses as well.
+    pub ipv6: bool,
 }
 
 impl ClusterSpec {
@@ -45,7 +57,14 @@ impl ClusterSpec {
         ClusterSpec {
             pods: n,
             echo: true,
+            ipv6: false,
         }
+    }
+
+    /// IPv4 and IPv6 on every link.
+    pub fn dual_stack(mut self) -> Self {
+        self.ipv6 = true;
+        self
     }
 }
 
@@ -56,6 +75,8 @@ pub struct Pod {
     echo: Mutex<Option<EchoServer>>,
     pub name: String,
     pub ip: Ipv4Addr,
+    /// Set in dual-stack clusters.
+    pub ip6: Option<Ipv6Addr>,
     pub ns: Netns,
 }
 
@@ -75,7 +96,9 @@ impl Pod {
     pub fn start_echo(&self) -> Result<(), HarnessError> {
         let mut echo = self.echo.lock().unwrap_or_else(|p| p.into_inner());
         if echo.is_none() {
-            *echo = Some(EchoServer::start(&self.ns, &self.name, ECHO_PORT)?);
+            *echo = Some(EchoServer::start_dual(
+                &self.ns, &self.name, ECHO_PORT, self.ip6,
+            )?);
         }
         Ok(())
     }
@@ -111,18 +134,42 @@ impl Cluster {
         );
         crate::netns::remove_stale();
         let prefix = unique_prefix();
-        let node = Netns::with_name(format!("{prefix}-node"))?;
+        let v6 = |node: Ipv6Addr, other: Ipv6Addr| spec.ipv6.then_some((node, other));
+        let node = make_ns(format!("{prefix}-node"), spec.ipv6)?;
         node.sysctl("net.ipv4.ip_forward", "1")?;
-        let client = Netns::with_name(format!("{prefix}-client"))?;
-        link(&node, "cl", &client, NODE_IP, CLIENT_IP)?;
+        if spec.ipv6 {
+            // Per interface for IPv6: `default` covers the links created below.
+            node.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+            node.sysctl("net.ipv6.conf.default.forwarding", "1")?;
+        }
+        let client = make_ns(format!("{prefix}-client"), spec.ipv6)?;
+        link(
+            &node,
+            "cl",
+            &client,
+            (NODE_IP, CLIENT_IP),
+            v6(NODE_IP6, CLIENT_IP6),
+        )?;
         node.ip(&["route", "add", "default", "via", &CLIENT_IP.to_string()])?;
-        let podclient = Netns::with_name(format!("{prefix}-podclient"))?;
+        if spec.ipv6 {
+            node.ip(&[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &CLIENT_IP6.to_string(),
+            ])?;
+        }
+        let podclient = make_ns(format!("{prefix}-podclient"), spec.ipv6)?;
+        let pc_node6 = Ipv6Addr::new(0xfd00, 0x10, 0x244, 200, 0, 0, 0, 1);
+        let pc_node4 = Ipv4Addr::new(10, 244, 200, 1);
         link(
             &node,
             "pc",
             &podclient,
-            Ipv4Addr::new(10, 244, 200, 1),
-            PODCLIENT_IP,
+            (pc_node4, PODCLIENT_IP),
+            v6(pc_node6, PODCLIENT_IP6),
         )?;
         let mut cluster = Cluster {
             pods: Vec::new(),
@@ -134,18 +181,17 @@ impl Cluster {
         for i in 0..spec.pods {
             let third = u8::try_from(i + 1).expect("checked above");
             let name = format!("pod{i}");
-            let ns = Netns::with_name(format!("{}-{name}", cluster.prefix))?;
+            let ns = make_ns(format!("{}-{name}", cluster.prefix), spec.ipv6)?;
             let ip = Ipv4Addr::new(10, 244, third, 2);
-            link(
-                &cluster.node,
-                &format!("p{i}"),
-                &ns,
-                Ipv4Addr::new(10, 244, third, 1),
-                ip,
-            )?;
+            let node4 = Ipv4Addr::new(10, 244, third, 1);
+            let pod6 = Ipv6Addr::new(0xfd00, 0x10, 0x244, u16::from(third), 0, 0, 0, 2);
+            let node6 = Ipv6Addr::new(0xfd00, 0x10, 0x244, u16::from(third), 0, 0, 0, 1);
+            let addrs6 = v6(node6, pod6);
+            link(&cluster.node, &format!("p{i}"), &ns, (node4, ip), addrs6)?;
             cluster.pods.push(Pod {
                 name,
                 ip,
+                ip6: addrs6.map(|(_, pod)| pod),
                 ns,
                 echo: Mutex::new(None),
             });
@@ -166,6 +212,11 @@ impl Cluster {
         self.pods.iter().map(|p| p.ip).collect()
     }
 
+    /// IPv6 endpoint addresses of all pods (empty unless dual-stack).
+    pub fn pod_ip6s(&self) -> Vec<Ipv6Addr> {
+        self.pods.iter().filter_map(|p| p.ip6).collect()
+    }
+
     /// (Re)starts pod `i`'s echo server.
     pub fn start_echo(&self, i: usize) -> Result<(), HarnessError> {
         self.pods[i].start_echo()
@@ -182,19 +233,27 @@ impl Cluster {
     }
 }
 
-/// A routed veth pair: `node_if` in the node namespace with `node_ip/24`, `eth0` in `other` with
-/// `other_ip/24` and a default route via the node.
+/// A namespace; for IPv6 without duplicate address detection, so link-local addresses (which
+/// neighbour discovery uses) work the moment a link is up.
+fn make_ns(name: String, ipv6: bool) -> Result<Netns, HarnessError> {
+    let ns = Netns::with_name(name)?;
+    if ipv6 {
+        ns.sysctl("net.ipv6.conf.all.accept_dad", "0")?;
+        ns.sysctl("net.ipv6.conf.default.accept_dad", "0")?;
+    }
+    Ok(ns)
+}
+
+/// A routed veth pair: `node_if` in the node namespace, `eth0` in `other`, with the (node, other)
+/// addresses (/24 for IPv4, /64 for IPv6) and default routes in `other` via the node.
 fn link(
     node: &Netns,
     node_if: &str,
     other: &Netns,
-    node_ip: Ipv4Addr,
-    other_ip: Ipv4Addr,
+    (node_ip, other_ip): (Ipv4Addr, Ipv4Addr),
+    v6: Option<(Ipv6Addr, Ipv6Addr)>,
 ) -> Result<(), HarnessError> {
-    node.ip(&[
-        "link",
-        "add",
-        node_if,
+    let peer = [
         "type",
         "veth",
         "peer",
@@ -202,12 +261,34 @@ fn link(
         "eth0",
         "netns",
         other.name(),
-    ])?;
+    ];
+    node.ip(&[&["link", "add", node_if][..], &peer[..]].concat())?;
     node.ip(&["addr", "add", &format!("{node_ip}/24"), "dev", node_if])?;
-    node.ip(&["link", "set", node_if, "up"])?;
     other.ip(&["addr", "add", &format!("{other_ip}/24"), "dev", "eth0"])?;
+    if let Some((node6, other6)) = v6 {
+        node.ip(&[
+            "addr",
+            "add",
+            &format!("{node6}/64"),
+            "dev",
+            node_if,
+            "nodad",
+        ])?;
+        other.ip(&[
+            "addr",
+            "add",
+            &format!("{other6}/64"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])?;
+    }
+    node.ip(&["link", "set", node_if, "up"])?;
     other.ip(&["link", "set", "eth0", "up"])?;
     other.ip(&["route", "add", "default", "via", &node_ip.to_string()])?;
+    if let Some((node6, _)) = v6 {
+        other.ip(&["-6", "route", "add", "default", "via", &node6.to_string()])?;
+    }
     Ok(())
 }
 
@@ -235,6 +316,29 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{label}: {e}"));
             assert_eq!(u.pod, "pod0", "{label}");
         }
+    }
+
+    #[test]
+    fn dual_stack_pods_answer_over_ipv6_from_every_client() {
+        let cluster = Cluster::new(ClusterSpec::pods(2).dual_stack()).unwrap();
+        let pod1 = SocketAddr::from((cluster.pods[1].ip6.unwrap(), ECHO_PORT));
+        for (label, ns, source) in [
+            ("client", &cluster.client, CLIENT_IP6),
+            ("podclient", &cluster.podclient, PODCLIENT_IP6),
+        ] {
+            let r = tcp_request(ns, pod1, T).unwrap_or_else(|e| panic!("{label}: {e}"));
+            assert_eq!(r.pod, "pod1");
+            assert_eq!(r.peer.ip(), source, "{label}");
+            let u = udp_request(ns, pod1, T).unwrap_or_else(|e| panic!("{label}: {e}"));
+            assert_eq!(u.peer.ip(), source, "{label}");
+        }
+        let v4 = tcp_request(&cluster.client, cluster.pods[0].echo_addr(), T).unwrap();
+        assert_eq!(
+            v4.peer.ip(),
+            CLIENT_IP,
+            "IPv4 peers stay IPv4 (no mapped addresses)"
+        );
+        assert_eq!(cluster.pod_ip6s().len(), 2);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,49 +42,66 @@ pub struct EchoServer {
 impl EchoServer {
     /// Binds TCP and UDP `0.0.0.0:port` inside `ns` and serves as pod `name`.
     pub fn start(ns: &Netns, name: &str, port: u16) -> Result<EchoServer, HarnessError> {
-        let addr = SocketAddr::from(([0, 0, 0, 0], port));
-        let bound = ns.run(move || -> std::io::Result<(TcpListener, UdpSocket)> {
-            Ok((TcpListener::bind(addr)?, UdpSocket::bind(addr)?))
+        Self::start_dual(ns, name, port, None)
+    }
+
+    /// As [`EchoServer::start`], and also on `[ip6]:port` when given (a specific IPv6 address, so
+    /// IPv4 peers keep showing as IPv4).
+    pub fn start_dual(
+        ns: &Netns,
+        name: &str,
+        port: u16,
+        ip6: Option<Ipv6Addr>,
+    ) -> Result<EchoServer, HarnessError> {
+        let mut addrs = vec![SocketAddr::from(([0, 0, 0, 0], port))];
+        addrs.extend(ip6.map(|ip| SocketAddr::from((ip, port))));
+        let bound = ns.run(|| -> std::io::Result<Vec<(TcpListener, UdpSocket)>> {
+            addrs
+                .iter()
+                .map(|a| Ok((TcpListener::bind(a)?, UdpSocket::bind(a)?)))
+                .collect()
         })?;
-        let (listener, udp) = bound.map_err(|e| HarnessError::Io {
+        let sockets = bound.map_err(|e| HarnessError::Io {
             what: format!(
-                "binding echo server {name} on {addr} in netns {}",
+                "binding echo server {name} on {addrs:?} in netns {}",
                 ns.name()
             ),
             source: e,
         })?;
-        Self::serve(name, port, listener, udp)
+        Self::serve(name, port, sockets)
     }
 
     fn serve(
         name: &str,
         port: u16,
-        listener: TcpListener,
-        udp: UdpSocket,
+        sockets: Vec<(TcpListener, UdpSocket)>,
     ) -> Result<EchoServer, HarnessError> {
         let io = |what: &str, e| HarnessError::Io {
             what: format!("echo server {name}: {what}"),
             source: e,
         };
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| io("nonblocking listener", e))?;
-        udp.set_read_timeout(Some(POLL))
-            .map_err(|e| io("udp timeout", e))?;
         let shared = Arc::new(Shared::default());
-        let tcp_thread = {
-            let (shared, name) = (shared.clone(), name.to_string());
-            std::thread::spawn(move || accept_loop(&name, &listener, &shared))
-        };
-        let udp_thread = {
-            let (shared, name) = (shared.clone(), name.to_string());
-            std::thread::spawn(move || udp_loop(&name, &udp, &shared))
-        };
+        let mut threads = Vec::new();
+        for (listener, udp) in sockets {
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| io("nonblocking listener", e))?;
+            udp.set_read_timeout(Some(POLL))
+                .map_err(|e| io("udp timeout", e))?;
+            let (tcp_shared, udp_shared) = (shared.clone(), shared.clone());
+            let (tcp_name, udp_name) = (name.to_string(), name.to_string());
+            threads.push(std::thread::spawn(move || {
+                accept_loop(&tcp_name, &listener, &tcp_shared)
+            }));
+            threads.push(std::thread::spawn(move || {
+                udp_loop(&udp_name, &udp, &udp_shared)
+            }));
+        }
         Ok(EchoServer {
             name: name.to_string(),
             port,
             shared,
-            threads: vec![tcp_thread, udp_thread],
+            threads,
         })
     }
 

@@ -45,6 +45,8 @@ pub struct Service {
     pub name: String,
     pub type_: String,
     pub cluster_ip: Option<String>,
+    /// All clusterIPs when dual-stack (the first equals `cluster_ip`).
+    pub cluster_ips: Vec<String>,
     pub ports: Vec<Port>,
     pub external_ips: Vec<String>,
     pub lb_ingress: Vec<String>,
@@ -65,6 +67,7 @@ impl Service {
             name: name.into(),
             type_: "ClusterIP".into(),
             cluster_ip: None,
+            cluster_ips: Vec::new(),
             ports: Vec::new(),
             external_ips: Vec::new(),
             lb_ingress: Vec::new(),
@@ -85,6 +88,15 @@ impl Service {
 
     pub fn cluster_ip(mut self, ip: &str) -> Self {
         self.cluster_ip = Some(ip.into());
+        self.cluster_ips = vec![ip.into()];
+        self
+    }
+
+    /// A dual-stack Service (`ipFamilyPolicy: RequireDualStack`) with these clusterIPs, primary
+    /// family first.
+    pub fn cluster_ips(mut self, ips: &[&str]) -> Self {
+        self.cluster_ip = ips.first().map(|ip| ip.to_string());
+        self.cluster_ips = ips.iter().map(|ip| ip.to_string()).collect();
         self
     }
 
@@ -196,7 +208,19 @@ impl Service {
         spec.insert("type".into(), json!(self.type_));
         if let Some(ip) = &self.cluster_ip {
             spec.insert("clusterIP".into(), json!(ip));
-            spec.insert("clusterIPs".into(), json!([ip]));
+            spec.insert("clusterIPs".into(), json!(self.cluster_ips));
+            let families: Vec<&str> = self
+                .cluster_ips
+                .iter()
+                .map(|ip| if ip.contains(':') { "IPv6" } else { "IPv4" })
+                .collect();
+            let policy = if families.len() > 1 {
+                "RequireDualStack"
+            } else {
+                "SingleStack"
+            };
+            spec.insert("ipFamilies".into(), json!(families));
+            spec.insert("ipFamilyPolicy".into(), json!(policy));
         }
         let ports: Vec<Value> = self.ports.iter().map(port_value).collect();
         spec.insert("ports".into(), Value::Array(ports));
@@ -378,6 +402,13 @@ impl EndpointSlice {
         }
     }
 
+    /// An IPv6 slice (`addressType: IPv6`, named `<svc>-v6`).
+    pub fn ipv6(mut self) -> Self {
+        self.address_type = "IPv6".into();
+        self.name = format!("{}-v6", self.service);
+        self
+    }
+
     /// Renames the slice (for a second slice of one Service).
     pub fn named(mut self, name: &str) -> Self {
         self.name = name.into();
@@ -468,6 +499,24 @@ mod tests {
         assert_eq!(e["endpoints"][1]["conditions"]["terminating"], true);
         assert_eq!(e["endpoints"][1]["conditions"]["ready"], false);
         assert_eq!(svc.port_name(0), "default/web:http/TCP");
+    }
+
+    #[test]
+    fn dual_stack_service_and_ipv6_slice() {
+        let svc = Service::new("ds")
+            .cluster_ips(&["10.96.0.60", "fd00:10:96::60"])
+            .tcp(80, 8080);
+        let v = svc.to_value();
+        assert_eq!(v["spec"]["clusterIP"], "10.96.0.60");
+        assert_eq!(v["spec"]["clusterIPs"][1], "fd00:10:96::60");
+        assert_eq!(v["spec"]["ipFamilies"], json!(["IPv4", "IPv6"]));
+        assert_eq!(v["spec"]["ipFamilyPolicy"], "RequireDualStack");
+        let slice = EndpointSlice::for_service(&svc)
+            .ipv6()
+            .ready("fd00:10:244:1::2")
+            .to_value();
+        assert_eq!(slice["addressType"], "IPv6");
+        assert_eq!(slice["metadata"]["name"], "ds-v6");
     }
 
     #[test]

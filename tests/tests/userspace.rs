@@ -796,3 +796,68 @@ fn a_restarted_agent_serves_again_with_the_same_balancing() {
         "{counts:?}"
     );
 }
+
+/// The userspace backend is IPv4 only (documented in its module): a dual-stack Service is served
+/// on its IPv4 side by IPv4 endpoints only, its IPv6 address is not proxied, and an IPv6-only
+/// Service is reported in the log by name.
+#[test]
+fn dual_stack_ipv4_side_is_served_and_ipv6_is_a_reported_limitation() {
+    let cluster = Cluster::new(ClusterSpec::pods(2).dual_stack()).unwrap();
+    let svc = Service::new("ds")
+        .cluster_ips(&["10.96.0.60", "fd00:10:96::60"])
+        .tcp(80, 8080)
+        .named("http")
+        .node_port(30090);
+    let v4 = slice_all(&svc, &cluster);
+    let v6 = EndpointSlice::for_service(&svc)
+        .ipv6()
+        .ready_all(cluster.pod_ip6s());
+    let only6 = Service::new("v6only")
+        .cluster_ips(&["fd00:10:96::61"])
+        .tcp(80, 8080)
+        .named("http");
+    let only6_slice = EndpointSlice::for_service(&only6)
+        .ipv6()
+        .ready_all(cluster.pod_ip6s());
+    let files = [
+        ("ds.yaml", yaml(&[&svc, &v4, &v6])),
+        ("v6only.yaml", yaml(&[&only6, &only6_slice])),
+    ];
+    let opts = AgentOptions::backend(BACKEND).dual_stack();
+    let agent = Agent::start(&cluster.node, &opts, &files).unwrap();
+    for (label, ns, to) in [
+        (
+            "podclient -> clusterIP",
+            &cluster.podclient,
+            addr("10.96.0.60:80"),
+        ),
+        (
+            "client -> nodePort",
+            &cluster.client,
+            SocketAddr::from((NODE_IP, 30090)),
+        ),
+        ("node -> clusterIP", &cluster.node, addr("10.96.0.60:80")),
+    ] {
+        let mut pods = BTreeMap::new();
+        for i in 0..4 {
+            let r = tcp_request(ns, to, T).unwrap_or_else(|e| panic!("{label}: request {i}: {e}"));
+            assert!(
+                r.peer.is_ipv4(),
+                "{label}: an IPv6 endpoint answered an IPv4 connection: {r:?}"
+            );
+            *pods.entry(r.pod).or_insert(0) += 1;
+        }
+        assert_eq!(pods.len(), 2, "{label}: {pods:?}");
+    }
+    let short = Duration::from_millis(500);
+    assert!(
+        tcp_request(&cluster.client, addr("[fd00:10:96::60]:80"), short).is_err(),
+        "IPv6 is not proxied"
+    );
+    let log = agent.wait_for_log("IPv4 only", CHANGE).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("IPv4 only") && l.contains("default/v6only")),
+        "the IPv6-only Service is named in the log:\n{log}"
+    );
+}
