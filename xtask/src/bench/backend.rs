@@ -240,7 +240,15 @@ fn large(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
         plan.services, r.first_sync_ms
     );
     let mut times = Vec::with_capacity(plan.changes);
+    let started = Instant::now();
     for k in 0..plan.changes {
+        if k >= 3 && started.elapsed() > plan.change_budget {
+            r.notes.push(format!(
+                "changes stopped after {k} of {} (time budget {:?})",
+                plan.changes, plan.change_budget
+            ));
+            break;
+        }
         // Spread over the Services, deterministically from the seed.
         let i = (plan.seed as usize).wrapping_add(k * 7_919) % plan.services;
         for ready in [false, true] {
@@ -252,6 +260,12 @@ fn large(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
         }
     }
     let lat = traffic::summarize(times);
+    println!(
+        "  {backend}: one change: p50 {:.2} ms, p99 {:.2} ms over {} syncs",
+        lat.p50_us / 1e3,
+        lat.p99_us / 1e3,
+        lat.samples
+    );
     (r.change_p50_ms, r.change_p99_ms, r.changes) =
         (lat.p50_us / 1e3, lat.p99_us / 1e3, lat.samples);
     let target = last_addr(plan.services);
@@ -311,6 +325,11 @@ fn agent(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
         s.synced && s.services.len() == plan.services
     })?;
     r.agent_first_sync_s = Some(start.elapsed().as_secs_f64());
+    println!(
+        "  {backend}: agent shows {} Services after {:.1} s",
+        plan.services,
+        start.elapsed().as_secs_f64()
+    );
     r.agent_vmhwm_mib = agent_vmhwm_kib(&env.cluster.node).map(|k| k as f64 / 1024.0);
     Ok(())
 }

@@ -65,6 +65,8 @@ pub struct Plan {
     pub seed: u64,
     pub changes: usize,
     pub baseline_changes: usize,
+    /// Single changes stop after this long (at least 3 are made); the table shows how many ran.
+    pub change_budget: Duration,
     pub latency_samples: usize,
     pub rate_time: Duration,
     pub rr_connections: usize,
@@ -101,6 +103,7 @@ impl Plan {
             seed: args.seed,
             changes: if args.quick { 20 } else { 50 },
             baseline_changes: if args.quick { 2 } else { 3 },
+            change_budget: Duration::from_secs(if args.quick { 20 } else { 120 }),
             latency_samples: if args.quick { 200 } else { 1_000 },
             rate_time: Duration::from_millis(if args.quick { 500 } else { 2_000 }),
             rr_connections: if args.quick { 2_000 } else { 10_000 },

@@ -143,6 +143,13 @@ impl Report {
             )
             .unwrap();
         }
+        for (name, row) in &self.backends {
+            if let BackendRow::Measured(r) = row {
+                for note in &r.notes {
+                    writeln!(s, "\nkpr {name}: {note}").unwrap();
+                }
+            }
+        }
         for f in &self.failures {
             writeln!(s, "\nFAILED: {f}").unwrap();
         }
