@@ -109,7 +109,7 @@ impl Plan {
             rr_connections: if args.quick { 2_000 } else { 10_000 },
             long_conns: if args.quick { 16 } else { 40 },
             short_per_long: 5,
-            agent_timeout: Duration::from_secs(if args.quick { 120 } else { 1_200 }),
+            agent_timeout: Duration::from_secs(if args.quick { 120 } else { 420 }),
             nft_sizes,
             out_dir: xtask::target_dir().join("bench"),
         })
@@ -192,7 +192,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     for name in &args.backends {
         println!("bench: backend {name}");
         let row = match backend::run(&plan, name) {
-            Ok(result) => BackendRow::Measured(Box::new(result)),
+            Ok(result) => {
+                failed.extend(result.errors.iter().map(|e| format!("{name}: {e}")));
+                BackendRow::Measured(Box::new(result))
+            }
             Err(e) if is_unavailable(&e) => BackendRow::NotAvailable(format!("{e:#}")),
             Err(e) => {
                 failed.push(format!("{name}: {e:#}"));
