@@ -84,7 +84,9 @@ impl Report {
             plan.seed
         )
         .unwrap();
-        if !args.quick {
+        if args.no_baselines {
+            command.push_str(" --no-baselines");
+        } else if !args.quick {
             write!(command, " --nft-baseline-max {}", args.nft_baseline_max).unwrap();
         }
         Report {
@@ -209,7 +211,7 @@ impl Report {
             }
         }
         let max = bars.iter().map(|b| b.1).fold(1.0, f64::max);
-        let (w, row, left) = (900.0, 28.0, 300.0);
+        let (w, row, left) = (1000.0, 28.0, 380.0);
         let h = 60.0 + row * bars.len() as f64;
         let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
         writeln!(s, "<text x=\"10\" y=\"20\" font-size=\"14\">p50 connect+request latency to the last Service of {} (µs), {}</text>", self.services, self.kernel).unwrap();
