@@ -79,6 +79,30 @@ impl Cmd {
     pub fn read(&self) -> anyhow::Result<String> {
         exec(self, Output::Capture)
     }
+
+    /// Starts the command in a process group of its own (its id is the child's pid, so a watchdog
+    /// can end the child and everything it started) with standard output and error piped, and
+    /// returns without waiting. Used by `cargo xtask vm` to stream and time a guest.
+    pub fn spawn_piped(&self) -> anyhow::Result<std::process::Child> {
+        use std::os::unix::process::CommandExt as _;
+        println!("$ {self}");
+        let mut command = Command::new(&self.program);
+        command.args(&self.args).stdin(Stdio::null());
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
+        if let Some(dir) = &self.dir {
+            command.current_dir(dir);
+        }
+        command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        command.spawn().with_context(|| {
+            format!(
+                "could not start `{self}` (is {} installed and on PATH?)",
+                quote(&self.program)
+            )
+        })
+    }
 }
 
 /// The shell-like rendering printed before the command runs: `$ KEY=value program arg 'two words'`

@@ -9,6 +9,7 @@ pub mod exec;
 pub mod kind;
 pub mod setup;
 pub mod test;
+pub mod vm;
 
 /// The repository root (the directory holding the workspace Cargo.toml).
 pub fn workspace_root() -> PathBuf {

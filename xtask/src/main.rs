@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use xtask::exec::Cmd;
-use xtask::{kind, setup, test, workspace_root};
+use xtask::{kind, setup, test, vm, workspace_root};
 
 mod bench;
 mod demo;
@@ -28,6 +28,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// kpr on a kind cluster without kube-proxy: create, build, load, deploy, smoke test.
     Kind(kind::KindArgs),
+    /// The tests inside VMs, one per Debian kernel (virtme-ng + qemu); --smoke boots one kernel.
+    Vm(vm::VmArgs),
     /// N Services per backend next to kube-proxy's iptables and nftables layouts (--quick: 1,000).
     Bench(bench::BenchArgs),
 }
@@ -57,6 +59,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             demo::run(&args)
         }
         Command::Kind(args) => kind::run(&args),
+        Command::Vm(args) => vm::run(&args),
         Command::Bench(args) => bench::run(&args),
     }
 }

@@ -47,10 +47,12 @@ impl Balancer {
         client: IpAddr,
         exclude: &[SocketAddr],
     ) -> Option<SocketAddr> {
+        // A connection never changes IP family: a dual-stack Service's endpoints of the other
+        // family are not candidates.
         let usable: Vec<SocketAddr> = candidates
             .iter()
             .map(Endpoint::socket_addr)
-            .filter(|a| !exclude.contains(a))
+            .filter(|a| !exclude.contains(a) && a.is_ipv4() == client.is_ipv4())
             .collect();
         if usable.is_empty() {
             return None;
