@@ -319,6 +319,29 @@ impl TestApiServer {
         self.store().create(res, ns.as_deref(), obj, true)
     }
 
+    /// Replaces an object directly (no HTTP, so also while faults make the API fail), as a PUT
+    /// would: a new resourceVersion and a MODIFIED event for open watches.
+    pub fn replace(&self, plural: &str, obj: Value) -> Result<Value, Error> {
+        let res = resource(plural)?;
+        let ns = obj["metadata"]["namespace"].as_str().map(str::to_string);
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        self.store().update(res, ns.as_deref(), &name, obj, false)
+    }
+
+    /// Deletes an object directly (no HTTP), as a DELETE without preconditions would.
+    pub fn remove(
+        &self,
+        plural: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Value, Error> {
+        self.store()
+            .delete(resource(plural)?, namespace, name, &Value::Null)
+    }
+
     /// Reads one object directly.
     pub fn get(&self, plural: &str, namespace: Option<&str>, name: &str) -> Result<Value, Error> {
         self.store().get(resource(plural)?, namespace, name)
