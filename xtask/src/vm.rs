@@ -347,7 +347,9 @@ fn fetch_kernel(version: &str) -> anyhow::Result<PathBuf> {
         }
     };
     // Not with_extension: versions hold dots. Extracted beside, renamed when complete.
-    let partial = vm_dir().join("kernels").join(format!("{version}.partial"));
+    let kernels = vm_dir().join("kernels");
+    fs::create_dir_all(&kernels).with_context(|| format!("creating {}", kernels.display()))?;
+    let partial = kernels.join(format!("{version}.partial"));
     if partial.exists() {
         fs::remove_dir_all(&partial).with_context(|| format!("removing {}", partial.display()))?;
     }
@@ -466,8 +468,13 @@ fn run_guest(
     if !kvm {
         cmd = cmd.arg("--disable-kvm");
     }
-    if args.verbose {
-        cmd = cmd.arg("--verbose");
+    // The guest's script output reaches the host only on the serial console: virtme-ng-init
+    // finds no virtio-serial script ports without udev (Debian kernels) and falls back to the
+    // console, which vng shows only with --verbose. loglevel=1 keeps the kernel's own messages
+    // off it (after the early boot lines) unless the user asked to see them.
+    cmd = cmd.arg("--verbose");
+    if !args.verbose {
+        cmd = cmd.args(["--append", "loglevel=1"]);
     }
     let timeout = Duration::from_secs(args.timeout.unwrap_or(if args.smoke { 900 } else { 3600 }));
     let mut report = GuestReport::default();
