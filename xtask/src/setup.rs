@@ -20,6 +20,7 @@ pub const APT_PACKAGES: &[&str] = &[
     "conntrack",
     "kmod",
     "qemu-system-x86",
+    "busybox-static",
     "llvm-22-dev",
     "libpolly-22-dev",
     "libzstd-dev",
@@ -37,7 +38,7 @@ pub fn run() -> anyhow::Result<()> {
     nightly_toolchain()?;
     host_components()?;
     bpf_linker()?;
-    Ok(())
+    crate::vm::ensure_tools()
 }
 
 fn apt_packages() -> anyhow::Result<()> {

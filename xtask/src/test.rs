@@ -76,8 +76,13 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
             .env("KPR_PROXY_BIN", &proxy_bin)
             .run()
     });
-    // Further suites are added here as more `summary.step(..)` calls, after the unit and netns
-    // tests: the VM smoke test (`cargo xtask vm`) and the quick benchmark.
+    // The kernel-facing suites once more inside a VM booted on the oldest kernel we claim, one
+    // fast test each (`cargo xtask vm` runs the full matrix), and the benchmark on 1,000 Services,
+    // which fails only when a backend errors, never on a time.
+    summary.step("vm smoke", || cargo(&["xtask", "vm", "--smoke"]).run());
+    summary.step("bench quick", || {
+        cargo(&["xtask", "bench", "--quick"]).run()
+    });
 }
 
 /// What each step did, for the table printed at the end.

@@ -111,10 +111,15 @@ pub fn ensure_tools() -> anyhow::Result<()> {
         println!("[ok] virtme-ng already installed");
         return Ok(());
     }
-    Cmd::new("python3")
-        .args(["-m", "pip", "install", "--quiet", "virtme-ng"])
-        .run()
-        .context("installing virtme-ng from PyPI")?;
+    let pip = || Cmd::new("python3").args(["-m", "pip", "install", "--quiet", "virtme-ng"]);
+    if pip().run().is_err() {
+        // Debian's own python3 refuses pip installs outside a venv (PEP 668); virtme-ng is a
+        // standalone tool, so install it anyway, as its documentation suggests.
+        pip()
+            .arg("--break-system-packages")
+            .run()
+            .context("installing virtme-ng from PyPI")?;
+    }
     // pyenv puts new console scripts on PATH only after a rehash; harmless elsewhere.
     if find_on_path("pyenv").is_some() {
         Cmd::new("pyenv").arg("rehash").run()?;
@@ -331,10 +336,18 @@ fn fetch_kernel(version: &str) -> anyhow::Result<PathBuf> {
     let deb = match find_deb(&debs, &package)? {
         Some(deb) => deb,
         None => {
-            Cmd::new("apt-get")
-                .args(["download", "-q", &package])
-                .dir(&debs)
-                .run()
+            let download = || {
+                Cmd::new("apt-get")
+                    .args(["download", "-q", &package])
+                    .dir(&debs)
+                    .run()
+            };
+            download()
+                .or_else(|_| {
+                    // A fresh machine's package lists may predate this kernel package.
+                    Cmd::new("apt-get").args(["update", "-q"]).run()?;
+                    download()
+                })
                 .with_context(|| {
                     format!("downloading {package} (`apt-cache search linux-image | grep amd64` lists what exists)")
                 })?;
@@ -606,7 +619,8 @@ struct SuiteReport {
 
 impl GuestReport {
     fn feed(&mut self, line: &str) {
-        let line = line.trim();
+        let plain = strip_ansi(line);
+        let line = plain.trim();
         if let Some(name) = line.strip_prefix("KPR-VM-SUITE-BEGIN ") {
             self.suites.push(SuiteReport {
                 name: name.to_owned(),
@@ -654,6 +668,25 @@ impl GuestReport {
         }
         failures
     }
+}
+
+/// The line without terminal colour sequences (`ESC [ ... m`): libtest colours `ok`/`FAILED`
+/// when it thinks it writes to a terminal, and the guest's console is one.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl SuiteReport {
@@ -752,6 +785,19 @@ mod tests {
              test result: FAILED. 1 passed; 1 failed; 0 ignored\nKPR-VM-SUITE-END userspace exit=101\nKPR-VM-DONE",
         );
         assert_eq!(r.failures(&plan), vec!["test userspace::udp_works failed"]);
+    }
+
+    #[test]
+    fn coloured_libtest_output_is_read_like_plain_output() {
+        let plan = [entry("xtask (lib) selftest", &[], false)];
+        let r = report(
+            "KPR-VM-SUITE-BEGIN xtask (lib) selftest\ntest vm::tests::selftest_fails_when_asked ... \u{1b}[31mFAILED\u{1b}[m\n\
+             test result: \u{1b}[31mFAILED\u{1b}[m. 0 passed; 1 failed\nKPR-VM-SUITE-END xtask (lib) selftest exit=101\nKPR-VM-DONE",
+        );
+        assert_eq!(
+            r.failures(&plan),
+            vec!["test xtask (lib) selftest::vm::tests::selftest_fails_when_asked failed"]
+        );
     }
 
     #[test]
