@@ -15,7 +15,7 @@ use proxy::model::Algorithm;
 use serde::Serialize;
 
 use super::traffic::{self, InCgroup, Latency};
-use super::workload::{backend_config, Workload, SERVICE_PORT};
+use super::workload::{backend_config, service_cidrs, Workload, SERVICE_PORT};
 use super::{kernel_memory_kib, Plan};
 
 type Job = Box<dyn FnOnce(&mut dyn Dataplane) + Send>;
@@ -141,6 +141,11 @@ pub struct BackendResult {
     pub latency_n: Option<Latency>,
     pub rps_ratio: Option<f64>,
     pub rps: Option<f64>,
+    /// Straight to a pod from the same namespace and process (cgroup included), interleaved
+    /// with the Service samples of `latency_n`.
+    pub direct: Option<Latency>,
+    /// Median over blocks of the Service/direct p50 ratio.
+    pub direct_latency_ratio: Option<f64>,
     pub rr_deviation_pct: Option<f64>,
     pub lc_spread: Option<String>,
     pub agent_first_sync_s: Option<f64>,
@@ -172,8 +177,8 @@ impl Env {
         })
     }
 
-    fn config(&self) -> BackendConfig {
-        backend_config(self.cgroup.as_ref(), &self.bpffs)
+    fn config(&self, services: usize) -> BackendConfig {
+        backend_config(services, self.cgroup.as_ref(), &self.bpffs)
     }
 
     fn workload(&self, plan: &Plan, services: usize) -> Workload {
@@ -220,7 +225,7 @@ pub fn run(plan: &Plan, backend: &str) -> anyhow::Result<BackendResult> {
 
 fn small(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow::Result<()> {
     let w = env.workload(plan, 10);
-    let worker = Worker::start(&env.cluster.node, backend, env.config())?;
+    let worker = Worker::start(&env.cluster.node, backend, env.config(10))?;
     worker.sync(&w.state(), full())?;
     r.latency_10 =
         Some(env.as_client(|ns| traffic::latency(ns, last_addr(10), plan.latency_samples))?);
@@ -237,7 +242,7 @@ fn full() -> ChangeSet {
 fn large(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow::Result<()> {
     let w = env.workload(plan, plan.services);
     let mut state = w.state();
-    let worker = Worker::start(&env.cluster.node, backend, env.config())?;
+    let worker = Worker::start(&env.cluster.node, backend, env.config(plan.services))?;
     let before = kernel_memory_kib();
     let (t, stats) = worker.sync(&state, full()).context("first full sync")?;
     r.first_sync_ms = t.as_secs_f64() * 1e3;
@@ -279,10 +284,11 @@ fn large(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
     let target = last_addr(plan.services);
     let direct = env.cluster.pods[0].echo_addr();
     env.as_client(|ns| {
-        r.latency_n = Some(traffic::latency(ns, target, plan.latency_samples)?);
-        let rps = traffic::request_rate(ns, target, plan.rate_time)?;
-        let floor = traffic::request_rate(ns, direct, plan.rate_time)?;
-        (r.rps, r.rps_ratio) = (Some(rps), Some(rps / floor));
+        let p = traffic::paired(ns, target, direct, plan.latency_samples, plan.rate_time)?;
+        (r.latency_n, r.direct) = (Some(p.service), Some(p.direct));
+        r.direct_latency_ratio = Some(p.latency_ratio);
+        r.rps = Some(p.service_rps);
+        r.rps_ratio = Some(p.service_rps / p.direct_rps);
         let counts = traffic::distribution(ns, target, plan.rr_connections)?;
         r.rr_deviation_pct = Some(traffic::max_deviation_pct(&counts, plan.endpoints));
         Ok(())
@@ -324,6 +330,10 @@ fn agent(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
     let files: Vec<(&str, String)> = files.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let mut opts = AgentOptions::backend(backend);
     opts.ready_timeout = plan.agent_timeout;
+    for cidr in service_cidrs(plan.services).into_iter().skip(1) {
+        opts.extra_args
+            .extend(["--service-cluster-ip-range".to_string(), cidr]);
+    }
     if let Some(cg) = &env.cgroup {
         opts = opts.cgroup(cg);
     }

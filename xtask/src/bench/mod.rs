@@ -16,6 +16,7 @@ use xtask::exec::Cmd;
 
 mod backend;
 mod baseline;
+mod control_plane;
 mod report;
 mod server;
 mod traffic;
@@ -55,6 +56,9 @@ pub struct BenchArgs {
     /// Skip the kube-proxy baselines.
     #[arg(long)]
     pub no_baselines: bool,
+    /// Skip the control-plane row (the EndpointSlice controller's cold start for N Services).
+    #[arg(long)]
+    pub no_control_plane: bool,
 }
 
 /// Sizes and sample counts of one run.
@@ -86,8 +90,11 @@ impl Plan {
             );
         }
         let services = if args.quick { 1_000 } else { args.services };
-        if !(10..=60_000).contains(&services) {
-            bail!("--services {services}: must be 10..=60000 (the 10.96.0.0/16 service range)");
+        if !(10..=workload::MAX_SERVICES).contains(&services) {
+            bail!(
+                "--services {services}: must be 10..={} (the address plan)",
+                workload::MAX_SERVICES
+            );
         }
         let max = args.nft_baseline_max.min(services).max(10);
         let mut nft_sizes: Vec<usize> = if args.quick {
@@ -109,7 +116,12 @@ impl Plan {
             rr_connections: if args.quick { 2_000 } else { 10_000 },
             long_conns: if args.quick { 16 } else { 40 },
             short_per_long: 5,
-            agent_timeout: Duration::from_secs(if args.quick { 120 } else { 420 }),
+            // 420 s at 20,000, growing with N (the agent parses N Services from YAML).
+            agent_timeout: Duration::from_secs(if args.quick {
+                120
+            } else {
+                420.max(services as u64 * 21 / 1_000)
+            }),
             nft_sizes,
             out_dir: xtask::target_dir().join("bench"),
         })
@@ -204,6 +216,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         };
         report.backends.push((name.clone(), row));
     }
+    if !args.no_control_plane {
+        println!("bench: EndpointSlice controller cold start");
+        match control_plane::cold_start(&plan) {
+            Ok(r) => report.control_plane = Some(r),
+            Err(e) => failed.push(format!("endpointslice cold start: {e:#}")),
+        }
+    }
     if !args.no_baselines {
         let mut runs = vec![(Layout::Iptables, plan.services, true)];
         for (k, &n) in plan.nft_sizes.iter().enumerate() {
@@ -234,6 +253,7 @@ fn rerun_in_release() -> anyhow::Result<()> {
         .args(["build", "--release", "-p", "proxy", "-p", "xtask"])
         .dir(xtask::workspace_root())
         .run()?;
+    control_plane::build()?;
     Cmd::new(release.join("xtask"))
         .args(std::env::args_os().skip(1))
         .env(IN_RELEASE, "1")

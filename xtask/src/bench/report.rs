@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::backend::BackendResult;
 use super::baseline::BaselineResult;
+use super::control_plane::ColdStart;
 use super::traffic::Latency;
 use super::{BenchArgs, Plan};
 
@@ -33,6 +34,7 @@ pub struct Report {
     pub direct: Option<(Latency, f64)>,
     pub backends: Vec<(String, BackendRow)>,
     pub baselines: Vec<BaselineResult>,
+    pub control_plane: Option<ColdStart>,
     /// Backends and baselines that errored.
     pub failures: Vec<String>,
     #[serde(skip)]
@@ -84,6 +86,9 @@ impl Report {
             plan.seed
         )
         .unwrap();
+        if args.no_control_plane {
+            command.push_str(" --no-control-plane");
+        }
         if args.no_baselines {
             command.push_str(" --no-baselines");
         } else if !args.quick {
@@ -100,6 +105,7 @@ impl Report {
             direct: None,
             backends: Vec::new(),
             baselines: Vec::new(),
+            control_plane: None,
             failures: Vec::new(),
             out_dir: plan.out_dir.clone(),
         }
@@ -110,10 +116,10 @@ impl Report {
         let mut s = String::new();
         writeln!(s, "Command: `{}`  \nKernel: {}  \nDate: {}  \nServices: {} (ClusterIP; the last {} also NodePort), {} endpoints each\n",
             self.command, self.kernel, self.date, self.services, super::workload::NODE_PORTS.min(self.services), self.endpoints).unwrap();
-        s.push_str("| dataplane | full sync/load (ms) | one change p50 / p99 (ms) | kernel mem Δ (KiB, approx.) | agent: first sync (s) / VmHWM (MiB) | latency@10 p50/p99 (µs) | latency@N p50/p99 (µs) | @N / @10 | req/s vs direct | RR max dev (%) | LC held spread (RR) |\n");
+        s.push_str("| dataplane | full sync/load (ms) | one change p50 / p99 (ms) | kernel mem Δ (KiB, approx.) | agent: first sync (s) / VmHWM (MiB) | latency@10 p50/p99 (µs) | latency@N p50/p99 (µs) | @N / @10 | vs direct: p50 / req/s | RR max dev (%) | LC held spread (RR) |\n");
         s.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
         if let Some((l, rps)) = &self.direct {
-            writeln!(s, "| direct to pod (floor) | - | - | - | - | - | {:.0} / {:.0} | - | 1.00 ({rps:.0}/s) | - | - |", l.p50_us, l.p99_us).unwrap();
+            writeln!(s, "| direct to pod (floor) | - | - | - | - | - | {:.0} / {:.0} | - | 1.00 / 1.00 ({rps:.0}/s) | - | - |", l.p50_us, l.p99_us).unwrap();
         }
         for (name, row) in &self.backends {
             match row {
@@ -122,7 +128,7 @@ impl Report {
                     r.kernel_mem_kib.map_or("-".into(), |k| k.to_string()),
                     opt(r.agent_first_sync_s, 2), opt(r.agent_vmhwm_mib, 1),
                     lat(&r.latency_10), lat(&r.latency_n), ratio(&r.latency_n, &r.latency_10),
-                    opt(r.rps_ratio, 2), opt(r.rr_deviation_pct, 1), r.lc_spread.as_deref().unwrap_or("-")).unwrap(),
+                    vs_direct(r), opt(r.rr_deviation_pct, 1), r.lc_spread.as_deref().unwrap_or("-")).unwrap(),
                 BackendRow::NotAvailable(why) => writeln!(s, "| kpr {name} | not available: {} |||||||||| ", why.replace('|', "/")).unwrap(),
                 BackendRow::Failed(why) => writeln!(s, "| kpr {name} | FAILED: {} |||||||||| ", why.replace('|', "/").replace('\n', " ")).unwrap(),
             }
@@ -145,6 +151,10 @@ impl Report {
             )
             .unwrap();
         }
+        if let Some(c) = &self.control_plane {
+            writeln!(s, "\nControl plane: the EndpointSlice controller's cold start, {} Services x {} ready Pods against a fresh test API server: **{:.2} s** to the last slice ({:.1} s for the whole process with the API server and Pod setup).", c.services, c.pods_per_service, c.seconds, c.process_seconds).unwrap();
+        }
+        s.push_str(&self.direct_notes());
         for (name, row) in &self.backends {
             if let BackendRow::Measured(r) = row {
                 for note in &r.notes {
@@ -158,6 +168,20 @@ impl Report {
         if let Some(g) = self.nft_growth() {
             s.push('\n');
             s.push_str(&g);
+        }
+        s
+    }
+
+    /// Each backend's interleaved direct measurement (what its "vs direct" ratios divide by).
+    fn direct_notes(&self) -> String {
+        let mut s = String::new();
+        for (name, row) in &self.backends {
+            if let BackendRow::Measured(r) = row {
+                if let (Some(d), Some(rps), Some(ratio)) = (r.direct, r.rps, r.rps_ratio) {
+                    writeln!(s, "\nkpr {name}: direct to the pod from the same client (namespace and cgroup), interleaved with the Service in {} blocks: p50/p99 {:.0} / {:.0} µs, {:.0} req/s (Service {:.0} req/s).",
+                        super::traffic::BLOCKS, d.p50_us, d.p99_us, rps / ratio, rps).unwrap();
+                }
+            }
         }
         s
     }
@@ -255,6 +279,15 @@ impl Report {
         }
         Ok(())
     }
+}
+
+/// A backend's "vs direct" cell: median block p50 ratio / req/s ratio (paired measurement).
+fn vs_direct(r: &BackendResult) -> String {
+    format!(
+        "{} / {}",
+        opt(r.direct_latency_ratio, 2),
+        opt(r.rps_ratio, 2)
+    )
 }
 
 fn xml(s: &str) -> String {

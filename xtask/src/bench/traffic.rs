@@ -61,6 +61,83 @@ fn check_failures(
 
 /// `samples` sequential requests to `addr` from `ns`; connect-to-close time of each.
 pub fn latency(ns: &Netns, addr: SocketAddr, samples: usize) -> anyhow::Result<Latency> {
+    Ok(summarize(timed_requests(ns, addr, samples)?))
+}
+
+/// A Service and the pod behind it measured the same way from the same client, interleaved.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Paired {
+    /// Every Service sample pooled.
+    pub service: Latency,
+    /// Every direct sample pooled.
+    pub direct: Latency,
+    /// Median over blocks of (Service block p50 / direct block p50).
+    pub latency_ratio: f64,
+    /// Requests per second, each side's total over its own time.
+    pub service_rps: f64,
+    pub direct_rps: f64,
+}
+
+/// How many alternating Service/direct blocks [`paired`] runs.
+pub const BLOCKS: usize = 10;
+
+/// Latency and request rate to `service` and straight to `direct` from the same namespace and
+/// the same process (in whatever cgroup it is): `BLOCKS` alternating blocks of `samples / BLOCKS`
+/// latency samples and `rate_time / BLOCKS` of short connections each, so the machine's noise
+/// hits both sides alike. The latency ratio is the median of the per-block p50 ratios.
+pub fn paired(
+    ns: &Netns,
+    service: SocketAddr,
+    direct: SocketAddr,
+    samples: usize,
+    rate_time: Duration,
+) -> anyhow::Result<Paired> {
+    let per_block = (samples / BLOCKS).max(1);
+    let slice = rate_time / BLOCKS as u32;
+    let (mut svc_all, mut dir_all, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut svc_rate, mut dir_rate) = (Rate::default(), Rate::default());
+    for _ in 0..BLOCKS {
+        let s = timed_requests(ns, service, per_block)?;
+        let d = timed_requests(ns, direct, per_block)?;
+        let (sp, dp) = (summarize(s.clone()).p50_us, summarize(d.clone()).p50_us);
+        if dp > 0.0 {
+            ratios.push(sp / dp);
+        }
+        svc_all.extend(s);
+        dir_all.extend(d);
+        svc_rate.add(rate_block(ns, service, slice)?);
+        dir_rate.add(rate_block(ns, direct, slice)?);
+    }
+    ratios.sort_by(f64::total_cmp);
+    Ok(Paired {
+        service: summarize(svc_all),
+        direct: summarize(dir_all),
+        latency_ratio: ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN),
+        service_rps: svc_rate.per_second(),
+        direct_rps: dir_rate.per_second(),
+    })
+}
+
+/// Completed requests over elapsed time, summed over blocks.
+#[derive(Debug, Default, Clone, Copy)]
+struct Rate {
+    done: usize,
+    elapsed: Duration,
+}
+
+impl Rate {
+    fn add(&mut self, other: Rate) {
+        self.done += other.done;
+        self.elapsed += other.elapsed;
+    }
+
+    fn per_second(self) -> f64 {
+        self.done as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// `samples` sequential requests; the connect-to-close time of each (fails above 1% failures).
+fn timed_requests(ns: &Netns, addr: SocketAddr, samples: usize) -> anyhow::Result<Vec<Duration>> {
     let (times, failures) = ns.run(|| {
         let mut times = Vec::with_capacity(samples);
         let mut failures = Vec::new();
@@ -74,11 +151,11 @@ pub fn latency(ns: &Netns, addr: SocketAddr, samples: usize) -> anyhow::Result<L
         (times, failures)
     })?;
     check_failures("latency", addr, &failures, samples)?;
-    Ok(summarize(times))
+    Ok(times)
 }
 
-/// Sequential short connections to `addr` for `duration`: completed requests per second.
-pub fn request_rate(ns: &Netns, addr: SocketAddr, duration: Duration) -> anyhow::Result<f64> {
+/// Sequential short connections for `duration` (fails above 1% failures).
+fn rate_block(ns: &Netns, addr: SocketAddr, duration: Duration) -> anyhow::Result<Rate> {
     let (done, failures, elapsed) = ns.run(|| {
         let start = Instant::now();
         let (mut done, mut failures) = (0usize, Vec::new());
@@ -91,7 +168,12 @@ pub fn request_rate(ns: &Netns, addr: SocketAddr, duration: Duration) -> anyhow:
         (done, failures, start.elapsed())
     })?;
     check_failures("request rate", addr, &failures, done + failures.len())?;
-    Ok(done as f64 / elapsed.as_secs_f64())
+    Ok(Rate { done, elapsed })
+}
+
+/// Sequential short connections to `addr` for `duration`: completed requests per second.
+pub fn request_rate(ns: &Netns, addr: SocketAddr, duration: Duration) -> anyhow::Result<f64> {
+    Ok(rate_block(ns, addr, duration)?.per_second())
 }
 
 /// Connections per pod over `conns` sequential requests.

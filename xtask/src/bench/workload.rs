@@ -2,7 +2,8 @@
 //! the dataplanes compile and as the YAML manifests the `proxy` agent's file source reads.
 //!
 //! Owns the address plan: Service `i` is `bench/svc-<i, zero padded>` port `http` 80/TCP on
-//! clusterIP `10.96.0.0 + 10 + i`; the last [`NODE_PORTS`] Services are also NodePort
+//! clusterIP `10.96.0.0 + 10 + i` (past 10.96.255.255 this continues into 10.97.0.0/16 and on,
+//! each /16 used added to the service CIDRs, see [`service_cidrs`]); the last [`NODE_PORTS`] Services are also NodePort
 //! (`30000 + ...`: the nodePort range cannot hold 20,000 ports); endpoint `j` of Service `i` is pod
 //! `(i + j) % pods` on port 8080. Names sort in index order, so Service `N - 1` is last in every
 //! backend's rule order.
@@ -19,6 +20,18 @@ use proxy::selection::{self, NodeContext};
 pub const NODE_PORTS: usize = 2_500;
 /// The Service port every Service exposes.
 pub const SERVICE_PORT: u16 = 80;
+/// Most Services the address plan holds (names are zero padded to 6 digits, so they sort in index
+/// order up to here; clusterIPs stay inside 10.96.0.0/12).
+pub const MAX_SERVICES: usize = 200_000;
+
+/// The service CIDRs of a workload of `services` Services: 10.96.0.0/16 (the harness's
+/// [`SERVICE_CIDR`]), plus 10.97.0.0/16, ... when the clusterIPs go past it.
+pub fn service_cidrs(services: usize) -> Vec<String> {
+    let last = Workload::cluster_ip(services.max(1) - 1).octets()[1];
+    std::iter::once(SERVICE_CIDR.to_string())
+        .chain((97..=last).map(|b| format!("10.{b}.0.0/16")))
+        .collect()
+}
 
 /// N Services over a set of pod addresses.
 #[derive(Debug, Clone)]
@@ -31,8 +44,11 @@ pub struct Workload {
 impl Workload {
     /// The clusterIP of Service `i`.
     pub fn cluster_ip(i: usize) -> Ipv4Addr {
-        let x = u32::try_from(i + 10).expect("fewer than 65,000 Services");
-        assert!(x < 65_536, "Service {i} does not fit in {SERVICE_CIDR}");
+        let x = u32::try_from(i + 10).expect("fewer than 2^32 Services");
+        assert!(
+            x < MAX_SERVICES as u32 + 10,
+            "Service {i} is past {MAX_SERVICES}"
+        );
         Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + x)
     }
 
@@ -43,7 +59,7 @@ impl Workload {
     }
 
     pub fn name(i: usize) -> String {
-        format!("svc-{i:05}")
+        format!("svc-{i:06}")
     }
 
     pub fn port_name(i: usize) -> ServicePortName {
@@ -156,7 +172,7 @@ impl Workload {
                 for i in start..end {
                     text.push_str(&self.manifest(i));
                 }
-                (format!("bench-{start:05}.yaml"), text)
+                (format!("bench-{start:06}.yaml"), text)
             })
             .collect()
     }
@@ -192,14 +208,19 @@ pub fn node_context() -> NodeContext {
     }
 }
 
-/// The backend configuration the harness's agent would get (plus the eBPF cgroup, if any).
+/// The backend configuration the harness's agent would get for `services` Services (plus the
+/// eBPF cgroup, if any).
 pub fn backend_config(
+    services: usize,
     cgroup: Option<&kpr_tests::Cgroup>,
     bpffs: &std::path::Path,
 ) -> BackendConfig {
     BackendConfig {
         node: node_context(),
-        service_cidrs: vec![SERVICE_CIDR.parse().expect("constant")],
+        service_cidrs: service_cidrs(services)
+            .iter()
+            .map(|c| c.parse().expect("generated CIDR"))
+            .collect(),
         cgroup_path: cgroup.map(|c| c.path().to_path_buf()),
         bpffs_path: bpffs.to_path_buf(),
         ..BackendConfig::default()
@@ -227,6 +248,21 @@ mod tests {
         assert_eq!(w.node_port(17_500), Some(30_000));
         assert_eq!(w.node_port(19_999), Some(32_499));
         assert!(Workload::name(9) < Workload::name(10_000));
+        assert!(Workload::name(99_999) < Workload::name(100_000));
+    }
+
+    #[test]
+    fn service_cidrs_cover_every_cluster_ip() {
+        assert_eq!(service_cidrs(20_000), vec![SERVICE_CIDR.to_string()]);
+        assert_eq!(
+            Workload::cluster_ip(99_999),
+            Ipv4Addr::new(10, 97, 134, 169)
+        );
+        assert_eq!(
+            service_cidrs(100_000),
+            vec![SERVICE_CIDR.to_string(), "10.97.0.0/16".to_string()]
+        );
+        assert_eq!(service_cidrs(200_000).len(), 4);
     }
 
     #[test]
