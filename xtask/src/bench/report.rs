@@ -31,6 +31,8 @@ pub struct Report {
     pub quick: bool,
     pub kernel: String,
     pub date: String,
+    /// `git rev-parse --short HEAD`, and the files that differed from it (the tree measured).
+    pub commit: String,
     pub direct: Option<(Latency, f64)>,
     pub backends: Vec<(String, BackendRow)>,
     pub baselines: Vec<BaselineResult>,
@@ -53,6 +55,28 @@ fn now_utc() -> String {
         .read()
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// The commit the run was built from, plus the tracked files that differed from it.
+fn tree_state() -> String {
+    let git = |args: &[&str]| {
+        xtask::exec::Cmd::new("git")
+            .args(args)
+            .dir(xtask::workspace_root())
+            .read()
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]);
+    let dirty = git(&["diff", "--name-only", "HEAD"]);
+    if dirty.is_empty() {
+        head
+    } else {
+        format!(
+            "{head} + uncommitted changes to {}",
+            dirty.replace('\n', ", ")
+        )
+    }
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -102,6 +126,7 @@ impl Report {
             quick: args.quick,
             kernel: read_trim("/proc/sys/kernel/osrelease"),
             date: now_utc(),
+            commit: tree_state(),
             direct: None,
             backends: Vec::new(),
             baselines: Vec::new(),
@@ -114,8 +139,8 @@ impl Report {
     /// The markdown table (also what is printed).
     pub fn markdown(&self) -> String {
         let mut s = String::new();
-        writeln!(s, "Command: `{}`  \nKernel: {}  \nDate: {}  \nServices: {} (ClusterIP; the last {} also NodePort), {} endpoints each\n",
-            self.command, self.kernel, self.date, self.services, super::workload::NODE_PORTS.min(self.services), self.endpoints).unwrap();
+        writeln!(s, "Command: `{}`  \nKernel: {}  \nDate: {}  \nTree: {}  \nServices: {} (ClusterIP; the last {} also NodePort), {} endpoints each\n",
+            self.command, self.kernel, self.date, self.commit, self.services, super::workload::NODE_PORTS.min(self.services), self.endpoints).unwrap();
         s.push_str("| dataplane | full sync/load (ms) | one change p50 / p99 (ms) | kernel mem Δ (KiB, approx.) | agent: first sync (s) / VmHWM (MiB) | latency@10 p50/p99 (µs) | latency@N p50/p99 (µs) | @N / @10 | vs direct: p50 / req/s | RR max dev (%) | LC held spread (RR) |\n");
         s.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
         if let Some((l, rps)) = &self.direct {
