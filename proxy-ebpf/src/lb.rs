@@ -85,7 +85,10 @@ fn round_robin(svc: &ServiceValue) -> Option<u32> {
 fn least_conn(svc: &ServiceValue) -> Option<u32> {
     let start = next_cursor(svc.set_id)?;
     let count = svc.count;
-    let mut best: Option<u32> = None;
+    // A plain u32 (backend ids start at 1, so 0 is "none"), not an Option: LLVM reads an
+    // Option's payload even when it is None, and kernels before about 6.2 reject that read of an
+    // uninitialised stack slot ("invalid read from stack").
+    let mut best: u32 = 0;
     let mut best_active = u64::MAX;
     let mut i = 0u32;
     while i < MAX_LC_SCAN && i < count {
@@ -94,12 +97,12 @@ fn least_conn(svc: &ServiceValue) -> Option<u32> {
             let active = active_of(id);
             if active < best_active {
                 best_active = active;
-                best = Some(id);
+                best = id;
             }
         }
         i += 1;
     }
-    best
+    (best != 0).then_some(best)
 }
 
 #[inline(always)]

@@ -140,15 +140,30 @@ fn node_port_without_endpoints_is_refused() {
 fn tc_links_are_pinned_per_interface_and_removed_by_cleanup() {
     let mut fx = Fixture::with_tc("tcpin", 1);
     let root = fx.dp().bpffs_path().to_path_buf();
+    let tcx = proxy::dataplane::ebpf::tc::tcx_supported();
     for iface in ["cl", "pc", "p0"] {
-        assert!(
-            root.join(format!("links/tc-{iface}")).exists(),
-            "tc link on {iface}"
-        );
+        if tcx {
+            assert!(
+                root.join(format!("links/tc-{iface}")).exists(),
+                "tc link on {iface}"
+            );
+        } else {
+            // Before 6.6: a netlink filter on the clsact qdisc, which needs no pin.
+            assert!(
+                tc_filter_names(&fx, iface).contains("kpr_tc_ingress"),
+                "{iface}"
+            );
+        }
     }
     assert!(!root.join("links/tc-lo").exists());
     proxy::dataplane::Dataplane::cleanup(fx.dp()).expect("cleanup");
     assert!(!root.exists());
+    for iface in ["cl", "pc", "p0"] {
+        assert!(
+            !tc_filter_names(&fx, iface).contains("kpr_tc_ingress"),
+            "{iface}"
+        );
+    }
     // Without the tc program the node port is just a closed port of the node.
     let mut state = node_port_service(&fx, Protocol::Tcp, &[0], &[], false);
     state.node = fx.cfg.node.clone();
@@ -222,4 +237,18 @@ fn restart_in_the_node_keeps_the_tc_path_and_reattaches() {
         .map(|r| r.expect("after restart").pod)
         .collect();
     assert_eq!(pods.len(), 2);
+}
+
+/// `tc filter show` of an interface's ingress in the node namespace (empty with TCX links, which
+/// tc does not list as filters).
+fn tc_filter_names(fx: &Fixture, iface: &str) -> String {
+    let out = fx
+        .cluster
+        .node
+        .exec("tc")
+        .unwrap()
+        .args(["filter", "show", "dev", iface, "ingress"])
+        .output()
+        .expect("tc filter show");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

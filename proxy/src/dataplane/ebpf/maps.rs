@@ -1,10 +1,20 @@
 //! Typed handles on the pinned maps the agent writes, with every write counted and every failure
 //! named (a full map becomes `DataplaneError::MapFull` naming the map and the Service).
+//!
+//! Writes go to the kernel one syscall each, or, between [`Maps::begin_batch`] and
+//! [`Maps::flush`] (a full sync), are recorded and applied with batch operations (`batch`): all
+//! puts first, in datapath order (counters, backends, rr cursors, slots, then services, so that
+//! everything a service entry points at exists before it), then all deletes in the reverse order
+//! (a service's count shrinks before its slots go). Several writes of one key keep the last.
 
+use std::collections::{HashMap as StdHashMap, HashSet};
 use std::fmt;
+use std::hash::Hash;
+use std::os::fd::AsFd;
 use std::path::Path;
+use std::rc::Rc;
 
-use aya::maps::{Array, HashMap, Map, MapData, MapError};
+use aya::maps::{Array, HashMap, IterableMap, Map, MapData, MapError};
 use aya::sys::SyscallError;
 use aya::Pod;
 use proxy_common::{Backend, BackendCounters, NodeConfig, ServiceKey, ServiceValue, SlotKey};
@@ -34,9 +44,37 @@ pub struct Table<K: Pod, V: Pod> {
     name: &'static str,
     capacity: u32,
     map: HashMap<MapData, K, V>,
+    /// Writes recorded while batching, in order (`None` value: delete).
+    pending: Option<Vec<Pending<K, V>>>,
 }
 
-impl<K: Pod + fmt::Debug, V: Pod> Table<K, V> {
+/// One recorded write and the object (Service port) it belongs to.
+struct Pending<K, V> {
+    key: K,
+    value: Option<V>,
+    object: Rc<str>,
+}
+
+/// Writes that failed while flushing a batch, by object, and how the flush went.
+#[derive(Debug, Default)]
+pub struct FlushReport {
+    /// Objects with a write that failed (their later writes were skipped), first error each.
+    pub failed: Vec<(Rc<str>, DataplaneError)>,
+    /// Batch syscalls made.
+    pub batches: usize,
+    /// Writes applied one syscall each (no batch support in the kernel, or after an error).
+    pub singles: usize,
+}
+
+impl FlushReport {
+    fn fail(&mut self, failed: &mut HashSet<Rc<str>>, object: &Rc<str>, e: DataplaneError) {
+        if failed.insert(object.clone()) {
+            self.failed.push((object.clone(), e));
+        }
+    }
+}
+
+impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
     /// Wraps a map taken from the loaded object.
     pub fn new(name: &'static str, map: Map) -> Result<Self, DataplaneError> {
         let capacity = match &map {
@@ -48,6 +86,7 @@ impl<K: Pod + fmt::Debug, V: Pod> Table<K, V> {
             name,
             capacity,
             map,
+            pending: None,
         })
     }
 
@@ -68,16 +107,36 @@ impl<K: Pod + fmt::Debug, V: Pod> Table<K, V> {
         self.name
     }
 
-    /// Inserts or replaces `key`; `object` names the Service the entry belongs to.
+    /// Inserts or replaces `key` (or records it, while batching); `object` names the Service
+    /// the entry belongs to.
     pub fn put(
         &mut self,
         key: K,
         value: V,
-        object: &str,
+        object: &Rc<str>,
         ops: &mut usize,
     ) -> Result<(), DataplaneError> {
         *ops += 1;
-        self.map.insert(key, value, 0).map_err(|e| match errno(&e) {
+        if let Some(pending) = &mut self.pending {
+            pending.push(Pending {
+                key,
+                value: Some(value),
+                object: object.clone(),
+            });
+            return Ok(());
+        }
+        self.put_now(key, value, object)
+    }
+
+    fn put_now(&mut self, key: K, value: V, object: &str) -> Result<(), DataplaneError> {
+        self.map
+            .insert(key, value, 0)
+            .map_err(|e| self.write_err(&key, object, errno(&e), &e.to_string()))
+    }
+
+    /// The error of a failed write: a full map names the object.
+    fn write_err(&self, key: &K, object: &str, errno: Option<i32>, e: &str) -> DataplaneError {
+        match errno {
             Some(libc::E2BIG) | Some(libc::ENOMEM) | Some(libc::ENOSPC) => {
                 DataplaneError::MapFull {
                     map: self.name.to_string(),
@@ -85,13 +144,29 @@ impl<K: Pod + fmt::Debug, V: Pod> Table<K, V> {
                     object: object.to_string(),
                 }
             }
-            _ => map_err(self.name, &format!("writing {key:?} for {object}"), e),
-        })
+            _ => DataplaneError::Other(format!(
+                "eBPF map {}: writing {key:?} for {object}: {e}",
+                self.name
+            )),
+        }
     }
 
-    /// Deletes `key`; a key that is already gone is not an error.
-    pub fn del(&mut self, key: &K, ops: &mut usize) -> Result<(), DataplaneError> {
+    /// Deletes `key` (or records it, while batching); a key that is already gone is not an
+    /// error. `object` names the Service the entry belonged to.
+    pub fn del(&mut self, key: &K, object: &Rc<str>, ops: &mut usize) -> Result<(), DataplaneError> {
         *ops += 1;
+        if let Some(pending) = &mut self.pending {
+            pending.push(Pending {
+                key: *key,
+                value: None,
+                object: object.clone(),
+            });
+            return Ok(());
+        }
+        self.del_now(key)
+    }
+
+    fn del_now(&mut self, key: &K) -> Result<(), DataplaneError> {
         match self.map.remove(key) {
             Ok(()) => Ok(()),
             Err(e) if errno(&e) == Some(libc::ENOENT) => Ok(()),
@@ -99,6 +174,74 @@ impl<K: Pod + fmt::Debug, V: Pod> Table<K, V> {
             Err(e) => Err(map_err(self.name, &format!("deleting {key:?}"), e)),
         }
     }
+
+    /// Starts recording writes instead of making them.
+    fn begin_batch(&mut self) {
+        self.pending.get_or_insert_with(Vec::new);
+    }
+
+    /// Stops recording and returns the recorded writes, the last one per key, split into puts
+    /// and deletes (each in recording order).
+    fn take_pending(&mut self) -> (Vec<Pending<K, V>>, Vec<Pending<K, V>>) {
+        let pending = self.pending.take().unwrap_or_default();
+        let mut last: StdHashMap<K, usize> = StdHashMap::with_capacity(pending.len());
+        for (i, p) in pending.iter().enumerate() {
+            last.insert(p.key, i);
+        }
+        let (mut puts, mut dels) = (Vec::new(), Vec::new());
+        for (i, p) in pending.into_iter().enumerate() {
+            if last[&p.key] != i {
+                continue;
+            }
+            match p.value {
+                Some(_) => puts.push(p),
+                None => dels.push(p),
+            }
+        }
+        (puts, dels)
+    }
+
+    /// Applies recorded puts with batch updates, skipping objects that already failed. A write
+    /// that fails marks its object failed; the rest of the batch goes on.
+    fn flush_puts(
+        &mut self,
+        puts: Vec<Pending<K, V>>,
+        failed: &mut HashSet<Rc<str>>,
+        report: &mut FlushReport,
+    ) -> Vec<Pending<K, V>> {
+        let puts: Vec<Pending<K, V>> = puts
+            .into_iter()
+            .filter(|p| !failed.contains(&p.object))
+            .collect();
+        let keys: Vec<K> = puts.iter().map(|p| p.key).collect();
+        let values: Vec<V> = puts.iter().filter_map(|p| p.value).collect();
+        let mut rejected = Vec::new();
+        let mut i = 0;
+        while i < keys.len() {
+            report.batches += 1;
+            let fd = self.map.map().fd().as_fd();
+            let Err(e) = super::batch::update(fd, &keys[i..], &values[i..]) else {
+                break;
+            };
+            if e.unsupported() {
+                self.fallback_puts(&puts[i..], failed, report, &mut rejected);
+                break;
+            }
+            let at = i + e.done;
+            let p = &puts[at];
+            let err = self.write_err(&p.key, &p.object, e.error.raw_os_error(), &e.error.to_string());
+            report.fail(failed, &p.object, err);
+            i = at + 1;
+        }
+        for (k, p) in puts.into_iter().enumerate() {
+            if failed.contains(&p.object) && !rejected.contains(&k) {
+                rejected.push(k);
+            }
+            let _ = p;
+        }
+        Vec::new()
+    }
+}
 
     /// The value of `key`, if present.
     pub fn get(&self, key: &K) -> Result<Option<V>, DataplaneError> {

@@ -242,6 +242,9 @@ impl Dataplane for EbpfDataplane {
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        if self.tc.enabled() {
+            self.tc.detach_netlink_filters()?;
+        }
         attach::unpin_all(&self.pins)
     }
 
@@ -253,6 +256,7 @@ impl Dataplane for EbpfDataplane {
 /// Removes everything the ebpf backend pinned under `cfg.bpffs_path` (detaching its programs),
 /// whether or not an agent is running. Nothing pinned is not an error.
 pub fn cleanup(cfg: &BackendConfig) -> Result<(), DataplaneError> {
+    tc::detach_netlink_filters()?;
     attach::unpin_all(&Pins {
         root: cfg.bpffs_path.clone(),
     })

@@ -1,6 +1,12 @@
 //! Attaching the tc program (`kpr_tc_ingress`, TCX ingress) to the node's interfaces, in the
 //! network namespace the dataplane was created in, and keeping that set current.
 //!
+//! Kernels before 6.6 have no TCX: there the program goes on a clsact qdisc as a netlink tc
+//! filter (created when missing). Such a filter outlives the agent without a pin, so a restarted
+//! agent removes the filters its predecessor left on an interface just before attaching its own
+//! (that interface's NodePort traffic is not translated for that instant), and `proxy cleanup`
+//! removes them by program name.
+//!
 //! The namespace is captured at construction (`/proc/thread-self/ns/net`) and every attach runs
 //! on a short-lived thread that entered it, so later syncs from any thread never touch another
 //! namespace. Links are pinned as `links/tc-<interface>`; interfaces that disappeared lose their
@@ -12,7 +18,9 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use aya::programs::links::FdLink;
+use aya::programs::tc::{qdisc_add_clsact, qdisc_detach_program, TcError};
 use aya::programs::{SchedClassifier, TcAttachType};
+use aya::util::KernelVersion;
 use aya::Ebpf;
 use nix::sched::{setns, CloneFlags};
 
@@ -95,6 +103,21 @@ impl TcAttacher {
         Ok(())
     }
 
+    /// Removes the pre-6.6 netlink filters in the dataplane's namespace (see the module docs).
+    pub fn detach_netlink_filters(&self) -> Result<(), DataplaneError> {
+        let netns = &self.netns;
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| {
+                    DataplaneError::io("entering the dataplane's network namespace", e.into())
+                })?;
+                detach_netlink_filters()
+            })
+            .join()
+            .map_err(|_| DataplaneError::Other("the tc detach thread panicked".into()))?
+        })
+    }
+
     /// Interfaces the program is attached to.
     pub fn attached(&self) -> &BTreeSet<String> {
         &self.attached
@@ -139,11 +162,20 @@ fn interfaces(mode: &TcInterfaces) -> Result<BTreeSet<String>, DataplaneError> {
     })
 }
 
+/// Whether this kernel has TCX links (6.6); aya attaches through netlink otherwise.
+pub fn tcx_supported() -> bool {
+    // The same test aya makes to choose between TCX and netlink.
+    KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0))
+}
+
 fn attach_one(
     prog: &mut SchedClassifier,
     interface: &str,
     links_dir: &std::path::Path,
 ) -> Result<(), DataplaneError> {
+    if !tcx_supported() {
+        return attach_netlink(prog, interface);
+    }
     let what = |step: &str| format!("{step} on interface {interface}");
     let id = prog
         .attach(interface, TcAttachType::Ingress)
@@ -153,4 +185,51 @@ fn attach_one(
         .map_err(|e| tc_err(&what("taking the link"), &e))?;
     let link = FdLink::try_from(link).map_err(|e| tc_err(&what("converting the link"), &e))?;
     replace_pin(link, &links_dir.join(pin_name(interface)))
+}
+
+/// The pre-6.6 path: a clsact qdisc (created when missing) and a netlink tc filter replacing the
+/// ones an earlier agent left. The link is forgotten, not dropped: dropping it would detach the
+/// filter, and the filter must outlive this agent like a pinned TCX link does.
+fn attach_netlink(prog: &mut SchedClassifier, interface: &str) -> Result<(), DataplaneError> {
+    let what = |step: &str| format!("{step} on interface {interface}");
+    match qdisc_add_clsact(interface) {
+        Ok(()) => {}
+        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(e) => {
+            return Err(tc_err(
+                &what("adding the clsact qdisc (no TCX before 6.6)"),
+                &e,
+            ))
+        }
+    }
+    detach_netlink(interface).map_err(|e| tc_err(&what("removing an earlier filter"), &e))?;
+    let id = prog
+        .attach(interface, TcAttachType::Ingress)
+        .map_err(|e| tc_err(&what("attaching (netlink tc filter, clsact ingress)"), &e))?;
+    let link = prog
+        .take_link(id)
+        .map_err(|e| tc_err(&what("taking the link"), &e))?;
+    std::mem::forget(link);
+    Ok(())
+}
+
+/// Removes this program's netlink tc filters from an interface; none is not an error.
+fn detach_netlink(interface: &str) -> Result<(), TcError> {
+    match qdisc_detach_program(interface, TcAttachType::Ingress, PROGRAM) {
+        Err(TcError::IoError(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Removes the netlink tc filters of the pre-6.6 path from every interface of the calling
+/// thread's network namespace (`proxy cleanup`). TCX links go with their pins instead.
+pub fn detach_netlink_filters() -> Result<(), DataplaneError> {
+    if tcx_supported() {
+        return Ok(());
+    }
+    for interface in interfaces(&TcInterfaces::All)? {
+        detach_netlink(&interface)
+            .map_err(|e| tc_err(&format!("removing the filter on interface {interface}"), &e))?;
+    }
+    Ok(())
 }

@@ -1,0 +1,111 @@
+//! Batch map operations (`BPF_MAP_UPDATE_BATCH`, `BPF_MAP_DELETE_BATCH`, Linux 5.6), which aya
+//! 0.14 does not wrap: a small safe wrapper around the raw `bpf()` syscall on a map's fd.
+//!
+//! Safety rests on two facts the callers guarantee through the types: keys and values are
+//! `aya::Pod` (`#[repr(C)]`, plain integers, no padding holes read as uninitialised memory), and
+//! the map was created with `key_size == size_of::<K>()` and `value_size == size_of::<V>()` (aya
+//! checks both when it wraps the map as a typed `HashMap<K, V>`), so the kernel reads exactly
+//! `count` elements from each slice.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use aya::Pod;
+
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+/// The kernel's internal "not supported" (a map type without batch operations).
+const ENOTSUPP: i32 = 524;
+
+/// The `batch` member of `union bpf_attr` (include/uapi/linux/bpf.h).
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Why a batch stopped: the elements before `done` were applied, the one at `done` failed.
+#[derive(Debug)]
+pub struct BatchError {
+    pub done: usize,
+    pub error: io::Error,
+}
+
+impl BatchError {
+    /// The kernel has no batch operations (before 5.6: `EINVAL`, a map type without them:
+    /// `ENOTSUPP`): the caller falls back to single updates of every element. `done` is 0 then,
+    /// as the kernel leaves `count` untouched; replaying is harmless (updates replace, and
+    /// callers tolerate deleting a missing key).
+    pub fn unsupported(&self) -> bool {
+        matches!(
+            self.error.raw_os_error(),
+            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(ENOTSUPP)
+        )
+    }
+}
+
+/// Inserts or replaces every `keys[i]` with `values[i]` (`BPF_ANY`), in order, in one syscall.
+pub fn update<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+) -> Result<(), BatchError> {
+    assert_eq!(keys.len(), values.len(), "one value per key");
+    run(BPF_MAP_UPDATE_BATCH, fd, keys, values.as_ptr() as u64)
+}
+
+/// Deletes every key, in order, in one syscall; a missing key stops the batch with `ENOENT`.
+pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> Result<(), BatchError> {
+    run(BPF_MAP_DELETE_BATCH, fd, keys, 0)
+}
+
+fn run<K: Pod>(
+    cmd: libc::c_long,
+    fd: BorrowedFd<'_>,
+    keys: &[K],
+    values: u64,
+) -> Result<(), BatchError> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let count = u32::try_from(keys.len()).map_err(|_| BatchError {
+        done: 0,
+        error: io::Error::new(io::ErrorKind::InvalidInput, "batch larger than u32::MAX"),
+    })?;
+    let mut attr = BatchAttr {
+        keys: keys.as_ptr() as u64,
+        values,
+        count,
+        map_fd: fd.as_raw_fd() as u32,
+        ..BatchAttr::default()
+    };
+    // SAFETY: `attr` is a valid, fully initialised `bpf_attr` prefix of the size passed; `keys`
+    // (and `values` for updates) point at `count` Pod elements of the map's key and value sizes
+    // (module docs) that outlive the call; the kernel only reads them and writes `attr.count`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            &mut attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        let mut err = BatchError {
+            done: (attr.count as usize).min(keys.len()),
+            error: io::Error::last_os_error(),
+        };
+        if err.unsupported() {
+            err.done = 0;
+        }
+        return Err(err);
+    }
+    Ok(())
+}
