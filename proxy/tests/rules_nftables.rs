@@ -191,11 +191,7 @@ fn one_endpoint_change_among_20000_services_touches_only_that_service() {
             Op::AddElement { .. } | Op::DeleteElement { .. }
         ));
     }
-    assert!(
-        full_time.as_secs_f64() < 10.0,
-        "full load took {full_time:?}"
-    );
-    assert!(inc_time.as_millis() < 200, "one change took {inc_time:?}");
+    // The times are printed above, not asserted: timings belong to `cargo xtask bench`.
     // And the packets follow: the changed Service balances over pod0 and pod2 only.
     let t = tally((0..10).map(|_| {
         tcp_request(&cluster.podclient, addr(&cluster_ip(CHANGED), 80), TIMEOUT)

@@ -64,6 +64,8 @@ pub struct VmArgs {
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub idle_timeout: u64,
     /// Only the test binaries with these suite names (e.g. rules_nftables, "proxy (lib)").
+    /// Default: every kernel-facing suite (rules_*, ebpf_*, userspace, conformance,
+    /// controlplane_e2e).
     #[arg(long = "suite", value_name = "NAME")]
     pub suites: Vec<String>,
     /// Also run a hidden test that fails on purpose, to show a failure is reported by name.
@@ -281,9 +283,13 @@ fn plan(args: &VmArgs, suites: &[Suite]) -> anyhow::Result<Vec<PlanEntry>> {
         for name in &args.suites {
             find(name)?;
         }
-        let chosen = suites
-            .iter()
-            .filter(|s| args.suites.is_empty() || args.suites.contains(&s.name));
+        let chosen = suites.iter().filter(|s| {
+            if args.suites.is_empty() {
+                is_kernel_facing(&s.name)
+            } else {
+                args.suites.contains(&s.name)
+            }
+        });
         for suite in chosen {
             plan.push(PlanEntry {
                 suite: suite.clone(),
@@ -305,6 +311,15 @@ fn plan(args: &VmArgs, suites: &[Suite]) -> anyhow::Result<Vec<PlanEntry>> {
         });
     }
     Ok(plan)
+}
+
+/// The suites the full matrix runs by default: those whose outcome depends on the kernel
+/// (nftables, iptables, eBPF, network namespaces). Unit tests and the control plane's API tests
+/// are the same on every kernel and run on the host (`--suite NAME` runs any suite).
+pub fn is_kernel_facing(suite: &str) -> bool {
+    suite.starts_with("rules_")
+        || suite.starts_with("ebpf_")
+        || ["userspace", "conformance", "controlplane_e2e"].contains(&suite)
 }
 
 fn kernels(args: &VmArgs) -> Vec<String> {
