@@ -162,27 +162,47 @@ impl ManifestDir {
             }
         };
         self.cache.retain(|p, _| files.contains(p));
-        for path in files {
-            let meta = std::fs::metadata(&path).ok();
+        for path in &files {
+            let meta = std::fs::metadata(path).ok();
             let (mtime, len) = (
                 meta.as_ref().and_then(|m| m.modified().ok()),
                 meta.as_ref().map_or(0, |m| m.len()),
             );
             let fresh = self
                 .cache
-                .get(&path)
+                .get(path)
                 .is_some_and(|(t, l, _)| *t == mtime && *l == len);
             if !fresh {
-                let parsed = match std::fs::read_to_string(&path) {
-                    Ok(text) => parse_manifests(&path, &text),
+                let mut parsed = match std::fs::read_to_string(path) {
+                    Ok(text) => parse_manifests(path, &text),
                     Err(e) => ParsedFile {
-                        errors: vec![doc_error(&path, 0, None, "<file>".into(), e.to_string())],
+                        errors: vec![doc_error(path, 0, None, "<file>".into(), e.to_string())],
                         ..Default::default()
                     },
                 };
+                // The cache lives as long as the source: no spare capacity (k8s objects are
+                // large, ~1 KiB each before their strings).
+                parsed.services.shrink_to_fit();
+                parsed.slices.shrink_to_fit();
                 self.cache.insert(path.clone(), (mtime, len, parsed));
             }
-            let parsed = &self.cache[&path].2;
+        }
+        self.listing(&files, all)
+    }
+
+    /// Copies every cached file's objects (in file order) into `all`, sized exactly: growing the
+    /// vectors by doubling cost ~40 MiB of spare capacity at 20,000 Services.
+    fn listing(&self, files: &[PathBuf], mut all: ParsedFile) -> ParsedFile {
+        let cached: Vec<&ParsedFile> = files
+            .iter()
+            .filter_map(|p| self.cache.get(p))
+            .map(|c| &c.2)
+            .collect();
+        all.services
+            .reserve_exact(cached.iter().map(|p| p.services.len()).sum());
+        all.slices
+            .reserve_exact(cached.iter().map(|p| p.slices.len()).sum());
+        for parsed in cached {
             all.services.extend(parsed.services.iter().cloned());
             all.slices.extend(parsed.slices.iter().cloned());
             all.errors.extend(parsed.errors.iter().cloned());
