@@ -23,6 +23,9 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Show what a running agent has programmed: Services, endpoints, active connections, last sync.
     Inspect(InspectArgs),
+    /// eBPF backend: which Service, endpoint set and decision a new connection gets, from the
+    /// pinned maps as they are (works while the agent is down).
+    Trace(TraceArgs),
     /// Remove everything a backend ever installed (rules, tables, maps, pins, attachments).
     Cleanup(CleanupArgs),
 }
@@ -150,6 +153,59 @@ pub struct InspectArgs {
     /// Print the raw JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// eBPF backend: read the pinned maps under --bpffs-path instead of asking the agent
+    /// (frontends, backends, active connections, affinity entries; works while the agent is down).
+    #[arg(long)]
+    pub maps: bool,
+    /// bpffs directory of the eBPF backend's pins (with --maps).
+    #[arg(long, default_value = "/sys/fs/bpf/kpr")]
+    pub bpffs_path: PathBuf,
+}
+
+/// A destination `ADDR:PORT/PROTO` (protocol tcp, udp or sctp; default tcp).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceDestination {
+    pub addr: std::net::Ipv4Addr,
+    pub port: u16,
+    pub proto: crate::model::Protocol,
+}
+
+fn parse_destination(s: &str) -> Result<TraceDestination, String> {
+    let (addr_port, proto) = s.split_once('/').unwrap_or((s, "tcp"));
+    let proto = match proto.to_ascii_lowercase().as_str() {
+        "tcp" => crate::model::Protocol::Tcp,
+        "udp" => crate::model::Protocol::Udp,
+        "sctp" => crate::model::Protocol::Sctp,
+        other => return Err(format!("protocol {other:?}: expected tcp, udp or sctp")),
+    };
+    let sa: std::net::SocketAddrV4 = addr_port
+        .parse()
+        .map_err(|_| format!("{addr_port:?} is not an IPv4 ADDR:PORT like 10.96.0.10:80"))?;
+    Ok(TraceDestination {
+        addr: *sa.ip(),
+        port: sa.port(),
+        proto,
+    })
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TraceArgs {
+    /// The client's IPv4 address.
+    pub src: std::net::Ipv4Addr,
+    /// The destination, `ADDR:PORT/PROTO` (e.g. 10.96.0.10:80/tcp).
+    #[arg(value_parser = parse_destination)]
+    pub dst: TraceDestination,
+    /// The connection comes from outside the node (tc path: NodePort, externalIP, LB IP);
+    /// default: a socket on the node or in a pod (cgroup programs).
+    #[arg(long)]
+    pub from_outside: bool,
+    /// The client's network namespace (e.g. /run/netns/NAME, /proc/PID/ns/net): socket-path
+    /// session affinity is keyed by it.
+    #[arg(long)]
+    pub netns: Option<PathBuf>,
+    /// bpffs directory of the eBPF backend's pins.
+    #[arg(long, default_value = "/sys/fs/bpf/kpr")]
+    pub bpffs_path: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -201,6 +257,24 @@ mod tests {
         assert_eq!(r.balance, Algorithm::LeastConn);
         assert_eq!(r.cluster_cidr.len(), 2);
         assert_eq!(r.min_sync_period, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn trace_destination_parses_address_port_and_protocol() {
+        let cli = Cli::try_parse_from(["proxy", "trace", "10.0.0.1", "10.96.0.10:53/udp"]).unwrap();
+        let Command::Trace(t) = cli.command else {
+            panic!("not trace")
+        };
+        assert_eq!(t.dst.port, 53);
+        assert_eq!(t.dst.proto, crate::model::Protocol::Udp);
+        let e = Cli::try_parse_from(["proxy", "trace", "10.0.0.1", "10.96.0.10:80/icmp"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected tcp, udp or sctp"), "{e}");
+        let e = Cli::try_parse_from(["proxy", "trace", "10.0.0.1", "10.96.0.10"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not an IPv4 ADDR:PORT"), "{e}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The `proxy` binary: `run`, `inspect`, `cleanup`.
+//! The `proxy` binary: `run`, `inspect`, `trace`, `cleanup`.
 
 use clap::Parser;
 use proxy::cli::{Cli, Command};
@@ -23,6 +23,7 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(cmd::run::run(*args))
         }
         Command::Inspect(args) => cmd::inspect::run(&args),
+        Command::Trace(args) => cmd::trace::run(&args),
         Command::Cleanup(args) => cmd::cleanup::run(&args),
     }
 }

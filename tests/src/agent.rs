@@ -406,6 +406,27 @@ impl<'n> Agent<'n> {
         )))
     }
 
+    /// Kills the agent with SIGKILL (no chance to clean up) and reaps it. `restart` starts it again.
+    pub fn kill(&self) -> Option<std::process::ExitStatus> {
+        let mut child = self
+            .child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+        child.wait().ok()
+    }
+
+    /// The eBPF backend's `--bpffs-path` (None for other backends).
+    pub fn bpffs_path(&self) -> Option<&Path> {
+        self.bpffs.as_deref()
+    }
+
+    /// The proxy binary this agent runs (for `proxy inspect`, `trace`, `cleanup`).
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
     /// Stops the agent: SIGTERM, up to 5 s grace, then SIGKILL. Returns its exit status.
     pub fn stop(&self) -> Option<std::process::ExitStatus> {
         let mut child = self

@@ -1,7 +1,9 @@
-//! `proxy inspect`: prints what a running agent has programmed, read from its `/state` endpoint.
+//! `proxy inspect`: prints what a running agent has programmed, read from its `/state` endpoint,
+//! or with `--maps` what the eBPF backend's pinned maps hold (no agent needed).
 
 use anyhow::Context;
 use proxy::cli::InspectArgs;
+use proxy::dataplane::ebpf::inspect::{AffinityClient, FrontendView, MapSnapshot, SlotView};
 use proxy::status::{ServiceView, StateView};
 
 fn addrs(ips: &[std::net::IpAddr], port: u16) -> String {
@@ -70,7 +72,87 @@ fn print_service(s: &ServiceView) {
     }
 }
 
+/// One backend slot: `slot N  ADDR:PORT  id I  active A  total T`.
+pub fn slot_line(s: &SlotView) -> String {
+    let addr = s
+        .addr
+        .map(|a| format!("{}:{}", a.addr, a.port))
+        .unwrap_or_else(|| "(missing backend)".into());
+    format!(
+        "slot {:<3} {addr:<22} id {:<6} active {:<5} total {}",
+        s.slot, s.backend_id, s.active, s.total
+    )
+}
+
+fn print_frontend(f: &FrontendView) {
+    let path = if f.external { "external" } else { "socket" };
+    let mut flags = vec![f.algorithm().to_string()];
+    if f.value.flags & proxy_common::SVC_F_AFFINITY != 0 {
+        flags.push(format!("affinity {}s", f.value.affinity_timeout_s));
+    }
+    if f.value.flags & proxy_common::SVC_F_MASQUERADE != 0 {
+        flags.push("masquerade".into());
+    }
+    let cursor = f
+        .cursor
+        .map(|c| format!("  cursor {c}"))
+        .unwrap_or_default();
+    println!(
+        "{:<26} {path:<8} set {:<6} backends {:<4} [{}]{cursor}",
+        f.frontend(),
+        f.value.set_id,
+        f.value.count,
+        flags.join(", ")
+    );
+    if f.value.count == 0 {
+        let how = if f.value.flags & proxy_common::SVC_F_DROP_EMPTY != 0 {
+            "dropped"
+        } else {
+            "rejected"
+        };
+        println!("    (no endpoints: connections are {how})");
+    }
+    for s in &f.slots {
+        println!("    {}", slot_line(s));
+    }
+    for a in &f.affinity {
+        let client = match a.client {
+            AffinityClient::Netns(c) => format!("netns cookie {c}"),
+            AffinityClient::Addr(ip) => format!("client {ip}"),
+        };
+        let to = f
+            .slots
+            .iter()
+            .find(|s| s.backend_id == a.backend_id)
+            .and_then(|s| s.addr)
+            .map(|b| format!("{}:{}", b.addr, b.port))
+            .unwrap_or_else(|| format!("backend id {}", a.backend_id));
+        println!(
+            "    affinity {client} -> {to}  idle {:.1}s",
+            a.idle_ns as f64 / 1e9
+        );
+    }
+}
+
+fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
+    let snap = MapSnapshot::read(&args.bpffs_path).context("proxy inspect --maps")?;
+    let (maps, links) = proxy::dataplane::ebpf::inspect::pinned(&args.bpffs_path);
+    println!(
+        "ebpf maps under {}: {maps} maps, {links} links pinned, {} frontends, {} clusterIPs",
+        args.bpffs_path.display(),
+        snap.frontends.len(),
+        snap.vips.len()
+    );
+    for f in &snap.frontends {
+        print_frontend(f);
+    }
+    Ok(())
+}
+
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
+    if args.maps {
+        return run_maps(args);
+    }
     let url = format!("http://{}/state", args.metrics_bind_address);
     let body = reqwest::blocking::get(&url)
         .and_then(|r| r.error_for_status())

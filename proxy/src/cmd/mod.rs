@@ -3,3 +3,4 @@
 pub mod cleanup;
 pub mod inspect;
 pub mod run;
+pub mod trace;

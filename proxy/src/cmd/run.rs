@@ -94,9 +94,27 @@ async fn shutdown_signal() {
     }
 }
 
+/// Says whether the eBPF backend starts fresh or reuses what an earlier agent pinned.
+fn log_pins(bpffs_path: &std::path::Path) {
+    match proxy::dataplane::ebpf::inspect::pinned(bpffs_path) {
+        (0, 0) => tracing::info!(
+            "ebpf: nothing pinned under {}: starting fresh",
+            bpffs_path.display()
+        ),
+        (maps, links) => tracing::info!(
+            "ebpf: reusing {maps} pinned maps and {links} pinned links under {} (their state \
+             is kept; links are replaced after the new programs attach)",
+            bpffs_path.display()
+        ),
+    }
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let cfg = backend_config(&args)?;
     tracing::info!(backend = args.backend.as_str(), node = %cfg.node.node_name, node_ips = ?cfg.node.node_ips, "starting");
+    if args.backend == proxy::cli::Backend::Ebpf {
+        log_pins(&cfg.bpffs_path);
+    }
     let dp = dataplane::build(args.backend.as_str(), &cfg)
         .with_context(|| format!("starting the {} backend", args.backend.as_str()))?;
     let metrics = Arc::new(Metrics::default());

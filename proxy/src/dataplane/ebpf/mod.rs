@@ -38,12 +38,14 @@ use crate::selection::{self, SelectedEndpoints};
 
 pub mod attach;
 pub mod compile;
+pub mod inspect;
 pub mod live;
 mod logs;
 pub mod maps;
 pub mod object;
 pub mod programmed;
 pub mod tc;
+pub mod trace;
 
 pub use attach::MapSizes;
 pub use live::EbpfLive;

@@ -1,0 +1,53 @@
+//! `proxy trace SRC DST:PORT/PROTO`: which Service, endpoint set and decision a new connection
+//! gets, worked out from the eBPF backend's pinned maps as they are.
+
+use anyhow::Context;
+use proxy::cli::TraceArgs;
+use proxy::dataplane::ebpf::inspect::MapSnapshot;
+use proxy::dataplane::ebpf::trace::{self, TraceRequest};
+
+pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
+    let snap = MapSnapshot::read(&args.bpffs_path).context("proxy trace")?;
+    let netns_cookie = match &args.netns {
+        Some(p) => Some(
+            trace::netns_cookie(p)
+                .with_context(|| format!("--netns {}: reading its cookie", p.display()))?,
+        ),
+        None => None,
+    };
+    let req = TraceRequest {
+        src: args.src,
+        dst: args.dst.addr,
+        port: args.dst.port,
+        proto: args.dst.proto,
+        external: args.from_outside,
+        netns_cookie,
+    };
+    let path = if req.external {
+        "tc path (from outside the node)"
+    } else {
+        "socket path (cgroup programs)"
+    };
+    println!(
+        "{} -> {}:{}/{}  {path}",
+        req.src,
+        req.dst,
+        req.port,
+        req.proto.as_str()
+    );
+    let t = trace::trace(&snap, &req);
+    if let Some(f) = &t.frontend {
+        println!(
+            "service frontend {}  set {}  {} backends  {}",
+            f.frontend(),
+            f.value.set_id,
+            f.value.count,
+            f.algorithm()
+        );
+        for s in &f.slots {
+            println!("    {}", super::inspect::slot_line(s));
+        }
+    }
+    println!("decision: {}", t.decision);
+    Ok(())
+}

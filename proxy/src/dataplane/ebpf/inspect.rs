@@ -1,0 +1,316 @@
+//! Reading what the eBPF dataplane holds, straight from the pinned maps (no agent needed): the
+//! frontends with their backend sets, per-backend connection counters, round-robin cursors and
+//! session-affinity entries (`proxy inspect --maps`, `proxy trace`), what is pinned (the restart
+//! log line), and which programs are attached to a cgroup (`BPF_PROG_QUERY`).
+//!
+//! Owns only reading: nothing here writes a map.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, Map, MapData};
+use proxy_common::{
+    AffinityKey, AffinityValue, Backend, BackendCounters, NodeConfig, ServiceKey, ServiceValue,
+    SlotKey, CLIENT_ADDR, SCOPE_EXTERNAL, SVC_F_VIP,
+};
+
+use super::compile::{v4_from_word, BackendAddr};
+use super::maps::{Table, AFFINITY, BACKENDS, CONFIG, COUNTERS, RR, SERVICES, SLOTS};
+use super::programmed::backend_addr;
+use crate::error::DataplaneError;
+use crate::model::Protocol;
+
+/// One backend slot of a set, with its live counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotView {
+    pub slot: u32,
+    pub backend_id: u32,
+    /// None when the backend entry is missing or not IPv4.
+    pub addr: Option<BackendAddr>,
+    pub active: u64,
+    pub total: u64,
+}
+
+/// Who an affinity entry is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AffinityClient {
+    /// Socket path: the client's network namespace cookie.
+    Netns(u64),
+    /// tc path: the client's source address.
+    Addr(Ipv4Addr),
+}
+
+/// One session-affinity entry of a set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AffinityView {
+    pub client: AffinityClient,
+    pub backend_id: u32,
+    /// Nanoseconds since the client last used it (CLOCK_MONOTONIC, as the programs see time).
+    pub idle_ns: u64,
+}
+
+/// One frontend (service address, port, protocol, scope) and its backend set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontendView {
+    pub addr: Ipv4Addr,
+    pub port: u16,
+    /// None for an unknown protocol number.
+    pub proto: Option<Protocol>,
+    /// Tc path (traffic from outside the node) instead of the socket path.
+    pub external: bool,
+    pub value: ServiceValue,
+    pub slots: Vec<SlotView>,
+    /// The set's round-robin cursor (the next connection starts at `cursor % count`).
+    pub cursor: Option<u32>,
+    pub affinity: Vec<AffinityView>,
+}
+
+impl FrontendView {
+    /// `round-robin` or `least-conn`.
+    pub fn algorithm(&self) -> &'static str {
+        if self.value.algorithm == proxy_common::ALG_LEAST_CONN {
+            "least-conn"
+        } else {
+            "round-robin"
+        }
+    }
+
+    /// `ADDR:PORT/PROTO`.
+    pub fn frontend(&self) -> String {
+        let proto = self.proto.map(Protocol::as_str).unwrap_or("?");
+        format!("{}:{}/{proto}", self.addr, self.port)
+    }
+}
+
+/// Everything the maps say, read at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct MapSnapshot {
+    /// Frontends, by (external, address, port, protocol number).
+    pub frontends: Vec<FrontendView>,
+    /// Addresses that are clusterIPs (other ports of them are refused).
+    pub vips: Vec<Ipv4Addr>,
+    /// The node-wide settings (service range) when the config map is readable.
+    pub config: Option<NodeConfig>,
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is valid for writes for the call; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The maps directory under a `--bpffs-path`.
+pub fn maps_dir(bpffs_path: &Path) -> PathBuf {
+    bpffs_path.join("maps")
+}
+
+impl MapSnapshot {
+    /// Reads the maps pinned under `bpffs_path` (the agent's `--bpffs-path`).
+    pub fn read(bpffs_path: &Path) -> Result<MapSnapshot, DataplaneError> {
+        let dir = maps_dir(bpffs_path);
+        if !dir.join(SERVICES).exists() {
+            return Err(DataplaneError::Other(format!(
+                "--bpffs-path {}: no pinned {SERVICES} (is the ebpf backend running, or did it \
+                 run, with this --bpffs-path?)",
+                bpffs_path.display()
+            )));
+        }
+        let services: Table<ServiceKey, ServiceValue> = Table::from_pin(&dir, SERVICES)?;
+        let slots: Table<SlotKey, u32> = Table::from_pin(&dir, SLOTS)?;
+        let backends: BTreeMap<u32, Backend> = Table::from_pin(&dir, BACKENDS)?
+            .entries()?
+            .into_iter()
+            .collect();
+        let counters: BTreeMap<u32, BackendCounters> =
+            Table::<u32, BackendCounters>::from_pin(&dir, COUNTERS)?
+                .entries()?
+                .into_iter()
+                .collect();
+        let rr: BTreeMap<u32, u32> = Table::<u32, u32>::from_pin(&dir, RR)?
+            .entries()?
+            .into_iter()
+            .collect();
+        let affinity = Table::<AffinityKey, AffinityValue>::from_pin(&dir, AFFINITY)?.entries()?;
+        let mut sets: BTreeMap<u32, Vec<(u32, u32)>> = BTreeMap::new();
+        for (k, id) in slots.entries()? {
+            sets.entry(k.set_id).or_default().push((k.slot, id));
+        }
+        let now = monotonic_ns();
+        let mut snap = MapSnapshot {
+            config: read_config(&dir),
+            ..MapSnapshot::default()
+        };
+        for (k, v) in services.entries()? {
+            if k.addr[1..] != [0, 0, 0] {
+                continue; // IPv6 frontends are not programmed yet
+            }
+            if v.flags & SVC_F_VIP != 0 {
+                snap.vips.push(v4_from_word(k.addr[0]));
+                continue;
+            }
+            let mut set = sets.get(&v.set_id).cloned().unwrap_or_default();
+            set.sort_unstable();
+            let slots = set
+                .into_iter()
+                .map(|(slot, id)| slot_view(slot, id, &backends, &counters))
+                .collect();
+            let affinity = affinity
+                .iter()
+                .filter(|(ak, _)| ak.set_id == v.set_id)
+                .map(|(ak, av)| affinity_view(ak, av, now))
+                .collect();
+            snap.frontends.push(FrontendView {
+                addr: v4_from_word(k.addr[0]),
+                port: u16::from_be(k.port),
+                proto: protocol(k.proto),
+                external: k.scope == SCOPE_EXTERNAL,
+                value: v,
+                slots,
+                cursor: rr.get(&v.set_id).copied(),
+                affinity,
+            });
+        }
+        snap.frontends
+            .sort_by_key(|f| (f.external, f.addr, f.port, f.value.set_id));
+        snap.vips.sort_unstable();
+        Ok(snap)
+    }
+
+    /// The frontend for a destination, in the socket path or the tc path.
+    pub fn frontend(
+        &self,
+        addr: Ipv4Addr,
+        port: u16,
+        proto: Protocol,
+        external: bool,
+    ) -> Option<&FrontendView> {
+        self.frontends.iter().find(|f| {
+            f.addr == addr && f.port == port && f.proto == Some(proto) && f.external == external
+        })
+    }
+
+    /// Whether `addr` is inside `--service-cluster-ip-range` as the programs see it.
+    pub fn in_service_range(&self, addr: Ipv4Addr) -> bool {
+        self.config.is_some_and(|c| {
+            c.svc_mask != 0 && super::compile::v4_word(addr) & c.svc_mask == c.svc_net
+        })
+    }
+}
+
+fn read_config(dir: &Path) -> Option<NodeConfig> {
+    let data = MapData::from_pin(dir.join(CONFIG)).ok()?;
+    let arr: Array<MapData, NodeConfig> = Array::try_from(Map::Array(data)).ok()?;
+    arr.get(&0, 0).ok()
+}
+
+fn protocol(n: u8) -> Option<Protocol> {
+    match n {
+        6 => Some(Protocol::Tcp),
+        17 => Some(Protocol::Udp),
+        132 => Some(Protocol::Sctp),
+        _ => None,
+    }
+}
+
+fn slot_view(
+    slot: u32,
+    id: u32,
+    backends: &BTreeMap<u32, Backend>,
+    counters: &BTreeMap<u32, BackendCounters>,
+) -> SlotView {
+    let c = counters.get(&id).copied().unwrap_or_default();
+    SlotView {
+        slot,
+        backend_id: id,
+        addr: backends.get(&id).and_then(backend_addr),
+        active: c.active,
+        total: c.total,
+    }
+}
+
+fn affinity_view(k: &AffinityKey, v: &AffinityValue, now: u64) -> AffinityView {
+    let client = if k.kind == CLIENT_ADDR {
+        AffinityClient::Addr(v4_from_word(k.client[0]))
+    } else {
+        AffinityClient::Netns(u64::from(k.client[0]) | (u64::from(k.client[1]) << 32))
+    };
+    AffinityView {
+        client,
+        backend_id: v.backend_id,
+        idle_ns: now.saturating_sub(v.last_used_ns),
+    }
+}
+
+/// What is pinned under a `--bpffs-path`: (maps, links). Zero and zero on a first start.
+pub fn pinned(bpffs_path: &Path) -> (usize, usize) {
+    let count = |d: PathBuf| std::fs::read_dir(d).map(|e| e.count()).unwrap_or(0);
+    (count(maps_dir(bpffs_path)), count(bpffs_path.join("links")))
+}
+
+/// The cgroup attach points the socket programs use, with their `bpf_attach_type` numbers.
+pub const CGROUP_ATTACH_POINTS: [(&str, u32); 5] = [
+    ("connect4", 10),
+    ("sendmsg4", 14),
+    ("recvmsg4", 19),
+    ("getpeername4", 29),
+    ("sock_release", 34),
+];
+
+/// `union bpf_attr` as `BPF_PROG_QUERY` reads it.
+#[repr(C)]
+#[derive(Default)]
+struct ProgQueryAttr {
+    target_fd: u32,
+    attach_type: u32,
+    query_flags: u32,
+    attach_flags: u32,
+    prog_ids: u64,
+    prog_cnt: u32,
+    _pad: u32,
+    prog_attach_flags: u64,
+    link_ids: u64,
+    link_attach_flags: u64,
+    revision: u64,
+}
+
+const BPF_PROG_QUERY: libc::c_long = 16;
+
+/// How many programs are attached to `cgroup` (directly, not inherited) at each of
+/// [`CGROUP_ATTACH_POINTS`].
+pub fn cgroup_programs(cgroup: &Path) -> Result<Vec<(&'static str, u32)>, DataplaneError> {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(cgroup)
+        .map_err(|e| DataplaneError::io(format!("opening cgroup {}", cgroup.display()), e))?;
+    let mut out = Vec::new();
+    for (name, attach_type) in CGROUP_ATTACH_POINTS {
+        let mut attr = ProgQueryAttr {
+            target_fd: dir.as_raw_fd() as u32,
+            attach_type,
+            ..ProgQueryAttr::default()
+        };
+        // SAFETY: BPF_PROG_QUERY reads and writes `attr`, which lives for the call, and writes no
+        // program ids (prog_ids is null, prog_cnt 0: it only reports the count).
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_QUERY,
+                &mut attr as *mut ProgQueryAttr,
+                std::mem::size_of::<ProgQueryAttr>() as u32,
+            )
+        };
+        if rc < 0 {
+            return Err(DataplaneError::io(
+                format!("BPF_PROG_QUERY {name} on cgroup {}", cgroup.display()),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        out.push((name, attr.prog_cnt));
+    }
+    Ok(out)
+}

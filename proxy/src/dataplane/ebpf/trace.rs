@@ -1,0 +1,239 @@
+//! `proxy trace`: the decision the eBPF programs would make for a NEW connection, worked out from
+//! a [`MapSnapshot`] the way `proxy-ebpf` decides (`sock.rs` for the socket path, `tc.rs` for
+//! traffic from outside the node, `lb.rs` for the pick). Reads only; the real cursor is not moved.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use proxy_common::{ALG_LEAST_CONN, SVC_F_AFFINITY, SVC_F_DROP_EMPTY};
+
+use super::compile::BackendAddr;
+use super::inspect::{AffinityClient, FrontendView, MapSnapshot, SlotView};
+use crate::model::Protocol;
+
+/// Least-connection scans at most this many slots (proxy-ebpf's `MAX_LC_SCAN`).
+pub const MAX_LC_SCAN: u32 = 128;
+
+/// One connection to trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceRequest {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub port: u16,
+    pub proto: Protocol,
+    /// From outside the node (tc path) instead of a socket on the node (cgroup path).
+    pub external: bool,
+    /// The client's network namespace cookie (socket-path affinity is keyed by it).
+    pub netns_cookie: Option<u64>,
+}
+
+/// What happens to the connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Not a Service frontend: the programs leave it alone.
+    PassThrough,
+    /// An unallocated address of the service range: the connection fails (EPERM / dropped).
+    DroppedUnallocated,
+    /// A clusterIP, but not this port or protocol: refused.
+    RejectedPort,
+    /// A Service without usable endpoints: refused (ECONNREFUSED), or dropped for a Local policy.
+    NoEndpoints { dropped: bool },
+    /// The client's affinity entry (within the timeout) names this backend.
+    AffinityHit(BackendAddr),
+    /// The algorithm picks this backend from the set.
+    Picked {
+        algorithm: &'static str,
+        slot: u32,
+        backend: BackendAddr,
+    },
+    /// The maps are inconsistent (a slot or backend entry is missing).
+    Broken(String),
+}
+
+/// The answer: which frontend, which endpoint set, which decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    pub frontend: Option<FrontendView>,
+    pub decision: Decision,
+}
+
+/// Works out the decision for `req` from `snap`.
+pub fn trace(snap: &MapSnapshot, req: &TraceRequest) -> Trace {
+    let Some(f) = snap.frontend(req.dst, req.port, req.proto, req.external) else {
+        let decision = if !req.external && snap.vips.contains(&req.dst) {
+            Decision::RejectedPort
+        } else if !req.external && snap.in_service_range(req.dst) {
+            Decision::DroppedUnallocated
+        } else {
+            Decision::PassThrough
+        };
+        return Trace {
+            frontend: None,
+            decision,
+        };
+    };
+    Trace {
+        decision: decide(f, req),
+        frontend: Some(f.clone()),
+    }
+}
+
+fn decide(f: &FrontendView, req: &TraceRequest) -> Decision {
+    if f.value.count == 0 {
+        return Decision::NoEndpoints {
+            dropped: f.value.flags & SVC_F_DROP_EMPTY != 0,
+        };
+    }
+    if f.value.flags & SVC_F_AFFINITY != 0 {
+        if let Some(b) = sticky(f, req) {
+            return Decision::AffinityHit(b);
+        }
+    }
+    let Some(cursor) = f.cursor else {
+        return Decision::Broken(format!(
+            "{}: no round-robin cursor for set {}",
+            f.frontend(),
+            f.value.set_id
+        ));
+    };
+    let pick = if f.value.algorithm == ALG_LEAST_CONN {
+        least_conn(f, cursor)
+    } else {
+        slot(f, cursor % f.value.count)
+    };
+    match pick {
+        Some(s) => match s.addr {
+            Some(backend) => Decision::Picked {
+                algorithm: f.algorithm(),
+                slot: s.slot,
+                backend,
+            },
+            None => Decision::Broken(format!(
+                "{}: backend id {} has no IPv4 entry",
+                f.frontend(),
+                s.backend_id
+            )),
+        },
+        None => Decision::Broken(format!(
+            "{}: set {} is missing a slot below {}",
+            f.frontend(),
+            f.value.set_id,
+            f.value.count
+        )),
+    }
+}
+
+fn slot(f: &FrontendView, n: u32) -> Option<&SlotView> {
+    f.slots.iter().find(|s| s.slot == n)
+}
+
+/// Fewest active connections; ties go to the first slot at or after the cursor.
+fn least_conn(f: &FrontendView, cursor: u32) -> Option<&SlotView> {
+    let count = f.value.count;
+    let mut best: Option<&SlotView> = None;
+    for i in 0..count.min(MAX_LC_SCAN) {
+        if let Some(s) = slot(f, cursor.wrapping_add(i) % count) {
+            if best.is_none_or(|b| s.active < b.active) {
+                best = Some(s);
+            }
+        }
+    }
+    best
+}
+
+/// The client's live affinity entry: by address on the tc path, by netns cookie on the socket path.
+fn sticky(f: &FrontendView, req: &TraceRequest) -> Option<BackendAddr> {
+    let client = if req.external {
+        AffinityClient::Addr(req.src)
+    } else {
+        AffinityClient::Netns(req.netns_cookie?)
+    };
+    let timeout_ns = u64::from(f.value.affinity_timeout_s) * 1_000_000_000;
+    let entry = f
+        .affinity
+        .iter()
+        .find(|a| a.client == client && a.idle_ns <= timeout_ns)?;
+    f.slots
+        .iter()
+        .find(|s| s.backend_id == entry.backend_id)
+        .and_then(|s| s.addr)
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::PassThrough => write!(f, "not a service: passed through unchanged"),
+            Decision::DroppedUnallocated => write!(
+                f,
+                "dropped: an unallocated address of the service range (connect fails with EPERM)"
+            ),
+            Decision::RejectedPort => write!(
+                f,
+                "rejected: a clusterIP without this port/protocol (ECONNREFUSED)"
+            ),
+            Decision::NoEndpoints { dropped: false } => {
+                write!(f, "rejected: no endpoints (ECONNREFUSED)")
+            }
+            Decision::NoEndpoints { dropped: true } => write!(
+                f,
+                "dropped: no endpoints usable here (Local traffic policy; EPERM)"
+            ),
+            Decision::AffinityHit(b) => {
+                write!(f, "affinity hit: -> {}:{}", b.addr, b.port)
+            }
+            Decision::Picked {
+                algorithm,
+                slot,
+                backend,
+            } => write!(
+                f,
+                "{algorithm}: next connection -> {}:{} (slot {slot})",
+                backend.addr, backend.port
+            ),
+            Decision::Broken(why) => write!(f, "inconsistent maps: {why}"),
+        }
+    }
+}
+
+/// The network namespace cookie of the namespace at `path` (e.g. `/run/netns/NAME` or
+/// `/proc/PID/ns/net`): what the socket programs key affinity by.
+pub fn netns_cookie(path: &std::path::Path) -> std::io::Result<u64> {
+    let file = std::fs::File::open(path)?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(std::io::Error::from)?;
+            // SAFETY: socket(2) with constant arguments; the fd is owned at once.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: `fd` is a fresh descriptor nobody else owns.
+            let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            socket_netns_cookie(&sock)
+        })
+        .join()
+        .map_err(|_| std::io::Error::other("netns cookie thread panicked"))?
+    })
+}
+
+/// `SO_NETNS_COOKIE` of a socket.
+fn socket_netns_cookie(sock: &impl std::os::fd::AsRawFd) -> std::io::Result<u64> {
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are valid for writes of the sizes given, for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
