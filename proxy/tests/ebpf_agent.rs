@@ -1,17 +1,21 @@
 //! The real agent binary with `--backend ebpf`: `proxy run` in the node namespace of a kpr-tests
 //! cluster, its socket programs on a test cgroup, its pins under a private `--bpffs-path`, its
-//! tc program on the node namespace's interfaces; Services from manifest files.
+//! tc program on the node namespace's interfaces; Services from manifest files. `proxy trace` and
+//! `proxy inspect --maps` are checked against what the programs really do.
 //!
 //! Run as root: `cargo test -p proxy --test ebpf_agent`.
 
 mod ebpf_support;
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use ebpf_support::*;
-use kpr_tests::cluster::{ClusterSpec, NODE_IP};
+use kpr_tests::cluster::{ClusterSpec, NODE_IP, PODCLIENT_IP};
 use kpr_tests::{yaml, Agent, AgentOptions, Cgroup, Cluster, EndpointSlice, Service};
+use proxy::dataplane::ebpf::inspect::MapSnapshot;
+use proxy::dataplane::ebpf::trace::{netns_cookie, trace, Decision, TraceRequest};
+use proxy::model::Protocol;
 
 /// Not a test: the body of the client processes the tests spawn.
 #[test]
@@ -55,4 +59,212 @@ fn agent_balances_cluster_ip_and_node_port_with_the_ebpf_backend() {
         pods.insert(r.pod);
     }
     assert_eq!(pods.len(), 4, "{pods:?}");
+}
+
+/// Four Services in the maps: round-robin, least-conn, affinity, no endpoints.
+fn trace_manifests(cluster: &Cluster) -> String {
+    let ips = cluster.pod_ips();
+    let rr = Service::new("rr").cluster_ip("10.96.0.10").tcp(80, 8080);
+    let lc = Service::new("lc")
+        .cluster_ip("10.96.0.11")
+        .tcp(80, 8080)
+        .balance("least-conn");
+    let aff = Service::new("aff")
+        .cluster_ip("10.96.0.12")
+        .tcp(80, 8080)
+        .affinity(600);
+    let empty = Service::new("empty").cluster_ip("10.96.0.13").tcp(80, 8080);
+    let rr_s = EndpointSlice::for_service(&rr).ready_all(ips.clone());
+    let lc_s = EndpointSlice::for_service(&lc).ready_all(ips.clone());
+    let aff_s = EndpointSlice::for_service(&aff).ready_all(ips);
+    let empty_s = EndpointSlice::for_service(&empty);
+    yaml(&[&rr, &rr_s, &lc, &lc_s, &aff, &aff_s, &empty, &empty_s])
+}
+
+/// The decision for a new connection from the pod client to `dst`, from the pinned maps.
+fn decide(bpffs: &std::path::Path, dst: &str, netns_cookie: Option<u64>) -> Decision {
+    let dst: std::net::SocketAddrV4 = dst.parse().unwrap();
+    let snap = MapSnapshot::read(bpffs).expect("reading the pinned maps");
+    let req = TraceRequest {
+        src: PODCLIENT_IP,
+        dst: *dst.ip(),
+        port: dst.port(),
+        proto: Protocol::Tcp,
+        external: false,
+        netns_cookie,
+    };
+    trace(&snap, &req).decision
+}
+
+/// The address of the pod a client line (`pod NAME`) names.
+fn pod_ip(cluster: &Cluster, line: &str) -> Ipv4Addr {
+    let name = line
+        .strip_prefix("pod ")
+        .unwrap_or_else(|| panic!("{line}"));
+    cluster.pod(name).expect("a pod of the cluster").ip
+}
+
+fn picked(d: &Decision, algorithm: &str) -> Ipv4Addr {
+    match d {
+        Decision::Picked {
+            algorithm: a,
+            backend,
+            ..
+        } if *a == algorithm => backend.addr,
+        other => panic!("expected a {algorithm} pick, got {other:?}"),
+    }
+}
+
+/// Runs the proxy binary (reads pins only; no networking) and returns stdout, asserting success.
+fn proxy_out(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_proxy"))
+        .args(args)
+        .output()
+        .expect("running proxy");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "proxy {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
+    let cluster = Cluster::new(ClusterSpec::pods(3)).unwrap();
+    let cgroup = Cgroup::new("trace").unwrap();
+    let opts = AgentOptions::backend("ebpf")
+        .cgroup(&cgroup)
+        .binary(env!("CARGO_BIN_EXE_proxy"));
+    let agent = Agent::start(
+        &cluster.node,
+        &opts,
+        &[("svc.yaml", trace_manifests(&cluster))],
+    )
+    .unwrap_or_else(|e| panic!("agent: {e}"));
+    let bpffs = agent.bpffs_path().expect("ebpf agent").to_path_buf();
+    let pc = &cluster.podclient;
+
+    // Round-robin: the predicted endpoint is the one the next connection gets, every time.
+    for _ in 0..4 {
+        let want = picked(&decide(&bpffs, "10.96.0.10:80", None), "round-robin");
+        let got = client_lines(pc, &cgroup, "tcp 10.96.0.10:80 1");
+        assert_eq!(pod_ip(&cluster, &got[0]), want, "{}", agent.log());
+    }
+
+    // Least-connection: two held connections; the prediction is the idle third endpoint.
+    let mut held = spawn_client(pc, &cgroup, "hold 10.96.0.11:80 2");
+    let mut out = std::io::BufReader::new(held.stdout.take().unwrap());
+    let mut busy = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0);
+        match kpr_lines(&line).first().map(String::as_str) {
+            Some("ready") => break,
+            Some(l) => busy.push(pod_ip(&cluster, l)),
+            None => {}
+        }
+    }
+    let want = picked(&decide(&bpffs, "10.96.0.11:80", None), "least-conn");
+    assert!(
+        !busy.contains(&want),
+        "{want} already has a connection: {busy:?}"
+    );
+    let got = client_lines(pc, &cgroup, "tcp 10.96.0.11:80 1");
+    assert_eq!(pod_ip(&cluster, &got[0]), want);
+    drop(held.stdin.take());
+    let _ = held.wait();
+
+    // Affinity: after one connection, the client's namespace sticks to that endpoint.
+    let netns = std::path::Path::new("/run/netns").join(pc.name());
+    let cookie = netns_cookie(&netns).expect("netns cookie");
+    assert!(
+        !matches!(
+            decide(&bpffs, "10.96.0.12:80", Some(cookie)),
+            Decision::AffinityHit(_)
+        ),
+        "no entry before the first connection"
+    );
+    let first = client_lines(pc, &cgroup, "tcp 10.96.0.12:80 1");
+    let stuck = pod_ip(&cluster, &first[0]);
+    match decide(&bpffs, "10.96.0.12:80", Some(cookie)) {
+        Decision::AffinityHit(b) => assert_eq!(b.addr, stuck),
+        other => panic!("expected an affinity hit on {stuck}, got {other:?}"),
+    }
+    // Another client (no entry for it) gets the algorithm's pick.
+    picked(
+        &decide(&bpffs, "10.96.0.12:80", Some(cookie ^ 1)),
+        "round-robin",
+    );
+
+    // No endpoints: rejected, and a real connect is refused.
+    assert_eq!(
+        decide(&bpffs, "10.96.0.13:80", None),
+        Decision::NoEndpoints { dropped: false }
+    );
+    let got = client_lines(pc, &cgroup, "tcp 10.96.0.13:80 1");
+    assert!(got[0].starts_with("err"), "{got:?}");
+    // A clusterIP's other port, an unallocated service address, and no service at all.
+    assert_eq!(
+        decide(&bpffs, "10.96.0.10:81", None),
+        Decision::RejectedPort
+    );
+    assert_eq!(
+        decide(&bpffs, "10.96.0.77:80", None),
+        Decision::DroppedUnallocated
+    );
+    assert_eq!(
+        decide(&bpffs, "198.51.100.7:80", None),
+        Decision::PassThrough
+    );
+
+    // The commands print the same, straight from the pins.
+    let pins = bpffs.to_string_lossy().into_owned();
+    let netns_arg = netns.to_string_lossy().into_owned();
+    let args = [
+        "trace",
+        "--bpffs-path",
+        &pins,
+        "--netns",
+        &netns_arg,
+        "10.244.200.2",
+        "10.96.0.12:80/tcp",
+    ];
+    let t = proxy_out(&args);
+    assert!(
+        t.contains("service frontend 10.96.0.12:80/TCP") && t.contains("3 backends"),
+        "{t}"
+    );
+    assert!(
+        t.contains(&format!("decision: affinity hit: -> {stuck}:8080")),
+        "{t}"
+    );
+    let t = proxy_out(&[
+        "trace",
+        "--bpffs-path",
+        &pins,
+        "10.244.200.2",
+        "10.96.0.13:80",
+    ]);
+    assert!(t.contains("decision: rejected: no endpoints"), "{t}");
+    let inspect = proxy_out(&["inspect", "--maps", "--bpffs-path", &pins]);
+    eprintln!("{inspect}");
+    for want in [
+        "10.96.0.10:80/TCP",
+        "least-conn",
+        "affinity 600s",
+        "(no endpoints: connections are rejected)",
+        &format!("affinity netns cookie {cookie} -> {stuck}:8080"),
+    ] {
+        assert!(inspect.contains(want), "{want:?} missing:\n{inspect}");
+    }
+    // Counters are per endpoint, shared by the Services using it: 4 (rr) + 3 (lc) + 1 (aff)
+    // connections went to these three endpoints, none is still open.
+    let snap = MapSnapshot::read(&bpffs).unwrap();
+    let rr = snap
+        .frontend(Ipv4Addr::new(10, 96, 0, 10), 80, Protocol::Tcp, false)
+        .unwrap();
+    assert_eq!(rr.slots.iter().map(|s| s.total).sum::<u64>(), 8);
+    assert!(rr.slots.iter().all(|s| s.active == 0), "{:?}", rr.slots);
 }

@@ -138,7 +138,8 @@ fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
     let snap = MapSnapshot::read(&args.bpffs_path).context("proxy inspect --maps")?;
     let (maps, links) = proxy::dataplane::ebpf::inspect::pinned(&args.bpffs_path);
     println!(
-        "ebpf maps under {}: {maps} maps, {links} links pinned, {} frontends, {} clusterIPs",
+        "ebpf maps under {}: {maps} maps, {links} links pinned, {} frontends, {} clusterIPs \
+         (active/total count per endpoint, over every Service using it)",
         args.bpffs_path.display(),
         snap.frontends.len(),
         snap.vips.len()
