@@ -15,6 +15,12 @@ pub struct TrafficPolicyLabel {
     pub traffic_policy: String,
 }
 
+/// A dataplane map (eBPF map name) that was found full.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabel {
+    pub map: String,
+}
+
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
@@ -28,6 +34,7 @@ pub struct Metrics {
     pub endpoint_changes_total: Counter,
     pub service_changes_total: Counter,
     pub sync_errors_total: Counter,
+    pub map_full_total: Family<MapLabel, Counter>,
     pub invalid_objects: Gauge,
     pub service_ports: Gauge,
     pub endpoints: Gauge,
@@ -51,6 +58,7 @@ impl Default for Metrics {
             endpoint_changes_total: Counter::default(),
             service_changes_total: Counter::default(),
             sync_errors_total: Counter::default(),
+            map_full_total: Family::default(),
             invalid_objects: Gauge::default(),
             service_ports: Gauge::default(),
             endpoints: Gauge::default(),
@@ -113,6 +121,11 @@ impl Metrics {
             "sync_errors",
             "Syncs that failed (the next one is a full resync)",
             self.sync_errors_total.clone(),
+        );
+        kpr.register(
+            "map_full",
+            "Syncs that found a dataplane map full (a Service port was not programmed), by map",
+            self.map_full_total.clone(),
         );
         kpr.register(
             "invalid_objects",

@@ -173,6 +173,10 @@ impl Runner {
                 tracing::error!("sync failed, the next one is a full resync: {e}");
                 last.error = Some(e.to_string());
                 self.metrics.sync_errors_total.inc();
+                if let crate::error::DataplaneError::MapFull { map, .. } = &e {
+                    let label = crate::metrics::MapLabel { map: map.clone() };
+                    self.metrics.map_full_total.get_or_create(&label).inc();
+                }
                 self.failures += 1;
                 self.tracker.request_full();
             }
