@@ -109,6 +109,17 @@ fn log_pins(bpffs_path: &std::path::Path) {
     }
 }
 
+/// A failed eBPF start also says which kernel features are missing, when a probe finds some.
+fn explain_ebpf_failure(backend: proxy::cli::Backend, e: anyhow::Error) -> anyhow::Error {
+    if backend != proxy::cli::Backend::Ebpf {
+        return e;
+    }
+    match proxy::dataplane::ebpf::features::missing() {
+        Some(missing) => e.context(format!("kernel feature missing: {missing}")),
+        None => e,
+    }
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let cfg = backend_config(&args)?;
     tracing::info!(backend = args.backend.as_str(), node = %cfg.node.node_name, node_ips = ?cfg.node.node_ips, "starting");
@@ -116,6 +127,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         log_pins(&cfg.bpffs_path);
     }
     let dp = dataplane::build(args.backend.as_str(), &cfg)
+        .map_err(|e| explain_ebpf_failure(args.backend, e.into()))
         .with_context(|| format!("starting the {} backend", args.backend.as_str()))?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());

@@ -38,6 +38,7 @@ use crate::selection::{self, SelectedEndpoints};
 
 pub mod attach;
 pub mod compile;
+pub mod features;
 pub mod inspect;
 pub mod live;
 mod logs;
