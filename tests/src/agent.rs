@@ -406,13 +406,13 @@ impl<'n> Agent<'n> {
         )))
     }
 
+    fn take_child(&self) -> Option<Child> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
     /// Kills the agent with SIGKILL (no chance to clean up) and reaps it. `restart` starts it again.
     pub fn kill(&self) -> Option<std::process::ExitStatus> {
-        let mut child = self
-            .child
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()?;
+        let mut child = self.take_child()?;
         let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
         child.wait().ok()
     }
@@ -429,11 +429,7 @@ impl<'n> Agent<'n> {
 
     /// Stops the agent: SIGTERM, up to 5 s grace, then SIGKILL. Returns its exit status.
     pub fn stop(&self) -> Option<std::process::ExitStatus> {
-        let mut child = self
-            .child
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()?;
+        let mut child = self.take_child()?;
         let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {

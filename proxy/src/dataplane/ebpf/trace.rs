@@ -237,3 +237,112 @@ fn socket_netns_cookie(sock: &impl std::os::fd::AsRawFd) -> std::io::Result<u64>
     }
     Ok(cookie)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proxy_common::{ServiceValue, ALG_ROUND_ROBIN};
+
+    use crate::dataplane::ebpf::inspect::AffinityView;
+
+    fn slot(n: u32, active: u64) -> SlotView {
+        SlotView {
+            slot: n,
+            backend_id: n + 1,
+            addr: Some(BackendAddr {
+                addr: Ipv4Addr::new(10, 244, n as u8, 2),
+                port: 8080,
+                proto: Protocol::Tcp,
+            }),
+            active,
+            total: 0,
+        }
+    }
+
+    fn frontend(algorithm: u8, actives: &[u64], cursor: u32) -> FrontendView {
+        FrontendView {
+            addr: Ipv4Addr::new(10, 96, 0, 10),
+            port: 80,
+            proto: Some(Protocol::Tcp),
+            external: false,
+            value: ServiceValue {
+                set_id: 7,
+                count: actives.len() as u32,
+                algorithm,
+                ..ServiceValue::default()
+            },
+            slots: actives
+                .iter()
+                .enumerate()
+                .map(|(i, a)| slot(i as u32, *a))
+                .collect(),
+            cursor: Some(cursor),
+            affinity: vec![],
+        }
+    }
+
+    fn req(external: bool, netns_cookie: Option<u64>) -> TraceRequest {
+        TraceRequest {
+            src: Ipv4Addr::new(192, 0, 2, 100),
+            dst: Ipv4Addr::new(10, 96, 0, 10),
+            port: 80,
+            proto: Protocol::Tcp,
+            external,
+            netns_cookie,
+        }
+    }
+
+    fn picked_slot(d: Decision) -> u32 {
+        match d {
+            Decision::Picked { slot, .. } => slot,
+            other => panic!("not a pick: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn round_robin_takes_the_cursor_modulo_the_count() {
+        let f = frontend(ALG_ROUND_ROBIN, &[0, 0, 0], 7);
+        assert_eq!(picked_slot(decide(&f, &req(false, None))), 1);
+    }
+
+    #[test]
+    fn least_conn_takes_the_minimum_and_breaks_ties_from_the_cursor() {
+        let f = frontend(ALG_LEAST_CONN, &[2, 1, 1, 3], 2);
+        assert_eq!(picked_slot(decide(&f, &req(false, None))), 2);
+        let f = frontend(ALG_LEAST_CONN, &[2, 1, 1, 3], 3);
+        assert_eq!(picked_slot(decide(&f, &req(false, None))), 1);
+    }
+
+    #[test]
+    fn affinity_hits_only_the_same_client_within_the_timeout() {
+        let mut f = frontend(ALG_ROUND_ROBIN, &[0, 0], 0);
+        f.value.flags = SVC_F_AFFINITY;
+        f.value.affinity_timeout_s = 10;
+        f.affinity = vec![
+            AffinityView {
+                client: AffinityClient::Netns(42),
+                backend_id: 2,
+                idle_ns: 1_000_000_000,
+            },
+            AffinityView {
+                client: AffinityClient::Addr(Ipv4Addr::new(192, 0, 2, 100)),
+                backend_id: 2,
+                idle_ns: 11_000_000_000,
+            },
+        ];
+        let hit = decide(&f, &req(false, Some(42)));
+        assert!(matches!(hit, Decision::AffinityHit(b) if b.addr == Ipv4Addr::new(10, 244, 1, 2)));
+        // Another namespace, or no namespace given: the algorithm decides.
+        assert_eq!(picked_slot(decide(&f, &req(false, Some(43)))), 0);
+        assert_eq!(picked_slot(decide(&f, &req(false, None))), 0);
+        // The tc-path entry of that address has expired.
+        assert_eq!(picked_slot(decide(&f, &req(true, None))), 0);
+    }
+
+    #[test]
+    fn missing_slots_are_reported_not_guessed() {
+        let mut f = frontend(ALG_ROUND_ROBIN, &[0, 0], 1);
+        f.slots.truncate(1);
+        assert!(matches!(decide(&f, &req(false, None)), Decision::Broken(_)));
+    }
+}
