@@ -11,7 +11,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use ebpf_support::*;
-use kpr_tests::cluster::{ClusterSpec, NODE_IP, PODCLIENT_IP};
+use kpr_tests::cluster::{ClusterSpec, CLIENT_IP, NODE_IP, PODCLIENT_IP};
 use kpr_tests::{yaml, Agent, AgentOptions, Cgroup, Cluster, EndpointSlice, Service};
 use proxy::dataplane::ebpf::inspect::MapSnapshot;
 use proxy::dataplane::ebpf::trace::{netns_cookie, trace, Decision, TraceRequest};
@@ -64,7 +64,10 @@ fn agent_balances_cluster_ip_and_node_port_with_the_ebpf_backend() {
 /// Four Services in the maps: round-robin, least-conn, affinity, no endpoints.
 fn trace_manifests(cluster: &Cluster) -> String {
     let ips = cluster.pod_ips();
-    let rr = Service::new("rr").cluster_ip("10.96.0.10").tcp(80, 8080);
+    let rr = Service::new("rr")
+        .cluster_ip("10.96.0.10")
+        .tcp(80, 8080)
+        .node_port(30080);
     let lc = Service::new("lc")
         .cluster_ip("10.96.0.11")
         .tcp(80, 8080)
@@ -267,6 +270,39 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
         .unwrap();
     assert_eq!(rr.slots.iter().map(|s| s.total).sum::<u64>(), 8);
     assert!(rr.slots.iter().all(|s| s.active == 0), "{:?}", rr.slots);
+
+    // The tc path: the nodePort frontend as an outside client sees it.
+    for _ in 0..3 {
+        let req = TraceRequest {
+            src: CLIENT_IP,
+            dst: NODE_IP,
+            port: 30080,
+            proto: Protocol::Tcp,
+            external: true,
+            netns_cookie: None,
+        };
+        let d = trace(&MapSnapshot::read(&bpffs).unwrap(), &req).decision;
+        let want = picked(&d, "round-robin");
+        let r = kpr_tests::tcp_request(
+            &cluster.client,
+            (NODE_IP, 30080).into(),
+            Duration::from_secs(2),
+        )
+        .unwrap_or_else(|e| panic!("nodePort: {e}\n{}", agent.log()));
+        assert_eq!(cluster.pod(&r.pod).unwrap().ip, want);
+    }
+    let t = proxy_out(&[
+        "trace",
+        "--bpffs-path",
+        &pins,
+        "--from-outside",
+        "192.0.2.100",
+        "192.0.2.1:30080/tcp",
+    ]);
+    assert!(
+        t.contains("tc path") && t.contains("decision: round-robin: next connection ->"),
+        "{t}"
+    );
 }
 
 /// `union bpf_attr` for `BPF_MAP_CREATE` (fields up to `max_entries`/`map_flags`; the rest zero).
