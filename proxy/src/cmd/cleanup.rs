@@ -5,24 +5,42 @@ use proxy::cli::CleanupArgs;
 use proxy::dataplane::ebpf::inspect::cgroup_programs;
 use proxy::dataplane::{self, BackendConfig};
 use proxy::error::DataplaneError;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Unpinned links are released after an RCU grace period: waits (up to 5 s) until the cgroup
-/// has no socket program left, so "cleaned up" means detached.
-fn wait_detached(cgroup: &Path) -> Result<(), DataplaneError> {
+/// Per cgroup attach point, how many programs may stay after cleanup: today's count, less one
+/// where kpr pinned a link (`links/<attach point>`); other programs on the cgroup are not ours.
+fn detach_target(args: &CleanupArgs) -> Option<(PathBuf, Vec<(&'static str, u32)>)> {
+    let cgroup = args.cgroup_path.as_ref()?;
+    let links = args.bpffs_path.join("links");
+    let now = cgroup_programs(cgroup).ok()?;
+    let target = now
+        .into_iter()
+        .map(|(point, n)| {
+            let ours = u32::from(links.join(point).exists());
+            (point, n.saturating_sub(ours))
+        })
+        .collect();
+    Some((cgroup.clone(), target))
+}
+
+/// Unpinned links are released after an RCU grace period: waits (up to 5 s) until kpr's
+/// programs are gone from the cgroup, so "cleaned up" means detached.
+fn wait_detached(cgroup: &Path, target: &[(&'static str, u32)]) -> Result<(), DataplaneError> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let left: Vec<_> = cgroup_programs(cgroup)?
             .into_iter()
-            .filter(|(_, n)| *n > 0)
+            .zip(target)
+            .filter(|((_, n), (_, want))| n > want)
+            .map(|((point, n), _)| (point, n))
             .collect();
         if left.is_empty() {
             return Ok(());
         }
         if Instant::now() > deadline {
             return Err(DataplaneError::Other(format!(
-                "cgroup {}: programs still attached 5 s after unpinning (attach point, \
+                "cgroup {}: kpr's programs still attached 5 s after unpinning (attach point, \
                  count): {left:?}",
                 cgroup.display()
             )));
@@ -44,9 +62,10 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<()> {
     };
     let mut failed = Vec::new();
     for b in backends {
-        let done = dataplane::cleanup(b, &cfg).and_then(|()| match (b, &args.cgroup_path) {
-            ("ebpf", Some(cgroup)) => wait_detached(cgroup),
-            _ => Ok(()),
+        let target = (b == "ebpf").then(|| detach_target(args)).flatten();
+        let done = dataplane::cleanup(b, &cfg).and_then(|()| match &target {
+            Some((cgroup, target)) => wait_detached(cgroup, target),
+            None => Ok(()),
         });
         match done {
             Ok(()) => println!("{b}: cleaned up"),
