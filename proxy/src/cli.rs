@@ -150,7 +150,7 @@ pub struct InspectArgs {
     /// The agent's metrics address (where /state is served).
     #[arg(long, default_value = "127.0.0.1:10249")]
     pub metrics_bind_address: SocketAddr,
-    /// Print the raw JSON instead of tables.
+    /// Print JSON instead of tables (the agent's /state, or with --maps the map snapshot).
     #[arg(long)]
     pub json: bool,
     /// eBPF backend: read the pinned maps under --bpffs-path instead of asking the agent

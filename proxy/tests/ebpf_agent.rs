@@ -262,6 +262,26 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
     ] {
         assert!(inspect.contains(want), "{want:?} missing:\n{inspect}");
     }
+    let json: serde_json::Value = serde_json::from_str(&proxy_out(&[
+        "inspect",
+        "--maps",
+        "--json",
+        "--bpffs-path",
+        &pins,
+    ]))
+    .expect("inspect --maps --json prints JSON");
+    let aff = json["frontends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["frontend"] == "10.96.0.12:80/TCP")
+        .expect("the affinity Service in the JSON");
+    assert_eq!(aff["affinity_seconds"], 600, "{aff}");
+    assert_eq!(
+        aff["affinity"][0]["netns_cookie"],
+        cookie.to_string(),
+        "{aff}"
+    );
     // Counters are per endpoint, shared by the Services using it: 4 (rr) + 3 (lc) + 1 (aff)
     // connections went to these three endpoints, none is still open.
     let snap = MapSnapshot::read(&bpffs).unwrap();

@@ -134,8 +134,63 @@ fn print_frontend(f: &FrontendView) {
     }
 }
 
+fn slot_json(s: &SlotView) -> serde_json::Value {
+    serde_json::json!({
+        "slot": s.slot,
+        "backend_id": s.backend_id,
+        "address": s.addr.map(|a| format!("{}:{}", a.addr, a.port)),
+        "active": s.active,
+        "total": s.total,
+    })
+}
+
+fn frontend_json(f: &FrontendView) -> serde_json::Value {
+    let affinity: Vec<_> = f
+        .affinity
+        .iter()
+        .map(|a| {
+            let (kind, client) = match a.client {
+                AffinityClient::Netns(c) => ("netns_cookie", c.to_string()),
+                AffinityClient::Addr(ip) => ("address", ip.to_string()),
+            };
+            serde_json::json!({
+                kind: client,
+                "backend_id": a.backend_id,
+                "idle_seconds": a.idle_ns as f64 / 1e9,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "frontend": f.frontend(),
+        "path": if f.external { "external" } else { "socket" },
+        "set_id": f.value.set_id,
+        "backends": f.value.count,
+        "algorithm": f.algorithm(),
+        "affinity_seconds": (f.value.flags & proxy_common::SVC_F_AFFINITY != 0)
+            .then_some(f.value.affinity_timeout_s),
+        "no_endpoints": (f.value.count == 0).then(|| {
+            if f.value.flags & proxy_common::SVC_F_DROP_EMPTY != 0 { "drop" } else { "reject" }
+        }),
+        "cursor": f.cursor,
+        "slots": f.slots.iter().map(slot_json).collect::<Vec<_>>(),
+        "affinity": affinity,
+    })
+}
+
+/// `inspect --maps --json`: the snapshot as one JSON document.
+fn maps_json(snap: &MapSnapshot) -> serde_json::Value {
+    serde_json::json!({
+        "frontends": snap.frontends.iter().map(frontend_json).collect::<Vec<_>>(),
+        "cluster_ips": snap.vips,
+    })
+}
+
 fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
     let snap = MapSnapshot::read(&args.bpffs_path).context("proxy inspect --maps")?;
+    if args.json {
+        println!("{}", maps_json(&snap));
+        return Ok(());
+    }
     let (maps, links) = proxy::dataplane::ebpf::inspect::pinned(&args.bpffs_path);
     println!(
         "ebpf maps under {}: {maps} maps, {links} links pinned, {} frontends, {} clusterIPs \
