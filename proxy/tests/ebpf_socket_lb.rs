@@ -342,3 +342,134 @@ fn a_full_map_is_an_error_naming_the_service() {
         other => panic!("expected MapFull, got {other}"),
     }
 }
+
+/// `n` Services `bulk-<i>` (clusterIPs 10.97.x.y:80) over pods 0 and 1 (pod 2 for every 7th).
+fn bulk_state(fx: &Fixture, n: usize) -> ProxyState {
+    let mut state = ProxyState::default();
+    for i in 0..n {
+        let svc_name = name(&format!("bulk-{i}"), Protocol::Tcp);
+        let ip = std::net::Ipv4Addr::new(10, 97, (i / 250) as u8, (i % 250 + 1) as u8);
+        state
+            .services
+            .insert(svc_name.clone(), service(&svc_name, ip, 80));
+        let pods: &[usize] = if i % 7 == 0 { &[0, 1, 2] } else { &[0, 1] };
+        state.endpoints.insert(svc_name, fx.endpoints(pods));
+    }
+    state
+}
+
+fn bulk_ip(i: usize) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(10, 97, (i / 250) as u8, (i % 250 + 1) as u8)
+}
+
+#[test]
+fn a_full_sync_of_thousands_of_services_uses_batch_operations() {
+    const N: usize = 3000;
+    let mut fx = Fixture::new("batch", 3);
+    let mut state = bulk_state(&fx, N);
+    let stats = fx.sync(&mut state, &full());
+    assert_eq!(stats.service_ports, N);
+    let batch = fx.dp().last_batch();
+    // Thousands of entries went in a handful of batch syscalls (one per map written), none alone.
+    assert_eq!(batch.singles, 0, "{batch:?}");
+    assert!(
+        (1..=10).contains(&batch.batches),
+        "{batch:?} for {} writes",
+        stats.operations
+    );
+    assert!(stats.operations > 2 * N, "{stats:?}");
+    // Every Service is in the maps: frontend -> set with its count -> slots -> known backends.
+    let maps = maps_dir(fx.dp().bpffs_path());
+    let services: Table<ServiceKey, ServiceValue> = Table::from_pin(&maps, SERVICES).unwrap();
+    let slots: Table<SlotKey, u32> = Table::from_pin(&maps, SLOTS).unwrap();
+    let backends: Table<u32, proxy_common::Backend> =
+        Table::from_pin(&maps, proxy::dataplane::ebpf::maps::BACKENDS).unwrap();
+    let slot_map: std::collections::HashMap<SlotKey, u32> =
+        slots.entries().unwrap().into_iter().collect();
+    let backend_ids: BTreeSet<u32> = backends
+        .entries()
+        .unwrap()
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(backend_ids.len(), 3, "one backend per distinct endpoint");
+    for i in 0..N {
+        let key = proxy::dataplane::ebpf::compile::service_key(bulk_ip(i), 80, Protocol::Tcp);
+        let value = services
+            .get(&key)
+            .unwrap()
+            .unwrap_or_else(|| panic!("bulk-{i}"));
+        let expected = if i % 7 == 0 { 3 } else { 2 };
+        assert_eq!(value.count, expected, "bulk-{i}");
+        for slot in 0..value.count {
+            let key = SlotKey {
+                set_id: value.set_id,
+                slot,
+            };
+            let id = slot_map
+                .get(&key)
+                .unwrap_or_else(|| panic!("bulk-{i} slot {slot}"));
+            assert!(backend_ids.contains(id), "bulk-{i} slot {slot} -> {id}");
+        }
+    }
+    // And traffic through the first and the last Service reaches the endpoints.
+    for i in [0, N - 1] {
+        let lines = fx.client_lines(&format!("tcp {}:80 6", bulk_ip(i)));
+        let counts = pod_counts(&lines);
+        assert_eq!(counts.values().sum::<usize>(), 6, "bulk-{i}: {lines:?}");
+    }
+}
+
+#[test]
+fn an_incremental_change_after_a_batched_full_sync_touches_only_its_entries() {
+    const N: usize = 2000;
+    let mut fx = Fixture::new("batchincr", 3);
+    let mut state = bulk_state(&fx, N);
+    fx.sync(&mut state, &full());
+    let before = fx.dp().last_batch();
+    assert!(before.batches > 0, "{before:?}");
+    let maps = maps_dir(fx.dp().bpffs_path());
+    let services: Table<ServiceKey, ServiceValue> = Table::from_pin(&maps, SERVICES).unwrap();
+    let slots: Table<SlotKey, u32> = Table::from_pin(&maps, SLOTS).unwrap();
+    let services_before = services.entries().unwrap();
+    let slots_before = slots.entries().unwrap();
+
+    // bulk-5 (pods 0, 1) gets pod 2 as well: one new slot, then its frontend's count.
+    let changed_name = name("bulk-5", Protocol::Tcp);
+    let set = fx.dp().set_ids(&changed_name)[0];
+    state
+        .endpoints
+        .insert(changed_name.clone(), fx.endpoints(&[0, 1, 2]));
+    let stats = fx.sync(&mut state, &changed(&[&changed_name]));
+    assert_eq!(stats.touched, 1);
+    assert_eq!(stats.operations, 2, "{stats:?}");
+    assert_eq!(
+        fx.dp().last_batch(),
+        before,
+        "no batch for an incremental sync"
+    );
+    let others = |entries: Vec<(ServiceKey, ServiceValue)>| -> Vec<(ServiceKey, ServiceValue)> {
+        let mut v: Vec<_> = entries
+            .into_iter()
+            .filter(|(_, v)| v.set_id != set)
+            .collect();
+        v.sort_by_key(|(k, _)| (k.addr, k.port, k.proto, k.scope));
+        v
+    };
+    assert_eq!(others(services_before), others(services.entries().unwrap()));
+    let mut slots_after = slots.entries().unwrap();
+    let added: Vec<_> = slots_after
+        .iter()
+        .filter(|e| !slots_before.contains(e))
+        .copied()
+        .collect();
+    assert_eq!(added.len(), 1, "{added:?}");
+    assert_eq!((added[0].0.set_id, added[0].0.slot), (set, 2));
+    slots_after.retain(|e| *e != added[0]);
+    let mut slots_before = slots_before;
+    slots_before.sort_by_key(|(k, _)| (k.set_id, k.slot));
+    slots_after.sort_by_key(|(k, _)| (k.set_id, k.slot));
+    assert_eq!(slots_before, slots_after);
+    let key = proxy::dataplane::ebpf::compile::service_key(bulk_ip(5), 80, Protocol::Tcp);
+    assert_eq!(services.get(&key).unwrap().map(|v| v.count), Some(3));
+}

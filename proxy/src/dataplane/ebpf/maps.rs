@@ -12,7 +12,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::os::fd::AsFd;
 use std::path::Path;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use aya::maps::{Array, HashMap, IterableMap, Map, MapData, MapError};
 use aya::sys::SyscallError;
@@ -52,14 +52,17 @@ pub struct Table<K: Pod, V: Pod> {
 struct Pending<K, V> {
     key: K,
     value: Option<V>,
-    object: Rc<str>,
+    object: Arc<str>,
 }
+
+/// Recorded writes split into puts and deletes.
+type Split<K, V> = (Vec<Pending<K, V>>, Vec<Pending<K, V>>);
 
 /// Writes that failed while flushing a batch, by object, and how the flush went.
 #[derive(Debug, Default)]
 pub struct FlushReport {
     /// Objects with a write that failed (their later writes were skipped), first error each.
-    pub failed: Vec<(Rc<str>, DataplaneError)>,
+    pub failed: Vec<(Arc<str>, DataplaneError)>,
     /// Batch syscalls made.
     pub batches: usize,
     /// Writes applied one syscall each (no batch support in the kernel, or after an error).
@@ -67,7 +70,7 @@ pub struct FlushReport {
 }
 
 impl FlushReport {
-    fn fail(&mut self, failed: &mut HashSet<Rc<str>>, object: &Rc<str>, e: DataplaneError) {
+    fn fail(&mut self, failed: &mut HashSet<Arc<str>>, object: &Arc<str>, e: DataplaneError) {
         if failed.insert(object.clone()) {
             self.failed.push((object.clone(), e));
         }
@@ -113,7 +116,7 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
         &mut self,
         key: K,
         value: V,
-        object: &Rc<str>,
+        object: &Arc<str>,
         ops: &mut usize,
     ) -> Result<(), DataplaneError> {
         *ops += 1;
@@ -153,7 +156,12 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
 
     /// Deletes `key` (or records it, while batching); a key that is already gone is not an
     /// error. `object` names the Service the entry belonged to.
-    pub fn del(&mut self, key: &K, object: &Rc<str>, ops: &mut usize) -> Result<(), DataplaneError> {
+    pub fn del(
+        &mut self,
+        key: &K,
+        object: &Arc<str>,
+        ops: &mut usize,
+    ) -> Result<(), DataplaneError> {
         *ops += 1;
         if let Some(pending) = &mut self.pending {
             pending.push(Pending {
@@ -175,6 +183,38 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
         }
     }
 
+    /// The value of `key`, if present (in the kernel: writes being batched are not seen).
+    pub fn get(&self, key: &K) -> Result<Option<V>, DataplaneError> {
+        match self.map.get(key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(MapError::KeyNotFound) | Err(MapError::ElementNotFound) => Ok(None),
+            Err(e) if errno(&e) == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(map_err(self.name, &format!("reading {key:?}"), e)),
+        }
+    }
+
+    /// Whether the map has no entry (one syscall).
+    pub fn is_empty(&self) -> Result<bool, DataplaneError> {
+        match self.map.keys().next() {
+            None => Ok(true),
+            Some(Ok(_)) => Ok(false),
+            Some(Err(e)) => Err(map_err(self.name, "reading the first key", e)),
+        }
+    }
+
+    /// Every entry (one pass over the map; entries deleted meanwhile are skipped).
+    pub fn entries(&self) -> Result<Vec<(K, V)>, DataplaneError> {
+        let mut out = Vec::new();
+        for item in self.map.iter() {
+            match item {
+                Ok(kv) => out.push(kv),
+                Err(MapError::KeyNotFound) | Err(MapError::ElementNotFound) => {}
+                Err(e) => return Err(map_err(self.name, "iterating", e)),
+            }
+        }
+        Ok(out)
+    }
+
     /// Starts recording writes instead of making them.
     fn begin_batch(&mut self) {
         self.pending.get_or_insert_with(Vec::new);
@@ -182,7 +222,7 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
 
     /// Stops recording and returns the recorded writes, the last one per key, split into puts
     /// and deletes (each in recording order).
-    fn take_pending(&mut self) -> (Vec<Pending<K, V>>, Vec<Pending<K, V>>) {
+    fn take_pending(&mut self) -> Split<K, V> {
         let pending = self.pending.take().unwrap_or_default();
         let mut last: StdHashMap<K, usize> = StdHashMap::with_capacity(pending.len());
         for (i, p) in pending.iter().enumerate() {
@@ -202,20 +242,21 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
     }
 
     /// Applies recorded puts with batch updates, skipping objects that already failed. A write
-    /// that fails marks its object failed; the rest of the batch goes on.
+    /// that fails marks its object failed and the batch goes on after it. Returns the keys whose
+    /// write failed.
     fn flush_puts(
         &mut self,
         puts: Vec<Pending<K, V>>,
-        failed: &mut HashSet<Rc<str>>,
+        failed: &mut HashSet<Arc<str>>,
         report: &mut FlushReport,
-    ) -> Vec<Pending<K, V>> {
+    ) -> Vec<K> {
         let puts: Vec<Pending<K, V>> = puts
             .into_iter()
             .filter(|p| !failed.contains(&p.object))
             .collect();
         let keys: Vec<K> = puts.iter().map(|p| p.key).collect();
         let values: Vec<V> = puts.iter().filter_map(|p| p.value).collect();
-        let mut rejected = Vec::new();
+        let mut bad = Vec::new();
         let mut i = 0;
         while i < keys.len() {
             report.batches += 1;
@@ -224,46 +265,83 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
                 break;
             };
             if e.unsupported() {
-                self.fallback_puts(&puts[i..], failed, report, &mut rejected);
+                log_fallback(self.name, &e.error);
+                for p in &puts[i..] {
+                    report.singles += 1;
+                    let value = p.value.expect("puts have values");
+                    if let Err(err) = self.put_now(p.key, value, &p.object) {
+                        bad.push(p.key);
+                        report.fail(failed, &p.object, err);
+                    }
+                }
                 break;
             }
             let at = i + e.done;
             let p = &puts[at];
-            let err = self.write_err(&p.key, &p.object, e.error.raw_os_error(), &e.error.to_string());
+            let errno = e.error.raw_os_error();
+            let err = self.write_err(&p.key, &p.object, errno, &e.error.to_string());
+            bad.push(p.key);
             report.fail(failed, &p.object, err);
             i = at + 1;
         }
-        for (k, p) in puts.into_iter().enumerate() {
-            if failed.contains(&p.object) && !rejected.contains(&k) {
-                rejected.push(k);
+        bad
+    }
+
+    /// Applies recorded deletes with batch deletes, skipping objects that failed (their entries
+    /// stay until they are removed one by one). Keys already gone are skipped.
+    fn flush_dels(
+        &mut self,
+        dels: Vec<Pending<K, V>>,
+        failed: &mut HashSet<Arc<str>>,
+        report: &mut FlushReport,
+    ) {
+        let dels: Vec<Pending<K, V>> = dels
+            .into_iter()
+            .filter(|p| !failed.contains(&p.object))
+            .collect();
+        let keys: Vec<K> = dels.iter().map(|p| p.key).collect();
+        let mut i = 0;
+        while i < keys.len() {
+            report.batches += 1;
+            let fd = self.map.map().fd().as_fd();
+            let Err(e) = super::batch::delete(fd, &keys[i..]) else {
+                break;
+            };
+            if e.unsupported() {
+                log_fallback(self.name, &e.error);
+                for p in &dels[i..] {
+                    report.singles += 1;
+                    if let Err(err) = self.del_now(&p.key) {
+                        report.fail(failed, &p.object, err);
+                    }
+                }
+                break;
             }
-            let _ = p;
+            let at = i + e.done;
+            if e.error.raw_os_error() != Some(libc::ENOENT) {
+                let p = &dels[at];
+                let what = format!("deleting {:?} of {}: {}", p.key, p.object, e.error);
+                report.fail(
+                    failed,
+                    &p.object,
+                    DataplaneError::Other(format!("eBPF map {}: {what}", self.name)),
+                );
+            }
+            i = at + 1;
         }
-        Vec::new()
     }
 }
 
-    /// The value of `key`, if present.
-    pub fn get(&self, key: &K) -> Result<Option<V>, DataplaneError> {
-        match self.map.get(key, 0) {
-            Ok(v) => Ok(Some(v)),
-            Err(MapError::KeyNotFound) | Err(MapError::ElementNotFound) => Ok(None),
-            Err(e) if errno(&e) == Some(libc::ENOENT) => Ok(None),
-            Err(e) => Err(map_err(self.name, &format!("reading {key:?}"), e)),
-        }
-    }
-
-    /// Every entry (one pass over the map; entries deleted meanwhile are skipped).
-    pub fn entries(&self) -> Result<Vec<(K, V)>, DataplaneError> {
-        let mut out = Vec::new();
-        for item in self.map.iter() {
-            match item {
-                Ok(kv) => out.push(kv),
-                Err(MapError::KeyNotFound) | Err(MapError::ElementNotFound) => {}
-                Err(e) => return Err(map_err(self.name, "iterating", e)),
-            }
-        }
-        Ok(out)
+/// Logs (once per map and process) that the kernel has no batch operations.
+fn log_fallback(map: &str, e: &std::io::Error) {
+    static LOGGED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    if !logged.iter().any(|m| m == map) {
+        logged.push(map.to_string());
+        tracing::info!(
+            "ebpf: map {map}: no batch map operations in this kernel ({e}; they need 5.6): \
+             writing one element per syscall"
+        );
     }
 }
 
@@ -310,6 +388,62 @@ impl Maps {
             rr: Table::new(RR, take(RR)?)?,
             config: Array::try_from(take(CONFIG)?).map_err(|e| map_err(CONFIG, "opening", e))?,
         })
+    }
+
+    /// Records writes from now on instead of making them, until [`Maps::flush`].
+    pub fn begin_batch(&mut self) {
+        self.services.begin_batch();
+        self.slots.begin_batch();
+        self.backends.begin_batch();
+        self.counters.begin_batch();
+        self.rr.begin_batch();
+    }
+
+    /// Applies the recorded writes with batch operations (module docs: puts in datapath order,
+    /// then deletes in reverse) and returns to one syscall per write. An object with a failed
+    /// write gets none of its later writes (a service entry never points at a slot or backend
+    /// that failed); a slot pointing at a backend whose write failed fails its object too.
+    pub fn flush(&mut self) -> FlushReport {
+        let mut report = FlushReport::default();
+        let mut failed = HashSet::new();
+        let (counter_puts, counter_dels) = self.counters.take_pending();
+        let (backend_puts, backend_dels) = self.backends.take_pending();
+        let (rr_puts, rr_dels) = self.rr.take_pending();
+        let (slot_puts, slot_dels) = self.slots.take_pending();
+        let (svc_puts, svc_dels) = self.services.take_pending();
+        let mut bad: HashSet<u32> = HashSet::new();
+        bad.extend(
+            self.counters
+                .flush_puts(counter_puts, &mut failed, &mut report),
+        );
+        bad.extend(
+            self.backends
+                .flush_puts(backend_puts, &mut failed, &mut report),
+        );
+        self.rr.flush_puts(rr_puts, &mut failed, &mut report);
+        if !bad.is_empty() {
+            for p in &slot_puts {
+                let id = p.value.unwrap_or_default();
+                if bad.contains(&id) {
+                    let e = DataplaneError::Other(format!(
+                        "eBPF map {SLOTS}: slot {:?} of {} points at backend id {id}, whose \
+                         write failed",
+                        p.key, p.object
+                    ));
+                    report.fail(&mut failed, &p.object, e);
+                }
+            }
+        }
+        self.slots.flush_puts(slot_puts, &mut failed, &mut report);
+        self.services.flush_puts(svc_puts, &mut failed, &mut report);
+        self.services.flush_dels(svc_dels, &mut failed, &mut report);
+        self.slots.flush_dels(slot_dels, &mut failed, &mut report);
+        self.rr.flush_dels(rr_dels, &mut failed, &mut report);
+        self.backends
+            .flush_dels(backend_dels, &mut failed, &mut report);
+        self.counters
+            .flush_dels(counter_dels, &mut failed, &mut report);
+        report
     }
 
     /// Writes the node-wide settings of the tc path.

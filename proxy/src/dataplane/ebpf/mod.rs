@@ -2,7 +2,8 @@
 //! this module fills from the selected endpoints.
 //!
 //! Owns: the embedded eBPF object (`object`), loading and attaching it with pins under bpffs
-//! (`attach`), the map handles (`maps`), compiling a service port to map entries (`compile`),
+//! (`attach`), the map handles (`maps`, full syncs written with batch operations through
+//! `batch`), compiling a service port to map entries (`compile`),
 //! the programmed state and its per-service diff (`programmed`), live counters (`live`) and the
 //! program log drain (`logs`). It never decides which endpoints are usable (`selection` does).
 //!
@@ -27,6 +28,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use aya::Ebpf;
 use proxy_common::NodeConfig;
@@ -37,6 +39,7 @@ use crate::model::ServicePortName;
 use crate::selection::{self, SelectedEndpoints};
 
 pub mod attach;
+mod batch;
 pub mod compile;
 pub mod features;
 pub mod inspect;
@@ -75,6 +78,18 @@ impl Default for EbpfOptions {
     }
 }
 
+/// The longest an incremental sync goes without looking for new interfaces for the tc program.
+const TC_REFRESH: Duration = Duration::from_secs(1);
+
+/// How the last full sync reached the kernel (for tests and the benchmark).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// `BPF_MAP_*_BATCH` syscalls.
+    pub batches: usize,
+    /// Writes made one syscall each (a kernel without batch operations).
+    pub singles: usize,
+}
+
 /// The `ebpf` backend.
 pub struct EbpfDataplane {
     pins: Pins,
@@ -82,6 +97,9 @@ pub struct EbpfDataplane {
     tc: tc::TcAttacher,
     maps: Maps,
     programmed: Programmed,
+    last_batch: BatchStats,
+    /// When the tc program was last attached to new interfaces.
+    tc_refreshed: Option<Instant>,
     _logs: Option<logs::LogDrain>,
     /// Keeps the loaded programs' file descriptors; the links are pinned.
     _ebpf: Ebpf,
@@ -138,6 +156,8 @@ impl EbpfDataplane {
             tc,
             maps,
             programmed,
+            last_batch: BatchStats::default(),
+            tc_refreshed: Some(Instant::now()),
             _logs: logs,
             _ebpf: ebpf,
         })
@@ -146,6 +166,11 @@ impl EbpfDataplane {
     /// The backend set ids of a service port, cluster set first (tests, `proxy inspect`).
     pub fn set_ids(&self, name: &ServicePortName) -> Vec<u32> {
         self.programmed.set_ids(name)
+    }
+
+    /// How the last full sync's writes reached the kernel.
+    pub fn last_batch(&self) -> BatchStats {
+        self.last_batch
     }
 
     /// Whether the programs' aya-log records are being drained into `log`/tracing.
@@ -166,6 +191,19 @@ impl EbpfDataplane {
     /// Reads the live counters (per endpoint: active and total connections).
     pub fn live(&self) -> EbpfLive {
         EbpfLive::new(self.pins.maps())
+    }
+
+    /// Attaches the tc program to new interfaces (a pod's veth) and forgets removed ones: on
+    /// every full sync, and on incremental syncs at most every [`TC_REFRESH`]. Listing the
+    /// interfaces costs a thread that enters the dataplane's namespace, which would be most of
+    /// an incremental sync's time.
+    fn refresh_tc(&mut self, full: bool) -> Result<(), DataplaneError> {
+        let due = self.tc_refreshed.is_none_or(|t| t.elapsed() >= TC_REFRESH);
+        if self.tc.enabled() && (full || due) {
+            self.tc.refresh(&mut self._ebpf)?;
+            self.tc_refreshed = Some(Instant::now());
+        }
+        Ok(())
     }
 
     fn sync_one(
@@ -220,14 +258,31 @@ impl Dataplane for EbpfDataplane {
         } else {
             changes.changed.clone()
         };
-        // New interfaces (a pod's veth) get the tc program before their traffic is translated.
-        self.tc.refresh(&mut self._ebpf)?;
+        self.refresh_tc(changes.full)?;
         let mut ops = 0;
         let mut first_err = None;
+        // A full sync records its writes and applies them with batch operations at the end;
+        // incremental syncs write the changed service ports' entries one by one.
+        if changes.full {
+            self.maps.begin_batch();
+        }
         for name in &names {
             if let Err(e) = self.sync_one(state, name, &mut ops) {
                 tracing::error!("ebpf: {e}");
                 first_err.get_or_insert(e);
+            }
+        }
+        if changes.full {
+            match self.programmed.flush(&mut self.maps, &mut ops) {
+                Ok(report) => {
+                    self.last_batch = BatchStats {
+                        batches: report.batches,
+                        singles: report.singles,
+                    }
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
         if changes.full && self.programmed.needs_sweep {

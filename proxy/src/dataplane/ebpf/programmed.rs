@@ -8,11 +8,12 @@
 //! full sync sweeps whatever no desired service claimed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use proxy_common::{Backend, BackendCounters, ServiceKey, ServiceValue, SlotKey, SVC_F_VIP};
 
 use super::compile::{v4_from_word, v4_word, BackendAddr, DesiredService, SetKind, V4};
-use super::maps::Maps;
+use super::maps::{FlushReport, Maps};
 use crate::error::DataplaneError;
 use crate::model::{Protocol, ServicePortName};
 
@@ -86,6 +87,13 @@ impl Programmed {
         for (set_id, _) in maps.rr.entries()? {
             p.next_set = p.next_set.max(set_id + 1);
         }
+        // Sweeping reads every map entry by entry (seconds at 100,000 Services): only when an
+        // earlier agent left something behind.
+        p.needs_sweep = !(p.recovered.frontends.is_empty()
+            && p.next_backend == 1
+            && p.next_set == 1
+            && maps.slots.is_empty()?
+            && maps.counters.is_empty()?);
         Ok(p)
     }
 
@@ -119,11 +127,11 @@ impl Programmed {
         let Some(desired) = desired else {
             return self.remove(maps, name, old, ops);
         };
-        let object = format!("Service port {name}");
+        let object: Arc<str> = object_name(name).into();
         let mut new = SvcState::default();
         match self.write(maps, &object, &old, desired, &mut new, ops) {
             Ok(()) => {
-                self.finish(maps, &old, &new, ops)?;
+                self.finish(maps, &object, &old, &new, ops)?;
                 self.claimed_sets
                     .extend(new.sets.values().map(|set| set.id));
                 self.services.insert(name.clone(), new);
@@ -143,7 +151,7 @@ impl Programmed {
     fn write(
         &mut self,
         maps: &mut Maps,
-        object: &str,
+        object: &Arc<str>,
         old: &SvcState,
         desired: &DesiredService,
         new: &mut SvcState,
@@ -197,7 +205,7 @@ impl Programmed {
     fn write_set(
         &mut self,
         maps: &mut Maps,
-        object: &str,
+        object: &Arc<str>,
         old: &SvcState,
         desired: &DesiredService,
         kind: SetKind,
@@ -255,32 +263,33 @@ impl Programmed {
     fn finish(
         &mut self,
         maps: &mut Maps,
+        object: &Arc<str>,
         old: &SvcState,
         new: &SvcState,
         ops: &mut usize,
     ) -> Result<(), DataplaneError> {
         for key in old.frontends.keys() {
             if !new.frontends.contains_key(key) {
-                maps.services.del(key, ops)?;
+                maps.services.del(key, object, ops)?;
             }
         }
         for (kind, set) in &old.sets {
             let kept = new.sets.get(kind).filter(|n| n.id == set.id);
             let from = kept.map_or(0, |n| n.addrs.len());
             for slot in from..set.addrs.len() {
-                maps.slots.del(&slot_key(set.id, slot), ops)?;
+                maps.slots.del(&slot_key(set.id, slot), object, ops)?;
             }
             if kept.is_none() {
-                maps.rr.del(&set.id, ops)?;
+                maps.rr.del(&set.id, object, ops)?;
             }
-            self.release_set(maps, set, ops)?;
+            self.release_set(maps, object, set, ops)?;
         }
         for key in &old.vips {
             let refs = self.vip_refs.entry(*key).or_insert(1);
             *refs -= 1;
             if *refs == 0 {
                 self.vip_refs.remove(key);
-                maps.services.del(key, ops)?;
+                maps.services.del(key, object, ops)?;
             }
         }
         Ok(())
@@ -289,17 +298,18 @@ impl Programmed {
     fn remove(
         &mut self,
         maps: &mut Maps,
-        _name: &ServicePortName,
+        name: &ServicePortName,
         old: SvcState,
         ops: &mut usize,
     ) -> Result<(), DataplaneError> {
-        self.finish(maps, &old, &SvcState::default(), ops)
+        let object: Arc<str> = object_name(name).into();
+        self.finish(maps, &object, &old, &SvcState::default(), ops)
     }
 
     fn acquire_backend(
         &mut self,
         maps: &mut Maps,
-        object: &str,
+        object: &Arc<str>,
         addr: &BackendAddr,
         ops: &mut usize,
     ) -> Result<u32, DataplaneError> {
@@ -331,6 +341,7 @@ impl Programmed {
     fn release_set(
         &mut self,
         maps: &mut Maps,
+        object: &Arc<str>,
         set: &SetState,
         ops: &mut usize,
     ) -> Result<(), DataplaneError> {
@@ -342,8 +353,8 @@ impl Programmed {
             if r.refs == 0 {
                 let id = r.id;
                 self.backends.remove(addr);
-                maps.backends.del(&id, ops)?;
-                maps.counters.del(&id, ops)?;
+                maps.backends.del(&id, object, ops)?;
+                maps.counters.del(&id, object, ops)?;
             }
         }
         Ok(())
@@ -363,9 +374,11 @@ impl Programmed {
             .flat_map(|s| s.sets.values().map(|set| (set.id, set.addrs.len())))
             .collect();
         let backends: HashSet<u32> = self.backends.values().map(|r| r.id).collect();
+        let object: Arc<str> = Arc::from("the sweep of unclaimed entries");
+        let object = &object;
         for (key, _) in maps.services.entries()? {
             if !frontends.contains(&key) {
-                maps.services.del(&key, ops)?;
+                maps.services.del(&key, object, ops)?;
             }
         }
         for (key, _) in maps.slots.entries()? {
@@ -373,27 +386,60 @@ impl Programmed {
                 .get(&key.set_id)
                 .is_none_or(|len| key.slot as usize >= *len)
             {
-                maps.slots.del(&key, ops)?;
+                maps.slots.del(&key, object, ops)?;
             }
         }
         for (id, _) in maps.rr.entries()? {
             if !sets.contains_key(&id) {
-                maps.rr.del(&id, ops)?;
+                maps.rr.del(&id, object, ops)?;
             }
         }
         for (id, _) in maps.backends.entries()? {
             if !backends.contains(&id) {
-                maps.backends.del(&id, ops)?;
+                maps.backends.del(&id, object, ops)?;
             }
         }
         for (id, _) in maps.counters.entries()? {
             if !backends.contains(&id) {
-                maps.counters.del(&id, ops)?;
+                maps.counters.del(&id, object, ops)?;
             }
         }
         self.recovered = Recovered::default();
         self.needs_sweep = false;
         Ok(())
+    }
+
+    /// Applies the writes recorded since `maps.begin_batch()`. Service ports with a failed write
+    /// are then removed one syscall at a time (no half-programmed service stays behind) and the
+    /// first failure is returned, naming its Service port.
+    pub fn flush(
+        &mut self,
+        maps: &mut Maps,
+        ops: &mut usize,
+    ) -> Result<FlushReport, DataplaneError> {
+        let mut report = maps.flush();
+        if report.failed.is_empty() {
+            return Ok(report);
+        }
+        self.needs_sweep = true;
+        let by_object: HashMap<String, ServicePortName> = self
+            .services
+            .keys()
+            .map(|name| (object_name(name), name.clone()))
+            .collect();
+        for (object, e) in &report.failed {
+            tracing::error!("ebpf: {e}");
+            let Some(name) = by_object.get(&**object) else {
+                continue;
+            };
+            let old = self.services.remove(name).unwrap_or_default();
+            for set in old.sets.values() {
+                self.claimed_sets.remove(&set.id);
+            }
+            // Errors here leave entries the sweep removes.
+            let _ = self.remove(maps, name, old, ops);
+        }
+        Err(report.failed.swap_remove(0).1)
     }
 
     /// The set ids of a service port, cluster set first (for tests and `proxy inspect`).
@@ -403,6 +449,11 @@ impl Programmed {
             .map(|s| s.sets.values().map(|set| set.id).collect())
             .unwrap_or_default()
     }
+}
+
+/// How errors name a service port's map entries.
+fn object_name(name: &ServicePortName) -> String {
+    format!("Service port {name}")
 }
 
 fn slot_key(set_id: u32, slot: usize) -> SlotKey {
