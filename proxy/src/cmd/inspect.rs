@@ -168,9 +168,9 @@ fn frontend_json(f: &FrontendView) -> serde_json::Value {
         "algorithm": f.algorithm(),
         "affinity_seconds": (f.value.flags & proxy_common::SVC_F_AFFINITY != 0)
             .then_some(f.value.affinity_timeout_s),
-        "no_endpoints": (f.value.count == 0).then(|| {
-            if f.value.flags & proxy_common::SVC_F_DROP_EMPTY != 0 { "drop" } else { "reject" }
-        }),
+        "no_endpoints": (f.value.count == 0).then_some(
+            if f.value.flags & proxy_common::SVC_F_DROP_EMPTY != 0 { "drop" } else { "reject" },
+        ),
         "cursor": f.cursor,
         "slots": f.slots.iter().map(slot_json).collect::<Vec<_>>(),
         "affinity": affinity,
