@@ -86,21 +86,14 @@ fn run<K: Pod>(
         map_fd: fd.as_raw_fd() as u32,
         ..BatchAttr::default()
     };
-    // SAFETY: `attr` is a valid, fully initialised `bpf_attr` prefix of the size passed; `keys`
-    // (and `values` for updates) point at `count` Pod elements of the map's key and value sizes
+    // SAFETY: `attr` is the fully initialised `batch` member of `bpf_attr`; `keys` (and
+    // `values` for updates) point at `count` Pod elements of the map's key and value sizes
     // (module docs) that outlive the call; the kernel only reads them and writes `attr.count`.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            &mut attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>() as libc::c_uint,
-        )
-    };
-    if ret < 0 {
+    let ret = unsafe { sys_bpf(cmd, &mut attr) };
+    if let Err(error) = ret {
         let mut err = BatchError {
             done: (attr.count as usize).min(keys.len()),
-            error: io::Error::last_os_error(),
+            error,
         };
         if err.unsupported() {
             err.done = 0;
@@ -108,4 +101,25 @@ fn run<K: Pod>(
         return Err(err);
     }
     Ok(())
+}
+
+/// `bpf(cmd, attr, sizeof attr)`, the raw syscall: the return value, or the errno as an error.
+///
+/// # Safety
+/// `A` must be the `#[repr(C)]` member of `union bpf_attr` that `cmd` reads, fully initialised,
+/// and every pointer in it valid for what the kernel reads or writes through it for `cmd`.
+pub(crate) unsafe fn sys_bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<libc::c_long> {
+    // SAFETY: the caller's contract; the size passed is that of `*attr`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut A,
+            std::mem::size_of::<A>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret)
 }
