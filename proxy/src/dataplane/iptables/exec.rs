@@ -66,9 +66,23 @@ impl Mode {
     }
 }
 
-fn command_error(command: String, stderr: &[u8], script: Option<&str>) -> DataplaneError {
+fn command_error(
+    command: String,
+    status: std::process::ExitStatus,
+    stderr: &[u8],
+    script: Option<&str>,
+) -> DataplaneError {
     let stderr = String::from_utf8_lossy(stderr);
-    let mut detail: String = stderr.lines().take(8).collect::<Vec<_>>().join("\n");
+    // The exit status always, so that a tool killed by a signal or failing silently still says
+    // how it ended.
+    let mut detail = format!("{status}");
+    for l in stderr.lines().take(8) {
+        detail.push('\n');
+        detail.push_str(l);
+    }
+    if stderr.trim().is_empty() {
+        detail.push_str(" (no stderr output)");
+    }
     // iptables-restore names the failing line: "line 12 failed".
     let line = stderr
         .split("line ")
@@ -105,6 +119,7 @@ pub fn restore(mode: Mode, script: &str) -> Result<(), DataplaneError> {
     } else {
         Err(command_error(
             format!("{bin} -w 5 --noflush"),
+            out.status,
             &out.stderr,
             Some(script),
         ))
@@ -123,8 +138,9 @@ pub fn iptables(mode: Mode, args: &[&str]) -> Result<bool, DataplaneError> {
     Ok(out.status.success())
 }
 
-/// The chains of `table` whose names start with `prefix` (one `iptables-save`; full syncs and
-/// cleanup only).
+/// The chains of `table` whose names start with `prefix` (one `iptables-save`; only the first
+/// full sync, the first after a failed restore, and cleanup: later syncs use the chains the
+/// backend knows it wrote).
 pub fn chains(mode: Mode, table: &str, prefix: &str) -> Result<Vec<String>, DataplaneError> {
     let bin = mode.binary("save");
     let out = Command::new(&bin)
@@ -134,6 +150,7 @@ pub fn chains(mode: Mode, table: &str, prefix: &str) -> Result<Vec<String>, Data
     if !out.status.success() {
         return Err(command_error(
             format!("{bin} -t {table}"),
+            out.status,
             &out.stderr,
             None,
         ));

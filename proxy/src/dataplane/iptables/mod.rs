@@ -96,6 +96,12 @@ pub struct IptablesDataplane {
     needs_full: bool,
     last_restore: String,
     lc: Option<LeastConn>,
+    /// Our chains (nat, filter) as of the last successful restore; `None` until a full sync
+    /// listed them, and again after a failed restore or cleanup. Full syncs use it instead of
+    /// listing the whole table with `iptables-save`.
+    existing: Option<[BTreeSet<String>; 2]>,
+    /// What `existing` becomes once the planned restore succeeds.
+    pending: Option<[BTreeSet<String>; 2]>,
 }
 
 impl IptablesDataplane {
@@ -123,6 +129,8 @@ impl IptablesDataplane {
             needs_full: true,
             last_restore: String::new(),
             lc: None,
+            existing: None,
+            pending: None,
         })
     }
 
@@ -271,6 +279,7 @@ impl IptablesDataplane {
             self.stale.remove(&c);
             p.nat_delete_chains.push(c);
         }
+        self.pending = Some(p.chains_after(self.existing.as_ref()));
         Ok((full, p.render(), spns.len()))
     }
 
@@ -290,12 +299,19 @@ impl IptablesDataplane {
         p.filter_rules.extend(filter);
         // Whatever else of ours exists (a crashed run, chains waiting for their grace period)
         // is flushed now and deleted at the end of this restore unless the sync declares it.
-        for c in exec::chains(self.mode, "nat", "KPR-")? {
-            p.nat_leftovers.insert(c);
-        }
-        for c in exec::chains(self.mode, "filter", "KPR-")? {
-            p.filter_leftovers.insert(c);
-        }
+        let [nat, filter] = match self.existing.take() {
+            Some(known) => known,
+            None => [
+                exec::chains(self.mode, "nat", "KPR-")?
+                    .into_iter()
+                    .collect(),
+                exec::chains(self.mode, "filter", "KPR-")?
+                    .into_iter()
+                    .collect(),
+            ],
+        };
+        p.nat_leftovers = nat;
+        p.filter_leftovers = filter;
         self.stale.clear();
         Ok(())
     }
@@ -410,6 +426,32 @@ struct Plan {
 }
 
 impl Plan {
+    /// Our chains (nat, filter) once this plan is applied, given those before it (`None`: only
+    /// what the plan itself declares or lists as leftovers is known).
+    fn chains_after(&self, before: Option<&[BTreeSet<String>; 2]>) -> [BTreeSet<String>; 2] {
+        let after = |i: usize,
+                     declare: &BTreeSet<String>,
+                     leftovers: &BTreeSet<String>,
+                     deleted: &[String]| {
+            let mut set: BTreeSet<String> = before.map(|b| b[i].clone()).unwrap_or_default();
+            set.retain(|c| !leftovers.contains(c) || declare.contains(c));
+            set.extend(declare.iter().cloned());
+            for c in deleted {
+                set.remove(c);
+            }
+            set
+        };
+        [
+            after(
+                0,
+                &self.nat_declare,
+                &self.nat_leftovers,
+                &self.nat_delete_chains,
+            ),
+            after(1, &self.filter_declare, &self.filter_leftovers, &[]),
+        ]
+    }
+
     fn render(&self) -> String {
         let mut out = String::new();
         render_table(
@@ -556,6 +598,8 @@ impl Dataplane for IptablesDataplane {
                     exec::restore(self.mode, &script)
                 };
                 self.last_restore = script;
+                let pending = self.pending.take();
+                self.existing = if r.is_ok() { pending } else { None };
                 r.map(|()| (full, touched))
             });
             if applied.is_err() {
@@ -626,6 +670,7 @@ impl Dataplane for IptablesDataplane {
         self.stale.clear();
         self.statics = None;
         self.needs_full = true;
+        self.existing = None;
         Ok(())
     }
 
@@ -652,6 +697,33 @@ mod tests {
             "*nat\n:KPR-SVC-A - [0:0]\n-D KPR-SERVICES -d 10.0.0.1/32 -j KPR-CIP-C\n\
              -A KPR-SVC-A -j KPR-SEP-B\n-X KPR-SEP-OLD\nCOMMIT\n"
         );
+    }
+
+    #[test]
+    fn known_chains_follow_the_plan_without_listing_the_table() {
+        let set = |v: &[&str]| {
+            v.iter()
+                .map(|c| c.to_string())
+                .collect::<BTreeSet<String>>()
+        };
+        // A full sync: the listed leftovers it does not declare are deleted.
+        let full = Plan {
+            nat_leftovers: set(&["KPR-SVC-A", "KPR-SVC-GONE"]),
+            nat_declare: set(&["KPR-SERVICES", "KPR-SVC-A"]),
+            filter_leftovers: set(&["KPR-OLD"]),
+            ..Plan::default()
+        };
+        let after = full.chains_after(None);
+        assert_eq!(after[0], set(&["KPR-SERVICES", "KPR-SVC-A"]));
+        assert!(after[1].is_empty());
+        // An incremental sync adds what it declares and drops the chains it deletes.
+        let inc = Plan {
+            nat_declare: set(&["KPR-SVC-B"]),
+            nat_delete_chains: vec!["KPR-SVC-A".into()],
+            ..Plan::default()
+        };
+        let after = inc.chains_after(Some(&after));
+        assert_eq!(after[0], set(&["KPR-SERVICES", "KPR-SVC-B"]));
     }
 
     #[test]
