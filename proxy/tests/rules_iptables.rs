@@ -1,6 +1,7 @@
 //! Kernel tests of the iptables backend in both modes (iptables-nft and iptables-legacy): the
-//! shared scenarios, partial restores, stale-chain grace and cleanup. Every test builds its own
-//! namespaces (removed by guards, also on panic).
+//! rule backends' shared scenarios (the Service semantics are the conformance suite's), partial
+//! restores, stale-chain grace and cleanup. Every test builds its own namespaces (removed by
+//! guards, also on panic).
 
 mod rules_common;
 
@@ -64,18 +65,9 @@ macro_rules! scenario_tests {
 }
 
 scenario_tests!(
-    round_robin_over_4_endpoints,
-    reject_and_drop,
-    nodeport_and_masquerade,
-    least_conn_avoids_held,
-    session_affinity,
-    load_balancer_source_ranges,
     udp_conntrack_cleanup,
     cleanup_and_leftovers,
-    external_ip_and_hairpin,
-    udp_without_endpoints_is_rejected,
     interleaved_services_each_round_robin,
-    terminating_fallback,
 );
 
 fn state_with(services: &[(String, String, Vec<proxy::model::Endpoint>)]) -> ProxyState {

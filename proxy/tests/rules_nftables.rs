@@ -1,5 +1,6 @@
-//! Kernel tests of the nftables backend: the shared scenarios, plus the 20,000-Service load and
-//! the one-change-touches-one-Service check. Every test builds its own namespaces (removed by
+//! Kernel tests of the nftables backend: the rule backends' shared scenarios (the Service
+//! semantics are the conformance suite's), plus the 20,000-Service load and the
+//! one-change-touches-one-Service check. Every test builds its own namespaces (removed by
 //! guards, also on panic); nothing runs in the machine's own network namespace.
 
 mod rules_common;
@@ -48,18 +49,9 @@ macro_rules! scenario_tests {
 }
 
 scenario_tests!(
-    round_robin_over_4_endpoints,
-    reject_and_drop,
-    nodeport_and_masquerade,
-    least_conn_avoids_held,
-    session_affinity,
-    load_balancer_source_ranges,
     udp_conntrack_cleanup,
     cleanup_and_leftovers,
-    external_ip_and_hairpin,
-    udp_without_endpoints_is_rejected,
     interleaved_services_each_round_robin,
-    terminating_fallback,
 );
 
 const SERVICES: usize = 20_000;

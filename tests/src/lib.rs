@@ -30,6 +30,7 @@ pub mod agent;
 pub mod cgroup;
 pub mod client;
 pub mod cluster;
+pub mod conformance;
 pub mod echo;
 pub mod manifest;
 pub mod netns;

@@ -1,0 +1,108 @@
+//! The documented exceptions: where a backend cannot honour a scenario, what it does instead.
+//! Each entry is tested (see the module docs of [`super`]); none is skipped. `scenario: "*"`
+//! applies to every scenario of the backend.
+
+use super::{Backend, Expect, Src};
+
+/// What the test asserts instead of the scenario as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Instead {
+    /// Step `i` (a probe) must have this outcome instead.
+    Step(usize, Expect),
+    /// Every probe that expects the client's own address to reach the endpoint expects a node
+    /// address instead ([`Src::Preserved`] becomes [`Src::Masqueraded`]).
+    SourceIsNode,
+    /// No meaningful alternative: the scenario must fail (and the failure is printed).
+    Fails,
+}
+
+/// One exception.
+#[derive(Debug, Clone, Copy)]
+pub struct Exception {
+    pub backend: Backend,
+    pub scenario: &'static str,
+    pub reason: &'static str,
+    pub instead: Instead,
+}
+
+const fn exception(
+    backend: Backend,
+    scenario: &'static str,
+    reason: &'static str,
+    instead: Instead,
+) -> Exception {
+    Exception {
+        backend,
+        scenario,
+        reason,
+        instead,
+    }
+}
+
+/// eBPF: where a packet would be dropped, a local client's connect() is refused instead.
+const fn eperm(scenario: &'static str) -> Exception {
+    exception(
+        Backend::Ebpf,
+        scenario,
+        "the socket program (cgroup/connect4) decides at connect(): it can only refuse the call, \
+         so a local client gets EPERM at once instead of a silently dropped SYN",
+        Instead::Step(0, Expect::Error("other: Operation not permitted")),
+    )
+}
+
+/// The list (also in docs/ARCHITECTURE.md, "Conformance exceptions").
+pub const EXCEPTIONS: &[Exception] = &[
+    exception(
+        Backend::Userspace,
+        "*",
+        "a userspace proxy opens its own connection to the endpoint, so the endpoint always sees \
+         a node address, never the client's",
+        Instead::SourceIsNode,
+    ),
+    exception(
+        Backend::Userspace,
+        "external_traffic_local_none_here_drops",
+        "a userspace proxy accepts the connection before it can choose an endpoint; with none \
+         usable it closes it (EOF) instead of dropping the SYN",
+        Instead::Step(0, Expect::Error("closed")),
+    ),
+    exception(
+        Backend::Userspace,
+        "load_balancer_source_range_denies",
+        "a userspace proxy accepts the connection before it checks the source range; a source \
+         outside it gets the connection closed (EOF) instead of a dropped SYN",
+        Instead::Step(0, Expect::Error("closed")),
+    ),
+    eperm("drop_unallocated_service_address"),
+    eperm("internal_traffic_local_none_here_drops"),
+    eperm("other_service_proxy_name_is_ignored"),
+    exception(
+        Backend::Ebpf,
+        "hairpin_is_masqueraded",
+        "socket-level balancing connects the pod straight to its own address: the endpoint sees \
+         itself as the source (no NAT at all, so nothing to masquerade) and the reply path works",
+        Instead::Step(
+            0,
+            Expect::Served {
+                pods: &["pod0"],
+                all_seen: true,
+                src: Src::Preserved,
+            },
+        ),
+    ),
+    exception(
+        Backend::Ebpf,
+        "load_balancer_source_range_denies",
+        "NOT IMPLEMENTED: the eBPF maps carry no loadBalancerSourceRanges, so the tc program \
+         translates LoadBalancer traffic from any source instead of dropping it",
+        Instead::Fails,
+    ),
+];
+
+/// The exceptions for this pair (the backend's `"*"` entries first).
+pub fn find(backend: Backend, scenario: &str) -> Vec<&'static Exception> {
+    EXCEPTIONS
+        .iter()
+        .filter(|e| e.backend == backend && (e.scenario == "*" || e.scenario == scenario))
+        .collect()
+}

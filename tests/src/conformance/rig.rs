@@ -1,0 +1,393 @@
+//! The rig: one cluster, (for eBPF) one test cgroup, and one agent per test; runs the steps.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::IpAddr;
+use std::process::{Child, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::{Backend, Expect, From, Probe, Scenario, Src, Step};
+use crate::cluster::{ClusterSpec, CLIENT_IP, NODE_IP, PODCLIENT_IP};
+use crate::probe::{parse_probe_output, probe_command, run_probe, ProbeLine};
+use crate::{Agent, AgentOptions, Cgroup, Cluster, HarnessError, Netns};
+
+const MANIFEST: &str = "scenario.yaml";
+/// How long an update may take to show in `/state`.
+const CHANGE: Duration = Duration::from_secs(10);
+/// Pause after `/state` shows a change, for the dataplane sync that follows it.
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// The cluster every scenario runs in: 4 pods with echo servers.
+pub fn cluster() -> Result<Cluster, HarnessError> {
+    Cluster::new(ClusterSpec::pods(4))
+}
+
+/// A running backend for one scenario. Field order is drop order: held clients, agent, cgroup.
+pub struct Rig<'c> {
+    held: Mutex<Vec<Child>>,
+    agent: Agent<'c>,
+    cgroup: Option<Cgroup>,
+    cluster: &'c Cluster,
+    backend: Backend,
+}
+
+impl<'c> Rig<'c> {
+    /// The agent for `backend` in `cluster`'s node with the scenario's manifests.
+    pub fn start(
+        cluster: &'c Cluster,
+        backend: Backend,
+        sc: &Scenario,
+    ) -> Result<Rig<'c>, HarnessError> {
+        let cgroup = match backend {
+            Backend::Ebpf => Some(Cgroup::new("conformance")?),
+            _ => None,
+        };
+        let args = backend.agent_args();
+        let mut opts = args[1..]
+            .iter()
+            .fold(AgentOptions::backend(args[0]), |o, a| o.arg(*a));
+        if let Some(cg) = &cgroup {
+            opts = opts.cgroup(cg);
+        }
+        let agent = Agent::start(&cluster.node, &opts, &[(MANIFEST, (sc.manifests)())])?;
+        // The first sync has happened once /healthz is up; give the dataplane a moment.
+        std::thread::sleep(SETTLE);
+        Ok(Rig {
+            held: Mutex::new(Vec::new()),
+            agent,
+            cgroup,
+            cluster,
+            backend,
+        })
+    }
+
+    /// Runs every step; the error names the step and what was seen.
+    pub fn run(&self, sc: &Scenario) -> Result<(), String> {
+        for (i, step) in sc.steps.iter().enumerate() {
+            self.step(step)
+                .map_err(|e| format!("step {i} ({step:?}) on {}: {e}", self.backend))?;
+        }
+        Ok(())
+    }
+
+    /// The last lines of the agent's log.
+    pub fn log_tail(&self) -> String {
+        let log = self.agent.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    fn step(&self, step: &Step) -> Result<(), String> {
+        match *step {
+            Step::Probe(p) => self.probe(&p),
+            Step::Hold {
+                from,
+                to,
+                count,
+                pods,
+            } => self.hold(from, to, count, pods),
+            Step::Update {
+                manifests,
+                service,
+                endpoints,
+            } => self.update(manifests, service, endpoints),
+            Step::State(expected) => self.state(expected),
+        }
+    }
+
+    fn source(&self, from: From) -> (&Netns, Option<&Cgroup>, Option<IpAddr>) {
+        let c = self.cluster;
+        let cg = self.cgroup.as_ref();
+        match from {
+            From::Pod => (&c.podclient, cg, Some(PODCLIENT_IP.into())),
+            From::Node => (&c.node, cg, None),
+            From::External => (&c.client, None, Some(CLIENT_IP.into())),
+            From::Endpoint(i) => (&c.pods[i].ns, cg, Some(c.pods[i].ip.into())),
+        }
+    }
+
+    fn probe(&self, p: &Probe) -> Result<(), String> {
+        let (ns, cg, client) = self.source(p.from);
+        let count = p.count.to_string();
+        let proto = if p.udp { "udp" } else { "tcp" };
+        let timeout = match p.expect {
+            Expect::Drop | Expect::NotServed | Expect::Reject | Expect::Error(_) => "1",
+            _ => "2",
+        };
+        let args = [proto, p.to, "--count", &count, "--timeout", timeout];
+        let out = run_probe(ns, cg, &args).map_err(|e| e.to_string())?;
+        if !out.stderr.trim().is_empty() && out.lines.is_empty() {
+            return Err(format!("probe {args:?} printed nothing: {}", out.stderr));
+        }
+        check(&p.expect, &out.lines, client).map_err(|e| format!("{e}; probe {args:?}"))
+    }
+
+    fn hold(&self, from: From, to: &str, count: usize, pods: &[&str]) -> Result<(), String> {
+        let (ns, cg, _) = self.source(from);
+        let n = count.to_string();
+        let mut child = probe_command(ns, cg, &["tcp", to, "--count", &n, "--hold", "60"])
+            .and_then(|mut c| {
+                c.stdout(Stdio::piped());
+                c.spawn().map_err(|e| HarnessError::Io {
+                    what: "spawning a holding probe".into(),
+                    source: e,
+                })
+            })
+            .map_err(|e| e.to_string())?;
+        let stdout = child.stdout.take().ok_or("probe without stdout")?;
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(child);
+        let mut text = String::new();
+        for line in BufReader::new(stdout).lines().take(count) {
+            text.push_str(&line.map_err(|e| e.to_string())?);
+            text.push('\n');
+        }
+        let lines = parse_probe_output(&text).map_err(|e| e.to_string())?;
+        let expect = Expect::Served {
+            pods: leak(pods),
+            all_seen: false,
+            src: Src::Any,
+        };
+        check(&expect, &lines, None)?;
+        if lines.len() != count {
+            return Err(format!(
+                "held {} of {count} connections: {text}",
+                lines.len()
+            ));
+        }
+        // Connection-tracking based accounting (least-connection) needs a moment.
+        std::thread::sleep(SETTLE);
+        Ok(())
+    }
+
+    fn update(&self, manifests: fn() -> String, service: &str, n: usize) -> Result<(), String> {
+        self.agent
+            .write_manifest(MANIFEST, &manifests())
+            .map_err(|e| e.to_string())?;
+        self.agent
+            .wait_for(&format!("{n} endpoints for {service}"), CHANGE, |s| {
+                s.service(service).is_some_and(|p| p.endpoints.len() == n)
+            })
+            .map_err(|e| e.to_string())?;
+        std::thread::sleep(SETTLE);
+        Ok(())
+    }
+
+    fn state(&self, expected: &[(&str, &[&str])]) -> Result<(), String> {
+        let state = self.agent.state().map_err(|e| e.to_string())?;
+        let seen: BTreeMap<String, Vec<String>> = state
+            .services
+            .iter()
+            .map(|s| {
+                let mut eps = s.endpoint_addrs();
+                eps.sort();
+                (s.name.clone(), eps)
+            })
+            .collect();
+        let want: BTreeMap<String, Vec<String>> = expected
+            .iter()
+            .map(|(name, eps)| {
+                let mut eps: Vec<String> = eps.iter().map(|e| e.to_string()).collect();
+                eps.sort();
+                (name.to_string(), eps)
+            })
+            .collect();
+        if seen != want {
+            return Err(format!("/state shows {seen:?}, expected {want:?}"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Rig<'_> {
+    fn drop(&mut self) {
+        for mut child in self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn leak(pods: &[&str]) -> &'static [&'static str] {
+    Box::leak(
+        pods.iter()
+            .map(|p| &*Box::leak(p.to_string().into_boxed_str()))
+            .collect::<Vec<&'static str>>()
+            .into_boxed_slice(),
+    )
+}
+
+/// Whether `ip` is one of the node's addresses (192.0.2.1 or a 10.244.x.1 link address).
+fn is_node_address(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4 == NODE_IP || (v4.octets()[..2] == [10, 244] && v4.octets()[3] == 1),
+        IpAddr::V6(_) => false,
+    }
+}
+
+/// Checks probe output against `expect`; `client` is the source address for [`Src::Preserved`].
+pub fn check(expect: &Expect, lines: &[ProbeLine], client: Option<IpAddr>) -> Result<(), String> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut errors = Vec::new();
+    let mut peers = Vec::new();
+    for l in lines {
+        match l {
+            ProbeLine::Reply(r) => {
+                *counts.entry(r.pod.as_str()).or_default() += 1;
+                peers.push(r.peer.ip());
+            }
+            ProbeLine::Error(e) => errors.push(e.as_str()),
+            _ => {}
+        }
+    }
+    let n = lines.len();
+    let summary = format!("answers {counts:?}, errors {errors:?}");
+    let all_answered = || {
+        if errors.is_empty() && n > 0 {
+            Ok(())
+        } else {
+            Err(format!("not every request was answered: {summary}"))
+        }
+    };
+    match *expect {
+        Expect::Served {
+            pods,
+            all_seen,
+            src,
+        } => {
+            all_answered()?;
+            if let Some(p) = counts.keys().find(|p| !pods.contains(p)) {
+                return Err(format!("{p} answered but only {pods:?} may: {summary}"));
+            }
+            if all_seen && counts.len() != pods.len() {
+                return Err(format!("every one of {pods:?} should answer: {summary}"));
+            }
+            check_source(src, &peers, client)
+        }
+        Expect::Exact(pods) => {
+            all_answered()?;
+            let share = n / pods.len();
+            let fair = |c: usize| c + 1 >= share && c <= share + 1;
+            if counts.len() != pods.len() || !counts.values().all(|&c| fair(c)) {
+                return Err(format!(
+                    "{n} connections over {pods:?} should give {share} +-1 each: {summary}"
+                ));
+            }
+            Ok(())
+        }
+        Expect::Sticky => {
+            all_answered()?;
+            if counts.len() != 1 {
+                return Err(format!(
+                    "all connections should stick to one endpoint: {summary}"
+                ));
+            }
+            Ok(())
+        }
+        Expect::Reject => {
+            let rejected = |e: &&str| matches!(*e, "refused" | "reset" | "unreachable");
+            if !counts.is_empty() || errors.is_empty() || !errors.iter().all(rejected) {
+                return Err(format!("expected an active rejection: {summary}"));
+            }
+            Ok(())
+        }
+        Expect::Drop => {
+            if !counts.is_empty() || errors.is_empty() || !errors.iter().all(|e| *e == "timeout") {
+                return Err(format!("expected a silent drop (timeout): {summary}"));
+            }
+            Ok(())
+        }
+        Expect::Error(kind) => {
+            if !counts.is_empty()
+                || errors.is_empty()
+                || !errors.iter().all(|e| e.starts_with(kind))
+            {
+                return Err(format!(
+                    "expected every request to fail with {kind:?}: {summary}"
+                ));
+            }
+            Ok(())
+        }
+        Expect::NotServed => {
+            if !counts.is_empty() || errors.is_empty() {
+                return Err(format!("expected no endpoint to answer: {summary}"));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn check_source(src: Src, peers: &[IpAddr], client: Option<IpAddr>) -> Result<(), String> {
+    match src {
+        Src::Any => Ok(()),
+        Src::Preserved => {
+            let client = client.ok_or("Src::Preserved needs a client address")?;
+            match peers.iter().find(|p| **p != client) {
+                Some(p) => Err(format!("the endpoint saw {p}, not the client {client}")),
+                None => Ok(()),
+            }
+        }
+        Src::Masqueraded => match peers.iter().find(|p| !is_node_address(**p)) {
+            Some(p) => Err(format!(
+                "the endpoint saw {p}, not a node address (masquerade)"
+            )),
+            None => Ok(()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Reply;
+
+    fn reply(pod: &str, peer: &str) -> ProbeLine {
+        ProbeLine::Reply(Reply {
+            pod: pod.into(),
+            peer: peer.parse().unwrap(),
+        })
+    }
+
+    #[test]
+    fn checks_accept_the_right_outcome_and_reject_the_wrong_one() {
+        let pc = Some(IpAddr::V4(PODCLIENT_IP));
+        let ok = [
+            reply("pod0", "10.244.200.2:1"),
+            reply("pod1", "10.244.200.2:2"),
+        ];
+        let pods: &[&str] = &["pod0", "pod1"];
+        let served = Expect::Served {
+            pods,
+            all_seen: true,
+            src: Src::Preserved,
+        };
+        assert!(check(&served, &ok, pc).is_ok());
+        let masq = Expect::Served {
+            pods,
+            all_seen: true,
+            src: Src::Masqueraded,
+        };
+        assert!(check(&masq, &ok, pc).is_err());
+        let natted = [reply("pod0", "192.0.2.1:1"), reply("pod1", "10.244.1.1:2")];
+        assert!(check(&masq, &natted, pc).is_ok());
+        assert!(check(&Expect::Exact(pods), &ok, pc).is_ok());
+        assert!(check(&Expect::Sticky, &ok, pc).is_err());
+        assert!(check(&Expect::Reject, &ok, pc).is_err());
+        let refused = [ProbeLine::Error("refused".into())];
+        let timeout = [ProbeLine::Error("timeout".into())];
+        assert!(check(&Expect::Reject, &refused, pc).is_ok());
+        assert!(check(&Expect::Drop, &refused, pc).is_err());
+        assert!(check(&Expect::Drop, &timeout, pc).is_ok());
+        assert!(check(&Expect::NotServed, &timeout, pc).is_ok());
+        let uneven: Vec<_> = (0..4).map(|_| reply("pod0", "10.244.200.2:1")).collect();
+        assert!(check(&Expect::Exact(pods), &uneven, pc).is_err());
+    }
+}

@@ -1,0 +1,90 @@
+//! The conformance suite: every scenario of `kpr_tests::conformance::scenarios` against every
+//! backend, one test per (backend, scenario), named `<backend>::<scenario>`:
+//! `cargo test -p kpr-tests --test conformance nftables::` runs one backend,
+//! `... ::round_robin` one scenario everywhere. Exceptions: `kpr_tests::conformance::EXCEPTIONS`.
+//! Needs root and the `proxy` and `probe` binaries (`cargo build -p proxy -p kpr-tests --bins`).
+
+use kpr_tests::conformance::{run, scenarios, Backend};
+
+/// One module per backend, one test per scenario.
+macro_rules! backend {
+    ($module:ident, $backend:expr; $($scenario:ident),* $(,)?) => {
+        mod $module {
+            use super::*;
+            $(
+                #[test]
+                fn $scenario() {
+                    run($backend, stringify!($scenario));
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! suite {
+    ($($scenario:ident),* $(,)?) => {
+        backend!(userspace, Backend::Userspace; $($scenario),*);
+        backend!(nftables, Backend::Nftables; $($scenario),*);
+        backend!(iptables_nft, Backend::IptablesNft; $($scenario),*);
+        backend!(iptables_legacy, Backend::IptablesLegacy; $($scenario),*);
+        backend!(ebpf, Backend::Ebpf; $($scenario),*);
+
+        /// Every row of the table has its tests (and nothing else does).
+        #[test]
+        fn every_scenario_of_the_table_is_generated() {
+            let mut generated = vec![$(stringify!($scenario)),*];
+            let mut table: Vec<&str> = scenarios::all().iter().map(|s| s.name).collect();
+            generated.sort();
+            table.sort();
+            assert_eq!(generated, table);
+        }
+    };
+}
+
+suite!(
+    cluster_ip_from_pod,
+    cluster_ip_from_node,
+    node_port_from_external,
+    node_port_from_node,
+    node_port_only_on_nodeport_addresses,
+    external_ip,
+    load_balancer_ip,
+    load_balancer_source_range_allows,
+    load_balancer_source_range_denies,
+    not_ready_endpoints_are_not_used,
+    ready_preferred_over_terminating,
+    terminating_fallback,
+    internal_traffic_local,
+    internal_traffic_local_none_here_drops,
+    external_traffic_local,
+    external_traffic_local_terminating_fallback,
+    external_traffic_local_none_here_drops,
+    external_traffic_local_pod_short_circuit,
+    reject_without_endpoints,
+    reject_with_only_not_ready_endpoints,
+    udp_without_endpoints_is_rejected,
+    drop_unallocated_service_address,
+    port_not_exposed_is_rejected,
+    protocol_matched_exactly,
+    round_robin,
+    least_connection,
+    session_affinity,
+    udp,
+    hairpin_is_masqueraded,
+    pod_to_service_keeps_source,
+    state_is_the_same_for_every_backend,
+    other_service_proxy_name_is_ignored,
+    bad_input_does_not_stop_other_services,
+);
+
+/// Every exception names a real scenario and carries a reason.
+#[test]
+fn exceptions_name_real_scenarios() {
+    for e in kpr_tests::conformance::EXCEPTIONS {
+        assert!(
+            e.scenario == "*" || kpr_tests::conformance::scenario(e.scenario).is_some(),
+            "{e:?}"
+        );
+        assert!(!e.reason.is_empty(), "{e:?}");
+    }
+}
