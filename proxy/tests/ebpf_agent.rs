@@ -25,8 +25,17 @@ fn client_process_entry() {
     run_client(&spec);
 }
 
+/// One agent at a time: each loads and verifies the programs, which is slow on small or emulated
+/// machines (the VM matrix), and the agents' starts would race for the 30 s ready timeout.
+static ONE_AGENT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_agent() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AGENT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn agent_balances_cluster_ip_and_node_port_with_the_ebpf_backend() {
+    let _one = one_agent();
     let cluster = Cluster::new(ClusterSpec::pods(4)).unwrap();
     let cgroup = Cgroup::new("agent").unwrap();
     let svc = Service::new("web")
@@ -135,6 +144,7 @@ fn proxy_out(args: &[&str]) -> String {
 
 #[test]
 fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
+    let _one = one_agent();
     let cluster = Cluster::new(ClusterSpec::pods(3)).unwrap();
     let cgroup = Cgroup::new("trace").unwrap();
     let opts = AgentOptions::backend("ebpf")
@@ -400,6 +410,7 @@ fn pin_tiny_hash(bpffs: &std::path::Path, name: &str, key: usize, value: usize, 
 
 #[test]
 fn program_logs_reach_the_agent_log_and_a_full_map_names_the_service_and_counts() {
+    let _one = one_agent();
     let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
     let cgroup = Cgroup::new("full").unwrap();
     let web = Service::new("web").cluster_ip("10.96.0.10").tcp(80, 8080);
