@@ -189,7 +189,7 @@ pub fn kernel_memory_kib() -> Option<i64> {
 /// as they ship, not unoptimized.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if cfg!(debug_assertions) && std::env::var_os(IN_RELEASE).is_none() {
-        return rerun_in_release();
+        return rerun_in_release(args);
     }
     let plan = Plan::new(args)?;
     std::fs::create_dir_all(&plan.out_dir)?;
@@ -247,13 +247,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// Set in the release xtask that [`run`] starts.
 const IN_RELEASE: &str = "KPR_BENCH_IN_RELEASE";
 
-fn rerun_in_release() -> anyhow::Result<()> {
+fn rerun_in_release(args: &BenchArgs) -> anyhow::Result<()> {
     let release = xtask::target_dir().join("release");
     Cmd::new("cargo")
         .args(["build", "--release", "-p", "proxy", "-p", "xtask"])
         .dir(xtask::workspace_root())
         .run()?;
-    control_plane::build()?;
+    if !args.no_control_plane {
+        control_plane::build()?;
+    }
     Cmd::new(release.join("xtask"))
         .args(std::env::args_os().skip(1))
         .env(IN_RELEASE, "1")
