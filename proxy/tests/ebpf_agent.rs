@@ -25,6 +25,16 @@ fn client_process_entry() {
     run_client(&spec);
 }
 
+/// The ebpf agent on the test cgroup. Starting it loads and verifies the programs, which takes
+/// far longer in an emulated VM (the kernel matrix) than here: a generous ready timeout.
+fn agent_options(cgroup: &Cgroup) -> AgentOptions {
+    let mut opts = AgentOptions::backend("ebpf")
+        .cgroup(cgroup)
+        .binary(env!("CARGO_BIN_EXE_proxy"));
+    opts.ready_timeout = Duration::from_secs(120);
+    opts
+}
+
 /// One agent at a time: each loads and verifies the programs, which is slow on small or emulated
 /// machines (the VM matrix), and the agents' starts would race for the 30 s ready timeout.
 static ONE_AGENT: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -44,9 +54,7 @@ fn agent_balances_cluster_ip_and_node_port_with_the_ebpf_backend() {
         .named("http")
         .node_port(30080);
     let slice = EndpointSlice::for_service(&svc).ready_all(cluster.pod_ips());
-    let opts = AgentOptions::backend("ebpf")
-        .cgroup(&cgroup)
-        .binary(env!("CARGO_BIN_EXE_proxy"));
+    let opts = agent_options(&cgroup);
     let agent = Agent::start(&cluster.node, &opts, &[("web.yaml", yaml(&[&svc, &slice]))])
         .unwrap_or_else(|e| panic!("agent: {e}"));
     // Local client (pod source) through the cgroup programs: exact round-robin.
@@ -147,9 +155,7 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
     let _one = one_agent();
     let cluster = Cluster::new(ClusterSpec::pods(3)).unwrap();
     let cgroup = Cgroup::new("trace").unwrap();
-    let opts = AgentOptions::backend("ebpf")
-        .cgroup(&cgroup)
-        .binary(env!("CARGO_BIN_EXE_proxy"));
+    let opts = agent_options(&cgroup);
     let agent = Agent::start(
         &cluster.node,
         &opts,
@@ -415,9 +421,7 @@ fn program_logs_reach_the_agent_log_and_a_full_map_names_the_service_and_counts(
     let cgroup = Cgroup::new("full").unwrap();
     let web = Service::new("web").cluster_ip("10.96.0.10").tcp(80, 8080);
     let web_s = EndpointSlice::for_service(&web).ready_all(cluster.pod_ips());
-    let opts = AgentOptions::backend("ebpf")
-        .cgroup(&cgroup)
-        .binary(env!("CARGO_BIN_EXE_proxy"));
+    let opts = agent_options(&cgroup);
     let agent = Agent::start(&cluster.node, &opts, &[("web.yaml", yaml(&[&web, &web_s]))])
         .unwrap_or_else(|e| panic!("agent: {e}"));
     let bpffs = agent.bpffs_path().expect("ebpf agent").to_path_buf();

@@ -33,6 +33,16 @@ fn client_process_entry() {
     }
 }
 
+/// The ebpf agent on the test cgroup. Starting it loads and verifies the programs, which takes
+/// far longer in an emulated VM (the kernel matrix) than here: a generous ready timeout.
+fn agent_options(cgroup: &Cgroup) -> AgentOptions {
+    let mut opts = AgentOptions::backend("ebpf")
+        .cgroup(cgroup)
+        .binary(env!("CARGO_BIN_EXE_proxy"));
+    opts.ready_timeout = Duration::from_secs(120);
+    opts
+}
+
 /// Client command `converse ADDR`: one TCP connection; every stdin line is echoed through it and
 /// printed as `KPR echo LINE` (or `KPR err ...`).
 fn converse(addr: SocketAddr) {
@@ -170,9 +180,7 @@ fn sigkill_keeps_connections_and_balancing_restart_reconciles_cleanup_removes_al
     let cluster = Cluster::new(ClusterSpec::pods(3)).unwrap();
     let cgroup = Cgroup::new("restart").unwrap();
     let ips = cluster.pod_ips();
-    let opts = AgentOptions::backend("ebpf")
-        .cgroup(&cgroup)
-        .binary(env!("CARGO_BIN_EXE_proxy"));
+    let opts = agent_options(&cgroup);
     let agent = Agent::start(&cluster.node, &opts, &[("web.yaml", web(&ips))])
         .unwrap_or_else(|e| panic!("agent: {e}"));
     let bpffs = agent.bpffs_path().expect("ebpf agent").to_path_buf();
