@@ -1,7 +1,9 @@
 //! Runs an `nft -f -` transaction: the only place this backend executes `nft`.
 //!
 //! One call is one netlink batch, so a sync is applied atomically or not at all. `nft` runs in
-//! the network namespace of the calling thread.
+//! the network namespace of the calling thread. Small transactions (incremental syncs) go through
+//! the thread's long-lived libnftables context ([`super::libnft`]); large ones (full syncs) and
+//! hosts without libnftables run `nft -f -`, whose memory is returned when it exits.
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -10,6 +12,9 @@ use crate::error::DataplaneError;
 
 /// Lines of the failing script quoted in an error, around the line nft complains about.
 const CONTEXT_LINES: usize = 2;
+
+/// Transactions up to this size use the long-lived libnftables context.
+const SMALL_SCRIPT: usize = 64 * 1024;
 
 static DUMPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -22,6 +27,11 @@ pub fn apply(script: &str) -> Result<(), DataplaneError> {
             std::path::Path::new(&dir).join(format!("tx-{n}.nft")),
             script,
         );
+    }
+    if script.len() <= SMALL_SCRIPT {
+        if let Some(result) = super::libnft::run(script) {
+            return result.map_err(|stderr| failed("nft -f - (libnftables)", script, &stderr));
+        }
     }
     let mut child = Command::new("nft")
         .args(["-f", "-"])
@@ -40,22 +50,33 @@ pub fn apply(script: &str) -> Result<(), DataplaneError> {
     if out.status.success() {
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    Err(DataplaneError::Command {
-        command: "nft -f -".into(),
-        detail: format!("{}{}", first_lines(&stderr, 12), quote(script, &stderr)),
-    })
+    Err(failed(
+        "nft -f -",
+        script,
+        &String::from_utf8_lossy(&out.stderr),
+    ))
+}
+
+fn failed(command: &str, script: &str, stderr: &str) -> DataplaneError {
+    DataplaneError::Command {
+        command: command.into(),
+        detail: format!("{}{}", first_lines(stderr, 12), quote(script, stderr)),
+    }
 }
 
 fn first_lines(s: &str, n: usize) -> String {
     s.lines().take(n).collect::<Vec<_>>().join("\n")
 }
 
-/// Quotes the script lines nft's first `/dev/stdin:LINE:` reference points at.
+/// Quotes the script lines nft's first `/dev/stdin:LINE:` (`<cmdline>:LINE:` from libnftables)
+/// reference points at.
 fn quote(script: &str, stderr: &str) -> String {
     let Some(line) = stderr
         .split(|c: char| c.is_whitespace())
-        .find_map(|w| w.strip_prefix("/dev/stdin:"))
+        .find_map(|w| {
+            w.strip_prefix("/dev/stdin:")
+                .or_else(|| w.strip_prefix("<cmdline>:"))
+        })
         .and_then(|rest| rest.split(':').next())
         .and_then(|n| n.parse::<usize>().ok())
     else {

@@ -15,6 +15,7 @@
 pub mod compile;
 pub mod elements;
 pub mod exec;
+mod libnft;
 pub mod ops;
 pub mod ruleset;
 
