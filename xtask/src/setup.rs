@@ -38,7 +38,8 @@ pub fn run() -> anyhow::Result<()> {
     nightly_toolchain()?;
     host_components()?;
     bpf_linker()?;
-    crate::vm::ensure_tools()
+    crate::vm::ensure_tools()?;
+    crate::vm::ensure_kernels()
 }
 
 fn apt_packages() -> anyhow::Result<()> {
