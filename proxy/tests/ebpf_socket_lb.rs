@@ -473,3 +473,28 @@ fn an_incremental_change_after_a_batched_full_sync_touches_only_its_entries() {
     let key = proxy::dataplane::ebpf::compile::service_key(bulk_ip(5), 80, Protocol::Tcp);
     assert_eq!(services.get(&key).unwrap().map(|v| v.count), Some(3));
 }
+
+#[test]
+fn an_address_freed_and_taken_in_one_full_sync_keeps_the_new_owner() {
+    let mut fx = Fixture::new("takeover", 2);
+    // "z-old" sorts after "b-new": the removal must still come first.
+    let old = name("z-old", Protocol::Tcp);
+    let new = name("b-new", Protocol::Tcp);
+    let mut state = ProxyState::default();
+    state.services.insert(old.clone(), service(&old, VIP, 80));
+    state.endpoints.insert(old.clone(), fx.endpoints(&[0]));
+    fx.sync(&mut state, &full());
+    state.services.remove(&old);
+    state.endpoints.remove(&old);
+    state.services.insert(new.clone(), service(&new, VIP, 80));
+    state.endpoints.insert(new.clone(), fx.endpoints(&[1]));
+    let stats = fx.sync(&mut state, &full());
+    assert_eq!((stats.service_ports, stats.touched), (1, 2), "{stats:?}");
+    let maps = maps_dir(fx.dp().bpffs_path());
+    let services: Table<ServiceKey, ServiceValue> = Table::from_pin(&maps, SERVICES).unwrap();
+    let key = proxy::dataplane::ebpf::compile::service_key(VIP, 80, Protocol::Tcp);
+    let value = services.get(&key).unwrap().expect("b-new's frontend");
+    assert_eq!(value.set_id, fx.dp().set_ids(&new)[0]);
+    let counts = pod_counts(&fx.client_lines(&format!("tcp {} 2", vip(80))));
+    assert_eq!(counts.get(&fx.cluster.pods[1].name), Some(&2), "{counts:?}");
+}

@@ -25,7 +25,6 @@
 //! implement them); tc masquerade keeps the client's source port (two external clients using the
 //! same source port towards the same backend collide); SCTP on the tc path.
 
-use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -248,16 +247,28 @@ impl Dataplane for EbpfDataplane {
         state: &ProxyState,
         changes: &ChangeSet,
     ) -> Result<SyncStats, DataplaneError> {
-        let names: BTreeSet<ServicePortName> = if changes.full {
-            state
-                .services
-                .keys()
-                .chain(self.programmed.names())
-                .cloned()
-                .collect()
+        // Removed service ports first, so that an address one of them frees and another takes
+        // in the same sync ends up with the new owner's entry.
+        let candidates: Vec<&ServicePortName> = if changes.full {
+            self.programmed.names().collect()
         } else {
-            changes.changed.clone()
+            changes.changed.iter().collect()
         };
+        let removed: Vec<ServicePortName> = candidates
+            .into_iter()
+            .filter(|name| !state.services.contains_key(*name))
+            .cloned()
+            .collect();
+        let present: Vec<&ServicePortName> = if changes.full {
+            state.services.keys().collect()
+        } else {
+            changes
+                .changed
+                .iter()
+                .filter(|name| state.services.contains_key(*name))
+                .collect()
+        };
+        let touched = removed.len() + present.len();
         self.refresh_tc(changes.full)?;
         let mut ops = 0;
         let mut first_err = None;
@@ -266,7 +277,7 @@ impl Dataplane for EbpfDataplane {
         if changes.full {
             self.maps.begin_batch();
         }
-        for name in &names {
+        for name in removed.iter().chain(present) {
             if let Err(e) = self.sync_one(state, name, &mut ops) {
                 tracing::error!("ebpf: {e}");
                 first_err.get_or_insert(e);
@@ -293,7 +304,7 @@ impl Dataplane for EbpfDataplane {
             None => Ok(SyncStats {
                 full: changes.full,
                 service_ports: self.programmed.len(),
-                touched: names.len(),
+                touched,
                 operations: ops,
             }),
         }
