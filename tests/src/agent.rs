@@ -47,13 +47,26 @@ pub struct AgentOptions {
     pub dual_stack: bool,
 }
 
+/// Set (seconds) where everything runs slower than on the host, e.g. by `cargo xtask vm` in
+/// its emulated (TCG) guests, where loading the eBPF programs alone can take most of 30 s.
+pub const READY_TIMEOUT_ENV: &str = "KPR_TEST_READY_TIMEOUT";
+
+/// 30 s, or the seconds in [`READY_TIMEOUT_ENV`] when that is set to a number.
+fn default_ready_timeout() -> Duration {
+    let secs = std::env::var(READY_TIMEOUT_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    Duration::from_secs(secs)
+}
+
 impl AgentOptions {
     pub fn backend(backend: &str) -> AgentOptions {
         AgentOptions {
             backend: backend.into(),
             balance: "round-robin".into(),
             extra_args: Vec::new(),
-            ready_timeout: Duration::from_secs(30),
+            ready_timeout: default_ready_timeout(),
             cgroup: None,
             binary: None,
             dual_stack: false,
