@@ -172,6 +172,8 @@ pub struct BaselineResult {
     pub latency_n: Option<Latency>,
     pub rps: Option<f64>,
     pub rps_ratio: Option<f64>,
+    /// Median over interleaved blocks of the Service/direct p50 ratio.
+    pub direct_latency_ratio: Option<f64>,
     pub rr_deviation_pct: Option<f64>,
 }
 
@@ -283,10 +285,11 @@ pub fn run(
     if with_traffic {
         let direct = cluster.pods[0].echo_addr();
         let ns = &cluster.podclient;
-        r.latency_n = Some(traffic::latency(ns, target, plan.latency_samples)?);
-        let rps = traffic::request_rate(ns, target, plan.rate_time)?;
-        r.rps = Some(rps);
-        r.rps_ratio = Some(rps / traffic::request_rate(ns, direct, plan.rate_time)?);
+        let p = traffic::paired(ns, target, direct, plan.latency_samples, plan.rate_time)?;
+        r.latency_n = Some(p.service);
+        r.direct_latency_ratio = Some(p.latency_ratio);
+        r.rps = Some(p.service_rps);
+        r.rps_ratio = Some(p.service_rps / p.direct_rps);
         let counts = traffic::distribution(ns, target, plan.rr_connections)?;
         r.rr_deviation_pct = Some(traffic::max_deviation_pct(&counts, plan.endpoints));
     }

@@ -171,7 +171,7 @@ impl Report {
                 lat(&b.latency_10),
                 lat(&b.latency_n),
                 ratio(&b.latency_n, &b.latency_10),
-                opt(b.rps_ratio, 2),
+                pair(b.direct_latency_ratio, b.rps_ratio),
                 opt(b.rr_deviation_pct, 1)
             )
             .unwrap();
@@ -308,11 +308,12 @@ impl Report {
 
 /// A backend's "vs direct" cell: median block p50 ratio / req/s ratio (paired measurement).
 fn vs_direct(r: &BackendResult) -> String {
-    format!(
-        "{} / {}",
-        opt(r.direct_latency_ratio, 2),
-        opt(r.rps_ratio, 2)
-    )
+    pair(r.direct_latency_ratio, r.rps_ratio)
+}
+
+/// `a / b` with two decimals each, `-` where missing.
+fn pair(a: Option<f64>, b: Option<f64>) -> String {
+    format!("{} / {}", opt(a, 2), opt(b, 2))
 }
 
 fn xml(s: &str) -> String {
