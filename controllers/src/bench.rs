@@ -55,8 +55,10 @@ fn check_complete(srv: &TestApiServer, services: usize, pods_per_service: usize)
 
 async fn run(services: usize, pods_per_service: usize, timeout: Duration) -> Result<Duration> {
     let history = (services * (pods_per_service + 2)).max(100_000);
+    // A /12 (a million clusterIPs) so 100,000 Services and more fit; the default /16 holds 65,534.
     let srv = TestApiServer::builder()
         .history(history)
+        .service_cidr(std::net::Ipv4Addr::new(10, 96, 0, 0), 12)
         .start()
         .await
         .map_err(bench_err)?;

@@ -139,13 +139,11 @@ pub fn ensure_tools() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Downloads and extracts every kernel of [`MATRIX`] (cached under target/vm/, skipped when
-/// present), so `cargo xtask vm` and its `--smoke` need no network afterwards.
+/// Downloads and extracts the smoke kernel (cached under target/vm/, skipped when present).
 pub fn ensure_kernels() -> anyhow::Result<()> {
-    for version in MATRIX {
-        fetch_kernel(version)?;
-    }
-    Ok(())
+    // Only the smoke kernel: `cargo xtask test` boots it; the full matrix fetches the others
+    // when it runs, so `setup` (run by `demo` too) downloads one kernel package, not three.
+    fetch_kernel(SMOKE_KERNEL).map(drop)
 }
 
 fn find_on_path(program: &str) -> Option<PathBuf> {
