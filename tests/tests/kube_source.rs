@@ -258,7 +258,7 @@ async fn a_lost_watch_and_410_relist_touch_only_what_changed() {
     // Everything below happens while no watch is open to see it.
     fx.server.faults().fail_for(Duration::from_secs(2));
     fx.server.faults().drop_watches();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    fx.drain_for(Duration::from_millis(500)).await;
     // Writes straight into the store (the API answers 500 for now), then the history is dropped.
     rewrite_in_store(&fx.server, "svc-7", &["10.244.7.9"]);
     delete_in_store(&fx.server, "svc-9");
@@ -289,6 +289,8 @@ async fn an_api_outage_keeps_the_state_and_converges_after() {
 
     fx.server.faults().fail_for(Duration::from_secs(4));
     fx.server.faults().drop_watches();
+    // The streams close asynchronously: let them, so the write below reaches no open watch.
+    fx.drain_for(Duration::from_millis(500)).await;
     rewrite_in_store(&fx.server, "svc-3", &["10.244.3.7", "10.244.3.8"]);
     fx.drain_for(Duration::from_millis(1500)).await;
     assert_eq!(fx.tracker.state().services.len(), 10, "nothing forgotten");
