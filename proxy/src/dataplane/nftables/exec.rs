@@ -29,8 +29,16 @@ pub fn apply(script: &str) -> Result<(), DataplaneError> {
         );
     }
     if script.len() <= SMALL_SCRIPT {
-        if let Some(result) = super::libnft::run(script) {
-            return result.map_err(|stderr| failed("nft -f - (libnftables)", script, &stderr));
+        match super::libnft::run(script) {
+            Some(Ok(())) => return Ok(()),
+            // The long-lived context is only a shortcut: a transaction is atomic, so one it
+            // refused is retried by the nft binary, whose answer is the one reported (seen on
+            // Debian's 6.12 kernel: "Operation not supported" from the context only).
+            Some(Err(stderr)) => tracing::warn!(
+                "libnftables refused a transaction, retrying with nft -f -: {}",
+                stderr.trim()
+            ),
+            None => {}
         }
     }
     let mut child = Command::new("nft")
