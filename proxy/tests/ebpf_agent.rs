@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ebpf_support::*;
 use kpr_tests::cluster::{ClusterSpec, CLIENT_IP, NODE_IP, PODCLIENT_IP};
-use kpr_tests::{yaml, Agent, AgentOptions, Cgroup, Cluster, EndpointSlice, Service};
+use kpr_tests::{yaml, Agent, Cgroup, Cluster, EndpointSlice, Service};
 use proxy::dataplane::ebpf::inspect::MapSnapshot;
 use proxy::dataplane::ebpf::trace::{netns_cookie, trace, Decision, TraceRequest};
 use proxy::model::Protocol;
@@ -23,16 +23,6 @@ use proxy::model::Protocol;
 fn client_process_entry() {
     let spec = std::env::var(CLIENT_ENV).expect("KPR_EBPF_CLIENT is set by the spawning test");
     run_client(&spec);
-}
-
-/// The ebpf agent on the test cgroup. Starting it loads and verifies the programs, which takes
-/// far longer in an emulated VM (the kernel matrix) than here: a generous ready timeout.
-fn agent_options(cgroup: &Cgroup) -> AgentOptions {
-    let mut opts = AgentOptions::backend("ebpf")
-        .cgroup(cgroup)
-        .binary(env!("CARGO_BIN_EXE_proxy"));
-    opts.ready_timeout = Duration::from_secs(120);
-    opts
 }
 
 /// One agent at a time: each loads and verifies the programs, which is slow on small or emulated

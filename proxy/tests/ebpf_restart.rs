@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use ebpf_support::*;
 use kpr_tests::cluster::ClusterSpec;
-use kpr_tests::{yaml, Agent, AgentOptions, Cgroup, Cluster, EndpointSlice, Service};
+use kpr_tests::{yaml, Agent, Cgroup, Cluster, EndpointSlice, Service};
 use proxy::dataplane::ebpf::inspect::{cgroup_programs, MapSnapshot};
 use proxy::model::Protocol;
 
@@ -31,16 +31,6 @@ fn client_process_entry() {
         Some(addr) => converse(addr.parse().expect("converse ADDR")),
         None => run_client(&spec),
     }
-}
-
-/// The ebpf agent on the test cgroup. Starting it loads and verifies the programs, which takes
-/// far longer in an emulated VM (the kernel matrix) than here: a generous ready timeout.
-fn agent_options(cgroup: &Cgroup) -> AgentOptions {
-    let mut opts = AgentOptions::backend("ebpf")
-        .cgroup(cgroup)
-        .binary(env!("CARGO_BIN_EXE_proxy"));
-    opts.ready_timeout = Duration::from_secs(120);
-    opts
 }
 
 /// Client command `converse ADDR`: one TCP connection; every stdin line is echoed through it and

@@ -21,14 +21,9 @@ fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-/// `web`: clusterIP 10.96.0.10:80 -> pods:8080 (port name `http`), NodePort 30080.
-fn web() -> Service {
-    Service::new("web")
-        .cluster_ip("10.96.0.10")
-        .tcp(80, 8080)
-        .named("http")
-        .node_port(30080)
-}
+/// `web`: clusterIP 10.96.0.10:80 -> pods:8080 (port name `http`), NodePort 30080; the
+/// conformance suite's Service.
+use kpr_tests::conformance::scenarios::web;
 
 fn slice_all(svc: &Service, cluster: &Cluster) -> EndpointSlice {
     EndpointSlice::for_service(svc).ready_all(cluster.pod_ips())

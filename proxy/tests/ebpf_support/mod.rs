@@ -417,3 +417,13 @@ pub fn run_client(spec: &str) {
 pub fn maps_dir(root: &Path) -> PathBuf {
     root.join("maps")
 }
+
+/// The ebpf agent on the test cgroup. Starting it loads and verifies the programs, which takes
+/// far longer in an emulated VM (the kernel matrix) than here: a generous ready timeout.
+pub fn agent_options(cgroup: &kpr_tests::Cgroup) -> kpr_tests::AgentOptions {
+    let mut opts = kpr_tests::AgentOptions::backend("ebpf")
+        .cgroup(cgroup)
+        .binary(env!("CARGO_BIN_EXE_proxy"));
+    opts.ready_timeout = std::time::Duration::from_secs(120);
+    opts
+}

@@ -16,7 +16,7 @@ pub fn pod_ip(i: usize) -> String {
 }
 
 /// `web`: clusterIP 10.96.0.10:80 -> 8080 (port `http`), NodePort 30080.
-fn web() -> Service {
+pub fn web() -> Service {
     Service::new("web")
         .cluster_ip("10.96.0.10")
         .tcp(80, 8080)
