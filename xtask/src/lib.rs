@@ -4,6 +4,7 @@
 use std::env;
 use std::path::{Path, PathBuf};
 
+pub mod bench;
 pub mod deploy;
 pub mod exec;
 pub mod kind;

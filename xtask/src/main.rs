@@ -4,9 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use xtask::exec::Cmd;
-use xtask::{kind, setup, test, vm, workspace_root};
+use xtask::{bench, kind, setup, test, vm, workspace_root};
 
-mod bench;
 mod demo;
 
 /// kpr's project automation. Run as root on Debian 12; `cargo` is the only prerequisite.

@@ -1,5 +1,7 @@
-//! `cargo xtask bench`: N Services (default 20,000) with M endpoints per kpr backend, next to
-//! kube-proxy's iptables and nftables layouts and a direct connection to the pod (the floor).
+//! `kpr-bench`, what `cargo xtask bench` runs: N Services (default 20,000) with M endpoints per kpr
+//! backend, next to kube-proxy's iptables and nftables layouts and a direct connection to the pod
+//! (the floor). `cargo xtask bench` builds this binary and the `proxy` agent with `--release` and
+//! runs it with the same flags, so the backends are measured as they ship, not unoptimized.
 //! Everything runs in network namespaces (and, for eBPF, a cgroup) this command creates; the
 //! harness's guards remove them even on error or panic.
 //!
@@ -8,11 +10,12 @@
 //! measurements in [`traffic`], the outputs (table, JSON, SVG, markdown) in [`report`].
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::bail;
+use clap::Parser;
 use kpr_tests::{Cluster, ClusterSpec};
-use xtask::exec::Cmd;
 
 mod backend;
 mod baseline;
@@ -25,8 +28,10 @@ mod workload;
 use baseline::Layout;
 use report::{BackendRow, Report};
 
-/// Flags of `cargo xtask bench`.
-#[derive(Debug, Clone, clap::Args)]
+/// N Services per backend next to kube-proxy's iptables and nftables layouts (--quick: 1,000).
+/// Run it as `cargo xtask bench [FLAGS]`, which builds it and the agent with --release first.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "cargo xtask bench", bin_name = "cargo xtask bench")]
 pub struct BenchArgs {
     /// Services in the large run.
     #[arg(long, default_value_t = 20_000)]
@@ -182,17 +187,30 @@ pub fn kernel_memory_kib() -> Option<i64> {
     Some(field("Slab:")? + field("VmallocUsed:")? + field("Percpu:")?)
 }
 
+/// Errors are printed with their whole context chain, as xtask prints its own.
+fn main() -> ExitCode {
+    match run(&BenchArgs::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the benchmark and writes the outputs under `target/bench/`.
-///
-/// A debug build of xtask first builds xtask and the `proxy` agent with `--release` and runs the
-/// release xtask with the same flags: the backends compiled into xtask and the agent are measured
-/// as they ship, not unoptimized.
-pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    if cfg!(debug_assertions) && std::env::var_os(IN_RELEASE).is_none() {
-        return rerun_in_release(args);
+fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "warning: kpr-bench is an unoptimized build: run it as `cargo xtask bench`, which \
+             builds it with --release"
+        );
     }
     let plan = Plan::new(args)?;
     std::fs::create_dir_all(&plan.out_dir)?;
+    if !args.no_control_plane {
+        control_plane::build()?;
+    }
     println!(
         "bench: {} Services x {} endpoints, backends {:?}",
         plan.services, plan.endpoints, args.backends
@@ -242,25 +260,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         bail!("failed:\n  {}", failed.join("\n  "));
     }
     Ok(())
-}
-
-/// Set in the release xtask that [`run`] starts.
-const IN_RELEASE: &str = "KPR_BENCH_IN_RELEASE";
-
-fn rerun_in_release(args: &BenchArgs) -> anyhow::Result<()> {
-    let release = xtask::target_dir().join("release");
-    Cmd::new("cargo")
-        .args(["build", "--release", "-p", "proxy", "-p", "xtask"])
-        .dir(xtask::workspace_root())
-        .run()?;
-    if !args.no_control_plane {
-        control_plane::build()?;
-    }
-    Cmd::new(release.join("xtask"))
-        .args(std::env::args_os().skip(1))
-        .env(IN_RELEASE, "1")
-        .env("KPR_PROXY_BIN", release.join("proxy"))
-        .run()
 }
 
 /// A backend that this agent cannot build here (not wired into `build`, or a feature it reports

@@ -1,0 +1,34 @@
+//! `cargo xtask bench`: builds the `proxy` agent and the benchmark (`bench/`, binary `kpr-bench`)
+//! with `--release` and runs the benchmark with the flags given here, so the backends are measured
+//! as they ship. The benchmark is its own crate because it links the agent's library, whose build
+//! needs bpf-linker; xtask itself must build before `cargo xtask setup` has installed it.
+
+use std::ffi::OsString;
+
+use clap::Args;
+
+use crate::exec::Cmd;
+use crate::{setup, target_dir, workspace_root};
+
+/// Flags for the benchmark, passed through unchanged (`cargo xtask bench --help` lists them).
+#[derive(Debug, Args)]
+#[command(disable_help_flag = true)]
+pub struct BenchArgs {
+    /// `--services N`, `--backends a,b`, `--quick`, ... (see `cargo xtask bench --help`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<OsString>,
+}
+
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    setup::run()?;
+    Cmd::new("cargo")
+        .args(["build", "--release", "-p", "proxy", "-p", "kpr-bench"])
+        .dir(workspace_root())
+        .run()?;
+    let release = target_dir().join("release");
+    Cmd::new(release.join("kpr-bench"))
+        .args(&args.args)
+        .env("KPR_PROXY_BIN", release.join("proxy"))
+        .dir(workspace_root())
+        .run()
+}
