@@ -155,11 +155,23 @@ pub struct BackendResult {
     pub errors: Vec<String>,
 }
 
+/// The agent's `--backend` and `--iptables-mode` for a benchmark backend name
+/// (`iptables-legacy` and `iptables-nft` are the iptables backend in one mode).
+pub fn backend_and_mode(name: &str) -> (&str, Option<&'static str>) {
+    match name {
+        "iptables-legacy" => ("iptables", Some("legacy")),
+        "iptables-nft" => ("iptables", Some("nft")),
+        other => (other, None),
+    }
+}
+
 /// The namespaces, cgroup and bpffs directory one backend runs in.
 pub struct Env {
     pub cluster: super::Site,
     pub cgroup: Option<Cgroup>,
     pub bpffs: std::path::PathBuf,
+    /// `--iptables-mode`, for the iptables backend.
+    pub iptables_mode: Option<&'static str>,
 }
 
 impl Env {
@@ -174,11 +186,14 @@ impl Env {
             cluster,
             cgroup,
             bpffs,
+            iptables_mode: backend_and_mode(backend).1,
         })
     }
 
     fn config(&self, services: usize) -> BackendConfig {
-        backend_config(services, self.cgroup.as_ref(), &self.bpffs)
+        let mut cfg = backend_config(services, self.cgroup.as_ref(), &self.bpffs);
+        cfg.iptables_mode = self.iptables_mode.map(str::to_string);
+        cfg
     }
 
     fn workload(&self, plan: &Plan, services: usize) -> Workload {
@@ -207,8 +222,9 @@ fn last_addr(services: usize) -> SocketAddr {
 }
 
 /// Measures one backend; an error means the backend failed (not available, or broken).
-pub fn run(plan: &Plan, backend: &str) -> anyhow::Result<BackendResult> {
-    let env = Env::new(plan, backend)?;
+pub fn run(plan: &Plan, name: &str) -> anyhow::Result<BackendResult> {
+    let env = Env::new(plan, name)?;
+    let backend = backend_and_mode(name).0;
     let mut result = BackendResult::default();
     small(plan, &env, backend, &mut result).context("at 10 Services")?;
     large(plan, &env, backend, &mut result)
@@ -330,6 +346,10 @@ fn agent(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
     let files: Vec<(&str, String)> = files.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let mut opts = AgentOptions::backend(backend);
     opts.ready_timeout = plan.agent_timeout;
+    if let Some(mode) = env.iptables_mode {
+        opts.extra_args
+            .extend(["--iptables-mode".to_string(), mode.to_string()]);
+    }
     for cidr in service_cidrs(plan.services).into_iter().skip(1) {
         opts.extra_args
             .extend(["--service-cluster-ip-range".to_string(), cidr]);

@@ -188,42 +188,55 @@ fn load(ns: &kpr_tests::Netns, program: &[&str], file: &Path) -> anyhow::Result<
     Ok(start.elapsed())
 }
 
-fn iptables_restore() -> &'static str {
-    let legacy = std::env::var_os("PATH").is_some_and(|p| {
-        std::env::split_paths(&p).any(|d| d.join("iptables-legacy-restore").is_file())
-    });
-    if legacy {
-        "iptables-legacy-restore"
-    } else {
-        "iptables-restore"
+/// Which iptables implementation loads kube-proxy's iptables layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    Legacy,
+    Nft,
+}
+
+impl Flavour {
+    fn restore(self) -> &'static str {
+        match self {
+            Flavour::Legacy => "iptables-legacy-restore",
+            Flavour::Nft => "iptables-nft-restore",
+        }
     }
 }
 
 /// Which kube-proxy layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    Iptables,
+    Iptables(Flavour),
     Nftables,
 }
 
 impl Layout {
     pub fn name(self) -> String {
         match self {
-            Layout::Iptables => format!("kube-proxy iptables ({})", iptables_restore()),
+            Layout::Iptables(f) => format!("kube-proxy iptables ({})", f.restore()),
             Layout::Nftables => "kube-proxy nftables".into(),
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Layout::Iptables(Flavour::Legacy) => "iptables-legacy",
+            Layout::Iptables(Flavour::Nft) => "iptables-nft",
+            Layout::Nftables => "nft",
         }
     }
 
     fn render(self, w: &Workload) -> String {
         match self {
-            Layout::Iptables => iptables_ruleset(w),
+            Layout::Iptables(_) => iptables_ruleset(w),
             Layout::Nftables => nft_ruleset(w),
         }
     }
 
     fn load(self, ns: &kpr_tests::Netns, file: &Path) -> anyhow::Result<Duration> {
         match self {
-            Layout::Iptables => load(ns, &[iptables_restore()], file),
+            Layout::Iptables(f) => load(ns, &[f.restore()], file),
             Layout::Nftables => load(ns, &["nft", "-f"], file),
         }
     }
@@ -245,11 +258,7 @@ pub fn run(
         endpoints: plan.endpoints,
         pods: cluster.pod_ips(),
     };
-    let tag = if layout == Layout::Iptables {
-        "iptables"
-    } else {
-        "nft"
-    };
+    let tag = layout.tag();
     let mut r = BaselineResult {
         name: layout.name(),
         services,
@@ -279,7 +288,7 @@ pub fn run(
     );
     r.change_ms = Some(change(plan, layout, &cluster.node, &big, &file)?);
     r.change_what = match layout {
-        Layout::Iptables => "whole-table iptables-restore".into(),
+        Layout::Iptables(_) => "whole-table iptables-restore".into(),
         Layout::Nftables => "one Service chain rewritten".into(),
     };
     if with_traffic {
@@ -309,7 +318,7 @@ fn change(
     for k in 0..plan.baseline_changes {
         let t = match layout {
             // kube-proxy's iptables mode rewrites the table (without MinimizeIPTablesRestore).
-            Layout::Iptables => layout.load(ns, full)?,
+            Layout::Iptables(_) => layout.load(ns, full)?,
             Layout::Nftables => {
                 let count = if k % 2 == 0 {
                     w.endpoints - 1
@@ -386,7 +395,16 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("{}-bench-rules", ns.name()));
         std::fs::create_dir_all(&dir).unwrap();
         let files = [
-            ("ipt", iptables_ruleset(&w(5)), Layout::Iptables),
+            (
+                "ipt-legacy",
+                iptables_ruleset(&w(5)),
+                Layout::Iptables(Flavour::Legacy),
+            ),
+            (
+                "ipt-nft",
+                iptables_ruleset(&w(5)),
+                Layout::Iptables(Flavour::Nft),
+            ),
             ("nft", nft_ruleset(&w(5)), Layout::Nftables),
             ("nft-change", nft_change(&w(5), 2, 3), Layout::Nftables),
         ];

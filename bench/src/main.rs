@@ -25,7 +25,7 @@ mod server;
 mod traffic;
 mod workload;
 
-use baseline::Layout;
+use baseline::{Flavour, Layout};
 use report::{BackendRow, Report};
 
 /// N Services per backend next to kube-proxy's iptables and nftables layouts (--quick: 1,000).
@@ -39,12 +39,12 @@ pub struct BenchArgs {
     /// Endpoints per Service (one pod namespace each, at most 64).
     #[arg(long, default_value_t = 4)]
     pub endpoints: usize,
-    /// kpr backends to measure (comma separated); one that cannot be built is reported as not
-    /// available.
+    /// kpr backends to measure (comma separated): userspace, nftables, iptables (mode detected),
+    /// iptables-legacy, iptables-nft, ebpf; one that cannot be built is reported as not available.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "userspace,nftables,iptables,ebpf"
+        default_value = "userspace,nftables,iptables-legacy,iptables-nft,ebpf"
     )]
     pub backends: Vec<String>,
     /// 1,000 Services and fewer samples (CI); fails only when a backend errors.
@@ -58,6 +58,11 @@ pub struct BenchArgs {
     /// and all of this and extrapolated to --services.
     #[arg(long, default_value_t = 4_000)]
     pub nft_baseline_max: usize,
+    /// Largest size kube-proxy's iptables layout is loaded at with iptables-nft-restore (whose
+    /// load time grows with rules x chains); measured at 1/4, 1/2 and all of this and
+    /// extrapolated to --services, like the nft layout. iptables-legacy-restore loads all N.
+    #[arg(long, default_value_t = 2_000)]
+    pub ipt_nft_baseline_max: usize,
     /// Skip the kube-proxy baselines.
     #[arg(long)]
     pub no_baselines: bool,
@@ -83,6 +88,7 @@ pub struct Plan {
     pub short_per_long: usize,
     pub agent_timeout: Duration,
     pub nft_sizes: Vec<usize>,
+    pub ipt_nft_sizes: Vec<usize>,
     pub out_dir: PathBuf,
 }
 
@@ -101,14 +107,17 @@ impl Plan {
                 workload::MAX_SERVICES
             );
         }
-        let max = args.nft_baseline_max.min(services).max(10);
-        let mut nft_sizes: Vec<usize> = if args.quick {
-            vec![max.min(1_000)]
-        } else {
-            vec![max / 4, max / 2, max]
+        let growth = |max: usize| {
+            let max = max.min(services).max(10);
+            let mut sizes: Vec<usize> = if args.quick {
+                vec![max.min(1_000)]
+            } else {
+                vec![max / 4, max / 2, max]
+            };
+            sizes.retain(|&n| n >= 10);
+            sizes.dedup();
+            sizes
         };
-        nft_sizes.retain(|&n| n >= 10);
-        nft_sizes.dedup();
         Ok(Plan {
             services,
             endpoints: args.endpoints,
@@ -127,7 +136,8 @@ impl Plan {
             } else {
                 420.max(services as u64 * 21 / 1_000)
             }),
-            nft_sizes,
+            nft_sizes: growth(args.nft_baseline_max),
+            ipt_nft_sizes: growth(args.ipt_nft_baseline_max),
             out_dir: xtask::target_dir().join("bench"),
         })
     }
@@ -242,9 +252,14 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     if !args.no_baselines {
-        let mut runs = vec![(Layout::Iptables, plan.services, true)];
-        for (k, &n) in plan.nft_sizes.iter().enumerate() {
-            runs.push((Layout::Nftables, n, k + 1 == plan.nft_sizes.len()));
+        let mut runs = vec![(Layout::Iptables(Flavour::Legacy), plan.services, true)];
+        for (layout, sizes) in [
+            (Layout::Nftables, &plan.nft_sizes),
+            (Layout::Iptables(Flavour::Nft), &plan.ipt_nft_sizes),
+        ] {
+            for (k, &n) in sizes.iter().enumerate() {
+                runs.push((layout, n, k + 1 == sizes.len()));
+            }
         }
         for (layout, n, with_traffic) in runs {
             println!("bench: {} at {n}", layout.name());

@@ -116,7 +116,12 @@ impl Report {
         if args.no_baselines {
             command.push_str(" --no-baselines");
         } else if !args.quick {
-            write!(command, " --nft-baseline-max {}", args.nft_baseline_max).unwrap();
+            write!(
+                command,
+                " --nft-baseline-max {} --ipt-nft-baseline-max {}",
+                args.nft_baseline_max, args.ipt_nft_baseline_max
+            )
+            .unwrap();
         }
         Report {
             command,
@@ -190,9 +195,14 @@ impl Report {
         for f in &self.failures {
             writeln!(s, "\nFAILED: {f}").unwrap();
         }
-        if let Some(g) = self.nft_growth() {
-            s.push('\n');
-            s.push_str(&g);
+        for layout in [
+            "kube-proxy nftables",
+            "kube-proxy iptables (iptables-nft-restore)",
+        ] {
+            if let Some(g) = self.growth(layout) {
+                s.push('\n');
+                s.push_str(&g);
+            }
         }
         s
     }
@@ -211,12 +221,13 @@ impl Report {
         s
     }
 
-    /// The measured growth of the kube-proxy nft layout's load time and its extrapolation to N.
-    fn nft_growth(&self) -> Option<String> {
+    /// The measured growth of a baseline's load time (the rows named `layout`, at growing sizes)
+    /// and its extrapolation to N.
+    fn growth(&self, layout: &str) -> Option<String> {
         let pts: Vec<(usize, f64)> = self
             .baselines
             .iter()
-            .filter(|b| b.name.contains("nftables"))
+            .filter(|b| b.name == layout)
             .map(|b| (b.services, b.load_ms))
             .collect();
         let (&(n1, t1), &(n2, t2)) = (pts.get(pts.len().checked_sub(2)?)?, pts.last()?);
@@ -229,7 +240,7 @@ impl Report {
             .iter()
             .map(|(n, t)| format!("{n}: {:.0} ms", t))
             .collect();
-        Some(format!("kube-proxy nftables layout load time, measured: {}; growth exponent {k:.2} between {n1} and {n2}; extrapolated to {}: {:.0} s (not measured).\n",
+        Some(format!("{layout} layout load time, measured: {}; growth exponent {k:.2} between {n1} and {n2}; extrapolated to {}: {:.0} s (not measured).\n",
             listed.join(", "), self.services, at_n / 1e3))
     }
 

@@ -87,10 +87,12 @@ fn state_with(services: &[(String, String, Vec<proxy::model::Endpoint>)]) -> Pro
     state
 }
 
-/// 2,000 Services; one endpoint change rewrites only that Service's chains; the endpoint chain it
-/// no longer needs is flushed now and deleted only after the grace period.
+/// 2,000 Services; one endpoint change rewrites only that Service's bucket chain and the hairpin
+/// chains of the endpoint addresses that came and went; the hairpin chain nobody needs any more
+/// is flushed now and deleted only after the grace period.
 #[test]
 fn partial_restore_touches_only_the_changed_service_and_stale_chains_wait() {
+    use proxy::dataplane::iptables::{compile, hairpin};
     const N: usize = 2000;
     const CHANGED: usize = 1234;
     let cluster = Cluster::new(ClusterSpec::pods(3)).expect("cluster");
@@ -160,26 +162,43 @@ fn partial_restore_touches_only_the_changed_service_and_stale_chains_wait() {
     eprintln!(
         "iptables-nft: full sync of {N} Services {full_time:?}, one change {inc_time:?}:\n{restore}"
     );
-    let name = format!("default/s{CHANGED}");
-    // Only chains of the changed Service: its route chain and the new and old endpoint chains.
-    let declared: Vec<&str> = restore.lines().filter(|l| l.starts_with(':')).collect();
-    assert_eq!(declared.len(), 3, "{restore}");
-    let old_sep = proxy::dataplane::iptables::compile::sep_chain(
-        &format!("{name}/TCP"),
-        std::net::SocketAddrV4::new(cluster.pods[1].ip, 8080),
+    let slash24 = |a: std::net::Ipv4Addr| {
+        hairpin::chain(std::net::Ipv4Addr::from(u32::from(a) & 0xffff_ff00))
+    };
+    let bucket = compile::bucket_chain(compile::bucket_of(&spn.to_string()));
+    let gone = slash24(cluster.pods[1].ip);
+    let came = slash24(cluster.pods[2].ip);
+    let declared: BTreeSet<&str> = restore
+        .lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(
+        declared,
+        BTreeSet::from([bucket.as_str(), gone.as_str(), came.as_str()]),
+        "{restore}"
     );
-    assert_eq!(stale, vec![old_sep.clone()]);
+    assert_eq!(stale, vec![gone.clone()]);
     assert!(!restore.contains("-X"), "deleted before the grace period");
-    assert!(
-        after_grace.contains(&format!("-X {old_sep}")),
-        "{after_grace}"
-    );
-    for l in restore.lines().filter(|l| l.starts_with("-A")) {
+    assert!(after_grace.contains(&format!("-X {gone}")), "{after_grace}");
+    let changed_vip = format!("-d {}/32 ", ip(CHANGED));
+    for l in restore
+        .lines()
+        .filter(|l| l.starts_with("-A") || l.starts_with("-D"))
+    {
+        let chain = l.split(' ').nth(1).unwrap();
         assert!(
-            l.contains("KPR-SVC-") || l.contains("KPR-SEP-"),
+            chain == bucket || chain == came || chain == hairpin::HAIRPIN,
             "unexpected rule {l}"
         );
     }
+    // The bucket is rewritten whole, but it holds only a few of the 2,000 Services.
+    let bucket_rules = restore
+        .lines()
+        .filter(|l| l.starts_with(&format!("-A {bucket} ")))
+        .count();
+    assert!(bucket_rules < 60, "{bucket_rules} rules in {bucket}");
+    assert!(restore.contains(&changed_vip), "{restore}");
     let t = tally((0..10).map(|_| {
         tcp_request(&cluster.podclient, addr(&ip(CHANGED), 80), TIMEOUT)
             .expect("request")

@@ -1,25 +1,36 @@
-//! Compiles one service port into kube-proxy-style iptables chains (pure, no I/O).
+//! Compiles one service port into iptables rules (pure, no I/O).
 //!
-//! Owns chain naming and the rules of the per-Service chains. Layout (nat table):
+//! Owns chain naming and the rules one service port contributes. The layout keeps kube-proxy's
+//! shape (a dispatch chain matching every frontend, `statistic --mode nth` round-robin, one DNAT
+//! per endpoint) with far fewer chains, because on iptables-nft every chain costs: its
+//! `iptables-nft-restore` (1.8.9) spends time proportional to the number of chains in the table on
+//! every rule it appends, so kube-proxy's layout (one chain per Service and per endpoint, some
+//! 120,000 chains at 20,000 Services) takes more than 12 minutes to load there. Here the chain
+//! count does not grow with ClusterIP Services at all. Layout (nat table):
 //!
 //! ```text
-//! PREROUTING/OUTPUT -> KPR-SERVICES:  -d clusterIP -p P --dport N -> KPR-CIP-h
-//!                                     -d externalIP/LB IP ... -> KPR-EXT-h (or KPR-FW-h for LB
-//!                                     IPs with loadBalancerSourceRanges)
-//! KPR-SERVICES (dst-type LOCAL) -> KPR-NODEPORTS: -p P --dport NP -> KPR-EXT-h
-//! KPR-CIP-h / KPR-EXT-h: per source class (node: src-type LOCAL, pod: -s clusterCIDR,
-//!            external: the rest):
-//!            KPR-MARK-MASQ when `selection::route` says so, then -> KPR-SVC-h of its route
-//! KPR-SVC-h: [CONNMARK id, least-connection] [recent --rcheck per endpoint, affinity]
-//!            statistic nth round-robin -> KPR-SEP-h | -> KPR-LC-h (least-connection pick)
-//!            | MARK reject/drop bit (no endpoint; the filter table acts on it)
-//! KPR-SEP-h: hairpin -> KPR-MARK-MASQ, [recent --set], DNAT to the endpoint
+//! PREROUTING/OUTPUT -> KPR-SERVICES
+//!   clusterIP of a bucketed port (ClusterIP only, not least-connection):
+//!       -d VIP -p P --dport N -j KPR-SVCB-bb    its rules sit in one of 256 bucket chains, each
+//!                                               re-matching the frontend (`bucket_chain`)
+//!   clusterIP of any other port: [masquerade rule] -j KPR-SVC-h (the chain of its route)
+//!   externalIP / LB IP:  [-j KPR-FW-h (loadBalancerSourceRanges: returns when allowed)]
+//!       then [masquerade rule] -j KPR-SVC-h, or -j KPR-EXT-h when source classes differ
+//!   (dst-type LOCAL | --nodeport-addresses) -> KPR-NODEPORTS: -p P --dport NP, the same
+//! KPR-EXT-h: per source class (node: src-type LOCAL, pod: -s clusterCIDR, external: the rest):
+//!   masquerade mark when `selection::route` says so, then -> the chain of its route
+//! balancing (in a bucket with the frontend match before every rule, in KPR-SVC-h without):
+//!   [affinity: recent --rcheck per endpoint -> DNAT]
+//!   round-robin: statistic nth per endpoint [recent --set] -> DNAT
+//!   least-connection: CONNMARK target id, -> KPR-LC-h (one DNAT to the current pick)
+//!   no endpoint: MARK reject/drop bit, ACCEPT (the filter table acts on the mark)
+//! POSTROUTING -> KPR-POSTROUTING: DNATed -> KPR-HAIRPIN (see `hairpin`); marked -> MASQUERADE
 //! ```
 //!
 //! Hashes are FNV-1a of the service port (and route or endpoint), so names are stable across
 //! restarts and never collide with kube-proxy's `KUBE-` chains.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 
 use crate::dataplane::nftables::compile::{Representatives, Tag, TargetIds};
@@ -30,6 +41,8 @@ use crate::selection::{route, DestKind, EmptyVerdict, SelectedEndpoints};
 pub const SERVICES: &str = "KPR-SERVICES";
 pub const NODEPORTS: &str = "KPR-NODEPORTS";
 pub const MARK_MASQ_CHAIN: &str = "KPR-MARK-MASQ";
+/// Marks for masquerade unless the source is a node address or a pod (shared by every port).
+pub const MASQ_EXTERNAL: &str = "KPR-MASQ-EXTERNAL";
 pub const POSTROUTING: &str = "KPR-POSTROUTING";
 /// Filter table: acts on the drop/reject marks and rejects unexposed clusterIP ports.
 pub const FILTER: &str = "KPR-FILTER";
@@ -40,8 +53,12 @@ pub const MARK_MASQ: u32 = 0x4000;
 pub const MARK_DROP: u32 = 0x8000;
 pub const MARK_REJECT: u32 = 0x10000;
 
+/// Bucket chains of the ClusterIP-only service ports: enough that a bucket stays short (about 80
+/// ports at 20,000), few enough that iptables-nft-restore stays fast.
+pub const BUCKETS: u16 = 256;
+
 /// FNV-1a, 64 bits: stable chain-name hashes without a crypto dependency.
-pub fn hash(parts: &[&str]) -> String {
+fn fnv(parts: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
         for b in p.bytes().chain(std::iter::once(0xff)) {
@@ -49,12 +66,27 @@ pub fn hash(parts: &[&str]) -> String {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     }
-    format!("{h:016X}")
+    h
 }
 
-/// The endpoint chain of `ep` for the service port called `spn`.
-pub fn sep_chain(spn: &str, ep: SocketAddrV4) -> String {
-    format!("KPR-SEP-{}", hash(&[spn, &ep.to_string()]))
+/// FNV-1a of `parts` as 16 hex digits.
+pub fn hash(parts: &[&str]) -> String {
+    format!("{:016X}", fnv(parts))
+}
+
+/// The bucket a ClusterIP-only service port's rules live in.
+pub fn bucket_of(spn: &str) -> u16 {
+    (fnv(&[spn]) % u64::from(BUCKETS)) as u16
+}
+
+/// The chain of bucket `b`.
+pub fn bucket_chain(b: u16) -> String {
+    format!("KPR-SVCB-{b:02X}")
+}
+
+/// The `recent` list remembering which clients went to `ep` (session affinity).
+pub fn affinity_list(spn: &str, ep: SocketAddrV4) -> String {
+    format!("KPR-AFF-{}", hash(&[spn, &ep.to_string()]))
 }
 
 /// A least-connection target: the chain whose single rule the controller rewrites.
@@ -63,7 +95,33 @@ pub struct LcTarget {
     pub id: u32,
     pub chain: String,
     pub spn: String,
+    pub protocol: &'static str,
+    /// Session affinity: the pick also records the client in its `recent` list.
+    pub affinity: bool,
     pub endpoints: Vec<SocketAddrV4>,
+}
+
+impl LcTarget {
+    /// The chain's one rule: new connections go to `pick`.
+    pub fn pick_rule(&self, pick: SocketAddrV4) -> String {
+        let record = if self.affinity {
+            format!("-m recent --name {} --set ", affinity_list(&self.spn, pick))
+        } else {
+            String::new()
+        };
+        format!(
+            "-A {} -p {} {record}-j DNAT --to-destination {pick}",
+            self.chain, self.protocol
+        )
+    }
+}
+
+/// The rules a bucketed service port puts into its bucket chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bucketed {
+    pub bucket: u16,
+    /// Complete rules without `-A CHAIN`.
+    pub rules: Vec<String>,
 }
 
 /// Everything one service port contributes.
@@ -75,14 +133,19 @@ pub struct Compiled {
     pub services: Vec<String>,
     /// Rules it adds to KPR-NODEPORTS.
     pub nodeports: Vec<String>,
+    /// Its rules in a bucket chain (ClusterIP-only ports).
+    pub bucket: Option<Bucketed>,
     /// clusterIPs (filter table reject of unexposed ports).
     pub cluster_ips: Vec<Ipv4Addr>,
+    /// Addresses of the endpoints it may DNAT to (hairpin masquerade).
+    pub endpoint_ips: BTreeSet<Ipv4Addr>,
     /// Least-connection targets (their chains are written from the controller's pick).
     pub lc: Vec<LcTarget>,
 }
 
 const CLASS_NODE: usize = 0;
 const CLASS_POD: usize = 1;
+const CLASS_EXTERNAL: usize = 2;
 
 fn v4(addrs: &[IpAddr]) -> Vec<Ipv4Addr> {
     addrs
@@ -132,6 +195,15 @@ pub fn compile(
     b.out
 }
 
+/// What one class of source gets at one kind of destination.
+struct ClassRoute<'a> {
+    class: usize,
+    tag: Tag,
+    endpoints: &'a [Endpoint],
+    empty: EmptyVerdict,
+    masquerade: bool,
+}
+
 struct Builder<'a> {
     svc: &'a ServicePort,
     sel: &'a SelectedEndpoints,
@@ -144,84 +216,83 @@ struct Builder<'a> {
     tags: Vec<Tag>,
 }
 
-impl Builder<'_> {
+impl<'a> Builder<'a> {
     fn build(&mut self) {
-        let proto = self.svc.protocol.lower();
-        let port = self.svc.port;
-        let cips = v4(&self.svc.cluster_ips);
-        if !cips.is_empty() {
-            let fe = self.frontend_chain(DestKind::ClusterIp);
-            for ip in &cips {
-                self.out.services.push(format!(
-                    "-d {ip}/32 -p {proto} -m {proto} --dport {port} -m comment --comment \"{} cluster IP\" -j {fe}",
-                    self.name
-                ));
-            }
-            self.out.cluster_ips = cips;
-        }
         let ext_ips = v4(&self.svc.external_ips);
         let lb_ips = v4(&self.svc.load_balancer_ips);
-        let has_v4 = !self.out.cluster_ips.is_empty() || !ext_ips.is_empty() || !lb_ips.is_empty();
-        if ext_ips.is_empty() && lb_ips.is_empty() && (self.svc.node_port == 0 || !has_v4) {
+        let cips = v4(&self.svc.cluster_ips);
+        let has_v4 = !cips.is_empty() || !ext_ips.is_empty() || !lb_ips.is_empty();
+        let node_port = self.svc.node_port != 0 && has_v4;
+        let external = !ext_ips.is_empty() || !lb_ips.is_empty() || node_port;
+        if !cips.is_empty() {
+            self.cluster_frontends(&cips, external);
+        }
+        if !external {
             return;
         }
-        let fe = self.frontend_chain(DestKind::ExternalIp);
+        let suffixes = self.external_suffixes();
         for ip in ext_ips {
-            self.out.services.push(format!(
-                "-d {ip}/32 -p {proto} -m {proto} --dport {port} -m comment --comment \"{} external IP\" -j {fe}",
-                self.name
-            ));
+            let m = self.ip_match(ip);
+            self.dispatch(SERVICES, &m, "external IP", &[], &suffixes);
         }
         if !lb_ips.is_empty() {
-            let target = if self.svc.source_ranges.is_empty() {
-                fe.clone()
+            let guard = if self.svc.source_ranges.is_empty() {
+                Vec::new()
             } else {
-                self.firewall_chain(&fe, &lb_ips)
+                vec![format!("-j {}", self.firewall_chain(&lb_ips))]
             };
             for ip in lb_ips {
-                self.out.services.push(format!(
-                    "-d {ip}/32 -p {proto} -m {proto} --dport {port} -m comment --comment \"{} loadbalancer IP\" -j {target}",
+                let m = self.ip_match(ip);
+                self.dispatch(SERVICES, &m, "loadbalancer IP", &guard, &suffixes);
+            }
+        }
+        if node_port {
+            let proto = self.svc.protocol.lower();
+            let m = format!("-p {proto} -m {proto} --dport {} ", self.svc.node_port);
+            self.dispatch(NODEPORTS, &m, "node port", &[], &suffixes);
+        }
+    }
+
+    /// `-d IP -p P -m P --dport N ` (ends with a space).
+    fn ip_match(&self, ip: Ipv4Addr) -> String {
+        let proto = self.svc.protocol.lower();
+        format!(
+            "-d {ip}/32 -p {proto} -m {proto} --dport {} ",
+            self.svc.port
+        )
+    }
+
+    /// Adds one frontend's rules to a shared chain: `guard` rules, then `suffixes`, each after
+    /// the frontend match `m`; the comment names the port on the last (the jump).
+    fn dispatch(
+        &mut self,
+        chain: &str,
+        m: &str,
+        what: &str,
+        guard: &[String],
+        suffixes: &[String],
+    ) {
+        let out = if chain == SERVICES {
+            &mut self.out.services
+        } else {
+            &mut self.out.nodeports
+        };
+        for (i, s) in guard.iter().chain(suffixes).enumerate() {
+            if i + 1 == guard.len() + suffixes.len() {
+                out.push(format!(
+                    "{m}-m comment --comment \"{} {what}\" {s}",
                     self.name
                 ));
+            } else {
+                out.push(format!("{m}{s}"));
             }
-        }
-        if self.svc.node_port != 0 && has_v4 {
-            self.out.nodeports.push(format!(
-                "-p {proto} -m {proto} --dport {} -m comment --comment \"{} node port\" -j {fe}",
-                self.svc.node_port, self.name
-            ));
         }
     }
 
-    /// KPR-FW-h: loadBalancerSourceRanges (plus the node itself and the LB IP itself).
-    fn firewall_chain(&mut self, fe: &str, lb_ips: &[Ipv4Addr]) -> String {
-        let chain = format!("KPR-FW-{}", hash(&[self.name, "fw"]));
-        let mut rules = Vec::new();
-        for r in &self.svc.source_ranges {
-            if let ipnet::IpNet::V4(n) = r {
-                rules.push(format!("-s {} -j {fe}", n.trunc()));
-            }
-        }
-        for ip in lb_ips {
-            rules.push(format!("-s {ip}/32 -j {fe}"));
-        }
-        rules.push(format!("-m addrtype --src-type LOCAL -j {fe}"));
-        rules.push(format!("-j MARK --or-mark {MARK_DROP:#x}"));
-        self.out.chains.insert(chain.clone(), rules);
-        chain
-    }
-
-    /// KPR-CIP-h (clusterIP) or KPR-EXT-h (externalIP, LB IP, nodePort): masquerade and route
-    /// per source class.
-    fn frontend_chain(&mut self, dest: DestKind) -> String {
-        let (group, prefix) = if dest.is_external() {
-            ("ext", "KPR-EXT")
-        } else {
-            ("cluster", "KPR-CIP")
-        };
-        let chain = format!("{prefix}-{}", hash(&[self.name, group]));
-        let mut routes: Vec<(usize, String, bool)> = Vec::new();
-        for class in 0..3 {
+    /// What each class of source gets at `dest` (classes without a representative left out).
+    fn routes(&self, dest: DestKind) -> Vec<ClassRoute<'a>> {
+        let mut routes = Vec::new();
+        for class in [CLASS_NODE, CLASS_POD, CLASS_EXTERNAL] {
             let Some(src) = self.reps.0[class] else {
                 continue;
             };
@@ -232,16 +303,95 @@ impl Builder<'_> {
             } else {
                 Tag::External(local)
             };
-            let target = self.target_chain(tag, r.endpoints, r.empty);
-            routes.push((class, target, r.masquerade));
+            routes.push(ClassRoute {
+                class,
+                tag,
+                endpoints: r.endpoints,
+                empty: r.empty,
+                masquerade: r.masquerade,
+            });
         }
+        routes
+    }
+
+    /// The clusterIP frontends: every source class gets the same endpoints there, only the
+    /// masquerade decision differs. A port with no other frontend (and not least-connection)
+    /// goes into its bucket; others jump to the chain of the cluster route.
+    fn cluster_frontends(&mut self, cips: &[Ipv4Addr], external: bool) {
+        let routes = self.routes(DestKind::ClusterIp);
+        let Some(first) = routes.first() else {
+            return;
+        };
+        let (tag, endpoints, empty) = (first.tag, first.endpoints, first.empty);
+        let masq = self.masquerade_rules(&routes);
+        let bucketed = !external && cips.len() == 1 && self.svc.algorithm != Algorithm::LeastConn;
+        if bucketed {
+            let m = self.ip_match(cips[0]);
+            let mut rules: Vec<String> = masq.iter().map(|r| format!("{m}{r}")).collect();
+            rules.extend(self.balancing(&m, tag, endpoints, empty));
+            let bucket = bucket_of(self.name);
+            self.out.bucket = Some(Bucketed { bucket, rules });
+            let jump = [format!("-j {}", bucket_chain(bucket))];
+            self.dispatch(SERVICES, &m, "cluster IP", &[], &jump);
+        } else {
+            let mut suffixes = masq;
+            suffixes.push(format!("-j {}", self.target_chain(tag, endpoints, empty)));
+            for &ip in cips {
+                let m = self.ip_match(ip);
+                self.dispatch(SERVICES, &m, "cluster IP", &[], &suffixes);
+            }
+        }
+        self.out.cluster_ips = cips.to_vec();
+    }
+
+    /// Rules (after the frontend match) that mark the classes `routes` masquerade.
+    fn masquerade_rules(&self, routes: &[ClassRoute<'_>]) -> Vec<String> {
+        if routes.len() == 3 && routes.iter().all(|r| r.masquerade) {
+            return vec![format!("-j {MARK_MASQ_CHAIN}")];
+        }
+        let mut rules = Vec::new();
+        for r in routes.iter().filter(|r| r.masquerade) {
+            if r.class == CLASS_EXTERNAL {
+                rules.push(format!("-j {MASQ_EXTERNAL}"));
+            } else {
+                for m in self.class_matches(r.class) {
+                    rules.push(format!("{m}-j {MARK_MASQ_CHAIN}"));
+                }
+            }
+        }
+        rules
+    }
+
+    /// The rules (after the frontend match) of an externalIP, LB IP or nodePort frontend: the
+    /// route's chain (with the masquerade mark first) when every class gets the same, else the
+    /// per-class chain KPR-EXT-h.
+    fn external_suffixes(&mut self) -> Vec<String> {
+        let routes: Vec<(usize, String, bool)> = self
+            .routes(DestKind::ExternalIp)
+            .into_iter()
+            .map(|r| {
+                let target = self.target_chain(r.tag, r.endpoints, r.empty);
+                (r.class, target, r.masquerade)
+            })
+            .collect();
         let uniform = routes
             .windows(2)
             .all(|w| w[0].1 == w[1].1 && w[0].2 == w[1].2);
+        if uniform {
+            let Some((_, target, masq)) = routes.first() else {
+                return Vec::new();
+            };
+            let mut rules = Vec::new();
+            if *masq {
+                rules.push(format!("-j {MARK_MASQ_CHAIN}"));
+            }
+            rules.push(format!("-j {target}"));
+            return rules;
+        }
+        let chain = format!("KPR-EXT-{}", hash(&[self.name, "ext"]));
         let mut rules = Vec::new();
         for (i, (class, target, masq)) in routes.iter().enumerate() {
-            let last = i + 1 == routes.len();
-            let matches: Vec<String> = if uniform || last {
+            let matches = if i + 1 == routes.len() {
                 vec![String::new()]
             } else {
                 self.class_matches(*class)
@@ -252,10 +402,27 @@ impl Builder<'_> {
                 }
                 rules.push(format!("{m}-j {target}"));
             }
-            if uniform {
-                break;
+        }
+        self.out.chains.insert(chain.clone(), rules);
+        vec![format!("-j {chain}")]
+    }
+
+    /// KPR-FW-h: loadBalancerSourceRanges. Returns for allowed sources (the ranges, the LB IPs
+    /// themselves, the node), marks anything else for drop and stops NAT.
+    fn firewall_chain(&mut self, lb_ips: &[Ipv4Addr]) -> String {
+        let chain = format!("KPR-FW-{}", hash(&[self.name, "fw"]));
+        let mut rules = Vec::new();
+        for r in &self.svc.source_ranges {
+            if let ipnet::IpNet::V4(n) = r {
+                rules.push(format!("-s {} -j RETURN", n.trunc()));
             }
         }
+        for ip in lb_ips {
+            rules.push(format!("-s {ip}/32 -j RETURN"));
+        }
+        rules.push("-m addrtype --src-type LOCAL -j RETURN".to_string());
+        rules.push(format!("-j MARK --or-mark {MARK_DROP:#x}"));
+        rules.push("-j ACCEPT".to_string());
         self.out.chains.insert(chain.clone(), rules);
         chain
     }
@@ -278,85 +445,103 @@ impl Builder<'_> {
         }
     }
 
-    /// KPR-SVC-h for one route: balancing over its endpoints, or the empty verdict.
+    /// KPR-SVC-h for one route: its balancing rules in a chain of its own.
     fn target_chain(&mut self, tag: Tag, endpoints: &[Endpoint], empty: EmptyVerdict) -> String {
         let chain = format!("KPR-SVC-{}", hash(&[self.name, &format!("{tag:?}")]));
-        if self.out.chains.contains_key(&chain) {
-            return chain;
+        if !self.out.chains.contains_key(&chain) {
+            let m = format!("-p {} ", self.svc.protocol.lower());
+            let rules = self.balancing(&m, tag, endpoints, empty);
+            self.out.chains.insert(chain.clone(), rules);
         }
+        chain
+    }
+
+    /// The balancing rules of one route, each after the match `m` (which names the protocol,
+    /// as DNAT to a port needs).
+    fn balancing(
+        &mut self,
+        m: &str,
+        tag: Tag,
+        endpoints: &[Endpoint],
+        empty: EmptyVerdict,
+    ) -> Vec<String> {
         let eps = v4_endpoints(endpoints);
-        let mut rules = Vec::new();
         if eps.is_empty() {
             let bit = match empty {
                 EmptyVerdict::Reject => MARK_REJECT,
                 EmptyVerdict::Drop => MARK_DROP,
             };
-            rules.push(format!("-j MARK --or-mark {bit:#x}"));
-            // Stop nat traversal here: a frontend chain must not go on to another class's route
-            // and add a second verdict bit. The filter table acts on the mark.
-            rules.push("-j ACCEPT".to_string());
-            self.out.chains.insert(chain.clone(), rules);
-            return chain;
+            // ACCEPT stops nat traversal here, so that no other rule adds a second verdict bit;
+            // the filter table acts on the mark.
+            return vec![
+                format!("{m}-j MARK --or-mark {bit:#x}"),
+                format!("{m}-j ACCEPT"),
+            ];
         }
-        let lc = self.svc.algorithm == Algorithm::LeastConn;
-        if lc {
-            let id = self
-                .ids
-                .get(self.spn, tag, &eps, self.svc.affinity.is_some());
+        self.out.endpoint_ips.extend(eps.iter().map(|e| *e.ip()));
+        let mut rules = Vec::new();
+        let affinity = self.svc.affinity.map(|t| t.as_secs().max(1));
+        let lc_id = (self.svc.algorithm == Algorithm::LeastConn).then(|| {
             self.tags.push(tag);
-            rules.push(format!("-j CONNMARK --set-xmark {id:#x}/0xffffffff"));
-            let lc_chain = format!("KPR-LC-{}", hash(&[self.name, &format!("{tag:?}")]));
-            // Its one rule (the pick) is written by the backend from the least-connection table.
-            self.out.chains.insert(lc_chain.clone(), Vec::new());
-            self.out.lc.push(LcTarget {
-                id,
-                chain: lc_chain,
-                spn: self.name.to_string(),
-                endpoints: eps.clone(),
-            });
+            self.ids.get(self.spn, tag, &eps, affinity.is_some())
+        });
+        if let Some(id) = lc_id {
+            rules.push(format!("{m}-j CONNMARK --set-xmark {id:#x}/0xffffffff"));
         }
-        if let Some(t) = self.svc.affinity {
-            let secs = t.as_secs().max(1);
+        if let Some(secs) = affinity {
             for ep in &eps {
-                let sep = sep_chain(self.name, *ep);
+                let list = affinity_list(self.name, *ep);
                 rules.push(format!(
-                    "-m recent --name {sep} --rcheck --seconds {secs} --reap -j {sep}"
+                    "{m}-m recent --name {list} --rcheck --seconds {secs} --reap -j DNAT --to-destination {ep}"
                 ));
             }
         }
-        if let Some(lc_target) = self.out.lc.last().filter(|_| lc) {
-            rules.push(format!("-j {}", lc_target.chain));
-        } else {
-            let n = eps.len();
-            for (i, ep) in eps.iter().enumerate() {
-                let sep = sep_chain(self.name, *ep);
-                if i + 1 < n {
-                    rules.push(format!(
-                        "-m statistic --mode nth --every {} --packet 0 -j {sep}",
-                        n - i
-                    ));
-                } else {
-                    rules.push(format!("-j {sep}"));
-                }
-            }
+        if let Some(id) = lc_id {
+            rules.push(format!(
+                "{m}-j {}",
+                self.lc_chain(tag, id, eps, affinity.is_some())
+            ));
+            return rules;
         }
-        for ep in &eps {
-            self.endpoint_chain(*ep);
+        let n = eps.len();
+        for (i, ep) in eps.iter().enumerate() {
+            let nth = if i + 1 < n {
+                format!("-m statistic --mode nth --every {} --packet 0 ", n - i)
+            } else {
+                String::new()
+            };
+            let record = if affinity.is_some() {
+                format!("-m recent --name {} --set ", affinity_list(self.name, *ep))
+            } else {
+                String::new()
+            };
+            rules.push(format!("{m}{nth}{record}-j DNAT --to-destination {ep}"));
         }
-        self.out.chains.insert(chain.clone(), rules);
-        chain
+        rules
     }
 
-    fn endpoint_chain(&mut self, ep: SocketAddrV4) {
-        let sep = sep_chain(self.name, ep);
-        let proto = self.svc.protocol.lower();
-        let mut rules = vec![format!("-s {}/32 -j {MARK_MASQ_CHAIN}", ep.ip())];
-        if self.svc.affinity.is_some() {
-            rules.push(format!("-m recent --name {sep} --set"));
-        }
-        rules.push(format!(
-            "-p {proto} -m {proto} -j DNAT --to-destination {ep}"
-        ));
-        self.out.chains.insert(sep, rules);
+    /// KPR-LC-h: empty here; its one rule (the pick) is written by the backend from the
+    /// least-connection table.
+    fn lc_chain(
+        &mut self,
+        tag: Tag,
+        id: u32,
+        endpoints: Vec<SocketAddrV4>,
+        affinity: bool,
+    ) -> String {
+        let chain = format!("KPR-LC-{}", hash(&[self.name, &format!("{tag:?}")]));
+        self.out.chains.insert(chain.clone(), Vec::new());
+        self.out.lc.push(LcTarget {
+            id,
+            chain: chain.clone(),
+            spn: self.name.to_string(),
+            protocol: self.svc.protocol.lower(),
+            affinity,
+            endpoints,
+        });
+        chain
     }
 }
+
+#[cfg(test)]
+mod tests;

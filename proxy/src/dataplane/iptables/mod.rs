@@ -1,21 +1,25 @@
-//! The iptables dataplane: kube-proxy-compatible NAT chains (prefix `KPR-`), written with
+//! The iptables dataplane: kube-proxy-style NAT chains (prefix `KPR-`), written with
 //! `iptables-restore --noflush`.
 //!
 //! Owns every chain whose name starts with `KPR-` in the nat and filter tables and the jump rules
 //! to them in the built-in chains; never touches anything else (a real kube-proxy's `KUBE-`
 //! chains included). A full sync rewrites all our chains in one restore (and removes leftover
 //! `KPR-` chains of a crashed run); an incremental sync rewrites only the chains of the changed
-//! service ports and adds or deletes their single rules in the shared chains. Chains that are no
+//! service ports (their own chains, their bucket, the hairpin chains of endpoint addresses that
+//! came or went) and adds or deletes their single rules in the shared chains. Chains that are no
 //! longer referenced are flushed at once and deleted after a grace period. Works with
-//! iptables-legacy and iptables-nft (`--iptables-mode`, or detected). IPv4 only.
+//! iptables-legacy and iptables-nft (`--iptables-mode`, or detected). The layout and why it has
+//! so few chains: [`compile`]. IPv4 only.
 
+pub mod buckets;
 pub mod compile;
 pub mod exec;
+pub mod hairpin;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::conntrack::leastconn::{LcTable, LeastConn, PickChange, Steer};
@@ -24,8 +28,13 @@ use crate::dataplane::{BackendConfig, ChangeSet, Dataplane, LiveView, ProxyState
 use crate::error::DataplaneError;
 use crate::model::ServicePortName;
 
-use compile::{Compiled, CLUSTER_IPS, FILTER, MARK_MASQ_CHAIN, NODEPORTS, POSTROUTING, SERVICES};
+use buckets::Buckets;
+use compile::{
+    Compiled, LcTarget, CLUSTER_IPS, FILTER, MARK_MASQ_CHAIN, MASQ_EXTERNAL, NODEPORTS,
+    POSTROUTING, SERVICES,
+};
 pub use exec::Mode;
+use hairpin::{Hairpin, HAIRPIN};
 
 /// How long an unreferenced chain is kept (flushed) before it is deleted.
 pub const DEFAULT_STALE_GRACE: Duration = Duration::from_secs(30);
@@ -88,6 +97,10 @@ pub struct IptablesDataplane {
     ids: TargetIds,
     programmed: HashMap<ServicePortName, Compiled>,
     cluster_ip_refs: HashMap<Ipv4Addr, usize>,
+    buckets: Buckets,
+    hairpin: Hairpin,
+    /// Least-connection targets by id, for [`IptSteer`] to write a moved pick.
+    lc_targets: Arc<Mutex<HashMap<u32, LcTarget>>>,
     /// Flushed, unreferenced chains and when they became so.
     stale: BTreeMap<String, Instant>,
     grace: Duration,
@@ -123,6 +136,9 @@ impl IptablesDataplane {
             ids: TargetIds::default(),
             programmed: HashMap::new(),
             cluster_ip_refs: HashMap::new(),
+            buckets: Buckets::default(),
+            hairpin: Hairpin::default(),
+            lc_targets: Arc::default(),
             stale: BTreeMap::new(),
             grace: DEFAULT_STALE_GRACE,
             statics: None,
@@ -166,12 +182,13 @@ impl IptablesDataplane {
     }
 
     /// Static rules of our shared chains (nat, filter).
-    fn static_rules(&self) -> (Vec<String>, Vec<String>) {
+    fn static_rules(&self, node: &crate::selection::NodeContext) -> (Vec<String>, Vec<String>) {
         let mut nat = vec![
             format!(
                 "-A {MARK_MASQ_CHAIN} -j MARK --or-mark {:#x}",
                 compile::MARK_MASQ
             ),
+            format!("-A {POSTROUTING} -m conntrack --ctstate DNAT -j {HAIRPIN}"),
             format!(
                 "-A {POSTROUTING} -m mark ! --mark {m:#x}/{m:#x} -j RETURN",
                 m = compile::MARK_MASQ
@@ -181,7 +198,14 @@ impl IptablesDataplane {
                 compile::MARK_MASQ
             ),
             format!("-A {POSTROUTING} -j MASQUERADE"),
+            format!("-A {MASQ_EXTERNAL} -m addrtype --src-type LOCAL -j RETURN"),
         ];
+        for c in &node.cluster_cidrs {
+            if let ipnet::IpNet::V4(n) = c {
+                nat.push(format!("-A {MASQ_EXTERNAL} -s {} -j RETURN", n.trunc()));
+            }
+        }
+        nat.push(format!("-A {MASQ_EXTERNAL} -j {MARK_MASQ_CHAIN}"));
         let v4nets: Vec<String> = self
             .cfg
             .nodeport_addresses
@@ -213,12 +237,26 @@ impl IptablesDataplane {
                 "-A {FILTER} -m mark --mark {m:#x}/{m:#x} -j REJECT",
                 m = compile::MARK_REJECT
             ),
-            format!("-A {FILTER} -j {CLUSTER_IPS}"),
         ];
-        for c in &self.cfg.service_cidrs {
-            if let ipnet::IpNet::V4(n) = c {
-                filter.push(format!("-A {FILTER} -d {} -j DROP", n.trunc()));
-            }
+        // Only destinations still inside a service CIDR after NAT were not translated: the
+        // per-clusterIP list is walked for those alone, not for every new connection.
+        let service_cidrs: Vec<String> = self
+            .cfg
+            .service_cidrs
+            .iter()
+            .filter_map(|c| match c {
+                ipnet::IpNet::V4(n) => Some(n.trunc().to_string()),
+                ipnet::IpNet::V6(_) => None,
+            })
+            .collect();
+        if service_cidrs.is_empty() {
+            filter.push(format!("-A {FILTER} -j {CLUSTER_IPS}"));
+        }
+        for n in &service_cidrs {
+            filter.push(format!("-A {FILTER} -d {n} -j {CLUSTER_IPS}"));
+        }
+        for n in &service_cidrs {
+            filter.push(format!("-A {FILTER} -d {n} -j DROP"));
         }
         (nat, filter)
     }
@@ -247,7 +285,7 @@ impl IptablesDataplane {
         };
         let mut p = Plan::default();
         if full {
-            self.full_prologue(&mut p)?;
+            self.full_prologue(state, &mut p)?;
             self.statics = Some(key);
         }
         let mut lc_targets = Vec::new();
@@ -260,11 +298,15 @@ impl IptablesDataplane {
             let new = compile::compile(state, spn, &reps, &mut self.ids);
             let old = self.programmed.remove(spn).unwrap_or_default();
             self.diff(&old, &new, full, &mut p);
+            self.buckets
+                .update(&spn.to_string(), old.bucket.as_ref(), new.bucket.as_ref());
+            self.hairpin.update(&old.endpoint_ips, &new.endpoint_ips);
             lc_targets.extend(new.lc.iter().cloned());
             if new != Compiled::default() {
                 self.programmed.insert(spn.clone(), new);
             }
         }
+        self.shared_chains(&mut p);
         if let Some(table) = lc {
             self.lc_chains(table, &lc_targets, full, &mut p);
         }
@@ -285,11 +327,20 @@ impl IptablesDataplane {
 
     /// Full sync: every shared chain re-declared (flushed) with its static rules; leftovers of
     /// earlier runs flushed and deleted.
-    fn full_prologue(&mut self, p: &mut Plan) -> Result<(), DataplaneError> {
+    fn full_prologue(&mut self, state: &ProxyState, p: &mut Plan) -> Result<(), DataplaneError> {
         self.programmed.clear();
         self.cluster_ip_refs.clear();
-        let (nat, filter) = self.static_rules();
-        for c in [SERVICES, NODEPORTS, MARK_MASQ_CHAIN, POSTROUTING] {
+        self.buckets.clear();
+        self.hairpin.clear();
+        let (nat, filter) = self.static_rules(&state.node);
+        for c in [
+            SERVICES,
+            NODEPORTS,
+            MARK_MASQ_CHAIN,
+            MASQ_EXTERNAL,
+            POSTROUTING,
+            HAIRPIN,
+        ] {
             p.nat_declare.insert(c.to_string());
         }
         for c in [FILTER, CLUSTER_IPS] {
@@ -371,6 +422,34 @@ impl IptablesDataplane {
         }
     }
 
+    /// The bucket and hairpin chains the sync's service ports changed, rewritten whole; an
+    /// emptied one is flushed and deleted after the grace period like any unreferenced chain.
+    fn shared_chains(&mut self, p: &mut Plan) {
+        for b in self.buckets.take_changes() {
+            self.rewrite(p, b.chain, &b.rules);
+        }
+        for h in self.hairpin.take_changes() {
+            if h.rules.is_empty() && h.dispatched {
+                p.nat_deletes.push(format!("-D {HAIRPIN} {}", h.dispatch));
+            } else if !h.rules.is_empty() && !h.dispatched {
+                p.nat_rules.push(format!("-A {HAIRPIN} {}", h.dispatch));
+            }
+            self.rewrite(p, h.chain, &h.rules);
+        }
+    }
+
+    /// Declares (flushes) `chain` and appends `rules`; an empty chain waits for deletion.
+    fn rewrite(&mut self, p: &mut Plan, chain: String, rules: &[String]) {
+        if rules.is_empty() {
+            self.stale.insert(chain.clone(), Instant::now());
+        } else {
+            self.stale.remove(&chain);
+            p.nat_rules
+                .extend(rules.iter().map(|r| format!("-A {chain} {r}")));
+        }
+        p.nat_declare.insert(chain);
+    }
+
     /// Least-connection chains of the compiled service ports, each pointing at its current pick.
     fn lc_chains(
         &self,
@@ -392,15 +471,17 @@ impl IptablesDataplane {
                 let _ = table.remove_target(id);
             }
         }
+        let mut shared = self
+            .lc_targets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        shared.retain(|id, _| wanted.contains(id));
         for t in targets {
+            shared.insert(t.id, t.clone());
             let _ = table.set_target(t.id, &lc_label(t), &t.endpoints);
             p.nat_declare.insert(t.chain.clone());
             if let Some(pick) = table.pick(t.id) {
-                p.nat_rules.push(format!(
-                    "-A {} -j {}",
-                    t.chain,
-                    compile::sep_chain(&t.spn, pick)
-                ));
+                p.nat_rules.push(t.pick_rule(pick));
             }
         }
     }
@@ -518,24 +599,32 @@ fn count_ops(script: &str) -> usize {
 }
 
 /// Rewrites a least-connection chain when the controller moves its pick.
-struct IptSteer(Mode);
+struct IptSteer {
+    mode: Mode,
+    targets: Arc<Mutex<HashMap<u32, LcTarget>>>,
+}
 
 impl Steer for IptSteer {
     fn steer(&mut self, changes: &[PickChange]) -> Result<(), DataplaneError> {
+        let targets = self
+            .targets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut script = String::from("*nat\n");
         let mut rules = String::new();
         for c in changes {
-            let Some((chain, spn)) = c.label.split_once(' ') else {
+            let Some(t) = targets.get(&c.id) else {
                 continue;
             };
-            let _ = writeln!(script, ":{chain} - [0:0]");
+            let _ = writeln!(script, ":{} - [0:0]", t.chain);
             if let Some(pick) = c.new {
-                let _ = writeln!(rules, "-A {chain} -j {}", compile::sep_chain(spn, pick));
+                rules.push_str(&t.pick_rule(pick));
+                rules.push('\n');
             }
         }
         script.push_str(&rules);
         script.push_str("COMMIT\n");
-        exec::restore(self.0, &script)
+        exec::restore(self.mode, &script)
     }
 }
 
@@ -585,7 +674,10 @@ impl Dataplane for IptablesDataplane {
                 .values()
                 .any(|s| s.algorithm == crate::model::Algorithm::LeastConn);
         if needs_lc && self.lc.is_none() {
-            self.lc = Some(LeastConn::start(Box::new(IptSteer(self.mode)))?);
+            self.lc = Some(LeastConn::start(Box::new(IptSteer {
+                mode: self.mode,
+                targets: Arc::clone(&self.lc_targets),
+            }))?);
         }
         let lc = self.lc.take();
         let result = {
@@ -667,6 +759,8 @@ impl Dataplane for IptablesDataplane {
         }
         self.programmed.clear();
         self.cluster_ip_refs.clear();
+        self.buckets = Buckets::default();
+        self.hairpin = Hairpin::default();
         self.stale.clear();
         self.statics = None;
         self.needs_full = true;
@@ -732,14 +826,14 @@ mod tests {
     }
 
     #[test]
-    fn sep_names_are_stable_and_short() {
-        let a = compile::sep_chain(
+    fn affinity_list_names_are_stable_and_short() {
+        let a = compile::affinity_list(
             "default/web/TCP",
             "10.244.1.2:8080".parse::<SocketAddrV4>().unwrap(),
         );
         assert_eq!(
             a,
-            compile::sep_chain("default/web/TCP", "10.244.1.2:8080".parse().unwrap())
+            compile::affinity_list("default/web/TCP", "10.244.1.2:8080".parse().unwrap())
         );
         assert!(a.len() <= 28, "{a}");
     }

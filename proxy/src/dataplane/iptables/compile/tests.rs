@@ -1,0 +1,314 @@
+//! The rules one service port compiles to, case by case, and the chain count at scale.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use super::*;
+use crate::model::Protocol;
+use crate::selection::{select, NodeContext};
+
+const NODE: &str = "node-a";
+
+fn svc(name: &str, vip: &str) -> ServicePort {
+    ServicePort {
+        name: ServicePortName {
+            namespace: "default".into(),
+            name: name.into(),
+            port_name: String::new(),
+            protocol: Protocol::Tcp,
+        },
+        cluster_ips: vec![vip.parse().unwrap()],
+        port: 80,
+        protocol: Protocol::Tcp,
+        node_port: 0,
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        source_ranges: vec![],
+        affinity: None,
+        external_local: false,
+        internal_local: false,
+        health_check_node_port: 0,
+        algorithm: Algorithm::RoundRobin,
+    }
+}
+
+fn ep(last: u8, node: &str) -> Endpoint {
+    Endpoint {
+        addr: IpAddr::V4(Ipv4Addr::new(10, 244, 1, last)),
+        port: 8080,
+        node: Some(node.into()),
+        zone: None,
+        ready: true,
+        serving: true,
+        terminating: false,
+    }
+}
+
+fn node() -> NodeContext {
+    NodeContext {
+        node_name: NODE.into(),
+        cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+        node_ips: vec!["192.0.2.1".parse().unwrap()],
+        masquerade_all: false,
+    }
+}
+
+fn state(ports: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
+    let mut state = ProxyState {
+        node: node(),
+        ..ProxyState::default()
+    };
+    for (svc, eps) in ports {
+        let spn = svc.name.clone();
+        state.selected.insert(spn.clone(), select(&svc, &eps, NODE));
+        state.endpoints.insert(spn.clone(), eps);
+        state.services.insert(spn, svc);
+    }
+    state
+}
+
+fn run(svc: ServicePort, eps: Vec<Endpoint>) -> Compiled {
+    let spn = svc.name.clone();
+    let state = state(vec![(svc, eps)]);
+    let reps = Representatives::new(&state.node);
+    compile(&state, &spn, &reps, &mut TargetIds::default())
+}
+
+const M: &str = "-d 10.96.0.10/32 -p tcp -m tcp --dport 80 ";
+
+#[test]
+fn a_cluster_ip_port_lives_in_its_bucket_with_the_frontend_on_every_rule() {
+    let c = run(
+        svc("web", "10.96.0.10"),
+        vec![ep(1, NODE), ep(2, NODE), ep(3, "other")],
+    );
+    assert!(c.chains.is_empty(), "no chain of its own: {:?}", c.chains);
+    let b = c.bucket.expect("bucketed");
+    assert_eq!(b.bucket, bucket_of("default/web/TCP"));
+    assert_eq!(
+        c.services,
+        vec![format!(
+            "{M}-m comment --comment \"default/web/TCP cluster IP\" -j {}",
+            bucket_chain(b.bucket)
+        )]
+    );
+    assert_eq!(
+        b.rules,
+        vec![
+            format!("{M}-j {MASQ_EXTERNAL}"),
+            format!("{M}-m statistic --mode nth --every 3 --packet 0 -j DNAT --to-destination 10.244.1.1:8080"),
+            format!("{M}-m statistic --mode nth --every 2 --packet 0 -j DNAT --to-destination 10.244.1.2:8080"),
+            format!("{M}-j DNAT --to-destination 10.244.1.3:8080"),
+        ]
+    );
+    assert_eq!(
+        c.endpoint_ips
+            .iter()
+            .map(|a| a.octets()[3])
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert_eq!(c.cluster_ips, vec![Ipv4Addr::new(10, 96, 0, 10)]);
+}
+
+#[test]
+fn twenty_thousand_cluster_ip_ports_use_at_most_the_bucket_chains() {
+    let ports: Vec<(ServicePort, Vec<Endpoint>)> = (0..20_000u32)
+        .map(|i| {
+            let vip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 10)) + i);
+            let eps = (1..=4).map(|k| ep(k, NODE)).collect();
+            (svc(&format!("svc-{i}"), &vip.to_string()), eps)
+        })
+        .collect();
+    let state = state(ports);
+    let reps = Representatives::new(&state.node);
+    let mut ids = TargetIds::default();
+    let mut chains = BTreeSet::new();
+    for spn in state.services.keys() {
+        let c = compile(&state, spn, &reps, &mut ids);
+        assert!(c.chains.is_empty(), "{spn}: {:?}", c.chains);
+        chains.insert(c.bucket.expect("bucketed").bucket);
+    }
+    assert_eq!(chains.len(), usize::from(BUCKETS));
+}
+
+#[test]
+fn no_endpoint_marks_and_stops_nat_in_the_bucket() {
+    let c = run(svc("web", "10.96.0.10"), vec![]);
+    let rules = c.bucket.expect("bucketed").rules;
+    assert_eq!(
+        rules[1..],
+        [
+            format!("{M}-j MARK --or-mark {MARK_REJECT:#x}"),
+            format!("{M}-j ACCEPT"),
+        ]
+    );
+    assert!(c.endpoint_ips.is_empty());
+}
+
+#[test]
+fn affinity_checks_every_endpoint_before_round_robin_records_the_choice() {
+    let mut s = svc("web", "10.96.0.10");
+    s.affinity = Some(Duration::from_secs(60));
+    let c = run(s, vec![ep(1, NODE), ep(2, NODE)]);
+    let rules = c.bucket.expect("bucketed").rules;
+    let list = |last: u8| {
+        affinity_list(
+            "default/web/TCP",
+            SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, last), 8080),
+        )
+    };
+    assert_eq!(
+        rules[1..],
+        [
+            format!("{M}-m recent --name {} --rcheck --seconds 60 --reap -j DNAT --to-destination 10.244.1.1:8080", list(1)),
+            format!("{M}-m recent --name {} --rcheck --seconds 60 --reap -j DNAT --to-destination 10.244.1.2:8080", list(2)),
+            format!("{M}-m statistic --mode nth --every 2 --packet 0 -m recent --name {} --set -j DNAT --to-destination 10.244.1.1:8080", list(1)),
+            format!("{M}-m recent --name {} --set -j DNAT --to-destination 10.244.1.2:8080", list(2)),
+        ]
+    );
+}
+
+#[test]
+fn a_node_port_shares_one_chain_with_the_cluster_ip_and_masquerades_inline() {
+    let mut s = svc("web", "10.96.0.10");
+    s.node_port = 30080;
+    let c = run(s, vec![ep(1, NODE), ep(2, NODE)]);
+    assert!(c.bucket.is_none());
+    assert_eq!(c.chains.len(), 1, "{:?}", c.chains);
+    let (chain, rules) = c.chains.iter().next().unwrap();
+    assert!(chain.starts_with("KPR-SVC-"), "{chain}");
+    assert_eq!(
+        rules,
+        &vec![
+            "-p tcp -m statistic --mode nth --every 2 --packet 0 -j DNAT --to-destination 10.244.1.1:8080".to_string(),
+            "-p tcp -j DNAT --to-destination 10.244.1.2:8080".to_string(),
+        ]
+    );
+    assert_eq!(
+        c.services,
+        vec![
+            format!("{M}-j {MASQ_EXTERNAL}"),
+            format!("{M}-m comment --comment \"default/web/TCP cluster IP\" -j {chain}"),
+        ]
+    );
+    let np = "-p tcp -m tcp --dport 30080 ";
+    assert_eq!(
+        c.nodeports,
+        vec![
+            format!("{np}-j {MARK_MASQ_CHAIN}"),
+            format!("{np}-m comment --comment \"default/web/TCP node port\" -j {chain}"),
+        ]
+    );
+}
+
+#[test]
+fn external_traffic_local_routes_each_source_class_in_its_own_chain() {
+    let mut s = svc("web", "10.96.0.10");
+    s.node_port = 30080;
+    s.external_local = true;
+    let c = run(s, vec![ep(1, NODE), ep(2, "other")]);
+    let ext: Vec<&String> = c
+        .chains
+        .keys()
+        .filter(|k| k.starts_with("KPR-EXT-"))
+        .collect();
+    assert_eq!(ext.len(), 1, "{:?}", c.chains.keys());
+    let rules = &c.chains[ext[0]];
+    // node: masquerade, cluster endpoints; pod: cluster endpoints; external: local only.
+    assert!(
+        rules[0].starts_with("-m addrtype --src-type LOCAL -j KPR-MARK-MASQ"),
+        "{rules:?}"
+    );
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.starts_with("-s 10.244.0.0/16 -j KPR-SVC-")),
+        "{rules:?}"
+    );
+    let last = rules.last().unwrap();
+    assert!(
+        last.starts_with("-j KPR-SVC-") && !rules[1].ends_with(last.trim_start_matches("-j ")),
+        "{rules:?}"
+    );
+    assert_eq!(
+        c.chains.len(),
+        3,
+        "EXT + cluster route + local route: {:?}",
+        c.chains.keys()
+    );
+    assert_eq!(c.nodeports.len(), 1, "{:?}", c.nodeports);
+}
+
+#[test]
+fn source_ranges_guard_the_lb_ip_and_return_when_allowed() {
+    let mut s = svc("web", "10.96.0.10");
+    s.load_balancer_ips = vec!["198.51.100.10".parse().unwrap()];
+    s.source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
+    let c = run(s, vec![ep(1, NODE)]);
+    let fw: Vec<(&String, &Vec<String>)> = c
+        .chains
+        .iter()
+        .filter(|(k, _)| k.starts_with("KPR-FW-"))
+        .collect();
+    assert_eq!(fw.len(), 1);
+    let (fw_chain, rules) = fw[0];
+    assert_eq!(
+        rules,
+        &vec![
+            "-s 203.0.113.0/24 -j RETURN".to_string(),
+            "-s 198.51.100.10/32 -j RETURN".to_string(),
+            "-m addrtype --src-type LOCAL -j RETURN".to_string(),
+            format!("-j MARK --or-mark {MARK_DROP:#x}"),
+            "-j ACCEPT".to_string(),
+        ]
+    );
+    let lb = "-d 198.51.100.10/32 -p tcp -m tcp --dport 80 ";
+    let lb_rules: Vec<&String> = c.services.iter().filter(|r| r.starts_with(lb)).collect();
+    assert_eq!(lb_rules[0], &format!("{lb}-j {fw_chain}"));
+    assert_eq!(lb_rules[1], &format!("{lb}-j {MARK_MASQ_CHAIN}"));
+    assert!(lb_rules[2].contains("-j KPR-SVC-"), "{lb_rules:?}");
+}
+
+#[test]
+fn least_connection_marks_the_target_and_jumps_to_its_pick_chain() {
+    let mut s = svc("web", "10.96.0.10");
+    s.algorithm = Algorithm::LeastConn;
+    let c = run(s, vec![ep(1, NODE), ep(2, NODE)]);
+    assert!(
+        c.bucket.is_none(),
+        "least-connection ports are not bucketed"
+    );
+    assert_eq!(c.lc.len(), 1);
+    let t = &c.lc[0];
+    let svc_rules = &c.chains[c.chains.keys().find(|k| k.starts_with("KPR-SVC-")).unwrap()];
+    assert_eq!(
+        svc_rules,
+        &vec![
+            format!("-p tcp -j CONNMARK --set-xmark {:#x}/0xffffffff", t.id),
+            format!("-p tcp -j {}", t.chain),
+        ]
+    );
+    assert_eq!(c.chains[&t.chain], Vec::<String>::new());
+    assert_eq!(
+        t.pick_rule(SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, 2), 8080)),
+        format!(
+            "-A {} -p tcp -j DNAT --to-destination 10.244.1.2:8080",
+            t.chain
+        )
+    );
+}
+
+#[test]
+fn masquerade_all_marks_every_source_in_the_bucket() {
+    let s = svc("web", "10.96.0.10");
+    let spn = s.name.clone();
+    let mut st = state(vec![(s, vec![ep(1, NODE)])]);
+    st.node.masquerade_all = true;
+    let reps = Representatives::new(&st.node);
+    let c = compile(&st, &spn, &reps, &mut TargetIds::default());
+    assert_eq!(
+        c.bucket.expect("bucketed").rules[0],
+        format!("{M}-j {MARK_MASQ_CHAIN}")
+    );
+}
