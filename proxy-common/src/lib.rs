@@ -23,6 +23,7 @@
 //! | `KPR_UDP_FWD` | LRU hash | [`RevNatKey`] (socket, service) | [`SockBackend`] |
 //! | `KPR_CT` | LRU hash | [`CtKey`] | [`CtValue`] (tc path) |
 //! | `KPR_CONFIG` | array (1) | 0 | [`NodeConfig`] (tc path) |
+//! | `KPR_SRC_RANGES` | LPM trie | prefix length + [`SrcRangeKey`] | `u8` (1: allowed) |
 #![no_std]
 
 /// IANA protocol numbers as they appear in [`ServiceKey::proto`] and [`Backend::proto`].
@@ -54,6 +55,17 @@ pub const SVC_F_MASQUERADE: u16 = 1 << 2;
 /// [`ServiceValue::flags`]: a marker entry (port 0, protocol 0) saying the address is a clusterIP:
 /// a port or protocol the Service does not expose is rejected instead of routed.
 pub const SVC_F_VIP: u16 = 1 << 3;
+
+/// [`ServiceValue::flags`]: loadBalancerSourceRanges guard this LoadBalancer frontend. The tc path
+/// admits a new flow only when `KPR_SRC_RANGES` holds its (frontend, source); the socket path
+/// translates only the node's own sockets (the node is always allowed) and leaves a pod's
+/// connection untranslated, to the tc path on the node's side of the pod's interface, which sees
+/// the pod's address.
+pub const SVC_F_SOURCE_RANGES: u16 = 1 << 4;
+
+/// Bits of a [`SrcRangeKey`] taken by its frontend: an LPM trie entry's prefix length is this
+/// plus the source prefix length, so the frontend always matches exactly.
+pub const SRC_RANGE_FRONTEND_BITS: u32 = 160;
 
 /// [`AffinityKey::kind`]: the client is identified by its network namespace cookie (socket path,
 /// where the source address is not known yet at `connect()`).
@@ -203,7 +215,7 @@ pub struct CtValue {
     pub _pad: u32,
 }
 
-/// Node-wide settings of the tc path, written by the agent.
+/// Node-wide settings, written by the agent.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NodeConfig {
@@ -213,6 +225,18 @@ pub struct NodeConfig {
     /// that belongs to no Service fail (the "dropped" of the semantics). Mask 0: no range.
     pub svc_net: u32,
     pub svc_mask: u32,
+    /// The node's network namespace cookie: sockets there are the node itself (0: unknown).
+    pub host_netns: u64,
+}
+
+/// The data of a `KPR_SRC_RANGES` key: a tc frontend (scope [`SCOPE_EXTERNAL`]), matched
+/// exactly ([`SRC_RANGE_FRONTEND_BITS`]), then a source address, matched by prefix.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SrcRangeKey {
+    pub frontend: ServiceKey,
+    /// Network byte order; IPv4 in word 0.
+    pub src: [u32; 4],
 }
 
 /// [`CtValue::flags`]: the entry is the reply direction of a flow.
@@ -239,6 +263,7 @@ mod pod {
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtValue {}
     unsafe impl aya::Pod for NodeConfig {}
+    unsafe impl aya::Pod for SrcRangeKey {}
 }
 
 #[cfg(test)]
@@ -261,6 +286,11 @@ mod tests {
         assert_eq!(size_of::<RevNatValue>(), 16 + 2 + 2);
         assert_eq!(size_of::<CtKey>(), 16 + 16 + 2 + 2 + 1 + 1 + 2);
         assert_eq!(size_of::<CtValue>(), 16 + 16 + 2 + 2 + 4 + 8 + 4 + 4);
-        assert_eq!(size_of::<NodeConfig>(), 16 + 4 + 4);
+        assert_eq!(size_of::<NodeConfig>(), 16 + 4 + 4 + 8);
+        assert_eq!(size_of::<SrcRangeKey>(), 20 + 16);
+        assert_eq!(
+            SRC_RANGE_FRONTEND_BITS as usize,
+            size_of::<ServiceKey>() * 8
+        );
     }
 }

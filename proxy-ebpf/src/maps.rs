@@ -5,11 +5,11 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LruHashMap},
+    maps::{Array, HashMap, LpmTrie, LruHashMap},
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, NodeConfig, RevNatKey,
-    RevNatValue, ServiceKey, ServiceValue, SlotKey, SockBackend,
+    RevNatValue, ServiceKey, ServiceValue, SlotKey, SockBackend, SrcRangeKey,
 };
 
 #[map]
@@ -52,3 +52,7 @@ pub static KPR_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(262_144, 0);
 /// Node-wide settings of the tc path (index 0).
 #[map]
 pub static KPR_CONFIG: Array<NodeConfig> = Array::pinned(1, 0);
+
+/// loadBalancerSourceRanges: (tc frontend, source prefix) -> allowed.
+#[map]
+pub static KPR_SRC_RANGES: LpmTrie<SrcRangeKey, u8> = LpmTrie::pinned(65_536, 0);

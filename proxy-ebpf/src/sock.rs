@@ -10,6 +10,7 @@ use aya_log_ebpf::warn;
 use proxy_common::{
     AffinityKey, Backend, RevNatKey, RevNatValue, ServiceKey, ServiceValue, SockBackend,
     CLIENT_NETNS, PROTO_SCTP, PROTO_TCP, PROTO_UDP, SCOPE_SOCKET, SVC_F_DROP_EMPTY,
+    SVC_F_SOURCE_RANGES,
 };
 
 use crate::lb;
@@ -56,6 +57,12 @@ pub fn translate<C: EbpfContext>(ctx: &C, sa: *mut bpf_sock_addr, mode: Mode) ->
     let Some(svc) = (unsafe { KPR_SERVICES.get(key).copied() }) else {
         return not_a_frontend(&key);
     };
+    // loadBalancerSourceRanges: the node itself is allowed; a pod's source address is not known
+    // yet at connect(), so its connection goes out untranslated and the tc program on the node's
+    // side of its interface checks the address.
+    if svc.flags & SVC_F_SOURCE_RANGES != 0 && !from_node(ctx) {
+        return ALLOW;
+    }
     // SAFETY: helpers valid for cgroup sock_addr programs (kernel >= 5.7).
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let req = Request { key, cookie };
@@ -66,6 +73,17 @@ pub fn translate<C: EbpfContext>(ctx: &C, sa: *mut bpf_sock_addr, mode: Mode) ->
     sa.user_ip4 = backend.addr[0];
     sa.user_port = u32::from(backend.port);
     ALLOW
+}
+
+/// Whether the socket lives in the node's own network namespace.
+#[inline(always)]
+fn from_node<C: EbpfContext>(ctx: &C) -> bool {
+    let Some(cfg) = KPR_CONFIG.get(0) else {
+        return false;
+    };
+    // SAFETY: helper valid for cgroup sock_addr programs (kernel >= 5.7).
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    cfg.host_netns != 0 && netns == cfg.host_netns
 }
 
 /// The backend for this request: the flow's earlier choice for unconnected UDP, else a new pick.

@@ -8,21 +8,25 @@
 //! packets are forwarded with a FIB lookup and a redirect, because a masqueraded packet carries a
 //! node address as source and the stack would drop it as martian. A frontend without backends is
 //! dropped (Local policy) or left untranslated, so the node's own stack answers a nodePort with a
-//! reset / port unreachable.
+//! reset / port unreachable. A LoadBalancer frontend with loadBalancerSourceRanges drops new flows
+//! from sources outside them (`KPR_SRC_RANGES`); pods' connections to it arrive here too, as the
+//! socket path leaves them untranslated.
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT},
     helpers::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh},
+    maps::lpm_trie::Key,
     programs::TcContext,
     EbpfContext,
 };
 use proxy_common::{
-    AffinityKey, CtKey, CtValue, ServiceKey, CLIENT_ADDR, CT_F_REPLY, CT_F_SNAT, FAMILY_V4,
-    PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_MASQUERADE,
+    AffinityKey, CtKey, CtValue, ServiceKey, SrcRangeKey, CLIENT_ADDR, CT_F_REPLY, CT_F_SNAT,
+    FAMILY_V4, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SRC_RANGE_FRONTEND_BITS, SVC_F_DROP_EMPTY,
+    SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES,
 };
 
 use crate::lb;
-use crate::maps::{KPR_BACKENDS, KPR_CONFIG, KPR_CT, KPR_SERVICES};
+use crate::maps::{KPR_BACKENDS, KPR_CONFIG, KPR_CT, KPR_SERVICES, KPR_SRC_RANGES};
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -106,6 +110,13 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, i64> {
     let Some(svc) = (unsafe { KPR_SERVICES.get(key).copied() }) else {
         return Ok(TC_ACT_OK);
     };
+    // Looked up whether the frontend is guarded or not: a lookup on one path only leaves the
+    // verifier two stack layouts that it cannot merge, and it then walks everything after this
+    // (the least-connection loop) twice, past its 1M instruction limit.
+    let allowed = source_allowed(&key, pkt.saddr);
+    if svc.flags & SVC_F_SOURCE_RANGES != 0 && !allowed {
+        return Ok(TC_ACT_SHOT);
+    }
     let client = AffinityKey {
         client: [pkt.saddr, 0, 0, 0],
         set_id: svc.set_id,
@@ -131,6 +142,19 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, i64> {
     let fwd = open_flow(&pkt, backend.addr[0], backend.port, masq, id);
     apply(ctx, &pkt, &fwd)?;
     forward(ctx, &pkt, &fwd)
+}
+
+/// Whether loadBalancerSourceRanges admit `saddr` to `frontend`.
+#[inline(always)]
+fn source_allowed(frontend: &ServiceKey, saddr: u32) -> bool {
+    let key = Key::new(
+        SRC_RANGE_FRONTEND_BITS + 32,
+        SrcRangeKey {
+            frontend: *frontend,
+            src: [saddr, 0, 0, 0],
+        },
+    );
+    KPR_SRC_RANGES.get(&key).is_some()
 }
 
 /// Records both directions of a new flow and returns the forward entry.

@@ -252,3 +252,68 @@ fn tc_filter_names(fx: &Fixture, iface: &str) -> String {
         .expect("tc filter show");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// loadBalancerSourceRanges in the pinned maps: written with the LB frontends, changed and
+/// removed with the Service, and what a crashed agent left is swept by the next one.
+#[test]
+fn source_ranges_follow_the_service_in_the_maps_and_are_swept_after_a_restart() {
+    use proxy::dataplane::ebpf::inspect::MapSnapshot;
+    let mut fx = Fixture::with_tc("tcfw", 1);
+    let n = name("web", Protocol::Tcp);
+    let lb: std::net::Ipv4Addr = "198.51.100.10".parse().unwrap();
+    let with_ranges = |fx: &Fixture, ranges: &[&str]| {
+        let mut svc = service(&n, VIP, 80);
+        svc.load_balancer_ips = vec![IpAddr::V4(lb)];
+        svc.source_ranges = ranges.iter().map(|r| r.parse().unwrap()).collect();
+        let mut state = ProxyState::default();
+        state.services.insert(n.clone(), svc);
+        state.endpoints.insert(n.clone(), fx.endpoints(&[0]));
+        state
+    };
+    let allowed = |fx: &Fixture| -> Vec<String> {
+        let snap = MapSnapshot::read(&fx.cfg.bpffs_path).expect("reading the pinned maps");
+        let f = snap
+            .frontend(lb, 80, Protocol::Tcp, true)
+            .expect("the LB IP's tc frontend");
+        f.source_ranges.iter().map(|n| n.to_string()).collect()
+    };
+    let mut state = with_ranges(&fx, &["203.0.113.0/24", "192.0.2.0/25"]);
+    fx.sync(&mut state, &full());
+    let node = format!("{NODE_IP}/32");
+    let mut want = vec![
+        "192.0.2.0/25",
+        node.as_str(),
+        "198.51.100.10/32",
+        "203.0.113.0/24",
+    ];
+    want.sort_unstable();
+    assert_eq!(allowed(&fx), want);
+    // One range goes: only its entry is deleted.
+    let mut state = with_ranges(&fx, &["203.0.113.0/24"]);
+    fx.sync(&mut state, &changed(&[&n]));
+    let mut want = vec![node.as_str(), "198.51.100.10/32", "203.0.113.0/24"];
+    want.sort_unstable();
+    assert_eq!(allowed(&fx), want);
+    // No ranges: the frontend is not guarded and the trie holds nothing.
+    let mut state = with_ranges(&fx, &[]);
+    fx.sync(&mut state, &changed(&[&n]));
+    assert!(allowed(&fx).is_empty());
+    // A crashed agent's entries: the next agent's first full sync keeps only what it claims.
+    let mut state = with_ranges(&fx, &["203.0.113.0/24"]);
+    fx.sync(&mut state, &changed(&[&n]));
+    let dp = fx.dp.take().expect("dataplane");
+    std::mem::forget(dp); // a crash: no cleanup, the pins stay
+    let cfg = fx.cfg.clone();
+    fx.dp = Some(
+        fx.cluster
+            .node
+            .run(move || proxy::dataplane::ebpf::EbpfDataplane::new(&cfg))
+            .expect("entering the node namespace")
+            .expect("restart"),
+    );
+    let mut state = with_ranges(&fx, &["192.0.2.0/24"]);
+    fx.sync(&mut state, &full());
+    let mut want = vec!["192.0.2.0/24", node.as_str(), "198.51.100.10/32"];
+    want.sort_unstable();
+    assert_eq!(allowed(&fx), want);
+}

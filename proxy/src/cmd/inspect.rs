@@ -93,6 +93,9 @@ fn print_frontend(f: &FrontendView) {
     if f.value.flags & proxy_common::SVC_F_MASQUERADE != 0 {
         flags.push("masquerade".into());
     }
+    if f.value.flags & proxy_common::SVC_F_SOURCE_RANGES != 0 {
+        flags.push("source ranges".into());
+    }
     let cursor = f
         .cursor
         .map(|c| format!("  cursor {c}"))
@@ -111,6 +114,10 @@ fn print_frontend(f: &FrontendView) {
             "rejected"
         };
         println!("    (no endpoints: connections are {how})");
+    }
+    if !f.source_ranges.is_empty() {
+        let nets: Vec<String> = f.source_ranges.iter().map(|n| n.to_string()).collect();
+        println!("    allowed sources: {}", nets.join(", "));
     }
     for s in &f.slots {
         println!("    {}", slot_line(s));
@@ -172,6 +179,9 @@ fn frontend_json(f: &FrontendView) -> serde_json::Value {
             if f.value.flags & proxy_common::SVC_F_DROP_EMPTY != 0 { "drop" } else { "reject" },
         ),
         "cursor": f.cursor,
+        "source_ranges": (f.value.flags & proxy_common::SVC_F_SOURCE_RANGES != 0).then(|| {
+            f.source_ranges.iter().map(|n| n.to_string()).collect::<Vec<_>>()
+        }),
         "slots": f.slots.iter().map(slot_json).collect::<Vec<_>>(),
         "affinity": affinity,
     })

@@ -48,6 +48,12 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
             println!("    {}", super::inspect::slot_line(s));
         }
     }
+    if t.via_tc {
+        println!(
+            "the socket program leaves it untranslated (a LoadBalancer IP with \
+             loadBalancerSourceRanges, from a pod): the tc program decides on the node's side"
+        );
+    }
     println!("decision: {}", t.decision);
     Ok(())
 }

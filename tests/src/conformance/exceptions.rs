@@ -50,6 +50,10 @@ const fn eperm(scenario: &'static str) -> Exception {
     )
 }
 
+const USERSPACE_SOURCE_RANGE: &str = "a userspace proxy accepts the connection before it checks \
+    the source range; a source outside it (external or a pod) gets the connection closed (EOF) \
+    instead of a dropped SYN";
+
 /// The list (also in docs/ARCHITECTURE.md, "Conformance exceptions").
 pub const EXCEPTIONS: &[Exception] = &[
     exception(
@@ -69,9 +73,14 @@ pub const EXCEPTIONS: &[Exception] = &[
     exception(
         Backend::Userspace,
         "load_balancer_source_range_denies",
-        "a userspace proxy accepts the connection before it checks the source range; a source \
-         outside it gets the connection closed (EOF) instead of a dropped SYN",
+        USERSPACE_SOURCE_RANGE,
         Instead::Step(0, Expect::Error("closed")),
+    ),
+    exception(
+        Backend::Userspace,
+        "load_balancer_source_range_denies",
+        USERSPACE_SOURCE_RANGE,
+        Instead::Step(2, Expect::Error("closed")),
     ),
     eperm("drop_unallocated_service_address"),
     eperm("internal_traffic_local_none_here_drops"),
@@ -89,13 +98,6 @@ pub const EXCEPTIONS: &[Exception] = &[
                 src: Src::Preserved,
             },
         ),
-    ),
-    exception(
-        Backend::Ebpf,
-        "load_balancer_source_range_denies",
-        "NOT IMPLEMENTED: the eBPF maps carry no loadBalancerSourceRanges, so the tc program \
-         translates LoadBalancer traffic from any source instead of dropping it",
-        Instead::Fails,
     ),
 ];
 

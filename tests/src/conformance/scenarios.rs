@@ -164,8 +164,9 @@ fn destinations() -> Vec<Scenario> {
             8,
             served(ALL, Src::Masqueraded),
         )]),
-        // Destinations: LB IP with loadBalancerSourceRanges not containing the client: dropped
-        // (the clusterIP still serves pods).
+        // Destinations: LB IP with loadBalancerSourceRanges not containing the client: dropped,
+        // from outside and from a pod alike; the node itself is always allowed, and the
+        // clusterIP still serves pods.
         Scenario::new("load_balancer_source_range_denies", || {
             with_ready(
                 web()
@@ -177,6 +178,8 @@ fn destinations() -> Vec<Scenario> {
         .steps(vec![
             probe(From::External, "198.51.100.10:80", 1, Expect::Drop),
             probe(From::Pod, VIP, 4, served(ALL, Src::Preserved)),
+            probe(From::Pod, "198.51.100.10:80", 1, Expect::Drop),
+            probe(From::Node, "198.51.100.10:80", 4, served(ALL, Src::Any)),
         ]),
     ]
 }

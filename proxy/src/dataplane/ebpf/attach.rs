@@ -47,6 +47,9 @@ pub struct MapSizes {
     pub flows: u32,
     /// tc connection tracking (LRU): `KPR_CT`.
     pub conntrack: u32,
+    /// loadBalancerSourceRanges entries (one per range, LB IP and node address, per LB IP
+    /// frontend): `KPR_SRC_RANGES`.
+    pub source_ranges: u32,
 }
 
 impl Default for MapSizes {
@@ -59,6 +62,7 @@ impl Default for MapSizes {
             sockets: 262_144,
             flows: 262_144,
             conntrack: 262_144,
+            source_ranges: 65_536,
         }
     }
 }
@@ -73,6 +77,7 @@ impl MapSizes {
             maps::SOCKS => self.sockets,
             maps::REVNAT | maps::UDP_FWD => self.flows,
             maps::CT => self.conntrack,
+            maps::SRC_RANGES => self.source_ranges,
             _ => return None,
         })
     }
@@ -197,6 +202,16 @@ pub fn attach_all(ebpf: &mut Ebpf, cgroup: &fs::File, pins: &Pins) -> Result<(),
         replace_pin(link, &links.join(pin))?;
     }
     Ok(())
+}
+
+/// Logs how many instructions the verifier processed for each loaded program (kernel 5.16+):
+/// its limit is 1,000,000, and a kernel whose verifier prunes less may come closer to it.
+pub fn log_verified(ebpf: &Ebpf) {
+    for (name, p) in ebpf.programs() {
+        if let Some(n) = p.info().ok().and_then(|i| i.verified_instruction_count()) {
+            tracing::info!("ebpf: program {name}: {n} instructions verified");
+        }
+    }
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, DataplaneError>

@@ -10,12 +10,19 @@
 //! With the tc path attached, every external frontend also gets a `SCOPE_EXTERNAL` entry for
 //! traffic from outside the node: the external endpoints (eTP), masqueraded unless eTP is Local
 //! (or always with `--masquerade-all`). SCTP is left to the socket path.
+//!
+//! loadBalancerSourceRanges flag both entries of each LB IP ([`SVC_F_SOURCE_RANGES`]) and list,
+//! for its tc frontend, the sources allowed: the ranges, the LB IP itself and the node's
+//! addresses (as the rule backends do).
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use aya::maps::lpm_trie::Key;
+use ipnet::{IpNet, Ipv4Net};
 use proxy_common::{
-    ServiceKey, ALG_LEAST_CONN, ALG_ROUND_ROBIN, FAMILY_V4, SCOPE_EXTERNAL, SCOPE_SOCKET,
-    SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_MASQUERADE,
+    ServiceKey, SrcRangeKey, ALG_LEAST_CONN, ALG_ROUND_ROBIN, FAMILY_V4, SCOPE_EXTERNAL,
+    SCOPE_SOCKET, SRC_RANGE_FRONTEND_BITS, SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_MASQUERADE,
+    SVC_F_SOURCE_RANGES,
 };
 
 use crate::model::{Algorithm, Endpoint, Protocol, ServicePort};
@@ -52,6 +59,26 @@ pub struct Frontend {
     pub affinity_timeout_s: u32,
 }
 
+/// One allowed source prefix of a tc frontend guarded by loadBalancerSourceRanges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SrcRange {
+    pub frontend: ServiceKey,
+    pub net: Ipv4Net,
+}
+
+impl SrcRange {
+    /// The `KPR_SRC_RANGES` key.
+    pub fn key(&self) -> Key<SrcRangeKey> {
+        Key::new(
+            SRC_RANGE_FRONTEND_BITS + u32::from(self.net.prefix_len()),
+            SrcRangeKey {
+                frontend: self.frontend,
+                src: [v4_word(self.net.network()), 0, 0, 0],
+            },
+        )
+    }
+}
+
 /// Everything one service port needs in the maps.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DesiredService {
@@ -63,6 +90,8 @@ pub struct DesiredService {
     pub skipped_v6: Vec<IpAddr>,
     /// clusterIP marker keys (port 0, protocol 0): other ports of these addresses are refused.
     pub vips: Vec<ServiceKey>,
+    /// Sources allowed to the tc frontends of LB IPs with loadBalancerSourceRanges.
+    pub source_ranges: Vec<SrcRange>,
 }
 
 impl DesiredService {
@@ -84,6 +113,8 @@ pub struct CompileContext {
     pub tc: bool,
     /// `--masquerade-all`.
     pub masquerade_all: bool,
+    /// The node's IPv4 addresses (always allowed by loadBalancerSourceRanges).
+    pub node_ips: Vec<Ipv4Addr>,
 }
 
 /// Compiles `svc` with its selected endpoints.
@@ -128,6 +159,7 @@ pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext)
     } else {
         (SetKind::External, false)
     };
+    let guarded = |ip: &IpAddr| !svc.source_ranges.is_empty() && svc.load_balancer_ips.contains(ip);
     let external_addrs = svc.external_ips.iter().chain(&svc.load_balancer_ips);
     let mut externals: Vec<(IpAddr, u16)> = external_addrs.map(|ip| (*ip, svc.port)).collect();
     if svc.node_port != 0 {
@@ -148,17 +180,35 @@ pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext)
         }
     }
     for (ip, port) in externals {
-        match ip {
-            IpAddr::V4(v4) => {
-                out.frontends.push(frontend(v4, port, ext_set, ext_local));
-                if ctx.tc && svc.protocol != Protocol::Sctp {
-                    out.frontends.push(tc_frontend(v4, port));
-                }
+        let IpAddr::V4(v4) = ip else {
+            out.skipped_v6.push(ip);
+            continue;
+        };
+        // A nodePort on an LB IP's address is not guarded: only the LB IP's own port is.
+        let guard = if guarded(&ip) && port == svc.port {
+            SVC_F_SOURCE_RANGES
+        } else {
+            0
+        };
+        let mut f = frontend(v4, port, ext_set, ext_local);
+        f.flags |= guard;
+        out.frontends.push(f);
+        if ctx.tc && svc.protocol != Protocol::Sctp {
+            let mut f = tc_frontend(v4, port);
+            f.flags |= guard;
+            if guard != 0 {
+                out.source_ranges
+                    .extend(allowed_sources(svc, v4, ctx).map(|net| SrcRange {
+                        frontend: f.key,
+                        net,
+                    }));
             }
-            IpAddr::V6(_) => out.skipped_v6.push(ip),
+            out.frontends.push(f);
         }
     }
     dedup_frontends(&mut out.frontends);
+    let mut seen = std::collections::HashSet::new();
+    out.source_ranges.retain(|r| seen.insert(*r));
     let uses_external = out.frontends.iter().any(|f| f.set == SetKind::External);
     let external = backends(&sel.external, svc.protocol);
     if uses_external && external != out.cluster {
@@ -169,6 +219,23 @@ pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext)
         }
     }
     out
+}
+
+/// The sources loadBalancerSourceRanges let reach LB IP `lb`: the IPv4 ranges, `lb` itself and
+/// the node's addresses.
+fn allowed_sources<'a>(
+    svc: &'a ServicePort,
+    lb: Ipv4Addr,
+    ctx: &'a CompileContext,
+) -> impl Iterator<Item = Ipv4Net> + 'a {
+    let ranges = svc.source_ranges.iter().filter_map(|r| match r {
+        IpNet::V4(n) => Some(n.trunc()),
+        IpNet::V6(_) => None,
+    });
+    let hosts = std::iter::once(lb)
+        .chain(ctx.node_ips.iter().copied())
+        .map(|ip| Ipv4Net::new(ip, 32).expect("/32 is valid"));
+    ranges.chain(hosts)
 }
 
 /// Two addresses of a Service can coincide (an externalIP that is also a node IP): the first one

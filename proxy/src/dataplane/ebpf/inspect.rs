@@ -5,18 +5,21 @@
 //!
 //! Owns only reading: nothing here writes a map.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, Map, MapData};
+use ipnet::Ipv4Net;
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, BackendCounters, NodeConfig, ServiceKey, ServiceValue,
     SlotKey, CLIENT_ADDR, SCOPE_EXTERNAL, SVC_F_VIP,
 };
 
 use super::compile::{v4_from_word, BackendAddr};
-use super::maps::{Table, AFFINITY, BACKENDS, CONFIG, COUNTERS, RR, SERVICES, SLOTS};
+use super::maps::{
+    Ranges, Table, AFFINITY, BACKENDS, CONFIG, COUNTERS, RR, SERVICES, SLOTS, SRC_RANGES,
+};
 use super::programmed::backend_addr;
 use crate::error::DataplaneError;
 use crate::model::Protocol;
@@ -64,6 +67,8 @@ pub struct FrontendView {
     /// The set's round-robin cursor (the next connection starts at `cursor % count`).
     pub cursor: Option<u32>,
     pub affinity: Vec<AffinityView>,
+    /// Sources loadBalancerSourceRanges admit (tc frontends with `SVC_F_SOURCE_RANGES`).
+    pub source_ranges: Vec<Ipv4Net>,
 }
 
 impl FrontendView {
@@ -141,6 +146,7 @@ impl MapSnapshot {
         for (k, id) in slots.entries()? {
             sets.entry(k.set_id).or_default().push((k.slot, id));
         }
+        let ranges = read_ranges(&dir)?;
         let now = monotonic_ns();
         let mut snap = MapSnapshot {
             config: read_config(&dir),
@@ -174,6 +180,7 @@ impl MapSnapshot {
                 slots,
                 cursor: rr.get(&v.set_id).copied(),
                 affinity,
+                source_ranges: ranges.get(&k).cloned().unwrap_or_default(),
             });
         }
         snap.frontends
@@ -195,12 +202,43 @@ impl MapSnapshot {
         })
     }
 
+    /// Whether a socket in the network namespace `cookie` is the node itself (as `sock.rs`
+    /// decides for loadBalancerSourceRanges).
+    pub fn is_node_netns(&self, cookie: Option<u64>) -> bool {
+        match (self.config, cookie) {
+            (Some(c), Some(cookie)) => c.host_netns != 0 && c.host_netns == cookie,
+            _ => false,
+        }
+    }
+
     /// Whether `addr` is inside `--service-cluster-ip-range` as the programs see it.
     pub fn in_service_range(&self, addr: Ipv4Addr) -> bool {
         self.config.is_some_and(|c| {
             c.svc_mask != 0 && super::compile::v4_word(addr) & c.svc_mask == c.svc_net
         })
     }
+}
+
+/// The allowed sources of every guarded tc frontend (none when an older agent's maps lack the
+/// trie).
+fn read_ranges(dir: &Path) -> Result<HashMap<ServiceKey, Vec<Ipv4Net>>, DataplaneError> {
+    let mut out: HashMap<ServiceKey, Vec<Ipv4Net>> = HashMap::new();
+    if !dir.join(SRC_RANGES).exists() {
+        return Ok(out);
+    }
+    for key in Ranges::from_pin(dir)?.keys()? {
+        let data = key.data();
+        let prefix = key
+            .prefix_len()
+            .saturating_sub(proxy_common::SRC_RANGE_FRONTEND_BITS);
+        let net = Ipv4Net::new(v4_from_word(data.src[0]), prefix.min(32) as u8)
+            .expect("prefix clamped to 32");
+        out.entry(data.frontend).or_default().push(net);
+    }
+    for nets in out.values_mut() {
+        nets.sort_unstable();
+    }
+    Ok(out)
 }
 
 fn read_config(dir: &Path) -> Option<NodeConfig> {

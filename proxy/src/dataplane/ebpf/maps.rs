@@ -14,10 +14,13 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 
+use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, HashMap, IterableMap, Map, MapData, MapError};
 use aya::sys::SyscallError;
 use aya::Pod;
-use proxy_common::{Backend, BackendCounters, NodeConfig, ServiceKey, ServiceValue, SlotKey};
+use proxy_common::{
+    Backend, BackendCounters, NodeConfig, ServiceKey, ServiceValue, SlotKey, SrcRangeKey,
+};
 
 use crate::error::DataplaneError;
 
@@ -33,10 +36,12 @@ pub const REVNAT: &str = "KPR_REVNAT";
 pub const UDP_FWD: &str = "KPR_UDP_FWD";
 pub const CT: &str = "KPR_CT";
 pub const CONFIG: &str = "KPR_CONFIG";
+pub const SRC_RANGES: &str = "KPR_SRC_RANGES";
 
 /// Every map of the object, for pinning, sizing and cleanup.
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 12] = [
     SERVICES, SLOTS, BACKENDS, COUNTERS, RR, AFFINITY, SOCKS, REVNAT, UDP_FWD, CT, CONFIG,
+    SRC_RANGES,
 ];
 
 /// One hash map with its name and capacity.
@@ -332,6 +337,86 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
     }
 }
 
+/// `KPR_SRC_RANGES`, the loadBalancerSourceRanges trie: a few entries per LoadBalancer Service,
+/// written one syscall each, also while the other maps batch (so a frontend's allowed sources
+/// exist before the batch writes the frontend that checks them).
+pub struct Ranges {
+    capacity: u32,
+    map: LpmTrie<MapData, SrcRangeKey, u8>,
+}
+
+impl Ranges {
+    pub fn new(map: Map) -> Result<Self, DataplaneError> {
+        let capacity = match &map {
+            Map::LpmTrie(d) => d.info().map(|i| i.max_entries()).unwrap_or(0),
+            _ => 0,
+        };
+        let map = LpmTrie::try_from(map).map_err(|e| map_err(SRC_RANGES, "opening", e))?;
+        Ok(Ranges { capacity, map })
+    }
+
+    /// Opens the trie pinned at `dir/KPR_SRC_RANGES`.
+    pub fn from_pin(dir: &Path) -> Result<Self, DataplaneError> {
+        let path = dir.join(SRC_RANGES);
+        let data = MapData::from_pin(&path).map_err(|e| {
+            map_err(
+                SRC_RANGES,
+                &format!("opening the pin {}", path.display()),
+                e,
+            )
+        })?;
+        Self::new(Map::LpmTrie(data))
+    }
+
+    /// Allows the sources of `key` (a full trie names `object`).
+    pub fn put(
+        &mut self,
+        key: &Key<SrcRangeKey>,
+        object: &str,
+        ops: &mut usize,
+    ) -> Result<(), DataplaneError> {
+        *ops += 1;
+        self.map.insert(key, 1, 0).map_err(|e| match errno(&e) {
+            Some(libc::E2BIG) | Some(libc::ENOMEM) | Some(libc::ENOSPC) => {
+                DataplaneError::MapFull {
+                    map: SRC_RANGES.to_string(),
+                    capacity: self.capacity,
+                    object: object.to_string(),
+                }
+            }
+            _ => map_err(
+                SRC_RANGES,
+                &format!("writing a source range of {object}"),
+                e,
+            ),
+        })
+    }
+
+    /// Forgets `key`; one that is already gone is not an error.
+    pub fn del(&mut self, key: &Key<SrcRangeKey>, ops: &mut usize) -> Result<(), DataplaneError> {
+        *ops += 1;
+        match self.map.remove(key) {
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == Some(libc::ENOENT) => Ok(()),
+            Err(MapError::KeyNotFound) | Err(MapError::ElementNotFound) => Ok(()),
+            Err(e) => Err(map_err(SRC_RANGES, "deleting a source range", e)),
+        }
+    }
+
+    /// Every key.
+    pub fn keys(&self) -> Result<Vec<Key<SrcRangeKey>>, DataplaneError> {
+        let mut out = Vec::new();
+        for k in self.map.keys() {
+            match k {
+                Ok(k) => out.push(k),
+                Err(MapError::KeyNotFound) | Err(MapError::ElementNotFound) => {}
+                Err(e) => return Err(map_err(SRC_RANGES, "iterating", e)),
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Logs (once per map and process) that the kernel has no batch operations.
 fn log_fallback(map: &str, e: &std::io::Error) {
     static LOGGED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
@@ -370,6 +455,7 @@ pub struct Maps {
     pub backends: Table<u32, Backend>,
     pub counters: Table<u32, BackendCounters>,
     pub rr: Table<u32, u32>,
+    pub src_ranges: Ranges,
     pub config: Array<MapData, NodeConfig>,
 }
 
@@ -386,6 +472,7 @@ impl Maps {
             backends: Table::new(BACKENDS, take(BACKENDS)?)?,
             counters: Table::new(COUNTERS, take(COUNTERS)?)?,
             rr: Table::new(RR, take(RR)?)?,
+            src_ranges: Ranges::new(take(SRC_RANGES)?)?,
             config: Array::try_from(take(CONFIG)?).map_err(|e| map_err(CONFIG, "opening", e))?,
         })
     }

@@ -20,10 +20,17 @@
 //! DNAT to the external endpoints, masquerade to the node address unless eTP is Local, reverse
 //! translation of replies, flows tracked in `KPR_CT` (LRU).
 //!
-//! Not done: IPv6 (v6 addresses are skipped with a warning); loadBalancerSourceRanges (neither
-//! path checks them: a socket has no source address yet at connect(), and the tc path does not
-//! implement them); tc masquerade keeps the client's source port (two external clients using the
-//! same source port towards the same backend collide); SCTP on the tc path.
+//! loadBalancerSourceRanges: the tc program drops a new flow to a guarded LB IP whose source
+//! `KPR_SRC_RANGES` does not hold (the ranges, the LB IP, the node's addresses). A socket has no
+//! source address yet at connect(), so the socket programs translate a guarded LB IP only for
+//! the node's own sockets (its network namespace cookie is in `KPR_CONFIG`) and leave a pod's
+//! connection untranslated: the tc program on the node's side of the pod's interface checks the
+//! pod's address. Without the tc path such a connection leaves the node for the real load
+//! balancer, which enforces the ranges itself.
+//!
+//! Not done: IPv6 (v6 addresses are skipped with a warning); tc masquerade keeps the client's
+//! source port (two external clients using the same source port towards the same backend
+//! collide); SCTP on the tc path.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -141,16 +148,27 @@ impl EbpfDataplane {
             masq_addr: [masquerade_addr(cfg, &nodeport_ips), 0, 0, 0],
             svc_net,
             svc_mask,
+            host_netns: own_netns_cookie(),
         })?;
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
         let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
         tc.refresh(&mut ebpf)?;
+        attach::log_verified(&ebpf);
         Ok(EbpfDataplane {
             pins,
             compile_ctx: compile::CompileContext {
                 tc: tc.enabled(),
                 nodeport_ips,
                 masquerade_all: cfg.node.masquerade_all,
+                node_ips: cfg
+                    .node
+                    .node_ips
+                    .iter()
+                    .filter_map(|ip| match ip {
+                        IpAddr::V4(v4) => Some(*v4),
+                        IpAddr::V6(_) => None,
+                    })
+                    .collect(),
             },
             tc,
             maps,
@@ -363,6 +381,19 @@ fn masquerade_addr(cfg: &BackendConfig, nodeport_ips: &[IpAddr]) -> u32 {
             0
         }
     }
+}
+
+/// The cookie of the calling thread's network namespace (the node's: the agent runs there), as
+/// the socket programs' `bpf_get_netns_cookie` returns it; 0 (never matched) where the kernel
+/// cannot tell (`SO_NETNS_COOKIE` needs 5.14), with a warning.
+fn own_netns_cookie() -> u64 {
+    trace::current_netns_cookie().unwrap_or_else(|e| {
+        tracing::warn!(
+            "ebpf: reading this network namespace's cookie (SO_NETNS_COOKIE): {e}; LoadBalancer \
+             IPs with loadBalancerSourceRanges are then translated for no local socket"
+        );
+        0
+    })
 }
 
 /// The node addresses that accept nodePort traffic: `--nodeport-addresses`, or all node IPs.

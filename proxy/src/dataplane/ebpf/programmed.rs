@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use proxy_common::{Backend, BackendCounters, ServiceKey, ServiceValue, SlotKey, SVC_F_VIP};
 
-use super::compile::{v4_from_word, v4_word, BackendAddr, DesiredService, SetKind, V4};
+use super::compile::{v4_from_word, v4_word, BackendAddr, DesiredService, SetKind, SrcRange, V4};
 use super::maps::{FlushReport, Maps};
 use crate::error::DataplaneError;
 use crate::model::{Protocol, ServicePortName};
@@ -33,6 +33,8 @@ struct SvcState {
     sets: BTreeMap<SetKind, SetState>,
     /// clusterIP marker keys this service port holds a reference on.
     vips: Vec<ServiceKey>,
+    /// Allowed sources of its guarded LB IP frontends.
+    ranges: Vec<SrcRange>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -164,6 +166,13 @@ impl Programmed {
         for kind in kinds {
             self.write_set(maps, object, old, desired, kind, new, ops)?;
         }
+        // Allowed sources before the frontends that check them (written at once, not batched).
+        for r in &desired.source_ranges {
+            new.ranges.push(*r);
+            if !old.ranges.contains(r) {
+                maps.src_ranges.put(&r.key(), object, ops)?;
+            }
+        }
         for f in &desired.frontends {
             let set = &new.sets[&f.set];
             let value = ServiceValue {
@@ -271,6 +280,11 @@ impl Programmed {
         for key in old.frontends.keys() {
             if !new.frontends.contains_key(key) {
                 maps.services.del(key, object, ops)?;
+            }
+        }
+        for r in &old.ranges {
+            if !new.ranges.contains(r) {
+                maps.src_ranges.del(&r.key(), ops)?;
             }
         }
         for (kind, set) in &old.sets {
@@ -404,6 +418,16 @@ impl Programmed {
                 maps.counters.del(&id, object, ops)?;
             }
         }
+        let ranges: HashSet<Vec<u8>> = self
+            .services
+            .values()
+            .flat_map(|s| s.ranges.iter().map(|r| key_bytes(&r.key())))
+            .collect();
+        for key in maps.src_ranges.keys()? {
+            if !ranges.contains(&key_bytes(&key)) {
+                maps.src_ranges.del(&key, ops)?;
+            }
+        }
         self.recovered = Recovered::default();
         self.needs_sweep = false;
         Ok(())
@@ -449,6 +473,18 @@ impl Programmed {
             .map(|s| s.sets.values().map(|set| set.id).collect())
             .unwrap_or_default()
     }
+}
+
+/// A trie key as bytes (aya's `Key` is packed and neither `Eq` nor `Hash`).
+fn key_bytes(key: &aya::maps::lpm_trie::Key<proxy_common::SrcRangeKey>) -> Vec<u8> {
+    let data = key.data();
+    let mut out = key.prefix_len().to_ne_bytes().to_vec();
+    for w in data.frontend.addr.iter().chain(&data.src) {
+        out.extend(w.to_ne_bytes());
+    }
+    out.extend(data.frontend.port.to_ne_bytes());
+    out.extend([data.frontend.proto, data.frontend.scope]);
+    out
 }
 
 /// How errors name a service port's map entries.

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::net::Ipv4Addr;
 
-use proxy_common::{ALG_LEAST_CONN, SVC_F_AFFINITY, SVC_F_DROP_EMPTY};
+use proxy_common::{ALG_LEAST_CONN, SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES};
 
 use super::compile::BackendAddr;
 use super::inspect::{AffinityClient, FrontendView, MapSnapshot, SlotView};
@@ -38,6 +38,8 @@ pub enum Decision {
     RejectedPort,
     /// A Service without usable endpoints: refused (ECONNREFUSED), or dropped for a Local policy.
     NoEndpoints { dropped: bool },
+    /// A LoadBalancer IP whose loadBalancerSourceRanges do not admit the source: dropped.
+    DroppedSourceRange,
     /// The client's affinity entry (within the timeout) names this backend.
     AffinityHit(BackendAddr),
     /// The algorithm picks this backend from the set.
@@ -55,6 +57,9 @@ pub enum Decision {
 pub struct Trace {
     pub frontend: Option<FrontendView>,
     pub decision: Decision,
+    /// The socket program left the connection untranslated (a pod's connection to a guarded
+    /// LoadBalancer IP) and this is the tc program's decision on the node's side.
+    pub via_tc: bool,
 }
 
 /// Works out the decision for `req` from `snap`.
@@ -70,11 +75,31 @@ pub fn trace(snap: &MapSnapshot, req: &TraceRequest) -> Trace {
         return Trace {
             frontend: None,
             decision,
+            via_tc: false,
         };
     };
+    let guarded = f.value.flags & SVC_F_SOURCE_RANGES != 0;
+    if guarded && !req.external && !snap.is_node_netns(req.netns_cookie) {
+        let outside = TraceRequest {
+            external: true,
+            ..*req
+        };
+        return Trace {
+            via_tc: true,
+            ..trace(snap, &outside)
+        };
+    }
+    if guarded && req.external && !f.source_ranges.iter().any(|n| n.contains(&req.src)) {
+        return Trace {
+            decision: Decision::DroppedSourceRange,
+            frontend: Some(f.clone()),
+            via_tc: false,
+        };
+    }
     Trace {
         decision: decide(f, req),
         frontend: Some(f.clone()),
+        via_tc: false,
     }
 }
 
@@ -174,6 +199,10 @@ impl fmt::Display for Decision {
             Decision::NoEndpoints { dropped: false } => {
                 write!(f, "rejected: no endpoints (ECONNREFUSED)")
             }
+            Decision::DroppedSourceRange => write!(
+                f,
+                "dropped: the source is outside the LoadBalancer's loadBalancerSourceRanges"
+            ),
             Decision::NoEndpoints { dropped: true } => write!(
                 f,
                 "dropped: no endpoints usable here (Local traffic policy; EPERM)"
@@ -203,18 +232,23 @@ pub fn netns_cookie(path: &std::path::Path) -> std::io::Result<u64> {
         s.spawn(|| {
             nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
                 .map_err(std::io::Error::from)?;
-            // SAFETY: socket(2) with constant arguments; the fd is owned at once.
-            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // SAFETY: `fd` is a fresh descriptor nobody else owns.
-            let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-            socket_netns_cookie(&sock)
+            current_netns_cookie()
         })
         .join()
         .map_err(|_| std::io::Error::other("netns cookie thread panicked"))?
     })
+}
+
+/// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`, Linux 5.14).
+pub fn current_netns_cookie() -> std::io::Result<u64> {
+    // SAFETY: socket(2) with constant arguments; the fd is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    socket_netns_cookie(&sock)
 }
 
 /// `SO_NETNS_COOKIE` of a socket.
@@ -278,6 +312,7 @@ mod tests {
                 .collect(),
             cursor: Some(cursor),
             affinity: vec![],
+            source_ranges: vec![],
         }
     }
 
@@ -337,6 +372,48 @@ mod tests {
         assert_eq!(picked_slot(decide(&f, &req(false, None))), 0);
         // The tc-path entry of that address has expired.
         assert_eq!(picked_slot(decide(&f, &req(true, None))), 0);
+    }
+
+    #[test]
+    fn source_ranges_drop_outsiders_on_the_tc_path_and_send_pods_there() {
+        let mut sock = frontend(ALG_ROUND_ROBIN, &[0, 0], 0);
+        sock.value.flags = SVC_F_SOURCE_RANGES;
+        let mut tc = sock.clone();
+        tc.external = true;
+        tc.source_ranges = vec!["192.0.2.0/24".parse().unwrap()];
+        let snap = MapSnapshot {
+            frontends: vec![sock, tc],
+            config: Some(proxy_common::NodeConfig {
+                host_netns: 1,
+                ..Default::default()
+            }),
+            ..MapSnapshot::default()
+        };
+        let from = |src: [u8; 4], external: bool, netns: u64| {
+            trace(
+                &snap,
+                &TraceRequest {
+                    src: Ipv4Addr::from(src),
+                    ..req(external, Some(netns))
+                },
+            )
+        };
+        // Outside: the source decides.
+        assert!(matches!(
+            from([192, 0, 2, 7], true, 0).decision,
+            Decision::Picked { .. }
+        ));
+        assert_eq!(
+            from([203, 0, 113, 7], true, 0).decision,
+            Decision::DroppedSourceRange
+        );
+        // The node itself is translated at the socket.
+        let node = from([10, 244, 9, 9], false, 1);
+        assert!(!node.via_tc && matches!(node.decision, Decision::Picked { .. }));
+        // A pod is left to the tc path, which drops an address outside the ranges.
+        let pod = from([10, 244, 9, 9], false, 2);
+        assert!(pod.via_tc);
+        assert_eq!(pod.decision, Decision::DroppedSourceRange);
     }
 
     #[test]

@@ -58,6 +58,7 @@ fn ctx(tc: bool) -> CompileContext {
         nodeport_ips: vec![ip("192.168.1.10")],
         tc,
         masquerade_all: false,
+        node_ips: vec!["192.168.1.10".parse().unwrap()],
     }
 }
 
@@ -222,4 +223,50 @@ fn cluster_ips_get_a_port_zero_marker() {
     assert_eq!(d.vips.len(), 1);
     assert_eq!(d.vips[0].addr[0].to_ne_bytes(), [10, 96, 0, 10]);
     assert_eq!((d.vips[0].port, d.vips[0].proto), (0, 0));
+}
+
+#[test]
+fn source_ranges_guard_only_the_lb_ip_and_list_its_allowed_sources() {
+    let mut s = svc();
+    s.load_balancer_ips = vec![ip("198.51.100.10")];
+    s.external_ips = vec![ip("203.0.113.10")];
+    s.node_port = 30080;
+    s.source_ranges = vec![
+        "192.0.2.0/24".parse().unwrap(),
+        "2001:db8::/64".parse().unwrap(),
+    ];
+    let d = compile(&s, &select(&s, &[ep(1, NODE)], NODE), &ctx(true));
+    let guarded: Vec<(u32, u8)> = d
+        .frontends
+        .iter()
+        .filter(|f| f.flags & SVC_F_SOURCE_RANGES != 0)
+        .map(|f| (f.key.addr[0], f.key.scope))
+        .collect();
+    let lb = u32::from_ne_bytes([198, 51, 100, 10]);
+    assert_eq!(guarded, vec![(lb, SCOPE_SOCKET), (lb, SCOPE_EXTERNAL)]);
+    let allowed: Vec<String> = d.source_ranges.iter().map(|r| r.net.to_string()).collect();
+    assert_eq!(
+        allowed,
+        vec!["192.0.2.0/24", "198.51.100.10/32", "192.168.1.10/32"]
+    );
+    assert!(d
+        .source_ranges
+        .iter()
+        .all(|r| r.frontend.scope == SCOPE_EXTERNAL && r.frontend.addr[0] == lb));
+    let key = d.source_ranges[0].key();
+    assert_eq!(key.prefix_len(), SRC_RANGE_FRONTEND_BITS + 24);
+    assert_eq!(key.data().src[0], u32::from_ne_bytes([192, 0, 2, 0]));
+}
+
+#[test]
+fn without_the_tc_path_the_lb_ip_is_still_guarded_but_lists_nothing() {
+    let mut s = svc();
+    s.load_balancer_ips = vec![ip("198.51.100.10")];
+    s.source_ranges = vec!["192.0.2.0/24".parse().unwrap()];
+    let d = compile(&s, &select(&s, &[ep(1, NODE)], NODE), &ctx(false));
+    assert!(d.source_ranges.is_empty());
+    assert!(d
+        .frontends
+        .iter()
+        .any(|f| f.flags & SVC_F_SOURCE_RANGES != 0 && f.key.scope == SCOPE_SOCKET));
 }
