@@ -55,6 +55,8 @@ pub struct Service {
     pub internal_traffic_policy: Option<String>,
     pub affinity_timeout: Option<u32>,
     pub health_check_node_port: Option<u16>,
+    /// `type: ExternalName` with this name.
+    pub external_name: Option<String>,
     pub annotations: BTreeMap<String, String>,
     pub labels: BTreeMap<String, String>,
 }
@@ -76,6 +78,7 @@ impl Service {
             internal_traffic_policy: None,
             affinity_timeout: None,
             health_check_node_port: None,
+            external_name: None,
             annotations: BTreeMap::new(),
             labels: BTreeMap::new(),
         }
@@ -168,6 +171,13 @@ impl Service {
         self
     }
 
+    /// An ExternalName Service (a DNS alias; no proxy programs it).
+    pub fn external_name(mut self, name: &str) -> Self {
+        self.type_ = "ExternalName".into();
+        self.external_name = Some(name.into());
+        self
+    }
+
     pub fn health_check_node_port(mut self, port: u16) -> Self {
         self.health_check_node_port = Some(port);
         self
@@ -244,6 +254,10 @@ impl Service {
             (
                 "healthCheckNodePort",
                 self.health_check_node_port.map(|p| json!(p)),
+            ),
+            (
+                "externalName",
+                self.external_name.as_ref().map(|n| json!(n)),
             ),
         ];
         for (key, value) in optional {

@@ -48,6 +48,11 @@ pub enum ProbeLine {
     /// `alive <pod>` / `dead <pod>` after `--hold`.
     Alive(String),
     Dead(String),
+    /// `http <status> <body>`.
+    Http {
+        status: u16,
+        body: String,
+    },
 }
 
 /// What a probe run printed.
@@ -98,6 +103,15 @@ pub fn parse_probe_output(text: &str) -> Result<Vec<ProbeLine>, HarnessError> {
                 Ok(ProbeLine::Alive(pod.to_string()))
             } else if let Some(pod) = line.strip_prefix("dead ") {
                 Ok(ProbeLine::Dead(pod.to_string()))
+            } else if let Some(rest) = line.strip_prefix("http ") {
+                let (status, body) = rest.split_once(' ').unwrap_or((rest, ""));
+                let status = status.parse().map_err(|_| {
+                    HarnessError::Agent(format!("probe printed {line:?}: bad HTTP status"))
+                })?;
+                Ok(ProbeLine::Http {
+                    status,
+                    body: body.to_string(),
+                })
             } else {
                 parse_reply(line)
                     .map(ProbeLine::Reply)
@@ -132,10 +146,18 @@ mod tests {
 
     #[test]
     fn probe_output_lines_parse() {
-        let lines =
-            parse_probe_output("pod0 10.244.200.2:1234\nerror refused\nalive pod0\ndead pod1\n")
-                .unwrap();
-        assert_eq!(lines.len(), 4);
+        let lines = parse_probe_output(
+            "pod0 10.244.200.2:1234\nerror refused\nalive pod0\ndead pod1\nhttp 503 {\"a\": 1}\n",
+        )
+        .unwrap();
+        assert_eq!(lines.len(), 5);
+        assert_eq!(
+            lines[4],
+            ProbeLine::Http {
+                status: 503,
+                body: "{\"a\": 1}".into()
+            }
+        );
         assert!(matches!(&lines[0], ProbeLine::Reply(r) if r.pod == "pod0"));
         assert_eq!(lines[1], ProbeLine::Error("refused".into()));
         assert_eq!(lines[2], ProbeLine::Alive("pod0".into()));

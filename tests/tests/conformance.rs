@@ -75,6 +75,10 @@ suite!(
     state_is_the_same_for_every_backend,
     other_service_proxy_name_is_ignored,
     bad_input_does_not_stop_other_services,
+    udp_flow_leaves_a_removed_endpoint,
+    udp_flow_reaches_endpoints_that_appear,
+    health_check_node_port,
+    headless_and_external_name_are_ignored,
 );
 
 /// Every exception names a real scenario and carries a reason.

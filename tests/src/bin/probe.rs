@@ -3,18 +3,24 @@
 //!
 //! ```text
 //! probe tcp ADDR [--count N] [--hold SECS] [--timeout SECS]
-//! probe udp ADDR [--count N] [--timeout SECS]
+//! probe udp ADDR [--count N] [--timeout SECS] [--session [--every MS]]
+//! probe http ADDR [--timeout SECS]
 //! ```
 //! Prints one line per request: `<pod> <peer-ip>:<peer-port>` on success, `error <kind>` on failure
 //! (kind: refused, reset, unreachable, timeout, closed, other: ...). With `--hold`, each TCP
 //! connection is opened, its greeting printed, and all are kept open SECS seconds, checked alive
-//! (`alive <pod>` / `dead <pod>`), then closed. Exit status 0 when every request succeeded, 1 otherwise.
+//! (`alive <pod>` / `dead <pod>`), then closed. With `--session`, every UDP request goes out of
+//! one connected socket (one flow; a socket whose connect() failed is made again for the next
+//! request), one every MS milliseconds. `http` prints `http <status> <body>` of `GET /`.
+//! Exit status 0 when every request succeeded, 1 otherwise.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use kpr_tests::client::{tcp_hold_here, tcp_request_here, udp_request_here};
+use kpr_tests::client::{
+    http_get_here, tcp_hold_here, tcp_request_here, udp_request_here, Reply, UdpSession,
+};
 use kpr_tests::ClientError;
 
 struct Opts {
@@ -23,12 +29,15 @@ struct Opts {
     count: usize,
     hold: Option<u64>,
     timeout: Duration,
+    session: bool,
+    every: Duration,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Opts> {
-    let usage = "usage: probe tcp|udp ADDR [--count N] [--hold SECS] [--timeout SECS]";
+    let usage = "usage: probe tcp|udp|http ADDR [--count N] [--hold SECS] [--timeout SECS] \
+                 [--session] [--every MS]";
     let (proto, addr) = match args {
-        [p, a, ..] if p == "tcp" || p == "udp" => (p.clone(), a),
+        [p, a, ..] if ["tcp", "udp", "http"].contains(&p.as_str()) => (p.clone(), a),
         _ => bail!("{usage}"),
     };
     let addr = addr
@@ -40,9 +49,15 @@ fn parse(args: &[String]) -> anyhow::Result<Opts> {
         count: 1,
         hold: None,
         timeout: Duration::from_secs(2),
+        session: false,
+        every: Duration::ZERO,
     };
     let mut rest = args[2..].iter();
     while let Some(flag) = rest.next() {
+        if flag == "--session" {
+            opts.session = true;
+            continue;
+        }
         let value = rest
             .next()
             .with_context(|| format!("{flag} needs a value; {usage}"))?;
@@ -53,11 +68,15 @@ fn parse(args: &[String]) -> anyhow::Result<Opts> {
             "--count" => opts.count = n as usize,
             "--hold" => opts.hold = Some(n),
             "--timeout" => opts.timeout = Duration::from_secs(n),
+            "--every" => opts.every = Duration::from_millis(n),
             _ => bail!("unknown flag {flag}; {usage}"),
         }
     }
     if opts.hold.is_some() && opts.proto != "tcp" {
         bail!("--hold is for tcp only");
+    }
+    if opts.session && opts.proto != "udp" {
+        bail!("--session is for udp only");
     }
     Ok(opts)
 }
@@ -98,25 +117,68 @@ fn hold(opts: &Opts, secs: u64) -> bool {
     ok
 }
 
+/// Prints one request's outcome; returns whether it succeeded.
+fn report(r: Result<Reply, ClientError>) -> bool {
+    match r {
+        Ok(r) => {
+            println!("{} {}", r.pod, r.peer);
+            true
+        }
+        Err(e) => {
+            println!("{}", show_error(&e));
+            false
+        }
+    }
+}
+
+/// `--session`: every request from one connected UDP socket, made again after a failed connect().
+fn session(opts: &Opts) -> bool {
+    let mut sock: Option<UdpSession> = None;
+    let mut ok = true;
+    for i in 0..opts.count {
+        if i > 0 {
+            std::thread::sleep(opts.every);
+        }
+        let r = match &sock {
+            Some(s) => s.request(),
+            None => UdpSession::here(opts.addr, opts.timeout).and_then(|s| {
+                let r = s.request();
+                sock = Some(s);
+                r
+            }),
+        };
+        ok &= report(r);
+    }
+    ok
+}
+
+fn http(opts: &Opts) -> bool {
+    match http_get_here(opts.addr, "/", opts.timeout) {
+        Ok((status, body)) => {
+            println!("http {status} {}", body.replace('\n', " "));
+            true
+        }
+        Err(e) => {
+            println!("{}", show_error(&e));
+            false
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let opts = parse(&args)?;
-    let ok = match opts.hold {
-        Some(secs) => hold(&opts, secs),
-        None => {
+    let ok = match (opts.hold, opts.proto.as_str()) {
+        (Some(secs), _) => hold(&opts, secs),
+        (None, "http") => http(&opts),
+        (None, "udp") if opts.session => session(&opts),
+        (None, proto) => {
             let mut ok = true;
             for _ in 0..opts.count {
-                let r = match opts.proto.as_str() {
+                ok &= report(match proto {
                     "tcp" => tcp_request_here(opts.addr, opts.timeout),
                     _ => udp_request_here(opts.addr, opts.timeout),
-                };
-                match r {
-                    Ok(r) => println!("{} {}", r.pod, r.peer),
-                    Err(e) => {
-                        println!("{}", show_error(&e));
-                        ok = false;
-                    }
-                }
+                });
             }
             ok
         }

@@ -23,7 +23,8 @@
 //! - ebpf, `drop_unallocated_service_address`, `internal_traffic_local_none_here_drops`,
 //!   `other_service_proxy_name_is_ignored`: a local connect() fails with EPERM instead of a drop;
 //! - ebpf, `hairpin_is_masqueraded`: the pod is connected straight to itself (no NAT at all);
-//! - ebpf, `load_balancer_source_range_denies`: not implemented (must fail).
+//! - ebpf, `udp_flow_leaves_a_removed_endpoint`: a connected UDP socket keeps the endpoint it got
+//!   at connect() until it reconnects.
 
 pub mod exceptions;
 mod rig;
@@ -152,6 +153,30 @@ pub enum Step {
     },
     /// `/state` lists exactly these service ports with exactly these endpoint addresses.
     State(&'static [(&'static str, &'static [&'static str])]),
+    /// `GET /` of `to` answers with this status and a body containing `body`.
+    Http {
+        from: From,
+        to: &'static str,
+        status: u16,
+        body: &'static str,
+    },
+    /// One UDP flow (one connected socket) across an update of the Service's endpoints.
+    UdpFlow(UdpFlow),
+}
+
+/// A UDP flow that keeps sending while the endpoints change: `before` is what its first
+/// requests get, then `update` is applied (as [`Step::Update`]), and the flow's last requests
+/// must get `after` (not the endpoint that went away, and never silence: stale conntrack entries
+/// must not black-hole it).
+#[derive(Debug, Clone, Copy)]
+pub struct UdpFlow {
+    pub from: From,
+    pub to: &'static str,
+    pub before: Expect,
+    pub update: fn() -> String,
+    pub service: &'static str,
+    pub endpoints: usize,
+    pub after: Expect,
 }
 
 /// One row of the table.
@@ -215,7 +240,8 @@ fn apply(sc: &mut Scenario, e: &Exception) {
     match e.instead {
         Instead::Step(i, expect) => match sc.steps.get_mut(i) {
             Some(Step::Probe(p)) => p.expect = expect,
-            other => panic!("exception {e:?}: step {i} is not a probe: {other:?}"),
+            Some(Step::UdpFlow(f)) => f.after = expect,
+            other => panic!("exception {e:?}: step {i} is neither a probe nor a flow: {other:?}"),
         },
         Instead::SourceIsNode => {
             for step in &mut sc.steps {

@@ -7,7 +7,7 @@ use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::{Backend, Expect, From, Probe, Scenario, Src, Step};
+use super::{Backend, Expect, From, Probe, Scenario, Src, Step, UdpFlow};
 use crate::cluster::{ClusterSpec, CLIENT_IP, NODE_IP, PODCLIENT_IP};
 use crate::probe::{parse_probe_output, probe_command, run_probe, ProbeLine};
 use crate::{Agent, AgentOptions, Cgroup, Cluster, HarnessError, Netns};
@@ -93,7 +93,79 @@ impl<'c> Rig<'c> {
                 endpoints,
             } => self.update(manifests, service, endpoints),
             Step::State(expected) => self.state(expected),
+            Step::Http {
+                from,
+                to,
+                status,
+                body,
+            } => self.http(from, to, status, body),
+            Step::UdpFlow(f) => self.udp_flow(&f),
         }
+    }
+
+    fn http(&self, from: From, to: &str, status: u16, body: &str) -> Result<(), String> {
+        let (ns, cg, _) = self.source(from);
+        let args = ["http", to, "--timeout", "2"];
+        let out = run_probe(ns, cg, &args).map_err(|e| e.to_string())?;
+        match out.lines.as_slice() {
+            [ProbeLine::Http { status: s, body: b }] if *s == status && b.contains(body) => Ok(()),
+            lines => Err(format!(
+                "expected HTTP {status} with {body:?} in the body, got {lines:?} {}",
+                out.stderr
+            )),
+        }
+    }
+
+    /// Requests of the flow before the update, and at the end of it (checked against `after`).
+    const FLOW_BEFORE: usize = 4;
+    const FLOW_AFTER: usize = 5;
+
+    fn udp_flow(&self, f: &UdpFlow) -> Result<(), String> {
+        let (ns, cg, client) = self.source(f.from);
+        // 30 requests, 200 ms apart: about 6 s, long enough for the update to land in the middle.
+        let args = [
+            "udp",
+            f.to,
+            "--session",
+            "--count",
+            "30",
+            "--every",
+            "200",
+            "--timeout",
+            "1",
+        ];
+        let mut child = probe_command(ns, cg, &args)
+            .and_then(|mut c| {
+                c.stdout(Stdio::piped());
+                c.spawn().map_err(|e| HarnessError::Io {
+                    what: "spawning a UDP flow probe".into(),
+                    source: e,
+                })
+            })
+            .map_err(|e| e.to_string())?;
+        let stdout = child.stdout.take().ok_or("probe without stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let mut text = String::new();
+        for line in lines.by_ref().take(Self::FLOW_BEFORE) {
+            text.push_str(&line.map_err(|e| e.to_string())?);
+            text.push('\n');
+        }
+        let parse = |t: &str| parse_probe_output(t).map_err(|e| e.to_string());
+        check(&f.before, &parse(&text)?, client).map_err(|e| format!("before the update: {e}"))?;
+        self.update(f.update, f.service, f.endpoints)?;
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let _ = child.wait();
+        let tail = rest[rest.len().saturating_sub(Self::FLOW_AFTER)..].join("\n");
+        if rest.len() < Self::FLOW_AFTER {
+            return Err(format!("the flow ended early: {rest:?}"));
+        }
+        check(&f.after, &parse(&tail)?, client).map_err(|e| {
+            format!(
+                "the flow's last {} requests after the update: {e}; after the update it saw \
+                 {rest:?}",
+                Self::FLOW_AFTER
+            )
+        })
     }
 
     fn source(&self, from: From) -> (&Netns, Option<&Cgroup>, Option<IpAddr>) {

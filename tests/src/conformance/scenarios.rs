@@ -2,7 +2,7 @@
 //! (connections from a pod, the node, an endpoint or an external client) with the expected outcome.
 //! Pod `i` is `pod<i>` at `10.244.(i+1).2`, its echo server on 8080; the node is `node`.
 
-use super::{Expect, From, Probe, Scenario, Src, Step};
+use super::{Expect, From, Probe, Scenario, Src, Step, UdpFlow};
 use crate::manifest::{yaml, Endpoint, EndpointSlice, Service};
 
 const VIP: &str = "10.96.0.10:80";
@@ -78,12 +78,34 @@ const fn served(pods: &'static [&'static str], src: Src) -> Expect {
     }
 }
 
+/// Answered, each time by one of `pods` (one flow sticks to one of them).
+const fn by_one_of(pods: &'static [&'static str]) -> Expect {
+    Expect::Served {
+        pods,
+        all_seen: false,
+        src: Src::Any,
+    }
+}
+
+const DNS_VIP: &str = "10.96.0.53:53";
+const DNS: &str = "default/dns:dns/UDP";
+
+/// `dns`: UDP clusterIP 10.96.0.53:53 -> 8080 (port `dns`).
+fn dns() -> Service {
+    Service::new("dns")
+        .cluster_ip("10.96.0.53")
+        .udp(53, 8080)
+        .named("dns")
+}
+
 /// The table. Each entry names the SERVICE-SEMANTICS.md rule(s) it checks.
 pub fn all() -> Vec<Scenario> {
     let mut v = destinations();
     v.extend(selection());
     v.extend(balancing());
     v.extend(translation());
+    v.extend(conntrack());
+    v.extend(health_check());
     v.extend(inputs());
     v
 }
@@ -440,8 +462,117 @@ fn translation() -> Vec<Scenario> {
     ]
 }
 
+fn conntrack() -> Vec<Scenario> {
+    vec![
+        // Translation: the UDP conntrack entries of an endpoint that went away are removed, so a
+        // flow (one client socket) moves to the remaining endpoints instead of staying on it.
+        Scenario::new("udp_flow_leaves_a_removed_endpoint", || {
+            with_ready(dns(), &[0])
+        })
+        .steps(vec![Step::UdpFlow(UdpFlow {
+            from: From::Pod,
+            to: DNS_VIP,
+            before: served(&["pod0"], Src::Any),
+            update: || with_ready(dns(), &[1, 2]),
+            service: DNS,
+            endpoints: 2,
+            after: by_one_of(&["pod1", "pod2"]),
+        })]),
+        // Translation: also when a Service goes from zero endpoints to some, the flow that was
+        // rejected meanwhile is not black-holed. (Every backend rejects those datagrams before
+        // conntrack confirms an entry for them, so there is no stale entry to begin with; the
+        // scenario holds them to the outcome the users of kubernetes#59368 lacked.)
+        Scenario::new("udp_flow_reaches_endpoints_that_appear", || {
+            with_ready(dns(), &[])
+        })
+        .steps(vec![Step::UdpFlow(UdpFlow {
+            from: From::Pod,
+            to: DNS_VIP,
+            before: Expect::NotServed,
+            update: || with_ready(dns(), &[1]),
+            service: DNS,
+            endpoints: 1,
+            after: served(&["pod1"], Src::Any),
+        })]),
+    ]
+}
+
+/// `web` as an eTP Local LoadBalancer Service with healthCheckNodePort 32000.
+fn checked_web() -> Service {
+    web()
+        .load_balancer("198.51.100.10")
+        .external_traffic_local()
+        .health_check_node_port(32000)
+}
+
+fn health_check() -> Vec<Scenario> {
+    vec![
+        // Translation: healthCheckNodePort answers 200 with the count of local endpoints, and
+        // 503 once no local endpoint is ready (here: the only local one is terminating).
+        Scenario::new("health_check_node_port", || {
+            local_and_remote(checked_web(), &[0, 1], &[2])
+        })
+        .steps(vec![
+            Step::Http {
+                from: From::External,
+                to: "192.0.2.1:32000",
+                status: 200,
+                body: "\"localEndpoints\":2",
+            },
+            Step::Update {
+                manifests: || {
+                    with(
+                        checked_web(),
+                        vec![
+                            Endpoint::terminating(pod_ip(0)),
+                            Endpoint::ready(pod_ip(2)).on_node("other"),
+                        ],
+                    )
+                },
+                service: WEB,
+                endpoints: 2,
+            },
+            Step::Http {
+                from: From::External,
+                to: "192.0.2.1:32000",
+                status: 503,
+                body: "\"localEndpoints\":0",
+            },
+        ]),
+    ]
+}
+
 fn inputs() -> Vec<Scenario> {
     vec![
+        // Inputs 1: headless Services (clusterIP None) and ExternalName Services are ignored.
+        Scenario::new("headless_and_external_name_are_ignored", || {
+            let headless = Service::new("db")
+                .cluster_ip("None")
+                .tcp(80, 8080)
+                .named("http");
+            let alias = Service::new("alias")
+                .external_name("example.com")
+                .tcp(80, 80)
+                .named("http");
+            format!(
+                "{}---\n{}---\n{}",
+                with_ready(headless, &[1]),
+                yaml(&[&alias]),
+                web_all()
+            )
+        })
+        .steps(vec![
+            Step::State(&[(
+                WEB,
+                &[
+                    "10.244.1.2:8080",
+                    "10.244.2.2:8080",
+                    "10.244.3.2:8080",
+                    "10.244.4.2:8080",
+                ],
+            )]),
+            probe(From::Pod, VIP, 4, served(ALL, Src::Preserved)),
+        ]),
         // Inputs 2: a Service labelled service-proxy-name belongs to another proxy: its
         // clusterIP is then an unallocated service address for us (dropped).
         Scenario::new("other_service_proxy_name_is_ignored", || {
