@@ -279,6 +279,15 @@ fn config_elements(s: &Skeleton, out: &mut String) {
 fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
     let fe_key = "ip daddr . meta l4proto . th dport";
     let np_key = "meta l4proto . th dport";
+    // The loadBalancerSourceRanges key takes the protocol from the IPv4 header, not from
+    // `meta l4proto`: `fw_allowed` is an interval set with a concatenated key, and for a
+    // host-endian part of such a key nft (1.0.6) adds `byteorder hton(size 2, len 1)` after the
+    // one-byte `meta l4proto` (a no-op). Since "netfilter: nft_byteorder: remove multi-register
+    // support" (stable 6.12.115, in Debian's 6.12.117+deb12) the kernel refuses a byteorder whose
+    // len differs from its size with EOPNOTSUPP, so the whole ruleset failed to load. `ip
+    // protocol` is a big-endian payload load (no byteorder) of the same byte: in an `ip` table
+    // meta l4proto is the IPv4 protocol field, and the elements are encoded the same.
+    let fw_key = "ip daddr . ip protocol . th dport";
     let masq = format!("meta mark set meta mark | {MARK_MASQ:#x}");
     let mut rules: Vec<(&'static str, String)> = vec![
         (
@@ -348,12 +357,12 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
         ),
         (
             "firewall",
-            format!("ct state new {fe_key} @fw_protected jump fw_check"),
+            format!("ct state new {fw_key} @fw_protected jump fw_check"),
         ),
         ("fw_check", "ip saddr @node_srcs return".to_string()),
         (
             "fw_check",
-            format!("{fe_key} . ip saddr @fw_allowed return"),
+            format!("{fw_key} . ip saddr @fw_allowed return"),
         ),
         ("fw_check", "drop".to_string()),
         (
@@ -439,4 +448,32 @@ pub fn affinity_chains(secs: u64) -> (String, Vec<String>) {
         ),
     ];
     (name, commands)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kernels with "nft_byteorder: remove multi-register support" (6.12.115+) refuse the
+    /// `byteorder` (size 2, len 1) that nft 1.0.6 adds after `meta l4proto` in the key of an
+    /// interval set with a concatenation: such lookups take the protocol from `ip protocol`.
+    #[test]
+    fn interval_concatenation_lookups_use_no_meta_l4proto() {
+        let concat_intervals: Vec<&str> = MANAGED_SETS
+            .iter()
+            .filter(|(_, _, spec)| spec.contains(" . ") && spec.contains("flags interval"))
+            .map(|(_, name, _)| *name)
+            .collect();
+        assert!(concat_intervals.contains(&"fw_allowed"));
+        for (chain, rule) in base_rules(&Skeleton::default()) {
+            for name in &concat_intervals {
+                if rule.contains(&format!("@{name} ")) || rule.ends_with(&format!("@{name}")) {
+                    assert!(
+                        !rule.contains("meta l4proto"),
+                        "{chain}: {rule} looks up interval set {name} with meta l4proto"
+                    );
+                }
+            }
+        }
+    }
 }
