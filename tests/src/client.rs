@@ -115,7 +115,34 @@ impl HeldConn {
 
 /// Connects and reads the greeting line, here (in the calling thread's namespace).
 pub fn tcp_hold_here(addr: SocketAddr, timeout: Duration) -> Result<HeldConn, ClientError> {
-    let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    greeted(TcpStream::connect_timeout(&addr, timeout)?, timeout)
+}
+
+/// Whether this kernel has SCTP (some kernels are built without it).
+pub fn sctp_supported() -> bool {
+    sctp_socket(SocketAddr::from(([127, 0, 0, 1], 0))).is_ok()
+}
+
+fn sctp_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::from(libc::IPPROTO_SCTP)),
+    )
+}
+
+/// One SCTP request here (a one-to-one association behaves as a stream): connect, read the
+/// greeting, check one echo round trip, close.
+pub fn sctp_request_here(addr: SocketAddr, timeout: Duration) -> Result<Reply, ClientError> {
+    let sock = sctp_socket(addr).map_err(|e| {
+        ClientError::Other(format!("SCTP socket: {e} (does this kernel have SCTP?)"))
+    })?;
+    sock.connect_timeout(&addr.into(), timeout)?;
+    request_on(greeted(TcpStream::from(sock), timeout)?)
+}
+
+/// The greeting of a fresh stream connection.
+fn greeted(stream: TcpStream, timeout: Duration) -> Result<HeldConn, ClientError> {
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     let mut reader = BufReader::new(stream);
@@ -129,7 +156,11 @@ pub fn tcp_hold_here(addr: SocketAddr, timeout: Duration) -> Result<HeldConn, Cl
 
 /// One TCP request here: connect, read the greeting, check one echo round trip, close.
 pub fn tcp_request_here(addr: SocketAddr, timeout: Duration) -> Result<Reply, ClientError> {
-    let mut conn = tcp_hold_here(addr, timeout)?;
+    request_on(tcp_hold_here(addr, timeout)?)
+}
+
+/// One echo round trip on a greeted connection, then close.
+fn request_on(mut conn: HeldConn) -> Result<Reply, ClientError> {
     let echoed = conn.echo("ping")?;
     if echoed != "ping" {
         return Err(ClientError::Other(format!(

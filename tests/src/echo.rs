@@ -1,7 +1,8 @@
-//! Echo servers that play the pods: TCP and UDP on one port, bound inside a pod namespace.
+//! Echo servers that play the pods: TCP and UDP on one port, bound inside a pod namespace, and
+//! SCTP on the same port where the kernel has SCTP.
 //!
-//! TCP: on accept, writes one line `<pod-name> <peer-ip>:<peer-port>\n`, then echoes what it
-//! receives. UDP: answers each datagram with `<pod-name> <peer-ip>:<peer-port>`. A server can be
+//! TCP (and SCTP, a one-to-one association served as a stream): on accept, writes one line
+//! `<pod-name> <peer-ip>:<peer-port>\n`, then echoes what it receives. UDP: answers each datagram with `<pod-name> <peer-ip>:<peer-port>`. A server can be
 //! stopped (its port then refuses connections) and started again; it always stops on drop, closing
 //! the connections it still holds, so no thread outlives the harness.
 
@@ -61,6 +62,16 @@ impl EchoServer {
                 .map(|a| Ok((TcpListener::bind(a)?, UdpSocket::bind(a)?)))
                 .collect()
         })?;
+        let sctp = ns.run(|| -> std::io::Result<Vec<TcpListener>> {
+            if !crate::client::sctp_supported() {
+                return Ok(Vec::new());
+            }
+            addrs
+                .iter()
+                .filter(|a| a.is_ipv4())
+                .map(sctp_listener)
+                .collect()
+        })?;
         let sockets = bound.map_err(|e| HarnessError::Io {
             what: format!(
                 "binding echo server {name} on {addrs:?} in netns {}",
@@ -68,13 +79,18 @@ impl EchoServer {
             ),
             source: e,
         })?;
-        Self::serve(name, port, sockets)
+        let sctp = sctp.map_err(|e| HarnessError::Io {
+            what: format!("binding SCTP echo server {name} on {addrs:?}"),
+            source: e,
+        })?;
+        Self::serve(name, port, sockets, sctp)
     }
 
     fn serve(
         name: &str,
         port: u16,
         sockets: Vec<(TcpListener, UdpSocket)>,
+        sctp: Vec<TcpListener>,
     ) -> Result<EchoServer, HarnessError> {
         let io = |what: &str, e| HarnessError::Io {
             what: format!("echo server {name}: {what}"),
@@ -95,6 +111,15 @@ impl EchoServer {
             }));
             threads.push(std::thread::spawn(move || {
                 udp_loop(&udp_name, &udp, &udp_shared)
+            }));
+        }
+        for listener in sctp {
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| io("nonblocking SCTP listener", e))?;
+            let (sctp_shared, sctp_name) = (shared.clone(), name.to_string());
+            threads.push(std::thread::spawn(move || {
+                accept_loop(&sctp_name, &listener, &sctp_shared)
             }));
         }
         Ok(EchoServer {
@@ -146,6 +171,20 @@ impl Drop for EchoServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// An SCTP one-to-one listener on `addr`, as a `TcpListener` (accept, read and write are the
+/// same system calls on a stream-style SCTP socket).
+fn sctp_listener(addr: &SocketAddr) -> std::io::Result<TcpListener> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(*addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::from(libc::IPPROTO_SCTP)),
+    )?;
+    sock.set_reuse_address(true)?;
+    sock.bind(&(*addr).into())?;
+    sock.listen(128)?;
+    Ok(TcpListener::from(sock))
 }
 
 fn accept_loop(name: &str, listener: &TcpListener, shared: &Arc<Shared>) {

@@ -32,17 +32,31 @@ pub const MATRIX: &[&str] = &["6.1.0-47", "6.1.0-56", "6.12.117+deb12"];
 /// are exercised.
 pub const SMOKE_KERNEL: &str = "6.1.0-56";
 
-/// `--smoke`: one fast test per kernel-facing suite (suite name, libtest filter).
-pub const SMOKE: &[(&str, &str)] = &[
-    ("rules_nftables", "interleaved_services_each_round_robin"),
+/// `--smoke`: one fast test per kernel-facing suite (suite name, libtest filters), and the SCTP
+/// row of the conformance table, which only the guests' kernels can run.
+pub const SMOKE: &[(&str, &[&str])] = &[
+    ("rules_nftables", &["interleaved_services_each_round_robin"]),
     (
         "rules_iptables",
-        "nft::interleaved_services_each_round_robin",
+        &["nft::interleaved_services_each_round_robin"],
     ),
-    ("ebpf_socket_lb", "session_affinity_sticks_to_one_endpoint"),
-    ("userspace", "a_service_without_endpoints_rejects_at_once"),
-    ("conformance", "ebpf::node_port_from_external"),
+    (
+        "ebpf_socket_lb",
+        &["session_affinity_sticks_to_one_endpoint"],
+    ),
+    (
+        "userspace",
+        &["a_service_without_endpoints_rejects_at_once"],
+    ),
+    (
+        "conformance",
+        &["ebpf::node_port_from_external", "nftables::sctp"],
+    ),
 ];
+
+/// Suites whose ignored tests need what this machine kind's kernel lacks (the conformance
+/// table's SCTP rows) and run in the guests: they get `--include-ignored` there.
+pub const INCLUDE_IGNORED: &[&str] = &["conformance"];
 
 /// Set in the guest by `--selftest-fail`: the hidden test [`SELFTEST_TEST`] then fails.
 pub const SELFTEST_ENV: &str = "KPR_VM_SELFTEST_FAIL";
@@ -281,12 +295,12 @@ fn plan(args: &VmArgs, suites: &[Suite]) -> anyhow::Result<Vec<PlanEntry>> {
     };
     let mut plan = Vec::new();
     if args.smoke {
-        for &(name, filter) in SMOKE {
-            let mut entry_args = vec![filter.to_owned()];
+        for &(name, filters) in SMOKE {
+            let mut entry_args: Vec<String> = filters.iter().map(|f| f.to_string()).collect();
             entry_args.extend(args.test_args.iter().cloned());
             plan.push(PlanEntry {
                 suite: find(name)?.clone(),
-                args: entry_args,
+                args: with_ignored(name, entry_args),
                 must_match: true,
             });
         }
@@ -304,7 +318,7 @@ fn plan(args: &VmArgs, suites: &[Suite]) -> anyhow::Result<Vec<PlanEntry>> {
         for suite in chosen {
             plan.push(PlanEntry {
                 suite: suite.clone(),
-                args: args.test_args.clone(),
+                args: with_ignored(&suite.name, args.test_args.clone()),
                 must_match: false,
             });
         }
@@ -322,6 +336,14 @@ fn plan(args: &VmArgs, suites: &[Suite]) -> anyhow::Result<Vec<PlanEntry>> {
         });
     }
     Ok(plan)
+}
+
+/// `args` with `--include-ignored` for the suites of [`INCLUDE_IGNORED`].
+fn with_ignored(suite: &str, mut args: Vec<String>) -> Vec<String> {
+    if INCLUDE_IGNORED.contains(&suite) && !args.iter().any(|a| a == "--include-ignored") {
+        args.push("--include-ignored".into());
+    }
+    args
 }
 
 /// The suites the full matrix runs by default: those whose outcome depends on the kernel

@@ -2,7 +2,7 @@
 //! tests put them in a cgroup). Runs in whatever namespace it is started in.
 //!
 //! ```text
-//! probe tcp ADDR [--count N] [--hold SECS] [--timeout SECS]
+//! probe tcp|sctp ADDR [--count N] [--hold SECS] [--timeout SECS]
 //! probe udp ADDR [--count N] [--timeout SECS] [--session [--every MS]]
 //! probe http ADDR [--timeout SECS]
 //! ```
@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use kpr_tests::client::{
-    http_get_here, tcp_hold_here, tcp_request_here, udp_request_here, Reply, UdpSession,
+    http_get_here, sctp_request_here, tcp_hold_here, tcp_request_here, udp_request_here, Reply,
+    UdpSession,
 };
 use kpr_tests::ClientError;
 
@@ -34,10 +35,10 @@ struct Opts {
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Opts> {
-    let usage = "usage: probe tcp|udp|http ADDR [--count N] [--hold SECS] [--timeout SECS] \
+    let usage = "usage: probe tcp|udp|sctp|http ADDR [--count N] [--hold SECS] [--timeout SECS] \
                  [--session] [--every MS]";
     let (proto, addr) = match args {
-        [p, a, ..] if ["tcp", "udp", "http"].contains(&p.as_str()) => (p.clone(), a),
+        [p, a, ..] if ["tcp", "udp", "sctp", "http"].contains(&p.as_str()) => (p.clone(), a),
         _ => bail!("{usage}"),
     };
     let addr = addr
@@ -177,6 +178,7 @@ fn main() -> anyhow::Result<()> {
             for _ in 0..opts.count {
                 ok &= report(match proto {
                     "tcp" => tcp_request_here(opts.addr, opts.timeout),
+                    "sctp" => sctp_request_here(opts.addr, opts.timeout),
                     _ => udp_request_here(opts.addr, opts.timeout),
                 });
             }

@@ -82,6 +82,21 @@ pub const EXCEPTIONS: &[Exception] = &[
         USERSPACE_SOURCE_RANGE,
         Instead::Step(2, Expect::Error("closed")),
     ),
+    exception(
+        Backend::Userspace,
+        "sctp",
+        "the userspace backend does not proxy SCTP (it logs an error naming the port): nothing \
+         answers",
+        Instead::Step(0, Expect::NotServed),
+    ),
+    exception(
+        Backend::Ebpf,
+        "sctp",
+        "SCTP is not translated: the kernel's SCTP connect() runs no cgroup connect4 program \
+         (seen on Debian 6.1: a connect() to the clusterIP goes out unchanged and times out), \
+         and the tc program handles TCP and UDP only",
+        Instead::Step(0, Expect::NotServed),
+    ),
     eperm("drop_unallocated_service_address"),
     eperm("internal_traffic_local_none_here_drops"),
     eperm("other_service_proxy_name_is_ignored"),

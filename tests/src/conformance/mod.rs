@@ -24,7 +24,11 @@
 //!   `other_service_proxy_name_is_ignored`: a local connect() fails with EPERM instead of a drop;
 //! - ebpf, `hairpin_is_masqueraded`: the pod is connected straight to itself (no NAT at all);
 //! - ebpf, `udp_flow_leaves_a_removed_endpoint`: a connected UDP socket keeps the endpoint it got
-//!   at connect() until it reconnects.
+//!   at connect() until it reconnects;
+//! - userspace and ebpf, `sctp`: not served (SCTP is not proxied / not translated).
+//!
+//! The SCTP rows need SCTP in the kernel: their tests are `#[ignore]`d and `cargo xtask vm`
+//! runs them in the Debian kernels (`--include-ignored`); on a kernel without SCTP they fail.
 
 pub mod exceptions;
 mod rig;
@@ -123,11 +127,31 @@ pub enum Expect {
     Error(&'static str),
 }
 
-/// `count` sequential connections (TCP, or UDP requests) from `from` to `to`.
+/// The protocol of a probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Tcp,
+    Udp,
+    /// Needs SCTP in the kernel (see [`needs_sctp`]).
+    Sctp,
+}
+
+impl Proto {
+    /// `probe`'s name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Sctp => "sctp",
+        }
+    }
+}
+
+/// `count` sequential connections (TCP, SCTP) or UDP requests from `from` to `to`.
 #[derive(Debug, Clone, Copy)]
 pub struct Probe {
     pub from: From,
-    pub udp: bool,
+    pub proto: Proto,
     pub to: &'static str,
     pub count: usize,
     pub expect: Expect,
@@ -207,11 +231,25 @@ pub fn scenario(name: &str) -> Option<Scenario> {
     scenarios::all().into_iter().find(|s| s.name == name)
 }
 
+/// Whether the scenario sends SCTP (its tests are `#[ignore]`d, and run where the kernel has
+/// SCTP: `cargo xtask vm` runs them in the Debian kernels with `--include-ignored`).
+pub fn needs_sctp(sc: &Scenario) -> bool {
+    sc.steps
+        .iter()
+        .any(|s| matches!(s, Step::Probe(p) if p.proto == Proto::Sctp))
+}
+
 /// Runs `scenario` on `backend`, honouring the exception list; panics with what went wrong.
 pub fn run(backend: Backend, name: &str) {
     let Some(mut sc) = scenario(name) else {
         panic!("no conformance scenario named {name}");
     };
+    if needs_sctp(&sc) && !crate::client::sctp_supported() {
+        panic!(
+            "{backend}::{name} sends SCTP, which this kernel does not have (socket(IPPROTO_SCTP) \
+             fails): run it in a VM (`cargo xtask vm --suite conformance -- sctp`)"
+        );
+    }
     let found = exceptions::find(backend, name);
     for e in &found {
         eprintln!("conformance exception {backend}::{name}: {}", e.reason);

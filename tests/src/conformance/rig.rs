@@ -182,7 +182,7 @@ impl<'c> Rig<'c> {
     fn probe(&self, p: &Probe) -> Result<(), String> {
         let (ns, cg, client) = self.source(p.from);
         let count = p.count.to_string();
-        let proto = if p.udp { "udp" } else { "tcp" };
+        let proto = p.proto.as_str();
         let timeout = match p.expect {
             Expect::Drop | Expect::NotServed | Expect::Reject | Expect::Error(_) => "1",
             _ => "2",

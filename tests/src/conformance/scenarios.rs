@@ -2,7 +2,7 @@
 //! (connections from a pod, the node, an endpoint or an external client) with the expected outcome.
 //! Pod `i` is `pod<i>` at `10.244.(i+1).2`, its echo server on 8080; the node is `node`.
 
-use super::{Expect, From, Probe, Scenario, Src, Step, UdpFlow};
+use super::{Expect, From, Probe, Proto, Scenario, Src, Step, UdpFlow};
 use crate::manifest::{yaml, Endpoint, EndpointSlice, Service};
 
 const VIP: &str = "10.96.0.10:80";
@@ -53,7 +53,7 @@ fn web_none() -> String {
 fn probe(from: From, to: &'static str, count: usize, expect: Expect) -> Step {
     Step::Probe(Probe {
         from,
-        udp: false,
+        proto: Proto::Tcp,
         to,
         count,
         expect,
@@ -63,7 +63,7 @@ fn probe(from: From, to: &'static str, count: usize, expect: Expect) -> Step {
 fn udp(from: From, to: &'static str, count: usize, expect: Expect) -> Step {
     Step::Probe(Probe {
         from,
-        udp: true,
+        proto: Proto::Udp,
         to,
         count,
         expect,
@@ -544,6 +544,22 @@ fn health_check() -> Vec<Scenario> {
 
 fn inputs() -> Vec<Scenario> {
     vec![
+        // Inputs 1: SCTP ports are translated and balanced (clusterIP from a pod; its tests run
+        // where the kernel has SCTP, see `needs_sctp`).
+        Scenario::new("sctp", || {
+            let svc = Service::new("assoc")
+                .cluster_ip("10.96.0.60")
+                .port(80, 8080, "SCTP")
+                .named("assoc");
+            with_ready(svc, &[0, 1, 2, 3])
+        })
+        .steps(vec![Step::Probe(Probe {
+            from: From::Pod,
+            proto: Proto::Sctp,
+            to: "10.96.0.60:80",
+            count: 8,
+            expect: served(ALL, Src::Preserved),
+        })]),
         // Inputs 1: headless Services (clusterIP None) and ExternalName Services are ignored.
         Scenario::new("headless_and_external_name_are_ignored", || {
             let headless = Service::new("db")

@@ -9,7 +9,8 @@
 //!
 //! With the tc path attached, every external frontend also gets a `SCOPE_EXTERNAL` entry for
 //! traffic from outside the node: the external endpoints (eTP), masqueraded unless eTP is Local
-//! (or always with `--masquerade-all`). SCTP is left to the socket path.
+//! (or always with `--masquerade-all`). SCTP frontends are written (the socket programs would
+//! translate them) but no kernel runs them for SCTP sockets, and the tc path skips SCTP.
 //!
 //! loadBalancerSourceRanges flag both entries of each LB IP ([`SVC_F_SOURCE_RANGES`]) and list,
 //! for its tc frontend, the sources allowed: the ranges, the LB IP itself and the node's

@@ -7,7 +7,7 @@
 //! the programmed state and its per-service diff (`programmed`), live counters (`live`) and the
 //! program log drain (`logs`). It never decides which endpoints are usable (`selection` does).
 //!
-//! What the programs do (proxy-ebpf): `connect4` rewrites a TCP/UDP/SCTP connect() to a service
+//! What the programs do (proxy-ebpf): `connect4` rewrites a TCP/UDP connect() to a service
 //! frontend (clusterIP, externalIP, LB IP, nodeIP:nodePort) to one backend, by round-robin (an
 //! atomic per-set cursor: exact across CPUs), least-connection (min over per-backend active
 //! counters, ties round-robin) and session affinity (per client network namespace); `sendmsg4`
@@ -30,7 +30,8 @@
 //!
 //! Not done: IPv6 (v6 addresses are skipped with a warning); tc masquerade keeps the client's
 //! source port (two external clients using the same source port towards the same backend
-//! collide); SCTP on the tc path.
+//! collide); SCTP, with a warning (the kernel's SCTP connect() runs no cgroup connect4 program,
+//! and the tc program handles TCP and UDP only).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -241,6 +242,16 @@ impl EbpfDataplane {
             };
             compile::compile(svc, sel, &self.compile_ctx)
         });
+        if state
+            .services
+            .get(name)
+            .is_some_and(|s| s.protocol == crate::model::Protocol::Sctp)
+        {
+            tracing::warn!(
+                "ebpf: Service port {name} is SCTP, which the ebpf backend does not translate \
+                 (the kernel runs no socket program for SCTP connect(); the tc path is TCP/UDP)"
+            );
+        }
         if let Some(d) = &desired {
             if !d.skipped_v6.is_empty() {
                 tracing::warn!(
