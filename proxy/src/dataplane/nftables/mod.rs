@@ -46,6 +46,8 @@ pub struct NftablesDataplane {
     table: ElementTable,
     /// What each programmed service port compiled to, with its owner id in `table`.
     programmed: HashMap<ServicePortName, (u32, Compiled)>,
+    /// The programmed service ports with a least-connection target (so a sync never walks all).
+    lc_ports: BTreeSet<ServicePortName>,
     next_owner: u32,
     /// Chains created on demand since the last skeleton.
     chains: BTreeSet<ChainNeed>,
@@ -66,6 +68,7 @@ impl NftablesDataplane {
             ids: TargetIds::default(),
             table: ElementTable::default(),
             programmed: HashMap::new(),
+            lc_ports: BTreeSet::new(),
             next_owner: 1,
             chains: BTreeSet::new(),
             skeleton: None,
@@ -101,6 +104,7 @@ impl NftablesDataplane {
             head.push(Op::Skeleton(ruleset::skeleton(&skel)));
             self.table.clear();
             self.programmed.clear();
+            self.lc_ports.clear();
             self.chains.clear();
             self.skeleton = Some(skel);
             state.services.keys().cloned().collect()
@@ -158,6 +162,15 @@ impl NftablesDataplane {
         self.table
             .replace(owner, &old.elements, &new.elements, delta);
         // Targets that disappeared are dropped from least-connection bookkeeping by `sync`.
+        if new
+            .targets
+            .iter()
+            .any(|t| t.algorithm == Algorithm::LeastConn)
+        {
+            self.lc_ports.insert(spn.clone());
+        } else {
+            self.lc_ports.remove(spn);
+        }
         if !new.elements.is_empty() || !new.targets.is_empty() {
             self.programmed.insert(spn.clone(), (owner, new));
         }
@@ -165,8 +178,9 @@ impl NftablesDataplane {
 
     /// The least-connection targets that have endpoints: (id, label, endpoints).
     fn lc_wanted(&self) -> Vec<LcWanted> {
-        self.programmed
+        self.lc_ports
             .iter()
+            .filter_map(|spn| self.programmed.get(spn).map(|p| (spn, p)))
             .flat_map(|(spn, (_, c))| {
                 c.targets
                     .iter()
@@ -300,6 +314,7 @@ impl Dataplane for NftablesDataplane {
         })?;
         self.table.clear();
         self.programmed.clear();
+        self.lc_ports.clear();
         self.chains.clear();
         self.skeleton = None;
         self.needs_full = true;

@@ -175,6 +175,9 @@ impl UserspaceDataplane {
         })
     }
 
+    /// Programs only the changed service ports: their elements, the clusterIPs whose reference
+    /// count went to or from zero, and their UDP listeners; O(changes), whatever the number of
+    /// Services. A failure leaves the bookkeeping to the full resync it triggers.
     fn partial_sync(
         &mut self,
         state: &ProxyState,
@@ -183,7 +186,6 @@ impl UserspaceDataplane {
         let mut adds = Vec::new();
         let mut dels = Vec::new();
         let mut new_programmed = Vec::new();
-        let mut refs = self.cluster_ip_refs.clone();
         for name in &changes.changed {
             let old = self.programmed.get(name).cloned().unwrap_or_default();
             let new = self.port_elements(state, name)?;
@@ -191,24 +193,9 @@ impl UserspaceDataplane {
             adds.extend(new.iter().filter(|e| !old.contains(e)).cloned());
             new_programmed.push((name.clone(), new));
         }
-        let old_ips: BTreeSet<Ipv4Addr> = refs.keys().copied().collect();
-        adjust_refs(&mut refs, &self.cluster_ip_refs_of(&changes.changed), -1);
-        adjust_refs(
-            &mut refs,
-            &cluster_ip_refs(state, changes.changed.iter()),
-            1,
-        );
-        let new_ips: BTreeSet<Ipv4Addr> = refs.keys().copied().collect();
-        dels.extend(
-            old_ips
-                .difference(&new_ips)
-                .map(|ip| ("cluster_ips", ip.to_string())),
-        );
-        adds.extend(
-            new_ips
-                .difference(&old_ips)
-                .map(|ip| ("cluster_ips", ip.to_string())),
-        );
+        let (gone, came) = self.move_cluster_ip_refs(state, &changes.changed);
+        dels.extend(gone.iter().map(|ip| ("cluster_ips", ip.to_string())));
+        adds.extend(came.iter().map(|ip| ("cluster_ips", ip.to_string())));
         let mut script = String::new();
         rules::element_commands(&mut script, "delete", &dels);
         rules::element_commands(&mut script, "add", &adds);
@@ -229,19 +216,31 @@ impl UserspaceDataplane {
                 self.shared.balancer.forget(&name);
             }
         }
-        self.cluster_ip_refs = refs;
-        self.udp.retain(|(n, _)| {
+        let udp_now = |n: &ServicePortName| {
             state
                 .services
                 .get(n)
                 .is_some_and(|sp| sp.protocol == Protocol::Udp)
-        });
+        };
+        self.udp
+            .retain(|(n, _)| !changes.changed.contains(n) || udp_now(n));
         Ok(SyncStats {
             full: false,
             service_ports: state.services.len(),
             touched: changes.changed.len(),
             operations: adds.len() + dels.len(),
         })
+    }
+
+    /// Moves the clusterIP references of `changed` from their programmed versions to `state`'s.
+    fn move_cluster_ip_refs(
+        &mut self,
+        state: &ProxyState,
+        changed: &BTreeSet<ServicePortName>,
+    ) -> (BTreeSet<Ipv4Addr>, BTreeSet<Ipv4Addr>) {
+        let old = self.cluster_ip_refs_of(changed);
+        let new = cluster_ip_refs(state, changed.iter());
+        move_refs(&mut self.cluster_ip_refs, &old, &new)
     }
 
     /// The cluster IPs the currently programmed versions of `names` hold references to.
@@ -258,6 +257,33 @@ impl UserspaceDataplane {
         }
         refs
     }
+}
+
+/// Takes `old` references out of `refs` and puts `new` in; returns the addresses nobody holds
+/// any more and those that nobody held before.
+fn move_refs(
+    refs: &mut BTreeMap<Ipv4Addr, usize>,
+    old: &BTreeMap<Ipv4Addr, usize>,
+    new: &BTreeMap<Ipv4Addr, usize>,
+) -> (BTreeSet<Ipv4Addr>, BTreeSet<Ipv4Addr>) {
+    let (mut gone, mut came) = (BTreeSet::new(), BTreeSet::new());
+    for (ip, n) in old {
+        let left = refs.get(ip).map_or(0, |r| r.saturating_sub(*n));
+        if left == 0 {
+            refs.remove(ip);
+            gone.insert(*ip);
+        } else {
+            refs.insert(*ip, left);
+        }
+    }
+    for (ip, n) in new {
+        let r = refs.entry(*ip).or_insert(0);
+        if *r == 0 && !gone.remove(ip) {
+            came.insert(*ip);
+        }
+        *r += n;
+    }
+    (gone, came)
 }
 
 /// Counts, per IPv4 cluster IP, the service ports that use it.
@@ -281,16 +307,6 @@ fn cluster_ip_refs<'a>(
         }
     }
     refs
-}
-
-fn adjust_refs(refs: &mut BTreeMap<Ipv4Addr, usize>, delta: &BTreeMap<Ipv4Addr, usize>, sign: i64) {
-    for (ip, n) in delta {
-        let e = refs.entry(*ip).or_insert(0);
-        *e = (*e as i64 + sign * *n as i64).max(0) as usize;
-        if *e == 0 {
-            refs.remove(ip);
-        }
-    }
 }
 
 impl Dataplane for UserspaceDataplane {
@@ -321,5 +337,44 @@ impl Dataplane for UserspaceDataplane {
 
     fn live_view(&self) -> Option<Arc<dyn LiveView>> {
         Some(self.shared.balancer.clone())
+    }
+}
+
+#[cfg(test)]
+mod refs_tests {
+    use super::*;
+
+    fn refs(v: &[(&str, usize)]) -> BTreeMap<Ipv4Addr, usize> {
+        v.iter().map(|(ip, n)| (ip.parse().unwrap(), *n)).collect()
+    }
+
+    fn ips(v: &[&str]) -> BTreeSet<Ipv4Addr> {
+        v.iter().map(|ip| ip.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_shared_cluster_ip_stays_until_its_last_port_goes() {
+        let mut all = refs(&[("10.96.0.1", 2), ("10.96.0.2", 1)]);
+        // One of the two ports of 10.96.0.1 goes: nothing to program.
+        let (gone, came) = move_refs(&mut all, &refs(&[("10.96.0.1", 1)]), &refs(&[]));
+        assert!(gone.is_empty() && came.is_empty());
+        assert_eq!(all, refs(&[("10.96.0.1", 1), ("10.96.0.2", 1)]));
+        // The last one goes, and a new address comes.
+        let (gone, came) = move_refs(
+            &mut all,
+            &refs(&[("10.96.0.1", 1)]),
+            &refs(&[("10.96.0.3", 1)]),
+        );
+        assert_eq!((gone, came), (ips(&["10.96.0.1"]), ips(&["10.96.0.3"])));
+        assert_eq!(all, refs(&[("10.96.0.2", 1), ("10.96.0.3", 1)]));
+    }
+
+    #[test]
+    fn a_port_that_keeps_its_address_programs_nothing() {
+        let mut all = refs(&[("10.96.0.2", 1)]);
+        let same = refs(&[("10.96.0.2", 1)]);
+        let (gone, came) = move_refs(&mut all, &same, &same);
+        assert!(gone.is_empty() && came.is_empty());
+        assert_eq!(all, same);
     }
 }

@@ -25,6 +25,8 @@ pub struct Table {
     by_dest: HashMap<DestKey, (ServicePortName, DestKind)>,
     nodeports: HashMap<(u16, Protocol), ServicePortName>,
     dests_of: HashMap<ServicePortName, Vec<DestKey>>,
+    /// The nodePort key each service port holds (so an update never scans `nodeports`).
+    nodeport_of: HashMap<ServicePortName, (u16, Protocol)>,
     /// Node addresses that accept nodePort traffic.
     pub nodeport_ips: Vec<IpAddr>,
 }
@@ -51,7 +53,11 @@ impl Table {
         for key in self.dests_of.remove(name).unwrap_or_default() {
             self.by_dest.remove(&key);
         }
-        self.nodeports.retain(|_, n| n != name);
+        if let Some(key) = self.nodeport_of.remove(name) {
+            if self.nodeports.get(&key) == Some(name) {
+                self.nodeports.remove(&key);
+            }
+        }
         self.entries.remove(name);
         let (Some(sp), Some(sel)) = (state.services.get(name), state.selected.get(name)) else {
             return;
@@ -63,8 +69,9 @@ impl Table {
             keys.push(key);
         }
         if sp.node_port != 0 {
-            self.nodeports
-                .insert((sp.node_port, sp.protocol), name.clone());
+            let key = (sp.node_port, sp.protocol);
+            self.nodeports.insert(key, name.clone());
+            self.nodeport_of.insert(name.clone(), key);
         }
         self.dests_of.insert(name.clone(), keys);
         self.entries.insert(
@@ -82,6 +89,7 @@ impl Table {
         self.by_dest.clear();
         self.nodeports.clear();
         self.dests_of.clear();
+        self.nodeport_of.clear();
     }
 
     /// The service port an original destination belongs to.
