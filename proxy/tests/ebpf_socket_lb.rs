@@ -393,6 +393,17 @@ fn a_full_sync_of_thousands_of_services_uses_batch_operations() {
         .map(|(id, _)| *id)
         .collect();
     assert_eq!(backend_ids.len(), 3, "one backend per distinct endpoint");
+    // Reading back (batch lookups, 4,096 entries a syscall) sees every entry exactly once.
+    let frontends = services.entries().unwrap();
+    assert_eq!(
+        frontends.len(),
+        2 * N,
+        "N frontends and N clusterIP markers"
+    );
+    let distinct: BTreeSet<_> = frontends.iter().map(|(k, _)| (k.addr, k.port)).collect();
+    assert_eq!(distinct.len(), 2 * N);
+    let slot_count: usize = (0..N).map(|i| if i % 7 == 0 { 3 } else { 2 }).sum();
+    assert_eq!(slot_map.len(), slot_count);
     for i in 0..N {
         let key = proxy::dataplane::ebpf::compile::service_key(bulk_ip(i), 80, Protocol::Tcp);
         let value = services

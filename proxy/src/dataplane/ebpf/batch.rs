@@ -1,5 +1,6 @@
-//! Batch map operations (`BPF_MAP_UPDATE_BATCH`, `BPF_MAP_DELETE_BATCH`, Linux 5.6), which aya
-//! 0.14 does not wrap: a small safe wrapper around the raw `bpf()` syscall on a map's fd.
+//! Batch map operations (`BPF_MAP_LOOKUP_BATCH`, `BPF_MAP_UPDATE_BATCH`, `BPF_MAP_DELETE_BATCH`,
+//! Linux 5.6), which aya 0.14 does not wrap: a small safe wrapper around the raw `bpf()` syscall
+//! on a map's fd.
 //!
 //! Safety rests on two facts the callers guarantee through the types: keys and values are
 //! `aya::Pod` (`#[repr(C)]`, plain integers, no padding holes read as uninitialised memory), and
@@ -12,7 +13,11 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use aya::Pod;
 
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+/// Elements asked for per lookup syscall (a hash bucket larger than this would fail with
+/// `ENOSPC`; buckets hold a handful).
+const LOOKUP_CHUNK: usize = 4096;
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 /// The kernel's internal "not supported" (a map type without batch operations).
 const ENOTSUPP: i32 = 524;
@@ -59,6 +64,71 @@ pub fn update<K: Pod, V: Pod>(
 ) -> Result<(), BatchError> {
     assert_eq!(keys.len(), values.len(), "one value per key");
     run(BPF_MAP_UPDATE_BATCH, fd, keys, values.as_ptr() as u64)
+}
+
+/// Every element of a hash map, a chunk per syscall; `Ok(None)` when the kernel has no batch
+/// lookup (the caller iterates instead).
+pub fn lookup_all<K: Pod + Default, V: Pod + Default>(
+    fd: BorrowedFd<'_>,
+) -> io::Result<Option<Vec<(K, V)>>> {
+    let mut out = Vec::new();
+    let mut keys = vec![K::default(); LOOKUP_CHUNK];
+    let mut values = vec![V::default(); LOOKUP_CHUNK];
+    // The resume token: a u32 bucket index for hash maps; room for a key-sized one anyway.
+    let (mut token_in, mut token_out) = ([0u64; 8], [0u64; 8]);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                token_in.as_mut_ptr() as u64
+            },
+            out_batch: token_out.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: LOOKUP_CHUNK as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: `attr` is the fully initialised `batch` member of `bpf_attr`; `keys` and
+        // `values` hold LOOKUP_CHUNK Pod elements of the map's key and value sizes (module docs)
+        // and the tokens 64 bytes, all alive for the call; the kernel writes at most `count`
+        // elements, one token and `attr.count`.
+        let ret = unsafe { sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) };
+        let got = (attr.count as usize).min(LOOKUP_CHUNK);
+        match ret {
+            Ok(_) => {}
+            // The end of the map: the elements of this last call are valid.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                out.extend(
+                    keys[..got]
+                        .iter()
+                        .copied()
+                        .zip(values[..got].iter().copied()),
+                );
+                return Ok(Some(out));
+            }
+            Err(e)
+                if first
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(ENOTSUPP)
+                    ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+        out.extend(
+            keys[..got]
+                .iter()
+                .copied()
+                .zip(values[..got].iter().copied()),
+        );
+        token_in = token_out;
+        first = false;
+    }
 }
 
 /// Deletes every key, in order, in one syscall; a missing key stops the batch with `ENOENT`.

@@ -207,8 +207,25 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
         }
     }
 
-    /// Every entry (one pass over the map; entries deleted meanwhile are skipped).
-    pub fn entries(&self) -> Result<Vec<(K, V)>, DataplaneError> {
+    /// Every entry: batch lookups where the kernel has them (a chunk of entries per syscall),
+    /// else one pass over the map (two syscalls per entry; entries deleted meanwhile are
+    /// skipped). At 100,000 Services an agent restart reads about a million entries.
+    pub fn entries(&self) -> Result<Vec<(K, V)>, DataplaneError>
+    where
+        K: Default,
+        V: Default,
+    {
+        let fd = self.map.map().fd().as_fd();
+        match super::batch::lookup_all(fd) {
+            Ok(Some(all)) => return Ok(all),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(DataplaneError::Other(format!(
+                    "eBPF map {}: batch lookup: {e}",
+                    self.name
+                )))
+            }
+        }
         let mut out = Vec::new();
         for item in self.map.iter() {
             match item {
