@@ -190,3 +190,49 @@ pub struct ServiceMap {
     pub services: BTreeMap<ServicePortName, ServicePort>,
     pub endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
 }
+
+/// Values for the backends' unit tests: a plain service port and a ready endpoint, to adjust
+/// field by field.
+#[cfg(test)]
+pub mod fixtures {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use super::{Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
+
+    /// `default/<name>`, an unnamed TCP port 80 on clusterIP `vip`, round-robin, nothing else.
+    pub fn service_port(name: &str, vip: &str) -> ServicePort {
+        ServicePort {
+            name: ServicePortName {
+                namespace: "default".into(),
+                name: name.into(),
+                port_name: String::new(),
+                protocol: Protocol::Tcp,
+            },
+            cluster_ips: vec![vip.parse().expect("a clusterIP")],
+            port: 80,
+            protocol: Protocol::Tcp,
+            node_port: 0,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            source_ranges: vec![],
+            affinity: None,
+            external_local: false,
+            internal_local: false,
+            health_check_node_port: 0,
+            algorithm: Algorithm::RoundRobin,
+        }
+    }
+
+    /// A ready, serving endpoint `addr:8080` on node `node`.
+    pub fn endpoint(addr: Ipv4Addr, node: &str) -> Endpoint {
+        Endpoint {
+            addr: IpAddr::V4(addr),
+            port: 8080,
+            node: Some(node.into()),
+            zone: None,
+            ready: true,
+            serving: true,
+            terminating: false,
+        }
+    }
+}

@@ -449,6 +449,7 @@ pub fn clusterip_masq(ctx: &NodeContext, reps: &Representatives) -> [bool; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::fixtures;
     use crate::selection::select;
 
     fn spn(name: &str) -> ServicePortName {
@@ -463,31 +464,12 @@ mod tests {
     fn svc(name: &str) -> ServicePort {
         ServicePort {
             name: spn(name),
-            cluster_ips: vec!["10.96.0.10".parse().unwrap()],
-            port: 80,
-            protocol: Protocol::Tcp,
-            node_port: 0,
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            source_ranges: vec![],
-            affinity: None,
-            external_local: false,
-            internal_local: false,
-            health_check_node_port: 0,
-            algorithm: Algorithm::RoundRobin,
+            ..fixtures::service_port(name, "10.96.0.10")
         }
     }
 
     fn ep(last: u8, node: &str) -> Endpoint {
-        Endpoint {
-            addr: IpAddr::V4(Ipv4Addr::new(10, 244, last, 2)),
-            port: 8080,
-            node: Some(node.into()),
-            zone: None,
-            ready: true,
-            serving: true,
-            terminating: false,
-        }
+        fixtures::endpoint(Ipv4Addr::new(10, 244, last, 2), node)
     }
 
     fn state(svc: ServicePort, eps: Vec<Endpoint>) -> ProxyState {

@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use super::*;
-use crate::model::ServicePortName;
+use crate::model::fixtures;
 use crate::selection::select;
 
 const NODE: &str = "node-a";
@@ -14,38 +14,11 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn svc() -> ServicePort {
-    ServicePort {
-        name: ServicePortName {
-            namespace: "default".into(),
-            name: "web".into(),
-            port_name: String::new(),
-            protocol: Protocol::Tcp,
-        },
-        cluster_ips: vec![ip("10.96.0.10")],
-        port: 80,
-        protocol: Protocol::Tcp,
-        node_port: 0,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        source_ranges: vec![],
-        affinity: None,
-        external_local: false,
-        internal_local: false,
-        health_check_node_port: 0,
-        algorithm: Algorithm::RoundRobin,
-    }
+    fixtures::service_port("web", "10.96.0.10")
 }
 
 fn ep(last: u8, node: &str) -> Endpoint {
-    Endpoint {
-        addr: IpAddr::V4(Ipv4Addr::new(10, 244, 0, last)),
-        port: 8080,
-        node: Some(node.into()),
-        zone: None,
-        ready: true,
-        serving: true,
-        terminating: false,
-    }
+    fixtures::endpoint(Ipv4Addr::new(10, 244, 0, last), node)
 }
 
 fn run(svc: &ServicePort, eps: &[Endpoint]) -> DesiredService {

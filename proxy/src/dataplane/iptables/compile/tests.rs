@@ -1,47 +1,20 @@
 //! The rules one service port compiles to, case by case, and the chain count at scale.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use super::*;
-use crate::model::Protocol;
+use crate::model::fixtures;
 use crate::selection::{select, NodeContext};
 
 const NODE: &str = "node-a";
 
 fn svc(name: &str, vip: &str) -> ServicePort {
-    ServicePort {
-        name: ServicePortName {
-            namespace: "default".into(),
-            name: name.into(),
-            port_name: String::new(),
-            protocol: Protocol::Tcp,
-        },
-        cluster_ips: vec![vip.parse().unwrap()],
-        port: 80,
-        protocol: Protocol::Tcp,
-        node_port: 0,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        source_ranges: vec![],
-        affinity: None,
-        external_local: false,
-        internal_local: false,
-        health_check_node_port: 0,
-        algorithm: Algorithm::RoundRobin,
-    }
+    fixtures::service_port(name, vip)
 }
 
 fn ep(last: u8, node: &str) -> Endpoint {
-    Endpoint {
-        addr: IpAddr::V4(Ipv4Addr::new(10, 244, 1, last)),
-        port: 8080,
-        node: Some(node.into()),
-        zone: None,
-        ready: true,
-        serving: true,
-        terminating: false,
-    }
+    fixtures::endpoint(Ipv4Addr::new(10, 244, 1, last), node)
 }
 
 fn node() -> NodeContext {
