@@ -134,16 +134,7 @@ impl<'c> Rig<'c> {
             "--timeout",
             "1",
         ];
-        let mut child = probe_command(ns, cg, &args)
-            .and_then(|mut c| {
-                c.stdout(Stdio::piped());
-                c.spawn().map_err(|e| HarnessError::Io {
-                    what: "spawning a UDP flow probe".into(),
-                    source: e,
-                })
-            })
-            .map_err(|e| e.to_string())?;
-        let stdout = child.stdout.take().ok_or("probe without stdout")?;
+        let (mut child, stdout) = spawn_piped(ns, cg, &args)?;
         let mut lines = BufReader::new(stdout).lines();
         let mut text = String::new();
         for line in lines.by_ref().take(Self::FLOW_BEFORE) {
@@ -198,16 +189,7 @@ impl<'c> Rig<'c> {
     fn hold(&self, from: From, to: &str, count: usize, pods: &[&str]) -> Result<(), String> {
         let (ns, cg, _) = self.source(from);
         let n = count.to_string();
-        let mut child = probe_command(ns, cg, &["tcp", to, "--count", &n, "--hold", "60"])
-            .and_then(|mut c| {
-                c.stdout(Stdio::piped());
-                c.spawn().map_err(|e| HarnessError::Io {
-                    what: "spawning a holding probe".into(),
-                    source: e,
-                })
-            })
-            .map_err(|e| e.to_string())?;
-        let stdout = child.stdout.take().ok_or("probe without stdout")?;
+        let (child, stdout) = spawn_piped(ns, cg, &["tcp", to, "--count", &n, "--hold", "60"])?;
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -286,6 +268,25 @@ impl Drop for Rig<'_> {
             let _ = child.wait();
         }
     }
+}
+
+/// A running `probe ARGS` whose output is read as it comes.
+fn spawn_piped(
+    ns: &Netns,
+    cg: Option<&Cgroup>,
+    args: &[&str],
+) -> Result<(Child, std::process::ChildStdout), String> {
+    let mut child = probe_command(ns, cg, args)
+        .and_then(|mut c| {
+            c.stdout(Stdio::piped());
+            c.spawn().map_err(|e| HarnessError::Io {
+                what: format!("spawning probe {args:?}"),
+                source: e,
+            })
+        })
+        .map_err(|e| e.to_string())?;
+    let stdout = child.stdout.take().ok_or("probe without stdout")?;
+    Ok((child, stdout))
 }
 
 fn leak(pods: &[&str]) -> &'static [&'static str] {
