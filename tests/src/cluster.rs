@@ -134,68 +134,91 @@ impl Cluster {
         );
         crate::netns::remove_stale();
         let prefix = unique_prefix();
-        let v6 = |node: Ipv6Addr, other: Ipv6Addr| spec.ipv6.then_some((node, other));
-        let node = make_ns(format!("{prefix}-node"), spec.ipv6)?;
-        node.sysctl("net.ipv4.ip_forward", "1")?;
+        let mut names = vec![
+            format!("{prefix}-node"),
+            format!("{prefix}-client"),
+            format!("{prefix}-podclient"),
+        ];
+        names.extend((0..spec.pods).map(|i| format!("{prefix}-pod{i}")));
+        let mut all = Netns::add_many(&names)?.into_iter();
+        let (Some(node), Some(client), Some(podclient)) = (all.next(), all.next(), all.next())
+        else {
+            unreachable!("add_many returns every namespace it was given");
+        };
+        let pod_ns: Vec<Netns> = all.collect();
+        let mut sysctls = vec![(&node, "net.ipv4.ip_forward")];
         if spec.ipv6 {
-            // Per interface for IPv6: `default` covers the links created below.
-            node.sysctl("net.ipv6.conf.all.forwarding", "1")?;
-            node.sysctl("net.ipv6.conf.default.forwarding", "1")?;
+            // Per interface for IPv6: `default` covers the links created below. No duplicate
+            // address detection, so link-local addresses (which neighbour discovery uses) work
+            // the moment a link is up.
+            sysctls.push((&node, "net.ipv6.conf.all.forwarding"));
+            sysctls.push((&node, "net.ipv6.conf.default.forwarding"));
         }
-        let client = make_ns(format!("{prefix}-client"), spec.ipv6)?;
-        link(
-            &node,
+        for ns in [&node, &client, &podclient].into_iter().chain(&pod_ns) {
+            if spec.ipv6 {
+                ns.sysctl("net.ipv6.conf.all.accept_dad", "0")?;
+                ns.sysctl("net.ipv6.conf.default.accept_dad", "0")?;
+            }
+        }
+        for (ns, key) in sysctls {
+            ns.sysctl(key, "1")?;
+        }
+        let v6 = |node: Ipv6Addr, other: Ipv6Addr| spec.ipv6.then_some((node, other));
+        // One `ip -batch` for the node (links, its addresses, its routes), then one per other
+        // namespace: a few processes instead of dozens.
+        let mut plan = LinkPlan::default();
+        plan.link(
             "cl",
             &client,
             (NODE_IP, CLIENT_IP),
             v6(NODE_IP6, CLIENT_IP6),
-        )?;
-        node.ip(&["route", "add", "default", "via", &CLIENT_IP.to_string()])?;
+        );
+        plan.node.push(format!("route add default via {CLIENT_IP}"));
         if spec.ipv6 {
-            node.ip(&[
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                &CLIENT_IP6.to_string(),
-            ])?;
+            plan.node
+                .push(format!("route add default via {CLIENT_IP6}"));
         }
-        let podclient = make_ns(format!("{prefix}-podclient"), spec.ipv6)?;
         let pc_node6 = Ipv6Addr::new(0xfd00, 0x10, 0x244, 200, 0, 0, 0, 1);
         let pc_node4 = Ipv4Addr::new(10, 244, 200, 1);
-        link(
-            &node,
+        plan.link(
             "pc",
             &podclient,
             (pc_node4, PODCLIENT_IP),
             v6(pc_node6, PODCLIENT_IP6),
-        )?;
-        let mut cluster = Cluster {
-            pods: Vec::new(),
-            podclient,
-            client,
-            node,
-            prefix,
-        };
-        for i in 0..spec.pods {
+        );
+        let mut pods = Vec::new();
+        for (i, ns) in pod_ns.into_iter().enumerate() {
             let third = u8::try_from(i + 1).expect("checked above");
-            let name = format!("pod{i}");
-            let ns = make_ns(format!("{}-{name}", cluster.prefix), spec.ipv6)?;
             let ip = Ipv4Addr::new(10, 244, third, 2);
             let node4 = Ipv4Addr::new(10, 244, third, 1);
             let pod6 = Ipv6Addr::new(0xfd00, 0x10, 0x244, u16::from(third), 0, 0, 0, 2);
             let node6 = Ipv6Addr::new(0xfd00, 0x10, 0x244, u16::from(third), 0, 0, 0, 1);
             let addrs6 = v6(node6, pod6);
-            link(&cluster.node, &format!("p{i}"), &ns, (node4, ip), addrs6)?;
-            cluster.pods.push(Pod {
-                name,
+            plan.link(&format!("p{i}"), &ns, (node4, ip), addrs6);
+            pods.push(Pod {
+                name: format!("pod{i}"),
                 ip,
                 ip6: addrs6.map(|(_, pod)| pod),
                 ns,
                 echo: Mutex::new(None),
             });
-            if spec.echo {
+        }
+        node.ip_batch(&plan.node)?;
+        for ns in [&client, &podclient]
+            .into_iter()
+            .chain(pods.iter().map(|p| &p.ns))
+        {
+            ns.ip_batch(&plan.others.remove(ns.name()).unwrap_or_default())?;
+        }
+        let cluster = Cluster {
+            pods,
+            podclient,
+            client,
+            node,
+            prefix,
+        };
+        if spec.echo {
+            for i in 0..spec.pods {
                 cluster.start_echo(i)?;
             }
         }
@@ -233,63 +256,48 @@ impl Cluster {
     }
 }
 
-/// A namespace; for IPv6 without duplicate address detection, so link-local addresses (which
-/// neighbour discovery uses) work the moment a link is up.
-fn make_ns(name: String, ipv6: bool) -> Result<Netns, HarnessError> {
-    let ns = Netns::with_name(name)?;
-    if ipv6 {
-        ns.sysctl("net.ipv6.conf.all.accept_dad", "0")?;
-        ns.sysctl("net.ipv6.conf.default.accept_dad", "0")?;
-    }
-    Ok(ns)
+/// The `ip` commands that build the routed links: the node's, and each other namespace's.
+#[derive(Default)]
+struct LinkPlan {
+    node: Vec<String>,
+    others: std::collections::HashMap<String, Vec<String>>,
 }
 
-/// A routed veth pair: `node_if` in the node namespace, `eth0` in `other`, with the (node, other)
-/// addresses (/24 for IPv4, /64 for IPv6) and default routes in `other` via the node.
-fn link(
-    node: &Netns,
-    node_if: &str,
-    other: &Netns,
-    (node_ip, other_ip): (Ipv4Addr, Ipv4Addr),
-    v6: Option<(Ipv6Addr, Ipv6Addr)>,
-) -> Result<(), HarnessError> {
-    let peer = [
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        other.name(),
-    ];
-    node.ip(&[&["link", "add", node_if][..], &peer[..]].concat())?;
-    node.ip(&["addr", "add", &format!("{node_ip}/24"), "dev", node_if])?;
-    other.ip(&["addr", "add", &format!("{other_ip}/24"), "dev", "eth0"])?;
-    if let Some((node6, other6)) = v6 {
-        node.ip(&[
-            "addr",
-            "add",
-            &format!("{node6}/64"),
-            "dev",
-            node_if,
-            "nodad",
-        ])?;
-        other.ip(&[
-            "addr",
-            "add",
-            &format!("{other6}/64"),
-            "dev",
-            "eth0",
-            "nodad",
-        ])?;
+impl LinkPlan {
+    /// A routed veth pair: `node_if` in the node namespace, `eth0` in `other`, with the (node,
+    /// other) addresses (/24 for IPv4, /64 for IPv6) and default routes in `other` via the node.
+    fn link(
+        &mut self,
+        node_if: &str,
+        other: &Netns,
+        (node_ip, other_ip): (Ipv4Addr, Ipv4Addr),
+        v6: Option<(Ipv6Addr, Ipv6Addr)>,
+    ) {
+        if self.node.is_empty() {
+            self.node.push("link set lo up".into());
+        }
+        self.node.push(format!(
+            "link add {node_if} type veth peer name eth0 netns {}",
+            other.name()
+        ));
+        self.node
+            .push(format!("addr add {node_ip}/24 dev {node_if}"));
+        let o = self.others.entry(other.name().to_string()).or_default();
+        o.push("link set lo up".into());
+        o.push(format!("addr add {other_ip}/24 dev eth0"));
+        if let Some((node6, other6)) = v6 {
+            self.node
+                .push(format!("addr add {node6}/64 dev {node_if} nodad"));
+            o.push(format!("addr add {other6}/64 dev eth0 nodad"));
+        }
+        self.node.push(format!("link set {node_if} up"));
+        o.push("link set eth0 up".into());
+        o.push(format!("route add default via {node_ip}"));
+        if let Some((node6, _)) = v6 {
+            // No `-6` in a batch line: the gateway names the family.
+            o.push(format!("route add default via {node6}"));
+        }
     }
-    node.ip(&["link", "set", node_if, "up"])?;
-    other.ip(&["link", "set", "eth0", "up"])?;
-    other.ip(&["route", "add", "default", "via", &node_ip.to_string()])?;
-    if let Some((node6, _)) = v6 {
-        other.ip(&["-6", "route", "add", "default", "via", &node6.to_string()])?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

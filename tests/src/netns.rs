@@ -3,9 +3,16 @@
 //!
 //! Owns: the namespaces it creates (`/run/netns/kpr-*`). It never touches the machine's own
 //! (root) network namespace: every `ip` command it runs is scoped with `-n NAME` or `netns exec`.
+//!
+//! Process spawns are the expensive part under emulation (`cargo xtask vm` runs the suites under
+//! TCG, where one costs a large fraction of a second): many commands go to one `ip -batch`,
+//! sysctls are written from a thread inside the namespace, and deletion (unmount and unlink, as
+//! `ip netns del` does) and listing the processes inside happen in this process.
 
 use std::fs::File;
+use std::io::Write as _;
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -132,13 +139,21 @@ impl Netns {
         ip(&full)
     }
 
-    /// Sets a sysctl inside the namespace (per-namespace keys such as `net.ipv4.ip_forward`).
+    /// Runs `commands` (each an `ip` command line without `ip -n NAME`) inside the namespace
+    /// with one `ip -batch` process, stopping at the first that fails.
+    pub fn ip_batch(&self, commands: &[String]) -> Result<(), HarnessError> {
+        ip_batch(Some(&self.name), commands)
+    }
+
+    /// Sets a sysctl inside the namespace (per-namespace keys such as `net.ipv4.ip_forward`):
+    /// written from a thread inside it, as `/proc/sys/net` is the writer's namespace's.
     pub fn sysctl(&self, key: &str, value: &str) -> Result<(), HarnessError> {
-        run_cmd(
-            self.command("sysctl")
-                .args(["-q", "-w", &format!("{key}={value}")]),
-        )?;
-        Ok(())
+        let path = Path::new("/proc/sys").join(key.replace('.', "/"));
+        self.run(|| std::fs::write(&path, value))?
+            .map_err(|e| HarnessError::Io {
+                what: format!("setting {key}={value} in netns {}", self.name),
+                source: e,
+            })
     }
 
     /// A command that runs `program` inside the namespace (`ip netns exec NAME program`).
@@ -229,16 +244,103 @@ impl Netns {
         })
     }
 
-    /// Process ids running inside the namespace.
+    /// Process ids running inside the namespace (as `ip netns pids` finds them: processes whose
+    /// `/proc/PID/ns/net` is this namespace).
     pub fn pids(&self) -> Vec<i32> {
-        ip(&["netns", "pids", &self.name])
-            .map(|out| {
-                out.split_whitespace()
-                    .filter_map(|p| p.parse().ok())
-                    .collect()
+        let Ok(me) = self.fd.metadata() else {
+            return Vec::new();
+        };
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        procs
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                    .is_ok_and(|m| m.ino() == me.ino() && m.dev() == me.dev())
             })
-            .unwrap_or_default()
+            .collect()
     }
+
+    /// Creates every namespace of `names` with one `ip -batch` (their `lo` is still down: the
+    /// caller's batch brings it up). On error the ones that exist are deleted again.
+    pub fn add_many(names: &[String]) -> Result<Vec<Netns>, HarnessError> {
+        let added = ip_batch(
+            None,
+            &names
+                .iter()
+                .map(|n| format!("netns add {n}"))
+                .collect::<Vec<_>>(),
+        );
+        let mut out = Vec::new();
+        let mut opened = Ok(());
+        for name in names {
+            match File::open(Path::new("/run/netns").join(name)) {
+                Ok(fd) => out.push(Netns {
+                    name: name.clone(),
+                    fd,
+                }),
+                Err(e) => {
+                    opened = opened.and(Err(HarnessError::Io {
+                        what: format!("opening /run/netns/{name}"),
+                        source: e,
+                    }))
+                }
+            }
+        }
+        added?;
+        opened?;
+        Ok(out)
+    }
+}
+
+/// `ip [-n NETNS] -batch -` with `commands` on its standard input: one process for all of them.
+pub fn ip_batch(netns: Option<&str>, commands: &[String]) -> Result<(), HarnessError> {
+    if commands.is_empty() {
+        return Ok(());
+    }
+    let mut cmd = Command::new("ip");
+    if let Some(ns) = netns {
+        cmd.args(["-n", ns]);
+    }
+    cmd.args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let shown = format!("{cmd:?} <<< {commands:?}");
+    let io = |e| HarnessError::Io {
+        what: format!("running {shown}"),
+        source: e,
+    };
+    let mut child = cmd.spawn().map_err(io)?;
+    let mut stdin = child.stdin.take().expect("stdin was piped");
+    let written = stdin.write_all(format!("{}\n", commands.join("\n")).as_bytes());
+    drop(stdin);
+    let out = child.wait_with_output().map_err(io)?;
+    written.map_err(io)?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(HarnessError::Command {
+            command: shown,
+            message: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        })
+    }
+}
+
+/// Deletes the namespace `name` as `ip netns del` does: detach its bind mount and remove the file
+/// (the namespace goes when nothing holds it any more).
+fn delete_netns(name: &str) -> std::io::Result<()> {
+    let path = Path::new("/run/netns").join(name);
+    match nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL) => {}
+        Err(e) => return Err(e.into()),
+    }
+    std::fs::remove_file(&path)
 }
 
 impl Drop for Netns {
@@ -251,7 +353,7 @@ impl Drop for Netns {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
-        if let Err(e) = ip(&["netns", "del", &self.name]) {
+        if let Err(e) = delete_netns(&self.name) {
             eprintln!("kpr-tests: could not delete netns {}: {e}", self.name);
         }
     }
