@@ -228,7 +228,10 @@ struct PlanEntry {
 fn build_suites() -> anyhow::Result<(Vec<Suite>, Option<String>)> {
     let root = workspace_root();
     Cmd::new("cargo")
-        .args(["build", "-p", "proxy", "-p", "kpr-tests", "--bins"])
+        // Optimised: under TCG an unoptimised agent takes seconds to start and to sync, and
+        // every conformance test starts one (the test binaries themselves stay as cargo test
+        // builds them).
+        .args(["build", "--release", "-p", "proxy", "-p", "kpr-tests", "--bins"])
         .dir(&root)
         .run()?;
     // Through sh so the JSON survives a failing build: cargo's status comes as a last line.
@@ -506,8 +509,8 @@ fn run_guest(
     let mut guest_env = format!(
         // Emulated guests are slow: the agents the tests start get 180 s to become healthy.
         "env RUST_BACKTRACE=1 KPR_TEST_READY_TIMEOUT=180 KPR_PROXY_BIN={} KPR_PROBE_BIN={}",
-        target_dir().join("debug/proxy").display(),
-        target_dir().join("debug/probe").display()
+        target_dir().join("release/proxy").display(),
+        target_dir().join("release/probe").display()
     );
     if args.selftest_fail {
         write!(guest_env, " {SELFTEST_ENV}=1").expect("writing to a String");
