@@ -11,7 +11,7 @@
 //! connection is opened, its greeting printed, and all are kept open SECS seconds, checked alive
 //! (`alive <pod>` / `dead <pod>`), then closed. With `--session`, every UDP request goes out of
 //! one connected socket (one flow; a socket whose connect() failed is made again for the next
-//! request), one every MS milliseconds. `http` prints `http <status> <body>` of `GET /`.
+//! request). `--every MS` waits MS milliseconds between requests (any mode but `--hold`). `http` prints `http <status> <body>` of `GET /`.
 //! Exit status 0 when every request succeeded, 1 otherwise.
 
 use std::net::SocketAddr;
@@ -175,7 +175,10 @@ fn main() -> anyhow::Result<()> {
         (None, "udp") if opts.session => session(&opts),
         (None, proto) => {
             let mut ok = true;
-            for _ in 0..opts.count {
+            for i in 0..opts.count {
+                if i > 0 {
+                    std::thread::sleep(opts.every);
+                }
                 ok &= report(match proto {
                     "tcp" => tcp_request_here(opts.addr, opts.timeout),
                     "sctp" => sctp_request_here(opts.addr, opts.timeout),

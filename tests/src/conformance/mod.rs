@@ -154,6 +154,8 @@ pub struct Probe {
     pub proto: Proto,
     pub to: &'static str,
     pub count: usize,
+    /// Milliseconds between two connections (0: back to back).
+    pub every_ms: u64,
     pub expect: Expect,
 }
 

@@ -178,7 +178,11 @@ impl<'c> Rig<'c> {
             Expect::Drop | Expect::NotServed | Expect::Reject | Expect::Error(_) => "1",
             _ => "2",
         };
-        let args = [proto, p.to, "--count", &count, "--timeout", timeout];
+        let every = p.every_ms.to_string();
+        let mut args = vec![proto, p.to, "--count", &count, "--timeout", timeout];
+        if p.every_ms > 0 {
+            args.extend(["--every", &every]);
+        }
         let out = run_probe(ns, cg, &args).map_err(|e| e.to_string())?;
         if !out.stderr.trim().is_empty() && out.lines.is_empty() {
             return Err(format!("probe {args:?} printed nothing: {}", out.stderr));
