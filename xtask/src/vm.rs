@@ -231,7 +231,15 @@ fn build_suites() -> anyhow::Result<(Vec<Suite>, Option<String>)> {
         // Optimised: under TCG an unoptimised agent takes seconds to start and to sync, and
         // every conformance test starts one (the test binaries themselves stay as cargo test
         // builds them).
-        .args(["build", "--release", "-p", "proxy", "-p", "kpr-tests", "--bins"])
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "proxy",
+            "-p",
+            "kpr-tests",
+            "--bins",
+        ])
         .dir(&root)
         .run()?;
     // Through sh so the JSON survives a failing build: cargo's status comes as a last line.
