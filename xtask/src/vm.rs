@@ -586,8 +586,9 @@ fn render_plan(plan: &[PlanEntry]) -> String {
 }
 
 /// Prints every line the guest prints, prefixed, feeding `report`; ends the guest (its whole
-/// process group) when it runs past `timeout` or prints nothing for `idle`. Returns why it was
-/// ended, if it was.
+/// process group) when it runs past `timeout` or prints nothing but kernel messages for `idle`
+/// (a guest stuck in a soft lockup keeps printing the kernel's lockup warnings, and those must
+/// not keep it alive). Returns why it was ended, if it was.
 fn stream(
     mut child: Child,
     version: &str,
@@ -600,29 +601,25 @@ fn stream(
     let stderr = child.stderr.take().context("guest stderr was not piped")?;
     let readers = [forward_lines(stdout, tx.clone()), forward_lines(stderr, tx)];
     let started = Instant::now();
+    let mut progress = Instant::now();
     let mut ended = None;
     loop {
         let left = timeout.saturating_sub(started.elapsed());
-        match rx.recv_timeout(left.min(idle)) {
+        let quiet_left = idle.saturating_sub(progress.elapsed());
+        if left.is_zero() || quiet_left.is_zero() {
+            ended = Some(watchdog_reason(left.is_zero(), timeout, idle));
+            break;
+        }
+        match rx.recv_timeout(left.min(quiet_left)) {
             Ok(line) => {
                 println!("[{version}] {line}");
                 report.feed(&line);
+                if !is_kernel_message(&line) {
+                    progress = Instant::now();
+                }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                ended = Some(if left <= idle {
-                    format!(
-                        "guest ran past --timeout {} s and was ended",
-                        timeout.as_secs()
-                    )
-                } else {
-                    format!(
-                        "watchdog: guest printed nothing for {} s (--idle-timeout) and was ended",
-                        idle.as_secs()
-                    )
-                });
-                break;
-            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
     }
     if let Some(reason) = &ended {
@@ -638,6 +635,38 @@ fn stream(
         let _ = reader.join();
     }
     Ok(ended)
+}
+
+fn watchdog_reason(past_timeout: bool, timeout: Duration, idle: Duration) -> String {
+    if past_timeout {
+        format!(
+            "guest ran past --timeout {} s and was ended",
+            timeout.as_secs()
+        )
+    } else {
+        format!(
+            "watchdog: guest printed nothing but kernel messages for {} s (--idle-timeout) and was ended",
+            idle.as_secs()
+        )
+    }
+}
+
+/// A line of the guest kernel's log on the console (`[ 1044.829629] watchdog: BUG: ...`), as
+/// opposed to output of the tests.
+fn is_kernel_message(line: &str) -> bool {
+    let Some(rest) = line.trim_start().strip_prefix('[') else {
+        return false;
+    };
+    let Some((stamp, _)) = rest.split_once(']') else {
+        return false;
+    };
+    let stamp = stamp.trim();
+    stamp.split_once('.').is_some_and(|(secs, frac)| {
+        !secs.is_empty()
+            && !frac.is_empty()
+            && secs.bytes().all(|b| b.is_ascii_digit())
+            && frac.bytes().all(|b| b.is_ascii_digit())
+    })
 }
 
 /// A thread sending each line read from `pipe` (lossily decoded, without `\r`) to `tx`.
@@ -811,6 +840,48 @@ mod tests {
             args: args.iter().map(|&a| a.to_owned()).collect(),
             must_match,
         }
+    }
+
+    #[test]
+    fn kernel_console_lines_are_told_from_test_output() {
+        for kernel in [
+            "[ 1044.829629] watchdog: BUG: soft lockup - CPU#1 stuck for 179s!",
+            "[    0.000000] Linux version 6.1.0-56-amd64",
+        ] {
+            assert!(is_kernel_message(kernel), "{kernel}");
+        }
+        for test in [
+            "test ebpf::cluster_ip_from_node ... \x1b[32mok\x1b[m",
+            "[ok] qemu-system-x86 already installed",
+            "[6.1.0-56] passed",
+            "KPR-VM-SUITE-END conformance exit=0",
+            "[ 12.] half a stamp",
+        ] {
+            assert!(!is_kernel_message(test), "{test}");
+        }
+    }
+
+    #[test]
+    fn a_guest_printing_only_kernel_messages_is_ended_by_the_watchdog() {
+        // A stand-in guest: the lockup warning forever, every 0.1 s, and never a test line.
+        let child = Cmd::new("sh")
+            .args([
+                "-c",
+                "echo 'test a ... ok'; while :; do echo '[ 1.5] watchdog: BUG: soft lockup'; sleep 0.1; done",
+            ])
+            .spawn_piped()
+            .expect("sh runs");
+        let mut report = GuestReport::default();
+        let ended = stream(
+            child,
+            "test",
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+            &mut report,
+        )
+        .expect("streamed");
+        let reason = ended.expect("the watchdog ended it");
+        assert!(reason.contains("nothing but kernel messages"), "{reason}");
     }
 
     fn report(output: &str) -> GuestReport {
