@@ -30,21 +30,6 @@ pub struct Element {
 /// whose load time grows with the square of the chain count.
 pub const RR_BUCKETS: u32 = 16;
 
-/// Round-robin chains for 1 to this many endpoints exist in every bucket from the full sync on.
-///
-/// A chain created by an incremental sync makes that transaction several times slower than an
-/// element change (measured at 20,000 Services: 13-30 ms against 0.5-5 ms; `nft` adds rules
-/// and fetches the chains), and a Service whose endpoint count moves to a new value (a rollout's
-/// surge, a Pod that turns not ready) needs `rr_N_B` for its bucket. Pre-creating the common
-/// counts keeps those changes element-only: 256 chains of three rules, added once per full sync.
-pub const PRECREATED_RR_SLOTS: usize = 16;
-
-/// The chains every full sync creates up front (see [`PRECREATED_RR_SLOTS`]).
-pub fn precreated_chains() -> impl Iterator<Item = ChainNeed> {
-    (1..=PRECREATED_RR_SLOTS)
-        .flat_map(|n| (0..RR_BUCKETS).map(move |b| ChainNeed::RoundRobin(n, b)))
-}
-
 /// A chain the elements jump to, created on demand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ChainNeed {

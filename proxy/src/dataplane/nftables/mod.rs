@@ -107,9 +107,6 @@ impl NftablesDataplane {
             self.lc_ports.clear();
             self.chains.clear();
             self.skeleton = Some(skel);
-            for need in compile::precreated_chains() {
-                self.ensure_chain(need, &mut head);
-            }
             state.services.keys().cloned().collect()
         } else {
             changes.changed.iter().cloned().collect()
@@ -147,7 +144,13 @@ impl NftablesDataplane {
         chain_ops: &mut Vec<Op>,
     ) {
         for need in &new.chains {
-            self.ensure_chain(*need, chain_ops);
+            if self.chains.insert(*need) {
+                let (name, commands) = match need {
+                    ChainNeed::RoundRobin(n, b) => ruleset::rr_chain(*n, *b),
+                    ChainNeed::Affinity(secs) => ruleset::affinity_chains(*secs),
+                };
+                chain_ops.push(Op::EnsureChain { name, commands });
+            }
         }
         let (owner, old) = match self.programmed.remove(spn) {
             Some((owner, old)) => (owner, old),
@@ -170,17 +173,6 @@ impl NftablesDataplane {
         }
         if !new.elements.is_empty() || !new.targets.is_empty() {
             self.programmed.insert(spn.clone(), (owner, new));
-        }
-    }
-
-    /// Creates the chain `need` in this transaction unless it exists.
-    fn ensure_chain(&mut self, need: ChainNeed, ops: &mut Vec<Op>) {
-        if self.chains.insert(need) {
-            let (name, commands) = match need {
-                ChainNeed::RoundRobin(n, b) => ruleset::rr_chain(n, b),
-                ChainNeed::Affinity(secs) => ruleset::affinity_chains(secs),
-            };
-            ops.push(Op::EnsureChain { name, commands });
         }
     }
 
@@ -331,83 +323,5 @@ impl Dataplane for NftablesDataplane {
 
     fn live_view(&self) -> Option<Arc<dyn LiveView>> {
         self.lc.as_ref().map(LeastConn::live_view)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-    use std::net::Ipv4Addr;
-
-    use super::*;
-    use crate::model::fixtures;
-    use crate::selection::select;
-
-    /// One round-robin Service with `count` ready endpoints.
-    fn with_endpoints(count: u8) -> (ProxyState, ServicePortName) {
-        let svc = fixtures::service_port("web", "10.96.0.10");
-        let eps: Vec<_> = (1..=count)
-            .map(|i| fixtures::endpoint(Ipv4Addr::new(10, 244, i, 2), "me"))
-            .collect();
-        let mut state = ProxyState::default();
-        state.node.node_name = "me".into();
-        let spn = svc.name.clone();
-        state.selected.insert(spn.clone(), select(&svc, &eps, "me"));
-        state.endpoints.insert(spn.clone(), eps);
-        state.services.insert(spn.clone(), svc);
-        (state, spn)
-    }
-
-    fn chains_created(ops: &[Op]) -> Vec<&str> {
-        ops.iter()
-            .filter_map(|op| match op {
-                Op::EnsureChain { name, .. } => Some(name.as_str()),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn an_endpoint_count_up_to_the_precreated_ones_changes_only_elements() {
-        let mut dp = NftablesDataplane::new(&BackendConfig::default()).expect("nft runs");
-        let (state, _) = with_endpoints(4);
-        let full = ChangeSet {
-            full: true,
-            ..Default::default()
-        };
-        let (_, ops, _) = dp.plan(&state, &full);
-        // As `sync` does once the transaction is applied.
-        dp.needs_full = false;
-        let created = chains_created(&ops);
-        assert_eq!(
-            created.len(),
-            compile::PRECREATED_RR_SLOTS * compile::RR_BUCKETS as usize
-        );
-        assert!(created.contains(&"rr_16_15") && created.contains(&"rr_1_0"));
-
-        for count in [3, 16, 1, 4] {
-            let (state, spn) = with_endpoints(count);
-            let changes = ChangeSet {
-                changed: BTreeSet::from([spn]),
-                ..Default::default()
-            };
-            let (is_full, ops, _) = dp.plan(&state, &changes);
-            assert!(!is_full);
-            assert!(
-                ops.iter().all(|op| op.set().is_some()),
-                "{count} endpoints: only element operations expected: {ops:?}"
-            );
-        }
-        // Past the pre-created counts the chain is created on demand, once.
-        let (state, spn) = with_endpoints(17);
-        let changes = ChangeSet {
-            changed: BTreeSet::from([spn]),
-            ..Default::default()
-        };
-        let (_, ops, _) = dp.plan(&state, &changes);
-        assert_eq!(chains_created(&ops).len(), 1, "{ops:?}");
-        assert!(chains_created(&ops)[0].starts_with("rr_17_"));
-        let (_, ops, _) = dp.plan(&state, &changes);
-        assert!(chains_created(&ops).is_empty());
     }
 }
