@@ -3,6 +3,7 @@
 //! client measurements run from the pod-client namespace; then the real `proxy` agent is started
 //! with the same Services from files, for its first-sync time and peak RSS.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -11,16 +12,26 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context as _};
 use kpr_tests::{Agent, AgentOptions, Cgroup, Netns};
 use proxy::dataplane::{BackendConfig, ChangeSet, Dataplane, ProxyState, SyncStats};
-use proxy::model::Algorithm;
+use proxy::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
+use proxy::selection::SelectedEndpoints;
 use serde::Serialize;
 
 use super::traffic::{self, InCgroup, Latency};
 use super::workload::{backend_config, service_cidrs, Workload, SERVICE_PORT};
 use super::{kernel_memory_kib, Plan};
 
-type Job = Box<dyn FnOnce(&mut dyn Dataplane) + Send>;
+type Job = Box<dyn FnOnce(&mut dyn Dataplane, &mut ProxyState) + Send>;
 
-/// The thread in the node namespace that owns one dataplane; dropping it cleans the dataplane up.
+/// The thread in the node namespace that owns one dataplane and the state it was last synced
+/// with; dropping it cleans the dataplane up.
+///
+/// The worker keeps its own `ProxyState` and changes it in place, as the agent's change tracker
+/// does, so a timed incremental sync sees a state that was not rebuilt for it. Until `backend.rs`
+/// changed to this, every change cloned the whole state (20,000 Services) and dropped the
+/// previous clone on the worker thread between two timed syncs; a profile of that showed glibc's
+/// `_int_free` and `malloc_consolidate` on the worker thread next to the kernel's own work, and
+/// replaying the same nftables transactions outside the harness took 0.5 ms at the median where
+/// the harness measured 5 ms. How much of that gap this closes is to be measured.
 pub struct Worker {
     tx: Option<mpsc::Sender<Job>>,
     handle: Option<JoinHandle<()>>,
@@ -48,6 +59,7 @@ impl Worker {
             };
             let _entered = rt.enter();
             serve(&name, &cfg, &rx, &ready_tx);
+            // The state the jobs kept is dropped here, inside the thread, after the dataplane.
         })?;
         let worker = Worker {
             tx: Some(tx),
@@ -62,14 +74,15 @@ impl Worker {
         }
     }
 
-    /// Runs `f` on the worker thread with the dataplane and returns its result.
-    pub fn call<T: Send + 'static>(
+    /// Runs `f` on the worker thread with the dataplane and the worker's state, and returns its
+    /// result.
+    fn call<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut dyn Dataplane) -> T + Send + 'static,
+        f: impl FnOnce(&mut dyn Dataplane, &mut ProxyState) -> T + Send + 'static,
     ) -> anyhow::Result<T> {
         let (tx, rx) = mpsc::channel();
-        let job: Job = Box::new(move |dp| {
-            let _ = tx.send(f(dp));
+        let job: Job = Box::new(move |dp, state| {
+            let _ = tx.send(f(dp, state));
         });
         self.tx
             .as_ref()
@@ -80,19 +93,83 @@ impl Worker {
             .map_err(|_| anyhow!("the dataplane worker thread panicked"))
     }
 
-    /// One timed sync.
+    /// One timed sync of `changes`. Untimed first: a full sync replaces the worker's state with
+    /// `state`; an incremental one copies only the service ports `changes` names (their
+    /// Service, endpoints and selection, or their removal) into it.
     pub fn sync(
         &self,
         state: &ProxyState,
         changes: ChangeSet,
     ) -> anyhow::Result<(Duration, SyncStats)> {
-        let state = state.clone();
-        self.call(move |dp| {
+        let update = if changes.full {
+            StateUpdate::Replace(Box::new(state.clone()))
+        } else {
+            StateUpdate::Patch(
+                changes
+                    .changed
+                    .iter()
+                    .map(|spn| PortPatch::from_state(state, spn))
+                    .collect(),
+            )
+        };
+        self.call(move |dp, mine| {
+            update.apply(mine);
             let start = Instant::now();
-            let stats = dp.sync(&state, &changes);
+            let stats = dp.sync(mine, &changes);
             (start.elapsed(), stats)
         })
         .and_then(|(t, stats)| Ok((t, stats.map_err(|e| anyhow!("sync: {e}"))?)))
+    }
+}
+
+/// How the worker's state becomes the caller's before a sync.
+enum StateUpdate {
+    Replace(Box<ProxyState>),
+    Patch(Vec<PortPatch>),
+}
+
+impl StateUpdate {
+    fn apply(self, state: &mut ProxyState) {
+        match self {
+            StateUpdate::Replace(new) => *state = *new,
+            StateUpdate::Patch(ports) => ports.into_iter().for_each(|p| p.apply(state)),
+        }
+    }
+}
+
+/// One service port as the caller's state has it (`None`: absent there).
+struct PortPatch {
+    spn: ServicePortName,
+    service: Option<ServicePort>,
+    endpoints: Option<Vec<Endpoint>>,
+    selected: Option<SelectedEndpoints>,
+}
+
+impl PortPatch {
+    fn from_state(state: &ProxyState, spn: &ServicePortName) -> PortPatch {
+        PortPatch {
+            spn: spn.clone(),
+            service: state.services.get(spn).cloned(),
+            endpoints: state.endpoints.get(spn).cloned(),
+            selected: state.selected.get(spn).cloned(),
+        }
+    }
+
+    fn apply(self, state: &mut ProxyState) {
+        put(&mut state.services, &self.spn, self.service);
+        put(&mut state.endpoints, &self.spn, self.endpoints);
+        put(&mut state.selected, &self.spn, self.selected);
+    }
+}
+
+fn put<V>(map: &mut BTreeMap<ServicePortName, V>, key: &ServicePortName, value: Option<V>) {
+    match value {
+        Some(v) => {
+            map.insert(key.clone(), v);
+        }
+        None => {
+            map.remove(key);
+        }
     }
 }
 
@@ -106,8 +183,9 @@ fn serve(
     match proxy::dataplane::build(name, cfg) {
         Ok(mut dp) => {
             let _ = ready.send(Ok(()));
+            let mut state = ProxyState::default();
             for job in rx {
-                job(dp.as_mut());
+                job(dp.as_mut(), &mut state);
             }
             if let Err(e) = dp.cleanup() {
                 eprintln!("warning: cleanup of backend {name}: {e}");
