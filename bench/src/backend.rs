@@ -26,12 +26,10 @@ type Job = Box<dyn FnOnce(&mut dyn Dataplane, &mut ProxyState) + Send>;
 /// with; dropping it cleans the dataplane up.
 ///
 /// The worker keeps its own `ProxyState` and changes it in place, as the agent's change tracker
-/// does, so a timed incremental sync sees a state that was not rebuilt for it. Until `backend.rs`
-/// changed to this, every change cloned the whole state (20,000 Services) and dropped the
-/// previous clone on the worker thread between two timed syncs; a profile of that showed glibc's
-/// `_int_free` and `malloc_consolidate` on the worker thread next to the kernel's own work, and
-/// replaying the same nftables transactions outside the harness took 0.5 ms at the median where
-/// the harness measured 5 ms. How much of that gap this closes is to be measured.
+/// does, so a timed incremental sync sees a state that was not rebuilt for it. Cloning the whole
+/// state per change and dropping the previous clone on this thread between timed syncs put
+/// glibc's frees into the measurement (nftables one change at 20,000: 4.94 / 21.97 ms p50 / p99
+/// that way, 2.87 / 18.22 ms this way; docs/BENCHMARKS.md).
 pub struct Worker {
     tx: Option<mpsc::Sender<Job>>,
     handle: Option<JoinHandle<()>>,
@@ -59,7 +57,6 @@ impl Worker {
             };
             let _entered = rt.enter();
             serve(&name, &cfg, &rx, &ready_tx);
-            // The state the jobs kept is dropped here, inside the thread, after the dataplane.
         })?;
         let worker = Worker {
             tx: Some(tx),
