@@ -359,7 +359,7 @@ impl Builder<'_> {
             self.out.chains.push(ChainNeed::RoundRobin(n, bucket));
             for (slot, ep) in t.endpoints.iter().enumerate() {
                 self.element(
-                    super::ruleset::slots_map(self.svc.protocol.lower()),
+                    super::ruleset::slots_map(self.svc.protocol.lower(), bucket),
                     format!("{id} . {slot}"),
                     Some(format!("{} . {}", ep.ip(), ep.port())),
                 );
@@ -501,7 +501,7 @@ mod tests {
         let e = sets(&c);
         assert!(e.contains(&("fe", "10.96.0.10 . tcp . 80".into(), Some(id.to_string()))));
         assert!(e.contains(&(
-            "slots_tcp",
+            super::super::ruleset::slots_map("tcp", id % RR_BUCKETS),
             format!("{id} . 1"),
             Some("10.244.2.2 . 8080".into())
         )));

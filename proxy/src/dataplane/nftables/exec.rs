@@ -18,13 +18,14 @@ const SMALL_SCRIPT: usize = 64 * 1024;
 
 static DUMPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Applies `script` as one transaction (set `KPR_NFT_DUMP_DIR` to keep each script as a file).
+/// Applies `script` as one transaction (set `KPR_NFT_DUMP_DIR` to keep each script as a file,
+/// `tx-<pid>-<n>.nft`: the bench's worker and the agents it starts share the directory).
 pub fn apply(script: &str) -> Result<(), DataplaneError> {
     if let Some(dir) = std::env::var_os("KPR_NFT_DUMP_DIR") {
         // Debugging aid: keep every transaction as a file.
         let n = DUMPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let _ = std::fs::write(
-            std::path::Path::new(&dir).join(format!("tx-{n}.nft")),
+            std::path::Path::new(&dir).join(format!("tx-{}-{n}.nft", std::process::id())),
             script,
         );
     }

@@ -11,7 +11,7 @@
 //!                 or @np_<class>, @np (proto . port, daddr in @nodeport_ips)
 //! dispatch:       ct mark vmap @aff_lookup (jump aff_T: dnat from the affinity map on a hit)
 //!                 ct mark vmap @targets    (goto rr_N_B | lc | empty_reject | empty_drop)
-//! rr_N_B:         dnat to ct mark . numgen inc mod N map @slots_<protocol> (B: counter bucket)
+//! rr_N_B:         dnat to ct mark . numgen inc mod N map @slots_<protocol>_B (B: counter bucket)
 //! lc:             dnat to ct mark map @lc_pick (kept by the least-connection controller)
 //! nat postrouting: record affinity (ct mark vmap @aff_record), masquerade marked and hairpin
 //! filter input/forward/output (new): drop/reject marks, reject unexposed clusterIP ports,
@@ -24,8 +24,11 @@
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::OnceLock;
 
 use ipnet::{IpNet, Ipv4Net};
+
+use super::compile::RR_BUCKETS;
 
 /// The table every command addresses.
 pub const TABLE: &str = "ip kpr";
@@ -149,23 +152,6 @@ const MANAGED_SETS: &[(&str, &str, &str)] = &[
     ("set", "npmasq_pod", "type inet_proto . inet_service;"),
     ("set", "npmasq_ext", "type inet_proto . inet_service;"),
     ("map", "targets", "type mark : verdict;"),
-    // One slot map per protocol: nft 1.0.6 cannot re-read a `typeof` map whose data is
-    // `th dport` when it adds a rule to an existing table ("conflicting protocols").
-    (
-        "map",
-        "slots_tcp",
-        "typeof ct mark . numgen inc mod 2 : ip daddr . tcp dport;",
-    ),
-    (
-        "map",
-        "slots_udp",
-        "typeof ct mark . numgen inc mod 2 : ip daddr . udp dport;",
-    ),
-    (
-        "map",
-        "slots_sctp",
-        "typeof ct mark . numgen inc mod 2 : ip daddr . sctp dport;",
-    ),
     ("map", "lc_pick", "type mark : ipv4_addr . inet_service;"),
     ("map", "aff_lookup", "type mark : verdict;"),
     ("map", "aff_record", "type mark : verdict;"),
@@ -236,6 +222,16 @@ pub fn skeleton(s: &Skeleton) -> String {
     for (kind, name, spec) in MANAGED_SETS {
         let _ = writeln!(out, "add {kind} {TABLE} {name} {{ {spec} }}");
         let _ = writeln!(out, "flush {kind} {TABLE} {name}");
+    }
+    for protocol in SLOT_PROTOCOLS {
+        for bucket in 0..RR_BUCKETS {
+            let name = slots_map(protocol, bucket);
+            let _ = writeln!(
+                out,
+                "add map {TABLE} {name} {{ typeof ct mark . numgen inc mod 2 : ip daddr . {protocol} dport; }}"
+            );
+            let _ = writeln!(out, "flush map {TABLE} {name}");
+        }
     }
     for (name, hook) in CHAINS {
         let _ = writeln!(out, "add chain {TABLE} {name} {{ {hook} }}");
@@ -397,22 +393,42 @@ pub fn rr_chain(n: usize, bucket: u32) -> (String, Vec<String>) {
         format!("add chain {TABLE} {name}"),
         format!("flush chain {TABLE} {name}"),
     ];
-    for p in ["tcp", "udp", "sctp"] {
+    for p in SLOT_PROTOCOLS {
         commands.push(format!(
             "add rule {TABLE} {name} meta l4proto {p} dnat ip to ct mark . numgen inc mod {n} map @{}",
-            slots_map(p)
+            slots_map(p, bucket)
         ));
     }
     (name, commands)
 }
 
-/// The slot map of a protocol (`tcp`, `udp`, `sctp`).
-pub fn slots_map(protocol: &str) -> &'static str {
-    match protocol {
-        "tcp" => "slots_tcp",
-        "udp" => "slots_udp",
-        _ => "slots_sctp",
-    }
+/// The protocols with slot maps, in the names nft uses.
+pub const SLOT_PROTOCOLS: [&str; 3] = ["tcp", "udp", "sctp"];
+
+/// The slot map of a protocol (`tcp`, `udp`, `sctp`) in counter bucket `bucket`:
+/// `slots_<protocol>_<bucket>`.
+///
+/// One map per protocol because nft 1.0.6 cannot re-read a `typeof` map whose data is `th dport`
+/// when it adds a rule to an existing table ("conflicting protocols"). One per bucket because a
+/// rule that looks up a map makes the kernel walk all of the map's elements when it binds them
+/// (`nf_tables_bind_set` checks every element of a map): measured on this kernel at 20,000
+/// Services, adding an `rr_N_B` rule over one 80,000-element map took 5 ms of system time, over a
+/// 5,000-element map (one bucket's share) under 1 ms. A Service whose endpoint count moves to a
+/// value its bucket has no chain for creates that chain in its own change.
+pub fn slots_map(protocol: &str, bucket: u32) -> &'static str {
+    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        SLOT_PROTOCOLS
+            .iter()
+            .flat_map(|p| (0..RR_BUCKETS).map(move |b| format!("slots_{p}_{b}")))
+            .map(|name| &*Box::leak(name.into_boxed_str()))
+            .collect()
+    });
+    let p = SLOT_PROTOCOLS
+        .iter()
+        .position(|x| *x == protocol)
+        .unwrap_or(SLOT_PROTOCOLS.len() - 1);
+    names[p * RR_BUCKETS as usize + (bucket % RR_BUCKETS) as usize]
 }
 
 /// Name of the affinity map and lookup chain for a timeout of `secs` seconds.
@@ -453,6 +469,26 @@ pub fn affinity_chains(secs: u64) -> (String, Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A round-robin chain binds only its own bucket's slot maps (binding walks every element),
+    /// and the skeleton creates every bucket's maps for every protocol.
+    #[test]
+    fn round_robin_chains_bind_their_own_buckets_slot_maps() {
+        let (name, commands) = rr_chain(3, 5);
+        assert_eq!(name, "rr_3_5");
+        let rules: Vec<&String> = commands.iter().filter(|c| c.contains("map @")).collect();
+        assert_eq!(rules.len(), SLOT_PROTOCOLS.len());
+        for (rule, p) in rules.iter().zip(SLOT_PROTOCOLS) {
+            assert!(rule.ends_with(&format!("map @slots_{p}_5")), "{rule}");
+        }
+        let skel = skeleton(&Skeleton::default());
+        for p in SLOT_PROTOCOLS {
+            for b in 0..RR_BUCKETS {
+                assert!(skel.contains(&format!("add map {TABLE} slots_{p}_{b} {{")));
+            }
+        }
+        assert_eq!(slots_map("udp", RR_BUCKETS + 2), "slots_udp_2");
+    }
 
     /// Kernels with "nft_byteorder: remove multi-register support" (6.12.115+) refuse the
     /// `byteorder` (size 2, len 1) that nft 1.0.6 adds after `meta l4proto` in the key of an
