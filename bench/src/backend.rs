@@ -221,6 +221,8 @@ pub struct BackendResult {
     pub direct: Option<Latency>,
     /// Median over blocks of the Service/direct p50 ratio.
     pub direct_latency_ratio: Option<f64>,
+    /// The same at 10 Services (`latency_10` interleaved with direct requests).
+    pub direct_latency_ratio_10: Option<f64>,
     pub rr_deviation_pct: Option<f64>,
     pub lc_spread: Option<String>,
     pub agent_first_sync_s: Option<f64>,
@@ -318,8 +320,17 @@ fn small(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
     let w = env.workload(plan, 10);
     let worker = Worker::start(&env.cluster.node, backend, env.config(10))?;
     worker.sync(&w.state(), full())?;
-    r.latency_10 =
-        Some(env.as_client(|ns| traffic::latency(ns, last_addr(10), plan.latency_samples))?);
+    let direct = env.cluster.pods[0].echo_addr();
+    let p = env.as_client(|ns| {
+        traffic::paired(
+            ns,
+            last_addr(10),
+            direct,
+            plan.latency_samples,
+            Duration::ZERO,
+        )
+    })?;
+    (r.latency_10, r.direct_latency_ratio_10) = (Some(p.service), Some(p.latency_ratio));
     Ok(())
 }
 

@@ -174,6 +174,8 @@ pub struct BaselineResult {
     pub rps_ratio: Option<f64>,
     /// Median over interleaved blocks of the Service/direct p50 ratio.
     pub direct_latency_ratio: Option<f64>,
+    /// The same at 10 Services.
+    pub direct_latency_ratio_10: Option<f64>,
     pub rr_deviation_pct: Option<f64>,
 }
 
@@ -269,11 +271,14 @@ pub fn run(
         let file = dir.join(format!("kube-proxy-{tag}-10.rules"));
         std::fs::write(&file, layout.render(&w(10)))?;
         layout.load(&cluster.node, &file)?;
-        r.latency_10 = Some(traffic::latency(
+        let p = traffic::paired(
             &cluster.podclient,
             target10,
+            cluster.pods[0].echo_addr(),
             plan.latency_samples,
-        )?);
+            Duration::ZERO,
+        )?;
+        (r.latency_10, r.direct_latency_ratio_10) = (Some(p.service), Some(p.latency_ratio));
     }
     let big = w(services);
     let file = dir.join(format!("kube-proxy-{tag}-{services}.rules"));

@@ -87,9 +87,24 @@ fn lat(l: &Option<Latency>) -> String {
     l.map_or("-".into(), |l| format!("{:.0} / {:.0}", l.p50_us, l.p99_us))
 }
 
-fn ratio(a: &Option<Latency>, b: &Option<Latency>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if b.p50_us > 0.0 => format!("{:.2}", a.p50_us / b.p50_us),
+/// Latency at N over latency at 10 Services. Each side is first divided by the direct-to-pod
+/// latency measured interleaved with it (`n_vs_direct`, `ten_vs_direct`), so that the machine
+/// getting faster or slower between the two measurements cancels; the raw p50 ratio is the
+/// fallback when a side has no direct pairing.
+fn growth(
+    n: &Option<Latency>,
+    ten: &Option<Latency>,
+    n_vs_direct: Option<f64>,
+    ten_vs_direct: Option<f64>,
+) -> String {
+    match (n_vs_direct, ten_vs_direct) {
+        (Some(a), Some(b)) if b > 0.0 && a.is_finite() && b.is_finite() => {
+            return format!("{:.2}", a / b)
+        }
+        _ => {}
+    }
+    match (n, ten) {
+        (Some(a), Some(b)) if b.p50_us > 0.0 => format!("{:.2} (raw)", a.p50_us / b.p50_us),
         _ => "-".into(),
     }
 }
@@ -157,7 +172,7 @@ impl Report {
                     r.first_sync_ms, r.change_p50_ms, r.change_p99_ms, r.changes,
                     r.kernel_mem_kib.map_or("-".into(), |k| k.to_string()),
                     opt(r.agent_first_sync_s, 2), opt(r.agent_vmhwm_mib, 1),
-                    lat(&r.latency_10), lat(&r.latency_n), ratio(&r.latency_n, &r.latency_10),
+                    lat(&r.latency_10), lat(&r.latency_n), growth(&r.latency_n, &r.latency_10, r.direct_latency_ratio, r.direct_latency_ratio_10),
                     vs_direct(r), opt(r.rr_deviation_pct, 1), r.lc_spread.as_deref().unwrap_or("-")).unwrap(),
                 BackendRow::NotAvailable(why) => writeln!(s, "| kpr {name} | not available: {} |||||||||| ", why.replace('|', "/")).unwrap(),
                 BackendRow::Failed(why) => writeln!(s, "| kpr {name} | FAILED: {} |||||||||| ", why.replace('|', "/").replace('\n', " ")).unwrap(),
@@ -175,7 +190,12 @@ impl Report {
                 b.kernel_mem_kib.map_or("-".into(), |k| k.to_string()),
                 lat(&b.latency_10),
                 lat(&b.latency_n),
-                ratio(&b.latency_n, &b.latency_10),
+                growth(
+                    &b.latency_n,
+                    &b.latency_10,
+                    b.direct_latency_ratio,
+                    b.direct_latency_ratio_10
+                ),
                 pair(b.direct_latency_ratio, b.rps_ratio),
                 opt(b.rr_deviation_pct, 1)
             )

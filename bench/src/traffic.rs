@@ -84,7 +84,8 @@ pub const BLOCKS: usize = 10;
 /// Latency and request rate to `service` and straight to `direct` from the same namespace and
 /// the same process (in whatever cgroup it is): `BLOCKS` alternating blocks of `samples / BLOCKS`
 /// latency samples and `rate_time / BLOCKS` of short connections each, so the machine's noise
-/// hits both sides alike. The latency ratio is the median of the per-block p50 ratios.
+/// hits both sides alike. The latency ratio is the median of the per-block p50 ratios. A zero
+/// `rate_time` measures latency only (the rates are then zero).
 pub fn paired(
     ns: &Netns,
     service: SocketAddr,
@@ -105,8 +106,10 @@ pub fn paired(
         }
         svc_all.extend(s);
         dir_all.extend(d);
-        svc_rate.add(rate_block(ns, service, slice)?);
-        dir_rate.add(rate_block(ns, direct, slice)?);
+        if !slice.is_zero() {
+            svc_rate.add(rate_block(ns, service, slice)?);
+            dir_rate.add(rate_block(ns, direct, slice)?);
+        }
     }
     ratios.sort_by(f64::total_cmp);
     Ok(Paired {

@@ -68,6 +68,7 @@ scenario_tests!(
     udp_conntrack_cleanup,
     cleanup_and_leftovers,
     interleaved_services_each_round_robin,
+    round_robin_over_many_then_few_endpoints,
 );
 
 fn state_with(services: &[(String, String, Vec<proxy::model::Endpoint>)]) -> ProxyState {

@@ -52,6 +52,7 @@ scenario_tests!(
     udp_conntrack_cleanup,
     cleanup_and_leftovers,
     interleaved_services_each_round_robin,
+    round_robin_over_many_then_few_endpoints,
 );
 
 const SERVICES: usize = 20_000;

@@ -22,7 +22,15 @@ pub const SCENARIOS: &[Scenario] = &[
         4,
         interleaved_services_each_round_robin,
     ),
+    (
+        "round_robin_over_many_then_few_endpoints",
+        MANY_PODS,
+        round_robin_over_many_then_few_endpoints,
+    ),
 ];
+
+/// More endpoints than the nftables backend has static round-robin rules for (16).
+const MANY_PODS: usize = 18;
 
 /// Waits until the backend's live view counts `n` active connections in total.
 fn wait_active(rig: &Rig, n: u64) {
@@ -115,5 +123,28 @@ pub fn interleaved_services_each_round_robin(rig: &mut Rig) {
     let t = tally(got);
     for pod in ["pod0", "pod1", "pod2", "pod3"] {
         assert_eq!(t.get(pod), Some(&10), "{t:?}");
+    }
+}
+
+/// Round robin stays exact when a Service has more endpoints than the nftables backend's static
+/// count rules cover (a chain for that count is created), when it shrinks to another such count,
+/// and when it shrinks to a count the static rules cover (its target moves from a verdict element
+/// to a count set in one transaction).
+pub fn round_robin_over_many_then_few_endpoints(rig: &mut Rig) {
+    let svc = service("many", "10.96.0.130", 80, Protocol::Tcp);
+    for n in [MANY_PODS, MANY_PODS - 1, 5, MANY_PODS] {
+        let idx: Vec<usize> = (0..n).collect();
+        let eps = rig.endpoints(&idx, false);
+        rig.set(svc.clone(), Some(eps));
+        let got: Vec<String> = (0..2 * n)
+            .map(|_| {
+                tcp_request(&rig.cluster.podclient, addr("10.96.0.130", 80), TIMEOUT)
+                    .expect("request")
+                    .pod
+            })
+            .collect();
+        let t = tally(got);
+        assert_eq!(t.len(), n, "{n} endpoints: {t:?}");
+        assert!(t.values().all(|c| *c == 2), "{n} endpoints: {t:?}");
     }
 }

@@ -13,7 +13,7 @@ use crate::dataplane::ProxyState;
 use crate::model::{Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
 use crate::selection::{route, DestKind, EmptyVerdict, NodeContext, SelectedEndpoints, SourceKind};
 
-use super::ruleset::CLASSES;
+use super::ruleset::{rr_count_set, CLASSES, RR_COUNTS};
 
 /// One element of one set or map.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -344,29 +344,42 @@ impl Builder<'_> {
         self.out
     }
 
+    /// The slots of a round-robin target and how it is dispatched: by its `rr_nN` set (no
+    /// verdict element, see `RR_COUNTS`) or, above `RR_COUNTS` endpoints, by the returned
+    /// `targets` verdict.
+    fn round_robin_elements(&mut self, t: &Target) -> Option<String> {
+        let (id, n) = (t.id, t.endpoints.len());
+        let bucket = id % RR_BUCKETS;
+        for (slot, ep) in t.endpoints.iter().enumerate() {
+            self.element(
+                super::ruleset::slots_map(self.svc.protocol.lower(), bucket),
+                format!("{id} . {slot}"),
+                Some(format!("{} . {}", ep.ip(), ep.port())),
+            );
+        }
+        if n <= RR_COUNTS {
+            self.element(rr_count_set(n), id.to_string(), None);
+            return None;
+        }
+        self.out.chains.push(ChainNeed::RoundRobin(n, bucket));
+        Some(format!("goto rr_{n}_{bucket}"))
+    }
+
     fn target_elements(&mut self, t: &Target) {
         let id = t.id;
         let verdict = if t.endpoints.is_empty() {
-            match t.empty {
+            Some(match t.empty {
                 EmptyVerdict::Reject => "goto empty_reject".to_string(),
                 EmptyVerdict::Drop => "goto empty_drop".to_string(),
-            }
+            })
         } else if t.algorithm == Algorithm::LeastConn {
-            "goto lc".to_string()
+            Some("goto lc".to_string())
         } else {
-            let n = t.endpoints.len();
-            let bucket = id % RR_BUCKETS;
-            self.out.chains.push(ChainNeed::RoundRobin(n, bucket));
-            for (slot, ep) in t.endpoints.iter().enumerate() {
-                self.element(
-                    super::ruleset::slots_map(self.svc.protocol.lower(), bucket),
-                    format!("{id} . {slot}"),
-                    Some(format!("{} . {}", ep.ip(), ep.port())),
-                );
-            }
-            format!("goto rr_{n}_{bucket}")
+            self.round_robin_elements(t)
         };
-        self.element("targets", id.to_string(), Some(verdict));
+        if let Some(verdict) = verdict {
+            self.element("targets", id.to_string(), Some(verdict));
+        }
         for ep in &t.endpoints {
             self.element("hairpin", format!("{0} . {0}", ep.ip()), None);
         }
@@ -505,14 +518,59 @@ mod tests {
             format!("{id} . 1"),
             Some("10.244.2.2 . 8080".into())
         )));
-        assert!(e.contains(&(
-            "targets",
-            id.to_string(),
-            Some(format!("goto rr_2_{}", id % RR_BUCKETS))
-        )));
+        assert!(e.contains(&("rr_n2", id.to_string(), None)));
+        assert!(
+            !e.iter().any(|(s, _, _)| *s == "targets"),
+            "a round-robin target with few endpoints has no verdict element"
+        );
         assert!(!e
             .iter()
             .any(|(s, _, _)| s.starts_with("masq_") || s.starts_with("fe_")));
+    }
+
+    #[test]
+    fn an_endpoint_count_change_moves_the_target_between_count_sets_only() {
+        let eps: Vec<Endpoint> = (1..=3).map(|n| ep(n, "me")).collect();
+        let mut ids = TargetIds::default();
+        let compiled = |eps: &[Endpoint], ids: &mut TargetIds| {
+            let st = state(svc("a"), eps.to_vec());
+            let reps = Representatives::new(&st.node);
+            compile(&st, &spn("a"), &reps, ids)
+        };
+        let three = compiled(&eps, &mut ids);
+        let two = compiled(&eps[..2], &mut ids);
+        assert_eq!(three.targets[0].id, two.targets[0].id);
+        let changed: Vec<&Element> = three
+            .elements
+            .iter()
+            .filter(|e| !two.elements.contains(e))
+            .chain(two.elements.iter().filter(|e| !three.elements.contains(e)))
+            .collect();
+        let verdict_maps = ["targets", "aff_lookup", "aff_record"];
+        assert!(
+            !changed.iter().any(|e| verdict_maps.contains(&e.set)),
+            "no verdict element changes: {changed:?}"
+        );
+        assert!(
+            changed.iter().any(|e| e.set == "rr_n3") && changed.iter().any(|e| e.set == "rr_n2")
+        );
+        assert!(three.chains.is_empty() && two.chains.is_empty());
+    }
+
+    #[test]
+    fn many_endpoints_get_a_chain_of_their_own_count() {
+        let eps: Vec<Endpoint> = (1..=(RR_COUNTS as u8 + 1)).map(|n| ep(n, "me")).collect();
+        let st = state(svc("a"), eps);
+        let reps = Representatives::new(&st.node);
+        let c = compile(&st, &spn("a"), &reps, &mut TargetIds::default());
+        let id = c.targets[0].id;
+        let n = RR_COUNTS + 1;
+        assert_eq!(c.chains, vec![ChainNeed::RoundRobin(n, id % RR_BUCKETS)]);
+        assert!(sets(&c).contains(&(
+            "targets",
+            id.to_string(),
+            Some(format!("goto rr_{n}_{}", id % RR_BUCKETS))
+        )));
     }
 
     #[test]
