@@ -221,8 +221,10 @@ pub struct BackendResult {
     pub direct: Option<Latency>,
     /// Median over blocks of the Service/direct p50 ratio.
     pub direct_latency_ratio: Option<f64>,
-    /// The same at 10 Services (`latency_10` interleaved with direct requests).
-    pub direct_latency_ratio_10: Option<f64>,
+    /// Median over blocks of the Service/loopback p50 ratio at 10 Services and at N (see
+    /// `LOOPBACK_SERVER`): `@N / @10` is their quotient.
+    pub loopback_ratio_10: Option<f64>,
+    pub loopback_ratio_n: Option<f64>,
     pub rr_deviation_pct: Option<f64>,
     pub lc_spread: Option<String>,
     pub agent_first_sync_s: Option<f64>,
@@ -320,17 +322,11 @@ fn small(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
     let w = env.workload(plan, 10);
     let worker = Worker::start(&env.cluster.node, backend, env.config(10))?;
     worker.sync(&w.state(), full())?;
-    let direct = env.cluster.pods[0].echo_addr();
+    let lo = env.cluster.loopback_addr();
     let p = env.as_client(|ns| {
-        traffic::paired(
-            ns,
-            last_addr(10),
-            direct,
-            plan.latency_samples,
-            Duration::ZERO,
-        )
+        traffic::paired(ns, last_addr(10), lo, plan.latency_samples, Duration::ZERO)
     })?;
-    (r.latency_10, r.direct_latency_ratio_10) = (Some(p.service), Some(p.latency_ratio));
+    (r.latency_10, r.loopback_ratio_10) = (Some(p.service), Some(p.latency_ratio));
     Ok(())
 }
 
@@ -389,6 +385,9 @@ fn large(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
         let p = traffic::paired(ns, target, direct, plan.latency_samples, plan.rate_time)?;
         (r.latency_n, r.direct) = (Some(p.service), Some(p.direct));
         r.direct_latency_ratio = Some(p.latency_ratio);
+        let lo = env.cluster.loopback_addr();
+        let l = traffic::paired(ns, target, lo, plan.latency_samples, Duration::ZERO)?;
+        r.loopback_ratio_n = Some(l.latency_ratio);
         r.rps = Some(p.service_rps);
         r.rps_ratio = Some(p.service_rps / p.direct_rps);
         let counts = traffic::distribution(ns, target, plan.rr_connections)?;

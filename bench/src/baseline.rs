@@ -174,8 +174,9 @@ pub struct BaselineResult {
     pub rps_ratio: Option<f64>,
     /// Median over interleaved blocks of the Service/direct p50 ratio.
     pub direct_latency_ratio: Option<f64>,
-    /// The same at 10 Services.
-    pub direct_latency_ratio_10: Option<f64>,
+    /// Median over blocks of the Service/loopback p50 ratio at 10 Services and at N.
+    pub loopback_ratio_10: Option<f64>,
+    pub loopback_ratio_n: Option<f64>,
     pub rr_deviation_pct: Option<f64>,
 }
 
@@ -274,11 +275,11 @@ pub fn run(
         let p = traffic::paired(
             &cluster.podclient,
             target10,
-            cluster.pods[0].echo_addr(),
+            cluster.loopback_addr(),
             plan.latency_samples,
             Duration::ZERO,
         )?;
-        (r.latency_10, r.direct_latency_ratio_10) = (Some(p.service), Some(p.latency_ratio));
+        (r.latency_10, r.loopback_ratio_10) = (Some(p.service), Some(p.latency_ratio));
     }
     let big = w(services);
     let file = dir.join(format!("kube-proxy-{tag}-{services}.rules"));
@@ -302,6 +303,9 @@ pub fn run(
         let p = traffic::paired(ns, target, direct, plan.latency_samples, plan.rate_time)?;
         r.latency_n = Some(p.service);
         r.direct_latency_ratio = Some(p.latency_ratio);
+        let lo = cluster.loopback_addr();
+        let l = traffic::paired(ns, target, lo, plan.latency_samples, Duration::ZERO)?;
+        r.loopback_ratio_n = Some(l.latency_ratio);
         r.rps = Some(p.service_rps);
         r.rps_ratio = Some(p.service_rps / p.direct_rps);
         let counts = traffic::distribution(ns, target, plan.rr_connections)?;

@@ -143,11 +143,22 @@ impl Plan {
     }
 }
 
-/// A cluster with the benchmark's servers in its pods. Fields drop in order: the servers stop
-/// before the namespaces go.
+/// A cluster with the benchmark's servers in its pods, and one on the pod client's loopback.
+/// Fields drop in order: the servers stop before the namespaces go.
 pub struct Site {
     _servers: Vec<server::Server>,
     pub cluster: Cluster,
+}
+
+/// The server on the pod client's own loopback: a request to it crosses no link and no node,
+/// so no dataplane's rules or maps, and its latency follows only the machine's speed. The
+/// reference that `@N / @10` divides each side by.
+pub const LOOPBACK_SERVER: ([u8; 4], u16) = ([127, 0, 0, 1], 8081);
+
+impl Site {
+    pub fn loopback_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(LOOPBACK_SERVER)
+    }
 }
 
 impl std::ops::Deref for Site {
@@ -171,11 +182,16 @@ pub fn cluster(plan: &Plan) -> anyhow::Result<Site> {
     ] {
         cluster.podclient.sysctl(key, value)?;
     }
-    let servers = cluster
+    let mut servers = cluster
         .pods
         .iter()
         .map(|p| server::Server::start(&p.ns, &p.name, p.echo_addr()))
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    servers.push(server::Server::start(
+        &cluster.podclient,
+        "loopback",
+        LOOPBACK_SERVER.into(),
+    )?);
     Ok(Site {
         _servers: servers,
         cluster,

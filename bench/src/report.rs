@@ -87,17 +87,19 @@ fn lat(l: &Option<Latency>) -> String {
     l.map_or("-".into(), |l| format!("{:.0} / {:.0}", l.p50_us, l.p99_us))
 }
 
-/// Latency at N over latency at 10 Services. Each side is first divided by the direct-to-pod
-/// latency measured interleaved with it (`n_vs_direct`, `ten_vs_direct`), so that the machine
-/// getting faster or slower between the two measurements cancels; the raw p50 ratio is the
-/// fallback when a side has no direct pairing.
+/// Latency at N over latency at 10 Services. Each side is first divided by the latency to the
+/// pod client's loopback server measured interleaved with it (`n_vs_lo`, `ten_vs_lo`), so that
+/// the machine getting faster or slower between the two measurements cancels while every cost
+/// of the dataplane stays in (a direct-to-pod reference would not do: it crosses the node's nat
+/// hooks too, and kube-proxy's rule list slows it down as much as the Service). The raw p50
+/// ratio is the fallback when a side has no pairing.
 fn growth(
     n: &Option<Latency>,
     ten: &Option<Latency>,
-    n_vs_direct: Option<f64>,
-    ten_vs_direct: Option<f64>,
+    n_vs_lo: Option<f64>,
+    ten_vs_lo: Option<f64>,
 ) -> String {
-    match (n_vs_direct, ten_vs_direct) {
+    match (n_vs_lo, ten_vs_lo) {
         (Some(a), Some(b)) if b > 0.0 && a.is_finite() && b.is_finite() => {
             return format!("{:.2}", a / b)
         }
@@ -172,7 +174,7 @@ impl Report {
                     r.first_sync_ms, r.change_p50_ms, r.change_p99_ms, r.changes,
                     r.kernel_mem_kib.map_or("-".into(), |k| k.to_string()),
                     opt(r.agent_first_sync_s, 2), opt(r.agent_vmhwm_mib, 1),
-                    lat(&r.latency_10), lat(&r.latency_n), growth(&r.latency_n, &r.latency_10, r.direct_latency_ratio, r.direct_latency_ratio_10),
+                    lat(&r.latency_10), lat(&r.latency_n), growth(&r.latency_n, &r.latency_10, r.loopback_ratio_n, r.loopback_ratio_10),
                     vs_direct(r), opt(r.rr_deviation_pct, 1), r.lc_spread.as_deref().unwrap_or("-")).unwrap(),
                 BackendRow::NotAvailable(why) => writeln!(s, "| kpr {name} | not available: {} |||||||||| ", why.replace('|', "/")).unwrap(),
                 BackendRow::Failed(why) => writeln!(s, "| kpr {name} | FAILED: {} |||||||||| ", why.replace('|', "/").replace('\n', " ")).unwrap(),
@@ -193,8 +195,8 @@ impl Report {
                 growth(
                     &b.latency_n,
                     &b.latency_10,
-                    b.direct_latency_ratio,
-                    b.direct_latency_ratio_10
+                    b.loopback_ratio_n,
+                    b.loopback_ratio_10
                 ),
                 pair(b.direct_latency_ratio, b.rps_ratio),
                 opt(b.rr_deviation_pct, 1)
