@@ -327,6 +327,10 @@ fn small(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
         traffic::paired(ns, last_addr(10), lo, plan.latency_samples, Duration::ZERO)
     })?;
     (r.latency_10, r.loopback_ratio_10) = (Some(p.service), Some(p.latency_ratio));
+    r.notes.push(format!(
+        "at 10 Services: loopback reference p50 {:.0} µs, Service/loopback {:.2}",
+        p.direct.p50_us, p.latency_ratio
+    ));
     Ok(())
 }
 
@@ -388,6 +392,10 @@ fn large(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
         let lo = env.cluster.loopback_addr();
         let l = traffic::paired(ns, target, lo, plan.latency_samples, Duration::ZERO)?;
         r.loopback_ratio_n = Some(l.latency_ratio);
+        r.notes.push(format!(
+            "at {} Services: loopback reference p50 {:.0} µs, Service/loopback {:.2}",
+            plan.services, l.direct.p50_us, l.latency_ratio
+        ));
         r.rps = Some(p.service_rps);
         r.rps_ratio = Some(p.service_rps / p.direct_rps);
         let counts = traffic::distribution(ns, target, plan.rr_connections)?;
