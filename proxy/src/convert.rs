@@ -91,6 +91,10 @@ fn port_u16(value: i32) -> Option<u16> {
     u16::try_from(value).ok().filter(|p| *p != 0)
 }
 
+/// [`skip_reason`] of a Service that has no clusterIP: the API server always allocates one (or
+/// writes `None`), so only a Service written by hand (a manifest file) can lack it.
+pub const NO_CLUSTER_IP: &str = "no clusterIP allocated";
+
 /// Whether the proxy handles this Service at all. Returns why not, for the log, when it doesn't.
 pub fn skip_reason(svc: &Service) -> Option<&'static str> {
     let spec = svc.spec.as_ref()?;
@@ -107,7 +111,7 @@ pub fn skip_reason(svc: &Service) -> Option<&'static str> {
     }
     match spec.cluster_ip.as_deref() {
         Some("None") => Some("headless (clusterIP None)"),
-        None | Some("") => Some("no clusterIP allocated"),
+        None | Some("") => Some(NO_CLUSTER_IP),
         _ => None,
     }
 }

@@ -23,7 +23,7 @@ impl Manifest for Value {
 pub fn yaml(objects: &[&dyn Manifest]) -> String {
     objects
         .iter()
-        .map(|o| serde_yaml::to_string(&o.to_value()).expect("JSON values always render as YAML"))
+        .map(|o| serde_saphyr::to_string(&o.to_value()).expect("JSON values always render as YAML"))
         .collect::<Vec<_>>()
         .join("---\n")
 }
@@ -493,7 +493,7 @@ mod tests {
         let text = yaml(&[&svc, &slice]);
         let docs: Vec<Value> = text
             .split("---\n")
-            .map(|d| serde_yaml::from_str(d).unwrap())
+            .map(|d| serde_saphyr::from_str(d).unwrap())
             .collect();
         assert_eq!(docs.len(), 2);
         let s = &docs[0];

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Service, Se
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use proxy::cli::{Backend, Cli, Command, RunArgs};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use xtask::deploy::{self, Render};
 
 /// The flags the brief's agent command line and the netns harness (tests/src/agent.rs) give
@@ -49,26 +49,23 @@ fn deploy_file(name: &str) -> String {
 }
 
 /// The YAML documents of a manifest text, as generic values, with where each came from.
-fn documents(file: &str, text: &str) -> Vec<serde_yaml::Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .enumerate()
-        .map(|(i, doc)| {
-            serde_yaml::Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("deploy/{file} document {i}: not YAML: {e}"))
-        })
+fn documents(file: &str, text: &str) -> Vec<serde_json::Value> {
+    serde_saphyr::from_multiple::<serde_json::Value>(text)
+        .unwrap_or_else(|e| panic!("deploy/{file}: not YAML: {e}"))
+        .into_iter()
         .filter(|v| !v.is_null())
         .collect()
 }
 
 /// Parses one document into `T` and checks that `T` serializes back to the same JSON: a field the
 /// type does not know (a typo, a wrong nesting) would be dropped and show up as a difference.
-fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &serde_yaml::Value) -> T {
+fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &serde_json::Value) -> T {
     let what = format!(
         "deploy/{file} {} {}",
         field(doc, "kind"),
         field(&doc["metadata"], "name")
     );
-    let parsed: T = serde_yaml::from_value(doc.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let parsed: T = serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
     let original = serde_json::to_value(doc).unwrap_or_else(|e| panic!("{what}: {e}"));
     let back = serde_json::to_value(&parsed).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(
@@ -78,7 +75,7 @@ fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &serde_yaml::Value) -
     parsed
 }
 
-fn field<'a>(value: &'a serde_yaml::Value, key: &str) -> &'a str {
+fn field<'a>(value: &'a serde_json::Value, key: &str) -> &'a str {
     value[key].as_str().unwrap_or("?")
 }
 
@@ -98,7 +95,7 @@ struct Objects {
 }
 
 impl Objects {
-    fn add(&mut self, file: &str, doc: &serde_yaml::Value) {
+    fn add(&mut self, file: &str, doc: &serde_json::Value) {
         match field(doc, "kind") {
             "DaemonSet" => self.daemon_sets.push(typed(file, doc)),
             "Deployment" => self.deployments.push(typed(file, doc)),
@@ -227,7 +224,7 @@ fn run_args(argv: &[String]) -> RunArgs {
 }
 
 /// The kind cluster config, as generic YAML (kind's types are not Kubernetes API types).
-fn kind_config() -> serde_yaml::Value {
+fn kind_config() -> serde_json::Value {
     let text = deploy_file(deploy::KIND_CONFIG);
     let docs = documents(deploy::KIND_CONFIG, &text);
     assert_eq!(
@@ -939,7 +936,7 @@ fn kind_config_disables_kube_proxy() {
     assert_eq!(kind["apiVersion"].as_str(), Some("kind.x-k8s.io/v1alpha4"));
     assert_eq!(kind["networking"]["kubeProxyMode"].as_str(), Some("none"));
     let roles: Vec<&str> = kind["nodes"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .map(|n| n["role"].as_str().unwrap())

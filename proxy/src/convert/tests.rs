@@ -3,7 +3,7 @@
 use super::*;
 
 fn svc(yaml: &str) -> Service {
-    serde_yaml::from_str(yaml).expect("test fixture parses")
+    serde_saphyr::from_str(yaml).expect("test fixture parses")
 }
 
 const BASE: &str = r#"
@@ -150,7 +150,7 @@ endpoints:
 - addresses: [not-an-ip]
 - addresses: [fd00::1]
 "#;
-    let slice: EndpointSlice = serde_yaml::from_str(yaml).unwrap();
+    let slice: EndpointSlice = serde_saphyr::from_str(yaml).unwrap();
     let (info, errs) = convert_slice(&slice);
     let info = info.unwrap();
     assert_eq!(info.service, "web");

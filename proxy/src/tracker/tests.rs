@@ -10,7 +10,7 @@ fn node() -> NodeContext {
 }
 
 fn service(name: &str, ip: &str, ports: &str) -> Service {
-    serde_yaml::from_str(&format!(
+    serde_saphyr::from_str(&format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: {ip}\n  ports: {ports}\n"
     ))
     .unwrap()
@@ -21,7 +21,7 @@ fn slice(name: &str, svc: &str, addrs: &[&str]) -> EndpointSlice {
         .iter()
         .map(|a| format!("{{addresses: [{a}]}}"))
         .collect();
-    serde_yaml::from_str(&format!(
+    serde_saphyr::from_str(&format!(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: {svc}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{}]\n",
         eps.join(", ")
     ))

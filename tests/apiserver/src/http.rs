@@ -180,7 +180,7 @@ fn parse_body(body: &Bytes, what: &str) -> Result<Value, Error> {
         return Ok(Value::Null);
     }
     serde_json::from_slice(body)
-        .or_else(|_| serde_yaml::from_slice(body))
+        .or_else(|_| serde_saphyr::from_slice(body))
         .map_err(|e| Error::BadRequest(format!("{what} body: not JSON or YAML: {e}")))
 }
 
