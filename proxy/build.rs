@@ -68,8 +68,22 @@ fn build_ebpf_object() -> anyhow::Result<()> {
     // aya-build forwards the nested cargo's stderr as cargo warnings, which cargo replays on every
     // build of `proxy`; keep the progress lines out so that only real diagnostics show.
     env::set_var("CARGO_TERM_QUIET", "true");
-    aya_build::build_ebpf([package], Toolchain::default())
+    let toolchain_file = ebpf_dir.join("rust-toolchain.toml");
+    println!("cargo:rerun-if-changed={}", toolchain_file.display());
+    let channel = pinned_nightly(&toolchain_file)?;
+    aya_build::build_ebpf([package], Toolchain::Custom(&channel))
         .with_context(|| format!("building the eBPF programs in {}", ebpf_dir.display()))
+}
+
+/// The dated nightly the eBPF crate is pinned to (`channel = "..."` in its rust-toolchain.toml).
+fn pinned_nightly(file: &Path) -> anyhow::Result<String> {
+    let text = fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    text.lines()
+        .find_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            (key.trim() == "channel").then(|| value.trim().trim_matches('"').to_string())
+        })
+        .ok_or_else(|| anyhow!("no `channel = \"...\"` in {}", file.display()))
 }
 
 fn ensure_bpf_linker() -> anyhow::Result<()> {

@@ -18,9 +18,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Install what building and testing needs (Debian packages, nightly rust-src, bpf-linker),
-    /// skipping what is present.
-    Setup,
+    /// Install what building and testing needs (Debian packages, the pinned nightly with rust-src,
+    /// bpf-linker), skipping what is present; --k8s also builds the reference Kubernetes binaries.
+    Setup(setup::SetupArgs),
     /// Setup, build, lints (rustfmt, clippy, the eBPF crate's clippy) and every test, then a summary.
     Test(test::TestArgs),
     /// Setup, build, then the demo: the agent and its backends on network namespaces.
@@ -47,7 +47,7 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Setup => setup::run(),
+        Command::Setup(args) => setup::run_with(&args),
         Command::Test(args) => test::run(&args),
         Command::Demo(args) => {
             setup::run()?;

@@ -32,6 +32,23 @@ pub const APT_PACKAGES: &[&str] = &[
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const DPKG_STATUS: &str = "/var/lib/dpkg/status";
 
+#[derive(Debug, clap::Args)]
+pub struct SetupArgs {
+    /// Also build the reference Kubernetes binaries (kube-apiserver, kube-controller-manager,
+    /// kube-scheduler, kube-proxy, kubectl, etcd, kwok) into target/k8s/bin with Go.
+    #[arg(long)]
+    pub k8s: bool,
+}
+
+/// `cargo xtask setup [--k8s]`.
+pub fn run_with(args: &SetupArgs) -> anyhow::Result<()> {
+    run()?;
+    if args.k8s {
+        crate::k8s::build()?;
+    }
+    Ok(())
+}
+
 /// Runs every step; the first failing step stops setup with its error.
 pub fn run() -> anyhow::Result<()> {
     apt_packages()?;
@@ -79,33 +96,50 @@ fn installed_packages(status: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The dated nightly the eBPF crate builds with, from `proxy-ebpf/rust-toolchain.toml` (the one
+/// place it is pinned; proxy/build.rs reads it too).
+pub fn pinned_nightly() -> anyhow::Result<String> {
+    let path = crate::workspace_root().join("proxy-ebpf/rust-toolchain.toml");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    toolchain_channel(&text)
+        .with_context(|| format!("no `channel = \"...\"` in {}", path.display()))
+}
+
+fn toolchain_channel(toml: &str) -> Option<String> {
+    toml.lines().find_map(|line| {
+        let (key, value) = line.split_once('=')?;
+        (key.trim() == "channel").then(|| value.trim().trim_matches('"').to_string())
+    })
+}
+
 fn nightly_toolchain() -> anyhow::Result<()> {
     let home = rustup_home()?;
-    let Some(nightly) = find_toolchain(&home, "nightly-")? else {
-        println!("[install] nightly toolchain with rust-src and clippy");
+    let channel = pinned_nightly()?;
+    let Some(nightly) = find_toolchain(&home, &format!("{channel}-"))? else {
+        println!("[install] {channel} toolchain with rust-src and clippy");
         return Cmd::new("rustup")
-            .args(["toolchain", "install", "nightly", "--profile", "minimal"])
+            .args(["toolchain", "install", &channel, "--profile", "minimal"])
             .args(["--component", "rust-src,clippy"])
             .run();
     };
     println!(
-        "[ok] nightly toolchain already installed ({})",
+        "[ok] {channel} toolchain already installed ({})",
         nightly.display()
     );
     let mut wanted = Vec::new();
     if nightly.join("lib/rustlib/src/rust/library").is_dir() {
-        println!("[ok] rust-src already installed for nightly");
+        println!("[ok] rust-src already installed for {channel}");
     } else {
-        println!("[install] rust-src for nightly");
+        println!("[install] rust-src for {channel}");
         wanted.push("rust-src");
     }
     if nightly.join("bin/cargo-clippy").is_file() {
-        println!("[ok] clippy already installed for nightly");
+        println!("[ok] clippy already installed for {channel}");
     } else {
-        println!("[install] clippy for nightly");
+        println!("[install] clippy for {channel}");
         wanted.push("clippy");
     }
-    component_add("nightly", &wanted)
+    component_add(&channel, &wanted)
 }
 
 /// clippy and rustfmt for the toolchain that runs xtask (the one `cargo xtask test` lints with).
@@ -228,6 +262,16 @@ mod tests {
                       Package: kmod\nStatus: deinstall ok config-files\n\n\
                       Package: gcc\nVersion: 12\nStatus: install ok installed\n";
         assert_eq!(installed_packages(status), vec!["nftables", "gcc"]);
+    }
+
+    #[test]
+    fn the_nightly_is_pinned_by_date() {
+        let channel = pinned_nightly().unwrap();
+        assert!(channel.starts_with("nightly-20"), "{channel}");
+        assert_eq!(
+            toolchain_channel("[toolchain]\nchannel = \"nightly-2026-05-19\"\n").as_deref(),
+            Some("nightly-2026-05-19")
+        );
     }
 
     #[test]

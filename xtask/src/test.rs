@@ -55,8 +55,8 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
     if ebpf.is_dir() {
         summary.step("clippy proxy-ebpf", || {
             Cmd::new("cargo")
+                .arg(format!("+{}", setup::pinned_nightly()?))
                 .args([
-                    "+nightly",
                     "clippy",
                     "--target",
                     "bpfel-unknown-none",

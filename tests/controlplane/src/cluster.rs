@@ -1,0 +1,568 @@
+//! One reference control plane: etcd and kube-apiserver on loopback (TLS, client certificates,
+//! RBAC, a service-account issuer, a service CIDR), optionally kube-controller-manager,
+//! kube-scheduler and kwok, each a [`Process`] with its log under the control plane's directory.
+//!
+//! Owns: the processes it starts, its directory, and the kubeconfigs it writes there. It never
+//! binds anything but 127.0.0.1.
+
+use std::fs;
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use serde_json::json;
+
+use crate::binaries::Binaries;
+use crate::pki::{ClientCert, Pki};
+use crate::process::{Lifetime, Process, Spec};
+
+/// The service CIDR every reference API server allocates cluster IPs from.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The pod CIDR kube-controller-manager and kwok are told about.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The issuer of service-account tokens.
+const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// Which upstream components run beside etcd and kube-apiserver.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where logs, data, certificates and kubeconfigs go (created; emptied first).
+    pub dir: PathBuf,
+    pub lifetime: Lifetime,
+    /// kube-controller-manager's `--controllers` value (e.g. `*` or `endpointslice`), if it runs.
+    pub upstream_controllers: Option<String>,
+    /// Whether kube-scheduler runs.
+    pub upstream_scheduler: bool,
+    /// How many kwok nodes (0: kwok does not run).
+    pub kwok_nodes: usize,
+    /// Extra kube-apiserver flags (`--flag=value`), e.g. a short `--etcd-compaction-interval`.
+    pub apiserver_flags: Vec<String>,
+}
+
+impl Options {
+    /// etcd and kube-apiserver only, owned by this process, in `dir`.
+    pub fn minimal(dir: impl Into<PathBuf>) -> Options {
+        Options {
+            dir: dir.into(),
+            lifetime: Lifetime::Owned,
+            upstream_controllers: None,
+            upstream_scheduler: false,
+            kwok_nodes: 0,
+            apiserver_flags: Vec::new(),
+        }
+    }
+}
+
+/// The loopback ports of one control plane.
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    pub etcd_client: u16,
+    pub etcd_peer: u16,
+    pub apiserver: u16,
+}
+
+/// A running reference control plane. Dropping it stops every process it owns.
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub binaries: Binaries,
+    pub pki: Pki,
+    pub ports: Ports,
+    opts: Options,
+    admin: ClientCert,
+    admin_kubeconfig: PathBuf,
+    /// etcd first, then kube-apiserver, then the rest (stopped in reverse).
+    processes: Vec<Process>,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver (and what `opts` asks for) and waits until the API server
+    /// is ready. Errors carry the last lines of a process that died while starting.
+    pub fn start(opts: Options) -> anyhow::Result<ControlPlane> {
+        let binaries = Binaries::locate()?;
+        let dir = opts.dir.clone();
+        if dir.exists() {
+            fs::remove_dir_all(&dir).with_context(|| format!("emptying {}", dir.display()))?;
+        }
+        fs::create_dir_all(dir.join("logs"))?;
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let kubernetes_vip = IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1));
+        let pki = Pki::generate(&dir.join("pki"), &[loopback, kubernetes_vip])?;
+        let admin = pki.client("admin", "kubernetes-admin", Some("system:masters"))?;
+        let ports = free_ports()?;
+        let mut cp = ControlPlane {
+            admin_kubeconfig: dir.join("admin.kubeconfig"),
+            dir,
+            binaries,
+            pki,
+            ports,
+            opts,
+            admin,
+            processes: Vec::new(),
+        };
+        write_kubeconfig(
+            &cp.admin_kubeconfig,
+            &cp.server_url(),
+            &cp.pki.ca_cert,
+            Auth::Cert(&cp.admin),
+        )?;
+        cp.start_etcd()?;
+        cp.start_apiserver()?;
+        cp.bootstrap()?;
+        if let Some(controllers) = cp.opts.upstream_controllers.clone() {
+            cp.start_upstream_controller_manager(&controllers)?;
+        }
+        if cp.opts.upstream_scheduler {
+            cp.start_upstream_scheduler()?;
+        }
+        if cp.opts.kwok_nodes > 0 {
+            cp.start_kwok(cp.opts.kwok_nodes)?;
+        }
+        Ok(cp)
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn server_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.ports.apiserver)
+    }
+
+    /// The admin kubeconfig (client certificate in `system:masters`).
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    /// A kube client with the admin's credentials.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        client_from(&self.admin_kubeconfig).await
+    }
+
+    /// `kubectl --kubeconfig <admin>` of the reference release.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(self.binaries.path("kubectl"));
+        cmd.arg("--kubeconfig").arg(&self.admin_kubeconfig);
+        cmd
+    }
+
+    /// Runs kubectl with `args` (and `stdin`), returning stdout; an error carries stderr.
+    pub fn kubectl_run(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
+        run_with_input(self.kubectl().args(args), stdin)
+    }
+
+    /// Writes a kubeconfig for a client certificate of user `name` (in `group`) and returns its
+    /// path: how upstream components and tests act as a given user.
+    pub fn kubeconfig_for_user(&self, name: &str, group: Option<&str>) -> anyhow::Result<PathBuf> {
+        let stem = name.replace([':', '/'], "-");
+        let cert = self.pki.client(&stem, name, group)?;
+        let path = self.dir.join(format!("{stem}.kubeconfig"));
+        write_kubeconfig(
+            &path,
+            &self.server_url(),
+            &self.pki.ca_cert,
+            Auth::Cert(&cert),
+        )?;
+        Ok(path)
+    }
+
+    /// Writes a kubeconfig authenticating with a bearer token (a ServiceAccount's), for `server`
+    /// (this control plane's URL unless a relay stands in between).
+    pub fn kubeconfig_for_token(
+        &self,
+        file: &str,
+        token: &str,
+        server: &str,
+    ) -> anyhow::Result<PathBuf> {
+        let path = self.dir.join(file);
+        write_kubeconfig(&path, server, &self.pki.ca_cert, Auth::Token(token))?;
+        Ok(path)
+    }
+
+    /// The admin kubeconfig's content with another server address (a relay in a namespace).
+    pub fn admin_kubeconfig_for(&self, server: &str) -> anyhow::Result<String> {
+        Ok(serde_json::to_string_pretty(&kubeconfig_json(
+            server,
+            &self.pki.ca_cert,
+            Auth::Cert(&self.admin),
+        )?)?)
+    }
+
+    /// A token for ServiceAccount `namespace/name` (TokenRequest, through kubectl).
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> anyhow::Result<String> {
+        let out = self.kubectl_run(
+            &[
+                "create",
+                "token",
+                name,
+                "-n",
+                namespace,
+                "--duration",
+                "24h",
+            ],
+            None,
+        )?;
+        Ok(out.trim().to_string())
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{name}.log"))
+    }
+
+    fn spawn(&mut self, name: &str, args: Vec<String>) -> anyhow::Result<()> {
+        let spec = Spec {
+            name: name.to_string(),
+            program: self.binaries.path(binary_of(name)),
+            args,
+            env: Vec::new(),
+            log: self.log(name),
+        };
+        let process = Process::start(spec, self.opts.lifetime)?;
+        self.processes.push(process);
+        Ok(())
+    }
+
+    fn start_etcd(&mut self) -> anyhow::Result<()> {
+        let data = self.dir.join("etcd");
+        let p = self.ports;
+        self.spawn(
+            "etcd",
+            vec![
+                "--name=reference".into(),
+                format!("--data-dir={}", data.display()),
+                format!("--listen-client-urls=http://127.0.0.1:{}", p.etcd_client),
+                format!("--advertise-client-urls=http://127.0.0.1:{}", p.etcd_client),
+                format!("--listen-peer-urls=http://127.0.0.1:{}", p.etcd_peer),
+                format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{}",
+                    p.etcd_peer
+                ),
+                format!(
+                    "--initial-cluster=reference=http://127.0.0.1:{}",
+                    p.etcd_peer
+                ),
+                // Tests throw the data away; fsync would only make them slower.
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+        )
+    }
+
+    /// Starts kube-apiserver (again, after [`ControlPlane::stop_apiserver`]: same port, same
+    /// etcd) and waits until `/readyz` answers.
+    pub fn start_apiserver(&mut self) -> anyhow::Result<()> {
+        if self.find("kube-apiserver").is_some() {
+            bail!("kube-apiserver is already running");
+        }
+        let pki = &self.pki;
+        let mut args = vec![
+            format!("--etcd-servers=http://127.0.0.1:{}", self.ports.etcd_client),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={}", self.ports.apiserver),
+            format!("--tls-cert-file={}", pki.serving_cert.display()),
+            format!("--tls-private-key-file={}", pki.serving_key.display()),
+            format!("--client-ca-file={}", pki.ca_cert.display()),
+            format!("--service-account-key-file={}", pki.sa_pub.display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                pki.sa_key.display()
+            ),
+            format!("--service-account-issuer={SA_ISSUER}"),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--authorization-mode=Node,RBAC".into(),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+            // The `kubernetes` Service's endpoint would be 127.0.0.1, which EndpointSlice
+            // validation refuses; nothing on loopback-only control planes can use it anyway.
+            "--endpoint-reconciler-type=none".into(),
+        ];
+        args.extend(self.opts.apiserver_flags.iter().cloned());
+        self.spawn("kube-apiserver", args)?;
+        self.wait_ready(Duration::from_secs(90))
+    }
+
+    /// Stops kube-apiserver (SIGTERM; etcd keeps running): every watch is cut, every request
+    /// refused until [`ControlPlane::start_apiserver`].
+    pub fn stop_apiserver(&mut self) {
+        self.stop("kube-apiserver");
+    }
+
+    /// Stops the named component if it runs.
+    pub fn stop(&mut self, name: &str) {
+        if let Some(i) = self.find(name) {
+            let mut process = self.processes.remove(i);
+            process.stop(Duration::from_secs(10));
+        }
+    }
+
+    fn find(&self, name: &str) -> Option<usize> {
+        self.processes.iter().position(|p| p.spec.name == name)
+    }
+
+    /// Waits until `/readyz` answers ok; fails early, with its log, if a process died.
+    pub fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            let last = match self.kubectl_run(&["get", "--raw", "/readyz"], None) {
+                Ok(out) if out.trim() == "ok" => return Ok(()),
+                Ok(out) => out,
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver not ready after {timeout:?}: {last}; last lines of its log:\n{}",
+                    crate::process::tail(&self.log("kube-apiserver"), 30)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// `Err` naming the first process that exited, with the last lines of its log.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        for p in &mut self.processes {
+            p.check_alive()?;
+        }
+        Ok(())
+    }
+
+    /// What every fresh cluster needs before tests create Pods: the `default` ServiceAccount in
+    /// `default` and `kube-system` (kube-controller-manager's serviceaccount controller makes
+    /// them, and it may not run; the ServiceAccount admission plugin refuses Pods without one).
+    fn bootstrap(&self) -> anyhow::Result<()> {
+        for ns in ["default", "kube-system"] {
+            self.ensure_default_service_account(ns)?;
+        }
+        Ok(())
+    }
+
+    /// Creates namespace `name` (if missing) with its `default` ServiceAccount.
+    pub fn create_namespace(&self, name: &str) -> anyhow::Result<()> {
+        let manifest = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+        self.kubectl_run(&["apply", "-f", "-"], Some(&manifest.to_string()))?;
+        self.ensure_default_service_account(name)
+    }
+
+    fn ensure_default_service_account(&self, ns: &str) -> anyhow::Result<()> {
+        let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                        "metadata": {"name": "default", "namespace": ns}});
+        self.kubectl_run(&["apply", "-f", "-"], Some(&sa.to_string()))?;
+        Ok(())
+    }
+
+    /// kube-controller-manager of the reference release with `--controllers=<controllers>`,
+    /// under its own identity (`system:kube-controller-manager`), no leader election.
+    pub fn start_upstream_controller_manager(&mut self, controllers: &str) -> anyhow::Result<()> {
+        let kubeconfig = self.kubeconfig_for_user("system:kube-controller-manager", None)?;
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", kubeconfig.display()),
+            format!("--controllers={controllers}"),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            format!(
+                "--service-account-private-key-file={}",
+                self.pki.sa_key.display()
+            ),
+            format!("--root-ca-file={}", self.pki.ca_cert.display()),
+            "--use-service-account-credentials=true".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--cluster-cidr={CLUSTER_CIDR}"),
+            format!("--cluster-signing-cert-file={}", self.pki.ca_cert.display()),
+            format!("--cluster-signing-key-file={}", self.pki.ca_key.display()),
+        ];
+        self.spawn("kube-controller-manager", args)
+    }
+
+    /// kube-scheduler of the reference release, as `system:kube-scheduler`.
+    pub fn start_upstream_scheduler(&mut self) -> anyhow::Result<()> {
+        let kubeconfig = self.kubeconfig_for_user("system:kube-scheduler", None)?;
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", kubeconfig.display()),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+        ];
+        self.spawn("kube-scheduler", args)
+    }
+
+    /// kwok managing `nodes` fake nodes `kwok-node-<i>` (created here), whose Pods become
+    /// Running and Ready without containers.
+    pub fn start_kwok(&mut self, nodes: usize) -> anyhow::Result<()> {
+        let args = vec![
+            format!("--kubeconfig={}", self.admin_kubeconfig.display()),
+            "--manage-all-nodes=false".into(),
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
+            "--manage-nodes-with-label-selector=".into(),
+            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom".into(),
+            "--disregard-status-with-label-selector=".into(),
+            format!("--cidr={CLUSTER_CIDR}"),
+            "--node-ip=10.0.0.1".into(),
+            "--node-lease-duration-seconds=40".into(),
+            "--server-address=127.0.0.1:0".into(),
+        ];
+        self.spawn("kwok", args)?;
+        let mut items = Vec::new();
+        for i in 0..nodes {
+            items.push(kwok_node(&format!("kwok-node-{i}")));
+        }
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+        self.kubectl_run(&["apply", "-f", "-"], Some(&list.to_string()))?;
+        Ok(())
+    }
+
+    /// Compacts etcd's history at its current revision, so a watch or list from an older
+    /// resourceVersion gets 410 Gone (once the API server's watch cache no longer holds it).
+    pub fn compact_etcd(&self) -> anyhow::Result<u64> {
+        let endpoint = format!("--endpoints=http://127.0.0.1:{}", self.ports.etcd_client);
+        let etcdctl = self.binaries.path("etcdctl");
+        let status = run_with_input(
+            Command::new(&etcdctl).args([&endpoint, "endpoint", "status", "-w", "json"]),
+            None,
+        )?;
+        let parsed: serde_json::Value =
+            serde_json::from_str(&status).context("parsing etcdctl endpoint status")?;
+        let revision = parsed[0]["Status"]["header"]["revision"]
+            .as_u64()
+            .with_context(|| format!("no revision in etcdctl's status: {status}"))?;
+        run_with_input(
+            Command::new(&etcdctl).args([
+                &endpoint,
+                "compact",
+                &revision.to_string(),
+                "--physical",
+            ]),
+            None,
+        )?;
+        Ok(revision)
+    }
+
+    /// The pids of every running process (`cargo xtask cluster` records them).
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.processes
+            .iter()
+            .map(|p| (p.spec.name.clone(), p.pid()))
+            .collect()
+    }
+
+    /// Hands the processes over without stopping them (detached clusters outlive `up`).
+    pub fn release(mut self) -> Vec<(String, u32)> {
+        std::mem::take(&mut self.processes)
+            .into_iter()
+            .map(|p| (p.spec.name.clone(), p.release()))
+            .collect()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        while let Some(mut p) = self.processes.pop() {
+            p.stop(Duration::from_secs(5));
+        }
+    }
+}
+
+fn binary_of(name: &str) -> &str {
+    name
+}
+
+fn kwok_node(name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
+            "labels": {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
+                       "kubernetes.io/os": "linux", "kubernetes.io/role": "agent",
+                       "node-role.kubernetes.io/agent": "", "type": "kwok"}
+        },
+        "spec": {"taints": [{"effect": "NoSchedule", "key": "kwok.x-k8s.io/node", "value": "fake"}]},
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "nodeInfo": {"architecture": "amd64", "kubeProxyVersion": "fake",
+                         "kubeletVersion": "fake", "operatingSystem": "linux"},
+            "phase": "Running"
+        }
+    })
+}
+
+/// Three free loopback ports (held together while choosing, so they differ).
+fn free_ports() -> anyhow::Result<Ports> {
+    let a = TcpListener::bind("127.0.0.1:0")?;
+    let b = TcpListener::bind("127.0.0.1:0")?;
+    let c = TcpListener::bind("127.0.0.1:0")?;
+    Ok(Ports {
+        etcd_client: a.local_addr()?.port(),
+        etcd_peer: b.local_addr()?.port(),
+        apiserver: c.local_addr()?.port(),
+    })
+}
+
+enum Auth<'a> {
+    Cert(&'a ClientCert),
+    Token(&'a str),
+}
+
+fn kubeconfig_json(server: &str, ca: &Path, auth: Auth<'_>) -> anyhow::Result<serde_json::Value> {
+    let user = match auth {
+        Auth::Cert(c) => json!({"client-certificate": c.cert, "client-key": c.key}),
+        Auth::Token(t) => json!({"token": t}),
+    };
+    Ok(json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "reference", "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [{"name": "reference", "context": {"cluster": "reference", "user": "user"}}],
+        "current-context": "reference",
+    }))
+}
+
+fn write_kubeconfig(path: &Path, server: &str, ca: &Path, auth: Auth<'_>) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(&kubeconfig_json(server, ca, auth)?)?;
+    fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// A kube client from a kubeconfig file.
+pub async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("loading {}", kubeconfig.display()))?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn run_with_input(cmd: &mut Command, stdin: Option<&str>) -> anyhow::Result<String> {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let shown = format!("{cmd:?}");
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().with_context(|| format!("running {shown}"))?;
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("piped stdin")
+            .write_all(input.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{shown} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

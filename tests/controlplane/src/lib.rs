@@ -1,0 +1,82 @@
+//! TEST INFRASTRUCTURE ONLY: the reference Kubernetes control plane (etcd, kube-apiserver and,
+//! when asked, kube-controller-manager, kube-scheduler and kwok of one pinned release) started on
+//! loopback with TLS and RBAC, for the integration suites, the benchmarks and
+//! `cargo xtask cluster`. The binaries are built by `cargo xtask setup --k8s`.
+//!
+//! ```no_run
+//! # async fn f() -> anyhow::Result<()> {
+//! let cp = controlplane::shared()?;              // one per test binary
+//! let ns = cp.test_namespace("kube-source")?;    // each test gets its own namespace
+//! let client = cp.client().await?;               // admin credentials
+//! # Ok(()) }
+//! ```
+//!
+//! Modules: [`binaries`] (where the binaries are, the pinned version), [`pki`] (certificates),
+//! [`process`] (one process and its log), [`cluster`] (a control plane), [`relay`] (a TCP relay a
+//! test can cut: a partition between a node and the API server).
+
+pub mod binaries;
+pub mod cluster;
+pub mod pki;
+pub mod process;
+pub mod relay;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+pub use binaries::{kubernetes_version, Binaries};
+pub use cluster::{client_from, ControlPlane, Options, CLUSTER_CIDR, SERVICE_CIDR};
+pub use process::Lifetime;
+pub use relay::Relay;
+
+/// The control plane shared by every test of this test binary: started on first use, stopped
+/// when the binary exits (its processes carry the parent-death signal).
+pub fn shared() -> anyhow::Result<&'static ControlPlane> {
+    static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+    let started = SHARED.get_or_init(|| {
+        ControlPlane::start(Options::minimal(run_dir("shared"))).map_err(|e| format!("{e:#}"))
+    });
+    match started {
+        Ok(cp) => Ok(cp),
+        Err(e) => anyhow::bail!("starting the shared reference control plane: {e}"),
+    }
+}
+
+/// A directory for one control plane of this process: `<target>/controlplane/<exe>-<pid>-<tag>`.
+/// Directories of processes that no longer run are removed on the way.
+pub fn run_dir(tag: &str) -> PathBuf {
+    let base = binaries::target_dir().join("controlplane");
+    remove_stale(&base);
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "process".into());
+    base.join(format!("{exe}-{}-{tag}", std::process::id()))
+}
+
+fn remove_stale(base: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .split('-')
+            .filter_map(|part| part.parse::<u32>().ok())
+            .next_back();
+        if pid.is_some_and(|pid| !process::alive(pid)) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+impl ControlPlane {
+    /// A fresh namespace `<tag>-<n>` (with its `default` ServiceAccount) for one test.
+    pub fn test_namespace(&self, tag: &str) -> anyhow::Result<String> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!("{tag}-{}", NEXT.fetch_add(1, Ordering::SeqCst));
+        self.create_namespace(&name)?;
+        Ok(name)
+    }
+}
