@@ -10,7 +10,7 @@ use kpr_tests::cluster::{ClusterSpec, NODE_IP};
 use kpr_tests::probe::parse_probe_output;
 use kpr_tests::{
     run_probe, tcp_hold, tcp_request, udp_request, yaml, Agent, AgentOptions, Cgroup, Cluster,
-    EndpointSlice, Netns, ProbeLine, Service,
+    EndpointSlice, Manifest, Netns, ProbeLine, Service,
 };
 
 const BACKEND: &str = "userspace";
@@ -361,6 +361,75 @@ fn node_port_and_cluster_ip_work_from_every_source() {
     ] {
         let counts = tally_tcp(ns, to, 4);
         assert_eq!(counts.len(), 2, "{label}: {counts:?}");
+    }
+}
+
+/// `kubectl get services,endpointslices -A -o json` writes one `kind: List`: its Services and
+/// EndpointSlices are served, and what cannot be used (a Pod item, a Service without clusterIP, a
+/// hostile file next to it) is listed by `proxy inspect` under "input problems" with file, object
+/// and field, without holding up the rest.
+#[test]
+fn a_kubectl_list_is_served_and_what_cannot_be_used_is_listed_by_inspect() {
+    let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+    let svc = web();
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": "default", "uid": "1b8f3d6a-2c9e-4a07"},
+        "spec": {"containers": [{"name": "web", "image": "nginx"}]},
+        "status": {"phase": "Running"},
+    });
+    let unallocated = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "my-service", "namespace": "default"},
+        "spec": {"selector": {"app": "MyApp"}, "ports": [{"protocol": "TCP", "port": 80, "targetPort": 9376}]},
+    });
+    let list = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "metadata": {"resourceVersion": ""},
+        "items": [svc.to_value(), pod, slice_all(&svc, &cluster).to_value(), unallocated],
+    });
+    let deep = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {}\n",
+        "[".repeat(1 << 20)
+    );
+    let agent = start(
+        &cluster,
+        "round-robin",
+        &[("dump.json", list.to_string()), ("deep.yaml", deep)],
+    );
+    let state = agent
+        .wait_for("three input problems", CHANGE, |s| s.errors.len() >= 3)
+        .unwrap();
+    assert_eq!(state.errors.len(), 3, "{:#?}", state.errors);
+    assert_eq!(
+        tally_tcp(&cluster.client, addr("10.96.0.10:80"), 4).len(),
+        2
+    );
+    let inspect = cluster
+        .node
+        .exec(agent.binary())
+        .unwrap()
+        .arg("inspect")
+        .output()
+        .unwrap();
+    assert!(inspect.status.success(), "{inspect:?}");
+    let printed = String::from_utf8_lossy(&inspect.stdout);
+    let problems = printed
+        .split_once("\ninput problems:\n")
+        .unwrap_or_else(|| panic!("no input problems in:\n{printed}"))
+        .1;
+    for wanted in [
+        "dump.json: Pod default/web-0: items[1].kind: the file source uses only Service and \
+         EndpointSlice objects",
+        "dump.json: Service default/my-service: items[3].spec.clusterIP: missing: the file \
+         source has no IP allocator",
+        "deep.yaml: document #0: line 3: recursion limit exceeded",
+    ] {
+        assert!(
+            problems.lines().any(|l| l.contains(wanted)),
+            "{wanted:?} missing from:\n{printed}"
+        );
     }
 }
 
