@@ -5,7 +5,11 @@
 //! resolved port set (named target ports can resolve differently per Pod); existing slices are kept
 //! and edited in place (minimal churn), endpoints that moved or appeared fill slices that are being
 //! updated anyway, then unchanged slices with room (fullest first), and only then new slices of at
-//! most `MAX_ENDPOINTS_PER_SLICE`. Unlike upstream, which leaves an unchanged slice alone unless all
+//! most `MAX_ENDPOINTS_PER_SLICE`. Named target ports resolve on containers, then on sidecars
+//! (restartable init containers), as upstream's `FindPort`. With `trafficDistribution` PreferClose,
+//! PreferSameZone or PreferSameNode (and no `service.kubernetes.io/topology-mode: Auto`), ready
+//! endpoints carry hints for their own zone (and node), as upstream's `trafficdist` does; the
+//! `topology-mode: Auto` hints (proportional to CPU per zone) are not written. Unlike upstream, which leaves an unchanged slice alone unless all
 //! new endpoints fit in it, existing slices are always filled first: one more write now, fewer
 //! half-empty slices later. A Service without endpoints keeps one empty placeholder slice.
 
@@ -13,9 +17,12 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service, ServicePort};
+use k8s_openapi::api::discovery::v1::{
+    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use crate::podutil;
@@ -137,12 +144,75 @@ pub fn endpoint_ports(svc: &Service, pod: &Pod) -> Vec<EndpointPort> {
         .filter_map(|sp| {
             Some(EndpointPort {
                 name: Some(sp.name.clone().unwrap_or_default()),
-                port: Some(podutil::resolve_target_port(pod, sp)?),
+                port: Some(resolve_port(pod, sp)?),
                 protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
                 app_protocol: sp.app_protocol.clone(),
             })
         })
         .collect()
+}
+
+/// Resolves a Service port on a Pod as upstream's `FindPort`: a number as is, a name on the
+/// containers first, then on the sidecars (init containers with `restartPolicy: Always`).
+pub fn resolve_port(pod: &Pod, sp: &ServicePort) -> Option<i32> {
+    podutil::resolve_target_port(pod, sp).or_else(|| sidecar_port(pod, sp))
+}
+
+fn sidecar_port(pod: &Pod, sp: &ServicePort) -> Option<i32> {
+    let Some(IntOrString::String(name)) = &sp.target_port else {
+        return None;
+    };
+    let protocol = sp.protocol.as_deref().unwrap_or("TCP");
+    pod.spec
+        .as_ref()?
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|cp| {
+            cp.name.as_deref() == Some(name.as_str())
+                && cp.protocol.as_deref().unwrap_or("TCP") == protocol
+        })
+        .map(|cp| cp.container_port)
+}
+
+/// Whether the Service asks for topology-aware hints through the annotation (upstream's
+/// `hintsEnabled`): then `trafficDistribution` is not used.
+fn topology_mode_auto(svc: &Service) -> bool {
+    let a = svc.annotations();
+    let v = a
+        .get("service.kubernetes.io/topology-aware-hints")
+        .or_else(|| a.get("service.kubernetes.io/topology-mode"));
+    matches!(v.map(String::as_str), Some("Auto" | "auto"))
+}
+
+/// The hints of one endpoint under the Service's `trafficDistribution` (upstream's
+/// `preferCloseHeuristic`): ready endpoints get their own zone (and, for PreferSameNode, their own
+/// node); everything else gets none.
+fn hints(svc: &Service, ep: &Endpoint) -> Option<EndpointHints> {
+    let td = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.traffic_distribution.as_deref());
+    let close = matches!(
+        td,
+        Some("PreferClose" | "PreferSameZone" | "PreferSameNode")
+    );
+    let ready = ep.conditions.as_ref().and_then(|c| c.ready) == Some(true);
+    if !close || !ready || topology_mode_auto(svc) {
+        return None;
+    }
+    let for_zones = ep.zone.as_ref().map(|z| vec![ForZone { name: z.clone() }]);
+    let for_nodes = ep
+        .node_name
+        .as_ref()
+        .filter(|_| td == Some("PreferSameNode"))
+        .map(|n| vec![ForNode { name: n.clone() }]);
+    (for_zones.is_some() || for_nodes.is_some()).then_some(EndpointHints {
+        for_zones,
+        for_nodes,
+    })
 }
 
 /// Zone of a node by name (the Node's `topology.kubernetes.io/zone` label).
@@ -158,7 +228,7 @@ pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr, zone_of: ZoneOf<'_>) -
     let hostname = spec
         .filter(|s| s.subdomain.as_deref() == Some(svc.name_any().as_str()))
         .and_then(|s| s.hostname.clone());
-    Endpoint {
+    let mut ep = Endpoint {
         addresses: vec![ip.to_string()],
         conditions: Some(EndpointConditions {
             ready: Some(c.ready),
@@ -176,7 +246,9 @@ pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr, zone_of: ZoneOf<'_>) -
             ..Default::default()
         }),
         ..Default::default()
-    }
+    };
+    ep.hints = hints(svc, &ep);
+    ep
 }
 
 /// Desired endpoints of one address type, grouped by port set, keyed by address.

@@ -333,3 +333,101 @@ fn endpoints_carry_the_zone_of_their_node() {
         "a zone change updates the slice"
     );
 }
+
+#[test]
+fn named_ports_resolve_on_sidecars_after_containers() {
+    let with_sidecar = |main: Option<serde_json::Value>| -> Arc<Pod> {
+        let mut pod = (*pod_full(0, true, 8080, false)).clone();
+        let spec = pod.spec.as_mut().unwrap();
+        spec.containers[0].ports = main.map(|p| serde_json::from_value(p).unwrap());
+        spec.init_containers = Some(vec![
+            serde_json::from_value(json!({"name": "plain-init", "image": "x",
+                "ports": [{"name": "http", "containerPort": 7000}]}))
+            .unwrap(),
+            serde_json::from_value(
+                json!({"name": "sidecar", "image": "x", "restartPolicy": "Always",
+                "ports": [{"name": "http", "containerPort": 8443}]}),
+            )
+            .unwrap(),
+        ]);
+        Arc::new(pod)
+    };
+    let port_of = |pod: Arc<Pod>| {
+        let p = plan(&svc(), &[pod], &[]);
+        p.create[0].ports.as_ref().unwrap()[0].port
+    };
+    assert_eq!(
+        port_of(with_sidecar(None)),
+        Some(8443),
+        "a restartable init container's port; a plain init container's is not used"
+    );
+    assert_eq!(
+        port_of(with_sidecar(Some(
+            json!([{"name": "http", "containerPort": 9000}])
+        ))),
+        Some(9000),
+        "containers come first"
+    );
+}
+
+#[test]
+fn traffic_distribution_gives_ready_endpoints_hints() {
+    let zone_of = |n: &str| (n == "node-1").then(|| "zone-a".to_string());
+    let hints_of = |svc: &Service, ready: bool| {
+        let p = plan_with_zones(svc, &[pod_full(0, ready, 8080, false)], &[], &zone_of);
+        endpoints_of(&p.create[0])[0].hints.clone()
+    };
+    let zones = |h: &Option<EndpointHints>| {
+        h.as_ref()
+            .and_then(|h| h.for_zones.clone())
+            .map(|z| z.into_iter().map(|z| z.name).collect::<Vec<_>>())
+    };
+    let nodes = |h: &Option<EndpointHints>| {
+        h.as_ref()
+            .and_then(|h| h.for_nodes.clone())
+            .map(|n| n.into_iter().map(|n| n.name).collect::<Vec<_>>())
+    };
+    assert_eq!(
+        hints_of(&svc(), true),
+        None,
+        "no trafficDistribution: no hints"
+    );
+    for td in ["PreferClose", "PreferSameZone"] {
+        let s = svc_with(json!({"spec": {"trafficDistribution": td}}));
+        let h = hints_of(&s, true);
+        assert_eq!(zones(&h), Some(vec!["zone-a".to_string()]), "{td}");
+        assert_eq!(nodes(&h), None, "{td}");
+        assert_eq!(
+            hints_of(&s, false),
+            None,
+            "{td}: not-ready endpoints get none"
+        );
+    }
+    let same_node = svc_with(json!({"spec": {"trafficDistribution": "PreferSameNode"}}));
+    let h = hints_of(&same_node, true);
+    assert_eq!(zones(&h), Some(vec!["zone-a".to_string()]));
+    assert_eq!(nodes(&h), Some(vec!["node-1".to_string()]));
+    let auto = svc_with(
+        json!({"metadata": {"annotations": {"service.kubernetes.io/topology-mode": "Auto"}},
+                               "spec": {"trafficDistribution": "PreferClose"}}),
+    );
+    assert_eq!(
+        hints_of(&auto, true),
+        None,
+        "topology-mode Auto wins over trafficDistribution"
+    );
+    // No zone known: PreferClose has nothing to say.
+    let close = svc_with(json!({"spec": {"trafficDistribution": "PreferClose"}}));
+    let p = plan(&close, &[pod_full(0, true, 8080, false)], &[]);
+    assert_eq!(endpoints_of(&p.create[0])[0].hints, None);
+    // Switching trafficDistribution on updates the existing slice in place.
+    let plain = plan_with_zones(&svc(), &[pod_full(0, true, 8080, false)], &[], &zone_of);
+    let existing = materialize(&plain, &[]);
+    let again = plan_with_zones(
+        &close,
+        &[pod_full(0, true, 8080, false)],
+        &existing,
+        &zone_of,
+    );
+    assert_eq!(counts(&again), (0, 1, 0));
+}
