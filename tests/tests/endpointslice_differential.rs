@@ -28,6 +28,12 @@
 //! 250-Pod case deterministic for both (three slices of 100, 100 and 50 when planned in one go);
 //! Pods trickling in would make upstream's packing depend on its sync timing.
 //!
+//! A second phase then changes existing objects (a Pod becomes ready, a Pod goes away leaving only
+//! terminal ones, a Service's labels, `trafficDistribution` and `publishNotReadyAddresses` change)
+//! and compares again once both controllers have shown something new for each changed Service. The
+//! 250-Pod Service is not churned: there the packing after changes differs by design (ours fills
+//! unchanged slices with room first, upstream only when all new endpoints fit; see plan.rs).
+//!
 //! # What is compared
 //!
 //! Per Service, and per group of slices with the same address type, ports (name, port, protocol,
@@ -117,6 +123,8 @@ struct PodSpec {
     sidecar_ports: Vec<(&'static str, i32, &'static str)>,
     hostname: Option<&'static str>,
     subdomain: Option<&'static str>,
+    /// `podIPs` to write instead of the generated IPv4 address.
+    ips: Vec<&'static str>,
 }
 
 fn pod(name: impl Into<String>, node: &'static str, st: St) -> PodSpec {
@@ -128,6 +136,7 @@ fn pod(name: impl Into<String>, node: &'static str, st: St) -> PodSpec {
         sidecar_ports: Vec::new(),
         hostname: None,
         subdomain: None,
+        ips: Vec::new(),
     }
 }
 
@@ -311,6 +320,23 @@ fn cases() -> Vec<Case> {
             pod("prefer-2", "node-c", Ready),
         ],
     ));
+    // (15) An IPv4 Service (the cluster is single-stack) with a dual-stack Pod and an IPv6-only
+    // Pod: only IPv4 addresses, the IPv6-only Pod left out.
+    v.push(case(
+        "families",
+        json!({"ports": http_port()}),
+        vec![
+            pod("families-0", "node-a", Ready),
+            PodSpec {
+                ips: vec!["10.244.9.1", "fd00:10:244::9:1"],
+                ..pod("families-1", "node-b", Ready)
+            },
+            PodSpec {
+                ips: vec!["fd00:10:244::9:2"],
+                ..pod("families-2", "node-c", Ready)
+            },
+        ],
+    ));
     // (14) trafficDistribution: PreferSameNode (zone and node hints), with a not-ready Pod.
     v.push(case(
         "samenode",
@@ -387,10 +413,16 @@ async fn create_pod(client: &Client, ns: &str, app: &str, p: &PodSpec, ip: Strin
         St::Failed => ("Failed", "False"),
         St::Pending => unreachable!(),
     };
+    let ips: Vec<String> = if p.ips.is_empty() {
+        vec![ip]
+    } else {
+        p.ips.iter().map(|s| s.to_string()).collect()
+    };
+    let pod_ips: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
     let status = json!({"status": {
         "phase": phase,
         "hostIP": "10.0.0.1", "hostIPs": [{"ip": "10.0.0.1"}],
-        "podIP": ip, "podIPs": [{"ip": ip}],
+        "podIP": ips[0], "podIPs": pod_ips,
         "conditions": [
             {"type": "PodScheduled", "status": "True"},
             {"type": "Initialized", "status": "True"},
@@ -520,9 +552,16 @@ async fn snapshot(client: &Client, ns: &str) -> Snapshot {
     normalize(&slices.items)
 }
 
-/// Reads until three reads a second apart agree and every Service with a selector has slices from
-/// both controllers.
-async fn converge(client: &Client, ns: &str, with_selector: &[&str]) -> Snapshot {
+/// Reads until three reads a second apart agree, every Service with a selector has slices from
+/// both controllers, and, after a change, both controllers show something new for every Service in
+/// `changed` (compared with `before`).
+async fn converge(
+    client: &Client,
+    ns: &str,
+    with_selector: &[&str],
+    before: Option<&Snapshot>,
+    changed: &[&str],
+) -> Snapshot {
     let deadline = Instant::now() + CONVERGE;
     let mut stable: Vec<Snapshot> = Vec::new();
     loop {
@@ -531,6 +570,10 @@ async fn converge(client: &Client, ns: &str, with_selector: &[&str]) -> Snapshot
             with_selector
                 .iter()
                 .all(|svc| snap.get(*by).is_some_and(|m| m.contains_key(*svc)))
+                && changed.iter().all(|svc| {
+                    let old = before.and_then(|b| b.get(*by)).and_then(|m| m.get(*svc));
+                    snap.get(*by).and_then(|m| m.get(*svc)) != old
+                })
         });
         if !complete || stable.last() != Some(&snap) {
             stable.clear();
@@ -549,6 +592,63 @@ async fn converge(client: &Client, ns: &str, with_selector: &[&str]) -> Snapshot
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// The differences between both sides of `snap`, one message per Service not listed in
+/// `EXPECTED_DIFFERENCES`.
+fn compare(cases: &[Case], snap: &Snapshot, phase: &str) -> Vec<String> {
+    let empty = BTreeMap::new();
+    let upstream = snap.get(UPSTREAM).unwrap_or(&empty);
+    let mine = snap.get(OURS).unwrap_or(&empty);
+    let unknown: Vec<&String> = snap
+        .keys()
+        .filter(|k| *k != UPSTREAM && *k != OURS)
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "slices managed by someone else: {unknown:?}"
+    );
+
+    let mut failures = Vec::new();
+    for c in cases {
+        let (u, o) = (upstream.get(c.name), mine.get(c.name));
+        if !c.selector {
+            assert!(u.is_none(), "upstream made slices for {}", c.name);
+            assert!(o.is_none(), "we made slices for {}", c.name);
+            continue;
+        }
+        let expected = EXPECTED_DIFFERENCES.iter().find(|(n, _)| *n == c.name);
+        if u == o {
+            assert!(
+                expected.is_none(),
+                "{}: listed as an expected difference but equal: update EXPECTED_DIFFERENCES",
+                c.name
+            );
+            continue;
+        }
+        if let Some((_, why)) = expected {
+            eprintln!("{phase}: {}: differs as expected: {why}", c.name);
+            continue;
+        }
+        failures.push(format!(
+            "{phase}: Service {}:\n  kube-controller-manager: {}\n  ours:                    {}",
+            c.name,
+            serde_json::to_string_pretty(&u).unwrap(),
+            serde_json::to_string_pretty(&o).unwrap()
+        ));
+    }
+    // The packing of the big case, spelled out (equality above already covers it).
+    let packing = |side: &BTreeMap<String, Normalized>| -> Vec<usize> {
+        side.get("many")
+            .map(|g| g.values().flat_map(|(counts, _)| counts.clone()).collect())
+            .unwrap_or_default()
+    };
+    eprintln!(
+        "{phase}: packing of 250 endpoints: upstream {:?}, ours {:?}",
+        packing(upstream),
+        packing(mine)
+    );
+    failures
 }
 
 // --- the test ------------------------------------------------------------------------------------
@@ -613,60 +713,60 @@ async fn endpointslices_match_kube_controller_manager() {
         .filter(|c| c.selector)
         .map(|c| c.name)
         .collect();
-    let snap = converge(&client, &ns, &with_selector).await;
+    let snap = converge(&client, &ns, &with_selector, None, &[]).await;
     eprintln!("converged after {:?}", started.elapsed());
 
-    let empty = BTreeMap::new();
-    let upstream = snap.get(UPSTREAM).unwrap_or(&empty);
-    let mine = snap.get(OURS).unwrap_or(&empty);
-    let unknown: Vec<&String> = snap
-        .keys()
-        .filter(|k| *k != UPSTREAM && *k != OURS)
-        .collect();
-    assert!(
-        unknown.is_empty(),
-        "slices managed by someone else: {unknown:?}"
-    );
+    let failures = compare(&cases, &snap, "after creation");
 
-    let mut failures = Vec::new();
-    for c in &cases {
-        let (u, o) = (upstream.get(c.name), mine.get(c.name));
-        if !c.selector {
-            assert!(u.is_none(), "upstream made slices for {}", c.name);
-            assert!(o.is_none(), "we made slices for {}", c.name);
-            continue;
-        }
-        let expected = EXPECTED_DIFFERENCES.iter().find(|(n, _)| *n == c.name);
-        if u == o {
-            assert!(
-                expected.is_none(),
-                "{}: listed as an expected difference but equal: update EXPECTED_DIFFERENCES",
-                c.name
-            );
-            continue;
-        }
-        if let Some((_, why)) = expected {
-            eprintln!("{}: differs as expected: {why}", c.name);
-            continue;
-        }
-        failures.push(format!(
-            "Service {}:\n  kube-controller-manager: {}\n  ours:                    {}",
-            c.name,
-            serde_json::to_string_pretty(&u).unwrap(),
-            serde_json::to_string_pretty(&o).unwrap()
-        ));
-    }
-    // The packing of the big case, spelled out (equality above already covers it).
-    let packing = |side: &BTreeMap<String, Normalized>| -> Vec<usize> {
-        side.get("many")
-            .map(|g| g.values().flat_map(|(counts, _)| counts.clone()).collect())
-            .unwrap_or_default()
-    };
-    eprintln!(
-        "packing of 250 endpoints: upstream {:?}, ours {:?}",
-        packing(upstream),
-        packing(mine)
-    );
+    // Phase 2: changes to existing Services and Pods (update paths: conditions, labels, hints,
+    // the placeholder). The 250-Pod Service is left alone: after churn, packing legitimately
+    // differs (ours fills unchanged slices first, see plan.rs).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let merge = |v: Value| Patch::Merge(v);
+    pods.patch_status(
+        "notready-1",
+        &PatchParams::default(),
+        &merge(
+            json!({"status": {"conditions": [{"type": "ContainersReady", "status": "True"},
+                                                 {"type": "Ready", "status": "True"}]}}),
+        ),
+    )
+    .await
+    .unwrap();
+    pods.delete("terminal-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    services
+        .patch(
+            "named",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {"tier": "front", "case": null}}})),
+        )
+        .await
+        .unwrap();
+    services
+        .patch(
+            "prefer",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"trafficDistribution": null}})),
+        )
+        .await
+        .unwrap();
+    services
+        .patch(
+            "publish",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"publishNotReadyAddresses": false}})),
+        )
+        .await
+        .unwrap();
+    let changed = ["notready", "terminal", "named", "prefer", "publish"];
+    let snap2 = converge(&client, &ns, &with_selector, Some(&snap), &changed).await;
+    eprintln!("converged again after {:?}", started.elapsed());
+    let mut failures = failures;
+    failures.extend(compare(&cases, &snap2, "after changes"));
+
     ours.abort();
     drop(cp);
     eprintln!("total {:?}", started.elapsed());
