@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 pub mod bench;
 pub mod deploy;
 pub mod exec;
+pub mod fuzz;
 pub mod k8s;
 pub mod kind;
 pub mod setup;
