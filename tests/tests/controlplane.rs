@@ -1,6 +1,32 @@
-//! The control plane against the test API server: EndpointSlices and Endpoints follow Pods, slices
-//! pack at 100 endpoints, LoadBalancer addresses are assigned, released and survive a restart, and
-//! two managers elect one leader through a Lease.
+//! The controllers (in-process managers) against the reference kube-apiserver (etcd behind it,
+//! TLS, RBAC; no kube-controller-manager): EndpointSlices and Endpoints follow Pods, slices pack at
+//! 100 endpoints, LoadBalancer addresses are assigned, released and survive a restart of the
+//! manager, two managers elect one leader through a Lease, leftovers of Services deleted while no
+//! manager ran are removed at start, and a manager whose user RBAC denies Nodes writes slices
+//! without zones.
+//!
+//! Every test shares the binary's control plane and works in its own namespace; every assertion is
+//! about that namespace. Cluster-scoped names (Nodes, ClusterRoles, users, leader Leases in
+//! kube-system) carry the namespace's name so parallel tests cannot clash.
+//!
+//! The controllers watch all namespaces, and two EndpointSlice/Endpoints controllers writing the
+//! same Services would fight (in production leader election keeps one): the tests that run those
+//! controllers take [`MANAGERS`] for their whole run, so one such manager runs at a time. The
+//! LoadBalancer test runs only lb-ipam and is the only test that creates LoadBalancer Services,
+//! so it runs beside the others; its pool (192.0.2.0/29) is its own.
+//!
+//! This suite acts as the kubelet: it writes Pod status (Running, podIP, Ready) and deletes Pods
+//! with a grace period of 0 (a Pod bound to a node is otherwise only marked terminating and waits
+//! for a kubelet that never comes). Nothing collects garbage or deletes namespaces: what a test
+//! leaves behind stays, and later managers reconcile it too (it is already in step).
+//!
+//! What the real server changed here, compared with the in-memory imitation these tests used to
+//! run against: Pods need a container image and are deleted gracefully once bound to a node (so
+//! "deleted" means grace period 0, "terminating" means an ordinary delete); leftovers are made by
+//! a manager that really wrote them and was stopped, not inserted; kube-apiserver deletes a
+//! Service's Endpoints together with the Service, so a leftover Endpoints object is written by
+//! hand; status (a LoadBalancer address from before) is written through the status subresource;
+//! the "Nodes forbidden" case is the real RBAC authorizer's 403, not an injected fault.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -9,6 +35,7 @@ use controllers::endpointslice::plan::{LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MAN
 use controllers::lbipam::{self, FINALIZER};
 use controllers::leader::LeaderConfig;
 use controllers::manager::{self, ControllerKind, ManagerConfig};
+use controlplane::ControlPlane;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
@@ -16,10 +43,13 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use test_apiserver::TestApiServer;
 use tokio::task::JoinHandle;
 
-const NS: &str = "shop";
+/// How long any one expected state may take to appear.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Held by every test that runs an EndpointSlice or Endpoints controller, for its whole run.
+static MANAGERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Polls `check` until it returns Some or `timeout` passes.
 async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
@@ -36,7 +66,45 @@ where
             start.elapsed() < timeout,
             "timed out after {timeout:?} waiting for {what}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One test's view of the shared control plane: its namespace and an admin client.
+struct Fixture {
+    cp: &'static ControlPlane,
+    ns: String,
+    client: Client,
+}
+
+impl Fixture {
+    async fn new(tag: &str) -> Fixture {
+        let cp = controlplane::shared().unwrap();
+        let ns = cp.test_namespace(tag).unwrap();
+        let client = cp.client().await.unwrap();
+        Fixture { cp, ns, client }
+    }
+
+    /// A cluster-scoped name that no other test uses.
+    fn unique(&self, what: &str) -> String {
+        format!("{}-{what}", self.ns)
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+}
+
+/// A manager task, aborted when dropped (so a failing test stops its manager before the lock goes).
+struct Manager(JoinHandle<()>);
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -49,23 +117,23 @@ fn manager_cfg(kinds: &[ControllerKind]) -> ManagerConfig {
     }
 }
 
-fn start(client: &Client, cfg: ManagerConfig) -> JoinHandle<()> {
+fn start(client: &Client, cfg: ManagerConfig) -> Manager {
     let client = client.clone();
-    tokio::spawn(async move {
+    Manager(tokio::spawn(async move {
         if let Err(e) = manager::run(client, cfg).await {
             eprintln!("manager stopped: {e}");
         }
-    })
+    }))
 }
 
-async fn create_service(client: &Client, name: &str, extra: serde_json::Value) -> Service {
+async fn create_service(f: &Fixture, name: &str, extra: serde_json::Value) -> Service {
     let mut v = json!({
         "metadata": {"name": name, "labels": {"team": "shop"}},
         "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
     });
     merge(&mut v, extra);
     let svc: Service = serde_json::from_value(v).unwrap();
-    Api::<Service>::namespaced(client.clone(), NS)
+    f.api::<Service>()
         .create(&PostParams::default(), &svc)
         .await
         .unwrap()
@@ -88,30 +156,52 @@ fn pod_ip(i: usize) -> String {
     format!("10.244.{}.{}", i / 250, i % 250 + 1)
 }
 
-/// Creates a Pod and then, like a kubelet, writes its status: Running, podIP, Ready condition.
-async fn create_pod(client: &Client, app: &str, i: usize, ready: bool) -> Pod {
-    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+/// Creates a Pod bound to `node` and then, like a kubelet, writes its status: Running, podIP,
+/// Ready condition.
+async fn create_pod(f: &Fixture, node: &str, app: &str, i: usize, ready: bool) -> Pod {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": format!("{app}-{i}"), "labels": {"app": app}},
-        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "x", "ports": [{"name": "http", "containerPort": 8080}]}]}
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.invalid/app:1", "ports": [{"name": "http", "containerPort": 8080}]}]}
     }))
     .unwrap();
-    let created = api.create(&PostParams::default(), &pod).await.unwrap();
-    set_status(client, &created.name_any(), i, ready).await
+    let created = f
+        .api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    set_status(f, &created.name_any(), i, ready).await
 }
 
-async fn set_status(client: &Client, name: &str, i: usize, ready: bool) -> Pod {
-    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+async fn set_status(f: &Fixture, name: &str, i: usize, ready: bool) -> Pod {
     let status = json!({"status": {"phase": "Running", "podIP": pod_ip(i), "podIPs": [{"ip": pod_ip(i)}],
         "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+    f.api::<Pod>()
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
         .await
         .unwrap()
 }
 
-async fn slices_of(client: &Client, svc: &str) -> Vec<EndpointSlice> {
+/// Deletes a Pod as its kubelet confirms the deletion: at once (grace period 0).
+async fn delete_pod_now(f: &Fixture, name: &str) {
+    f.api::<Pod>()
+        .delete(name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+}
+
+async fn create_node(f: &Fixture, name: &str, zone: &str) {
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": name,
+        "labels": {"topology.kubernetes.io/zone": zone}}}))
+    .unwrap();
+    Api::<Node>::all(f.client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+}
+
+async fn slices_of(client: &Client, ns: &str, svc: &str) -> Vec<EndpointSlice> {
     let lp = ListParams::default().labels(&format!("{LABEL_SERVICE_NAME}={svc}"));
-    Api::<EndpointSlice>::namespaced(client.clone(), NS)
+    Api::<EndpointSlice>::namespaced(client.clone(), ns)
         .list(&lp)
         .await
         .unwrap()
@@ -150,27 +240,30 @@ fn ep_addresses(e: &Endpoints) -> (Vec<String>, Vec<String>) {
 }
 
 async fn wait_states(
-    client: &Client,
+    f: &Fixture,
     svc: &str,
     want: Vec<(String, bool, bool, bool)>,
 ) -> Vec<EndpointSlice> {
-    let what = format!("EndpointSlices of {svc} to be {want:?}");
-    eventually(&what, Duration::from_secs(15), || async {
-        let slices = slices_of(client, svc).await;
+    let what = format!("EndpointSlices of {}/{svc} to be {want:?}", f.ns);
+    eventually(&what, WAIT, || async {
+        let slices = slices_of(&f.client, &f.ns, svc).await;
         (endpoint_states(&slices) == want).then_some(slices)
     })
     .await
 }
 
 async fn wait_endpoints(
-    client: &Client,
+    f: &Fixture,
     svc: &str,
     ready: Vec<String>,
     not_ready: Vec<String>,
 ) -> Endpoints {
-    let api: Api<Endpoints> = Api::namespaced(client.clone(), NS);
-    let what = format!("Endpoints {svc} to be ready {ready:?} not ready {not_ready:?}");
-    eventually(&what, Duration::from_secs(15), || async {
+    let api: Api<Endpoints> = f.api();
+    let what = format!(
+        "Endpoints {}/{svc} to be ready {ready:?} not ready {not_ready:?}",
+        f.ns
+    );
+    eventually(&what, WAIT, || async {
         let e = api.get_opt(svc).await.unwrap()?;
         (ep_addresses(&e) == (ready.clone(), not_ready.clone())).then_some(e)
     })
@@ -183,23 +276,22 @@ fn st(i: usize, ready: bool, serving: bool, terminating: bool) -> (String, bool,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoint_slices_and_endpoints_follow_pods() {
-    let srv = TestApiServer::start().await.unwrap();
-    let client = srv.client().unwrap();
-    let mgr = start(
-        &client,
+    let f = Fixture::new("follow").await;
+    let _one = MANAGERS.lock().await;
+    let node = f.unique("node");
+    create_node(&f, &node, "zone-a").await;
+    let _mgr = start(
+        &f.client,
         manager_cfg(&[ControllerKind::EndpointSlice, ControllerKind::Endpoints]),
     );
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": "node-1", "labels": {"topology.kubernetes.io/zone": "zone-a"}}})).unwrap();
-    nodes.create(&PostParams::default(), &node).await.unwrap();
-    let svc = create_service(&client, "web", json!({})).await;
+    let svc = create_service(&f, "web", json!({})).await;
     for (i, ready) in [(0, true), (1, true), (2, false)] {
-        create_pod(&client, "web", i, ready).await;
+        create_pod(&f, &node, "web", i, ready).await;
     }
-    create_pod(&client, "other", 9, true).await;
+    create_pod(&f, &node, "other", 9, true).await;
 
     let slices = wait_states(
-        &client,
+        &f,
         "web",
         vec![
             st(0, true, true, false),
@@ -228,14 +320,14 @@ async fn endpoint_slices_and_endpoints_follow_pods() {
     );
     assert_eq!(
         s.endpoints.as_ref().unwrap()[0].node_name.as_deref(),
-        Some("node-1")
+        Some(node.as_str())
     );
     assert_eq!(
         s.endpoints.as_ref().unwrap()[0].zone.as_deref(),
         Some("zone-a"),
         "zone from the Node's label"
     );
-    let ep = wait_endpoints(&client, "web", vec![pod_ip(0), pod_ip(1)], vec![pod_ip(2)]).await;
+    let ep = wait_endpoints(&f, "web", vec![pod_ip(0), pod_ip(1)], vec![pod_ip(2)]).await;
     assert_eq!(
         ep.subsets.as_ref().unwrap()[0].ports.as_ref().unwrap()[0].port,
         8080
@@ -248,29 +340,25 @@ async fn endpoint_slices_and_endpoints_follow_pods() {
 
     // A Node moving zone updates its endpoints.
     let relabel = json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "zone-b"}}});
-    nodes
-        .patch("node-1", &PatchParams::default(), &Patch::Merge(relabel))
+    Api::<Node>::all(f.client.clone())
+        .patch(&node, &PatchParams::default(), &Patch::Merge(relabel))
         .await
         .unwrap();
-    eventually(
-        "endpoints to move to zone-b",
-        Duration::from_secs(15),
-        || async {
-            let slices = slices_of(&client, "web").await;
-            let zones: Vec<Option<String>> = slices
-                .iter()
-                .flat_map(|s| s.endpoints.iter().flatten())
-                .map(|e| e.zone.clone())
-                .collect();
-            (zones.len() == 3 && zones.iter().all(|z| z.as_deref() == Some("zone-b"))).then_some(())
-        },
-    )
+    eventually("endpoints to move to zone-b", WAIT, || async {
+        let slices = slices_of(&f.client, &f.ns, "web").await;
+        let zones: Vec<Option<String>> = slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .map(|e| e.zone.clone())
+            .collect();
+        (zones.len() == 3 && zones.iter().all(|z| z.as_deref() == Some("zone-b"))).then_some(())
+    })
     .await;
 
     // Readiness flips are followed.
-    set_status(&client, "web-2", 2, true).await;
+    set_status(&f, "web-2", 2, true).await;
     wait_states(
-        &client,
+        &f,
         "web",
         vec![
             st(0, true, true, false),
@@ -281,19 +369,18 @@ async fn endpoint_slices_and_endpoints_follow_pods() {
     .await;
 
     // Deleting a Pod removes it.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    pods.delete("web-0", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_pod_now(&f, "web-0").await;
     wait_states(
-        &client,
+        &f,
         "web",
         vec![st(1, true, true, false), st(2, true, true, false)],
     )
     .await;
-    wait_endpoints(&client, "web", vec![pod_ip(1), pod_ip(2)], vec![]).await;
+    wait_endpoints(&f, "web", vec![pod_ip(1), pod_ip(2)], vec![]).await;
 
-    // A Pod held by a finalizer is terminating: serving but not ready; gone from Endpoints.
+    // A Pod being deleted (its grace period running, and a finalizer holding it beyond) is
+    // terminating: serving but not ready; gone from Endpoints.
+    let pods: Api<Pod> = f.api();
     pods.patch(
         "web-1",
         &PatchParams::default(),
@@ -305,56 +392,62 @@ async fn endpoint_slices_and_endpoints_follow_pods() {
         .await
         .unwrap();
     wait_states(
-        &client,
+        &f,
         "web",
         vec![st(1, false, true, true), st(2, true, true, false)],
     )
     .await;
-    wait_endpoints(&client, "web", vec![pod_ip(2)], vec![]).await;
+    wait_endpoints(&f, "web", vec![pod_ip(2)], vec![]).await;
 
-    // Deleting the Service removes its slices and Endpoints.
-    Api::<Service>::namespaced(client.clone(), NS)
+    // Deleting the Service removes its slices and Endpoints (no garbage collector runs: the
+    // controllers do it).
+    f.api::<Service>()
         .delete("web", &DeleteParams::default())
         .await
         .unwrap();
     eventually(
         "slices and Endpoints of a deleted Service to go",
-        Duration::from_secs(15),
+        WAIT,
         || async {
-            let gone = slices_of(&client, "web").await.is_empty()
-                && Api::<Endpoints>::namespaced(client.clone(), NS)
-                    .get_opt("web")
-                    .await
-                    .unwrap()
-                    .is_none();
+            let gone = slices_of(&f.client, &f.ns, "web").await.is_empty()
+                && f.api::<Endpoints>().get_opt("web").await.unwrap().is_none();
             gone.then_some(())
         },
     )
     .await;
-    mgr.abort();
+    // The held Pod would wait for its finalizer forever: let it go.
+    pods.patch(
+        "web-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scaling_to_250_pods_produces_three_slices() {
-    let srv = TestApiServer::start().await.unwrap();
-    let client = srv.client().unwrap();
-    let mgr = start(&client, manager_cfg(&[ControllerKind::EndpointSlice]));
-    create_service(&client, "big", json!({})).await;
-    create_pod(&client, "big", 0, true).await;
-    wait_states(&client, "big", vec![st(0, true, true, false)]).await;
+    let f = Fixture::new("scale").await;
+    let _one = MANAGERS.lock().await;
+    let node = f.unique("node");
+    let _mgr = start(&f.client, manager_cfg(&[ControllerKind::EndpointSlice]));
+    create_service(&f, "big", json!({})).await;
+    create_pod(&f, &node, "big", 0, true).await;
+    wait_states(&f, "big", vec![st(0, true, true, false)]).await;
     futures::stream::iter(1..250)
         .for_each_concurrent(16, |i| {
-            let client = client.clone();
+            let f = &f;
+            let node = &node;
             async move {
-                create_pod(&client, "big", i, true).await;
+                create_pod(f, node, "big", i, true).await;
             }
         })
         .await;
     let slices = eventually(
         "250 endpoints in slices",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || async {
-            let slices = slices_of(&client, "big").await;
+            let slices = slices_of(&f.client, &f.ns, "big").await;
             (endpoint_states(&slices).len() == 250 && endpoint_states(&slices).iter().all(|e| e.1))
                 .then_some(slices)
         },
@@ -373,7 +466,6 @@ async fn scaling_to_250_pods_produces_three_slices() {
     let mut addrs: Vec<String> = endpoint_states(&slices).into_iter().map(|e| e.0).collect();
     addrs.dedup();
     assert_eq!(addrs.len(), 250, "no endpoint appears twice");
-    mgr.abort();
 }
 
 fn lb_cfg(pool: &str) -> ManagerConfig {
@@ -383,44 +475,42 @@ fn lb_cfg(pool: &str) -> ManagerConfig {
     }
 }
 
-async fn lb_ip(client: &Client, name: &str) -> Option<String> {
-    let svc = Api::<Service>::namespaced(client.clone(), NS)
-        .get_opt(name)
-        .await
-        .unwrap()?;
+async fn lb_ip(f: &Fixture, name: &str) -> Option<String> {
+    let svc = f.api::<Service>().get_opt(name).await.unwrap()?;
     lbipam::ingress_ips(&svc).first().map(ToString::to_string)
 }
 
-async fn wait_lb_ip(client: &Client, name: &str) -> String {
-    eventually(
-        &format!("an LB address for {name}"),
-        Duration::from_secs(15),
-        || lb_ip(client, name),
-    )
+async fn wait_lb_ip(f: &Fixture, name: &str) -> String {
+    eventually(&format!("an LB address for {name}"), WAIT, || {
+        lb_ip(f, name)
+    })
     .await
 }
 
+/// lb-ipam only (no slices written), so it runs beside the other tests without [`MANAGERS`]: it
+/// is the only test of this binary creating LoadBalancer Services, which lb-ipam sees in every
+/// namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_balancer_ips_are_assigned_released_and_survive_restart() {
-    let srv = TestApiServer::start().await.unwrap();
-    let client = srv.client().unwrap();
-    // A Service that already carries an address from before (as after a restart of everything).
-    srv.insert(
-        "services",
-        json!({"metadata": {"name": "old", "namespace": NS, "finalizers": [FINALIZER]},
-        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
-        "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}}}),
-    )
-    .unwrap();
-    let mgr = start(&client, lb_cfg("192.0.2.0/29"));
+    let f = Fixture::new("lb-ipam").await;
+    // A Service that already carries an address from before (as after a restart of everything):
+    // created with the finalizer, its status written as an earlier allocator did.
     let lb = json!({"spec": {"type": "LoadBalancer"}});
-    create_service(&client, "a", lb.clone()).await;
-    create_service(&client, "b", lb.clone()).await;
-    create_service(&client, "plain", json!({})).await;
-    let (a, b) = (
-        wait_lb_ip(&client, "a").await,
-        wait_lb_ip(&client, "b").await,
-    );
+    let old = json!({"metadata": {"finalizers": [FINALIZER]}, "spec": {"type": "LoadBalancer"}});
+    create_service(&f, "old", old).await;
+    f.api::<Service>()
+        .patch_status(
+            "old",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}}})),
+        )
+        .await
+        .unwrap();
+    let mgr = start(&f.client, lb_cfg("192.0.2.0/29"));
+    create_service(&f, "a", lb.clone()).await;
+    create_service(&f, "b", lb.clone()).await;
+    create_service(&f, "plain", json!({})).await;
+    let (a, b) = (wait_lb_ip(&f, "a").await, wait_lb_ip(&f, "b").await);
     let pool: Vec<String> = (1..=6).map(|i| format!("192.0.2.{i}")).collect();
     assert!(
         pool.contains(&a) && pool.contains(&b),
@@ -431,20 +521,20 @@ async fn load_balancer_ips_are_assigned_released_and_survive_restart() {
         "no duplicates: old=192.0.2.1 a={a} b={b}"
     );
     assert_eq!(
-        lb_ip(&client, "old").await.as_deref(),
+        lb_ip(&f, "old").await.as_deref(),
         Some("192.0.2.1"),
         "existing assignment kept"
     );
-    assert_eq!(lb_ip(&client, "plain").await, None);
+    assert_eq!(lb_ip(&f, "plain").await, None);
 
-    let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
+    let svcs: Api<Service> = f.api();
     // Deleting a LoadBalancer Service releases its address, then the finalizer lets it go.
     svcs.delete("a", &DeleteParams::default()).await.unwrap();
-    eventually("Service a to be gone", Duration::from_secs(15), || async {
+    eventually("Service a to be gone", WAIT, || async {
         svcs.get_opt("a").await.unwrap().is_none().then_some(())
     })
     .await;
-    // Changing the type releases too.
+    // Changing the type releases too (the API server drops the node ports itself).
     svcs.patch(
         "b",
         &PatchParams::default(),
@@ -452,26 +542,23 @@ async fn load_balancer_ips_are_assigned_released_and_survive_restart() {
     )
     .await
     .unwrap();
-    eventually(
-        "b to lose its address and finalizer",
-        Duration::from_secs(15),
-        || async {
-            let s = svcs.get("b").await.unwrap();
-            (lbipam::ingress_ips(&s).is_empty() && !s.finalizers().contains(&FINALIZER.to_string()))
-                .then_some(())
-        },
-    )
+    eventually("b to lose its address and finalizer", WAIT, || async {
+        let s = svcs.get("b").await.unwrap();
+        (lbipam::ingress_ips(&s).is_empty() && !s.finalizers().contains(&FINALIZER.to_string()))
+            .then_some(())
+    })
     .await;
 
-    // Restart: the new allocator rebuilds from the Services and never hands out a held address.
-    mgr.abort();
-    create_service(&client, "c", lb.clone()).await;
-    let mgr = start(&client, lb_cfg("192.0.2.0/29"));
-    let c = wait_lb_ip(&client, "c").await;
+    // Restart of the manager (the API server stays up): the new allocator rebuilds from the
+    // Services and never hands out a held address.
+    drop(mgr);
+    create_service(&f, "c", lb.clone()).await;
+    let _mgr = start(&f.client, lb_cfg("192.0.2.0/29"));
+    let c = wait_lb_ip(&f, "c").await;
     let mut held = vec!["192.0.2.1".to_string(), c.clone()];
     for name in ["d", "e", "f", "g"] {
-        create_service(&client, name, lb.clone()).await;
-        held.push(wait_lb_ip(&client, name).await);
+        create_service(&f, name, lb.clone()).await;
+        held.push(wait_lb_ip(&f, name).await);
     }
     let mut unique = held.clone();
     unique.sort();
@@ -482,22 +569,21 @@ async fn load_balancer_ips_are_assigned_released_and_survive_restart() {
         "all six addresses distinct: {held:?}"
     );
     // The pool (6 addresses) is now full: the next Service waits without an address.
-    create_service(&client, "h", lb.clone()).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    create_service(&f, "h", lb.clone()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        lb_ip(&client, "h").await,
+        lb_ip(&f, "h").await,
         None,
         "an exhausted pool assigns nothing"
     );
     svcs.delete("d", &DeleteParams::default()).await.unwrap();
-    let h = wait_lb_ip(&client, "h").await;
+    let h = wait_lb_ip(&f, "h").await;
     assert!(pool.contains(&h));
-    mgr.abort();
 }
 
-async fn holder(client: &Client) -> Option<(String, i32)> {
+async fn holder(client: &Client, lease: &str) -> Option<(String, i32)> {
     let lease = Api::<Lease>::namespaced(client.clone(), "kube-system")
-        .get_opt("kpr-test-leader")
+        .get_opt(lease)
         .await
         .unwrap()?;
     let spec = lease.spec?;
@@ -507,12 +593,12 @@ async fn holder(client: &Client) -> Option<(String, i32)> {
     ))
 }
 
-fn leader_cfg(identity: &str) -> ManagerConfig {
+fn leader_cfg(lease: &str, identity: &str) -> ManagerConfig {
     let leader = LeaderConfig {
         lease_duration: Duration::from_secs(2),
         renew_deadline: Duration::from_millis(1500),
         retry_period: Duration::from_millis(200),
-        ..LeaderConfig::new("kube-system", "kpr-test-leader", identity)
+        ..LeaderConfig::new("kube-system", lease, identity)
     };
     ManagerConfig {
         leader: Some(leader),
@@ -522,90 +608,182 @@ fn leader_cfg(identity: &str) -> ManagerConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_election_with_two_managers() {
-    let srv = TestApiServer::start().await.unwrap();
-    let client = srv.client().unwrap();
-    let a = start(&client, leader_cfg("manager-a"));
-    eventually("manager-a to lead", Duration::from_secs(10), || async {
-        holder(&client).await.filter(|h| h.0 == "manager-a")
+    let f = Fixture::new("leader").await;
+    let _one = MANAGERS.lock().await;
+    let node = f.unique("node");
+    // A Lease of this test only (kube-system is shared by the whole binary).
+    let lease = f.unique("leader");
+    let a = start(&f.client, leader_cfg(&lease, "manager-a"));
+    eventually("manager-a to lead", WAIT, || async {
+        holder(&f.client, &lease)
+            .await
+            .filter(|h| h.0 == "manager-a")
     })
     .await;
-    let b = start(&client, leader_cfg("manager-b"));
-    create_service(&client, "one", json!({})).await;
-    create_pod(&client, "one", 1, true).await;
-    wait_states(&client, "one", vec![st(1, true, true, false)]).await;
+    let b = start(&f.client, leader_cfg(&lease, "manager-b"));
+    create_service(&f, "one", json!({})).await;
+    create_pod(&f, &node, "one", 1, true).await;
+    wait_states(&f, "one", vec![st(1, true, true, false)]).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        holder(&client).await.unwrap(),
+        holder(&f.client, &lease).await.unwrap(),
         ("manager-a".to_string(), 0),
         "the leader keeps renewing; b waits"
     );
 
     // manager-a dies without releasing: b takes over once the lease expires and does the work.
-    a.abort();
-    let (who, transitions) = eventually(
-        "manager-b to take over",
-        Duration::from_secs(10),
-        || async { holder(&client).await.filter(|h| h.0 == "manager-b") },
-    )
+    drop(a);
+    let (who, transitions) = eventually("manager-b to take over", WAIT, || async {
+        holder(&f.client, &lease)
+            .await
+            .filter(|h| h.0 == "manager-b")
+    })
     .await;
     assert_eq!((who.as_str(), transitions), ("manager-b", 1));
-    create_service(&client, "two", json!({})).await;
-    create_pod(&client, "two", 2, true).await;
-    wait_states(&client, "two", vec![st(2, true, true, false)]).await;
-    b.abort();
+    create_service(&f, "two", json!({})).await;
+    create_pod(&f, &node, "two", 2, true).await;
+    wait_states(&f, "two", vec![st(2, true, true, false)]).await;
+    drop(b);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leftovers_of_services_deleted_while_down_are_removed_at_start() {
-    let srv = TestApiServer::start().await.unwrap();
-    let client = srv.client().unwrap();
-    let managed = json!({"kubernetes.io/service-name": "gone", LABEL_MANAGED_BY: MANAGED_BY});
-    let owner = json!([{"apiVersion": "v1", "kind": "Service", "name": "gone", "uid": "old-uid", "controller": true}]);
-    srv.insert("endpointslices", json!({"metadata": {"name": "gone-abc", "namespace": NS, "labels": managed, "ownerReferences": owner},
-        "addressType": "IPv4", "endpoints": [{"addresses": ["10.9.9.9"]}]}))
-        .unwrap();
-    let foreign = json!({"kubernetes.io/service-name": "gone", LABEL_MANAGED_BY: "someone-else"});
-    srv.insert(
-        "endpointslices",
-        json!({"metadata": {"name": "gone-foreign", "namespace": NS, "labels": foreign},
-        "addressType": "IPv4", "endpoints": []}),
-    )
-    .unwrap();
-    srv.insert(
-        "endpoints",
-        json!({"metadata": {"name": "gone", "namespace": NS}, "subsets": []}),
-    )
-    .unwrap();
+    let f = Fixture::new("leftovers").await;
+    let _one = MANAGERS.lock().await;
+    // A first manager writes the slices and Endpoints of a Service, then stops; the Service is
+    // deleted while no manager runs (and no garbage collector either).
+    let node = f.unique("node");
     let mgr = start(
-        &client,
+        &f.client,
+        manager_cfg(&[ControllerKind::EndpointSlice, ControllerKind::Endpoints]),
+    );
+    create_service(&f, "gone", json!({})).await;
+    create_pod(&f, &node, "gone", 7, true).await;
+    wait_states(&f, "gone", vec![st(7, true, true, false)]).await;
+    wait_endpoints(&f, "gone", vec![pod_ip(7)], vec![]).await;
+    drop(mgr);
+    let managed = slices_of(&f.client, &f.ns, "gone").await;
+    assert_eq!(managed.len(), 1);
+    let managed = managed[0].name_any();
+    f.api::<Service>()
+        .delete("gone", &DeleteParams::default())
+        .await
+        .unwrap();
+    // A slice of the same Service name written by someone else.
+    let foreign = json!({"kubernetes.io/service-name": "gone", LABEL_MANAGED_BY: "someone-else"});
+    let foreign: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "gone-foreign", "labels": foreign},
+        "addressType": "IPv4", "endpoints": []}))
+    .unwrap();
+    f.api::<EndpointSlice>()
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    // The API server deletes a Service's Endpoints with it (the Service storage does, for lack of
+    // a guaranteed Endpoints controller); a leftover Endpoints object is still possible, written
+    // by a controller racing the deletion: made here by hand.
+    assert!(
+        f.api::<Endpoints>()
+            .get_opt("gone")
+            .await
+            .unwrap()
+            .is_none(),
+        "kube-apiserver deletes the Endpoints of a deleted Service"
+    );
+    let orphan: Endpoints = serde_json::from_value(json!({"metadata": {"name": "gone"},
+        "subsets": [{"addresses": [{"ip": pod_ip(7)}], "ports": [{"name": "http", "port": 8080}]}]}))
+    .unwrap();
+    f.api::<Endpoints>()
+        .create(&PostParams::default(), &orphan)
+        .await
+        .unwrap();
+
+    // The restarted manager removes what the deleted Service left behind.
+    let _mgr = start(
+        &f.client,
         manager_cfg(&[ControllerKind::EndpointSlice, ControllerKind::Endpoints]),
     );
     eventually(
         "the orphaned slice and Endpoints to be deleted",
-        Duration::from_secs(15),
+        WAIT,
         || async {
-            let slice_gone = srv.get("endpointslices", Some(NS), "gone-abc").is_err();
-            let ep_gone = srv.get("endpoints", Some(NS), "gone").is_err();
+            let slice_gone = f
+                .api::<EndpointSlice>()
+                .get_opt(&managed)
+                .await
+                .unwrap()
+                .is_none();
+            let ep_gone = f
+                .api::<Endpoints>()
+                .get_opt("gone")
+                .await
+                .unwrap()
+                .is_none();
             (slice_gone && ep_gone).then_some(())
         },
     )
     .await;
     assert!(
-        srv.get("endpointslices", Some(NS), "gone-foreign").is_ok(),
+        f.api::<EndpointSlice>()
+            .get_opt("gone-foreign")
+            .await
+            .unwrap()
+            .is_some(),
         "slices of other managers are left alone"
     );
-    mgr.abort();
 }
 
+/// The manager runs as a user whose RBAC grants everything it writes and reads except Nodes (the
+/// real authorizer answers 403 to its Node list and watch); the Node exists and has a zone, but
+/// the endpoints carry none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_are_written_without_zones_when_nodes_are_forbidden() {
-    let srv = TestApiServer::start().await.unwrap();
-    srv.faults().forbid("nodes");
-    let client = srv.client().unwrap();
-    let mgr = start(&client, manager_cfg(&[ControllerKind::EndpointSlice]));
-    create_service(&client, "norbac", json!({})).await;
-    create_pod(&client, "norbac", 3, true).await;
-    let slices = wait_states(&client, "norbac", vec![st(3, true, true, false)]).await;
-    assert_eq!(slices[0].endpoints.as_ref().unwrap()[0].zone, None);
-    mgr.abort();
+    let f = Fixture::new("no-nodes").await;
+    let _one = MANAGERS.lock().await;
+    let node = f.unique("node");
+    create_node(&f, &node, "zone-a").await;
+    let user = f.unique("manager");
+    let role = f.unique("no-nodes");
+    let rbac = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": role},
+         "rules": [
+            {"apiGroups": [""], "resources": ["pods", "services", "services/status", "endpoints"],
+             "verbs": ["*"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["*"]},
+         ]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": role},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]},
+    ]});
+    f.cp.kubectl_run(&["apply", "-f", "-"], Some(&rbac.to_string()))
+        .unwrap();
+    let kubeconfig = f.cp.kubeconfig_for_user(&user, None).unwrap();
+    let restricted = controlplane::client_from(&kubeconfig).await.unwrap();
+    // The real authorizer's view, before the manager starts: slices allowed (once the binding
+    // reached its cache), Nodes denied.
+    eventually("the binding to take effect", WAIT, || async {
+        Api::<EndpointSlice>::namespaced(restricted.clone(), &f.ns)
+            .list(&ListParams::default())
+            .await
+            .ok()
+    })
+    .await;
+    let err = Api::<Node>::all(restricted.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 403),
+        "listing Nodes as {user}: {err}"
+    );
+
+    let _mgr = start(&restricted, manager_cfg(&[ControllerKind::EndpointSlice]));
+    create_service(&f, "norbac", json!({})).await;
+    create_pod(&f, &node, "norbac", 3, true).await;
+    let slices = wait_states(&f, "norbac", vec![st(3, true, true, false)]).await;
+    let e = &slices[0].endpoints.as_ref().unwrap()[0];
+    assert_eq!(e.node_name.as_deref(), Some(node.as_str()));
+    assert_eq!(e.zone, None, "no zone without read access to Nodes");
 }
