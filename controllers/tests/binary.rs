@@ -1,5 +1,11 @@
-//! The `controller-manager` binary against the test API server: two processes with
-//! `--leader-elect`, one leads and writes EndpointSlices; killing it hands the Lease to the other.
+//! The `controller-manager` binary against the reference kube-apiserver (etcd behind it, TLS,
+//! RBAC; one control plane for this test binary): two processes with `--leader-elect`, one leads
+//! (the `kpr-controller-manager` Lease in kube-system) and writes EndpointSlices; killing it hands
+//! the Lease to the other; SIGTERM makes the leader release the Lease and exit cleanly.
+//!
+//! The processes use the admin kubeconfig; running under the ServiceAccount and RBAC of
+//! deploy/controller-manager.yaml is `tests/tests/controller_manager_rbac.rs` (kpr-tests). The
+//! test acts as the kubelet (writes Pod status); assertions are about its own namespace.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -10,8 +16,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use test_apiserver::TestApiServer;
 use tokio::process::{Child, Command};
+
+/// How long any one expected state may take to appear.
+const WAIT: Duration = Duration::from_secs(60);
 
 fn spawn(kubeconfig: &Path, identity: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_controller-manager"))
@@ -56,37 +64,36 @@ where
 {
     let start = Instant::now();
     while !f().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-async fn service_with_pod(client: &Client, name: &str, ip: &str) {
+/// A Service and one Pod behind it, Running and Ready at `ip` (status written as a kubelet would).
+async fn service_with_pod(client: &Client, ns: &str, name: &str, ip: &str) {
     let svc: Service = serde_json::from_value(json!({"metadata": {"name": name},
         "spec": {"selector": {"app": name}, "ports": [{"port": 80}]}}))
     .unwrap();
-    Api::<Service>::namespaced(client.clone(), "default")
+    Api::<Service>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &svc)
         .await
         .unwrap();
     let pod: Pod =
         serde_json::from_value(json!({"metadata": {"name": name, "labels": {"app": name}},
-        "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/app:1"}]}}))
         .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    let status = json!({"status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}});
+    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": "True"}]}});
     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
         .await
         .unwrap();
 }
 
-async fn has_endpoint(client: &Client, svc: &str, ip: &str) -> bool {
+async fn has_endpoint(client: &Client, ns: &str, svc: &str, ip: &str) -> bool {
     let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={svc}"));
-    let slices = Api::<EndpointSlice>::namespaced(client.clone(), "default")
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), ns)
         .list(&lp)
         .await
         .unwrap()
@@ -99,22 +106,20 @@ async fn has_endpoint(client: &Client, svc: &str, ip: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_binaries_elect_one_leader_and_fail_over() {
-    let srv = TestApiServer::start().await.unwrap();
-    let client = srv.client().unwrap();
-    let dir = std::env::temp_dir().join(format!("kpr-cm-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    srv.write_kubeconfig(&kubeconfig).unwrap();
+    let cp = controlplane::shared().unwrap();
+    let ns = cp.test_namespace("binary").unwrap();
+    let client = cp.client().await.unwrap();
+    let kubeconfig = cp.admin_kubeconfig();
 
-    let mut a = spawn(&kubeconfig, "cm-a");
+    let mut a = spawn(kubeconfig, "cm-a");
     wait_for("cm-a to lead", || async {
         holder(&client).await.as_deref() == Some("cm-a")
     })
     .await;
-    let mut b = spawn(&kubeconfig, "cm-b");
-    service_with_pod(&client, "first", "10.1.0.1").await;
+    let mut b = spawn(kubeconfig, "cm-b");
+    service_with_pod(&client, &ns, "first", "10.1.0.1").await;
     wait_for("an EndpointSlice written by the leader", || {
-        has_endpoint(&client, "first", "10.1.0.1")
+        has_endpoint(&client, &ns, "first", "10.1.0.1")
     })
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -133,9 +138,9 @@ async fn two_binaries_elect_one_leader_and_fail_over() {
         holder(&client).await.as_deref() == Some("cm-b")
     })
     .await;
-    service_with_pod(&client, "second", "10.1.0.2").await;
+    service_with_pod(&client, &ns, "second", "10.1.0.2").await;
     wait_for("an EndpointSlice written by the new leader", || {
-        has_endpoint(&client, "second", "10.1.0.2")
+        has_endpoint(&client, &ns, "second", "10.1.0.2")
     })
     .await;
 
@@ -152,7 +157,6 @@ async fn two_binaries_elect_one_leader_and_fail_over() {
         None,
         "the Lease was released on shutdown"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn pid_of(c: &Child) -> i32 {
