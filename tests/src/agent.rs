@@ -106,7 +106,13 @@ impl AgentOptions {
 pub fn proxy_binary() -> Result<PathBuf, HarnessError> {
     let path = match std::env::var_os("KPR_PROXY_BIN") {
         Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/proxy"),
+        // The target directory this harness was built into: $CARGO_TARGET_DIR (at run time,
+        // then at build time), else the workspace's target/.
+        None => std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .or_else(|| option_env!("CARGO_TARGET_DIR").map(PathBuf::from))
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+            .join("debug/proxy"),
     };
     if !path.is_file() {
         return Err(HarnessError::Agent(format!(

@@ -1,9 +1,10 @@
-//! End to end through the control plane: Services and Pods written to the test API server, the
-//! EndpointSlice controller turning them into slices, and the `proxy` agent (kube source, userspace
-//! backend) in a node network namespace sending real connections to the pod namespaces.
-//!
-//! The API server listens twice: on the test's loopback (for the test and the controller) and on a
-//! socket bound inside the node namespace (for the agent), both serving the same objects.
+//! End to end through the reference control plane: Services and Pods written to the real
+//! kube-apiserver, our EndpointSlice controller turning them into slices, and the `proxy` agent
+//! (kube source, userspace backend) in a node network namespace sending real connections to the
+//! pod namespaces. The agent runs under exactly the ServiceAccount and ClusterRole of
+//! deploy/proxy.yaml, applied with kubectl, so the real RBAC authorizer proves it needs nothing
+//! more. The API server listens on the test's loopback only; the agent reaches it through a relay
+//! bound inside the node namespace. Every manifest of deploy/ passes a server-side dry run.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,14 +12,14 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use controllers::manager::{self, ControllerKind, ManagerConfig};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use controlplane::{ControlPlane, Options, Relay};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kpr_tests::agent::proxy_binary;
 use kpr_tests::cluster::{ClusterSpec, CLUSTER_CIDR, ECHO_PORT, NODE_IP, NODE_NAME, SERVICE_CIDR};
 use kpr_tests::{tcp_request, Cluster, Netns};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use test_apiserver::TestApiServer;
 
 /// The agent process; killed on drop, its log printed when the test failed.
 struct AgentProcess {
@@ -84,8 +85,8 @@ impl Drop for AgentProcess {
     }
 }
 
-async fn create_pod(client: &Client, name: &str, ip: &str) {
-    let api: Api<Pod> = Api::namespaced(client.clone(), "default");
+async fn create_pod(client: &Client, ns: &str, name: &str, ip: &str) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"app": "echo"}},
         "spec": {"nodeName": NODE_NAME, "containers": [{"name": "echo", "image": "x",
@@ -128,17 +129,92 @@ async fn eventually_answered_by(ns: &Netns, to: SocketAddr, want: &[&str]) {
     }
 }
 
+fn workspace_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+/// The node the agent runs as, so its own Node object can be read (deploy/proxy.yaml grants it).
+async fn create_node(client: &Client) {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": NODE_NAME, "labels": {"kubernetes.io/hostname": NODE_NAME}},
+        "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP.to_string()}]}
+    }))
+    .unwrap();
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_objects_become_connections_through_controller_and_agent() {
     let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
-    let srv = TestApiServer::start().await.unwrap();
+    // A control plane of this test's own: its API server is stopped and restarted below.
+    let mut cp = ControlPlane::start(Options::minimal(controlplane::run_dir("e2e"))).unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.test_namespace("e2e").unwrap();
+    create_node(&client).await;
+
+    // The agent's identity: deploy/proxy.yaml as a user would apply it.
+    cp.kubectl_run(
+        &[
+            "apply",
+            "-f",
+            workspace_file("deploy/proxy.yaml").to_str().unwrap(),
+        ],
+        None,
+    )
+    .unwrap();
+    let token = cp
+        .service_account_token("kube-system", "kpr-proxy")
+        .unwrap();
     let in_node = cluster
         .node
         .run(|| std::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap()
         .unwrap();
-    let node_url = srv.serve_also(in_node).unwrap();
-    let client = srv.client().unwrap();
+    let api_addr: SocketAddr = format!("127.0.0.1:{}", cp.ports.apiserver).parse().unwrap();
+    let relay = Relay::start(in_node, api_addr).unwrap();
+    let agent_kubeconfig = cp
+        .kubeconfig_for_token(
+            "kpr-proxy.kubeconfig",
+            &token,
+            &format!("https://{}", relay.addr()),
+        )
+        .unwrap();
+    // The real authorizer agrees with the manifest: what the agent needs, and nothing more.
+    let can = |verb: &str, resource: &str| {
+        cp.kubectl_run(
+            &[
+                "auth",
+                "can-i",
+                verb,
+                resource,
+                "--all-namespaces",
+                "--as",
+                "system:serviceaccount:kube-system:kpr-proxy",
+            ],
+            None,
+        )
+        .map(|out| out.trim() == "yes")
+        .unwrap_or(false)
+    };
+    for (verb, resource) in [
+        ("watch", "services"),
+        ("watch", "endpointslices.discovery.k8s.io"),
+        ("get", "nodes"),
+    ] {
+        assert!(can(verb, resource), "kpr-proxy may {verb} {resource}");
+    }
+    for (verb, resource) in [
+        ("update", "services"),
+        ("create", "endpointslices.discovery.k8s.io"),
+        ("list", "secrets"),
+        ("list", "pods"),
+    ] {
+        assert!(!can(verb, resource), "kpr-proxy may not {verb} {resource}");
+    }
+
     let cfg = ManagerConfig {
         controllers: vec![ControllerKind::EndpointSlice],
         lb_pool: None,
@@ -150,39 +226,89 @@ async fn api_objects_become_connections_through_controller_and_agent() {
     let svc: Service = serde_json::from_value(json!({"metadata": {"name": "echo"},
         "spec": {"selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}))
     .unwrap();
-    let svc = Api::<Service>::namespaced(client.clone(), "default")
+    let svc = Api::<Service>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &svc)
         .await
         .unwrap();
     let vip: std::net::IpAddr = svc.spec.unwrap().cluster_ip.unwrap().parse().unwrap();
     for p in &cluster.pods {
-        create_pod(&client, &p.name, &p.ip.to_string()).await;
+        create_pod(&client, &ns, &p.name, &p.ip.to_string()).await;
     }
-    let dir = std::env::temp_dir().join(format!("kpr-cp-e2e-{}", std::process::id()));
-    let _agent = AgentProcess::start(&cluster.node, &srv.kubeconfig_for(&node_url), &dir);
+    let dir = cp.dir.join("agent");
+    let kubeconfig = std::fs::read_to_string(&agent_kubeconfig).unwrap();
+    let agent = AgentProcess::start(&cluster.node, &kubeconfig, &dir);
 
     let to = SocketAddr::new(vip, 80);
     eventually_answered_by(&cluster.podclient, to, &["pod0", "pod1"]).await;
 
     // Deleting a Pod through the API takes it out of rotation on the node.
-    Api::<Pod>::namespaced(client.clone(), "default")
-        .delete("pod1", &DeleteParams::default())
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete("pod1", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
     eventually_answered_by(&cluster.podclient, to, &["pod0"]).await;
 
-    // The API server goes away (every request 500, every watch cut): the node keeps serving the
+    // The API server stops (every watch cut, every request refused): the node keeps serving the
     // last programmed state, and follows again once the server is back.
-    let faults = srv.faults();
-    faults.fail_for(Duration::from_secs(3));
-    faults.drop_watches();
+    cp.stop_apiserver();
     assert_eq!(
         tally(&cluster.podclient, to, 6).as_deref(),
         Some(&["pod0".to_string()][..]),
         "served during the outage"
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    create_pod(&client, "pod1", &cluster.pods[1].ip.to_string()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        tally(&cluster.podclient, to, 6).as_deref(),
+        Some(&["pod0".to_string()][..]),
+        "still served, seconds into the outage"
+    );
+    cp.start_apiserver().unwrap();
+    let client = cp.client().await.unwrap();
+    create_pod(&client, &ns, "pod1", &cluster.pods[1].ip.to_string()).await;
     eventually_answered_by(&cluster.podclient, to, &["pod0", "pod1"]).await;
     mgr.abort();
+
+    // Under the ServiceAccount of deploy/proxy.yaml, nothing the agent asked for was refused.
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    assert!(
+        !log.contains("forbidden") && !log.contains("Forbidden"),
+        "the agent was refused something under its own RBAC:\n{log}"
+    );
+    drop(agent);
+}
+
+/// Every manifest of deploy/ is accepted by the real API server's validation and admission
+/// (`kubectl apply --dry-run=server`); kind-config.yaml is kind's own configuration, not an API
+/// object, and is parsed by deploy_manifests.rs instead. A dry run creates nothing, so the
+/// namespace smoke.yaml declares for its other objects is created first.
+#[test]
+fn every_deploy_manifest_passes_a_server_side_dry_run() {
+    let cp = controlplane::shared().unwrap();
+    cp.create_namespace("kpr-smoke").unwrap();
+    let mut checked = Vec::new();
+    for entry in std::fs::read_dir(workspace_file("deploy")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with(".yaml") || name == "kind-config.yaml" {
+            continue;
+        }
+        let out = cp
+            .kubectl_run(
+                &["apply", "--dry-run=server", "-f", path.to_str().unwrap()],
+                None,
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        assert!(out.contains("(server dry run)"), "{name}: {out}");
+        checked.push(name);
+    }
+    checked.sort();
+    assert_eq!(
+        checked,
+        [
+            "cleanup.yaml",
+            "controller-manager.yaml",
+            "proxy.yaml",
+            "smoke.yaml"
+        ]
+    );
 }
