@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use xtask::exec::Cmd;
-use xtask::{bench, kind, setup, test, vm, workspace_root};
+use xtask::{bench, cluster, kind, setup, test, vm, workspace_root};
 
 mod demo;
 
@@ -25,6 +25,9 @@ enum Command {
     Test(test::TestArgs),
     /// Setup, build, then the demo: the agent and its backends on network namespaces.
     Demo(demo::DemoArgs),
+    /// A reference control plane in the background (etcd, kube-apiserver, controllers, scheduler,
+    /// kwok nodes of the pinned Kubernetes): up, down, env, status.
+    Cluster(cluster::ClusterArgs),
     /// kpr on a kind cluster without kube-proxy: create, build, load, deploy, smoke test.
     Kind(kind::KindArgs),
     /// The tests inside VMs, one per Debian kernel (virtme-ng + qemu); --smoke boots one kernel.
@@ -58,6 +61,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             demo::run(&args)
         }
         Command::Kind(args) => kind::run(&args),
+        Command::Cluster(args) => cluster::run(&args),
         Command::Vm(args) => vm::run(&args),
         Command::Bench(args) => bench::run(&args),
     }

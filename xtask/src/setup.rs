@@ -53,6 +53,7 @@ pub fn run_with(args: &SetupArgs) -> anyhow::Result<()> {
 pub fn run() -> anyhow::Result<()> {
     apt_packages()?;
     nightly_toolchain()?;
+    crate::fuzz::ensure_cargo_fuzz()?;
     host_components()?;
     bpf_linker()?;
     crate::vm::ensure_tools()?;

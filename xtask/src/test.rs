@@ -20,7 +20,8 @@ pub struct TestArgs {
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let mut summary = Summary::default();
     let root = workspace_root();
-    let fatal = summary.step("setup", setup::run)
+    // The suites run against the reference Kubernetes: setup builds it (cached after the first time).
+    let fatal = summary.step("setup", || setup::run_with(&setup::SetupArgs { k8s: true }))
         && summary.step("build", || {
             Cmd::new("cargo")
                 .args(["build", "--workspace", "--bins"])
@@ -76,6 +77,8 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
             .env("KPR_PROXY_BIN", &proxy_bin)
             .run()
     });
+    // The manifest parser under libFuzzer for a minute: a crash or a slow input fails the step.
+    summary.step("fuzz smoke", || crate::fuzz::smoke(60));
     // The kernel-facing suites once more inside a VM booted on the oldest kernel we claim, one
     // fast test each (`cargo xtask vm` runs the full matrix), and the benchmark on 1,000 Services,
     // which fails only when a backend errors, never on a time.

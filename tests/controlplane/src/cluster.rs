@@ -203,14 +203,27 @@ impl ControlPlane {
         Ok(out.trim().to_string())
     }
 
-    fn log(&self, name: &str) -> PathBuf {
+    /// The log file of component `name`.
+    pub fn log(&self, name: &str) -> PathBuf {
         self.dir.join("logs").join(format!("{name}.log"))
     }
 
     fn spawn(&mut self, name: &str, args: Vec<String>) -> anyhow::Result<()> {
+        let program = self.binaries.path(name);
+        self.spawn_program(name, &program, args)
+    }
+
+    /// Starts another process beside the control plane (kpr's controller-manager, say), with the
+    /// same lifetime and its log in the same place; stopped with the rest.
+    pub fn spawn_program(
+        &mut self,
+        name: &str,
+        program: &Path,
+        args: Vec<String>,
+    ) -> anyhow::Result<()> {
         let spec = Spec {
             name: name.to_string(),
-            program: self.binaries.path(binary_of(name)),
+            program: program.to_path_buf(),
             args,
             env: Vec::new(),
             log: self.log(name),
@@ -464,10 +477,6 @@ impl Drop for ControlPlane {
     }
 }
 
-fn binary_of(name: &str) -> &str {
-    name
-}
-
 fn kwok_node(name: &str) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Node",
@@ -479,12 +488,9 @@ fn kwok_node(name: &str) -> serde_json::Value {
                        "kubernetes.io/os": "linux", "kubernetes.io/role": "agent",
                        "node-role.kubernetes.io/agent": "", "type": "kwok"}
         },
-        "spec": {"taints": [{"effect": "NoSchedule", "key": "kwok.x-k8s.io/node", "value": "fake"}]},
         "status": {
             "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
             "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
-            "nodeInfo": {"architecture": "amd64", "kubeProxyVersion": "fake",
-                         "kubeletVersion": "fake", "operatingSystem": "linux"},
             "phase": "Running"
         }
     })

@@ -53,3 +53,71 @@ async fn admin_and_a_restricted_user_and_a_restart() {
     );
     assert_eq!(controlplane::kubernetes_version(), "v1.34.4");
 }
+
+/// The whole reference cluster `cargo xtask cluster up --kwok-nodes 2` starts: a Deployment
+/// becomes Running Pods on kwok nodes (kube-controller-manager made them, kube-scheduler placed
+/// them, kwok ran them) and its Service gets an EndpointSlice with their addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_controllers_scheduler_and_kwok_run_a_deployment() {
+    let opts = controlplane::Options {
+        upstream_controllers: Some("*".into()),
+        upstream_scheduler: true,
+        kwok_nodes: 2,
+        ..controlplane::Options::minimal(controlplane::run_dir("reference-kwok"))
+    };
+    let cp = controlplane::ControlPlane::start(opts).unwrap();
+    cp.kubectl_run(
+        &[
+            "create",
+            "deployment",
+            "web",
+            "--image=busybox",
+            "--replicas=3",
+        ],
+        None,
+    )
+    .unwrap();
+    cp.kubectl_run(&["expose", "deployment", "web", "--port=80"], None)
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let pods = cp
+            .kubectl_run(
+                &[
+                    "get",
+                    "pods",
+                    "-l",
+                    "app=web",
+                    "-o",
+                    "jsonpath={range .items[*]}{.status.phase}/{.spec.nodeName} {end}",
+                ],
+                None,
+            )
+            .unwrap();
+        let slices = cp
+            .kubectl_run(
+                &[
+                    "get",
+                    "endpointslices",
+                    "-l",
+                    "kubernetes.io/service-name=web",
+                    "-o",
+                    "jsonpath={.items[*].endpoints[*].addresses[0]}",
+                ],
+                None,
+            )
+            .unwrap();
+        let running = pods
+            .split_whitespace()
+            .filter(|p| p.starts_with("Running/kwok-node-"))
+            .count();
+        if running == 3 && slices.split_whitespace().count() == 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pods {pods:?}, slice addresses {slices:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
