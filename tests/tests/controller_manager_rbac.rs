@@ -1,0 +1,277 @@
+//! The `controller-manager` binary under exactly the ServiceAccount and RBAC of
+//! deploy/controller-manager.yaml, against the reference kube-apiserver (its RBAC authorizer
+//! decides): the manifest is applied with `kubectl apply -f`, a token of its ServiceAccount is
+//! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
+//! lb-ipam) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer
+//! address, holds the Lease, and releases it on SIGTERM; nothing it does is denied except reading
+//! Nodes, which the manifest deliberately does not grant (endpoints then carry no zone).
+//!
+//! The manifest's Deployment is created too, but nothing runs it (no kube-controller-manager, no
+//! kubelet): the binary runs here, as a process of the test, with the Deployment's ServiceAccount.
+//! The binary is built with cargo (`cargo test -p kpr-tests` does not build other packages'
+//! binaries) for the profile of this test binary and taken from beside it in the target directory;
+//! `KPR_CONTROLLER_MANAGER_BIN` names another one.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use controllers::lbipam;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+const WAIT: Duration = Duration::from_secs(60);
+/// Namespace and name of the ServiceAccount, the Lease and the Deployment in the manifest.
+const SYSTEM: &str = "kube-system";
+const ACCOUNT: &str = "kpr-controller-manager";
+const POOL: &str = "198.51.100.0/29";
+
+/// The `controller-manager` binary, built now for this test binary's profile.
+fn controller_manager_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("KPR_CONTROLLER_MANAGER_BIN") {
+        return PathBuf::from(path);
+    }
+    // <target>/<profile>/deps/<this test> -> <target>/<profile>/controller-manager
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev".to_string(),
+        Some(other) => other.to_string(),
+        None => panic!("no profile directory above {}", exe.display()),
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "-p", "controllers", "--bin", "controller-manager"])
+        .args(["--profile", &profile])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("running cargo build -p controllers --bin controller-manager");
+    assert!(
+        status.success(),
+        "cargo build of controller-manager: {status}"
+    );
+    let binary = profile_dir.join("controller-manager");
+    assert!(
+        binary.is_file(),
+        "no {} after building it (a --target build? set KPR_CONTROLLER_MANAGER_BIN)",
+        binary.display()
+    );
+    binary
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "timed out after {WAIT:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn lease_holder(client: &Client) -> Option<String> {
+    let lease = Api::<Lease>::namespaced(client.clone(), SYSTEM)
+        .get_opt(ACCOUNT)
+        .await
+        .unwrap()?;
+    lease.spec?.holder_identity
+}
+
+fn spawn(binary: &Path, kubeconfig: &Path, log: &Path) -> Child {
+    let out = std::fs::File::create(log).unwrap();
+    let err = out.try_clone().unwrap();
+    Command::new(binary)
+        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--controllers", "endpointslice,endpoints,lb-ipam"])
+        .args(["--lb-pool", POOL])
+        .args(["--leader-elect", "--leader-elect-identity", "cm-rbac"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawning controller-manager")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
+    let binary = tokio::task::spawn_blocking(controller_manager_binary)
+        .await
+        .unwrap();
+    let cp = controlplane::shared().unwrap();
+    let admin = cp.client().await.unwrap();
+
+    // The manifest as it is deployed: ServiceAccount, ClusterRole and binding, Role and binding
+    // for the Lease, Deployment (stored; nothing runs its Pod here).
+    let manifest = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/controller-manager.yaml"
+    );
+    cp.kubectl_run(&["apply", "-f", manifest], None).unwrap();
+    let deployment = Api::<Deployment>::namespaced(admin.clone(), SYSTEM)
+        .get(ACCOUNT)
+        .await
+        .unwrap();
+    let pod_spec = deployment.spec.template.spec.unwrap();
+    assert_eq!(pod_spec.service_account_name.as_deref(), Some(ACCOUNT));
+
+    let token = cp.service_account_token(SYSTEM, ACCOUNT).unwrap();
+    let kubeconfig = cp
+        .kubeconfig_for_token(
+            "kpr-controller-manager.kubeconfig",
+            &token,
+            &cp.server_url(),
+        )
+        .unwrap();
+    let account = controlplane::client_from(&kubeconfig).await.unwrap();
+
+    // The workload: a Node with a zone, a Service with a Ready Pod on it (status written as its
+    // kubelet would), and a LoadBalancer Service.
+    let ns = cp.test_namespace("cm-rbac").unwrap();
+    let node = format!("{ns}-node");
+    let n: Node = serde_json::from_value(json!({"metadata": {"name": node,
+        "labels": {"topology.kubernetes.io/zone": "zone-a"}}}))
+    .unwrap();
+    Api::<Node>::all(admin.clone())
+        .create(&PostParams::default(), &n)
+        .await
+        .unwrap();
+    let services: Api<Service> = Api::namespaced(admin.clone(), &ns);
+    for (name, kind) in [("web", "ClusterIP"), ("lb", "LoadBalancer")] {
+        let svc: Service = serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"type": kind, "selector": {"app": "web"},
+                     "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}))
+        .unwrap();
+        services.create(&PostParams::default(), &svc).await.unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web-0", "labels": {"app": "web"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.invalid/app:1",
+                 "ports": [{"name": "http", "containerPort": 8080}]}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let ip = "10.244.7.7";
+    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": "True"}]}});
+    pods.patch_status("web-0", &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+
+    // The real authorizer, asked as the ServiceAccount: Nodes are not granted.
+    let err = Api::<Node>::all(account.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 403),
+        "listing Nodes as the controller-manager's ServiceAccount: {err}"
+    );
+
+    let log = cp
+        .dir
+        .join("logs")
+        .join(format!("controller-manager-{ns}.log"));
+    let mut cm = spawn(&binary, &kubeconfig, &log);
+    let shown_log = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    eventually("the Lease held by cm-rbac", || async {
+        (lease_holder(&admin).await.as_deref() == Some("cm-rbac")).then_some(())
+    })
+    .await;
+    let slices = eventually("an EndpointSlice of web with the Pod", || async {
+        let lp = ListParams::default().labels("kubernetes.io/service-name=web");
+        let slices = Api::<EndpointSlice>::namespaced(admin.clone(), &ns)
+            .list(&lp)
+            .await
+            .unwrap()
+            .items;
+        let found = slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .any(|e| e.addresses == [ip]);
+        found.then_some(slices)
+    })
+    .await;
+    let endpoint = &slices[0].endpoints.as_ref().unwrap()[0];
+    assert_eq!(endpoint.node_name.as_deref(), Some(node.as_str()));
+    assert_eq!(
+        endpoint.zone, None,
+        "the manifest grants no Nodes, so endpoints carry no zone"
+    );
+    eventually("Endpoints web with the Pod", || async {
+        let ep = Api::<Endpoints>::namespaced(admin.clone(), &ns)
+            .get_opt("web")
+            .await
+            .unwrap()?;
+        let ready: Vec<String> = ep
+            .subsets
+            .iter()
+            .flatten()
+            .flat_map(|s| s.addresses.iter().flatten().map(|a| a.ip.clone()))
+            .collect();
+        (ready == [ip]).then_some(())
+    })
+    .await;
+    let pool: ipnet::IpNet = POOL.parse().unwrap();
+    let address = eventually("a LoadBalancer address for lb", || async {
+        let svc = services.get("lb").await.unwrap();
+        lbipam::ingress_ips(&svc).first().copied()
+    })
+    .await;
+    assert!(pool.contains(&address), "{address} from {POOL}");
+    let lb = services.get("lb").await.unwrap();
+    assert!(
+        lb.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == lbipam::FINALIZER),
+        "the finalizer was written"
+    );
+    assert!(
+        cm.try_wait().unwrap().is_none(),
+        "controller-manager exited early; its log:\n{}",
+        shown_log()
+    );
+
+    // SIGTERM: the Lease is released (an update the Role grants) and the process exits cleanly.
+    let pid = cm.id().expect("controller-manager running").to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), cm.wait())
+        .await
+        .expect("controller-manager to exit after SIGTERM")
+        .unwrap();
+    let text = shown_log();
+    assert!(status.success(), "exit status {status}; log:\n{text}");
+    assert_eq!(lease_holder(&admin).await, None, "the Lease was released");
+
+    // Nothing but Nodes was denied (the API server's message: `<resource> is forbidden: ...`).
+    let denied: Vec<&str> = text
+        .lines()
+        .filter(|l| l.to_ascii_lowercase().contains("forbidden"))
+        .filter(|l| !l.contains("nodes is forbidden"))
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "denied requests: {denied:#?}\nlog:\n{text}"
+    );
+}
