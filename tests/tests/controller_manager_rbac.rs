@@ -3,8 +3,10 @@
 //! decides): the manifest is applied with `kubectl apply -f`, a token of its ServiceAccount is
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer
-//! address, holds the Lease, and releases it on SIGTERM; nothing it does is denied except reading
-//! Nodes, which the manifest deliberately does not grant (endpoints then carry no zone).
+//! address, updates both when a Pod turns unready, releases the address and deletes the slices
+//! of a deleted LoadBalancer Service, holds the Lease, and releases it on SIGTERM; nothing it does
+//! is denied except reading Nodes, which the manifest deliberately does not grant (endpoints then
+//! carry no zone).
 //!
 //! The manifest's Deployment is created too, but nothing runs it (no kube-controller-manager, no
 //! kubelet): the binary runs here, as a process of the test, with the Deployment's ServiceAccount.
@@ -243,6 +245,58 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
             .any(|f| f == lbipam::FINALIZER),
         "the finalizer was written"
     );
+
+    // Updates and deletes too: the Pod turns unready (slices and Endpoints updated), the
+    // LoadBalancer Service is deleted (its finalizer removed by lb-ipam, its slices deleted).
+    let unready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+    pods.patch_status("web-0", &PatchParams::default(), &Patch::Merge(unready))
+        .await
+        .unwrap();
+    eventually(
+        "web's endpoint to turn unready in slices and Endpoints",
+        || async {
+            let lp = ListParams::default().labels("kubernetes.io/service-name=web");
+            let slices = Api::<EndpointSlice>::namespaced(admin.clone(), &ns)
+                .list(&lp)
+                .await
+                .unwrap()
+                .items;
+            let unready_slice = slices
+                .iter()
+                .flat_map(|s| s.endpoints.iter().flatten())
+                .any(|e| {
+                    e.addresses == [ip]
+                        && e.conditions.as_ref().and_then(|c| c.ready) == Some(false)
+                });
+            let ep = Api::<Endpoints>::namespaced(admin.clone(), &ns)
+                .get_opt("web")
+                .await
+                .unwrap()?;
+            let not_ready: Vec<String> = ep
+                .subsets
+                .iter()
+                .flatten()
+                .flat_map(|s| s.not_ready_addresses.iter().flatten().map(|a| a.ip.clone()))
+                .collect();
+            (unready_slice && not_ready == [ip]).then_some(())
+        },
+    )
+    .await;
+    services
+        .delete("lb", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("lb and its slices to be gone", || async {
+        let lp = ListParams::default().labels("kubernetes.io/service-name=lb");
+        let slices = Api::<EndpointSlice>::namespaced(admin.clone(), &ns)
+            .list(&lp)
+            .await
+            .unwrap()
+            .items;
+        let gone = services.get_opt("lb").await.unwrap().is_none() && slices.is_empty();
+        gone.then_some(())
+    })
+    .await;
     assert!(
         cm.try_wait().unwrap().is_none(),
         "controller-manager exited early; its log:\n{}",
