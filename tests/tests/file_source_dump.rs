@@ -229,14 +229,29 @@ fn workload(pod_ips: &[String]) -> Value {
                    {"name": "https", "port": 8443, "protocol": "TCP", "appProtocol": "https"}]),
             json!([ep("10.244.9.12", "node-c", "zone-c", ready())]),
         ),
-        // Session affinity, one unnamed port.
-        svc(
-            "shop",
-            "sticky",
-            json!({"selector": {"app": "sticky"}, "sessionAffinity": "ClientIP",
-                   "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
-                   "ports": [{"port": 8080, "targetPort": 8080}]}),
-        ),
+        // Session affinity, one unnamed port; labels and annotations whose values a YAML reader
+        // could take for something else than strings (kubectl quotes them; YAML 1.1 and 1.2 read
+        // some differently), compared object by object below.
+        {
+            let mut s = svc(
+                "shop",
+                "sticky",
+                json!({"selector": {"app": "sticky"}, "sessionAffinity": "ClientIP",
+                       "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+                       "ports": [{"port": 8080, "targetPort": 8080}]}),
+            );
+            s["metadata"]["labels"] = json!({"app.kubernetes.io/name": "sticky",
+                "example.com/bool": "true", "example.com/octal": "010", "example.com/float": "1e3",
+                "example.com/underscore": "1_000", "example.com/yes": "yes", "example.com/off": "off"});
+            s["metadata"]["annotations"] = json!({
+                "example.com/null": "null", "example.com/tilde": "~", "example.com/empty": "",
+                "example.com/date": "2024-01-02", "example.com/hex": "0x1F",
+                "example.com/sexagesimal": "1:20", "example.com/inf": ".inf",
+                "example.com/colon": "a: b", "example.com/comment": "a #b",
+                "example.com/multiline": "line one\nline two\n", "example.com/unicode": "café – ✓",
+                "example.com/spaces": "  padded  ", "example.com/json": "{\"a\": [1, 2]}"});
+            s
+        },
         slice(
             "shop",
             "sticky-abcde",
