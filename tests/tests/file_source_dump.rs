@@ -9,7 +9,11 @@
 //! 3. `--source file:DIR` with the same dump as `-o json`.
 //!
 //! `proxy inspect --json` (the agent's `/state`) and `proxy inspect` must be the same for all
-//! three. Then a second file goes into each file source's directory: what `kubectl get` prints for
+//! three, but for the last sync's time and counts (see [`programmed`]), and the LoadBalancer's
+//! healthCheckNodePort (which inspect does not show) must answer alike. Before any agent runs,
+//! the objects the file source parses from each dump must equal those the API lists (but for
+//! `managedFields`, see [`by_name`]), which covers fields inspect does not show (zones, hints,
+//! source ranges, labels and annotations). Then a second file goes into each file source's directory: what `kubectl get` prints for
 //! a Pod and a ConfigMap of the same server (a List of kinds the file source cannot use) with
 //! kubernetes.io's example Service (no clusterIP) added as its first item. `proxy inspect` must
 //! list exactly those three items under "input problems", naming the file, the object and the
