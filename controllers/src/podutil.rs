@@ -106,9 +106,11 @@ pub fn publish_not_ready(svc: &Service) -> bool {
         .unwrap_or(false)
 }
 
-/// Resolves a Service port's targetPort on one Pod: a number is used as is (default: the Service
-/// port), a name is looked up among the Pod's container ports with the same protocol. `None` when a
-/// name is not found (that port is then left out for this Pod, as upstream does).
+/// Resolves a Service port's targetPort on one Pod as upstream's `FindPort` (used by both the
+/// Endpoints and the EndpointSlice controller): a number is used as is (default: the Service port),
+/// a name is looked up among the ports with the same protocol of the Pod's containers, then of its
+/// sidecars (init containers with `restartPolicy: Always`; plain init containers are not used).
+/// `None` when a name is not found (that port is then left out for this Pod, as upstream does).
 pub fn resolve_target_port(pod: &Pod, port: &ServicePort) -> Option<i32> {
     let protocol = port.protocol.as_deref().unwrap_or("TCP");
     match &port.target_port {
@@ -118,10 +120,15 @@ pub fn resolve_target_port(pod: &Pod, port: &ServicePort) -> Option<i32> {
             if let Ok(n) = name.parse::<i32>() {
                 return Some(n);
             }
-            pod.spec
-                .as_ref()?
-                .containers
+            let spec = pod.spec.as_ref()?;
+            let sidecars = spec
+                .init_containers
                 .iter()
+                .flatten()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+            spec.containers
+                .iter()
+                .chain(sidecars)
                 .flat_map(|c| c.ports.iter().flatten())
                 .find_map(|cp| {
                     let same_protocol = cp.protocol.as_deref().unwrap_or("TCP") == protocol;
@@ -195,6 +202,59 @@ mod tests {
         ];
         for (name, port, want) in cases {
             assert_eq!(resolve_target_port(&p, &sp(port)), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn named_ports_resolve_on_sidecars_after_containers() {
+        let with_sidecar = |main: serde_json::Value| {
+            pod(json!({"metadata": {"name": "p"}, "spec": {
+                "containers": [{"name": "main", "image": "x", "ports": main}],
+                "initContainers": [
+                    {"name": "plain-init", "image": "x",
+                     "ports": [{"name": "init-only", "containerPort": 7000}]},
+                    {"name": "sidecar", "image": "x", "restartPolicy": "Always",
+                     "ports": [{"name": "http", "containerPort": 8443},
+                               {"name": "dns", "containerPort": 5353, "protocol": "UDP"}]}]}}))
+        };
+        let cases = [
+            (
+                "only on the sidecar",
+                json!([]),
+                json!({"port": 80, "targetPort": "http"}),
+                Some(8443),
+            ),
+            (
+                "containers come first",
+                json!([{"name": "http", "containerPort": 9000}]),
+                json!({"port": 80, "targetPort": "http"}),
+                Some(9000),
+            ),
+            (
+                "sidecar, same protocol only",
+                json!([]),
+                json!({"port": 53, "protocol": "UDP", "targetPort": "dns"}),
+                Some(5353),
+            ),
+            (
+                "sidecar, other protocol",
+                json!([]),
+                json!({"port": 53, "targetPort": "dns"}),
+                None,
+            ),
+            (
+                "plain init containers are not used",
+                json!([]),
+                json!({"port": 80, "targetPort": "init-only"}),
+                None,
+            ),
+        ];
+        for (name, main, port, want) in cases {
+            assert_eq!(
+                resolve_target_port(&with_sidecar(main), &sp(port)),
+                want,
+                "{name}"
+            );
         }
     }
 

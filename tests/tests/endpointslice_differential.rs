@@ -53,13 +53,15 @@
 //!   the label is removed before comparing, and checked separately to be the expected one.
 //!
 //! * A Pod whose `spec.nodeName` names no existing Node (case `nonode`): upstream leaves it out
-//!   (unless the Service has `publishNotReadyAddresses`) and requeues the Service, a guard against
-//!   Pods that outlive their Node until the pod garbage collector removes them; ours keeps it,
-//!   without a zone. Ours treats Nodes as optional (it runs without read access to Nodes, giving
-//!   no zones, and re-reconciles only when a Node's zone changes), so following upstream would
-//!   need the apply layer (`endpointslice/mod.rs`) to tell "Node missing" from "Node without a
-//!   zone" and to re-reconcile on Node creation and deletion: left as a documented difference. In a
-//!   cluster where kube-controller-manager's pod GC runs, such Pods are deleted within a minute.
+//!   (unless the Service has `publishNotReadyAddresses`, case `nonodepub`, equal on both sides)
+//!   and requeues the Service, a guard against Pods that outlive their Node until the pod garbage
+//!   collector removes them; ours keeps it, without a zone. The plan can follow upstream
+//!   (`plan::NodeInfo::Missing`, unit-tested; the apply layer tells "Node missing" from "Nodes
+//!   not readable" and re-reconciles on Node creation and deletion), and with
+//!   `endpointslice::SKIP_PODS_ON_MISSING_NODES` on this case is equal; it stays off until the
+//!   fixtures that put Pods on Nodes never created (the cold-start bench, tests/controlplane.rs,
+//!   controllers/tests/binary.rs) create them. In a cluster where kube-controller-manager's pod GC
+//!   runs, such Pods are deleted within a minute.
 //!
 //! Everything else must be equal (`EXPECTED_DIFFERENCES` lists the exceptions; a listed Service
 //! that turns out equal fails the test, so the list cannot go stale). Found and fixed in
@@ -94,7 +96,7 @@ const HOLD: &str = "kpr.io/differential-hold";
 const EXPECTED_DIFFERENCES: &[(&str, &str)] = &[(
     "nonode",
     "upstream leaves out a Pod whose Node is not in its cache (unless publishNotReadyAddresses); \
-     ours does not depend on Node objects for membership",
+     ours keeps it until endpointslice::SKIP_PODS_ON_MISSING_NODES is switched on",
 )];
 
 /// How a Pod's status is written.
@@ -308,6 +310,15 @@ fn cases() -> Vec<Case> {
         vec![
             pod("nonode-0", "node-a", Ready),
             pod("nonode-1", "node-gone", Ready),
+        ],
+    ));
+    // (12b) The same with publishNotReadyAddresses: the Pod is kept (without a zone).
+    v.push(case(
+        "nonodepub",
+        json!({"ports": http_port(), "publishNotReadyAddresses": true}),
+        vec![
+            pod("nonodepub-0", "node-a", Ready),
+            pod("nonodepub-1", "node-gone", NotReady),
         ],
     ));
     // (13) trafficDistribution: PreferClose (zone hints).

@@ -1,7 +1,8 @@
 //! The legacy Endpoints object of a Service (digest items EP-1..EP-6): pure computation.
 //!
 //! For every selected Pod that belongs in endpoints, one address (ip, nodeName, targetRef); for every
-//! Service port the target port resolved on that Pod (named ports per Pod, `FindPort`); the address
+//! Service port the target port resolved on that Pod (named ports per Pod, on containers then
+//! sidecars: `podutil::resolve_target_port`, upstream's `FindPort`); the address
 //! goes to `addresses` when the Pod is ready or the Service tolerates unready endpoints
 //! (publishNotReadyAddresses), to `notReadyAddresses` otherwise. Terminating Pods are left out unless
 //! unready endpoints are tolerated. Subsets are repacked: addresses sharing one port set share one
@@ -278,6 +279,34 @@ mod tests {
                 (9090, vec!["10.0.0.2"])
             ]
         );
+    }
+
+    #[test]
+    fn named_ports_resolve_on_sidecars() {
+        // The named port only on a sidecar (restartable init container): resolved there, as
+        // upstream's FindPort does for the Endpoints controller too.
+        let mut p = (*pod(1, true, 8080, false)).clone();
+        let spec = p.spec.as_mut().unwrap();
+        spec.containers[0].ports = None;
+        spec.init_containers = Some(vec![serde_json::from_value(
+            json!({"name": "proxy", "image": "x", "restartPolicy": "Always",
+                   "ports": [{"name": "http", "containerPort": 8443}]}),
+        )
+        .unwrap()]);
+        let s = subsets(&svc(false), &[Arc::new(p.clone())]);
+        let ports: Vec<(Option<&str>, i32)> = s[0]
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.name.as_deref(), p.port))
+            .collect();
+        assert_eq!(ports, [(Some("http"), 8443), (Some("raw"), 81)]);
+        // A plain init container's port is not used: only the numeric port remains.
+        let init = &mut p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0];
+        init.restart_policy = None;
+        let s = subsets(&svc(false), &[Arc::new(p)]);
+        let ports: Vec<i32> = s[0].ports.iter().flatten().map(|p| p.port).collect();
+        assert_eq!(ports, [81]);
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! and edited in place (minimal churn), endpoints that moved or appeared fill slices that are being
 //! updated anyway, then unchanged slices with room (fullest first), and only then new slices of at
 //! most `MAX_ENDPOINTS_PER_SLICE`. Named target ports resolve on containers, then on sidecars
-//! (restartable init containers), as upstream's `FindPort`. With `trafficDistribution` PreferClose,
+//! (restartable init containers), as upstream's `FindPort` (`podutil::resolve_target_port`). Each
+//! Pod's Node is looked up (`NodeInfo`): a known Node gives the endpoint's zone; a Node known to be
+//! missing leaves the Pod out unless the Service has publishNotReadyAddresses, as upstream; when
+//! Nodes cannot be read nothing is known and the Pod is kept without a zone. With `trafficDistribution` PreferClose,
 //! PreferSameZone or PreferSameNode (and no `service.kubernetes.io/topology-mode: Auto`), ready
 //! endpoints carry hints for their own zone (and node), as upstream's `trafficdist` does; the
 //! `topology-mode: Auto` hints (proportional to CPU per zone) are not written. Unlike upstream, which leaves an unchanged slice alone unless all
@@ -17,12 +20,11 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service, ServicePort};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
 use k8s_openapi::api::discovery::v1::{
     Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use crate::podutil;
@@ -144,37 +146,12 @@ pub fn endpoint_ports(svc: &Service, pod: &Pod) -> Vec<EndpointPort> {
         .filter_map(|sp| {
             Some(EndpointPort {
                 name: Some(sp.name.clone().unwrap_or_default()),
-                port: Some(resolve_port(pod, sp)?),
+                port: Some(podutil::resolve_target_port(pod, sp)?),
                 protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
                 app_protocol: sp.app_protocol.clone(),
             })
         })
         .collect()
-}
-
-/// Resolves a Service port on a Pod as upstream's `FindPort`: a number as is, a name on the
-/// containers first, then on the sidecars (init containers with `restartPolicy: Always`).
-pub fn resolve_port(pod: &Pod, sp: &ServicePort) -> Option<i32> {
-    podutil::resolve_target_port(pod, sp).or_else(|| sidecar_port(pod, sp))
-}
-
-fn sidecar_port(pod: &Pod, sp: &ServicePort) -> Option<i32> {
-    let Some(IntOrString::String(name)) = &sp.target_port else {
-        return None;
-    };
-    let protocol = sp.protocol.as_deref().unwrap_or("TCP");
-    pod.spec
-        .as_ref()?
-        .init_containers
-        .iter()
-        .flatten()
-        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
-        .flat_map(|c| c.ports.iter().flatten())
-        .find(|cp| {
-            cp.name.as_deref() == Some(name.as_str())
-                && cp.protocol.as_deref().unwrap_or("TCP") == protocol
-        })
-        .map(|cp| cp.container_port)
 }
 
 /// Whether the Service asks for topology-aware hints through the annotation (upstream's
@@ -215,14 +192,30 @@ fn hints(svc: &Service, ep: &Endpoint) -> Option<EndpointHints> {
     })
 }
 
-/// Zone of a node by name (the Node's `topology.kubernetes.io/zone` label).
-pub type ZoneOf<'a> = &'a dyn Fn(&str) -> Option<String>;
+/// What the controller knows about the Node a Pod names in `spec.nodeName`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeInfo {
+    /// The Node exists; its `topology.kubernetes.io/zone` label, if any.
+    Known {
+        /// The endpoint's zone.
+        zone: Option<String>,
+    },
+    /// The Node cache is complete and has no such Node: the Pod is left out (unless the Service
+    /// has publishNotReadyAddresses), as upstream's reconciler does.
+    Missing,
+    /// Nodes cannot be read (forbidden, or not listed yet): nothing is known, the Pod is kept
+    /// without a zone.
+    Unreadable,
+}
+
+/// Looks up a Node by name (`""` for a Pod without `spec.nodeName`).
+pub type NodeOf<'a> = &'a dyn Fn(&str) -> NodeInfo;
 
 /// The label a Node's zone is read from.
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 
-/// The endpoint of one Pod.
-pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr, zone_of: ZoneOf<'_>) -> Endpoint {
+/// The endpoint of one Pod; `zone` is its Node's.
+pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr, zone: Option<String>) -> Endpoint {
     let c = podutil::conditions(pod, podutil::publish_not_ready(svc));
     let spec = pod.spec.as_ref();
     let hostname = spec
@@ -237,7 +230,7 @@ pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr, zone_of: ZoneOf<'_>) -
         }),
         hostname,
         node_name: spec.and_then(|s| s.node_name.clone()),
-        zone: spec.and_then(|s| s.node_name.as_deref()).and_then(zone_of),
+        zone,
         target_ref: Some(ObjectReference {
             kind: Some("Pod".into()),
             namespace: pod.namespace(),
@@ -254,7 +247,7 @@ pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr, zone_of: ZoneOf<'_>) -
 /// Desired endpoints of one address type, grouped by port set, keyed by address.
 type Desired = BTreeMap<PortKey, (Vec<EndpointPort>, BTreeMap<String, Endpoint>)>;
 
-fn desired(svc: &Service, pods: &[Arc<Pod>], address_type: &str, zone_of: ZoneOf<'_>) -> Desired {
+fn desired(svc: &Service, pods: &[Arc<Pod>], address_type: &str, node_of: NodeOf<'_>) -> Desired {
     let mut out = Desired::new();
     for pod in pods
         .iter()
@@ -267,9 +260,16 @@ fn desired(svc: &Service, pods: &[Arc<Pod>], address_type: &str, zone_of: ZoneOf
         let entry = out
             .entry(port_key(&ports))
             .or_insert_with(|| (ports, BTreeMap::new()));
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let zone = match node_of(node.unwrap_or_default()) {
+            NodeInfo::Known { zone } => zone,
+            // Upstream skips (and retries later) unless the addresses are published anyway.
+            NodeInfo::Missing if !podutil::publish_not_ready(svc) => continue,
+            NodeInfo::Missing | NodeInfo::Unreadable => None,
+        };
         entry
             .1
-            .insert(ip.to_string(), pod_endpoint(svc, pod, ip, zone_of));
+            .insert(ip.to_string(), pod_endpoint(svc, pod, ip, zone));
     }
     out
 }
@@ -315,19 +315,21 @@ fn with_metadata(svc: &Service, mut slice: EndpointSlice) -> EndpointSlice {
     slice
 }
 
-/// Plans the slices of one Service without zone information (see `plan_with_zones`).
+/// Plans the slices of one Service when Nodes cannot be read (see `plan_with_nodes`): every
+/// Pod is kept, no endpoint has a zone.
 pub fn plan(svc: &Service, pods: &[Arc<Pod>], existing: &[Arc<EndpointSlice>]) -> Plan {
-    plan_with_zones(svc, pods, existing, &|_| None)
+    plan_with_nodes(svc, pods, existing, &|_| NodeInfo::Unreadable)
 }
 
 /// Plans the slices of one Service. `existing` may contain slices of other controllers; only
 /// managed ones are considered. Services without a selector or of type ExternalName get none.
-/// `zone_of` gives each endpoint's `zone` from its Pod's node.
-pub fn plan_with_zones(
+/// `node_of` tells what is known of each Pod's Node: its zone goes into the endpoint, and a Pod
+/// whose Node is known to be missing is left out (unless publishNotReadyAddresses).
+pub fn plan_with_nodes(
     svc: &Service,
     pods: &[Arc<Pod>],
     existing: &[Arc<EndpointSlice>],
-    zone_of: ZoneOf<'_>,
+    node_of: NodeOf<'_>,
 ) -> Plan {
     let mut managed: Vec<&EndpointSlice> = existing
         .iter()
@@ -346,7 +348,7 @@ pub fn plan_with_zones(
     let mut unchanged = Vec::new();
     let mut total = 0;
     for at in address_types(svc) {
-        let mut want = desired(svc, pods, &at, zone_of);
+        let mut want = desired(svc, pods, &at, node_of);
         total += want.values().map(|(_, e)| e.len()).sum::<usize>();
         let of_type: Vec<&EndpointSlice> = managed
             .iter()

@@ -317,21 +317,114 @@ fn dual_stack_services_get_one_slice_per_family() {
     assert_eq!(types, ["IPv4", "IPv6"]);
 }
 
+fn zone_a(node: &str) -> NodeInfo {
+    match node {
+        "node-1" => NodeInfo::Known {
+            zone: Some("zone-a".into()),
+        },
+        _ => NodeInfo::Missing,
+    }
+}
+
 #[test]
 fn endpoints_carry_the_zone_of_their_node() {
-    let zones = |node: &str| (node == "node-1").then(|| "zone-a".to_string());
-    let p = plan_with_zones(&svc(), &pods(1), &[], &zones);
+    let p = plan_with_nodes(&svc(), &pods(1), &[], &zone_a);
     assert_eq!(
         endpoints_of(&p.create[0])[0].zone.as_deref(),
         Some("zone-a")
     );
     let existing = materialize(&p, &[]);
-    let moved = |_: &str| Some("zone-b".to_string());
+    let moved = |_: &str| NodeInfo::Known {
+        zone: Some("zone-b".into()),
+    };
     assert_eq!(
-        counts(&plan_with_zones(&svc(), &pods(1), &existing, &moved)),
+        counts(&plan_with_nodes(&svc(), &pods(1), &existing, &moved)),
         (0, 1, 0),
         "a zone change updates the slice"
     );
+}
+
+#[test]
+fn pods_on_missing_nodes_follow_what_is_known_of_nodes() {
+    let on = |i: usize, node: Option<&str>| -> Arc<Pod> {
+        let mut p = (*pod_full(i, i.is_multiple_of(2), 8080, false)).clone();
+        p.spec.as_mut().unwrap().node_name = node.map(str::to_string);
+        Arc::new(p)
+    };
+    // p0 on a known Node, p1 (not ready) and p2 on a Node that does not exist, p3 without a Node.
+    let pods = [
+        on(0, Some("node-1")),
+        on(1, Some("node-gone")),
+        on(2, Some("node-gone")),
+        on(3, None),
+    ];
+    let publish = svc_with(json!({"spec": {"publishNotReadyAddresses": true}}));
+    let unknown_node_zone = |n: &str| match n {
+        "node-gone" => NodeInfo::Known { zone: None },
+        other => zone_a(other),
+    };
+    let not_readable = |_: &str| NodeInfo::Unreadable;
+    type Case<'a> = (
+        &'a str,
+        &'a Service,
+        NodeOf<'a>,
+        Vec<(&'a str, Option<&'a str>)>,
+    );
+    let cases: [Case<'_>; 4] = [
+        (
+            "Node cache synced: Pods on missing Nodes are left out, as upstream",
+            &svc(),
+            &zone_a,
+            vec![("p0", Some("zone-a"))],
+        ),
+        (
+            "publishNotReadyAddresses keeps them, without a zone",
+            &publish,
+            &zone_a,
+            vec![
+                ("p0", Some("zone-a")),
+                ("p1", None),
+                ("p2", None),
+                ("p3", None),
+            ],
+        ),
+        (
+            "Nodes not readable: nothing is known, every Pod is kept without a zone",
+            &svc(),
+            &not_readable,
+            vec![("p0", None), ("p1", None), ("p2", None), ("p3", None)],
+        ),
+        (
+            "a Node without a zone label is not a missing Node",
+            &svc(),
+            &unknown_node_zone,
+            vec![("p0", Some("zone-a")), ("p1", None), ("p2", None)],
+        ),
+    ];
+    for (name, svc, node_of, want) in cases {
+        let p = plan_with_nodes(svc, &pods, &[], node_of);
+        let mut got: Vec<(String, Option<String>)> = p
+            .create
+            .iter()
+            .flat_map(|s| endpoints_of(s).iter())
+            .map(|e| {
+                let pod = e.target_ref.as_ref().and_then(|r| r.name.clone());
+                (pod.unwrap_or_default(), e.zone.clone())
+            })
+            .collect();
+        got.sort();
+        let want: Vec<(String, Option<String>)> = want
+            .into_iter()
+            .map(|(n, z)| (n.to_string(), z.map(str::to_string)))
+            .collect();
+        assert_eq!(got, want, "{name}");
+    }
+    // The only Pod's Node goes away: its endpoint leaves, the Service keeps an empty placeholder.
+    let existing = materialize(&plan_with_nodes(&svc(), &pods[..1], &[], &zone_a), &[]);
+    let gone = |_: &str| NodeInfo::Missing;
+    let p = plan_with_nodes(&svc(), &pods[..1], &existing, &gone);
+    let after = materialize(&p, &existing);
+    assert_eq!(sizes(&after), [0], "placeholder only");
 }
 
 #[test]
@@ -372,9 +465,9 @@ fn named_ports_resolve_on_sidecars_after_containers() {
 
 #[test]
 fn traffic_distribution_gives_ready_endpoints_hints() {
-    let zone_of = |n: &str| (n == "node-1").then(|| "zone-a".to_string());
+    let zone_of = zone_a;
     let hints_of = |svc: &Service, ready: bool| {
-        let p = plan_with_zones(svc, &[pod_full(0, ready, 8080, false)], &[], &zone_of);
+        let p = plan_with_nodes(svc, &[pod_full(0, ready, 8080, false)], &[], &zone_of);
         endpoints_of(&p.create[0])[0].hints.clone()
     };
     let zones = |h: &Option<EndpointHints>| {
@@ -421,9 +514,9 @@ fn traffic_distribution_gives_ready_endpoints_hints() {
     let p = plan(&close, &[pod_full(0, true, 8080, false)], &[]);
     assert_eq!(endpoints_of(&p.create[0])[0].hints, None);
     // Switching trafficDistribution on updates the existing slice in place.
-    let plain = plan_with_zones(&svc(), &[pod_full(0, true, 8080, false)], &[], &zone_of);
+    let plain = plan_with_nodes(&svc(), &[pod_full(0, true, 8080, false)], &[], &zone_of);
     let existing = materialize(&plain, &[]);
-    let again = plan_with_zones(
+    let again = plan_with_nodes(
         &close,
         &[pod_full(0, true, 8080, false)],
         &existing,
