@@ -66,10 +66,24 @@ pub struct BenchArgs {
     /// Skip the kube-proxy baselines.
     #[arg(long)]
     pub no_baselines: bool,
-    /// Skip the control-plane row (the EndpointSlice controller's cold start for N Services).
+    /// Skip the control-plane row (the EndpointSlice controller's cold start, kpr's and
+    /// kube-controller-manager's, against the reference kube-apiserver).
     #[arg(long)]
     pub no_control_plane: bool,
+    /// Services in the control-plane row (each with --endpoints ready Pods; --quick: 1,000).
+    #[arg(long, default_value_t = CONTROL_PLANE_SERVICES)]
+    pub control_plane_services: usize,
+    /// Only the control-plane row: no backends, no baselines, no direct-to-pod floor.
+    #[arg(long, conflicts_with = "no_control_plane")]
+    pub only_control_plane: bool,
 }
+
+/// The control-plane row's default size: every Service, Pod and status goes through the real
+/// kube-apiserver twice (once per controller), and kube-controller-manager writes about 20 slices
+/// a second (its default client QPS: 49 s for 1,000 Services), so N is smaller than the
+/// dataplane's: 20,000 would take about 3 minutes of seeding per controller and 17 minutes of
+/// kube-controller-manager; 2,000 keeps the row near 3 minutes.
+pub const CONTROL_PLANE_SERVICES: usize = 2_000;
 
 /// Sizes and sample counts of one run.
 #[derive(Debug, Clone)]
@@ -89,6 +103,9 @@ pub struct Plan {
     pub agent_timeout: Duration,
     pub nft_sizes: Vec<usize>,
     pub ipt_nft_sizes: Vec<usize>,
+    /// The control-plane row: Services, and ready Pods per Service.
+    pub cp_services: usize,
+    pub cp_pods: usize,
     pub out_dir: PathBuf,
 }
 
@@ -138,6 +155,12 @@ impl Plan {
             }),
             nft_sizes: growth(args.nft_baseline_max),
             ipt_nft_sizes: growth(args.ipt_nft_baseline_max),
+            cp_services: if args.quick {
+                1_000
+            } else {
+                args.control_plane_services.max(1)
+            },
+            cp_pods: args.endpoints,
             out_dir: xtask::target_dir().join("bench"),
         })
     }
@@ -242,10 +265,17 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         plan.services, plan.endpoints, args.backends
     );
     let mut report = Report::new(&plan, args);
-    let (floor_latency, floor_rps) = baseline::direct(&plan)?;
-    report.direct = Some((floor_latency, floor_rps));
     let mut failed = Vec::new();
-    for name in &args.backends {
+    if !args.only_control_plane {
+        let (floor_latency, floor_rps) = baseline::direct(&plan)?;
+        report.direct = Some((floor_latency, floor_rps));
+    }
+    let backends: &[String] = if args.only_control_plane {
+        &[]
+    } else {
+        &args.backends
+    };
+    for name in backends {
         println!("bench: backend {name}");
         let row = match backend::run(&plan, name) {
             Ok(result) => {
@@ -261,13 +291,21 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         report.backends.push((name.clone(), row));
     }
     if !args.no_control_plane {
-        println!("bench: EndpointSlice controller cold start");
+        println!(
+            "bench: EndpointSlice cold start against kube-apiserver {}, {} Services x {} Pods",
+            controlplane::kubernetes_version(),
+            plan.cp_services,
+            plan.cp_pods
+        );
         match control_plane::cold_start(&plan) {
-            Ok(r) => report.control_plane = Some(r),
+            Ok((r, failures)) => {
+                failed.extend(failures);
+                report.control_plane = Some(r);
+            }
             Err(e) => failed.push(format!("endpointslice cold start: {e:#}")),
         }
     }
-    if !args.no_baselines {
+    if !args.no_baselines && !args.only_control_plane {
         let mut runs = vec![(Layout::Iptables(Flavour::Legacy), plan.services, true)];
         for (layout, sizes) in [
             (Layout::Nftables, &plan.nft_sizes),

@@ -43,9 +43,6 @@ pub enum Error {
     /// A controller name given on the command line is unknown.
     #[error("controller {0:?} is unknown: expected endpointslice, endpoints or lb-ipam")]
     UnknownController(String),
-    /// The benchmark's test API server failed.
-    #[error("benchmark: {0}")]
-    Bench(String),
 }
 
 impl Error {

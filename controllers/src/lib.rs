@@ -6,7 +6,6 @@
 //! Every controller has the same split: pure planning functions (unit-tested, in `plan` modules or
 //! `podutil`) and a thin layer applying the plan through kube-rs.
 
-pub mod bench;
 pub mod cache;
 pub mod endpoints;
 pub mod endpointslice;
