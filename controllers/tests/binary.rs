@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -78,10 +78,20 @@ async fn service_with_pod(client: &Client, ns: &str, name: &str, ip: &str) {
         .create(&PostParams::default(), &svc)
         .await
         .unwrap();
-    let pod: Pod =
-        serde_json::from_value(json!({"metadata": {"name": name, "labels": {"app": name}},
-        "spec": {"containers": [{"name": "c", "image": "registry.invalid/app:1"}]}}))
-        .unwrap();
+    // The Pod's Node exists, as on a real cluster: a Pod on an unknown Node gets no endpoint.
+    let node_name = format!("{ns}-node");
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": node_name}})).unwrap();
+    match Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating Node {node_name}: {e}"),
+    }
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "registry.invalid/app:1"}]}}))
+    .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
@@ -100,7 +110,7 @@ async fn has_endpoint(client: &Client, ns: &str, svc: &str, ip: &str) -> bool {
         .items;
     slices
         .iter()
-        .flat_map(|s| s.endpoints.iter().flatten())
+        .flat_map(|s| s.endpoints.iter())
         .any(|e| e.addresses == [ip])
 }
 

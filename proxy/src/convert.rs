@@ -403,7 +403,7 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
         }
     }
     let mut endpoints = Vec::new();
-    for (i, e) in slice.endpoints.iter().flatten().enumerate() {
+    for (i, e) in slice.endpoints.iter().enumerate() {
         let Some(first) = e.addresses.first() else {
             errors.push(invalid(
                 "EndpointSlice",

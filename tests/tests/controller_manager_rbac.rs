@@ -127,7 +127,7 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         .get(ACCOUNT)
         .await
         .unwrap();
-    let pod_spec = deployment.spec.template.spec.unwrap();
+    let pod_spec = deployment.spec.unwrap().template.spec.unwrap();
     assert_eq!(pod_spec.service_account_name.as_deref(), Some(ACCOUNT));
 
     let token = cp.service_account_token(SYSTEM, ACCOUNT).unwrap();
@@ -207,12 +207,12 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
             .items;
         let found = slices
             .iter()
-            .flat_map(|s| s.endpoints.iter().flatten())
+            .flat_map(|s| s.endpoints.iter())
             .any(|e| e.addresses == [ip]);
         found.then_some(slices)
     })
     .await;
-    let endpoint = &slices[0].endpoints.as_ref().unwrap()[0];
+    let endpoint = &slices[0].endpoints[0];
     assert_eq!(endpoint.node_name.as_deref(), Some(node.as_str()));
     assert_eq!(
         endpoint.zone.as_deref(),
@@ -265,13 +265,9 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
                 .await
                 .unwrap()
                 .items;
-            let unready_slice = slices
-                .iter()
-                .flat_map(|s| s.endpoints.iter().flatten())
-                .any(|e| {
-                    e.addresses == [ip]
-                        && e.conditions.as_ref().and_then(|c| c.ready) == Some(false)
-                });
+            let unready_slice = slices.iter().flat_map(|s| s.endpoints.iter()).any(|e| {
+                e.addresses == [ip] && e.conditions.as_ref().and_then(|c| c.ready) == Some(false)
+            });
             let ep = Api::<Endpoints>::namespaced(admin.clone(), &ns)
                 .get_opt("web")
                 .await

@@ -149,6 +149,8 @@ fn objects(render: &Render) -> Objects {
 
 fn pod_spec(ds: &DaemonSet) -> &PodSpec {
     ds.spec
+        .as_ref()
+        .expect("a DaemonSet spec")
         .template
         .spec
         .as_ref()
@@ -423,7 +425,14 @@ fn controller_manager_rbac_covers_its_controllers_and_no_more() {
         );
     }
     let deployment = objects.deployment(deploy::CONTROLLER_DEPLOYMENT);
-    let pod = deployment.spec.template.spec.as_ref().unwrap();
+    let pod = deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
     let account = pod.service_account_name.as_deref().unwrap();
     let bound = |subjects: Option<&Vec<k8s_openapi::api::rbac::v1::Subject>>| {
         subjects.into_iter().flatten().any(|s| s.name == account)
@@ -446,6 +455,8 @@ fn controller_manager_arguments_parse_with_the_real_binary() {
     let pod = objects
         .deployment(deploy::CONTROLLER_DEPLOYMENT)
         .spec
+        .as_ref()
+        .unwrap()
         .template
         .spec
         .clone()
@@ -590,7 +601,7 @@ fn the_only_privileged_container_mounts_bpffs_and_nothing_else() {
         objects
             .deployments
             .iter()
-            .filter_map(|d| d.spec.template.spec.as_ref()),
+            .filter_map(|d| d.spec.as_ref()?.template.spec.as_ref()),
     );
     specs.extend(objects.pods.iter().filter_map(|p| p.spec.as_ref()));
     let privileged: Vec<&Container> = specs
@@ -809,7 +820,7 @@ fn every_kpr_container_runs_the_image_xtask_builds() {
         objects
             .deployments
             .iter()
-            .filter_map(|d| d.spec.template.spec.as_ref()),
+            .filter_map(|d| d.spec.as_ref()?.template.spec.as_ref()),
     );
     let mut kpr_containers = 0;
     for spec in specs {

@@ -52,22 +52,16 @@
 //! * `endpointslice.kubernetes.io/managed-by`: each controller writes its own value (see above);
 //!   the label is removed before comparing, and checked separately to be the expected one.
 //!
-//! * A Pod whose `spec.nodeName` names no existing Node (case `nonode`): upstream leaves it out
-//!   (unless the Service has `publishNotReadyAddresses`, case `nonodepub`, equal on both sides)
-//!   and requeues the Service, a guard against Pods that outlive their Node until the pod garbage
-//!   collector removes them; ours keeps it, without a zone. The plan can follow upstream
-//!   (`plan::NodeInfo::Missing`, unit-tested; the apply layer tells "Node missing" from "Nodes
-//!   not readable" and re-reconciles on Node creation and deletion), and with
-//!   `endpointslice::SKIP_PODS_ON_MISSING_NODES` on this case is equal; it stays off until the
-//!   fixtures that put Pods on Nodes never created (the cold-start bench, tests/controlplane.rs,
-//!   controllers/tests/binary.rs) create them. In a cluster where kube-controller-manager's pod GC
-//!   runs, such Pods are deleted within a minute.
+//! A Pod whose `spec.nodeName` names no existing Node (case `nonode`) is left out by both (unless
+//! the Service has `publishNotReadyAddresses`, case `nonodepub`): a guard against Pods that
+//! outlive their Node until the pod garbage collector removes them. Ours does so only once its
+//! Node cache is synced; when Nodes may not be read it keeps every Pod, without a zone.
 //!
 //! Everything else must be equal (`EXPECTED_DIFFERENCES` lists the exceptions; a listed Service
 //! that turns out equal fails the test, so the list cannot go stale). Found and fixed in
 //! `controllers/src/endpointslice/plan.rs` while writing this test: named target ports on sidecars
 //! (restartable init containers) did not resolve (case `sidecar`), and `trafficDistribution` zone
-//! and node hints were not written (cases `prefer`, `samenode`).
+//! and node hints were not written (cases `prefer`, `samenode`), and Pods on missing Nodes were kept (case `nonode`).
 //!
 //! Convergence: both sides are read until three reads a second apart are equal and every Service
 //! with a selector has slices on both sides (bounded by `CONVERGE`; no timing is asserted).
@@ -93,11 +87,7 @@ const CONVERGE: Duration = Duration::from_secs(180);
 const HOLD: &str = "kpr.io/differential-hold";
 
 /// Services whose slices differ from upstream's, with the reason (see the module doc).
-const EXPECTED_DIFFERENCES: &[(&str, &str)] = &[(
-    "nonode",
-    "upstream leaves out a Pod whose Node is not in its cache (unless publishNotReadyAddresses); \
-     ours keeps it until endpointslice::SKIP_PODS_ON_MISSING_NODES is switched on",
-)];
+const EXPECTED_DIFFERENCES: &[(&str, &str)] = &[];
 
 /// How a Pod's status is written.
 #[derive(Clone, Copy, PartialEq)]
@@ -540,7 +530,7 @@ fn normalize(slices: &[EndpointSlice]) -> Snapshot {
             .or_default()
             .entry(group_key(s))
             .or_default();
-        let eps = s.endpoints.as_deref().unwrap_or(&[]);
+        let eps = &s.endpoints[..];
         group.0.push(eps.len());
         group.0.sort_unstable();
         for e in eps {

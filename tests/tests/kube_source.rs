@@ -31,7 +31,11 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-const WAIT: Duration = Duration::from_secs(90);
+/// How long the source gets to show a change. Generous on purpose: after a partition the watchers
+/// retry with kube-rs's default backoff (client-go's: 0.8 s doubling to 30 s, each delay with up to
+/// as much jitter again), and the first attempt after the cut heals can itself fail with 410 and
+/// back off once more before the relist; on a loaded 2-core machine that has taken over 90 s.
+const WAIT: Duration = Duration::from_secs(240);
 
 /// A Service whose clusterIP the API server allocates.
 fn service(name: &str) -> Service {

@@ -70,11 +70,14 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
         });
     }
     let proxy_bin = target_dir().join("debug/proxy");
+    // Built by the build step above; the suites that run it would otherwise build it themselves.
+    let controller_manager_bin = target_dir().join("debug/controller-manager");
     summary.step("cargo test", || {
         // --no-fail-fast: every test binary runs, so the log shows every failure, not the first.
         cargo(&["test", "--workspace", "--no-fail-fast", "--"])
             .args(&args.test_args)
             .env("KPR_PROXY_BIN", &proxy_bin)
+            .env("KPR_CONTROLLER_MANAGER_BIN", &controller_manager_bin)
             .run()
     });
     // The manifest parser under libFuzzer for a minute: a crash or a slow input fails the step.

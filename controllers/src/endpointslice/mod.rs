@@ -11,8 +11,7 @@
 //!
 //! Nodes are optional. Once the Node cache is synced, the plan can be told for each Pod whether
 //! its Node exists (and its zone): a Pod whose Node is missing is then left out unless the Service
-//! has publishNotReadyAddresses, as upstream (`SKIP_PODS_ON_MISSING_NODES`, off for now: see
-//! there). Until then, and for good when Nodes may not be read (403), nothing is known of Nodes:
+//! has publishNotReadyAddresses, as upstream. Until then, and for good when Nodes may not be read (403), nothing is known of Nodes:
 //! every Pod is kept, without a zone. Node creation, deletion, zone changes and relistings
 //! re-reconcile the Services with Pods there (upstream instead retries the Service with backoff).
 
@@ -176,13 +175,6 @@ fn zone(n: &Option<Arc<Node>>) -> Option<&String> {
     n.as_ref().and_then(|n| n.labels().get(plan::LABEL_ZONE))
 }
 
-/// Whether a Pod whose Node is not in the (synced) Node cache is left out, as upstream's
-/// reconciler does. Off for now: several fixtures (the cold-start bench, tests/tests/controlplane.rs,
-/// controllers/tests/binary.rs) put Pods on Nodes that are never created, or on no Node at all, and
-/// expect them in the slices; they must create their Nodes before this is switched on. When off, a
-/// missing Node counts as a Node without a zone (the endpoint is kept).
-const SKIP_PODS_ON_MISSING_NODES: bool = false;
-
 /// What is known of a Node: nothing before the cache is synced (or when Nodes are forbidden),
 /// else whether it exists and its zone.
 fn node_info(nodes: &Indexed<Node>, name: &str) -> plan::NodeInfo {
@@ -193,8 +185,8 @@ fn node_info(nodes: &Indexed<Node>, name: &str) -> plan::NodeInfo {
         Some(n) => plan::NodeInfo::Known {
             zone: n.labels().get(plan::LABEL_ZONE).cloned(),
         },
-        None if SKIP_PODS_ON_MISSING_NODES => plan::NodeInfo::Missing,
-        None => plan::NodeInfo::Known { zone: None },
+        // Upstream's reconciler leaves such a Pod out (unless publishNotReadyAddresses).
+        None => plan::NodeInfo::Missing,
     }
 }
 

@@ -75,13 +75,13 @@ fn port_key(ports: &[EndpointPort]) -> PortKey {
     k
 }
 
-/// The endpoints of a slice (absent means none).
+/// The endpoints of a slice (a required list in the v1.34 API; empty means none).
 pub fn endpoints_of(s: &EndpointSlice) -> &[Endpoint] {
-    s.endpoints.as_deref().unwrap_or(&[])
+    &s.endpoints
 }
 
 fn endpoints_mut(s: &mut EndpointSlice) -> &mut Vec<Endpoint> {
-    s.endpoints.get_or_insert_with(Vec::new)
+    &mut s.endpoints
 }
 
 /// Whether a slice is one this controller manages.
@@ -289,7 +289,7 @@ fn new_slice(
             ..Default::default()
         },
         address_type: address_type.into(),
-        endpoints: Some(endpoints),
+        endpoints,
         ports: Some(ports),
     }
 }
@@ -401,7 +401,7 @@ fn keep_existing(
             plan.delete.push(slice.clone());
         } else if changed {
             let mut s = with_metadata(svc, slice.clone());
-            s.endpoints = Some(kept);
+            s.endpoints = kept;
             plan.update.push(s);
         } else {
             unchanged.push(slice.clone());
@@ -492,7 +492,7 @@ fn keep_placeholder(svc: &Service, plan: &mut Plan, unchanged: &[EndpointSlice])
     }
     if let Some(i) = plan.delete.iter().position(|s| s.address_type == at) {
         let mut s = with_metadata(svc, plan.delete.remove(i));
-        s.endpoints = Some(Vec::new());
+        s.endpoints = Vec::new();
         s.ports = Some(Vec::new());
         plan.update.push(s);
         return;

@@ -154,7 +154,6 @@ fn conditions_follow_pod_state() {
         p.create[0]
             .endpoints
             .iter()
-            .flatten()
             .map(|e| {
                 let c = e.conditions.as_ref().unwrap();
                 (c.ready.unwrap(), c.serving.unwrap(), c.terminating.unwrap())

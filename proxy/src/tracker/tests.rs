@@ -72,7 +72,7 @@ fn removed_endpoints_and_deleted_services_are_reported() {
     s.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
     t.apply_slice(&s);
     t.take_changes();
-    s.endpoints.as_mut().unwrap().truncate(1);
+    s.endpoints.truncate(1);
     t.apply_slice(&s);
     let c = t.take_changes();
     let gone: Vec<String> = c

@@ -131,7 +131,7 @@ fn check_kubectl_dump(p: &ParsedFile) {
         .and_then(|l| l.ingress.as_ref())
         .unwrap();
     assert_eq!(ingress[0].ip.as_deref(), Some("172.18.255.200"));
-    let web = p.slices[1].endpoints.as_ref().unwrap();
+    let web = &p.slices[1].endpoints;
     assert_eq!(web[0].zone.as_deref(), Some("zone-a"));
     assert_eq!(web[0].node_name.as_deref(), Some("kpr-worker"));
     assert_eq!(web[1].conditions.as_ref().unwrap().terminating, Some(true));
