@@ -20,7 +20,8 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    setup::run()?;
+    // The control-plane part runs against the reference Kubernetes.
+    setup::run_with(&setup::SetupArgs { k8s: true })?;
     Cmd::new("cargo")
         .args(["build", "--release", "-p", "proxy", "-p", "kpr-bench"])
         .dir(workspace_root())
