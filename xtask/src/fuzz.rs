@@ -7,14 +7,12 @@
 //! [`INPUT_TIMEOUT_S`] or one using more than [`RSS_LIMIT_MB`] fails it; libFuzzer leaves the input in
 //! `proxy/fuzz/artifacts/manifests/`.
 
-use std::env;
 use std::fs;
-use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
 use crate::exec::Cmd;
-use crate::setup::{find_on_path, pinned_nightly};
+use crate::setup::{cargo_home, find_on_path, pinned_nightly, rustup_home};
 
 /// The fuzz target (`proxy/fuzz/fuzz_targets/manifests.rs`).
 pub const TARGET: &str = "manifests";
@@ -95,21 +93,6 @@ fn nightly() -> anyhow::Result<String> {
                 .starts_with(&format!("{pinned}-"))
         });
     Ok(if installed { pinned } else { "nightly".into() })
-}
-
-fn rustup_home() -> anyhow::Result<PathBuf> {
-    if let Some(home) = env::var_os("RUSTUP_HOME") {
-        return Ok(home.into());
-    }
-    let home = env::var_os("HOME").context("neither RUSTUP_HOME nor HOME is set")?;
-    Ok(Path::new(&home).join(".rustup"))
-}
-
-fn cargo_home() -> PathBuf {
-    env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
-        .unwrap_or_else(|| PathBuf::from("/root/.cargo"))
 }
 
 #[cfg(test)]

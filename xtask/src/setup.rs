@@ -196,7 +196,7 @@ fn bpf_linker() -> anyhow::Result<()> {
         .run()
 }
 
-fn rustup_home() -> anyhow::Result<PathBuf> {
+pub(crate) fn rustup_home() -> anyhow::Result<PathBuf> {
     if let Some(home) = env::var_os("RUSTUP_HOME") {
         return Ok(home.into());
     }
@@ -204,7 +204,7 @@ fn rustup_home() -> anyhow::Result<PathBuf> {
     Ok(Path::new(&home).join(".rustup"))
 }
 
-fn cargo_home() -> PathBuf {
+pub(crate) fn cargo_home() -> PathBuf {
     env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .or_else(|| env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
