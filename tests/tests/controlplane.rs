@@ -20,13 +20,12 @@
 //! for a kubelet that never comes). Nothing collects garbage or deletes namespaces: what a test
 //! leaves behind stays, and later managers reconcile it too (it is already in step).
 //!
-//! What the real server changed here, compared with the in-memory imitation these tests used to
-//! run against: Pods need a container image and are deleted gracefully once bound to a node (so
-//! "deleted" means grace period 0, "terminating" means an ordinary delete); leftovers are made by
-//! a manager that really wrote them and was stopped, not inserted; kube-apiserver deletes a
-//! Service's Endpoints together with the Service, so a leftover Endpoints object is written by
-//! hand; status (a LoadBalancer address from before) is written through the status subresource;
-//! the "Nodes forbidden" case is the real RBAC authorizer's 403, not an injected fault.
+//! What the real server requires of the fixtures: Pods need a container image and are deleted
+//! gracefully once bound to a node (so "deleted" means grace period 0, "terminating" means an
+//! ordinary delete); leftovers are made by a manager that really wrote them and was stopped;
+//! kube-apiserver deletes a Service's Endpoints together with the Service, so a leftover Endpoints
+//! object is written by hand; status (a LoadBalancer address from before) is written through the
+//! status subresource; the "Nodes forbidden" case is the real RBAC authorizer's 403.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
