@@ -26,7 +26,6 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde::Serialize;
 use serde_json::json;
-use xtask::exec::Cmd;
 
 use super::Plan;
 
@@ -88,20 +87,17 @@ fn controller_manager_bin() -> PathBuf {
     xtask::target_dir().join("release/controller-manager")
 }
 
-/// Builds kpr's controller-manager (`cargo build --release -p controllers --bin
-/// controller-manager`); the reference binaries come from `cargo xtask setup --k8s`.
-pub fn build() -> anyhow::Result<()> {
-    Cmd::new("cargo")
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "controllers",
-            "--bin",
-            "controller-manager",
-        ])
-        .dir(xtask::workspace_root())
-        .run()?;
+/// Checks that kpr's controller-manager (built by `cargo xtask bench` in the same cargo run as
+/// the agent and this benchmark, so the shared crates are built once with one feature set) and the
+/// reference binaries (`cargo xtask setup --k8s`) are there.
+pub fn check_binaries() -> anyhow::Result<()> {
+    let bin = controller_manager_bin();
+    if !bin.is_file() {
+        anyhow::bail!(
+            "{} is missing: run the benchmark through `cargo xtask bench`, which builds it",
+            bin.display()
+        );
+    }
     controlplane::Binaries::locate()?;
     Ok(())
 }

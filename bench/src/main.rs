@@ -258,7 +258,7 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = Plan::new(args)?;
     std::fs::create_dir_all(&plan.out_dir)?;
     if !args.no_control_plane {
-        control_plane::build()?;
+        control_plane::check_binaries()?;
     }
     println!(
         "bench: {} Services x {} endpoints, backends {:?}",

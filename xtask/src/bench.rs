@@ -23,7 +23,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // The control-plane part runs against the reference Kubernetes.
     setup::run_with(&setup::SetupArgs { k8s: true })?;
     Cmd::new("cargo")
-        .args(["build", "--release", "-p", "proxy", "-p", "kpr-bench"])
+        // One cargo run for every binary the benchmark starts: separate runs would resolve the
+        // shared crates' features differently and build them twice.
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "proxy",
+            "-p",
+            "kpr-bench",
+            "-p",
+            "controllers",
+        ])
+        .args(["--bins"])
         .dir(workspace_root())
         .run()?;
     let release = target_dir().join("release");
