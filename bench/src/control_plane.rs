@@ -64,21 +64,31 @@ pub struct ControllerRun {
 #[derive(Debug, Clone, Copy)]
 enum Controller {
     Kpr,
+    /// kube-controller-manager as it ships (client limit 20 requests/s, burst 30).
     Upstream,
+    /// kube-controller-manager with its client limit lifted (`--kube-api-qps=1000
+    /// --kube-api-burst=1000`): what its algorithm costs, like kpr's, which has no client limit.
+    UpstreamUnthrottled,
 }
+
+/// The flags that lift kube-controller-manager's client-side rate limit.
+const UNTHROTTLED: &[&str] = &["--kube-api-qps=1000", "--kube-api-burst=1000"];
 
 impl Controller {
     fn name(self) -> &'static str {
         match self {
             Controller::Kpr => "kpr",
             Controller::Upstream => "kube-controller-manager",
+            Controller::UpstreamUnthrottled => "kube-controller-manager --kube-api-qps=1000",
         }
     }
 
     fn managed_by(self) -> &'static str {
         match self {
             Controller::Kpr => "endpointslice-controller.kpr.io",
-            Controller::Upstream => "endpointslice-controller.k8s.io",
+            Controller::Upstream | Controller::UpstreamUnthrottled => {
+                "endpointslice-controller.k8s.io"
+            }
         }
     }
 }
@@ -111,7 +121,11 @@ pub fn cold_start(plan: &Plan) -> anyhow::Result<(ColdStart, Vec<String>)> {
     let (services, pods) = (plan.cp_services, plan.cp_pods);
     let mut runs = Vec::new();
     let mut failures = Vec::new();
-    for controller in [Controller::Kpr, Controller::Upstream] {
+    for controller in [
+        Controller::Kpr,
+        Controller::Upstream,
+        Controller::UpstreamUnthrottled,
+    ] {
         let mut run = ControllerRun {
             controller: controller.name().into(),
             managed_by: controller.managed_by().into(),
@@ -183,10 +197,13 @@ fn measure(
             ],
         )?,
         Controller::Upstream => cp.start_upstream_controller_manager("endpointslice")?,
+        Controller::UpstreamUnthrottled => {
+            cp.start_upstream_controller_manager_with("endpointslice", UNTHROTTLED)?
+        }
     }
     let log = cp.log(match controller {
         Controller::Kpr => "kpr-controller-manager",
-        Controller::Upstream => "kube-controller-manager",
+        Controller::Upstream | Controller::UpstreamUnthrottled => "kube-controller-manager",
     });
     // Generous: kube-controller-manager's default client limit (20 QPS) makes ~20 slices a second.
     let timeout = Duration::from_secs(120 + services as u64 / 5);

@@ -366,8 +366,17 @@ impl ControlPlane {
     /// kube-controller-manager of the reference release with `--controllers=<controllers>`,
     /// under its own identity (`system:kube-controller-manager`), no leader election.
     pub fn start_upstream_controller_manager(&mut self, controllers: &str) -> anyhow::Result<()> {
+        self.start_upstream_controller_manager_with(controllers, &[])
+    }
+
+    /// The same with extra flags (e.g. `--kube-api-qps=1000`).
+    pub fn start_upstream_controller_manager_with(
+        &mut self,
+        controllers: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<()> {
         let kubeconfig = self.kubeconfig_for_user("system:kube-controller-manager", None)?;
-        let args = vec![
+        let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--authentication-kubeconfig={}", kubeconfig.display()),
             format!("--authorization-kubeconfig={}", kubeconfig.display()),
@@ -385,6 +394,7 @@ impl ControlPlane {
             format!("--cluster-signing-cert-file={}", self.pki.ca_cert.display()),
             format!("--cluster-signing-key-file={}", self.pki.ca_key.display()),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         self.spawn("kube-controller-manager", args)
     }
 
