@@ -1,7 +1,7 @@
 //! The control plane that feeds the proxy: the EndpointSlice controller, the legacy Endpoints
 //! controller, the LoadBalancer IP allocator, Lease-based leader election and the
-//! `controller-manager` that runs them. Workload controllers grow here later (see
-//! `shared/seeds/DIGEST.md`).
+//! `controller-manager` that runs them. Workload controllers grow here later, following
+//! kube-controller-manager's algorithms.
 //!
 //! Every controller has the same split: pure planning functions (unit-tested, in `plan` modules or
 //! `podutil`) and a thin layer applying the plan through kube-rs.

@@ -102,17 +102,21 @@ impl AgentOptions {
     }
 }
 
-/// The `proxy` binary: `$KPR_PROXY_BIN`, else `<workspace>/target/debug/proxy`.
+/// The directory of this harness's debug binaries: under `$CARGO_TARGET_DIR` (at run time, then
+/// at build time), else under the workspace's `target/`.
+pub fn debug_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO_TARGET_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+        .join("debug")
+}
+
+/// The `proxy` binary: `$KPR_PROXY_BIN`, else `proxy` in [`debug_dir`].
 pub fn proxy_binary() -> Result<PathBuf, HarnessError> {
     let path = match std::env::var_os("KPR_PROXY_BIN") {
         Some(p) => PathBuf::from(p),
-        // The target directory this harness was built into: $CARGO_TARGET_DIR (at run time,
-        // then at build time), else the workspace's target/.
-        None => std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .or_else(|| option_env!("CARGO_TARGET_DIR").map(PathBuf::from))
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-            .join("debug/proxy"),
+        None => debug_dir().join("proxy"),
     };
     if !path.is_file() {
         return Err(HarnessError::Agent(format!(

@@ -2,7 +2,7 @@
 //! and reading its output back as [`Reply`]s. The eBPF backend's socket programs only see
 //! processes inside their cgroup, so its tests need clients that are processes, not threads.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use crate::cgroup::Cgroup;
@@ -10,11 +10,11 @@ use crate::client::{parse_reply, Reply};
 use crate::netns::Netns;
 use crate::HarnessError;
 
-/// The `probe` binary: `$KPR_PROBE_BIN`, else `<workspace>/target/debug/probe`.
+/// The `probe` binary: `$KPR_PROBE_BIN`, else `probe` in [`crate::agent::debug_dir`].
 pub fn probe_binary() -> Result<PathBuf, HarnessError> {
     let path = match std::env::var_os("KPR_PROBE_BIN") {
         Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/probe"),
+        None => crate::agent::debug_dir().join("probe"),
     };
     if !path.is_file() {
         return Err(HarnessError::Agent(format!(
