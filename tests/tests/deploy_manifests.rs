@@ -37,7 +37,7 @@ const AGENT_FLAGS: &[&str] = &[
 ];
 
 /// What the agent container may add; anything else (SYS_ADMIN, ALL, ...) fails the check.
-const AGENT_CAPABILITIES: &[&str] = &["NET_ADMIN", "NET_RAW", "BPF", "PERFMON", "SYS_RESOURCE"];
+const AGENT_CAPABILITIES: &[&str] = &["NET_ADMIN", "NET_RAW", "BPF", "PERFMON"];
 
 /// Sample values the downward API would give on a kind worker.
 const NODE_NAME: &str = "kpr-worker";

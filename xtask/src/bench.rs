@@ -22,6 +22,18 @@ pub struct BenchArgs {
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // The control-plane part runs against the reference Kubernetes.
     setup::run_with(&setup::SetupArgs { k8s: true })?;
+    build_release()?;
+    let release = target_dir().join("release");
+    Cmd::new(release.join("kpr-bench"))
+        .args(&args.args)
+        .env("KPR_PROXY_BIN", release.join("proxy"))
+        .dir(workspace_root())
+        .run()
+}
+
+/// The release binaries: the agent, the controller-manager and the benchmark (`cargo xtask
+/// cluster` ships the first two in its images).
+pub fn build_release() -> anyhow::Result<()> {
     Cmd::new("cargo")
         // One cargo run for every binary the benchmark starts: separate runs would resolve the
         // shared crates' features differently and build them twice.
@@ -36,12 +48,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "controllers",
         ])
         .args(["--bins"])
-        .dir(workspace_root())
-        .run()?;
-    let release = target_dir().join("release");
-    Cmd::new(release.join("kpr-bench"))
-        .args(&args.args)
-        .env("KPR_PROXY_BIN", release.join("proxy"))
         .dir(workspace_root())
         .run()
 }

@@ -108,8 +108,56 @@ pub fn render_text(file: &str, text: &str, render: &Render) -> anyhow::Result<St
         .replace(&default_host, &render.api_server_host()))
 }
 
+/// How the committed agent manifest sets the API server's port (kind's).
+const PORT_VALUE: &str = "- name: KUBERNETES_SERVICE_PORT\n              value: \"6443\"";
+
+/// For a cluster whose API server is not kind's control-plane container (`cargo xtask cluster up
+/// --nodes N`): points a rendered agent manifest at `host:port` instead.
+pub fn with_api_server(
+    rendered: &str,
+    render: &Render,
+    host: &str,
+    port: u16,
+) -> anyhow::Result<String> {
+    let kind_host = format!("value: {}", render.api_server_host());
+    for token in [PORT_VALUE, kind_host.as_str()] {
+        if !rendered.contains(token) {
+            bail!("deploy/{AGENT_MANIFEST}: expected {token:?} (the text xtask substitutes), found none");
+        }
+    }
+    let port_value = PORT_VALUE.replace("6443", &port.to_string());
+    Ok(rendered
+        .replace(PORT_VALUE, &port_value)
+        .replace(&kind_host, &format!("value: {host}")))
+}
+
+/// The committed agent manifest's cgroup v2 root: a pure cgroup v2 node's (kind's).
+const CGROUP_ROOT_VALUE: &str = "path: /sys/fs/cgroup\n            type: Directory";
+
+/// For nodes with hybrid cgroups (v1 controllers, cgroup2 at /sys/fs/cgroup/unified, as on the
+/// machines `cargo xtask cluster` runs on): mounts `root` as the agent's cgroup v2 root instead.
+pub fn with_cgroup_root(rendered: &str, root: &str) -> anyhow::Result<String> {
+    if !rendered.contains(CGROUP_ROOT_VALUE) {
+        bail!("deploy/{AGENT_MANIFEST}: expected {CGROUP_ROOT_VALUE:?} (the text xtask substitutes), found none");
+    }
+    Ok(rendered.replace(
+        CGROUP_ROOT_VALUE,
+        &CGROUP_ROOT_VALUE.replace("/sys/fs/cgroup", root),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_agent_manifest_points_at_another_api_server() {
+        let render = Render::default();
+        let text = render_file(AGENT_MANIFEST, &render).unwrap();
+        let text = with_api_server(&text, &render, "172.18.0.1", 34567).unwrap();
+        assert!(text.contains("value: 172.18.0.1"), "{text}");
+        assert!(text.contains("value: \"34567\""), "{text}");
+        assert!(!text.contains("kpr-control-plane"));
+    }
+
     use super::*;
 
     #[test]

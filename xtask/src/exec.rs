@@ -17,6 +17,7 @@ pub struct Cmd {
     env: Vec<(OsString, OsString)>,
     dir: Option<PathBuf>,
     dry_run: bool,
+    quiet: bool,
 }
 
 /// Whether [`exec`] hands the child's standard output back or lets it through to the terminal.
@@ -34,6 +35,7 @@ impl Cmd {
             env: Vec::new(),
             dir: None,
             dry_run: false,
+            quiet: false,
         }
     }
 
@@ -67,6 +69,13 @@ impl Cmd {
     /// run) and return success with empty output.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
+        self
+    }
+
+    /// Does not print the command line (for queries whose lines would drown the log, like `ldd`
+    /// of a hundred files); a failure still names it.
+    pub fn quiet(mut self) -> Self {
+        self.quiet = true;
         self
     }
 
@@ -142,7 +151,9 @@ fn exec(cmd: &Cmd, output: Output) -> anyhow::Result<String> {
         println!("$ {cmd}    # dry run: not executed");
         return Ok(String::new());
     }
-    println!("$ {cmd}");
+    if !cmd.quiet {
+        println!("$ {cmd}");
+    }
     let mut command = Command::new(&cmd.program);
     command.args(&cmd.args).stdin(Stdio::null());
     command.envs(cmd.env.iter().map(|(k, v)| (k, v)));

@@ -428,7 +428,7 @@ fn base_files(passwd: &str, group: &str) -> Vec<Entry> {
 /// A symlink `/bin/<applet>` -> busybox for every applet of the host's busybox whose name is not
 /// in `taken` (the image's real tools, which must not be shadowed).
 fn busybox_applets(taken: &BTreeSet<String>) -> anyhow::Result<Vec<Entry>> {
-    let list = Cmd::new(BUSYBOX).arg("--list").read()?;
+    let list = Cmd::new(BUSYBOX).arg("--list").quiet().read()?;
     Ok(applet_links(&list, taken))
 }
 
@@ -523,7 +523,7 @@ pub fn with_libraries(binaries: &[(PathBuf, String)]) -> anyhow::Result<Vec<Entr
         }
     }
     if !dynamic.is_empty() {
-        let out = Cmd::new("ldd").args(&dynamic).read()?;
+        let out = Cmd::new("ldd").args(&dynamic).quiet().read()?;
         libraries.extend(ldd_paths(&out)?);
     }
     for library in &libraries {

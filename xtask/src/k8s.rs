@@ -1,7 +1,8 @@
 //! `cargo xtask setup --k8s`: builds the reference Kubernetes components into `<target>/k8s/bin`
-//! from the Go modules pinned in `xtask/k8s/go.mod` (Kubernetes and etcd) and
-//! `xtask/k8s/kwok/go.mod` (kwok, which builds against its own client-go). They are what kpr is
-//! tested and benchmarked against, never part of it.
+//! from the Go modules pinned in `xtask/k8s/go.mod` (Kubernetes with its kubelet, its test image
+//! agnhost and its end-to-end suite `e2e.test`, and etcd), `xtask/k8s/kwok/go.mod` (kwok, which
+//! builds against its own client-go) and `xtask/k8s/coredns/go.mod` (the cluster DNS). They are
+//! what kpr is tested and benchmarked against, never part of it.
 //!
 //! Go's module and build caches (`~/go/pkg/mod`, `~/.cache/go-build`) make a second build cheap;
 //! a stamp of the pinning files makes an unchanged one free. Owns `<target>/k8s`.
@@ -28,11 +29,18 @@ const KUBERNETES: &[(&str, &str)] = &[
     ("k8s.io/kubernetes/cmd/kube-scheduler", "kube-scheduler"),
     ("k8s.io/kubernetes/cmd/kube-proxy", "kube-proxy"),
     ("k8s.io/kubernetes/cmd/kubectl", "kubectl"),
+    ("k8s.io/kubernetes/cmd/kubelet", "kubelet"),
+    ("k8s.io/kubernetes/test/images/agnhost", "agnhost"),
     ("go.etcd.io/etcd/server/v3", "etcd"),
     ("go.etcd.io/etcd/etcdctl/v3", "etcdctl"),
 ];
 
 const KWOK: &[(&str, &str)] = &[("sigs.k8s.io/kwok/cmd/kwok", "kwok")];
+
+const COREDNS: &[(&str, &str)] = &[("github.com/coredns/coredns", "coredns")];
+
+/// Upstream's end-to-end suite, a Go test binary (`go test -c`).
+const E2E: (&str, &str) = ("k8s.io/kubernetes/test/e2e", "e2e.test");
 
 /// The module directory pinning Kubernetes and etcd.
 pub fn module_dir() -> PathBuf {
@@ -54,6 +62,8 @@ pub fn build() -> anyhow::Result<()> {
     let all_present = KUBERNETES
         .iter()
         .chain(KWOK)
+        .chain(COREDNS)
+        .chain([&E2E])
         .all(|(_, name)| out.join(name).is_file());
     if all_present && fs::read_to_string(&stamp_path).ok().as_deref() == Some(stamp.as_str()) {
         println!(
@@ -65,13 +75,15 @@ pub fn build() -> anyhow::Result<()> {
     }
     let version = kubernetes_version()?;
     println!(
-        "[build] reference Kubernetes {version}, etcd, kwok into {} (cold: about 10 minutes on 2 cores)",
+        "[build] reference Kubernetes {version}, etcd, kwok, CoreDNS into {} (cold: about 15 minutes on 2 cores)",
         out.display()
     );
     let started = Instant::now();
     let ldflags = version_ldflags(&version)?;
     go_build(&go, &module_dir(), &out, KUBERNETES, &ldflags)?;
     go_build(&go, &module_dir().join("kwok"), &out, KWOK, "-s -w")?;
+    go_build(&go, &module_dir().join("coredns"), &out, COREDNS, "-s -w")?;
+    go_test_binary(&go, &module_dir(), &out, E2E, &ldflags)?;
     fs::write(&stamp_path, stamp).with_context(|| format!("writing {}", stamp_path.display()))?;
     println!(
         "[ok] reference binaries built in {:.0} s",
@@ -105,6 +117,29 @@ fn go_build(
             .with_context(|| format!("moving {} to {}", tmp.display(), dest.display()))?;
     }
     Ok(())
+}
+
+/// `go test -c` of a test package (the e2e suite) into `out/<name>`.
+fn go_test_binary(
+    go: &Path,
+    module: &Path,
+    out: &Path,
+    (package, name): (&str, &str),
+    ldflags: &str,
+) -> anyhow::Result<()> {
+    let tmp = out.join(format!(".{name}.partial"));
+    Cmd::new(go)
+        .args(["test", "-c", "-trimpath", "-ldflags", ldflags, "-o"])
+        .arg(&tmp)
+        .arg(package)
+        .env("CGO_ENABLED", "0")
+        .env("GOFLAGS", "-mod=readonly")
+        .dir(module)
+        .run()
+        .with_context(|| format!("building {name} from {}", module.display()))?;
+    let dest = out.join(name);
+    fs::rename(&tmp, &dest)
+        .with_context(|| format!("moving {} to {}", tmp.display(), dest.display()))
 }
 
 /// The version strings the Kubernetes build scripts stamp in (`kubectl version` refuses the
@@ -152,7 +187,14 @@ fn pinned(go_mod: &str, module: &str) -> Option<String> {
 /// The content of every pinning file: a change to any of them rebuilds.
 fn stamp() -> anyhow::Result<String> {
     let mut stamp = String::new();
-    for file in ["go.mod", "go.sum", "kwok/go.mod", "kwok/go.sum"] {
+    for file in [
+        "go.mod",
+        "go.sum",
+        "kwok/go.mod",
+        "kwok/go.sum",
+        "coredns/go.mod",
+        "coredns/go.sum",
+    ] {
         let path = module_dir().join(file);
         stamp.push_str(
             &fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
@@ -177,6 +219,8 @@ fn print_versions(out: &Path) -> anyhow::Result<()> {
     );
     println!("    etcd: {}", line("etcd", &["--version"])?);
     println!("    kwok: {}", line("kwok", &["--version"])?);
+    println!("    kubelet: {}", line("kubelet", &["--version"])?);
+    println!("    coredns: {}", line("coredns", &["-version"])?);
     Ok(())
 }
 

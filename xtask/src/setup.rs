@@ -12,7 +12,9 @@ use anyhow::{bail, Context as _};
 use crate::exec::Cmd;
 
 /// Debian packages: the dataplanes' tools, the VM runner, and LLVM 22 for bpf-linker. gcc and
-/// libc6-dev are the host linker a rustup-only machine may lack.
+/// libc6-dev are the host linker a rustup-only machine may lack. containerd, runc, the CNI plugins
+/// and socat run the nodes of `cargo xtask cluster up --nodes N`; curl, netcat-openbsd,
+/// bind9-dnsutils and bash go into the test images built from this machine's files.
 pub const APT_PACKAGES: &[&str] = &[
     "nftables",
     "iptables",
@@ -27,6 +29,14 @@ pub const APT_PACKAGES: &[&str] = &[
     "zlib1g-dev",
     "gcc",
     "libc6-dev",
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "socat",
+    "curl",
+    "netcat-openbsd",
+    "bind9-dnsutils",
+    "bash",
 ];
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

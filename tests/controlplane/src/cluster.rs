@@ -39,6 +39,21 @@ pub struct Options {
     pub kwok_nodes: usize,
     /// Extra kube-apiserver flags (`--flag=value`), e.g. a short `--etcd-compaction-interval`.
     pub apiserver_flags: Vec<String>,
+    /// Run the control plane inside a network namespace, reachable by nodes there (see
+    /// [`Network`]); `None`: on this machine's loopback.
+    pub network: Option<Network>,
+}
+
+/// The network namespace a control plane runs in when real nodes must reach it (and it them:
+/// kube-apiserver connects to every kubelet for logs and exec), like kind's control-plane
+/// container. This machine's clients reach it through a relay on 127.0.0.1 of the same port.
+#[derive(Debug, Clone)]
+pub struct Network {
+    /// `/run/netns/<name>`, made by the caller.
+    pub netns: PathBuf,
+    /// The control plane's address in that namespace: kube-apiserver advertises it (the
+    /// `kubernetes` Service's endpoint) and its serving certificate names it.
+    pub address: Ipv4Addr,
 }
 
 impl Options {
@@ -51,6 +66,7 @@ impl Options {
             upstream_scheduler: false,
             kwok_nodes: 0,
             apiserver_flags: Vec::new(),
+            network: None,
         }
     }
 }
@@ -88,7 +104,11 @@ impl ControlPlane {
         fs::create_dir_all(dir.join("logs"))?;
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let kubernetes_vip = IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1));
-        let pki = Pki::generate(&dir.join("pki"), &[loopback, kubernetes_vip])?;
+        let mut serving_ips = vec![loopback, kubernetes_vip];
+        if let Some(network) = &opts.network {
+            serving_ips.push(IpAddr::V4(network.address));
+        }
+        let pki = Pki::generate(&dir.join("pki"), &serving_ips)?;
         let admin = pki.client("admin", "kubernetes-admin", Some("system:masters"))?;
         let ports = free_ports()?;
         let mut cp = ControlPlane {
@@ -125,6 +145,15 @@ impl ControlPlane {
     /// `https://127.0.0.1:<port>`.
     pub fn server_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.ports.apiserver)
+    }
+
+    /// The API server's URL for nodes in the control plane's network (its [`Network`] address),
+    /// or [`ControlPlane::server_url`] without one.
+    pub fn network_server_url(&self) -> String {
+        match &self.opts.network {
+            Some(network) => format!("https://{}:{}", network.address, self.ports.apiserver),
+            None => self.server_url(),
+        }
     }
 
     /// The admin kubeconfig (client certificate in `system:masters`).
@@ -208,9 +237,11 @@ impl ControlPlane {
         self.dir.join("logs").join(format!("{name}.log"))
     }
 
+    /// Starts a reference component, in the control plane's network namespace if it has one.
     fn spawn(&mut self, name: &str, args: Vec<String>) -> anyhow::Result<()> {
         let program = self.binaries.path(name);
-        self.spawn_program(name, &program, args)
+        let netns = self.opts.network.as_ref().map(|n| n.netns.clone());
+        self.spawn_in(name, &program, args, Vec::new(), netns.as_deref())
     }
 
     /// Starts another process beside the control plane (kpr's controller-manager, say), with the
@@ -221,12 +252,26 @@ impl ControlPlane {
         program: &Path,
         args: Vec<String>,
     ) -> anyhow::Result<()> {
+        self.spawn_in(name, program, args, Vec::new(), None)
+    }
+
+    /// [`ControlPlane::spawn_program`] with environment variables, in network namespace `netns`
+    /// (a node's kubelet and containerd) or ours.
+    pub fn spawn_in(
+        &mut self,
+        name: &str,
+        program: &Path,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+        netns: Option<&Path>,
+    ) -> anyhow::Result<()> {
         let spec = Spec {
             name: name.to_string(),
             program: program.to_path_buf(),
             args,
-            env: Vec::new(),
+            env,
             log: self.log(name),
+            netns: netns.map(Path::to_path_buf),
         };
         let process = Process::start(spec, self.opts.lifetime)?;
         self.processes.push(process);
@@ -266,10 +311,14 @@ impl ControlPlane {
             bail!("kube-apiserver is already running");
         }
         let pki = &self.pki;
+        let (bind, advertise) = match &self.opts.network {
+            Some(network) => ("0.0.0.0".to_string(), network.address.to_string()),
+            None => ("127.0.0.1".to_string(), "127.0.0.1".to_string()),
+        };
         let mut args = vec![
             format!("--etcd-servers=http://127.0.0.1:{}", self.ports.etcd_client),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
+            format!("--bind-address={bind}"),
+            format!("--advertise-address={advertise}"),
             format!("--secure-port={}", self.ports.apiserver),
             format!("--tls-cert-file={}", pki.serving_cert.display()),
             format!("--tls-private-key-file={}", pki.serving_key.display()),
@@ -284,13 +333,63 @@ impl ControlPlane {
             "--authorization-mode=Node,RBAC".into(),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
+        ];
+        if self.opts.network.is_some() {
+            // kubelets authorize kube-apiserver's logs/exec/port-forward requests by this.
+            let kubelet_client = self.pki.client(
+                "apiserver-kubelet-client",
+                "kube-apiserver-kubelet-client",
+                Some("system:masters"),
+            )?;
+            args.push(format!(
+                "--kubelet-client-certificate={}",
+                kubelet_client.cert.display()
+            ));
+            args.push(format!(
+                "--kubelet-client-key={}",
+                kubelet_client.key.display()
+            ));
+            args.push("--kubelet-preferred-address-types=InternalIP".into());
+        } else {
             // The `kubernetes` Service's endpoint would be 127.0.0.1, which EndpointSlice
             // validation refuses; nothing on loopback-only control planes can use it anyway.
-            "--endpoint-reconciler-type=none".into(),
-        ];
+            args.push("--endpoint-reconciler-type=none".into());
+        }
         args.extend(self.opts.apiserver_flags.iter().cloned());
         self.spawn("kube-apiserver", args)?;
+        self.start_relay()?;
         self.wait_ready(Duration::from_secs(90))
+    }
+
+    /// With a [`Network`]: socat on this machine's 127.0.0.1:<port>, each connection relayed
+    /// from inside the namespace to the API server there (once; it outlives API server restarts).
+    fn start_relay(&mut self) -> anyhow::Result<()> {
+        let Some(network) = self.opts.network.clone() else {
+            return Ok(());
+        };
+        if self.find("apiserver-relay").is_some() {
+            return Ok(());
+        }
+        let socat = find_program("socat")?;
+        let nsenter = find_program("nsenter")?;
+        let port = self.ports.apiserver;
+        // socat splits its address on ':', so the inner command goes in a script.
+        let script = self.dir.join("apiserver-relay.sh");
+        fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nexec {} --net={} {} STDIO TCP:127.0.0.1:{port}\n",
+                nsenter.display(),
+                network.netns.display(),
+                socat.display()
+            ),
+        )?;
+        fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        let args = vec![
+            format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"),
+            format!("EXEC:{}", script.display()),
+        ];
+        self.spawn_in("apiserver-relay", &socat, args, Vec::new(), None)
     }
 
     /// Stops kube-apiserver (SIGTERM; etcd keeps running): every watch is cut, every request
@@ -487,6 +586,24 @@ impl Drop for ControlPlane {
     }
 }
 
+/// `name` on PATH or in the usual system directories.
+pub fn find_program(name: &str) -> anyhow::Result<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain([
+            "/usr/local/sbin",
+            "/usr/local/bin",
+            "/usr/sbin",
+            "/usr/bin",
+            "/sbin",
+            "/bin",
+        ])
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| p.is_file());
+    found.with_context(|| format!("{name} is not installed (`cargo xtask setup` installs it)"))
+}
+
 fn kwok_node(name: &str) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Node",
@@ -535,6 +652,16 @@ fn kubeconfig_json(server: &str, ca: &Path, auth: Auth<'_>) -> anyhow::Result<se
         "contexts": [{"name": "reference", "context": {"cluster": "reference", "user": "user"}}],
         "current-context": "reference",
     }))
+}
+
+/// A kubeconfig for a client certificate of this control plane's CA, for `server`.
+pub(crate) fn write_kubeconfig_file(
+    path: &Path,
+    server: &str,
+    pki: &Pki,
+    cert: &ClientCert,
+) -> anyhow::Result<()> {
+    write_kubeconfig(path, server, &pki.ca_cert, Auth::Cert(cert))
 }
 
 fn write_kubeconfig(path: &Path, server: &str, ca: &Path, auth: Auth<'_>) -> anyhow::Result<()> {

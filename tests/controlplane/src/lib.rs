@@ -13,10 +13,13 @@
 //!
 //! Modules: [`binaries`] (where the binaries are, the pinned version), [`pki`] (certificates),
 //! [`process`] (one process and its log), [`cluster`] (a control plane), [`relay`] (a TCP relay a
-//! test can cut: a partition between a node and the API server).
+//! test can cut: a partition between a node and the API server), [`network`] (network
+//! namespaces for a cluster with real nodes) and [`nodes`] (their containerd and kubelet).
 
 pub mod binaries;
 pub mod cluster;
+pub mod network;
+pub mod nodes;
 pub mod pki;
 pub mod process;
 pub mod relay;
@@ -26,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 pub use binaries::{kubernetes_version, Binaries};
-pub use cluster::{client_from, ControlPlane, Options, CLUSTER_CIDR, SERVICE_CIDR};
+pub use cluster::{client_from, ControlPlane, Network, Options, CLUSTER_CIDR, SERVICE_CIDR};
 pub use process::Lifetime;
 pub use relay::Relay;
 

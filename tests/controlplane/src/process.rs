@@ -34,6 +34,8 @@ pub struct Spec {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub log: PathBuf,
+    /// A network namespace (its `/run/netns/<name>` file) the process runs in instead of ours.
+    pub netns: Option<PathBuf>,
 }
 
 /// A running reference process.
@@ -76,6 +78,21 @@ impl Process {
         let log =
             File::create(&spec.log).with_context(|| format!("creating {}", spec.log.display()))?;
         let mut cmd = Command::new(&spec.program);
+        if let Some(netns) = &spec.netns {
+            let ns = File::open(netns)
+                .with_context(|| format!("opening network namespace {}", netns.display()))?;
+            // SAFETY: setns is async-signal-safe; the child is single-threaded until exec, and
+            // `ns` lives in the closure until then.
+            unsafe {
+                cmd.pre_exec(move || {
+                    use std::os::fd::AsRawFd as _;
+                    if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         cmd.args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

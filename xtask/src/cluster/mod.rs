@@ -1,11 +1,17 @@
-//! `cargo xtask cluster up|down|env|status`: a reference control plane on this machine (etcd and
-//! kube-apiserver of the pinned release on loopback, with TLS and RBAC; optionally
-//! kube-controller-manager or kpr's controller-manager, kube-scheduler, and kwok nodes), left
-//! running in the background for kubectl, the agent and benchmarks.
+//! `cargo xtask cluster up|down|env|status`: a reference cluster on this machine, left running in
+//! the background for kubectl, the agent, the e2e suite and benchmarks. Always etcd and
+//! kube-apiserver of the pinned release with TLS and RBAC; optionally kube-controller-manager or
+//! kpr's controller-manager, kube-scheduler, and kwok nodes. With `--nodes N`, N real nodes
+//! (containerd and kubelet, see [`nodes`]) in network namespaces, the control plane in the
+//! cluster network's namespace, CoreDNS, and kpr's agent (or kube-proxy, when asked for)
+//! deployed as a user deploys it.
 //!
 //! `up` records what it started in `<target>/cluster/state.json`; `down` stops every process whose
 //! command line names the cluster's directory (so also those of an `up` interrupted half-way or
-//! a state file lost), and Ctrl-C during `up` does the same. Owns `<target>/cluster`.
+//! a state file lost), kills the nodes' containers, unmounts and deletes the namespaces; Ctrl-C
+//! during `up` does the same. Owns `<target>/cluster` (`<target>/cluster-<name>` for `--name`).
+
+pub mod nodes;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -22,6 +28,10 @@ use crate::{target_dir, workspace_root};
 
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
+    /// Which cluster: its directory `<target>/cluster-<name>` and the prefix of its network
+    /// namespaces (`kpr`, the default, is `<target>/cluster`).
+    #[arg(long, global = true, default_value = "kpr")]
+    pub name: String,
     #[command(subcommand)]
     pub command: ClusterCommand,
 }
@@ -49,6 +59,18 @@ pub struct UpArgs {
     /// How many kwok nodes (simulated: their Pods become Running and Ready without containers).
     #[arg(long, default_value_t = 0)]
     pub kwok_nodes: usize,
+    /// How many real nodes (kubelet and containerd, each in a network namespace of its own).
+    #[arg(long, default_value_t = 0)]
+    pub nodes: usize,
+    /// The Service proxy on the real nodes: kpr's agent (deploy/proxy.yaml), kube-proxy, or none.
+    #[arg(long, value_enum, default_value_t = nodes::Proxy::Kpr)]
+    pub proxy: nodes::Proxy,
+    /// kpr's backend (with --proxy kpr).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(crate::deploy::BACKENDS), default_value = crate::deploy::DEFAULT_BACKEND)]
+    pub backend: String,
+    /// kube-proxy's mode (with --proxy kube-proxy).
+    #[arg(long, value_enum, default_value_t = nodes::Mode::Nftables)]
+    pub mode: nodes::Mode,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -59,20 +81,46 @@ pub enum Who {
 }
 
 pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
+    let cluster = Cluster::named(&args.name)?;
     match &args.command {
-        ClusterCommand::Up(up_args) => up(up_args),
-        ClusterCommand::Down => down(),
-        ClusterCommand::Env => env(),
-        ClusterCommand::Status => status(),
+        ClusterCommand::Up(up_args) => up(&cluster, up_args),
+        ClusterCommand::Down => down(&cluster),
+        ClusterCommand::Env => env(&cluster),
+        ClusterCommand::Status => status(&cluster),
     }
 }
 
-fn cluster_dir() -> PathBuf {
-    target_dir().join("cluster")
+/// Which cluster: its directory and its namespaces' prefix.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub name: String,
+    pub dir: PathBuf,
 }
 
-fn state_path() -> PathBuf {
-    cluster_dir().join("state.json")
+impl Cluster {
+    pub fn named(name: &str) -> anyhow::Result<Cluster> {
+        if name.is_empty()
+            || name.len() > 12
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        {
+            bail!("cluster name {name:?}: 1 to 12 lowercase letters or digits (it prefixes namespace and node names)");
+        }
+        let dir = if name == "kpr" {
+            target_dir().join("cluster")
+        } else {
+            target_dir().join(format!("cluster-{name}"))
+        };
+        Ok(Cluster {
+            name: name.to_string(),
+            dir,
+        })
+    }
+
+    fn state_path(&self) -> PathBuf {
+        self.dir.join("state.json")
+    }
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -81,17 +129,22 @@ extern "C" fn on_sigint(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-fn up(args: &UpArgs) -> anyhow::Result<()> {
-    if state_path().exists() || !processes_of(&cluster_dir()).is_empty() {
+fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
+    if cluster.state_path().exists() || !processes_of(&cluster.dir).is_empty() {
         bail!(
             "a cluster already runs in {} (or its processes do): `cargo xtask cluster down` first",
-            cluster_dir().display()
+            cluster.dir.display()
         );
     }
     if args.scheduler == Who::Kpr {
         bail!("--scheduler kpr: kpr's scheduler does not exist yet; use upstream or none");
     }
     crate::k8s::build()?;
+    let real_nodes = if args.nodes > 0 {
+        Some(nodes::prepare(cluster, args)?)
+    } else {
+        None
+    };
     let controller_manager = if args.controllers == Who::Kpr {
         Cmd::new("cargo")
             .args(["build", "-p", "controllers", "--bin", "controller-manager"])
@@ -112,8 +165,10 @@ fn up(args: &UpArgs) -> anyhow::Result<()> {
         upstream_controllers: (args.controllers == Who::Upstream).then(|| "*".to_string()),
         upstream_scheduler: args.scheduler == Who::Upstream,
         kwok_nodes: args.kwok_nodes,
-        ..Options::minimal(cluster_dir())
+        network: real_nodes.as_ref().map(|n| n.control_plane_network()),
+        ..Options::minimal(&cluster.dir)
     };
+    let proxy_choice = nodes::ProxyChoice::from_args(args);
     let starting = std::thread::spawn(move || -> anyhow::Result<ControlPlane> {
         let mut cp = ControlPlane::start(opts)?;
         if let Some(binary) = controller_manager {
@@ -123,12 +178,15 @@ fn up(args: &UpArgs) -> anyhow::Result<()> {
             ];
             cp.spawn_program("kpr-controller-manager", &binary, args)?;
         }
+        if let Some(real_nodes) = real_nodes {
+            real_nodes.start(&mut cp, &proxy_choice)?;
+        }
         Ok(cp)
     });
     while !starting.is_finished() {
         if INTERRUPTED.load(Ordering::SeqCst) {
             eprintln!("interrupted: stopping what was started");
-            stop_all(&cluster_dir());
+            teardown(cluster);
             std::process::exit(130);
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -136,11 +194,11 @@ fn up(args: &UpArgs) -> anyhow::Result<()> {
     let cp = match starting.join() {
         Ok(Ok(cp)) => cp,
         Ok(Err(e)) => {
-            stop_all(&cluster_dir());
+            teardown(cluster);
             return Err(e.context("starting the cluster (everything started was stopped)"));
         }
         Err(_) => {
-            stop_all(&cluster_dir());
+            teardown(cluster);
             bail!("starting the cluster panicked (everything started was stopped)");
         }
     };
@@ -155,8 +213,10 @@ fn up(args: &UpArgs) -> anyhow::Result<()> {
     let state = json!({
         "server": server, "kubeconfig": kubeconfig,
         "kubernetes": controlplane::kubernetes_version(), "processes": processes,
+        "nodes": args.nodes,
+        "proxy": nodes::ProxyChoice::from_args(args).describe(),
     });
-    fs::write(state_path(), serde_json::to_string_pretty(&state)?)?;
+    fs::write(cluster.state_path(), serde_json::to_string_pretty(&state)?)?;
     println!(
         "cluster up: Kubernetes {} at {server}",
         controlplane::kubernetes_version()
@@ -169,31 +229,44 @@ fn up(args: &UpArgs) -> anyhow::Result<()> {
             p["log"].as_str().unwrap_or("?")
         );
     }
-    println!("use it with:  eval \"$(cargo xtask cluster env)\"; kubectl get nodes");
-    println!("stop it with: cargo xtask cluster down");
+    let name_flag = if cluster.name == "kpr" {
+        String::new()
+    } else {
+        format!(" --name {}", cluster.name)
+    };
+    println!("use it with:  eval \"$(cargo xtask cluster{name_flag} env)\"; kubectl get nodes");
+    println!("stop it with: cargo xtask cluster{name_flag} down");
     Ok(())
 }
 
-fn down() -> anyhow::Result<()> {
-    let dir = cluster_dir();
-    let stopped = stop_all(&dir);
-    if dir.exists() {
-        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+fn down(cluster: &Cluster) -> anyhow::Result<()> {
+    let stopped = teardown(cluster);
+    if cluster.dir.exists() {
+        fs::remove_dir_all(&cluster.dir)
+            .with_context(|| format!("removing {}", cluster.dir.display()))?;
     }
     println!("cluster down: {stopped} processes stopped");
     Ok(())
 }
 
-fn env() -> anyhow::Result<()> {
-    let state = read_state()?;
+/// Stops every process of the cluster, then what its nodes left (containers, mounts, cgroups,
+/// namespaces); returns how many processes there were.
+pub fn teardown(cluster: &Cluster) -> usize {
+    let stopped = stop_all(&cluster.dir);
+    nodes::teardown(cluster);
+    stopped
+}
+
+fn env(cluster: &Cluster) -> anyhow::Result<()> {
+    let state = read_state(cluster)?;
     let kubeconfig = state["kubeconfig"].as_str().unwrap_or_default();
     println!("export KUBECONFIG={kubeconfig}");
     println!("export PATH={}:$PATH", crate::k8s::bin_dir().display());
     Ok(())
 }
 
-fn status() -> anyhow::Result<()> {
-    let state = read_state()?;
+fn status(cluster: &Cluster) -> anyhow::Result<()> {
+    let state = read_state(cluster)?;
     println!("server {}", state["server"].as_str().unwrap_or("?"));
     let mut dead = 0;
     for p in state["processes"].as_array().into_iter().flatten() {
@@ -217,8 +290,8 @@ fn status() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn read_state() -> anyhow::Result<serde_json::Value> {
-    let path = state_path();
+fn read_state(cluster: &Cluster) -> anyhow::Result<serde_json::Value> {
+    let path = cluster.state_path();
     let text = fs::read_to_string(&path).with_context(|| {
         format!(
             "no cluster is up ({} is missing): `cargo xtask cluster up`",
