@@ -31,6 +31,8 @@ const KUBERNETES: &[(&str, &str)] = &[
     ("k8s.io/kubernetes/cmd/kubectl", "kubectl"),
     ("k8s.io/kubernetes/cmd/kubelet", "kubelet"),
     ("k8s.io/kubernetes/test/images/agnhost", "agnhost"),
+    // Runs e2e.test in parallel processes, as upstream's CI does.
+    ("github.com/onsi/ginkgo/v2/ginkgo", "ginkgo"),
     ("go.etcd.io/etcd/server/v3", "etcd"),
     ("go.etcd.io/etcd/etcdctl/v3", "etcdctl"),
 ];

@@ -11,7 +11,9 @@
 //! a state file lost), kills the nodes' containers, unmounts and deletes the namespaces; Ctrl-C
 //! during `up` does the same. Owns `<target>/cluster` (`<target>/cluster-<name>` for `--name`).
 
+pub mod e2e;
 pub mod nodes;
+pub mod switch;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -46,6 +48,14 @@ pub enum ClusterCommand {
     Env,
     /// Which processes run; a dead one is shown with the last lines of its log.
     Status,
+    /// Upstream's e2e suite (Services by default) against the cluster's real nodes.
+    E2e(e2e::E2eArgs),
+    /// Switch the nodes' Service proxy (another kpr backend, back to kube-proxy, forward to kpr)
+    /// the way README says, then check that nothing of the previous one is left.
+    Proxy(switch::ProxyArgs),
+    /// List what every Service proxy left on each node (rules, eBPF pins, links) and check that
+    /// only the running proxy's own state is there.
+    Leftovers,
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +97,16 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Down => down(&cluster),
         ClusterCommand::Env => env(&cluster),
         ClusterCommand::Status => status(&cluster),
+        ClusterCommand::Proxy(proxy_args) => switch::run(&cluster, proxy_args),
+        ClusterCommand::Leftovers => switch::leftovers(&cluster),
+        ClusterCommand::E2e(e2e_args) => {
+            let outcomes = e2e::run(&cluster, e2e_args)?;
+            let failed = outcomes.iter().filter(|o| e2e::failed(o)).count();
+            if failed > 0 {
+                bail!("{failed} e2e specs failed");
+            }
+            Ok(())
+        }
     }
 }
 
@@ -290,7 +310,7 @@ fn status(cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn read_state(cluster: &Cluster) -> anyhow::Result<serde_json::Value> {
+pub(crate) fn read_state(cluster: &Cluster) -> anyhow::Result<serde_json::Value> {
     let path = cluster.state_path();
     let text = fs::read_to_string(&path).with_context(|| {
         format!(

@@ -1,0 +1,222 @@
+//! `cargo xtask cluster e2e`: upstream's end-to-end suite (`e2e.test` of the pinned release, run by
+//! the ginkgo CLI in parallel processes) against a running cluster with real nodes, and the
+//! report of what passed, failed and was skipped (with the reason the suite gave).
+//!
+//! The suite runs inside the cluster network's namespace, as upstream runs it on a host of kind's
+//! Docker network: some tests connect to node IPs and NodePorts from the test process itself.
+//!
+//! Owns: `<cluster dir>/e2e` (the suite's reports) and the reading of ginkgo's JSON report.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use controlplane::network::netns_path;
+use serde_json::Value;
+
+use super::Cluster;
+use crate::exec::Cmd;
+
+/// The Services tests the issue's table covers.
+pub const SERVICES_FOCUS: &str = r"\[sig-network\] Services ";
+
+#[derive(Debug, Clone, Args)]
+pub struct E2eArgs {
+    /// Which specs (a ginkgo regular expression over the full spec text).
+    #[arg(long, default_value = SERVICES_FOCUS)]
+    pub focus: String,
+    /// Which specs not to run.
+    #[arg(long)]
+    pub skip: Option<String>,
+    /// Parallel ginkgo processes.
+    #[arg(long, default_value_t = 4)]
+    pub procs: usize,
+}
+
+/// One spec's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub name: String,
+    /// passed, failed, skipped, panicked, timedout, interrupted.
+    pub state: String,
+    /// The failure or skip message (first line).
+    pub message: String,
+}
+
+/// Runs the suite and returns every spec that ran or was skipped at run time.
+pub fn run(cluster: &Cluster, args: &E2eArgs) -> anyhow::Result<Vec<Outcome>> {
+    let state = super::read_state(cluster)?;
+    let kubeconfig = state["kubeconfig"]
+        .as_str()
+        .context("the cluster's state names no kubeconfig")?
+        .to_string();
+    if state["nodes"].as_u64().unwrap_or(0) == 0 {
+        bail!(
+            "cluster {} has no real nodes: `cargo xtask cluster up --nodes N`",
+            cluster.name
+        );
+    }
+    let bin = crate::k8s::bin_dir();
+    let out = cluster.dir.join("e2e");
+    if out.exists() {
+        fs::remove_dir_all(&out)?;
+    }
+    fs::create_dir_all(&out)?;
+    let hub = netns_path(&format!("{}-net", cluster.name));
+    let started = Instant::now();
+    let mut cmd = Cmd::new("nsenter")
+        .arg(format!("--net={}", hub.display()))
+        .arg("--")
+        .arg(bin.join("ginkgo"))
+        .arg(format!("--procs={}", args.procs.max(1)))
+        .arg(format!("--focus={}", args.focus))
+        .args([
+            "--no-color",
+            "--succinct",
+            "--timeout=3h",
+            "--json-report=report.json",
+        ])
+        .arg(format!("--output-dir={}", out.display()));
+    if let Some(skip) = &args.skip {
+        cmd = cmd.arg(format!("--skip={skip}"));
+    }
+    let ran = cmd
+        .arg(bin.join("e2e.test"))
+        .arg("--")
+        .arg(format!("--kubeconfig={kubeconfig}"))
+        .args(["--provider=local", "--e2e-verify-service-account=false"])
+        .arg(format!("--report-dir={}", out.display()))
+        .env("KUBECONFIG", &kubeconfig)
+        .dir(&out)
+        .run();
+    let outcomes = read_report(&out.join("report.json")).with_context(|| match &ran {
+        Ok(()) => "the suite passed but left no report".to_string(),
+        Err(e) => format!("the suite failed ({e:#}) and left no report"),
+    })?;
+    print_outcomes(&outcomes);
+    println!(
+        "e2e: {} passed, {} failed, {} skipped in {:.0} s (report: {})",
+        count(&outcomes, "passed"),
+        outcomes.iter().filter(|o| failed(o)).count(),
+        count(&outcomes, "skipped"),
+        started.elapsed().as_secs_f64(),
+        out.join("report.json").display()
+    );
+    Ok(outcomes)
+}
+
+fn count(outcomes: &[Outcome], state: &str) -> usize {
+    outcomes.iter().filter(|o| o.state == state).count()
+}
+
+pub fn failed(o: &Outcome) -> bool {
+    !matches!(o.state.as_str(), "passed" | "skipped")
+}
+
+fn print_outcomes(outcomes: &[Outcome]) {
+    for o in outcomes {
+        let mark = match o.state.as_str() {
+            "passed" => "[pass]",
+            "skipped" => "[skip]",
+            _ => "[FAIL]",
+        };
+        if o.message.is_empty() {
+            println!("{mark} {}", o.name);
+        } else {
+            println!("{mark} {}  -- {}", o.name, o.message);
+        }
+    }
+}
+
+/// Reads ginkgo's JSON report: the specs that ran, and those skipped at run time (they carry
+/// the reason); specs the focus filtered out carry no message and are left out.
+pub fn read_report(path: &Path) -> anyhow::Result<Vec<Outcome>> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let suites: Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let mut outcomes = Vec::new();
+    for suite in suites.as_array().into_iter().flatten() {
+        for spec in suite["SpecReports"].as_array().into_iter().flatten() {
+            if spec["LeafNodeType"].as_str() != Some("It") {
+                continue;
+            }
+            let state = spec["State"].as_str().unwrap_or("unknown").to_string();
+            let message = spec["Failure"]["Message"]
+                .as_str()
+                .unwrap_or_default()
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            if state == "skipped" && message.is_empty() {
+                continue;
+            }
+            let mut words: Vec<&str> = spec["ContainerHierarchyTexts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let leaf = spec["LeafNodeText"].as_str().unwrap_or_default();
+            words.push(leaf);
+            outcomes.push(Outcome {
+                name: words.join(" "),
+                state,
+                message,
+            });
+        }
+    }
+    outcomes.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(outcomes)
+}
+
+/// Where `cargo xtask e2e` keeps each proxy's outcomes.
+pub fn results_dir() -> PathBuf {
+    crate::target_dir().join("e2e")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_keeps_run_and_runtime_skipped_specs() {
+        let dir = std::env::temp_dir().join(format!("kpr-e2e-report-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("report.json");
+        let report = serde_json::json!([{"SpecReports": [
+            {"LeafNodeType": "It", "ContainerHierarchyTexts": ["[sig-network] Services"],
+             "LeafNodeText": "should serve", "State": "passed"},
+            {"LeafNodeType": "It", "ContainerHierarchyTexts": ["[sig-network] Services"],
+             "LeafNodeText": "needs ssh", "State": "skipped",
+             "Failure": {"Message": "\nOnly supported for providers [gce gke]\n"}},
+            {"LeafNodeType": "It", "ContainerHierarchyTexts": ["[sig-apps] Jobs"],
+             "LeafNodeText": "filtered out", "State": "skipped"},
+            {"LeafNodeType": "BeforeSuite", "State": "passed"},
+            {"LeafNodeType": "It", "ContainerHierarchyTexts": ["[sig-network] Services"],
+             "LeafNodeText": "breaks", "State": "failed", "Failure": {"Message": "timed out"}}
+        ]}]);
+        fs::write(&path, report.to_string()).unwrap();
+        let outcomes = read_report(&path).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        let summary: Vec<(&str, &str, &str)> = outcomes
+            .iter()
+            .map(|o| (o.name.as_str(), o.state.as_str(), o.message.as_str()))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("[sig-network] Services breaks", "failed", "timed out"),
+                (
+                    "[sig-network] Services needs ssh",
+                    "skipped",
+                    "Only supported for providers [gce gke]"
+                ),
+                ("[sig-network] Services should serve", "passed", ""),
+            ]
+        );
+    }
+}
