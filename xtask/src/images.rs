@@ -112,6 +112,7 @@ pub const HOST_PACKAGES: &[(&str, &str)] = &[
     ("busybox-static", BUSYBOX),
     ("bash", BASH),
     ("curl", CURL),
+    ("wget", WGET),
     ("netcat-openbsd", NC),
     ("bind9-dnsutils", DIG),
     ("iproute2", IP),
@@ -125,6 +126,9 @@ pub const HOST_PACKAGES: &[(&str, &str)] = &[
 const BUSYBOX: &str = "/bin/busybox";
 const BASH: &str = "/bin/bash";
 const CURL: &str = "/usr/bin/curl";
+/// GNU wget: Debian's static busybox `wget -T <seconds>` dies of SIGSEGV (e2e specs run
+/// `wget -q -O - -T 1`).
+const WGET: &str = "/usr/bin/wget";
 /// Not /bin/nc: that is an alternatives symlink which may point at another netcat.
 const NC: &str = "/bin/nc.openbsd";
 const DIG: &str = "/usr/bin/dig";
@@ -266,6 +270,7 @@ pub fn agnhost(agnhost_binary: &Path) -> anyhow::Result<Image> {
         (BUSYBOX, "/bin/busybox"),
         (BASH, "/bin/bash"),
         (CURL, "/usr/bin/curl"),
+        (WGET, "/usr/bin/wget"),
         (NC, "/usr/bin/nc"),
         (DIG, "/usr/bin/dig"),
         (IP, "/sbin/ip"),
@@ -302,6 +307,8 @@ pub fn agnhost(agnhost_binary: &Path) -> anyhow::Result<Image> {
             mode: Some(0o644),
         },
         Entry::dir("/home/user-defined-in-image", 0o755),
+        // One try per call, as busybox's wget (GNU wget retries a timeout 20 times).
+        Entry::text("/etc/wgetrc", "tries = 1\n", 0o644),
     ]);
     // The Dockerfile's `adduser -u 1000 -D user-defined-in-image` (which also makes its group 1000)
     // and `addgroup -g 50000 group-defined-in-image`: the SupplementalGroups e2e tests expect them.

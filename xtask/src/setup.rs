@@ -13,7 +13,7 @@ use crate::exec::Cmd;
 
 /// Debian packages: the dataplanes' tools, the VM runner, and LLVM 22 for bpf-linker. gcc and
 /// libc6-dev are the host linker a rustup-only machine may lack. containerd, runc, the CNI plugins
-/// and socat run the nodes of `cargo xtask cluster up --nodes N`; curl, netcat-openbsd,
+/// and socat run the nodes of `cargo xtask cluster up --nodes N`; curl, wget, netcat-openbsd,
 /// bind9-dnsutils and bash go into the test images built from this machine's files.
 pub const APT_PACKAGES: &[&str] = &[
     "nftables",
@@ -34,6 +34,7 @@ pub const APT_PACKAGES: &[&str] = &[
     "containernetworking-plugins",
     "socat",
     "curl",
+    "wget",
     "netcat-openbsd",
     "bind9-dnsutils",
     "bash",

@@ -89,6 +89,10 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
     summary.step("bench quick", || {
         cargo(&["xtask", "bench", "--quick"]).run()
     });
+    // After the benchmark, which builds the release binaries the cluster's images ship: a
+    // one-node cluster with kpr deployed from deploy/proxy.yaml and a handful of upstream's e2e
+    // Services specs (`cargo xtask cluster matrix` runs all of them on every proxy).
+    summary.step("cluster e2e smoke", crate::cluster::e2e::smoke);
 }
 
 /// What each step did, for the table printed at the end.

@@ -173,7 +173,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     let config_path = dir.join("containerd.toml");
     fs::write(&config_path, config)?;
     let containerd = find_program("containerd")?;
-    // The node's own mount namespace, as a kind node's container has: a bpffs of its own (two
+    // The node's own UTS namespace (hostNetwork pods see the node's name as their hostname) and
+    // mount namespace, as a kind node's container has: a bpffs of its own (two
     // nodes' agents must not share pins), its cgroup v2 subtree seen as the cgroup2 root (where
     // kpr's socket programs attach, covering this node's pods and nothing else), and shared
     // propagation (pods' Bidirectional mounts need it). kubelet joins it (see start_kubelet).
@@ -183,8 +184,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         &script,
         format!(
             "#!/bin/sh\nset -e\necho $$ > {v2}/{name}/cgroup.procs\n\
-             exec unshare --mount --propagation private -- /bin/sh -c '\
-             set -e; mount --make-rshared /; mount -t bpf bpffs /sys/fs/bpf; \
+             exec unshare --mount --uts --propagation private -- /bin/sh -c '\
+             set -e; hostname {name}; mount --make-rshared /; mount -t bpf bpffs /sys/fs/bpf; \
              mount --bind {v2}/{name} {v2}; exec {containerd} --config={config}'\n",
             v2 = CGROUP2_ROOT,
             containerd = containerd.display(),
@@ -289,7 +290,7 @@ fn start_kubelet(cp: &mut ControlPlane, node: &Node) -> anyhow::Result<()> {
         &script,
         format!(
             "#!/bin/sh\nset -e\necho $$ > {CGROUP2_ROOT}/{name}/cgroup.procs\n\
-             exec nsenter --mount=/proc/{containerd_pid}/ns/mnt -- {} {}\n",
+             exec nsenter --mount=/proc/{containerd_pid}/ns/mnt --uts=/proc/{containerd_pid}/ns/uts -- {} {}\n",
             kubelet.display(),
             args.join(" ")
         ),

@@ -173,10 +173,168 @@ pub fn read_report(path: &Path) -> anyhow::Result<Vec<Outcome>> {
     Ok(outcomes)
 }
 
-/// Where `cargo xtask e2e` keeps each proxy's outcomes.
+/// Where `cargo xtask cluster matrix` keeps each proxy's outcomes and the table.
 pub fn results_dir() -> PathBuf {
     crate::target_dir().join("e2e")
 }
+
+/// Every Service proxy the e2e table compares, as `--proxies` names them.
+pub const PROXIES: &[&str] = &[
+    "kube-proxy-iptables",
+    "kube-proxy-nftables",
+    "kpr-userspace",
+    "kpr-iptables",
+    "kpr-nftables",
+    "kpr-ebpf",
+];
+
+#[derive(Debug, Clone, Args)]
+pub struct MatrixArgs {
+    /// Which proxies, comma-separated (default: all of them).
+    #[arg(long, value_delimiter = ',', default_values_t = PROXIES.iter().map(|p| p.to_string()))]
+    pub proxies: Vec<String>,
+    /// Real nodes per cluster.
+    #[arg(long, default_value_t = 2)]
+    pub nodes: usize,
+    #[command(flatten)]
+    pub e2e: E2eArgs,
+}
+
+/// The cluster the matrix and the smoke use (never the user's default one).
+const MATRIX_CLUSTER: &str = "e2e";
+
+/// `cargo xtask cluster matrix`: for each proxy, a fresh cluster with it, the suite, the cluster
+/// down; then the table of every spec by proxy (`<target>/e2e/E2E.md`).
+pub fn matrix(args: &MatrixArgs) -> anyhow::Result<()> {
+    let cluster = Cluster::named(MATRIX_CLUSTER)?;
+    let dir = results_dir();
+    fs::create_dir_all(&dir)?;
+    let mut columns = Vec::new();
+    for proxy in &args.proxies {
+        let up_args = up_args_for(proxy, args.nodes)?;
+        let started = Instant::now();
+        super::teardown(&cluster);
+        let result = super::up(&cluster, &up_args).and_then(|()| run(&cluster, &args.e2e));
+        let took = started.elapsed().as_secs();
+        super::down(&cluster)?;
+        let outcomes = result.with_context(|| format!("the e2e run with {proxy}"))?;
+        let json: Vec<Value> = outcomes
+            .iter()
+            .map(|o| serde_json::json!({"name": o.name, "state": o.state, "message": o.message}))
+            .collect();
+        fs::write(
+            dir.join(format!("{proxy}.json")),
+            serde_json::to_string_pretty(
+                &serde_json::json!({"proxy": proxy, "seconds": took, "outcomes": json}),
+            )?,
+        )?;
+        columns.push((proxy.clone(), took, outcomes));
+    }
+    let table = table(&columns);
+    fs::write(dir.join("E2E.md"), &table)?;
+    println!("{table}");
+    println!("written to {}", dir.join("E2E.md").display());
+    Ok(())
+}
+
+/// The `cluster up` arguments for a `--proxies` name.
+fn up_args_for(proxy: &str, nodes: usize) -> anyhow::Result<super::UpArgs> {
+    use super::nodes::{Mode, Proxy};
+    let (proxy, backend, mode) = match proxy {
+        "kube-proxy-iptables" => (Proxy::KubeProxy, "nftables", Mode::Iptables),
+        "kube-proxy-nftables" => (Proxy::KubeProxy, "nftables", Mode::Nftables),
+        kpr => match kpr.strip_prefix("kpr-") {
+            Some(b) if crate::deploy::BACKENDS.contains(&b) => (Proxy::Kpr, b, Mode::Nftables),
+            _ => bail!(
+                "unknown proxy {kpr:?}: expected one of {}",
+                PROXIES.join(", ")
+            ),
+        },
+    };
+    Ok(super::UpArgs {
+        controllers: super::Who::Upstream,
+        scheduler: super::Who::Upstream,
+        kwok_nodes: 0,
+        nodes,
+        proxy,
+        backend: backend.to_string(),
+        mode,
+    })
+}
+
+/// Markdown: totals per proxy, then one row per spec that any proxy did not pass.
+fn table(columns: &[(String, u64, Vec<Outcome>)]) -> String {
+    let mut out =
+        String::from("| proxy | passed | failed | skipped | minutes |\n|---|---|---|---|---|\n");
+    for (proxy, took, outcomes) in columns {
+        out.push_str(&format!(
+            "| {proxy} | {} | {} | {} | {:.1} |\n",
+            count(outcomes, "passed"),
+            outcomes.iter().filter(|o| failed(o)).count(),
+            count(outcomes, "skipped"),
+            *took as f64 / 60.0
+        ));
+    }
+    let mut names: Vec<&str> = columns
+        .iter()
+        .flat_map(|(_, _, o)| o.iter().map(|o| o.name.as_str()))
+        .collect();
+    names.sort();
+    names.dedup();
+    out.push_str("\n| spec |");
+    for (proxy, _, _) in columns {
+        out.push_str(&format!(" {proxy} |"));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(columns.len()));
+    out.push('\n');
+    for name in names {
+        let short = name.trim_start_matches("[sig-network] Services ");
+        out.push_str(&format!("| {short} |"));
+        for (_, _, outcomes) in columns {
+            let cell = match outcomes.iter().find(|o| o.name == name) {
+                Some(o) if o.state == "passed" => "pass".to_string(),
+                Some(o) if o.state == "skipped" => "skip".to_string(),
+                Some(o) => format!("**{}**", o.state.to_uppercase()),
+                None => "-".to_string(),
+            };
+            out.push_str(&format!(" {cell} |"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The e2e smoke of `cargo xtask test`: a one-node cluster with kpr (nftables), a handful of the
+/// Services specs, the cluster down whatever happened.
+pub fn smoke() -> anyhow::Result<()> {
+    let cluster = Cluster::named("smoke")?;
+    super::teardown(&cluster);
+    let up_args = up_args_for("kpr-nftables", 1)?;
+    let e2e_args = E2eArgs {
+        focus: SMOKE_FOCUS.to_string(),
+        skip: None,
+        procs: 2,
+    };
+    let result = super::up(&cluster, &up_args).and_then(|()| run(&cluster, &e2e_args));
+    super::down(&cluster)?;
+    let outcomes = result?;
+    let failures: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| failed(o))
+        .map(|o| o.name.as_str())
+        .collect();
+    if outcomes.iter().filter(|o| o.state == "passed").count() < 3 {
+        bail!("the e2e smoke ran fewer specs than it selects: {outcomes:?}");
+    }
+    if !failures.is_empty() {
+        bail!("e2e smoke failures: {failures:?}");
+    }
+    Ok(())
+}
+
+/// ClusterIP, multi-port, NodePort and session affinity: the paths every backend programs.
+const SMOKE_FOCUS: &str = r"\[sig-network\] Services should (serve a basic endpoint from pods|serve multiport endpoints from pods|be able to create a functioning NodePort service|have session affinity work for service with type clusterIP)";
 
 #[cfg(test)]
 mod tests {

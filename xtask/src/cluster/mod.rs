@@ -53,6 +53,9 @@ pub enum ClusterCommand {
     /// Switch the nodes' Service proxy (another kpr backend, back to kube-proxy, forward to kpr)
     /// the way README says, then check that nothing of the previous one is left.
     Proxy(switch::ProxyArgs),
+    /// For each Service proxy (kube-proxy iptables and nftables, kpr on every backend) a fresh
+    /// cluster `e2e`, upstream's e2e Services suite, and a table of the outcomes.
+    Matrix(e2e::MatrixArgs),
     /// List what every Service proxy left on each node (rules, eBPF pins, links) and check that
     /// only the running proxy's own state is there.
     Leftovers,
@@ -99,6 +102,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Status => status(&cluster),
         ClusterCommand::Proxy(proxy_args) => switch::run(&cluster, proxy_args),
         ClusterCommand::Leftovers => switch::leftovers(&cluster),
+        ClusterCommand::Matrix(matrix_args) => e2e::matrix(matrix_args),
         ClusterCommand::E2e(e2e_args) => {
             let outcomes = e2e::run(&cluster, e2e_args)?;
             let failed = outcomes.iter().filter(|o| e2e::failed(o)).count();
@@ -149,7 +153,7 @@ extern "C" fn on_sigint(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
+pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
     if cluster.state_path().exists() || !processes_of(&cluster.dir).is_empty() {
         bail!(
             "a cluster already runs in {} (or its processes do): `cargo xtask cluster down` first",
@@ -259,7 +263,7 @@ fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn down(cluster: &Cluster) -> anyhow::Result<()> {
+pub(crate) fn down(cluster: &Cluster) -> anyhow::Result<()> {
     let stopped = teardown(cluster);
     if cluster.dir.exists() {
         fs::remove_dir_all(&cluster.dir)
