@@ -196,6 +196,10 @@ pub struct MatrixArgs {
     /// Real nodes per cluster.
     #[arg(long, default_value_t = 2)]
     pub nodes: usize,
+    /// Run nothing: write the table from the outcomes already in `<target>/e2e` (runs of
+    /// several `--name`s side by side each write their proxies' files there).
+    #[arg(long)]
+    pub table_only: bool,
     #[command(flatten)]
     pub e2e: E2eArgs,
 }
@@ -205,19 +209,35 @@ const MATRIX_CLUSTER: &str = "e2e";
 
 /// `cargo xtask cluster matrix`: for each proxy, a fresh cluster with it, the suite, the cluster
 /// down; then the table of every spec by proxy (`<target>/e2e/E2E.md`).
-pub fn matrix(args: &MatrixArgs) -> anyhow::Result<()> {
-    let cluster = Cluster::named(MATRIX_CLUSTER)?;
+pub fn matrix(name: &str, args: &MatrixArgs) -> anyhow::Result<()> {
+    // Never the user's default cluster.
+    let cluster = Cluster::named(if name == "kpr" { MATRIX_CLUSTER } else { name })?;
     let dir = results_dir();
     fs::create_dir_all(&dir)?;
     let mut columns = Vec::new();
-    for proxy in &args.proxies {
+    for proxy in args.proxies.iter().filter(|_| !args.table_only) {
         let up_args = up_args_for(proxy, args.nodes)?;
         let started = Instant::now();
         super::teardown(&cluster);
         let result = super::up(&cluster, &up_args).and_then(|()| run(&cluster, &args.e2e));
         let took = started.elapsed().as_secs();
         super::down(&cluster)?;
-        let outcomes = result.with_context(|| format!("the e2e run with {proxy}"))?;
+        let outcomes = match result {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                // One proxy that cannot come up must not cost the others their run.
+                eprintln!("error: the e2e run with {proxy}: {e:#}");
+                vec![Outcome {
+                    name: "(cluster up and suite run)".into(),
+                    state: "failed".into(),
+                    message: format!("{e:#}")
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string(),
+                }]
+            }
+        };
         let json: Vec<Value> = outcomes
             .iter()
             .map(|o| serde_json::json!({"name": o.name, "state": o.state, "message": o.message}))
@@ -230,11 +250,43 @@ pub fn matrix(args: &MatrixArgs) -> anyhow::Result<()> {
         )?;
         columns.push((proxy.clone(), took, outcomes));
     }
+    if args.table_only {
+        columns = read_results(&dir)?;
+    }
     let table = table(&columns);
     fs::write(dir.join("E2E.md"), &table)?;
     println!("{table}");
     println!("written to {}", dir.join("E2E.md").display());
     Ok(())
+}
+
+/// Every proxy's outcomes saved in `dir`, in [`PROXIES`] order.
+fn read_results(dir: &Path) -> anyhow::Result<Vec<(String, u64, Vec<Outcome>)>> {
+    let mut columns = Vec::new();
+    for proxy in PROXIES {
+        let path = dir.join(format!("{proxy}.json"));
+        let Ok(text) = fs::read_to_string(&path) else {
+            continue;
+        };
+        let saved: Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let outcomes = saved["outcomes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| Outcome {
+                name: o["name"].as_str().unwrap_or_default().to_string(),
+                state: o["state"].as_str().unwrap_or_default().to_string(),
+                message: o["message"].as_str().unwrap_or_default().to_string(),
+            })
+            .collect();
+        columns.push((
+            proxy.to_string(),
+            saved["seconds"].as_u64().unwrap_or(0),
+            outcomes,
+        ));
+    }
+    Ok(columns)
 }
 
 /// The `cluster up` arguments for a `--proxies` name.

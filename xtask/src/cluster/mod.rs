@@ -102,7 +102,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Status => status(&cluster),
         ClusterCommand::Proxy(proxy_args) => switch::run(&cluster, proxy_args),
         ClusterCommand::Leftovers => switch::leftovers(&cluster),
-        ClusterCommand::Matrix(matrix_args) => e2e::matrix(matrix_args),
+        ClusterCommand::Matrix(matrix_args) => e2e::matrix(&args.name, matrix_args),
         ClusterCommand::E2e(e2e_args) => {
             let outcomes = e2e::run(&cluster, e2e_args)?;
             let failed = outcomes.iter().filter(|o| e2e::failed(o)).count();
@@ -327,7 +327,8 @@ pub(crate) fn read_state(cluster: &Cluster) -> anyhow::Result<serde_json::Value>
 
 /// Every process whose command line mentions `dir` (each component is given a file in it).
 fn processes_of(dir: &Path) -> Vec<u32> {
-    let needle = dir.to_string_lossy().into_owned();
+    // With the separator: `<target>/cluster` must not match `<target>/cluster-sw`'s processes.
+    let needle = format!("{}/", dir.to_string_lossy());
     let me = std::process::id();
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
