@@ -259,12 +259,16 @@ fn start_kubelet(cp: &mut ControlPlane, node: &Node) -> anyhow::Result<()> {
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "1Mi", "nodefs.available": "0%",
                          "nodefs.inodesFree": "0%", "imagefs.available": "0%"},
-        "localStorageCapacityIsolation": false,
         "enforceNodeAllocatable": [],
         "volumePluginDir": dir.join("volume-plugins"),
+        // Not the machine's /var/log/pods, which every node (of every cluster) shares: a kubelet
+        // deletes the directories of pods it does not know there (evictPodLogsDirectories), so
+        // `kubectl logs` found nothing for the other nodes' pods.
+        "podLogsDir": dir.join("pod-logs"),
         "podCIDR": node.address.pod_cidr,
         "maxPods": 110,
     });
+    fs::create_dir_all(dir.join("pod-logs"))?;
     let config_path = dir.join("config.json");
     fs::write(&config_path, serde_json::to_string_pretty(&config)?)?;
     let kubelet = cp.binaries.path("kubelet");
@@ -428,7 +432,8 @@ pub fn unmount_under(dir: &Path) {
     let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
         return;
     };
-    let prefix = dir.to_string_lossy().into_owned();
+    // With the separator: `<target>/cluster` must not match `<target>/cluster-sw`'s mounts.
+    let prefix = format!("{}/", dir.to_string_lossy());
     let mut points: Vec<String> = mountinfo
         .lines()
         .filter_map(|l| l.split(' ').nth(4))

@@ -52,7 +52,8 @@ pub fn run(cluster: &Cluster, args: &E2eArgs) -> anyhow::Result<Vec<Outcome>> {
         .as_str()
         .context("the cluster's state names no kubeconfig")?
         .to_string();
-    if state["nodes"].as_u64().unwrap_or(0) == 0 {
+    let nodes = state["nodes"].as_u64().unwrap_or(0);
+    if nodes == 0 {
         bail!(
             "cluster {} has no real nodes: `cargo xtask cluster up --nodes N`",
             cluster.name
@@ -87,6 +88,8 @@ pub fn run(cluster: &Cluster, args: &E2eArgs) -> anyhow::Result<Vec<Outcome>> {
         .arg("--")
         .arg(format!("--kubeconfig={kubeconfig}"))
         .args(["--provider=local", "--e2e-verify-service-account=false"])
+        // Without it the framework takes the node count as unknown and skips multi-node specs.
+        .arg(format!("--num-nodes={nodes}"))
         .arg(format!("--report-dir={}", out.display()))
         .env("KUBECONFIG", &kubeconfig)
         .dir(&out)
@@ -193,8 +196,8 @@ pub struct MatrixArgs {
     /// Which proxies, comma-separated (default: all of them).
     #[arg(long, value_delimiter = ',', default_values_t = PROXIES.iter().map(|p| p.to_string()))]
     pub proxies: Vec<String>,
-    /// Real nodes per cluster.
-    #[arg(long, default_value_t = 2)]
+    /// Real nodes per cluster (3: one spec needs three schedulable nodes).
+    #[arg(long, default_value_t = 3)]
     pub nodes: usize,
     /// Run nothing: write the table from the outcomes already in `<target>/e2e` (runs of
     /// several `--name`s side by side each write their proxies' files there).
