@@ -19,6 +19,9 @@ use crate::model::{
 
 /// Services carrying this label belong to another proxy.
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// Services carrying this label (any value) are not proxied, whatever their clusterIP: kube-proxy
+/// leaves them out of its watch, and upstream's e2e suite checks that they stop answering.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 /// The label linking an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// kube-proxy's default session affinity timeout.
@@ -105,6 +108,14 @@ pub fn skip_reason(svc: &Service) -> Option<&'static str> {
         .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
     {
         return Some("labelled for another proxy (service.kubernetes.io/service-proxy-name)");
+    }
+    if svc
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(HEADLESS_LABEL))
+    {
+        return Some("labelled headless (service.kubernetes.io/headless)");
     }
     if spec.type_.as_deref() == Some("ExternalName") {
         return Some("type ExternalName");

@@ -44,6 +44,13 @@ fn headless_externalname_and_foreign_proxy_services_are_ignored() {
                 "namespace: shop, labels: {service.kubernetes.io/service-proxy-name: other}}",
             ),
         ),
+        (
+            "labelled headless",
+            BASE.replace(
+                "namespace: shop}",
+                "namespace: shop, labels: {service.kubernetes.io/headless: \"\"}}",
+            ),
+        ),
     ] {
         let c = convert_service(&svc(&yaml), Algorithm::RoundRobin);
         assert!(c.ports.is_empty() && c.errors.is_empty(), "{why}: {:?}", c);
