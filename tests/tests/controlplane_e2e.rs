@@ -307,6 +307,7 @@ fn every_deploy_manifest_passes_a_server_side_dry_run() {
         [
             "cleanup.yaml",
             "controller-manager.yaml",
+            "kube-proxy-cleanup.yaml",
             "proxy.yaml",
             "smoke.yaml"
         ]

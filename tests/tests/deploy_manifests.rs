@@ -259,8 +259,8 @@ fn every_yaml_file_in_deploy_is_checked() {
     let objects = objects(&Render::default());
     assert_eq!(
         objects.daemon_sets.len(),
-        2,
-        "the agent and the rollback cleanup"
+        3,
+        "the agent, the rollback cleanup and kube-proxy's cleanup"
     );
     assert_eq!(objects.namespaces.len(), 1);
 }
@@ -593,10 +593,17 @@ fn agent_has_only_the_capabilities_it_needs_and_is_not_privileged() {
     assert_agent_privileges("kpr-cleanup's cleanup", init_container(cleanup, "cleanup"));
 }
 
+/// Of kpr's own manifests: kube-proxy-cleanup.yaml runs upstream's `kube-proxy --cleanup` as
+/// upstream's DaemonSet runs kube-proxy (`kube_proxy_cleanup_runs_the_clusters_own_kube_proxy`).
 #[test]
 fn the_only_privileged_container_mounts_bpffs_and_nothing_else() {
     let objects = objects(&Render::default());
-    let mut specs: Vec<&PodSpec> = objects.daemon_sets.iter().map(pod_spec).collect();
+    let mut specs: Vec<&PodSpec> = objects
+        .daemon_sets
+        .iter()
+        .filter(|d| d.metadata.name.as_deref() != Some(deploy::KUBE_PROXY_CLEANUP_DAEMONSET))
+        .map(pod_spec)
+        .collect();
     specs.extend(
         objects
             .deployments
@@ -708,6 +715,70 @@ fn rollback_daemonset_cleans_up_every_backend() {
         spec.host_network,
         Some(true),
         "the node's network namespace is the one to clean"
+    );
+}
+
+/// deploy/kube-proxy-cleanup.yaml: upstream's own `kube-proxy --cleanup`, from the image of the
+/// release the reference cluster runs (the committed tag is the pinned version, and rendering it
+/// for that version changes nothing), privileged in the host network as kube-proxy's DaemonSet,
+/// without API access, then a pause container (the nodes' sandbox image) so that `rollout status`
+/// completes.
+#[test]
+fn kube_proxy_cleanup_runs_the_clusters_own_kube_proxy() {
+    let objects = objects(&Render::default());
+    let ds = objects.daemon_set(deploy::KUBE_PROXY_CLEANUP_DAEMONSET);
+    assert_eq!(
+        ds.metadata.namespace.as_deref(),
+        Some(deploy::SYSTEM_NAMESPACE)
+    );
+    let spec = pod_spec(ds);
+    assert_eq!(
+        spec.host_network,
+        Some(true),
+        "the node's rules are cleaned"
+    );
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    assert!(spec
+        .tolerations
+        .iter()
+        .flatten()
+        .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()));
+    let init = init_container(spec, "cleanup");
+    let version = controlplane::kubernetes_version();
+    assert_eq!(
+        init.image.as_deref(),
+        Some(format!("registry.k8s.io/kube-proxy:{version}").as_str()),
+        "the pinned release's kube-proxy"
+    );
+    assert_eq!(
+        init.command.as_deref(),
+        Some(
+            &[
+                "/usr/local/bin/kube-proxy".to_owned(),
+                "--cleanup".to_owned()
+            ][..]
+        )
+    );
+    assert!(init.args.is_none());
+    assert_eq!(
+        init.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    let text = deploy_file(deploy::KUBE_PROXY_CLEANUP_MANIFEST);
+    assert_eq!(
+        deploy::with_kube_proxy_version(&text, version).unwrap(),
+        text,
+        "rendering for the pinned release is the committed manifest"
+    );
+    assert_eq!(spec.containers.len(), 1);
+    let done = &spec.containers[0];
+    assert_eq!(
+        done.image.as_deref(),
+        Some(controlplane::nodes::PAUSE_IMAGE)
+    );
+    assert_ne!(
+        done.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
     );
 }
 
@@ -1303,6 +1374,63 @@ mod live {
                 "the {backend} backend's table {table} is still there"
             );
         }
+    }
+
+    /// deploy/kube-proxy-cleanup.yaml's command, with the reference build's kube-proxy, in a node
+    /// namespace where kube-proxy's nftables tables (both families) and iptables chains were
+    /// left: it succeeds and they are gone.
+    #[test]
+    fn kube_proxy_cleanup_removes_kube_proxys_rules() {
+        let cluster = Cluster::new(ClusterSpec::pods(0)).unwrap();
+        let node = |program: &str, args: &str| {
+            let out = cluster
+                .node
+                .exec(program)
+                .unwrap()
+                .args(args.split(' ').filter(|a| !a.is_empty()))
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            (
+                out.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            )
+        };
+        let plant = [
+            ("nft", "add table ip kube-proxy"),
+            ("nft", "add table ip6 kube-proxy"),
+            ("iptables", "-t nat -N KUBE-SERVICES"),
+            ("iptables", "-t nat -N KUBE-SVC-ABCDEFGHIJKLMNOP"),
+            ("iptables", "-t filter -N KUBE-FORWARD"),
+        ];
+        for (program, args) in plant {
+            let (ok, out) = node(program, args);
+            assert!(ok, "{program} {args}: {out}");
+        }
+        let objects = objects(&Render::default());
+        let init = init_container(
+            pod_spec(objects.daemon_set(deploy::KUBE_PROXY_CLEANUP_DAEMONSET)),
+            "cleanup",
+        );
+        let command = init.command.clone().unwrap();
+        let binary = controlplane::Binaries::locate().unwrap().path("kube-proxy");
+        let (ok, out) = node(&binary.display().to_string(), &command[1..].join(" "));
+        assert!(ok, "{command:?}: {out}");
+        for table in ["ip kube-proxy", "ip6 kube-proxy"] {
+            let (listed, _) = node("nft", &format!("list table {table}"));
+            assert!(!listed, "{table} is still there after {command:?}: {out}");
+        }
+        let (_, saved) = node("iptables-save", "");
+        assert!(
+            !saved.contains("KUBE-SERVICES")
+                && !saved.contains("KUBE-SVC-")
+                && !saved.contains("KUBE-FORWARD"),
+            "kube-proxy's chains are still there after {command:?}:\n{saved}"
+        );
     }
 
     #[test]

@@ -29,16 +29,23 @@ pub const CONTROLLER_MANIFEST: &str = "controller-manager.yaml";
 pub const SMOKE_MANIFEST: &str = "smoke.yaml";
 /// The rollback to kube-proxy: a DaemonSet that runs `proxy cleanup --backend all` on every node.
 pub const CLEANUP_MANIFEST: &str = "cleanup.yaml";
+/// Replacing kube-proxy on a running cluster: a DaemonSet that runs `kube-proxy --cleanup` (the
+/// cluster's own kube-proxy image) on every node.
+pub const KUBE_PROXY_CLEANUP_MANIFEST: &str = "kube-proxy-cleanup.yaml";
 /// Every Kubernetes manifest in deploy/.
 pub const MANIFESTS: &[&str] = &[
     AGENT_MANIFEST,
     CONTROLLER_MANIFEST,
     SMOKE_MANIFEST,
     CLEANUP_MANIFEST,
+    KUBE_PROXY_CLEANUP_MANIFEST,
 ];
 
 /// Names the smoke test and the manifests share.
 pub const AGENT_DAEMONSET: &str = "kpr-proxy";
+/// The DaemonSets of [`CLEANUP_MANIFEST`] and [`KUBE_PROXY_CLEANUP_MANIFEST`].
+pub const CLEANUP_DAEMONSET: &str = "kpr-cleanup";
+pub const KUBE_PROXY_CLEANUP_DAEMONSET: &str = "kube-proxy-cleanup";
 pub const CONTROLLER_DEPLOYMENT: &str = "kpr-controller-manager";
 pub const SYSTEM_NAMESPACE: &str = "kube-system";
 pub const SMOKE_NAMESPACE: &str = "kpr-smoke";
@@ -137,13 +144,38 @@ const CGROUP_ROOT_VALUE: &str = "path: /sys/fs/cgroup\n            type: Directo
 /// For nodes with hybrid cgroups (v1 controllers, cgroup2 at /sys/fs/cgroup/unified, as on the
 /// machines `cargo xtask cluster` runs on): mounts `root` as the agent's cgroup v2 root instead.
 pub fn with_cgroup_root(rendered: &str, root: &str) -> anyhow::Result<String> {
+    with_cgroup_root_in(AGENT_MANIFEST, rendered, root)
+}
+
+/// [`with_cgroup_root`] for any manifest of deploy/ that mounts the cgroup v2 root the same way
+/// (the agent's and [`CLEANUP_MANIFEST`], which must clean up where the agent attached).
+pub fn with_cgroup_root_in(file: &str, rendered: &str, root: &str) -> anyhow::Result<String> {
     if !rendered.contains(CGROUP_ROOT_VALUE) {
-        bail!("deploy/{AGENT_MANIFEST}: expected {CGROUP_ROOT_VALUE:?} (the text xtask substitutes), found none");
+        bail!("deploy/{file}: expected {CGROUP_ROOT_VALUE:?} (the text xtask substitutes), found none");
     }
     Ok(rendered.replace(
         CGROUP_ROOT_VALUE,
         &CGROUP_ROOT_VALUE.replace("/sys/fs/cgroup", root),
     ))
+}
+
+/// How [`KUBE_PROXY_CLEANUP_MANIFEST`] names the kube-proxy image (a tag follows).
+const KUBE_PROXY_IMAGE: &str = "image: registry.k8s.io/kube-proxy:";
+
+/// [`KUBE_PROXY_CLEANUP_MANIFEST`] with the kube-proxy image of the cluster's release `version`
+/// (`v1.34.4`): `kube-proxy --cleanup` must be the release that wrote the rules.
+pub fn with_kube_proxy_version(rendered: &str, version: &str) -> anyhow::Result<String> {
+    if !rendered.contains(KUBE_PROXY_IMAGE) {
+        bail!("deploy/{KUBE_PROXY_CLEANUP_MANIFEST}: expected {KUBE_PROXY_IMAGE:?} (the text xtask substitutes), found none");
+    }
+    let lines: Vec<String> = rendered
+        .split('\n')
+        .map(|line| match line.find(KUBE_PROXY_IMAGE) {
+            Some(at) => format!("{}{version}", &line[..at + KUBE_PROXY_IMAGE.len()]),
+            None => line.to_string(),
+        })
+        .collect();
+    Ok(lines.join("\n"))
 }
 
 #[cfg(test)]
@@ -177,6 +209,22 @@ mod tests {
             assert!(text.contains("dev-control-plane"));
             assert!(!text.contains("kpr-control-plane"));
         }
+    }
+
+    #[test]
+    fn the_cleanup_manifests_render_for_these_clusters() {
+        let text = render_file(CLEANUP_MANIFEST, &Render::default()).unwrap();
+        let text = with_cgroup_root_in(CLEANUP_MANIFEST, &text, "/sys/fs/cgroup/unified").unwrap();
+        assert!(text.contains("path: /sys/fs/cgroup/unified\n"), "{text}");
+        let text = render_file(KUBE_PROXY_CLEANUP_MANIFEST, &Render::default()).unwrap();
+        let text = with_kube_proxy_version(&text, "v1.99.0").unwrap();
+        assert!(
+            text.contains("image: registry.k8s.io/kube-proxy:v1.99.0\n"),
+            "{text}"
+        );
+        assert_eq!(text.matches("kube-proxy:").count(), 1, "{text}");
+        let err = with_kube_proxy_version("image: kpr:dev", "v1.99.0").unwrap_err();
+        assert!(err.to_string().contains("kube-proxy-cleanup.yaml"), "{err}");
     }
 
     #[test]

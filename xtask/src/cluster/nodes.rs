@@ -140,18 +140,29 @@ pub fn deploy_proxy(cp: &ControlPlane, choice: &ProxyChoice) -> anyhow::Result<(
 
 /// deploy/proxy.yaml rendered for `backend`, pointed at this cluster's API server.
 pub fn kpr_manifest(cp: &ControlPlane, backend: &str) -> anyhow::Result<String> {
+    kpr_manifest_for(cp.ports.apiserver, backend)
+}
+
+/// [`kpr_manifest`] for a cluster whose API server listens on `apiserver_port` (a running one,
+/// known from its state file: `cargo xtask cluster proxy`).
+pub fn kpr_manifest_for(apiserver_port: u16, backend: &str) -> anyhow::Result<String> {
     let render = Render {
         backend: backend.to_string(),
         ..Render::default()
     };
     let text = deploy::render_file(deploy::AGENT_MANIFEST, &render)?;
-    let text = deploy::with_api_server(&text, &render, &GATEWAY.to_string(), cp.ports.apiserver)?;
+    let text = deploy::with_api_server(&text, &render, &GATEWAY.to_string(), apiserver_port)?;
     // These nodes see their own cgroup2 subtree there (controlplane::nodes).
     deploy::with_cgroup_root(&text, "/sys/fs/cgroup/unified")
 }
 
 /// xtask/k8s/manifests/kube-proxy.yaml for `mode`.
 pub fn kube_proxy_manifest(cp: &ControlPlane, mode: Mode) -> anyhow::Result<String> {
+    kube_proxy_manifest_for(cp.ports.apiserver, mode)
+}
+
+/// [`kube_proxy_manifest`] for a cluster whose API server listens on `apiserver_port`.
+pub fn kube_proxy_manifest_for(apiserver_port: u16, mode: Mode) -> anyhow::Result<String> {
     let text = fs::read_to_string(manifest("kube-proxy.yaml"))?;
     for token in ["mode: MODE", "API_SERVER", "KUBERNETES_VERSION"] {
         if !text.contains(token) {
@@ -160,7 +171,7 @@ pub fn kube_proxy_manifest(cp: &ControlPlane, mode: Mode) -> anyhow::Result<Stri
     }
     Ok(text
         .replace("mode: MODE", &format!("mode: {}", mode.as_str()))
-        .replace("API_SERVER", &format!("{GATEWAY}:{}", cp.ports.apiserver))
+        .replace("API_SERVER", &format!("{GATEWAY}:{apiserver_port}"))
         .replace("KUBERNETES_VERSION", controlplane::kubernetes_version()))
 }
 

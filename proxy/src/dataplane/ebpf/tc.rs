@@ -84,9 +84,7 @@ impl TcAttacher {
         let attached = &self.attached;
         let result = std::thread::scope(|s| {
             s.spawn(move || -> Result<BTreeSet<String>, DataplaneError> {
-                setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| {
-                    DataplaneError::io("entering the dataplane's network namespace", e.into())
-                })?;
+                enter(netns)?;
                 let present = interfaces(mode)?;
                 for name in present.difference(attached) {
                     attach_one(prog, name, links_dir)?;
@@ -108,9 +106,7 @@ impl TcAttacher {
         let netns = &self.netns;
         std::thread::scope(|s| {
             s.spawn(move || {
-                setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| {
-                    DataplaneError::io("entering the dataplane's network namespace", e.into())
-                })?;
+                enter(netns)?;
                 detach_netlink_filters()
             })
             .join()
@@ -122,6 +118,23 @@ impl TcAttacher {
     pub fn attached(&self) -> &BTreeSet<String> {
         &self.attached
     }
+}
+
+/// Moves the calling (short-lived) thread into `netns`, unless it is there already: setns needs
+/// CAP_SYS_ADMIN, which the agent of deploy/proxy.yaml does not have, and the agent's threads are
+/// in the namespace it captured (the node's) anyway; only tests construct the dataplane elsewhere.
+fn enter(netns: &File) -> Result<(), DataplaneError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let target = netns
+        .metadata()
+        .map_err(|e| DataplaneError::io("reading the dataplane's network namespace", e))?;
+    let current = fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| DataplaneError::io("reading /proc/thread-self/ns/net", e))?;
+    if (target.dev(), target.ino()) == (current.dev(), current.ino()) {
+        return Ok(());
+    }
+    setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
+        .map_err(|e| DataplaneError::io("entering the dataplane's network namespace", e.into()))
 }
 
 fn program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, DataplaneError> {
@@ -232,4 +245,62 @@ pub fn detach_netlink_filters() -> Result<(), DataplaneError> {
             .map_err(|e| tc_err(&format!("removing the filter on interface {interface}"), &e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `struct __user_cap_header_struct` and `struct __user_cap_data_struct` (version 3).
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+
+    const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    const CAP_SYS_ADMIN: u32 = 21;
+
+    /// Takes CAP_SYS_ADMIN out of the calling thread's effective set (capset acts on the calling
+    /// thread only).
+    fn drop_sys_admin() {
+        let mut header = CapHeader {
+            version: CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let mut data = [CapData::default(); 2];
+        // SAFETY: capget writes two CapData, the size version 3 defines.
+        let rc = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+        assert_eq!(rc, 0, "capget: {}", std::io::Error::last_os_error());
+        data[0].effective &= !(1 << CAP_SYS_ADMIN);
+        // SAFETY: capset reads the header and two CapData.
+        let rc = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
+        assert_eq!(rc, 0, "capset: {}", std::io::Error::last_os_error());
+    }
+
+    /// The agent of deploy/proxy.yaml has no CAP_SYS_ADMIN: entering the namespace its threads
+    /// are in already must not need setns, which fails without it.
+    #[test]
+    fn entering_the_namespace_a_thread_is_in_needs_no_cap_sys_admin() {
+        let netns = File::open("/proc/thread-self/ns/net").unwrap();
+        std::thread::spawn(move || {
+            drop_sys_admin();
+            assert_eq!(
+                setns(netns.as_fd(), CloneFlags::CLONE_NEWNET),
+                Err(nix::errno::Errno::EPERM),
+                "this thread runs without CAP_SYS_ADMIN"
+            );
+            enter(&netns).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
 }
