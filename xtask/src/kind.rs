@@ -310,12 +310,12 @@ impl Kind {
 }
 
 /// A shell loop that fails on the first request that gets no answer.
-fn curl_loop(url: &str) -> String {
+pub(crate) fn curl_loop(url: &str) -> String {
     format!("set -e; for i in $(seq {SMOKE_REQUESTS}); do curl -sS --max-time 5 {url}; echo; done")
 }
 
 /// Prints which echo pods answered each check; every request must have been answered.
-fn report(results: &[(&str, String)], dry_run: bool) -> anyhow::Result<()> {
+pub(crate) fn report(results: &[(&str, String)], dry_run: bool) -> anyhow::Result<()> {
     step("smoke test result");
     if dry_run {
         println!("dry run: no requests were sent");

@@ -13,6 +13,7 @@
 
 pub mod e2e;
 pub mod nodes;
+pub mod smoke;
 pub mod switch;
 
 use std::fs;
@@ -56,6 +57,9 @@ pub enum ClusterCommand {
     /// For each Service proxy (kube-proxy iptables and nftables, kpr on every backend) a fresh
     /// cluster `e2e`, upstream's e2e Services suite, and a table of the outcomes.
     Matrix(e2e::MatrixArgs),
+    /// deploy/smoke.yaml (the kind smoke test) checked from a pod on every node and from every
+    /// node: ClusterIP by DNS name, every node's NodePort.
+    Smoke,
     /// List what every Service proxy left on each node (rules, eBPF pins, links) and check that
     /// only the running proxy's own state is there.
     Leftovers,
@@ -102,6 +106,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Status => status(&cluster),
         ClusterCommand::Proxy(proxy_args) => switch::run(&cluster, proxy_args),
         ClusterCommand::Leftovers => switch::leftovers(&cluster),
+        ClusterCommand::Smoke => smoke::run(&cluster),
         ClusterCommand::Matrix(matrix_args) => e2e::matrix(&args.name, matrix_args),
         ClusterCommand::E2e(e2e_args) => {
             let outcomes = e2e::run(&cluster, e2e_args)?;
