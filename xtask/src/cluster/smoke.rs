@@ -10,6 +10,9 @@ use controlplane::network::netns_path;
 use serde_json::json;
 
 use super::Cluster;
+
+/// This machine's cgroup2 hierarchy; each node's subtree is `<this>/<node>`.
+const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
 use crate::deploy;
 use crate::exec::Cmd;
 use crate::kind::{curl_loop, report};
@@ -118,7 +121,17 @@ pub fn run(cluster: &Cluster) -> anyhow::Result<()> {
     }
     let mut results = Vec::new();
     for (what, prefix, url) in &checks {
-        let out = prefix.clone().args(["sh", "-c", &curl_loop(url)]).read()?;
+        let mut script = curl_loop(url);
+        if let Some(node) = what.strip_suffix(" -> ClusterIP").or_else(|| {
+            what.split_once(" -> NodePort")
+                .map(|(n, _)| n)
+                .filter(|n| !n.starts_with("pod on "))
+        }) {
+            // A process of the node: in its cgroup too, where the eBPF backend's socket programs
+            // see its connections (a kind node's processes are all in its cgroup).
+            script = format!("echo $$ > {CGROUP2_ROOT}/{node}/cgroup.procs; {script}");
+        }
+        let out = prefix.clone().args(["sh", "-c", &script]).read()?;
         results.push((what.as_str(), out));
     }
     report(&results, false)?;
