@@ -174,7 +174,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     fs::write(&config_path, config)?;
     let containerd = find_program("containerd")?;
     // The node's own UTS namespace (hostNetwork pods see the node's name as their hostname) and
-    // mount namespace, as a kind node's container has: a bpffs of its own (two
+    // mount namespace, as a kind node's container has: its own /run/netns (containerd's pod
+    // namespaces are not left as files on this machine when the node goes), a bpffs of its own (two
     // nodes' agents must not share pins), its cgroup v2 subtree seen as the cgroup2 root (where
     // kpr's socket programs attach, covering this node's pods and nothing else), and shared
     // propagation (pods' Bidirectional mounts need it). kubelet joins it (see start_kubelet).
@@ -186,6 +187,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "#!/bin/sh\nset -e\necho $$ > {v2}/{name}/cgroup.procs\n\
              exec unshare --mount --uts --propagation private -- /bin/sh -c '\
              set -e; hostname {name}; mount --make-rshared /; mount -t bpf bpffs /sys/fs/bpf; \
+             mkdir -p /run/netns; mount -t tmpfs -o mode=755 netns /run/netns; \
              mount --bind {v2}/{name} {v2}; exec {containerd} --config={config}'\n",
             v2 = CGROUP2_ROOT,
             containerd = containerd.display(),
