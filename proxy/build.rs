@@ -56,8 +56,14 @@ fn build_ebpf_object() -> anyhow::Result<()> {
         .with_context(|| format!("entering the eBPF crate at {}", ebpf_dir.display()))?;
     // aya-build only uses root_dir for rerun-if-changed; watching `src` (not the whole crate)
     // keeps a manual clippy run's `proxy-ebpf/target` from triggering rebuilds.
+    // Only files that exist: cargo reruns a build script on every build while a watched path is
+    // missing (the eBPF crate has no build.rs; adding one changes its Cargo.toml's `build` or is
+    // picked up on the next change of a watched file).
     for file in ["Cargo.toml", "Cargo.lock", "build.rs"] {
-        println!("cargo:rerun-if-changed={}", ebpf_dir.join(file).display());
+        let path = ebpf_dir.join(file);
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
     }
     let ebpf_src = ebpf_dir.join("src");
     let package = Package {
