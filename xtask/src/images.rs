@@ -106,8 +106,9 @@ impl Entry {
     }
 }
 
-/// The Debian packages the image definitions take their tools from, each with a file it installs
-/// (present means installed). gcc and libc6-dev build the static pause binary.
+/// The Debian packages the image definitions take their tools from, each with a file it installs.
+/// gcc and libc6-dev build the static pause binary. `cargo xtask setup` installs them (every one is
+/// in [`crate::setup::APT_PACKAGES`], a test checks).
 pub const HOST_PACKAGES: &[(&str, &str)] = &[
     ("busybox-static", BUSYBOX),
     ("bash", BASH),
@@ -152,29 +153,6 @@ const GROUP: &str = "root:x:0:\nnobody:x:65534:\n";
 
 /// The tag of upstream's pause image, which this one stands in for (build/pause/Makefile's TAG).
 const PAUSE_TAG: &str = "3.10.1";
-
-/// Installs the [`HOST_PACKAGES`] that are missing with apt-get (needs root); does nothing when all
-/// are present.
-pub fn ensure_host_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = HOST_PACKAGES
-        .iter()
-        .filter(|(_, file)| !Path::new(file).exists())
-        .map(|&(package, _)| package)
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    println!("[install] {} (for the node images)", missing.join(" "));
-    let apt = |args: &[&str]| {
-        Cmd::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-    };
-    apt(&["update", "-q"]).run()?;
-    apt(&["install", "-y", "-q", "--no-install-recommends"])
-        .args(&missing)
-        .run()
-}
 
 /// Where [`build_pause`] puts the pause binary: `<target>/k8s/bin/pause`.
 pub fn pause_binary() -> PathBuf {
@@ -1004,6 +982,16 @@ impl Drop for RemoveOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn setup_installs_every_package_the_images_take_files_from() {
+        for (package, _) in HOST_PACKAGES {
+            assert!(
+                crate::setup::APT_PACKAGES.contains(package),
+                "{package} is missing from setup::APT_PACKAGES"
+            );
+        }
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A directory of its own under the system temp dir, removed on drop.

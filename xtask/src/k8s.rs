@@ -85,7 +85,7 @@ pub fn build() -> anyhow::Result<()> {
     go_build(&go, &module_dir(), &out, KUBERNETES, &ldflags)?;
     go_build(&go, &module_dir().join("kwok"), &out, KWOK, "-s -w")?;
     go_build(&go, &module_dir().join("coredns"), &out, COREDNS, "-s -w")?;
-    go_test_binary(&go, &module_dir(), &out, E2E, &ldflags)?;
+    go_compile(&go, &["test", "-c"], &module_dir(), &out, E2E, &ldflags)?;
     fs::write(&stamp_path, stamp).with_context(|| format!("writing {}", stamp_path.display()))?;
     println!(
         "[ok] reference binaries built in {:.0} s",
@@ -103,27 +103,17 @@ fn go_build(
     packages: &[(&str, &str)],
     ldflags: &str,
 ) -> anyhow::Result<()> {
-    for (package, name) in packages {
-        let tmp = out.join(format!(".{name}.partial"));
-        Cmd::new(go)
-            .args(["build", "-trimpath", "-ldflags", ldflags, "-o"])
-            .arg(&tmp)
-            .arg(package)
-            .env("CGO_ENABLED", "0")
-            .env("GOFLAGS", "-mod=readonly")
-            .dir(module)
-            .run()
-            .with_context(|| format!("building {name} from {}", module.display()))?;
-        let dest = out.join(name);
-        fs::rename(&tmp, &dest)
-            .with_context(|| format!("moving {} to {}", tmp.display(), dest.display()))?;
+    for &package in packages {
+        go_compile(go, &["build"], module, out, package, ldflags)?;
     }
     Ok(())
 }
 
-/// `go test -c` of a test package (the e2e suite) into `out/<name>`.
-fn go_test_binary(
+/// `go <verb> -trimpath -ldflags .. -o` of one package (`build`, or `test -c` for a test
+/// package such as the e2e suite) into `out/<name>`, through a temporary file.
+fn go_compile(
     go: &Path,
+    verb: &[&str],
     module: &Path,
     out: &Path,
     (package, name): (&str, &str),
@@ -131,7 +121,8 @@ fn go_test_binary(
 ) -> anyhow::Result<()> {
     let tmp = out.join(format!(".{name}.partial"));
     Cmd::new(go)
-        .args(["test", "-c", "-trimpath", "-ldflags", ldflags, "-o"])
+        .args(verb)
+        .args(["-trimpath", "-ldflags", ldflags, "-o"])
         .arg(&tmp)
         .arg(package)
         .env("CGO_ENABLED", "0")

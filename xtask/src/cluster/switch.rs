@@ -95,7 +95,12 @@ pub fn run(cluster: &Cluster, args: &ProxyArgs) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     settle(&live)?;
-    let found = check(&live)?;
+    require_clean(&live)
+}
+
+/// Fails naming every leftover of a proxy other than the running one.
+fn require_clean(live: &Live) -> anyhow::Result<()> {
+    let found = check(live)?;
     if !found.is_empty() {
         bail!(
             "{} leftovers of another proxy:\n  {}",
@@ -109,15 +114,7 @@ pub fn run(cluster: &Cluster, args: &ProxyArgs) -> anyhow::Result<()> {
 /// `cargo xtask cluster leftovers`.
 pub fn leftovers(cluster: &Cluster) -> anyhow::Result<()> {
     let live = Live::open(cluster)?;
-    let found = check(&live)?;
-    if !found.is_empty() {
-        bail!(
-            "{} leftovers of another proxy:\n  {}",
-            found.len(),
-            found.join("\n  ")
-        );
-    }
-    Ok(())
+    require_clean(&live)
 }
 
 /// One node of a running cluster, as switching and the inventory need it.
