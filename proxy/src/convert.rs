@@ -101,21 +101,24 @@ pub const NO_CLUSTER_IP: &str = "no clusterIP allocated";
 /// Whether the proxy handles this Service at all. Returns why not, for the log, when it doesn't.
 pub fn skip_reason(svc: &Service) -> Option<&'static str> {
     let spec = svc.spec.as_ref()?;
-    if svc
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL))
-    {
-        return Some("labelled for another proxy (service.kubernetes.io/service-proxy-name)");
-    }
-    if svc
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(HEADLESS_LABEL))
-    {
-        return Some("labelled headless (service.kubernetes.io/headless)");
+    for (label, why) in [
+        (
+            SERVICE_PROXY_NAME_LABEL,
+            "labelled for another proxy (service.kubernetes.io/service-proxy-name)",
+        ),
+        (
+            HEADLESS_LABEL,
+            "labelled headless (service.kubernetes.io/headless)",
+        ),
+    ] {
+        if svc
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(label))
+        {
+            return Some(why);
+        }
     }
     if spec.type_.as_deref() == Some("ExternalName") {
         return Some("type ExternalName");
