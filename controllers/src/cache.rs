@@ -1,10 +1,11 @@
 //! An indexed in-memory cache fed by kube-runtime watcher events.
 //!
 //! The controllers need lookups a plain reflector store answers only by scanning: Pods by label,
-//! Services by selector label, EndpointSlices by Service. `Indexed<K>` keeps the objects plus one
-//! secondary index computed by a function of the object. It applies watcher events in stream order
-//! (so a trigger emitted after the event sees the cache already updated) and reports readiness once
-//! the first complete listing has arrived.
+//! Services by selector label, EndpointSlices by Service, Pods by owning controller. `Indexed<K>`
+//! keeps the objects plus secondary indexes, each computed by a function of the object: the
+//! default one given to [`Indexed::new`] and named ones added with [`Indexed::add_index`]. It
+//! applies watcher events in stream order (so a trigger emitted after the event sees the cache
+//! already updated) and reports readiness once the first complete listing has arrived.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -19,9 +20,17 @@ pub type Key = (String, String);
 /// Computes the index keys of one object.
 pub type IndexFn<K> = fn(&K) -> Vec<String>;
 
+/// The default index's name.
+const DEFAULT_INDEX: &str = "";
+
+struct Index<K> {
+    f: IndexFn<K>,
+    keys: HashMap<String, HashSet<Key>>,
+}
+
 struct Inner<K> {
     objects: HashMap<Key, Arc<K>>,
-    index: HashMap<String, HashSet<Key>>,
+    indexes: HashMap<&'static str, Index<K>>,
     /// The listing in progress between `Init` and `InitDone`.
     pending: Option<Vec<K>>,
 }
@@ -29,9 +38,12 @@ struct Inner<K> {
 /// An indexed cache of `K`.
 pub struct Indexed<K> {
     inner: RwLock<Inner<K>>,
-    index_fn: IndexFn<K>,
     ready: watch::Sender<bool>,
 }
+
+/// One object's change as `(old, new)`: added `(None, Some)`, updated `(Some, Some)`, deleted
+/// `(Some, None)`.
+pub type Delta<K> = (Option<Arc<K>>, Option<Arc<K>>);
 
 /// What one event changed: the previous and the new version of the touched object(s).
 #[derive(Debug)]
@@ -58,38 +70,124 @@ impl<K: ResourceExt + Clone> Indexed<K> {
     /// An empty cache indexed by `index_fn`.
     pub fn new(index_fn: IndexFn<K>) -> Arc<Self> {
         let (ready, _) = watch::channel(false);
+        let mut indexes = HashMap::new();
+        indexes.insert(
+            DEFAULT_INDEX,
+            Index {
+                f: index_fn,
+                keys: HashMap::new(),
+            },
+        );
         Arc::new(Self {
             inner: RwLock::new(Inner {
                 objects: HashMap::new(),
-                index: HashMap::new(),
+                indexes,
                 pending: None,
             }),
-            index_fn,
             ready,
         })
     }
 
-    fn insert(&self, inner: &mut Inner<K>, obj: K) -> Option<Arc<K>> {
-        let key = key_of(&obj);
-        let old = self.remove(inner, &key);
-        for ix in (self.index_fn)(&obj) {
-            inner.index.entry(ix).or_default().insert(key.clone());
+    /// Adds (or replaces) the index `name`, computed over the objects already cached too.
+    pub fn add_index(&self, name: &'static str, f: IndexFn<K>) {
+        let mut inner = self.inner.write().expect("cache lock");
+        let mut keys: HashMap<String, HashSet<Key>> = HashMap::new();
+        for (key, obj) in &inner.objects {
+            for ix in f(obj) {
+                keys.entry(ix).or_default().insert(key.clone());
+            }
         }
-        inner.objects.insert(key, Arc::new(obj));
+        inner.indexes.insert(name, Index { f, keys });
+    }
+
+    /// Whether an index of that name exists.
+    pub fn has_index(&self, name: &str) -> bool {
+        self.inner
+            .read()
+            .expect("cache lock")
+            .indexes
+            .contains_key(name)
+    }
+
+    fn insert(&self, inner: &mut Inner<K>, obj: Arc<K>) -> Option<Arc<K>> {
+        let key = key_of(obj.as_ref());
+        let old = self.remove(inner, &key);
+        for index in inner.indexes.values_mut() {
+            for ix in (index.f)(&obj) {
+                index.keys.entry(ix).or_default().insert(key.clone());
+            }
+        }
+        inner.objects.insert(key, obj);
         old
     }
 
     fn remove(&self, inner: &mut Inner<K>, key: &Key) -> Option<Arc<K>> {
         let old = inner.objects.remove(key)?;
-        for ix in (self.index_fn)(&old) {
-            if let Some(set) = inner.index.get_mut(&ix) {
-                set.remove(key);
-                if set.is_empty() {
-                    inner.index.remove(&ix);
+        for index in inner.indexes.values_mut() {
+            for ix in (index.f)(&old) {
+                if let Some(set) = index.keys.get_mut(&ix) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        index.keys.remove(&ix);
+                    }
                 }
             }
         }
         Some(old)
+    }
+
+    /// Applies one watcher event and returns what changed object by object: a completed relisting
+    /// yields an update for every listed object whose resourceVersion changed (an add for a new
+    /// one) and a delete for every cached object it no longer has, so handlers that count
+    /// observations (expectations) miss nothing across a re-watch.
+    pub fn apply_deltas(&self, ev: &Event<K>) -> Vec<Delta<K>>
+    where
+        K: kube::Resource,
+    {
+        let mut inner = self.inner.write().expect("cache lock");
+        match ev {
+            Event::Apply(obj) => {
+                let new = Arc::new(obj.clone());
+                let old = self.insert(&mut inner, new.clone());
+                vec![(old, Some(new))]
+            }
+            Event::Delete(obj) => match self.remove(&mut inner, &key_of(obj)) {
+                Some(old) => vec![(Some(old), None)],
+                None => vec![(Some(Arc::new(obj.clone())), None)],
+            },
+            Event::Init => {
+                inner.pending = Some(Vec::new());
+                Vec::new()
+            }
+            Event::InitApply(obj) => {
+                inner.pending.get_or_insert_with(Vec::new).push(obj.clone());
+                Vec::new()
+            }
+            Event::InitDone => {
+                let listed = inner.pending.take().unwrap_or_default();
+                let mut previous = std::mem::take(&mut inner.objects);
+                for index in inner.indexes.values_mut() {
+                    index.keys.clear();
+                }
+                let mut deltas = Vec::new();
+                for obj in listed {
+                    let new = Arc::new(obj);
+                    let old = previous.remove(&key_of(new.as_ref()));
+                    let unchanged = old.as_ref().is_some_and(|o| {
+                        o.meta().resource_version.is_some()
+                            && o.meta().resource_version == new.meta().resource_version
+                    });
+                    self.insert(&mut inner, new.clone());
+                    if !unchanged {
+                        deltas.push((old, Some(new)));
+                    }
+                }
+                deltas.extend(previous.into_values().map(|old| (Some(old), None)));
+                drop(inner);
+                self.ready.send_replace(true);
+                deltas
+            }
+        }
     }
 
     /// Applies one watcher event.
@@ -97,7 +195,7 @@ impl<K: ResourceExt + Clone> Indexed<K> {
         let mut inner = self.inner.write().expect("cache lock");
         match ev {
             Event::Apply(obj) => {
-                let old = self.insert(&mut inner, obj.clone());
+                let old = self.insert(&mut inner, Arc::new(obj.clone()));
                 Change::One {
                     old,
                     new: inner.objects.get(&key_of(obj)).cloned(),
@@ -118,9 +216,11 @@ impl<K: ResourceExt + Clone> Indexed<K> {
             Event::InitDone => {
                 let listed = inner.pending.take().unwrap_or_default();
                 inner.objects.clear();
-                inner.index.clear();
+                for index in inner.indexes.values_mut() {
+                    index.keys.clear();
+                }
                 for obj in listed {
-                    self.insert(&mut inner, obj);
+                    self.insert(&mut inner, Arc::new(obj));
                 }
                 drop(inner);
                 self.ready.send_replace(true);
@@ -138,12 +238,18 @@ impl<K: ResourceExt + Clone> Indexed<K> {
             .cloned()
     }
 
-    /// Objects under one index key.
+    /// Objects under one key of the default index.
     pub fn by_index(&self, ix: &str) -> Vec<Arc<K>> {
+        self.index(DEFAULT_INDEX, ix)
+    }
+
+    /// Objects under one key of the index `name` (none when there is no such index).
+    pub fn index(&self, name: &str, ix: &str) -> Vec<Arc<K>> {
         let inner = self.inner.read().expect("cache lock");
         inner
-            .index
-            .get(ix)
+            .indexes
+            .get(name)
+            .and_then(|index| index.keys.get(ix))
             .map(|keys| {
                 keys.iter()
                     .filter_map(|k| inner.objects.get(k).cloned())

@@ -41,8 +41,24 @@ pub enum Error {
         reason: String,
     },
     /// A controller name given on the command line is unknown.
-    #[error("controller {0:?} is unknown: expected endpointslice, endpoints or lb-ipam")]
+    #[error("controller {0:?} is unknown: expected one of {known}", known = crate::manager::KNOWN_NAMES.join(", "))]
     UnknownController(String),
+    /// An owner may not adopt (it is gone, re-created or being deleted).
+    #[error("{owner} may not adopt: {reason}")]
+    Adoption {
+        /// `Kind name` of the owner.
+        owner: String,
+        /// Why not.
+        reason: String,
+    },
+    /// An object is invalid for its controller (the field is named in the message).
+    #[error("{object}: {reason}")]
+    Invalid {
+        /// `Kind ns/name`.
+        object: String,
+        /// What is wrong, naming the field.
+        reason: String,
+    },
 }
 
 impl Error {

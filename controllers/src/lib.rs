@@ -1,19 +1,27 @@
-//! The control plane that feeds the proxy: the EndpointSlice controller, the legacy Endpoints
-//! controller, the LoadBalancer IP allocator, Lease-based leader election and the
-//! `controller-manager` that runs them. Workload controllers grow here later, following
-//! kube-controller-manager's algorithms.
+//! The control plane around the proxy: the EndpointSlice controller, the legacy Endpoints
+//! controller, the LoadBalancer IP allocator, the workload controllers (ReplicaSet, Deployment,
+//! garbage collector), Lease-based leader election and the `controller-manager` that runs them,
+//! following kube-controller-manager's algorithms.
 //!
-//! Every controller has the same split: pure planning functions (unit-tested, in `plan` modules or
-//! `podutil`) and a thin layer applying the plan through kube-rs.
+//! Every controller has the same split: pure planning functions over cached state (unit-tested, in
+//! `plan` modules or `podutil`) and a thin layer applying the plan through kube-rs. The workload
+//! controllers share one runtime ([`runtime`]): one watch per resource kind, indexed caches, a
+//! rate-limited work queue with N workers, expectations, slow-start batches and the controller-ref
+//! manager.
 
 pub mod cache;
+pub mod deployment;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod error;
+pub mod garbagecollector;
 pub mod inputs;
 pub mod lbipam;
 pub mod leader;
 pub mod manager;
 pub mod podutil;
+pub mod replicaset;
+pub mod runtime;
+pub mod selector;
 
 pub use error::{Error, Result};

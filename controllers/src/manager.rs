@@ -1,16 +1,23 @@
 //! The controller manager: runs the selected controllers, optionally only while holding the leader
 //! Lease. Used by the `controller-manager` binary and by tests that run managers in-process.
+//! Controllers are selected with kube-controller-manager's `--controllers` syntax and names; the
+//! workload controllers share one set of informers.
 
 use std::str::FromStr;
+use std::sync::Arc;
 
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
 use kube::Client;
 
 use crate::error::{Error, Result};
 use crate::lbipam::pool::Pool;
 use crate::leader::{self, LeaderConfig};
+use crate::runtime::informer::Informers;
+use crate::runtime::workers::AbortOnDrop;
 
 /// A controller the manager can run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ControllerKind {
     /// EndpointSlices from Services and Pods.
     EndpointSlice,
@@ -18,27 +25,136 @@ pub enum ControllerKind {
     Endpoints,
     /// LoadBalancer address allocation.
     LbIpam,
+    /// Pods of ReplicaSets.
+    ReplicaSet,
+    /// ReplicaSets of Deployments.
+    Deployment,
+    /// Cascading deletion through ownerReferences.
+    GarbageCollector,
+}
+
+/// Every controller, in start order, with its name and the other names it answers to
+/// (kube-controller-manager's `<name>-controller` spellings and the `endpoint` alias).
+const CONTROLLERS: &[(ControllerKind, &str, &[&str])] = &[
+    (
+        ControllerKind::GarbageCollector,
+        "garbagecollector",
+        &["garbage-collector-controller"],
+    ),
+    (
+        ControllerKind::EndpointSlice,
+        "endpointslice",
+        &["endpointslice-controller"],
+    ),
+    (
+        ControllerKind::Endpoints,
+        "endpoints",
+        &["endpoint", "endpoints-controller"],
+    ),
+    (
+        ControllerKind::ReplicaSet,
+        "replicaset",
+        &["replicaset-controller"],
+    ),
+    (
+        ControllerKind::Deployment,
+        "deployment",
+        &["deployment-controller"],
+    ),
+    (ControllerKind::LbIpam, "lb-ipam", &[]),
+];
+
+/// The names `--controllers` accepts (for error messages).
+pub const KNOWN_NAMES: &[&str] = &[
+    "garbagecollector",
+    "endpointslice",
+    "endpoints",
+    "replicaset",
+    "deployment",
+    "lb-ipam",
+];
+
+impl ControllerKind {
+    /// The controller's name in `--controllers`.
+    pub fn name(self) -> &'static str {
+        CONTROLLERS
+            .iter()
+            .find(|(k, _, _)| *k == self)
+            .map(|(_, n, _)| *n)
+            .expect("every kind is listed")
+    }
+
+    /// Whether `*` includes it: every controller but lb-ipam, which needs a pool (`*` includes it
+    /// when one is given).
+    fn on_by_default(self, have_pool: bool) -> bool {
+        self != ControllerKind::LbIpam || have_pool
+    }
 }
 
 impl FromStr for ControllerKind {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        match s.trim() {
-            "endpointslice" => Ok(Self::EndpointSlice),
-            "endpoints" => Ok(Self::Endpoints),
-            "lb-ipam" => Ok(Self::LbIpam),
-            other => Err(Error::UnknownController(other.to_string())),
-        }
+        let s = s.trim();
+        CONTROLLERS
+            .iter()
+            .find(|(_, name, aliases)| *name == s || aliases.contains(&s))
+            .map(|(k, _, _)| *k)
+            .ok_or_else(|| Error::UnknownController(s.to_string()))
     }
 }
 
-/// Parses `endpointslice,endpoints,lb-ipam`.
+/// Parses kube-controller-manager's `--controllers` syntax: `*` turns on every controller that
+/// is on by default, `name` turns one on, `-name` turns one off (a `-name` wins over `name` and
+/// `*`). `have_pool`: lb-ipam is on by default only with an address pool. The result is in start
+/// order (the garbage collector first, as upstream).
+pub fn parse_controllers_with(list: &str, have_pool: bool) -> Result<Vec<ControllerKind>> {
+    let mut all = false;
+    let mut on = Vec::new();
+    let mut off = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if item == "*" {
+            all = true;
+        } else if let Some(name) = item.strip_prefix('-') {
+            off.push(name.parse::<ControllerKind>()?);
+        } else {
+            on.push(item.parse::<ControllerKind>()?);
+        }
+    }
+    Ok(CONTROLLERS
+        .iter()
+        .map(|(k, _, _)| *k)
+        .filter(|k| !off.contains(k) && (on.contains(k) || (all && k.on_by_default(have_pool))))
+        .collect())
+}
+
+/// [`parse_controllers_with`] without an address pool.
 pub fn parse_controllers(list: &str) -> Result<Vec<ControllerKind>> {
-    list.split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(str::parse)
-        .collect()
+    parse_controllers_with(list, false)
+}
+
+/// Workers per controller (kube-controller-manager's `--concurrent-*-syncs`).
+#[derive(Debug, Clone, Copy)]
+pub struct Concurrency {
+    /// EndpointSlice and Endpoints reconciles at once.
+    pub endpoints: u16,
+    /// `--concurrent-replicaset-syncs` (upstream default 5).
+    pub replicaset: usize,
+    /// `--concurrent-deployment-syncs` (upstream default 5).
+    pub deployment: usize,
+    /// `--concurrent-gc-syncs` (upstream default 20).
+    pub gc: usize,
+}
+
+impl Default for Concurrency {
+    fn default() -> Self {
+        Self {
+            endpoints: 16,
+            replicaset: 5,
+            deployment: 5,
+            gc: 20,
+        }
+    }
 }
 
 /// What to run.
@@ -50,8 +166,8 @@ pub struct ManagerConfig {
     pub lb_pool: Option<Pool>,
     /// Run only while holding this Lease.
     pub leader: Option<LeaderConfig>,
-    /// Reconciles at once per controller.
-    pub concurrency: u16,
+    /// Workers per controller.
+    pub concurrency: Concurrency,
 }
 
 /// Runs the controllers; with leader election, only while leading. Returns `Err(Leadership)` when
@@ -78,32 +194,74 @@ pub async fn run(client: Client, cfg: ManagerConfig) -> Result<()> {
     }
 }
 
+type Task = BoxFuture<'static, ()>;
+
+/// The workload controllers share one set of informers: each registers its indexes and handlers
+/// when it is built, then the watches start; every controller waits for the caches to sync.
+fn workload_tasks(
+    client: &Client,
+    kinds: &[ControllerKind],
+    concurrency: Concurrency,
+) -> (Arc<Informers>, Vec<(ControllerKind, Task)>) {
+    let informers = Informers::new(client.clone());
+    let mut tasks: Vec<(ControllerKind, Task)> = Vec::new();
+    for &kind in kinds {
+        let task: Task = match kind {
+            ControllerKind::ReplicaSet
+            | ControllerKind::Deployment
+            | ControllerKind::GarbageCollector => {
+                tracing::error!("controller {} is not wired yet", kind.name());
+                continue;
+            }
+            _ => continue,
+        };
+        tasks.push((kind, task));
+    }
+    if !tasks.is_empty() {
+        informers.start();
+    }
+    (informers, tasks)
+}
+
 async fn run_controllers(
     client: Client,
     kinds: Vec<ControllerKind>,
     pool: Option<Pool>,
-    concurrency: u16,
+    concurrency: Concurrency,
 ) {
     let mut tasks = Vec::new();
+    // Held until the controllers stop: dropping the informers stops their watches.
+    let (_informers, workload) = workload_tasks(&client, &kinds, concurrency);
+    for (kind, task) in workload {
+        tracing::info!("starting controller {}", kind.name());
+        tasks.push(tokio::spawn(task));
+    }
     for kind in kinds {
         let client = client.clone();
         let pool = pool.clone();
-        tasks.push(tokio::spawn(async move {
-            match kind {
-                ControllerKind::EndpointSlice => {
-                    crate::endpointslice::run(client, crate::endpointslice::Config { concurrency })
-                        .await
-                }
-                ControllerKind::Endpoints => crate::endpoints::run(client, concurrency).await,
-                ControllerKind::LbIpam => {
-                    if let Some(pool) = pool {
-                        if let Err(e) = crate::lbipam::run(client, pool).await {
-                            tracing::error!("lb-ipam: {e}");
-                        }
+        let task: Task = match kind {
+            ControllerKind::EndpointSlice => crate::endpointslice::run(
+                client,
+                crate::endpointslice::Config {
+                    concurrency: concurrency.endpoints,
+                },
+            )
+            .boxed(),
+            ControllerKind::Endpoints => {
+                crate::endpoints::run(client, concurrency.endpoints).boxed()
+            }
+            ControllerKind::LbIpam => async move {
+                if let Some(pool) = pool {
+                    if let Err(e) = crate::lbipam::run(client, pool).await {
+                        tracing::error!("lb-ipam: {e}");
                     }
                 }
             }
-        }));
+            .boxed(),
+            _ => continue,
+        };
+        tracing::info!("starting controller {}", kind.name());
+        tasks.push(tokio::spawn(task));
     }
     // Aborting this future (lost leadership) must stop every controller: abort on drop.
     let _guard = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
@@ -112,33 +270,75 @@ async fn run_controllers(
     }
 }
 
-struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        for h in &self.0 {
-            h.abort();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ControllerKind::*;
 
     #[test]
-    fn controller_lists_parse_and_unknown_names_are_errors() {
-        assert_eq!(
-            parse_controllers("endpointslice,endpoints,lb-ipam").unwrap(),
-            [
-                ControllerKind::EndpointSlice,
-                ControllerKind::Endpoints,
-                ControllerKind::LbIpam
-            ]
-        );
-        let err = parse_controllers("endpointslice,replicaset")
+    fn controllers_flag_takes_kube_controller_manager_syntax() {
+        let cases: &[(&str, bool, &[ControllerKind])] = &[
+            (
+                "*",
+                false,
+                &[
+                    GarbageCollector,
+                    EndpointSlice,
+                    Endpoints,
+                    ReplicaSet,
+                    Deployment,
+                ],
+            ),
+            (
+                "*",
+                true,
+                &[
+                    GarbageCollector,
+                    EndpointSlice,
+                    Endpoints,
+                    ReplicaSet,
+                    Deployment,
+                    LbIpam,
+                ],
+            ),
+            (
+                "*,-endpoints,-endpointslice",
+                false,
+                &[GarbageCollector, ReplicaSet, Deployment],
+            ),
+            (
+                "replicaset,deployment,garbagecollector",
+                false,
+                &[GarbageCollector, ReplicaSet, Deployment],
+            ),
+            (
+                "replicaset-controller,endpoint",
+                false,
+                &[Endpoints, ReplicaSet],
+            ),
+            ("deployment,-deployment", false, &[]),
+            (
+                "endpointslice,endpoints,lb-ipam",
+                false,
+                &[EndpointSlice, Endpoints, LbIpam],
+            ),
+        ];
+        for (list, pool, want) in cases {
+            assert_eq!(
+                parse_controllers_with(list, *pool).unwrap(),
+                *want,
+                "--controllers={list}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_controller_names_are_errors_listing_the_known_ones() {
+        let err = parse_controllers("endpointslice,statefulset")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("\"replicaset\""), "{err}");
+        assert!(err.contains("\"statefulset\""), "{err}");
+        assert!(err.contains("replicaset"), "{err}");
+        assert!(parse_controllers("-nope").is_err());
     }
 }

@@ -112,7 +112,10 @@ fn manager_cfg(kinds: &[ControllerKind]) -> ManagerConfig {
         controllers: kinds.to_vec(),
         lb_pool: None,
         leader: None,
-        concurrency: 8,
+        concurrency: controllers::manager::Concurrency {
+            endpoints: 8,
+            ..Default::default()
+        },
     }
 }
 

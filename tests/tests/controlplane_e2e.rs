@@ -219,7 +219,10 @@ async fn api_objects_become_connections_through_controller_and_agent() {
         controllers: vec![ControllerKind::EndpointSlice],
         lb_pool: None,
         leader: None,
-        concurrency: 4,
+        concurrency: controllers::manager::Concurrency {
+            endpoints: 4,
+            ..Default::default()
+        },
     };
     let mgr = tokio::spawn(manager::run(client.clone(), cfg));
 

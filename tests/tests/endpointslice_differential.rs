@@ -677,7 +677,10 @@ async fn endpointslices_match_kube_controller_manager() {
                 controllers: vec![ControllerKind::EndpointSlice],
                 lb_pool: None,
                 leader: None,
-                concurrency: 8,
+                concurrency: controllers::manager::Concurrency {
+                    endpoints: 8,
+                    ..Default::default()
+                },
             };
             if let Err(e) = manager::run(client, cfg).await {
                 eprintln!("our controller manager stopped: {e}");

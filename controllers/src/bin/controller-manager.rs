@@ -9,17 +9,20 @@ use controllers::lbipam::pool::Pool;
 use controllers::leader::{self, LeaderConfig};
 use controllers::manager::{self, ManagerConfig};
 
-/// Runs the EndpointSlice, Endpoints and LoadBalancer IPAM controllers.
+/// Runs kpr's controllers (garbage collector, EndpointSlice, Endpoints, ReplicaSet, Deployment,
+/// LoadBalancer IPAM) against a Kubernetes API server.
 #[derive(Debug, Parser)]
 #[command(name = "controller-manager", version)]
 struct Args {
     /// Kubeconfig file (default: in-cluster config or ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
-    /// Controllers to run, comma separated: endpointslice, endpoints, lb-ipam
-    /// (default: endpointslice,endpoints, plus lb-ipam when --lb-pool is given).
-    #[arg(long)]
-    controllers: Option<String>,
+    /// Controllers to run, as kube-controller-manager takes them: `*` turns on every controller
+    /// that is on by default, `name` turns one on, `-name` turns one off. Names: garbagecollector,
+    /// endpointslice, endpoints, replicaset, deployment, lb-ipam (on by default only with
+    /// --lb-pool).
+    #[arg(long, default_value = "*")]
+    controllers: String,
     /// LoadBalancer address pool: a CIDR (10.0.0.0/24) or a range (10.0.0.10-10.0.0.20).
     #[arg(long)]
     lb_pool: Option<Pool>,
@@ -44,9 +47,45 @@ struct Args {
     /// How often candidates try to acquire or renew.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     leader_elect_retry_period: Duration,
-    /// Reconciles running at once per controller.
+    /// EndpointSlice and Endpoints reconciles running at once.
     #[arg(long, default_value_t = 16)]
     concurrency: u16,
+    /// ReplicaSets synced at once.
+    #[arg(long, default_value_t = 5)]
+    concurrent_replicaset_syncs: usize,
+    /// Deployments synced at once.
+    #[arg(long, default_value_t = 5)]
+    concurrent_deployment_syncs: usize,
+    /// Garbage collector workers.
+    #[arg(long, default_value_t = 20)]
+    concurrent_gc_syncs: usize,
+    /// Serve Prometheus metrics (`/metrics`, kube-controller-manager's workqueue metric names)
+    /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
+    #[arg(long)]
+    metrics_bind_address: Option<std::net::SocketAddr>,
+}
+
+async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|| async {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    controllers::runtime::metrics::encode(),
+                )
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--metrics-bind-address {addr}: binding"))?;
+    axum::serve(listener, app)
+        .await
+        .with_context(|| format!("serving metrics on {addr}"))
 }
 
 async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
@@ -79,13 +118,8 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
-    let controllers = match &args.controllers {
-        Some(list) => manager::parse_controllers(list)?,
-        None if args.lb_pool.is_some() => {
-            manager::parse_controllers("endpointslice,endpoints,lb-ipam")?
-        }
-        None => manager::parse_controllers("endpointslice,endpoints")?,
-    };
+    let controllers = manager::parse_controllers_with(&args.controllers, args.lb_pool.is_some())
+        .context("--controllers")?;
     let leader = args.leader_elect.then(|| LeaderConfig {
         lease_duration: args.leader_elect_lease_duration,
         renew_deadline: args.leader_elect_renew_deadline,
@@ -101,9 +135,24 @@ async fn main() -> anyhow::Result<()> {
         controllers,
         lb_pool: args.lb_pool,
         leader: leader.clone(),
-        concurrency: args.concurrency,
+        concurrency: manager::Concurrency {
+            endpoints: args.concurrency,
+            replicaset: args.concurrent_replicaset_syncs,
+            deployment: args.concurrent_deployment_syncs,
+            gc: args.concurrent_gc_syncs,
+        },
     };
-    tracing::info!("controller-manager starting: {:?}", cfg.controllers);
+    if let Some(addr) = args.metrics_bind_address {
+        let listener = serve_metrics(addr);
+        tokio::spawn(async move {
+            if let Err(e) = listener.await {
+                tracing::error!("{e:#}");
+                std::process::exit(1);
+            }
+        });
+    }
+    let names: Vec<&str> = cfg.controllers.iter().map(|k| k.name()).collect();
+    tracing::info!("controller-manager starting: {}", names.join(","));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing SIGTERM handler")?;
     tokio::select! {

@@ -1,0 +1,285 @@
+//! Shared informers (CTL-3): one watch per resource kind for every controller of the process,
+//! each feeding one indexed cache and then the handlers the controllers registered.
+//!
+//! A controller registers at construction: the named indexes its lookups need and handlers that
+//! turn object changes into work-queue keys. [`Informers::start`] starts the watches;
+//! [`Informers::wait_synced`] returns once every cache holds a complete listing. The cache is
+//! updated before the handlers run, so a key queued by a handler is synced against a cache at
+//! least as new as the change that queued it. A re-listing (after a watch expired) is delivered to
+//! the handlers as per-object adds, updates and deletes, so expectations observe every deletion.
+//!
+//! Handlers must not hold the [`Informers`] themselves (it stops its watches when dropped).
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, RwLock};
+
+use futures::future::BoxFuture;
+use futures::{FutureExt as _, StreamExt as _};
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt as _;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use crate::cache::Indexed;
+
+use super::workers::AbortOnDrop;
+
+/// Index of every informer's cache: key = the object's namespace.
+pub const NAMESPACE: &str = "namespace";
+/// Index of every informer's cache: key = the uid of the object's controller ownerReference.
+pub const CONTROLLER_UID: &str = "controller-uid";
+
+/// A handler: `(old, new)`; add = `(None, Some)`, update = `(Some, Some)`, delete = `(Some, None)`.
+pub type Handler<K> = Box<dyn Fn(Option<&Arc<K>>, Option<&Arc<K>>) + Send + Sync>;
+
+/// What a kind needs to be watched by an informer.
+pub trait Watched:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+impl<K> Watched for K where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+/// The uid of the controller ownerReference (`metav1.GetControllerOf`).
+pub fn controller_uid<K: Resource>(obj: &K) -> Option<&str> {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.as_str())
+}
+
+fn namespace_index<K: Resource>(obj: &K) -> Vec<String> {
+    vec![obj.meta().namespace.clone().unwrap_or_default()]
+}
+
+fn controller_index<K: Resource>(obj: &K) -> Vec<String> {
+    controller_uid(obj)
+        .map(str::to_string)
+        .into_iter()
+        .collect()
+}
+
+fn no_index<K>(_: &K) -> Vec<String> {
+    Vec::new()
+}
+
+/// One kind's cache and handlers.
+pub struct Informer<K> {
+    cache: Arc<Indexed<K>>,
+    handlers: RwLock<Vec<Handler<K>>>,
+}
+
+impl<K: Watched> Informer<K> {
+    fn new() -> Arc<Self> {
+        let cache = Indexed::new(no_index::<K>);
+        cache.add_index(NAMESPACE, namespace_index::<K>);
+        cache.add_index(CONTROLLER_UID, controller_index::<K>);
+        Arc::new(Self {
+            cache,
+            handlers: RwLock::new(Vec::new()),
+        })
+    }
+
+    /// The kind's cache.
+    pub fn cache(&self) -> Arc<Indexed<K>> {
+        self.cache.clone()
+    }
+
+    /// Adds a named index to the cache.
+    pub fn add_index(&self, name: &'static str, f: fn(&K) -> Vec<String>) {
+        self.cache.add_index(name, f);
+    }
+
+    /// Registers a handler, called after the cache has applied each change.
+    pub fn on_change(&self, handler: Handler<K>) {
+        self.handlers.write().expect("handlers lock").push(handler);
+    }
+
+    /// Applies one watch event and runs the handlers on what it changed.
+    pub fn dispatch(&self, ev: &watcher::Event<K>) {
+        let deltas = self.cache.apply_deltas(ev);
+        if deltas.is_empty() {
+            return;
+        }
+        let handlers = self.handlers.read().expect("handlers lock");
+        for (old, new) in &deltas {
+            for h in handlers.iter() {
+                h(old.as_ref(), new.as_ref());
+            }
+        }
+    }
+
+    async fn run(self: Arc<Self>, client: Client) {
+        let api: Api<K> = Api::all(client);
+        let mut stream = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(ev) => self.dispatch(&ev),
+                Err(e) => tracing::warn!(kind = %K::kind(&()), "watch: {e}"),
+            }
+        }
+    }
+}
+
+type Starter = Box<dyn FnOnce(Client) -> BoxFuture<'static, ()> + Send>;
+type Waiter = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+
+#[derive(Default)]
+struct Inner {
+    by_type: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
+    starters: Vec<Starter>,
+    waiters: Vec<Waiter>,
+    running: Vec<tokio::task::AbortHandle>,
+}
+
+/// The process's informers, one per kind, created on first request.
+pub struct Informers {
+    client: Client,
+    inner: Mutex<Inner>,
+}
+
+impl Informers {
+    /// No informers yet.
+    pub fn new(client: Client) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    /// The client the watches use.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The informer of kind `K` (created, not yet watching, on first request).
+    pub fn get<K: Watched>(&self) -> Arc<Informer<K>> {
+        let mut inner = self.inner.lock().expect("informers lock");
+        if let Some(i) = inner.by_type.get(&TypeId::of::<K>()) {
+            return i.clone().downcast::<Informer<K>>().expect("informer type");
+        }
+        let informer = Informer::<K>::new();
+        inner.by_type.insert(
+            TypeId::of::<K>(),
+            informer.clone() as Arc<dyn Any + Send + Sync>,
+        );
+        let run = informer.clone();
+        inner
+            .starters
+            .push(Box::new(move |client| run.run(client).boxed()));
+        let cache = informer.cache();
+        inner.waiters.push(Box::new(move || {
+            let cache = cache.clone();
+            async move { cache.wait_ready().await }.boxed()
+        }));
+        if !inner.running.is_empty() {
+            tracing::error!(kind = %K::kind(&()), "informer requested after start: starting it late");
+            let starter = inner.starters.pop().expect("just pushed");
+            let handle = tokio::spawn(starter(self.client.clone()));
+            inner.running.push(handle.abort_handle());
+        }
+        informer
+    }
+
+    /// Starts the watch of every informer requested so far.
+    pub fn start(&self) {
+        let mut inner = self.inner.lock().expect("informers lock");
+        let starters = std::mem::take(&mut inner.starters);
+        for s in starters {
+            let handle = tokio::spawn(s(self.client.clone()));
+            inner.running.push(handle.abort_handle());
+        }
+    }
+
+    /// Waits until every informer's cache holds a complete listing.
+    pub async fn wait_synced(&self) {
+        let waits: Vec<_> = {
+            let inner = self.inner.lock().expect("informers lock");
+            inner.waiters.iter().map(|w| w()).collect()
+        };
+        futures::future::join_all(waits).await;
+    }
+}
+
+impl Drop for Informers {
+    fn drop(&mut self) {
+        let running = std::mem::take(&mut self.inner.get_mut().expect("informers lock").running);
+        drop(AbortOnDrop(running));
+    }
+}
+
+/// `namespace/name` of an object, the work-queue key of the workload controllers.
+pub fn key_of<K: Resource>(obj: &K) -> String {
+    format!(
+        "{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Splits a `namespace/name` key.
+pub fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("", key))
+}
+
+/// Whether `obj` has a deletionTimestamp.
+pub fn is_deleting<K: ResourceExt>(obj: &K) -> bool {
+    obj.meta().deletion_timestamp.is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    fn pod(name: &str, rv: &str, owner: Option<&str>) -> Pod {
+        let mut meta = json!({"name": name, "namespace": "ns", "resourceVersion": rv});
+        if let Some(uid) = owner {
+            meta["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "name": "rs", "uid": uid, "controller": true}]);
+        }
+        serde_json::from_value(json!({ "metadata": meta })).unwrap()
+    }
+
+    #[test]
+    fn ctl3_handlers_see_relists_as_per_object_changes_and_indexes_follow() {
+        let informer = Informer::<Pod>::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        informer.on_change(Box::new(move |old, new| {
+            let name = |p: Option<&Arc<Pod>>| p.map(|p| p.name_any());
+            s.lock().unwrap().push((name(old), name(new)));
+        }));
+        informer.dispatch(&Event::Init);
+        informer.dispatch(&Event::InitApply(pod("a", "1", Some("u1"))));
+        informer.dispatch(&Event::InitApply(pod("b", "1", None)));
+        informer.dispatch(&Event::InitDone);
+        assert_eq!(informer.cache().index(CONTROLLER_UID, "u1").len(), 1);
+        assert_eq!(informer.cache().index(NAMESPACE, "ns").len(), 2);
+        seen.lock().unwrap().clear();
+        // A relist: a unchanged, b gone, c new.
+        informer.dispatch(&Event::Init);
+        informer.dispatch(&Event::InitApply(pod("a", "1", Some("u1"))));
+        informer.dispatch(&Event::InitApply(pod("c", "2", Some("u1"))));
+        informer.dispatch(&Event::InitDone);
+        let mut got = seen.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(
+            got,
+            [(None, Some("c".to_string())), (Some("b".to_string()), None)]
+        );
+        assert_eq!(informer.cache().index(CONTROLLER_UID, "u1").len(), 2);
+        informer.dispatch(&Event::Delete(pod("a", "3", Some("u1"))));
+        assert_eq!(informer.cache().index(CONTROLLER_UID, "u1").len(), 1);
+    }
+}

@@ -1,0 +1,26 @@
+//! The machinery every workload controller runs on, as kube-controller-manager's controllers do:
+//!
+//! - [`informer`]: one shared watch per resource kind for all controllers, feeding an indexed
+//!   cache ([`crate::cache::Indexed`]) and the controllers' event handlers;
+//! - [`queue`]: a rate-limited work queue (client-go's semantics: deduplicated keys, an item being
+//!   processed is re-queued only after `done`, per-item exponential backoff with an overall token
+//!   bucket, `forget` on success), with workqueue metrics under kube-controller-manager's names
+//!   ([`metrics`]);
+//! - [`workers`]: N workers per controller draining a queue;
+//! - [`expectations`]: the creations and deletions a controller is still waiting to observe;
+//! - [`batch`]: slow-start batches of API calls;
+//! - [`claim`]: the controller-ref manager (adopt matching orphans, release owned objects that no
+//!   longer match);
+//! - [`pods`]: which Pods count (active) and which go first on scale-down.
+//!
+//! Nothing here knows a particular controller; controllers never talk to each other through it
+//! except by watching the objects they write.
+
+pub mod batch;
+pub mod claim;
+pub mod expectations;
+pub mod informer;
+pub mod metrics;
+pub mod pods;
+pub mod queue;
+pub mod workers;

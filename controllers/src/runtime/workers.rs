@@ -1,0 +1,98 @@
+//! N workers draining one work queue (CTL-1, CTL-2): each takes a key, runs the controller's sync
+//! for it, `forget`s the key on success and re-queues it rate-limited on error. A sync that panics
+//! counts as an error (the key is retried, the worker goes on), as upstream's workers are restarted
+//! after a crash.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::FutureExt as _;
+
+use super::queue::{Item, WorkQueue};
+
+/// Runs `workers` workers over `queue` until it is shut down.
+pub async fn run_workers<T, F, Fut>(queue: Arc<WorkQueue<T>>, workers: usize, sync: F)
+where
+    T: Item,
+    F: Fn(T) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = crate::Result<()>> + Send + 'static,
+{
+    let sync = Arc::new(sync);
+    let mut tasks = Vec::new();
+    for _ in 0..workers.max(1) {
+        let queue = queue.clone();
+        let sync = sync.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(item) = queue.get().await {
+                let outcome = std::panic::AssertUnwindSafe(sync(item.clone()))
+                    .catch_unwind()
+                    .await;
+                match outcome {
+                    Ok(Ok(())) => queue.forget(&item),
+                    Ok(Err(e)) => {
+                        tracing::warn!(queue = queue.name(), ?item, "sync failed, retrying: {e}");
+                        queue.add_rate_limited(item.clone());
+                    }
+                    Err(_) => {
+                        tracing::error!(queue = queue.name(), ?item, "sync panicked, retrying");
+                        queue.add_rate_limited(item.clone());
+                    }
+                }
+                queue.done(&item);
+            }
+        }));
+    }
+    // Dropping this future (leadership lost) stops the workers.
+    let _abort = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// Aborts the tasks when dropped.
+pub struct AbortOnDrop(pub Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            h.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn ctl1_errors_are_retried_with_backoff_and_success_forgets() {
+        let q = WorkQueue::<&'static str>::new("test-workers");
+        let calls = Arc::new(AtomicU32::new(0));
+        let c = calls.clone();
+        let runner = tokio::spawn(run_workers(q.clone(), 2, move |item: &'static str| {
+            let c = c.clone();
+            async move {
+                let n = c.fetch_add(1, Ordering::SeqCst);
+                match (item, n) {
+                    (_, 0) => Err(crate::Error::UnknownController("fail once".into())),
+                    (_, 1) => panic!("and panic once"),
+                    _ => Ok(()),
+                }
+            }
+        }));
+        q.add("key");
+        for _ in 0..200 {
+            if calls.load(Ordering::SeqCst) >= 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(q.num_requeues(&"key"), 0, "success forgets the backoff");
+        q.shut_down();
+        runner.await.unwrap();
+    }
+}
