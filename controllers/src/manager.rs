@@ -207,12 +207,34 @@ fn workload_tasks(
     let mut tasks: Vec<(ControllerKind, Task)> = Vec::new();
     for &kind in kinds {
         let task: Task = match kind {
-            ControllerKind::ReplicaSet
-            | ControllerKind::Deployment
-            | ControllerKind::GarbageCollector => {
-                tracing::error!("controller {} is not wired yet", kind.name());
-                continue;
-            }
+            ControllerKind::ReplicaSet => crate::replicaset::Controller::new(
+                client.clone(),
+                &informers,
+                crate::replicaset::Config {
+                    workers: concurrency.replicaset,
+                    ..Default::default()
+                },
+            )
+            .run()
+            .boxed(),
+            ControllerKind::Deployment => crate::deployment::Controller::new(
+                client.clone(),
+                &informers,
+                crate::deployment::Config {
+                    workers: concurrency.deployment,
+                },
+            )
+            .run()
+            .boxed(),
+            ControllerKind::GarbageCollector => crate::garbagecollector::new(
+                client.clone(),
+                crate::garbagecollector::Config {
+                    workers: concurrency.gc,
+                    ..Default::default()
+                },
+            )
+            .run()
+            .boxed(),
             _ => continue,
         };
         tasks.push((kind, task));
