@@ -30,7 +30,7 @@ pub mod plan;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use futures::FutureExt as _;
@@ -41,6 +41,7 @@ use kube::api::{
 };
 use kube::core::PartialObjectMeta;
 use kube::{Api, Client};
+use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 
 use crate::runtime::queue::WorkQueue;
@@ -59,6 +60,23 @@ pub const DEFAULT_WORKERS: usize = 20;
 pub const SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// The component name on the collector's events.
 const COMPONENT: &str = "garbage-collector-controller";
+
+/// `garbagecollector_controller_resources_sync_error_total`, upstream's counter of failed
+/// discovery syncs (no resources, or monitors not synced within a period).
+fn sync_errors() -> &'static Counter {
+    static COUNTER: OnceLock<Counter> = OnceLock::new();
+    COUNTER.get_or_init(|| {
+        let c = Counter::default();
+        crate::runtime::metrics::with_registry(|r| {
+            r.register(
+                "garbagecollector_controller_resources_sync_error",
+                "Number of garbage collector resources sync errors",
+                c.clone(),
+            )
+        });
+        c
+    })
+}
 
 /// The resources upstream's collector ignores by default (`DefaultIgnoredResources`): events,
 /// in the core group and in `events.k8s.io`, as `(group, resource)`.
@@ -143,6 +161,12 @@ enum GcError {
     Other(String),
 }
 
+impl From<plan::NamespacedOwnerOfClusterScoped> for GcError {
+    fn from(_: plan::NamespacedOwnerOfClusterScoped) -> Self {
+        Self::NamespacedOwnerOfClusterScoped
+    }
+}
+
 fn status_code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),
@@ -198,6 +222,7 @@ pub struct GarbageCollector {
 
 /// A garbage collector with these settings; nothing runs until [`GarbageCollector::run`].
 pub fn new(client: Client, config: Config) -> Arc<GarbageCollector> {
+    sync_errors();
     Arc::new(GarbageCollector {
         client,
         config,
@@ -344,6 +369,7 @@ impl GarbageCollector {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!("garbage collector: discovery failed, skipping this sync: {e}");
+                sync_errors().inc();
                 return;
             }
         };
@@ -352,6 +378,7 @@ impl GarbageCollector {
         let mut new = discovered.deletable;
         if new.is_empty() {
             tracing::info!("no resources reported by discovery, skipping garbage collector sync");
+            sync_errors().inc();
             return;
         }
         // Partial discovery: keep the synced monitors of the groups that failed.
@@ -386,6 +413,7 @@ impl GarbageCollector {
         }
         if !self.is_synced() {
             tracing::warn!("timed out waiting for dependency graph builder sync during GC sync");
+            sync_errors().inc();
         }
         *old = new;
     }
@@ -541,11 +569,9 @@ impl GarbageCollector {
     /// The item's latest metadata; `None` when not found.
     async fn get_object(&self, item: &ObjectRef) -> Result<Option<ObjectMeta>, GcError> {
         let m = self.mapping(&item.api_version, &item.kind)?;
-        if m.info.namespaced && item.namespace.is_empty() {
-            // A namespaced kind without a namespace: only a virtual owner named by a
-            // cluster-scoped dependent has that; there is nowhere to look (GC-7).
-            return Err(GcError::NamespacedOwnerOfClusterScoped);
-        }
+        // Only a virtual owner named by a cluster-scoped dependent has a namespaced kind and no
+        // namespace: there is nowhere to look (GC-7).
+        plan::lookup_namespace(m.info.namespaced, &item.namespace)?;
         let api = self.api_in(&m, &item.namespace);
         match api.get_opt(&item.name).await {
             Ok(o) => Ok(o.map(|o| o.metadata)),
@@ -689,9 +715,9 @@ impl GarbageCollector {
         if !m.info.namespaced {
             key.namespace.clear();
         }
-        if item.namespace.is_empty() && m.info.namespaced {
+        if let Err(e) = plan::lookup_namespace(m.info.namespaced, &item.namespace) {
             tracing::info!(%item, owner = %key, "item is cluster-scoped, but refers to a namespaced owner");
-            return Err(GcError::NamespacedOwnerOfClusterScoped);
+            return Err(e.into());
         }
         let api = self.api_in(&m, &item.namespace);
         let owner = api
@@ -961,5 +987,39 @@ async fn report_invalid_namespace(client: Client, dependent: ObjectRef, owner: O
         .await
     {
         tracing::warn!(item = %dependent, "recording event OwnerRefInvalidNamespace: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gc2_sync_error_counter_uses_upstreams_name() {
+        sync_errors();
+        let text = crate::runtime::metrics::encode();
+        assert!(
+            text.contains("garbagecollector_controller_resources_sync_error_total"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn gc2_every_graph_change_is_its_own_queue_item() {
+        let ev = Arc::new(GraphEvent::virtual_delete(&ObjectRef::default()));
+        let a = Change {
+            seq: 1,
+            event: ev.clone(),
+        };
+        let b = Change { seq: 2, event: ev };
+        assert_ne!(a, b, "the same event twice is two changes");
+    }
+
+    #[test]
+    fn gc2_events_are_ignored_by_default() {
+        let ignored = Config::default().ignored_resources;
+        assert!(ignored.contains(&(String::new(), "events".into())));
+        assert!(ignored.contains(&("events.k8s.io".into(), "events".into())));
+        assert_eq!(Config::default().workers, 20, "--concurrent-gc-syncs");
     }
 }

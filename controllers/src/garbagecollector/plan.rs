@@ -42,6 +42,25 @@ pub fn classify_owner(reference: &OwnerReference, found: Option<&ObjectMeta>) ->
     }
 }
 
+/// A namespaced kind named without a namespace to look in: a cluster-scoped dependent naming a
+/// namespaced owner (owner references carry no namespace). Never resolves by retrying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespacedOwnerOfClusterScoped;
+
+/// Where to read an object of a kind with this scope, named from (or being) an object in
+/// `namespace`: `Some(ns)` in that namespace, `None` cluster-wide (GC-7; upstream
+/// `resourceDefaultNamespace` and its cluster-scoped-dependent check).
+pub fn lookup_namespace(
+    namespaced: bool,
+    namespace: &str,
+) -> Result<Option<&str>, NamespacedOwnerOfClusterScoped> {
+    match (namespaced, namespace.is_empty()) {
+        (false, _) => Ok(None),
+        (true, true) => Err(NamespacedOwnerOfClusterScoped),
+        (true, false) => Ok(Some(namespace)),
+    }
+}
+
 /// An item's owner references sorted into the three classes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Classified {

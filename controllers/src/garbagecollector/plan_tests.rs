@@ -271,3 +271,36 @@ fn gc3_delete_conflict_retries_without_resource_version_only_when_owners_are_unc
         );
     }
 }
+
+#[test]
+fn gc7_where_owners_are_looked_up() {
+    let cases = [
+        (
+            "GC-7 a namespaced owner is looked up in the dependent's namespace",
+            true,
+            "a",
+            Ok(Some("a")),
+        ),
+        (
+            "GC-7 a cluster-scoped owner is looked up cluster-wide",
+            false,
+            "a",
+            Ok(None),
+        ),
+        (
+            "GC-7 cluster-scoped dependent, cluster-scoped owner",
+            false,
+            "",
+            Ok(None),
+        ),
+        (
+            "GC-7 a cluster-scoped dependent cannot name a namespaced owner",
+            true,
+            "",
+            Err(NamespacedOwnerOfClusterScoped),
+        ),
+    ];
+    for (name, namespaced, ns, want) in cases {
+        assert_eq!(lookup_namespace(namespaced, ns), want, "{name}");
+    }
+}
