@@ -67,7 +67,10 @@ pub enum ClusterCommand {
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
-    /// Who runs the controllers: kube-controller-manager, kpr's controller-manager, or nobody.
+    /// Who runs the controllers: kube-controller-manager (all of them); kpr, whose
+    /// controller-manager runs the controllers kpr has (garbage collector, EndpointSlice,
+    /// Endpoints, ReplicaSet, Deployment) beside kube-controller-manager with those turned off;
+    /// or nobody.
     #[arg(long, value_enum, default_value_t = Who::Upstream)]
     pub controllers: Who,
     /// Who schedules Pods: kube-scheduler, kpr's scheduler, or nobody.
@@ -89,6 +92,16 @@ pub struct UpArgs {
     #[arg(long, value_enum, default_value_t = nodes::Mode::Nftables)]
     pub mode: nodes::Mode,
 }
+
+/// The kube-controller-manager controllers kpr's controller-manager replaces with `--controllers
+/// kpr` (both take these names).
+const KPR_REPLACES: &[&str] = &[
+    "garbage-collector-controller",
+    "endpointslice-controller",
+    "endpoints-controller",
+    "replicaset-controller",
+    "deployment-controller",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Who {
@@ -191,7 +204,15 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
     }
     let opts = Options {
         lifetime: Lifetime::Detached,
-        upstream_controllers: (args.controllers == Who::Upstream).then(|| "*".to_string()),
+        upstream_controllers: match args.controllers {
+            Who::Upstream => Some("*".to_string()),
+            Who::Kpr => Some(
+                KPR_REPLACES
+                    .iter()
+                    .fold("*".to_string(), |list, name| format!("{list},-{name}")),
+            ),
+            Who::None => None,
+        },
         upstream_scheduler: args.scheduler == Who::Upstream,
         kwok_nodes: args.kwok_nodes,
         network: real_nodes.as_ref().map(|n| n.control_plane_network()),
@@ -203,7 +224,7 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         if let Some(binary) = controller_manager {
             let args = vec![
                 format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
-                "--controllers=endpointslice,endpoints".to_string(),
+                format!("--controllers={}", KPR_REPLACES.join(",")),
             ];
             cp.spawn_program("kpr-controller-manager", &binary, args)?;
         }
