@@ -666,7 +666,7 @@ impl GarbageCollector {
         owners: &[OwnerReference],
         policy: PropagationPolicy,
     ) -> Result<(), GcError> {
-        tracing::info!(%item, ?policy, "garbage collector: deleting item");
+        tracing::debug!(%item, ?policy, "garbage collector: deleting item");
         match self
             .delete_object(item, resource_version, owners, policy)
             .await
@@ -743,7 +743,7 @@ impl GarbageCollector {
             .map(|d| (d.identity.clone(), d.deleting_dependents))
             .collect();
         if blocking.is_empty() {
-            tracing::info!(%item, "garbage collector: removing the foregroundDeletion finalizer");
+            tracing::debug!(%item, "garbage collector: removing the foregroundDeletion finalizer");
             return self
                 .remove_finalizer(item, FINALIZER_DELETE_DEPENDENTS)
                 .await;
@@ -757,7 +757,9 @@ impl GarbageCollector {
     }
 
     /// Upstream `attemptToOrphanWorker` (GC-6): remove the owner's reference from every
-    /// dependent, then the `orphan` finalizer.
+    /// dependent, then the `orphan` finalizer. GC-6's wording also has the handler drop other
+    /// stale references; upstream v1.34 removes only this owner's reference (stale ones are
+    /// removed by attempt-to-delete's case (a) when the dependent is processed), and so does this.
     async fn attempt_to_orphan_worker(&self, owner: &ObjectRef) -> Action {
         let dependents: Vec<ObjectRef> = self
             .graph
@@ -849,8 +851,8 @@ impl GarbageCollector {
         }
     }
 
-    /// Upstream `deleteObject`: a uid precondition, and the resourceVersion the decision was
-    /// made on; on a conflict where only the resourceVersion moved (same owners), once more
+    /// Upstream `deleteObject`: a uid precondition and, since v1.34 (beyond GC-3's uid
+    /// precondition), the resourceVersion the decision was made on; on a conflict where only the resourceVersion moved (same owners), once more
     /// without it, so unrelated updates do not starve the collector.
     async fn delete_object(
         &self,
