@@ -2,10 +2,12 @@
 //! deploy/controller-manager.yaml, against the reference kube-apiserver (its RBAC authorizer
 //! decides): the manifest is applied with `kubectl apply -f`, a token of its ServiceAccount is
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
-//! lb-ipam) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer
-//! address, updates both when a Pod turns unready, releases the address and deletes the slices
-//! of a deleted LoadBalancer Service, holds the Lease, and releases it on SIGTERM; nothing it does
-//! is denied (the log is searched for any refusal), and endpoints carry their Node's zone.
+//! lb-ipam, replicaset, deployment, garbagecollector) and leader election. It writes
+//! EndpointSlices and Endpoints, assigns a LoadBalancer address, updates both when a Pod turns
+//! unready, releases the address and deletes the slices of a deleted LoadBalancer Service, runs a
+//! Deployment's ReplicaSet and Pods and collects them when it is deleted, holds the Lease, and
+//! releases it on SIGTERM; nothing it does is denied (the log is searched for any refusal), and
+//! endpoints carry their Node's zone.
 //!
 //! The manifest's Deployment is created too, but nothing runs it (no kube-controller-manager, no
 //! kubelet): the binary runs here, as a process of the test, with the Deployment's ServiceAccount.
@@ -18,7 +20,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use controllers::lbipam;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -97,7 +99,10 @@ fn spawn(binary: &Path, kubeconfig: &Path, log: &Path) -> Child {
     let err = out.try_clone().unwrap();
     Command::new(binary)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
-        .args(["--controllers", "endpointslice,endpoints,lb-ipam"])
+        .args([
+            "--controllers",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector",
+        ])
         .args(["--lb-pool", POOL])
         .args(["--leader-elect", "--leader-elect-identity", "cm-rbac"])
         .env("RUST_LOG", "info")
@@ -186,6 +191,15 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         matches!(&err, kube::Error::Api(s) if s.code == 403),
         "listing Secrets as the controller-manager's ServiceAccount: {err}"
     );
+
+    // Where kpr runs the workload controllers, their RBAC is applied too (the garbage collector's
+    // reads every kind, Secrets included).
+    let workload_manifest = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/workload-controllers.yaml"
+    );
+    cp.kubectl_run(&["apply", "-f", workload_manifest], None)
+        .unwrap();
 
     let log = cp
         .dir
@@ -302,6 +316,40 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         "controller-manager exited early; its log:\n{}",
         shown_log()
     );
+
+    // The workload controllers: a Deployment gets its ReplicaSet and Pods (nothing schedules
+    // them here); deleting it, the garbage collector removes both.
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &ns);
+    let d: Deployment = serde_json::from_value(json!({"metadata": {"name": "batch"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "batch"}},
+                 "template": {"metadata": {"labels": {"app": "batch"}},
+                              "spec": {"containers": [{"name": "c", "image": "registry.invalid/b:1"}]}}}}))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let rs_api: Api<ReplicaSet> = Api::namespaced(admin.clone(), &ns);
+    let batch_pods = ListParams::default().labels("app=batch");
+    eventually("the Deployment's ReplicaSet and its 2 Pods", || async {
+        let rs = rs_api.list(&batch_pods).await.unwrap().items;
+        let n = pods.list(&batch_pods).await.unwrap().items.len();
+        (rs.len() == 1 && n == 2).then_some(())
+    })
+    .await;
+    deployments
+        .delete("batch", &Default::default())
+        .await
+        .unwrap();
+    eventually(
+        "the garbage collector to remove the ReplicaSet and Pods",
+        || async {
+            let rs = rs_api.list(&batch_pods).await.unwrap().items;
+            let n = pods.list(&batch_pods).await.unwrap().items.len();
+            (rs.is_empty() && n == 0).then_some(())
+        },
+    )
+    .await;
 
     // SIGTERM: the Lease is released (an update the Role grants) and the process exits cleanly.
     let pid = cm.id().expect("controller-manager running").to_string();

@@ -320,12 +320,28 @@ fn agent_rbac_is_exactly_read_only() {
         .any(|a| a.metadata.name.as_deref() == Some(account)));
 }
 
+/// The garbage collector's role: every kind (found by discovery), but only these verbs.
+const GC_ROLE: &str = "kpr-garbage-collector";
+
 #[test]
-fn no_role_grants_wildcards() {
+fn no_role_grants_wildcards_but_the_garbage_collectors_read_patch_delete() {
     let objects = objects(&Render::default());
+    let gc: Vec<_> = objects
+        .cluster_roles
+        .iter()
+        .filter(|r| r.metadata.name.as_deref() == Some(GC_ROLE))
+        .flat_map(|r| r.rules.iter().flatten())
+        .collect();
+    assert_eq!(gc.len(), 1, "{GC_ROLE} has one rule");
+    assert_eq!(
+        gc[0].verbs,
+        ["get", "list", "watch", "patch", "update", "delete"],
+        "{GC_ROLE} creates nothing and cannot escalate, bind or impersonate"
+    );
     let rules = objects
         .cluster_roles
         .iter()
+        .filter(|r| r.metadata.name.as_deref() != Some(GC_ROLE))
         .flat_map(|r| r.rules.iter().flatten())
         .chain(objects.roles.iter().flat_map(|r| r.rules.iter().flatten()));
     for rule in rules {

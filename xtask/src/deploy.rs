@@ -25,6 +25,8 @@ pub const DOCKERFILE: &str = "Dockerfile";
 pub const AGENT_MANIFEST: &str = "proxy.yaml";
 /// The controller-manager: ServiceAccount, RBAC, Deployment.
 pub const CONTROLLER_MANIFEST: &str = "controller-manager.yaml";
+/// The workload controllers' and garbage collector's RBAC, for the controller-manager's account.
+pub const WORKLOAD_MANIFEST: &str = "workload-controllers.yaml";
 /// The smoke test's echo Deployment, ClusterIP and NodePort Services and client Pod.
 pub const SMOKE_MANIFEST: &str = "smoke.yaml";
 /// The rollback to kube-proxy: a DaemonSet that runs `proxy cleanup --backend all` on every node.
@@ -36,6 +38,7 @@ pub const KUBE_PROXY_CLEANUP_MANIFEST: &str = "kube-proxy-cleanup.yaml";
 pub const MANIFESTS: &[&str] = &[
     AGENT_MANIFEST,
     CONTROLLER_MANIFEST,
+    WORKLOAD_MANIFEST,
     SMOKE_MANIFEST,
     CLEANUP_MANIFEST,
     KUBE_PROXY_CLEANUP_MANIFEST,
