@@ -11,8 +11,10 @@
 //! legacy rollback annotation), ReplicaSets and events; it never writes Pods, which are the
 //! ReplicaSet controller's.
 
+mod events;
 pub mod plan;
 pub mod util;
+mod written;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,7 +24,6 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::cache::Indexed;
@@ -33,7 +34,9 @@ use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
 use crate::selector::Selector;
 
+use events::Events;
 use plan::{Action, Requeue};
+use written::Written;
 
 /// ReplicaSets without a controller, by namespace: the orphans a Deployment may adopt.
 const ORPHAN_REPLICA_SETS: &str = "deployment/orphan-replicasets";
@@ -63,7 +66,10 @@ pub struct Controller {
     replica_sets: Arc<Indexed<ReplicaSet>>,
     pods: Arc<Indexed<Pod>>,
     queue: Arc<WorkQueue<String>>,
-    recorder: Recorder,
+    events: Events,
+    /// Our writes the caches have not shown yet.
+    written_d: Written<Deployment>,
+    written_rs: Written<ReplicaSet>,
 }
 
 fn orphan_index(rs: &ReplicaSet) -> Vec<String> {
@@ -130,27 +136,33 @@ impl Controller {
         let rs_inf = informers.get::<ReplicaSet>();
         let pod_inf = informers.get::<Pod>();
         rs_inf.add_index(ORPHAN_REPLICA_SETS, orphan_index);
-        let reporter = Reporter {
-            controller: "deployment-controller".into(),
-            instance: None,
-        };
         let c = Arc::new(Controller {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: Events::new(client.clone()),
             client,
             config,
             deployments: d_inf.cache(),
             replica_sets: rs_inf.cache(),
             pods: pod_inf.cache(),
             queue: WorkQueue::new("deployment"),
+            written_d: Written::new(),
+            written_rs: Written::new(),
         });
         let h = c.clone();
         d_inf.on_change(Box::new(move |old, new| {
             if let Some(d) = new.or(old) {
+                h.written_d
+                    .forget(&d.namespace().unwrap_or_default(), &d.name_any());
                 h.enqueue(d);
             }
         }));
         let h = c.clone();
-        rs_inf.on_change(Box::new(move |old, new| h.on_replica_set(old, new)));
+        rs_inf.on_change(Box::new(move |old, new| {
+            if let Some(rs) = new.or(old) {
+                h.written_rs
+                    .forget(&rs.namespace().unwrap_or_default(), &rs.name_any());
+            }
+            h.on_replica_set(old, new)
+        }));
         let h = c.clone();
         pod_inf.on_change(Box::new(move |old, new| {
             if let (Some(pod), None) = (old, new) {
@@ -336,7 +348,8 @@ impl Controller {
     /// `syncDeployment`.
     async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = split_key(key);
-        let Some(d) = self.deployments.get(ns, name) else {
+        let cached = self.deployments.get(ns, name);
+        let Some(d) = self.written_d.fresh(ns, name, cached) else {
             // Deleted: the garbage collector removes its ReplicaSets (DEP-17).
             return Ok(());
         };
@@ -347,7 +360,10 @@ impl Controller {
         let rss = self.claim_replica_sets(&d, &selector).await?;
         let pods = self.pod_map(&d, &selector, &rss);
         let plan = {
-            let lookup = |rs_name: &str| self.replica_sets.get(ns, rs_name);
+            let lookup = |rs_name: &str| {
+                let cached = self.replica_sets.get(ns, rs_name);
+                self.written_rs.fresh(ns, rs_name, cached)
+            };
             plan::plan(&plan::Input {
                 deployment: &d,
                 replica_sets: &rss,
@@ -370,8 +386,21 @@ impl Controller {
     ) -> Result<Vec<Arc<ReplicaSet>>> {
         let ns = d.namespace().unwrap_or_default();
         let uid = d.metadata.uid.clone().unwrap_or_default();
-        let mut candidates = self.replica_sets.index(CONTROLLER_UID, &uid);
-        candidates.extend(self.replica_sets.index(ORPHAN_REPLICA_SETS, &ns));
+        let mut candidates: Vec<Arc<ReplicaSet>> = self
+            .replica_sets
+            .index(CONTROLLER_UID, &uid)
+            .into_iter()
+            .chain(self.replica_sets.index(ORPHAN_REPLICA_SETS, &ns))
+            .filter_map(|rs| {
+                let name = rs.name_any();
+                self.written_rs.fresh(&ns, &name, Some(rs))
+            })
+            .collect();
+        candidates.extend(self.written_rs.created(
+            &ns,
+            |name| self.replica_sets.get(&ns, name).is_some(),
+            |rs| util::controlled_by(rs, &uid),
+        ));
         let deleting = d.metadata.deletion_timestamp.is_some();
         let plan = claim_plan(&uid, selector, deleting, candidates);
         if plan.adopt.is_empty() && plan.release.is_empty() {
@@ -448,34 +477,6 @@ impl Controller {
         }
         Ok(())
     }
-
-    fn publish(
-        &self,
-        d_ref: &k8s_openapi::api::core::v1::ObjectReference,
-        warning: bool,
-        reason: &str,
-        message: String,
-    ) {
-        let recorder = self.recorder.clone();
-        let reference = d_ref.clone();
-        let ev = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.into(),
-            note: Some(message),
-            action: reason.into(),
-            secondary: None,
-        };
-        // Events are best effort and off the sync's path, as upstream's broadcaster.
-        tokio::spawn(async move {
-            if let Err(e) = recorder.publish(&ev, &reference).await {
-                tracing::debug!("recording event {}: {e}", ev.reason);
-            }
-        });
-    }
 }
 
 /// The state of one plan's execution: each object is written with the resourceVersion its
@@ -498,6 +499,7 @@ impl Apply<'_> {
                 let name = rs.name_any();
                 match self.rs_api.create(&pp, &rs).await {
                     Ok(created) => {
+                        self.ctl.written_rs.record(None, created.clone());
                         self.latest_rs.insert(name, created);
                     }
                     Err(e) => {
@@ -526,6 +528,8 @@ impl Apply<'_> {
                 }
                 match self.rs_api.replace(&name, &pp, &rs).await {
                     Ok(updated) => {
+                        let sent = rs.metadata.resource_version.clone();
+                        self.ctl.written_rs.record(sent, updated.clone());
                         self.latest_rs.insert(name, updated);
                     }
                     Err(e) => {
@@ -556,7 +560,7 @@ impl Apply<'_> {
                 self.with_d_rv(&mut d);
                 let name = d.name_any();
                 match self.d_api.replace_status(&name, &pp, &d).await {
-                    Ok(updated) => self.d_rv = updated.metadata.resource_version,
+                    Ok(updated) => self.wrote_deployment(&d, updated),
                     Err(e) if best_effort => {
                         tracing::debug!("updating status of {}: {e}", object(&d));
                     }
@@ -568,7 +572,7 @@ impl Apply<'_> {
                 self.with_d_rv(&mut d);
                 let name = d.name_any();
                 match self.d_api.replace(&name, &pp, &d).await {
-                    Ok(updated) => self.d_rv = updated.metadata.resource_version,
+                    Ok(updated) => self.wrote_deployment(&d, updated),
                     Err(e) => return Err(Error::kube("updating", object(&d), e)),
                 }
             }
@@ -576,9 +580,18 @@ impl Apply<'_> {
                 warning,
                 reason,
                 message,
-            } => self.ctl.publish(&self.d_ref, warning, reason, message),
+            } => self
+                .ctl
+                .events
+                .publish(&self.d_ref, warning, reason, message),
         }
         Ok(())
+    }
+
+    fn wrote_deployment(&mut self, sent: &Deployment, updated: Deployment) {
+        self.d_rv = updated.metadata.resource_version.clone();
+        let sent_rv = sent.metadata.resource_version.clone();
+        self.ctl.written_d.record(sent_rv, updated);
     }
 
     fn with_d_rv(&self, d: &mut Deployment) {
@@ -587,3 +600,7 @@ impl Apply<'_> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "handler_tests.rs"]
+mod tests;
