@@ -1,0 +1,548 @@
+//! The ReplicaSet controller (kube-controller-manager v1.34's `replicaset` controller): keeps
+//! `spec.replicas` active Pods for every ReplicaSet and reports them in its status.
+//!
+//! Owns: creating and deleting the Pods a ReplicaSet controls, adopting matching orphan Pods and
+//! releasing owned Pods that no longer match, and the ReplicaSet status subresource. Must not
+//! touch: Pods controlled by anything else, a ReplicaSet's spec or metadata, or the Pods of a
+//! ReplicaSet being deleted (the garbage collector removes those; such a ReplicaSet only gets its
+//! status written).
+//!
+//! Runs on the shared runtime: the ReplicaSet and Pod informers (handlers as upstream: Pod
+//! creations and deletions are observed against expectations, orphans wake every ReplicaSet that
+//! selects them, a changed controller reference wakes the old and the new owner), one work queue
+//! named `replicaset`, `--concurrent-replicaset-syncs` workers (5). A sync (RS-3) plans with
+//! [`plan`] over the caches and applies: claims, creations in slow-start batches (CTL-10),
+//! concurrent deletions ignoring NotFound (CTL-11), then the status through the status
+//! subresource (one re-read and retry on failure, as upstream). Expectations keep a sync from
+//! acting again before its own creations and deletions are seen; a restarted controller starts
+//! with none and acts only on a complete cache, so it creates no extra Pods.
+//!
+//! Not done: Events (upstream records SuccessfulCreate / SuccessfulDelete / FailedCreate).
+//! Nothing is exported for the Deployment controller: it only scales ReplicaSets.
+
+pub mod plan;
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+
+use crate::cache::Indexed;
+use crate::error::{Error, Result};
+use crate::runtime::batch::slow_start_batch;
+use crate::runtime::claim::{self, OwnerInfo};
+use crate::runtime::expectations::Expectations;
+use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
+use crate::runtime::pods;
+use crate::runtime::queue::WorkQueue;
+use crate::runtime::workers::run_workers;
+
+use plan::Manage;
+
+/// The work queue's (and metrics') name, as upstream.
+pub const QUEUE_NAME: &str = "replicaset";
+
+/// Pod cache index: key = the namespace of a Pod without a controller reference (the orphans a
+/// ReplicaSet may adopt, upstream's orphan key of `PodControllerIndex`).
+pub const ORPHAN_NAMESPACE: &str = "orphan-namespace";
+
+/// Pod cache index: key = `namespace/value` of the Pod's `pod-template-hash` label, which the
+/// selectors of a Deployment's ReplicaSets require: the related Pods of a scale-down (RS-7) are
+/// found without scanning the namespace.
+pub const TEMPLATE_HASH: &str = "pod-template-hash";
+
+/// Upstream's `SlowStartInitialBatchSize`.
+const SLOW_START_INITIAL_BATCH: usize = 1;
+
+/// The ReplicaSet controller's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Concurrent syncs (`--concurrent-replicaset-syncs`, default 5).
+    pub workers: usize,
+    /// Creations or deletions per sync (upstream's `BurstReplicas`, 500).
+    pub burst_replicas: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            workers: 5,
+            burst_replicas: plan::BURST_REPLICAS,
+        }
+    }
+}
+
+/// The running controller.
+pub struct Controller {
+    client: Client,
+    config: Config,
+    replica_sets: Arc<Indexed<ReplicaSet>>,
+    pods: Arc<Indexed<Pod>>,
+    queue: Arc<WorkQueue<String>>,
+    expectations: Expectations,
+}
+
+fn orphan_namespace(p: &Pod) -> Vec<String> {
+    if plan::controller_of(p).is_some() {
+        Vec::new()
+    } else {
+        vec![p.metadata.namespace.clone().unwrap_or_default()]
+    }
+}
+
+fn template_hash(p: &Pod) -> Vec<String> {
+    p.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(TEMPLATE_HASH))
+        .map(|h| {
+            vec![format!(
+                "{}/{h}",
+                p.metadata.namespace.as_deref().unwrap_or_default()
+            )]
+        })
+        .unwrap_or_default()
+}
+
+/// The message upstream's error would carry (the API server's message for API errors).
+fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A creation refused because the namespace is being deleted: upstream counts it as done.
+fn namespace_terminating(e: &kube::Error) -> bool {
+    let kube::Error::Api(s) = e else { return false };
+    let cause = s
+        .details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"));
+    cause || (s.code == 403 && s.message.contains("because it is being terminated"))
+}
+
+/// An error of one sync's replica management, with the message the ReplicaFailure condition
+/// carries.
+struct ManageError {
+    message: String,
+    error: Error,
+}
+
+impl Controller {
+    /// Registers the controller's indexes and handlers on the shared informers.
+    pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
+        let rs_informer = informers.get::<ReplicaSet>();
+        let pod_informer = informers.get::<Pod>();
+        pod_informer.add_index(ORPHAN_NAMESPACE, orphan_namespace);
+        pod_informer.add_index(TEMPLATE_HASH, template_hash);
+        let this = Arc::new(Controller {
+            client,
+            config,
+            replica_sets: rs_informer.cache(),
+            pods: pod_informer.cache(),
+            queue: WorkQueue::new(QUEUE_NAME),
+            expectations: Expectations::new(),
+        });
+        let weak: Weak<Controller> = Arc::downgrade(&this);
+        rs_informer.on_change(Box::new(move |old, new| {
+            if let Some(c) = weak.upgrade() {
+                c.on_replica_set(old, new);
+            }
+        }));
+        let weak: Weak<Controller> = Arc::downgrade(&this);
+        pod_informer.on_change(Box::new(move |old, new| {
+            if let Some(c) = weak.upgrade() {
+                c.on_pod(old, new);
+            }
+        }));
+        this
+    }
+
+    /// Waits for the ReplicaSet and Pod caches, then runs the workers until the queue shuts down.
+    pub async fn run(self: Arc<Self>) {
+        self.replica_sets.wait_ready().await;
+        self.pods.wait_ready().await;
+        tracing::info!(
+            workers = self.config.workers,
+            "replicaset controller started"
+        );
+        let this = self.clone();
+        run_workers(
+            self.queue.clone(),
+            self.config.workers,
+            move |key: String| {
+                let this = this.clone();
+                async move { this.sync(&key).await }
+            },
+        )
+        .await;
+    }
+
+    /// Stops the workers (the queue stops handing out keys).
+    pub fn shut_down(&self) {
+        self.queue.shut_down();
+    }
+
+    // ---- handlers (upstream's addRS/updateRS/deleteRS, addPod/updatePod/deletePod) ----
+
+    fn on_replica_set(&self, old: Option<&Arc<ReplicaSet>>, new: Option<&Arc<ReplicaSet>>) {
+        match (old, new) {
+            (_, Some(cur)) => {
+                if let Some(old) = old {
+                    if old.metadata.uid != cur.metadata.uid {
+                        // Deleted and re-created under the same name between two events.
+                        self.replica_set_deleted(old);
+                    }
+                }
+                self.queue.add(informer::key_of(cur.as_ref()));
+            }
+            (Some(gone), None) => self.replica_set_deleted(gone),
+            (None, None) => {}
+        }
+    }
+
+    fn replica_set_deleted(&self, rs: &ReplicaSet) {
+        let key = informer::key_of(rs);
+        // A ReplicaSet re-created under this name starts clean.
+        self.expectations.delete(&key);
+        self.queue.add(key);
+    }
+
+    fn on_pod(&self, old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>) {
+        match (old, new) {
+            (None, Some(p)) => self.pod_added(p),
+            (Some(o), Some(p)) => self.pod_updated(o, p),
+            (Some(o), None) => self.pod_deleted(o),
+            (None, None) => {}
+        }
+    }
+
+    /// The ReplicaSet a controller reference names, if it is in the cache with that uid.
+    fn resolve(&self, ns: &str, r: &OwnerReference) -> Option<Arc<ReplicaSet>> {
+        if r.kind != "ReplicaSet" {
+            return None;
+        }
+        self.replica_sets
+            .get(ns, &r.name)
+            .filter(|rs| rs.metadata.uid.as_deref() == Some(r.uid.as_str()))
+    }
+
+    /// The ReplicaSets of the Pod's namespace whose (non-empty, valid) selector matches it.
+    fn selecting(&self, pod: &Pod) -> Vec<Arc<ReplicaSet>> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        self.replica_sets
+            .index(NAMESPACE, &ns)
+            .into_iter()
+            .filter(|rs| {
+                plan::selector(rs)
+                    .is_ok_and(|s| !s.is_everything() && s.matches(pod.metadata.labels.as_ref()))
+            })
+            .collect()
+    }
+
+    fn enqueue_selecting(&self, pod: &Pod) {
+        let rss = self.selecting(pod);
+        if rss.len() > 1 {
+            tracing::warn!(
+                pod = %pods::pod_key(pod),
+                "more than one ReplicaSet selects this Pod's labels"
+            );
+        }
+        for rs in rss {
+            self.queue.add(informer::key_of(rs.as_ref()));
+        }
+    }
+
+    fn pod_added(&self, pod: &Pod) {
+        if pod.metadata.deletion_timestamp.is_some() {
+            // Seen first already terminating (after a restart): a deletion, not a creation.
+            self.pod_deleted(pod);
+            return;
+        }
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        if let Some(r) = plan::controller_of(pod) {
+            if let Some(rs) = self.resolve(ns, r) {
+                let key = informer::key_of(rs.as_ref());
+                self.expectations.creation_observed(&key);
+                self.queue.add(key);
+            }
+            return;
+        }
+        // An orphan: every ReplicaSet selecting it may adopt it. No creation is observed.
+        self.enqueue_selecting(pod);
+    }
+
+    fn pod_updated(&self, old: &Pod, cur: &Pod) {
+        if old.metadata.resource_version == cur.metadata.resource_version {
+            return;
+        }
+        let labels_changed = old.metadata.labels != cur.metadata.labels;
+        if cur.metadata.deletion_timestamp.is_some() {
+            // A graceful deletion started: replace the Pod now, not when it is gone.
+            self.pod_deleted(cur);
+            if labels_changed {
+                self.pod_deleted(old);
+            }
+            return;
+        }
+        let ns = cur.metadata.namespace.as_deref().unwrap_or_default();
+        let (cur_ref, old_ref) = (plan::controller_of(cur), plan::controller_of(old));
+        let ref_changed = cur_ref != old_ref;
+        if ref_changed {
+            if let Some(rs) = old_ref.and_then(|r| self.resolve(ns, r)) {
+                self.queue.add(informer::key_of(rs.as_ref()));
+            }
+        }
+        if let Some(r) = cur_ref {
+            if let Some(rs) = self.resolve(ns, r) {
+                let key = informer::key_of(rs.as_ref());
+                self.queue.add(key.clone());
+                let min_ready = plan::min_ready_seconds(&rs);
+                if !pods::is_pod_ready(old) && pods::is_pod_ready(cur) && min_ready > 0 {
+                    // Look again when the Pod turns available.
+                    self.queue
+                        .add_after(key, Duration::from_secs(min_ready as u64));
+                }
+            }
+            return;
+        }
+        if labels_changed || ref_changed {
+            self.enqueue_selecting(cur);
+        }
+    }
+
+    fn pod_deleted(&self, pod: &Pod) {
+        let Some(r) = plan::controller_of(pod) else {
+            return;
+        };
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        if let Some(rs) = self.resolve(ns, r) {
+            let key = informer::key_of(rs.as_ref());
+            self.expectations
+                .deletion_observed(&key, &pods::pod_key(pod));
+            self.queue.add(key);
+        }
+    }
+
+    // ---- sync ----
+
+    /// Pods related to `rs` for the scale-down ranking (RS-7): those selected by any ReplicaSet
+    /// with the same controller; none when `rs` has no controller, as upstream.
+    fn related_pods(&self, rs: &ReplicaSet) -> Vec<Arc<Pod>> {
+        let Some(owner) = plan::controller_of(rs) else {
+            return Vec::new();
+        };
+        let siblings = self.replica_sets.index(CONTROLLER_UID, &owner.uid);
+        plan::related_pods(&siblings, |sibling| {
+            let ns = sibling.metadata.namespace.as_deref().unwrap_or_default();
+            match plan::selector_label(sibling, TEMPLATE_HASH) {
+                Some(hash) => self.pods.index(TEMPLATE_HASH, &format!("{ns}/{hash}")),
+                None => self.pods.index(NAMESPACE, ns),
+            }
+        })
+    }
+
+    /// One sync of the ReplicaSet `key` (RS-3).
+    pub async fn sync(&self, key: &str) -> Result<()> {
+        let (ns, name) = informer::split_key(key);
+        let Some(rs) = self.replica_sets.get(ns, name) else {
+            self.expectations.delete(key);
+            return Ok(());
+        };
+        let satisfied = self.expectations.satisfied(key);
+        let selector = match plan::selector(&rs) {
+            Ok(s) => s,
+            Err(e) => {
+                // Upstream drops the key: nothing can be done until the ReplicaSet changes.
+                tracing::error!("{e}");
+                return Ok(());
+            }
+        };
+        let uid = rs.metadata.uid.clone().unwrap_or_default();
+        let mut listed = self.pods.index(CONTROLLER_UID, &uid);
+        listed.extend(self.pods.index(ORPHAN_NAMESPACE, ns));
+        let active = pods::filter_active_pods(&plan::candidates(&rs, listed));
+
+        let owner = OwnerInfo::of(rs.as_ref());
+        let deleting = rs.metadata.deletion_timestamp.is_some();
+        let plan = claim::claim_plan(&uid, &selector, deleting, active);
+        let rs_api: Api<ReplicaSet> = Api::namespaced(self.client.clone(), ns);
+        let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let recheck = || async {
+            let fresh = rs_api.get_opt(name).await.map_err(|e| {
+                Error::kube("re-reading before adoption", plan::object_name(&rs), e)
+            })?;
+            claim::recheck_owner(&owner, fresh.as_ref())
+        };
+        let mut active = claim::claim(&pod_api, &owner, plan, recheck).await?;
+        active.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+
+        let related = if active.len() as i64 > i64::from(plan::desired_replicas(&rs)) {
+            self.related_pods(&rs)
+        } else {
+            Vec::new()
+        };
+        let action = plan::manage(
+            &rs,
+            &active,
+            &related,
+            satisfied,
+            self.config.burst_replicas,
+            Timestamp::now(),
+        );
+        let manage_err = match action {
+            Manage::Nothing => None,
+            Manage::Create(n) => self.create_pods(key, &rs, &pod_api, n).await,
+            Manage::Delete(victims) => self.delete_pods(key, &rs, &pod_api, &victims).await,
+        };
+
+        let evaluated_at = Timestamp::now();
+        let status = plan::calculate_status(
+            &rs,
+            &active,
+            manage_err.as_ref().map(|e| e.message.as_str()),
+            evaluated_at,
+        );
+        let written = self.write_status(&rs_api, &rs, status).await?;
+        if let Some(e) = manage_err {
+            return Err(e.error);
+        }
+        if let Some(after) = plan::requeue_after(&written, &active, evaluated_at, Timestamp::now())
+        {
+            self.queue.add_after(key.to_string(), after);
+        }
+        Ok(())
+    }
+
+    /// Creates `n` Pods in slow-start batches (RS-4, CTL-10); creations that failed or were never
+    /// attempted are observed at once, since the watch will never show them.
+    async fn create_pods(
+        &self,
+        key: &str,
+        rs: &ReplicaSet,
+        api: &Api<Pod>,
+        n: usize,
+    ) -> Option<ManageError> {
+        let pod = match plan::pod_from_template(rs) {
+            Ok(p) => p,
+            Err(e) => {
+                return Some(ManageError {
+                    message: e.to_string(),
+                    error: e,
+                })
+            }
+        };
+        self.expectations.expect_creations(key, n);
+        tracing::debug!(rs = %plan::object_name(rs), creating = n, "too few replicas");
+        let pp = PostParams::default();
+        let (created, err) = slow_start_batch(n, SLOW_START_INITIAL_BATCH, |_| {
+            let pod = &pod;
+            let pp = &pp;
+            async move {
+                match api.create(pp, pod).await {
+                    Ok(_) => Ok(()),
+                    // Every creation would fail: nothing to do, as upstream.
+                    Err(e) if namespace_terminating(&e) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .await;
+        for _ in created..n {
+            self.expectations.creation_observed(key);
+        }
+        err.map(|e| ManageError {
+            message: api_message(&e),
+            error: Error::kube("creating Pod for", plan::object_name(rs), e),
+        })
+    }
+
+    /// Deletes `victims` concurrently (RS-4, CTL-11): a failed deletion is observed at once; a Pod
+    /// already gone is no error; of the other failures, the first is returned.
+    async fn delete_pods(
+        &self,
+        key: &str,
+        rs: &ReplicaSet,
+        api: &Api<Pod>,
+        victims: &[Arc<Pod>],
+    ) -> Option<ManageError> {
+        let keys: Vec<String> = victims.iter().map(|p| pods::pod_key(p)).collect();
+        self.expectations.expect_deletions(key, &keys);
+        tracing::debug!(rs = %plan::object_name(rs), deleting = victims.len(), "too many replicas");
+        let dp = DeleteParams::default();
+        let results = futures::future::join_all(victims.iter().map(|p| {
+            let dp = &dp;
+            async move { (p, api.delete(&p.name_any(), dp).await) }
+        }))
+        .await;
+        let mut first = None;
+        for (p, r) in results {
+            let Err(e) = r else { continue };
+            self.expectations.deletion_observed(key, &pods::pod_key(p));
+            if matches!(&e, kube::Error::Api(s) if s.code == 404) {
+                continue;
+            }
+            first.get_or_insert(ManageError {
+                message: format!("unable to delete pods: {}", api_message(&e)),
+                error: Error::kube("deleting Pod", pods::pod_key(p), e),
+            });
+        }
+        first
+    }
+
+    /// Writes `status` through the status subresource unless nothing changed (upstream's
+    /// `updateReplicaSetStatus`): on failure the ReplicaSet is read again and the write retried
+    /// once; the error after that requeues the key. Returns the ReplicaSet as written.
+    async fn write_status(
+        &self,
+        api: &Api<ReplicaSet>,
+        rs: &Arc<ReplicaSet>,
+        status: k8s_openapi::api::apps::v1::ReplicaSetStatus,
+    ) -> Result<ReplicaSet> {
+        if !plan::needs_status_update(rs, &status) {
+            return Ok(rs.as_ref().clone());
+        }
+        // The generation this sync acted on, kept across the retry.
+        let status = plan::status_to_write(rs, status);
+        let name = rs.name_any();
+        let mut obj = rs.as_ref().clone();
+        let pp = PostParams::default();
+        let mut retried = false;
+        loop {
+            obj.status = Some(status.clone());
+            match api.replace_status(&name, &pp, &obj).await {
+                Ok(written) => return Ok(written),
+                Err(e) if retried => {
+                    return Err(Error::kube("writing status of", plan::object_name(rs), e))
+                }
+                Err(e) => {
+                    tracing::debug!(rs = %plan::object_name(rs), "status write failed, re-reading: {e}");
+                    retried = true;
+                    obj = api
+                        .get(&name)
+                        .await
+                        .map_err(|e| Error::kube("re-reading", plan::object_name(rs), e))?;
+                }
+            }
+        }
+    }
+}
+
+/// Creates the controller on `informers` (see [`Controller::new`]).
+pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
+    Controller::new(client, informers, config)
+}
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod controller_tests;
+
+#[cfg(test)]
+#[path = "api_tests.rs"]
+mod api_tests;

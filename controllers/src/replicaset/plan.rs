@@ -1,0 +1,345 @@
+//! The ReplicaSet plan: from a ReplicaSet and the Pods in its cache, what one sync does
+//! (kube-controller-manager v1.34's `manageReplicas`, `calculateStatus`,
+//! `updateReplicaSetStatus`'s short-cut and the minReadySeconds requeue), and the Pod a creation
+//! posts (`GetPodFromTemplate`). Pure functions only; the apply layer lives in `super`.
+//!
+//! v1.34 defaults followed: `status.terminatingReplicas` is not written (the
+//! DeploymentReplicaSetTerminatingReplicas gate is alpha, off); the scale-down order applies
+//! pod-deletion-cost and the logarithmic comparison (`runtime::pods`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::error::{Error, Result};
+use crate::runtime::claim::OwnerInfo;
+use crate::runtime::pods;
+use crate::selector::Selector;
+
+/// Creations or deletions one sync may issue (upstream's `BurstReplicas`, CTL-9).
+pub const BURST_REPLICAS: usize = 500;
+
+/// The condition type set when creating or deleting Pods failed.
+pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+
+/// Pod names are DNS subdomains: at most this long.
+const MAX_NAME_LEN: usize = 253;
+
+/// `ReplicaSet ns/name`, for errors and logs.
+pub fn object_name(rs: &ReplicaSet) -> String {
+    format!(
+        "ReplicaSet {}/{}",
+        rs.namespace().unwrap_or_default(),
+        rs.name_any()
+    )
+}
+
+/// `spec.replicas` (the API server defaults a missing one to 1).
+pub fn desired_replicas(rs: &ReplicaSet) -> i32 {
+    rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+}
+
+/// `spec.minReadySeconds` (0 when unset).
+pub fn min_ready_seconds(rs: &ReplicaSet) -> i32 {
+    rs.spec
+        .as_ref()
+        .and_then(|s| s.min_ready_seconds)
+        .unwrap_or(0)
+}
+
+/// The ReplicaSet's selector; an invalid one is an error naming the field (upstream then skips
+/// the ReplicaSet until it changes).
+pub fn selector(rs: &ReplicaSet) -> Result<Selector> {
+    Selector::parse(rs.spec.as_ref().map(|s| &s.selector)).map_err(|reason| Error::Invalid {
+        object: object_name(rs),
+        reason: format!("spec.{reason}"),
+    })
+}
+
+/// The Pods a sync considers (upstream's `FilterPodsByOwner` with orphans): those whose
+/// controller reference is this ReplicaSet (kind, name and uid) and those without a controller,
+/// in the ReplicaSet's namespace. Sorted by name so that Pods the deletion order cannot tell apart
+/// are taken in a reproducible order.
+pub fn candidates(rs: &ReplicaSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> Vec<Arc<Pod>> {
+    let (ns, name, uid) = (
+        rs.namespace().unwrap_or_default(),
+        rs.name_any(),
+        rs.uid().unwrap_or_default(),
+    );
+    let mut out: Vec<Arc<Pod>> = pods
+        .into_iter()
+        .filter(|p| p.metadata.namespace.as_deref().unwrap_or_default() == ns)
+        .filter(|p| match controller_of(p.as_ref()) {
+            None => true,
+            Some(r) => r.kind == "ReplicaSet" && r.name == name && r.uid == uid,
+        })
+        .collect();
+    out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    out.dedup_by(|a, b| a.metadata.name == b.metadata.name);
+    out
+}
+
+/// The controller ownerReference of an object's metadata (`metav1.GetControllerOf`).
+pub fn controller_of(
+    obj: &impl kube::Resource,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+}
+
+/// The Pods related to a ReplicaSet for ranking (RS-7, upstream's `getIndirectlyRelatedPods`):
+/// every Pod matched by the selector of any ReplicaSet with the same controller (`siblings`, the
+/// ReplicaSet itself included), each Pod once. `pods_for` gives the Pods a sibling's selector
+/// can match (at least those of its namespace that it matches); siblings with an invalid selector
+/// match nothing.
+pub fn related_pods(
+    siblings: &[Arc<ReplicaSet>],
+    pods_for: impl Fn(&ReplicaSet) -> Vec<Arc<Pod>>,
+) -> Vec<Arc<Pod>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for rs in siblings {
+        let Ok(sel) = selector(rs) else { continue };
+        let ns = rs.namespace().unwrap_or_default();
+        for p in pods_for(rs) {
+            if p.metadata.namespace.as_deref().unwrap_or_default() != ns
+                || !sel.matches(p.metadata.labels.as_ref())
+            {
+                continue;
+            }
+            if seen.insert(p.metadata.uid.clone().unwrap_or_default()) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The value a ReplicaSet's selector requires for `label` in matchLabels, if any (Deployments'
+/// ReplicaSets require their `pod-template-hash`): lets the caller narrow the Pods to match.
+pub fn selector_label<'a>(rs: &'a ReplicaSet, label: &str) -> Option<&'a str> {
+    rs.spec
+        .as_ref()?
+        .selector
+        .match_labels
+        .as_ref()?
+        .get(label)
+        .map(String::as_str)
+}
+
+/// What `manageReplicas` does in one sync.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Manage {
+    /// Nothing: the count is right, expectations are pending, or the ReplicaSet is being deleted.
+    Nothing,
+    /// Create this many Pods from the template (expect them first).
+    Create(usize),
+    /// Delete these Pods (expect their deletions first).
+    Delete(Vec<Arc<Pod>>),
+}
+
+/// The replica management step (RS-3 step 7, RS-4, CTL-9): only when expectations are satisfied
+/// and the ReplicaSet has no deletionTimestamp; too few active Pods creates
+/// `min(missing, burst)`, too many deletes `min(extra, burst)` chosen by the scale-down ranking
+/// against `related` (RS-5..RS-7) at `now`.
+pub fn manage(
+    rs: &ReplicaSet,
+    active: &[Arc<Pod>],
+    related: &[Arc<Pod>],
+    expectations_satisfied: bool,
+    burst: usize,
+    now: Timestamp,
+) -> Manage {
+    if !expectations_satisfied || rs.metadata.deletion_timestamp.is_some() {
+        return Manage::Nothing;
+    }
+    let diff = active.len() as i64 - i64::from(desired_replicas(rs));
+    if diff < 0 {
+        Manage::Create((diff.unsigned_abs() as usize).min(burst))
+    } else if diff > 0 {
+        let n = (diff as usize).min(burst);
+        Manage::Delete(pods::get_pods_to_delete(active.to_vec(), related, n, now))
+    } else {
+        Manage::Nothing
+    }
+}
+
+/// The status a sync writes (upstream's `calculateStatus`): replicas = active claimed Pods;
+/// fullyLabeledReplicas = those carrying every template label; readyReplicas; availableReplicas
+/// (ready for minReadySeconds at `now`). A manage error sets a ReplicaFailure condition
+/// (reason FailedCreate or FailedDelete by the sign of the difference, message = the error) when
+/// there is none yet; a sync without error removes it. terminatingReplicas stays unset (v1.34's
+/// gate is off). observedGeneration is left as it was: [`status_to_write`] sets it.
+pub fn calculate_status(
+    rs: &ReplicaSet,
+    active: &[Arc<Pod>],
+    manage_error: Option<&str>,
+    now: Timestamp,
+) -> ReplicaSetStatus {
+    let mut status = rs.status.clone().unwrap_or_default();
+    let template_labels = rs
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.as_ref())
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    let template = Selector::from_labels(&template_labels);
+    let min_ready = min_ready_seconds(rs);
+    let (mut fully_labeled, mut ready, mut available) = (0, 0, 0);
+    for p in active {
+        if template.matches(p.metadata.labels.as_ref()) {
+            fully_labeled += 1;
+        }
+        if pods::is_pod_ready(p) {
+            ready += 1;
+            if pods::is_pod_available(p, min_ready, now) {
+                available += 1;
+            }
+        }
+    }
+    let has_failure = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == REPLICA_FAILURE);
+    match manage_error {
+        Some(msg) if !has_failure => {
+            let diff = active.len() as i64 - i64::from(desired_replicas(rs));
+            let reason = match diff {
+                d if d < 0 => Some("FailedCreate".to_string()),
+                d if d > 0 => Some("FailedDelete".to_string()),
+                // Upstream leaves the reason empty when the count matches again.
+                _ => None,
+            };
+            status
+                .conditions
+                .get_or_insert_with(Vec::new)
+                .push(ReplicaSetCondition {
+                    type_: REPLICA_FAILURE.into(),
+                    status: "True".into(),
+                    reason,
+                    message: Some(msg.to_string()),
+                    last_transition_time: Some(Time(now)),
+                });
+        }
+        None if has_failure => {
+            let rest: Vec<_> = status
+                .conditions
+                .take()
+                .into_iter()
+                .flatten()
+                .filter(|c| c.type_ != REPLICA_FAILURE)
+                .collect();
+            status.conditions = (!rest.is_empty()).then_some(rest);
+        }
+        _ => {}
+    }
+    status.replicas = active.len() as i32;
+    status.fully_labeled_replicas = Some(fully_labeled);
+    status.ready_replicas = Some(ready);
+    status.available_replicas = Some(available);
+    status.terminating_replicas = None;
+    status
+}
+
+fn empty_is_none<T>(v: Option<&Vec<T>>) -> Option<&Vec<T>> {
+    v.filter(|v| !v.is_empty())
+}
+
+/// Whether `new` must be written (upstream's steady-state short-cut): a count, the conditions,
+/// or observedGeneration (behind metadata.generation) differ.
+pub fn needs_status_update(rs: &ReplicaSet, new: &ReplicaSetStatus) -> bool {
+    let old = rs.status.clone().unwrap_or_default();
+    let n = |v: Option<i32>| v.unwrap_or(0);
+    old.replicas != new.replicas
+        || n(old.fully_labeled_replicas) != n(new.fully_labeled_replicas)
+        || n(old.ready_replicas) != n(new.ready_replicas)
+        || n(old.available_replicas) != n(new.available_replicas)
+        || old.terminating_replicas != new.terminating_replicas
+        || rs.metadata.generation.unwrap_or(0) != old.observed_generation.unwrap_or(0)
+        || empty_is_none(old.conditions.as_ref()) != empty_is_none(new.conditions.as_ref())
+}
+
+/// `new` with observedGeneration set to the generation this sync acted on.
+pub fn status_to_write(rs: &ReplicaSet, mut new: ReplicaSetStatus) -> ReplicaSetStatus {
+    new.observed_generation = Some(rs.metadata.generation.unwrap_or(0));
+    new
+}
+
+/// When to sync again so that availableReplicas catches up with minReadySeconds (upstream's
+/// last line of defence after a successful sync): only with minReadySeconds > 0 and
+/// readyReplicas != availableReplicas in the written status; then when the next ready Pod turns
+/// available (evaluated at `evaluated_at`, the time the status was computed, and recomputed at
+/// `now`), else after minReadySeconds.
+pub fn requeue_after(
+    written: &ReplicaSet,
+    active: &[Arc<Pod>],
+    evaluated_at: Timestamp,
+    now: Timestamp,
+) -> Option<Duration> {
+    let min_ready = min_ready_seconds(written);
+    let status = written.status.clone().unwrap_or_default();
+    if min_ready <= 0
+        || status.ready_replicas.unwrap_or(0) == status.available_replicas.unwrap_or(0)
+    {
+        return None;
+    }
+    pods::next_availability_check(active, min_ready, evaluated_at, now)
+        .or(Some(Duration::from_secs(min_ready as u64)))
+}
+
+/// The Pod one creation posts (upstream's `GetPodFromTemplate`): the template's labels,
+/// annotations, finalizers and spec, `generateName: <rs>-` (the bare name when the dash would
+/// make it too long), and the controller ownerReference (controller and blockOwnerDeletion true).
+/// A template without a spec or without labels is an error naming the field (upstream refuses to
+/// create Pods without labels).
+pub fn pod_from_template(rs: &ReplicaSet) -> Result<Pod> {
+    let invalid = |reason: &str| Error::Invalid {
+        object: object_name(rs),
+        reason: reason.to_string(),
+    };
+    let template = rs
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.as_ref())
+        .ok_or_else(|| invalid("spec.template is missing"))?;
+    let meta = template.metadata.clone().unwrap_or_default();
+    let labels = meta.labels.filter(|l| !l.is_empty()).ok_or_else(|| {
+        invalid("spec.template.metadata.labels is empty: Pods without labels are not created")
+    })?;
+    let spec = template
+        .spec
+        .clone()
+        .ok_or_else(|| invalid("spec.template.spec is missing"))?;
+    let name = rs.name_any();
+    let generate_name = if name.len() < MAX_NAME_LEN {
+        format!("{name}-")
+    } else {
+        name
+    };
+    Ok(Pod {
+        metadata: ObjectMeta {
+            labels: Some(labels),
+            annotations: meta.annotations.filter(|a| !a.is_empty()),
+            finalizers: meta.finalizers.filter(|f| !f.is_empty()),
+            generate_name: Some(generate_name),
+            owner_references: Some(vec![OwnerInfo::of(rs).controller_ref()]),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;
