@@ -35,6 +35,8 @@ fn id(kind: &str, ns: &str, name: &str, uid: &str) -> ObjectRef {
     }
 }
 
+/// One graph event as a monitor reports it (every field of the event is a parameter).
+#[allow(clippy::too_many_arguments)]
 fn ev(
     event_type: EventType,
     kind: &str,

@@ -77,7 +77,8 @@ fn gc3_three_way_decision() {
         dangling: d.iter().map(|r| (*r).clone()).collect(),
         waiting: w.iter().map(|r| (*r).clone()).collect(),
     };
-    let cases: Vec<(&str, Classified, Vec<bool>, Vec<String>, Decision)> = vec![
+    type Case = (&'static str, Classified, Vec<bool>, Vec<String>, Decision);
+    let cases: Vec<Case> = vec![
         (
             "GC-3 (a) only solid owners: keep, nothing to patch",
             c(&[&solid], &[], &[]),
@@ -207,7 +208,8 @@ fn gc3_patches() {
 
 #[test]
 fn gc5_each_finalizer_removes_only_itself() {
-    let cases: Vec<(&str, Vec<String>, &str, Option<Vec<String>>)> = vec![
+    type Case = (&'static str, Vec<String>, &'static str, Option<Vec<String>>);
+    let cases: Vec<Case> = vec![
         (
             "GC-6 orphan removed, others kept",
             strings(&["a", "orphan", "b"]),

@@ -65,7 +65,6 @@ impl Ns {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the reference binaries (cargo xtask setup --k8s)"]
 async fn replicaset_against_the_reference_api_server() {
     let mut opts = controlplane::Options::minimal(controlplane::run_dir("rs-api"));
     opts.upstream_scheduler = true;

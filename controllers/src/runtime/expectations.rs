@@ -137,7 +137,8 @@ mod tests {
     fn ctl8_satisfied_expectations_four_way_rule() {
         let e = Expectations::new();
         let now = Instant::now();
-        let cases: Vec<(&str, Box<dyn Fn(&Expectations)>, Instant, bool)> = vec![
+        type Setup<'a> = Box<dyn Fn(&Expectations) + 'a>;
+        let cases: Vec<(&str, Setup<'_>, Instant, bool)> = vec![
             ("CTL-8 no record: satisfied", Box::new(|_| {}), now, true),
             (
                 "CTL-8 pending creations: not satisfied",
