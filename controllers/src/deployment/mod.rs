@@ -11,7 +11,6 @@
 //! legacy rollback annotation), ReplicaSets and events; it never writes Pods, which are the
 //! ReplicaSet controller's.
 
-mod events;
 pub mod plan;
 pub mod util;
 mod written;
@@ -29,14 +28,17 @@ use kube::{Api, Client, Resource, ResourceExt};
 use crate::cache::Indexed;
 use crate::error::{Error, Result};
 use crate::runtime::claim::{self, claim_plan, recheck_owner, OwnerInfo};
+use crate::runtime::events::Recorder;
 use crate::runtime::informer::{self, key_of, split_key, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
 use crate::selector::Selector;
 
-use events::Events;
 use plan::{Action, Requeue};
 use written::Written;
+
+/// The events' source component, as upstream names it.
+pub const COMPONENT: &str = "deployment-controller";
 
 /// ReplicaSets without a controller, by namespace: the orphans a Deployment may adopt.
 const ORPHAN_REPLICA_SETS: &str = "deployment/orphan-replicasets";
@@ -66,7 +68,7 @@ pub struct Controller {
     replica_sets: Arc<Indexed<ReplicaSet>>,
     pods: Arc<Indexed<Pod>>,
     queue: Arc<WorkQueue<String>>,
-    events: Events,
+    events: Recorder,
     /// Our writes the caches have not shown yet.
     written_d: Written<Deployment>,
     written_rs: Written<ReplicaSet>,
@@ -137,7 +139,7 @@ impl Controller {
         let pod_inf = informers.get::<Pod>();
         rs_inf.add_index(ORPHAN_REPLICA_SETS, orphan_index);
         let c = Arc::new(Controller {
-            events: Events::new(client.clone()),
+            events: Recorder::new(client.clone(), COMPONENT),
             client,
             config,
             deployments: d_inf.cache(),

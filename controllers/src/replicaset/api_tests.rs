@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
@@ -38,9 +39,30 @@ fn replica_set(name: &str, replicas: i32, min_ready: i32) -> ReplicaSet {
 struct Ns {
     rs: Api<ReplicaSet>,
     pods: Api<Pod>,
+    events: Api<Event>,
 }
 
 impl Ns {
+    /// The messages of the `reason` Events on ReplicaSet `name` from our component.
+    async fn event_messages(&self, name: &str, reason: &str) -> Vec<String> {
+        let uid = self.rs.get(name).await.unwrap().metadata.uid;
+        let lp = ListParams::default().fields(&format!(
+            "involvedObject.kind=ReplicaSet,involvedObject.name={name},reason={reason}"
+        ));
+        self.events
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.involved_object.uid == uid
+                    && e.source.as_ref().and_then(|s| s.component.as_deref()) == Some(COMPONENT)
+            })
+            .filter_map(|e| e.message)
+            .collect()
+    }
+
     async fn active(&self, app: &str) -> Vec<Pod> {
         self.pods
             .list(&ListParams::default().labels(&format!("app={app}")))
@@ -91,6 +113,7 @@ async fn replicaset_against_the_reference_api_server() {
     let ns = Ns {
         rs: Api::namespaced(client.clone(), &namespace),
         pods: Api::namespaced(client.clone(), &namespace),
+        events: Api::namespaced(client.clone(), &namespace),
     };
     let pp = PostParams::default();
 
@@ -101,6 +124,21 @@ async fn replicaset_against_the_reference_api_server() {
     })
     .await;
     assert_eq!(ns.active("web").await.len(), 5, "CTL-8 no extra Pods");
+
+    // Events as upstream's RealPodControl: a SuccessfulCreate on the ReplicaSet per Pod created.
+    let created: Vec<String> = ns
+        .active("web")
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    eventually("a SuccessfulCreate event per Pod", || async {
+        let messages = ns.event_messages("web", SUCCESSFUL_CREATE).await;
+        created
+            .iter()
+            .all(|p| messages.contains(&format!("Created pod: {p}")))
+    })
+    .await;
 
     // RS-4 scale down.
     let scale = |n: i32| Patch::Merge(json!({"spec": {"replicas": n}}));
@@ -113,6 +151,14 @@ async fn replicaset_against_the_reference_api_server() {
     })
     .await;
     assert_eq!(ns.active("web").await.len(), 2);
+    eventually("a SuccessfulDelete event per Pod deleted", || async {
+        let messages = ns.event_messages("web", SUCCESSFUL_DELETE).await;
+        let gone = created
+            .iter()
+            .filter(|p| !messages.contains(&format!("Deleted pod: {p}")));
+        gone.count() == 2
+    })
+    .await;
 
     // CTL-7 an orphan that matches is adopted (and then one Pod is too many).
     let orphan: Pod = serde_json::from_value(json!({

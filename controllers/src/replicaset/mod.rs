@@ -17,7 +17,13 @@
 //! acting again before its own creations and deletions are seen; a restarted controller starts
 //! with none and acts only on a complete cache, so it creates no extra Pods.
 //!
-//! Not done: Events (upstream records SuccessfulCreate / SuccessfulDelete / FailedCreate).
+//! Events, as upstream's `RealPodControl` records them on the ReplicaSet (source
+//! `replicaset-controller`): SuccessfulCreate "Created pod: <name>" per Pod created, FailedCreate
+//! (Warning) "Error creating: <error>" per failed creation unless the namespace is terminating,
+//! SuccessfulDelete "Deleted pod: <name>" per Pod deleted and FailedDelete (Warning) "Error
+//! deleting: <error>" per failed deletion other than NotFound. They are written in the background
+//! by [`crate::runtime::events`] and never fail or delay a sync.
+//!
 //! Nothing is exported for the Deployment controller: it only scales ReplicaSets.
 
 pub mod plan;
@@ -30,12 +36,13 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::cache::Indexed;
 use crate::error::{Error, Result};
 use crate::runtime::batch::slow_start_batch;
 use crate::runtime::claim::{self, OwnerInfo};
+use crate::runtime::events::Recorder;
 use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::pods;
@@ -55,6 +62,18 @@ pub const ORPHAN_NAMESPACE: &str = "orphan-namespace";
 /// selectors of a Deployment's ReplicaSets require: the related Pods of a scale-down (RS-7) are
 /// found without scanning the namespace.
 pub const TEMPLATE_HASH: &str = "pod-template-hash";
+
+/// The events' source component, as upstream names it.
+pub const COMPONENT: &str = "replicaset-controller";
+
+/// Event reasons, as upstream's `controller_utils.go`.
+pub const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
+/// See [`SUCCESSFUL_CREATE`].
+pub const FAILED_CREATE: &str = "FailedCreate";
+/// See [`SUCCESSFUL_CREATE`].
+pub const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
+/// See [`SUCCESSFUL_CREATE`].
+pub const FAILED_DELETE: &str = "FailedDelete";
 
 /// Upstream's `SlowStartInitialBatchSize`.
 const SLOW_START_INITIAL_BATCH: usize = 1;
@@ -85,6 +104,7 @@ pub struct Controller {
     pods: Arc<Indexed<Pod>>,
     queue: Arc<WorkQueue<String>>,
     expectations: Expectations,
+    events: Recorder,
 }
 
 fn orphan_namespace(p: &Pod) -> Vec<String> {
@@ -142,6 +162,7 @@ impl Controller {
         pod_informer.add_index(ORPHAN_NAMESPACE, orphan_namespace);
         pod_informer.add_index(TEMPLATE_HASH, template_hash);
         let this = Arc::new(Controller {
+            events: Recorder::new(client.clone(), COMPONENT),
             client,
             config,
             replica_sets: rs_informer.cache(),
@@ -441,15 +462,24 @@ impl Controller {
         self.expectations.expect_creations(key, n);
         tracing::debug!(rs = %plan::object_name(rs), creating = n, "too few replicas");
         let pp = PostParams::default();
+        let rs_ref = rs.object_ref(&());
         let (created, err) = slow_start_batch(n, SLOW_START_INITIAL_BATCH, |_| {
-            let pod = &pod;
-            let pp = &pp;
+            let (pod, pp, rs_ref) = (&pod, &pp, &rs_ref);
             async move {
                 match api.create(pp, pod).await {
-                    Ok(_) => Ok(()),
-                    // Every creation would fail: nothing to do, as upstream.
+                    Ok(p) => {
+                        let message = format!("Created pod: {}", p.name_any());
+                        self.events
+                            .publish(rs_ref, false, SUCCESSFUL_CREATE, message);
+                        Ok(())
+                    }
+                    // Every creation would fail: nothing to do and no event, as upstream.
                     Err(e) if namespace_terminating(&e) => Ok(()),
-                    Err(e) => Err(e),
+                    Err(e) => {
+                        let message = format!("Error creating: {}", api_message(&e));
+                        self.events.publish(rs_ref, true, FAILED_CREATE, message);
+                        Err(e)
+                    }
                 }
             }
         })
@@ -481,13 +511,21 @@ impl Controller {
             async move { (p, api.delete(&p.name_any(), dp).await) }
         }))
         .await;
+        let rs_ref = rs.object_ref(&());
         let mut first = None;
         for (p, r) in results {
-            let Err(e) = r else { continue };
+            let Err(e) = r else {
+                let message = format!("Deleted pod: {}", p.name_any());
+                self.events
+                    .publish(&rs_ref, false, SUCCESSFUL_DELETE, message);
+                continue;
+            };
             self.expectations.deletion_observed(key, &pods::pod_key(p));
             if matches!(&e, kube::Error::Api(s) if s.code == 404) {
                 continue;
             }
+            let message = format!("Error deleting: {}", api_message(&e));
+            self.events.publish(&rs_ref, true, FAILED_DELETE, message);
             first.get_or_insert(ManageError {
                 message: format!("unable to delete pods: {}", api_message(&e)),
                 error: Error::kube("deleting Pod", pods::pod_key(p), e),

@@ -11,6 +11,7 @@
 //! - [`batch`]: slow-start batches of API calls;
 //! - [`claim`]: the controller-ref manager (adopt matching orphans, release owned objects that no
 //!   longer match);
+//! - [`events`]: core/v1 Events, correlated as client-go's recorder does;
 //! - [`pods`]: which Pods count (active) and which go first on scale-down.
 //!
 //! Nothing here knows a particular controller; controllers never talk to each other through it
@@ -18,6 +19,7 @@
 
 pub mod batch;
 pub mod claim;
+pub mod events;
 pub mod expectations;
 pub mod informer;
 pub mod metrics;

@@ -1,0 +1,457 @@
+//! core/v1 Events as kube-controller-manager's controllers record them (client-go's
+//! `tools/record` recorder and its `EventCorrelator`): an Event names the object it is about
+//! (apiVersion, kind, namespace, name, uid, resourceVersion), its source component, reason,
+//! message and type, with `firstTimestamp`/`lastTimestamp`/`count`.
+//!
+//! Before an Event is written it is correlated, as client-go does:
+//! - an identical event (same source, object, type, reason and message) is counted on the Event
+//!   already written: a patch of `count`, `lastTimestamp` and `message`, not a new Event;
+//! - from the 10th distinct message of one (source, object, type, reason) within 10 minutes on,
+//!   the messages are combined into one Event, "(combined from similar events): <message>";
+//! - a source may record a burst of 25 events about one object, then one every 5 minutes; the
+//!   rest are dropped.
+//!
+//! Owns: writing Events. Best effort, off the caller's path: `publish` only queues (1000 pending
+//! at most, as client-go's broadcaster; more are dropped), one writer task per recorder writes
+//! them in order, and failures are logged at debug, never returned. Differs from client-go: a
+//! write that fails for a transport error is not retried (client-go retries 12 times, 10 s apart).
+//! Knows no particular controller.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+/// client-go's LRU size for each of the correlator's caches.
+const CACHE_ENTRIES: usize = 4096;
+
+/// Distinct messages of one reason within [`AGGREGATE_WINDOW`] from which they are combined.
+const AGGREGATE_MAX_EVENTS: usize = 10;
+
+/// A group of similar events older than this starts afresh.
+const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
+
+/// The prefix of a combined Event's message.
+pub const COMBINED_PREFIX: &str = "(combined from similar events): ";
+
+/// Events a source may record about one object at once ...
+const SPAM_BURST: f64 = 25.0;
+
+/// ... and the refill rate afterwards (one per 5 minutes).
+const SPAM_PER_SECOND: f64 = 1.0 / 300.0;
+
+/// Events waiting for the writer; more are dropped (client-go's `maxQueuedEvents`).
+const MAX_QUEUED: usize = 1000;
+
+/// The `Event.type` of a normal event.
+pub const NORMAL: &str = "Normal";
+
+/// The `Event.type` of a warning.
+pub const WARNING: &str = "Warning";
+
+/// Records Events from one source component. Cheap to clone; clones share the correlation state
+/// and the writer.
+#[derive(Clone)]
+pub struct Recorder {
+    client: Client,
+    component: &'static str,
+    sender: Arc<OnceLock<mpsc::Sender<Event>>>,
+}
+
+impl Recorder {
+    /// A recorder writing Events with `source.component` = `component` through `client`.
+    pub fn new(client: Client, component: &'static str) -> Self {
+        Self {
+            client,
+            component,
+            sender: Arc::default(),
+        }
+    }
+
+    /// Records an event about `regarding` (type Warning if `warning`, else Normal) in the
+    /// background. Must be called within a tokio runtime (the first call starts the writer).
+    pub fn publish(
+        &self,
+        regarding: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        message: String,
+    ) {
+        let event = make_event(
+            self.component,
+            regarding,
+            if warning { WARNING } else { NORMAL },
+            reason,
+            message,
+            Timestamp::now(),
+        );
+        let sender = self.sender.get_or_init(|| {
+            let (tx, rx) = mpsc::channel(MAX_QUEUED);
+            tokio::spawn(write_all(self.client.clone(), rx));
+            tx
+        });
+        if let Err(e) = sender.try_send(event) {
+            tracing::debug!(component = self.component, reason, "event dropped: {e}");
+        }
+    }
+}
+
+/// The Event client-go's recorder makes before correlation: named `<object name>.<nanoseconds in
+/// hex>`, in the object's namespace (`default` for a cluster-scoped object), counted once.
+pub fn make_event(
+    component: &str,
+    regarding: &ObjectReference,
+    type_: &str,
+    reason: &str,
+    message: String,
+    at: Timestamp,
+) -> Event {
+    let namespace = regarding
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "default".to_string());
+    let now = Time(at);
+    Event {
+        metadata: ObjectMeta {
+            name: Some(format!(
+                "{}.{:x}",
+                regarding.name.as_deref().unwrap_or_default(),
+                at.as_nanosecond()
+            )),
+            namespace: Some(namespace),
+            ..Default::default()
+        },
+        involved_object: regarding.clone(),
+        reason: Some(reason.to_string()),
+        message: Some(message),
+        type_: Some(type_.to_string()),
+        source: Some(EventSource {
+            component: Some(component.to_string()),
+            host: None,
+        }),
+        reporting_component: Some(component.to_string()),
+        reporting_instance: Some(String::new()),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        count: Some(1),
+        ..Default::default()
+    }
+}
+
+/// The writer: correlates each queued event, then creates or patches it, one at a time.
+async fn write_all(client: Client, mut rx: mpsc::Receiver<Event>) {
+    let correlator = Mutex::new(Correlator::default());
+    while let Some(event) = rx.recv().await {
+        let write = correlator
+            .lock()
+            .expect("event correlator lock")
+            .correlate(event, Instant::now());
+        let reason = match &write {
+            Write::Skip => continue,
+            Write::Create(e) | Write::Patch(e) => e.reason.clone().unwrap_or_default(),
+        };
+        match write_one(&client, write).await {
+            Ok(written) => correlator
+                .lock()
+                .expect("event correlator lock")
+                .update_state(&written),
+            Err(e) => tracing::debug!(reason, "recording event: {e}"),
+        }
+    }
+}
+
+async fn write_one(client: &Client, write: Write) -> Result<Event, kube::Error> {
+    let (mut event, patch) = match write {
+        Write::Skip => unreachable!("skipped events are not written"),
+        Write::Create(e) => (e, false),
+        Write::Patch(e) => (e, true),
+    };
+    let ns = event.metadata.namespace.clone().unwrap_or_default();
+    let api: Api<Event> = Api::namespaced(client.clone(), &ns);
+    if patch {
+        let name = event.metadata.name.clone().unwrap_or_default();
+        let body = json!({
+            "count": event.count,
+            "lastTimestamp": event.last_timestamp,
+            "message": event.message,
+        });
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Strategic(&body))
+            .await
+        {
+            // The Event expired (the API server's event TTL): written again, as client-go does.
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            other => return other,
+        }
+    }
+    event.metadata.resource_version = None;
+    api.create(&PostParams::default(), &event).await
+}
+
+/// What to do with one event after correlation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// Create this Event.
+    Create(Event),
+    /// Patch the Event of this name with this one's `count`, `lastTimestamp` and `message`.
+    Patch(Event),
+    /// Dropped by the spam filter.
+    Skip,
+}
+
+/// client-go's `EventCorrelator` with its default options: aggregation, counting and the spam
+/// filter, each over an LRU cache of [`CACHE_ENTRIES`]. Pure: the caller supplies the time.
+#[derive(Default)]
+pub struct Correlator {
+    aggregates: Lru<Aggregate>,
+    logs: Lru<Log>,
+    spam: Lru<Bucket>,
+}
+
+struct Aggregate {
+    messages: HashSet<String>,
+    last: Instant,
+}
+
+#[derive(Clone)]
+struct Log {
+    count: i32,
+    first: Option<Time>,
+    name: String,
+    resource_version: Option<String>,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+fn field(s: &Option<String>) -> &str {
+    s.as_deref().unwrap_or_default()
+}
+
+/// The source and object of an event (client-go's spam key).
+fn object_key(e: &Event) -> Vec<&str> {
+    let o = &e.involved_object;
+    vec![
+        e.source
+            .as_ref()
+            .and_then(|s| s.component.as_deref())
+            .unwrap_or_default(),
+        e.source
+            .as_ref()
+            .and_then(|s| s.host.as_deref())
+            .unwrap_or_default(),
+        field(&o.kind),
+        field(&o.namespace),
+        field(&o.name),
+        field(&o.uid),
+        field(&o.api_version),
+    ]
+}
+
+fn join(parts: Vec<&str>) -> String {
+    parts.join("\u{0}")
+}
+
+/// Everything that makes two events the same (client-go's `getEventKey`).
+fn event_key(e: &Event) -> String {
+    let mut k = object_key(e);
+    k.push(field(&e.involved_object.field_path));
+    k.push(field(&e.type_));
+    k.push(field(&e.reason));
+    k.push(field(&e.message));
+    join(k)
+}
+
+/// Everything but the message (client-go's `EventAggregatorByReasonFunc`).
+fn aggregate_key(e: &Event) -> String {
+    let mut k = object_key(e);
+    k.push(field(&e.type_));
+    k.push(field(&e.reason));
+    k.push(field(&e.reporting_component));
+    k.push(field(&e.reporting_instance));
+    join(k)
+}
+
+impl Correlator {
+    /// Correlates `event` (as made by [`make_event`]) observed at `now`.
+    pub fn correlate(&mut self, event: Event, now: Instant) -> Write {
+        let (mut event, key) = self.aggregate(event, now);
+        let previous = self.logs.get(&key).cloned();
+        if let Some(log) = previous {
+            event.metadata.name = Some(log.name);
+            event.metadata.resource_version = log.resource_version;
+            event.first_timestamp = log.first;
+            event.count = Some(log.count + 1);
+        }
+        self.logs.put(
+            key,
+            Log {
+                count: event.count.unwrap_or(1),
+                first: event.first_timestamp.clone(),
+                name: event.metadata.name.clone().unwrap_or_default(),
+                resource_version: event.metadata.resource_version.clone(),
+            },
+        );
+        // The spam filter runs last, so a dropped repeat still counts (as in client-go).
+        if !self.accept(&event, now) {
+            return Write::Skip;
+        }
+        if event.count.unwrap_or(1) > 1 {
+            Write::Patch(event)
+        } else {
+            Write::Create(event)
+        }
+    }
+
+    /// Records the Event as the API server returned it (its name, resourceVersion and count).
+    pub fn update_state(&mut self, written: &Event) {
+        self.logs.put(
+            event_key(written),
+            Log {
+                count: written.count.unwrap_or(1),
+                first: written.first_timestamp.clone(),
+                name: written.metadata.name.clone().unwrap_or_default(),
+                resource_version: written.metadata.resource_version.clone(),
+            },
+        );
+    }
+
+    /// The event to count and its key: itself, or from the 10th distinct message of its kind
+    /// within the window, the combined Event under the key of its kind.
+    fn aggregate(&mut self, event: Event, now: Instant) -> (Event, String) {
+        let key = aggregate_key(&event);
+        let fresh = || Aggregate {
+            messages: HashSet::new(),
+            last: now,
+        };
+        let record = self.aggregates.get_or_insert_with(key.clone(), fresh);
+        if now.saturating_duration_since(record.last) > AGGREGATE_WINDOW {
+            *record = fresh();
+        }
+        record.messages.insert(field(&event.message).to_string());
+        record.last = now;
+        if record.messages.len() < AGGREGATE_MAX_EVENTS {
+            let key = event_key(&event);
+            return (event, key);
+        }
+        // Keep the set at its maximum, as client-go (which removes an arbitrary member).
+        if let Some(any) = record.messages.iter().next().cloned() {
+            record.messages.remove(&any);
+        }
+        let message = format!("{COMBINED_PREFIX}{}", field(&event.message));
+        let combined = Event {
+            metadata: ObjectMeta {
+                name: event.metadata.name,
+                namespace: event.metadata.namespace,
+                ..Default::default()
+            },
+            involved_object: event.involved_object,
+            reason: event.reason,
+            message: Some(message),
+            type_: event.type_,
+            source: event.source,
+            reporting_component: event.reporting_component,
+            reporting_instance: event.reporting_instance,
+            first_timestamp: event.last_timestamp.clone(),
+            last_timestamp: event.last_timestamp,
+            count: Some(1),
+            ..Default::default()
+        };
+        (combined, key)
+    }
+
+    /// The per source and object token bucket.
+    fn accept(&mut self, event: &Event, now: Instant) -> bool {
+        let bucket = self
+            .spam
+            .get_or_insert_with(join(object_key(event)), || Bucket {
+                tokens: SPAM_BURST,
+                at: now,
+            });
+        let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * SPAM_PER_SECOND).min(SPAM_BURST);
+        bucket.at = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A map that forgets its least recently used entry beyond [`CACHE_ENTRIES`].
+struct Lru<V> {
+    entries: HashMap<String, (u64, V)>,
+    tick: u64,
+}
+
+impl<V> Default for Lru<V> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            tick: 0,
+        }
+    }
+}
+
+impl<V> Lru<V> {
+    fn touch(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    fn get(&mut self, key: &str) -> Option<&V> {
+        let t = self.touch();
+        self.entries.get_mut(key).map(|(used, v)| {
+            *used = t;
+            &*v
+        })
+    }
+
+    fn get_or_insert_with(&mut self, key: String, f: impl FnOnce() -> V) -> &mut V {
+        if !self.entries.contains_key(&key) {
+            self.evict();
+        }
+        let t = self.touch();
+        let (used, v) = self.entries.entry(key).or_insert_with(|| (t, f()));
+        *used = t;
+        v
+    }
+
+    fn put(&mut self, key: String, v: V) {
+        if !self.entries.contains_key(&key) {
+            self.evict();
+        }
+        let t = self.touch();
+        self.entries.insert(key, (t, v));
+    }
+
+    fn evict(&mut self) {
+        if self.entries.len() < CACHE_ENTRIES {
+            return;
+        }
+        let oldest = self
+            .entries
+            .iter()
+            .min_by_key(|(_, (used, _))| *used)
+            .map(|(k, _)| k.clone());
+        if let Some(k) = oldest {
+            self.entries.remove(&k);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

@@ -1,0 +1,210 @@
+//! The event correlator: counting, aggregation and the spam filter, with an injected clock.
+
+use super::*;
+
+fn rs_ref(name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("apps/v1".into()),
+        kind: Some("ReplicaSet".into()),
+        namespace: Some("ns".into()),
+        name: Some(name.into()),
+        uid: Some(uid.into()),
+        resource_version: Some("7".into()),
+        ..Default::default()
+    }
+}
+
+/// One event published at `secs` seconds (wall clock and monotonic clock agree).
+struct Step {
+    secs: u64,
+    object: &'static str,
+    reason: &'static str,
+    message: String,
+}
+
+fn step(secs: u64, reason: &'static str, message: &str) -> Step {
+    Step {
+        secs,
+        object: "web",
+        reason,
+        message: message.to_string(),
+    }
+}
+
+/// What a write looks like: "create|patch NAME count MESSAGE" or "skip", with the name's
+/// nanoseconds replaced by the second it was made at.
+fn run(steps: Vec<Step>) -> Vec<String> {
+    let start = Instant::now();
+    let mut c = Correlator::default();
+    steps
+        .into_iter()
+        .map(|s| {
+            let at = Timestamp::from_second(1_000 + s.secs as i64).unwrap();
+            let e = make_event(
+                "replicaset-controller",
+                &rs_ref(s.object, &format!("uid-{}", s.object)),
+                NORMAL,
+                s.reason,
+                s.message,
+                at,
+            );
+            let write = c.correlate(e, start + Duration::from_secs(s.secs));
+            let (verb, e) = match write {
+                Write::Skip => return "skip".to_string(),
+                Write::Create(e) => ("create", e),
+                Write::Patch(e) => ("patch", e),
+            };
+            let name = e.metadata.name.clone().unwrap();
+            let (object, nanos) = name.rsplit_once('.').unwrap();
+            let made = i64::from_str_radix(nanos, 16).unwrap() / 1_000_000_000 - 1_000;
+            let first = e.first_timestamp.as_ref().unwrap().0.as_second() - 1_000;
+            let last = e.last_timestamp.as_ref().unwrap().0.as_second() - 1_000;
+            format!(
+                "{verb} {object}@{made} count={} first={first} last={last} {}",
+                e.count.unwrap(),
+                e.message.unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn correlation() {
+    let created = |i: usize| step(i as u64, "SuccessfulCreate", &format!("Created pod: p{i}"));
+    let cases: Vec<(&str, Vec<Step>, Vec<String>)> = vec![
+        (
+            "CTL events: an identical event is counted on the first Event",
+            vec![
+                step(0, "ScalingReplicaSet", "Scaled up to 3"),
+                step(5, "ScalingReplicaSet", "Scaled up to 3"),
+                step(9, "ScalingReplicaSet", "Scaled up to 3"),
+            ],
+            vec![
+                "create web@0 count=1 first=0 last=0 Scaled up to 3".into(),
+                "patch web@0 count=2 first=0 last=5 Scaled up to 3".into(),
+                "patch web@0 count=3 first=0 last=9 Scaled up to 3".into(),
+            ],
+        ),
+        (
+            "CTL events: counting has no window (client-go's logger only forgets by LRU)",
+            vec![step(0, "R", "m"), step(3_600, "R", "m")],
+            vec![
+                "create web@0 count=1 first=0 last=0 m".into(),
+                "patch web@0 count=2 first=0 last=3600 m".into(),
+            ],
+        ),
+        (
+            "CTL events: other messages, reasons and objects are separate Events",
+            vec![
+                step(0, "R", "a"),
+                step(1, "R", "b"),
+                step(2, "S", "a"),
+                Step {
+                    object: "db",
+                    ..step(3, "R", "a")
+                },
+            ],
+            vec![
+                "create web@0 count=1 first=0 last=0 a".into(),
+                "create web@1 count=1 first=1 last=1 b".into(),
+                "create web@2 count=1 first=2 last=2 a".into(),
+                "create db@3 count=1 first=3 last=3 a".into(),
+            ],
+        ),
+        (
+            "CTL events: from the 10th distinct message of a reason they are combined",
+            (1..=12).map(created).collect(),
+            (1..=9)
+                .map(|i| format!("create web@{i} count=1 first={i} last={i} Created pod: p{i}"))
+                .chain([
+                    "create web@10 count=1 first=10 last=10 (combined from similar events): Created pod: p10".into(),
+                    "patch web@10 count=2 first=10 last=11 (combined from similar events): Created pod: p11".into(),
+                    "patch web@10 count=3 first=10 last=12 (combined from similar events): Created pod: p12".into(),
+                ])
+                .collect(),
+        ),
+        (
+            "CTL events: similar events more than 10 minutes apart start a new group",
+            (1..=9)
+                .map(created)
+                .chain([step(700, "SuccessfulCreate", "Created pod: late")])
+                .collect(),
+            (1..=9)
+                .map(|i| format!("create web@{i} count=1 first={i} last={i} Created pod: p{i}"))
+                .chain(["create web@700 count=1 first=700 last=700 Created pod: late".into()])
+                .collect(),
+        ),
+        (
+            "CTL events: 25 events per object at once, then one per 5 minutes",
+            (0..27)
+                .map(|i| step(0, "R", &format!("m{}", i % 2)))
+                .chain([step(300, "R", "m0"), step(301, "R", "m0")])
+                .collect(),
+            (0..25)
+                .map(|i| {
+                    let (verb, m) = (if i < 2 { "create" } else { "patch" }, i % 2);
+                    format!("{verb} web@0 count={} first=0 last=0 m{m}", i / 2 + 1)
+                })
+                .chain([
+                    "skip".into(),
+                    "skip".into(),
+                    // The dropped repeats were still counted.
+                    "patch web@0 count=15 first=0 last=300 m0".into(),
+                    "skip".into(),
+                ])
+                .collect(),
+        ),
+    ];
+    for (name, steps, want) in cases {
+        assert_eq!(run(steps), want, "{name}");
+    }
+}
+
+#[test]
+fn update_state_takes_the_servers_name_and_count() {
+    let start = Instant::now();
+    let mut c = Correlator::default();
+    let at = Timestamp::from_second(1_000).unwrap();
+    let e = make_event("c", &rs_ref("web", "u"), WARNING, "R", "m".into(), at);
+    let Write::Create(mut written) = c.correlate(e.clone(), start) else {
+        panic!("first event not created");
+    };
+    written.metadata.name = Some("server-name".into());
+    written.metadata.resource_version = Some("42".into());
+    written.count = Some(5);
+    c.update_state(&written);
+    let Write::Patch(p) = c.correlate(e, start) else {
+        panic!("repeat not patched");
+    };
+    assert_eq!(p.metadata.name.as_deref(), Some("server-name"));
+    assert_eq!(p.metadata.resource_version.as_deref(), Some("42"));
+    assert_eq!(p.count, Some(6));
+    assert_eq!(p.type_.as_deref(), Some(WARNING));
+}
+
+#[test]
+fn make_event_fields() {
+    let at = Timestamp::from_second(1_000).unwrap();
+    let mut cluster = rs_ref("node-1", "u");
+    cluster.namespace = None;
+    let e = make_event(
+        "deployment-controller",
+        &cluster,
+        NORMAL,
+        "R",
+        "m".into(),
+        at,
+    );
+    assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
+    assert_eq!(
+        e.metadata.name.as_deref(),
+        Some(format!("node-1.{:x}", at.as_nanosecond()).as_str())
+    );
+    assert_eq!(
+        e.source.and_then(|s| s.component).as_deref(),
+        Some("deployment-controller")
+    );
+    assert_eq!(e.involved_object.resource_version.as_deref(), Some("7"));
+    assert_eq!(e.count, Some(1));
+    assert_eq!(e.first_timestamp, e.last_timestamp);
+}
