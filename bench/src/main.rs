@@ -24,6 +24,7 @@ mod report;
 mod server;
 mod traffic;
 mod workload;
+mod workload_controllers;
 
 use baseline::{Flavour, Layout};
 use report::{BackendRow, Report};
@@ -76,6 +77,33 @@ pub struct BenchArgs {
     /// Only the control-plane row: no backends, no baselines, no direct-to-pod floor.
     #[arg(long, conflicts_with = "no_control_plane")]
     pub only_control_plane: bool,
+    /// Only the workload controllers benchmark: kpr's ReplicaSet, Deployment and garbage
+    /// collector controllers next to kube-controller-manager's, on the reference control plane
+    /// with kwok nodes (--deployments x --replicas created at once, then a rolling update of all;
+    /// with --quick, a smoke size). Outputs target/bench/controllers.{json,md}.
+    #[arg(long, conflicts_with_all = ["only_control_plane", "no_controllers"])]
+    pub controllers: bool,
+    /// Skip the workload controllers smoke that --quick runs.
+    #[arg(long)]
+    pub no_controllers: bool,
+    /// Deployments created at once by the workload controllers benchmark.
+    #[arg(long, default_value_t = workload_controllers::DEPLOYMENTS)]
+    pub deployments: usize,
+    /// Replicas of each of those Deployments.
+    #[arg(long, default_value_t = workload_controllers::REPLICAS)]
+    pub replicas: usize,
+    /// kwok nodes the Pods are scheduled on (110 Pods each at most).
+    #[arg(long, default_value_t = workload_controllers::NODES)]
+    pub kwok_nodes: usize,
+    /// Controller managers the workload controllers benchmark measures, in order: kpr,
+    /// upstream (kube-controller-manager's defaults), upstream-unthrottled (its client limit
+    /// lifted).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kpr,upstream,upstream-unthrottled"
+    )]
+    pub managers: Vec<String>,
 }
 
 /// The control-plane row's default size: every Service, Pod and status goes through the real
@@ -257,6 +285,27 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let plan = Plan::new(args)?;
     std::fs::create_dir_all(&plan.out_dir)?;
+    // `--controllers` runs it alone; `--quick` runs its smoke size after the rest.
+    let controllers = if args.controllers || (args.quick && !args.no_controllers) {
+        let managers = args
+            .managers
+            .iter()
+            .map(|m| workload_controllers::Manager::parse(m))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        workload_controllers::check_binaries()?;
+        Some((workload_controllers::Sizes::from_args(args)?, managers))
+    } else {
+        None
+    };
+    if args.controllers {
+        let (sizes, managers) = controllers.expect("set with --controllers");
+        let command = workload_controllers::command(args, sizes, &managers);
+        let (_, failed) = workload_controllers::run(sizes, &managers, &plan.out_dir, command)?;
+        if !failed.is_empty() {
+            bail!("failed:\n  {}", failed.join("\n  "));
+        }
+        return Ok(());
+    }
     if !args.no_control_plane {
         control_plane::check_binaries()?;
     }
@@ -321,6 +370,13 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 Ok(r) => report.baselines.push(r),
                 Err(e) => failed.push(format!("{} at {n}: {e:#}", layout.name())),
             }
+        }
+    }
+    if let Some((sizes, managers)) = controllers {
+        let command = workload_controllers::command(args, sizes, &managers);
+        match workload_controllers::run(sizes, &managers, &plan.out_dir, command) {
+            Ok((_, failures)) => failed.extend(failures),
+            Err(e) => failed.push(format!("workload controllers: {e:#}")),
         }
     }
     report.failures.clone_from(&failed);

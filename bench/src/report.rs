@@ -43,13 +43,13 @@ pub struct Report {
     out_dir: std::path::PathBuf,
 }
 
-fn read_trim(path: &str) -> String {
+pub(crate) fn read_trim(path: &str) -> String {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
 
-fn now_utc() -> String {
+pub(crate) fn now_utc() -> String {
     xtask::exec::Cmd::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
         .read()
@@ -58,7 +58,7 @@ fn now_utc() -> String {
 }
 
 /// The commit the run was built from, plus the tracked files that differed from it.
-fn tree_state() -> String {
+pub(crate) fn tree_state() -> String {
     let git = |args: &[&str]| {
         xtask::exec::Cmd::new("git")
             .args(args)
