@@ -321,3 +321,27 @@ fn indexes_and_error_messages() {
         "RS-4 the condition carries the API server's message"
     );
 }
+
+#[test]
+fn rs3_status_patch_names_every_field_and_the_uid() {
+    let rs: ReplicaSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "ns", "uid": "rs-uid"}}))
+    .unwrap();
+    let status = k8s_openapi::api::apps::v1::ReplicaSetStatus {
+        replicas: 3,
+        ready_replicas: Some(2),
+        observed_generation: Some(4),
+        ..Default::default()
+    };
+    let patch = super::status_patch(&rs, &status);
+    assert_eq!(
+        patch,
+        serde_json::json!({
+            "metadata": {"uid": "rs-uid"},
+            "status": {"replicas": 3, "readyReplicas": 2, "observedGeneration": 4,
+                "availableReplicas": null, "fullyLabeledReplicas": null, "conditions": null,
+                "terminatingReplicas": null}
+        }),
+        "RS-3 a field that went away is cleared, a re-created ReplicaSet refuses the patch"
+    );
+}

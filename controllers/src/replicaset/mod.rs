@@ -35,7 +35,7 @@ use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::cache::Indexed;
@@ -535,8 +535,12 @@ impl Controller {
     }
 
     /// Writes `status` through the status subresource unless nothing changed (upstream's
-    /// `updateReplicaSetStatus`): on failure the ReplicaSet is read again and the write retried
-    /// once; the error after that requeues the key. Returns the ReplicaSet as written.
+    /// `updateReplicaSetStatus`), as a merge patch naming every status field (absent ones as
+    /// null) and carrying the ReplicaSet's uid as a precondition. Upstream replaces the status
+    /// with the cached resourceVersion and, on a conflict, reads the object and tries again: a
+    /// conflict there is only ever with another writer of the spec (the Deployment controller
+    /// scaling), whose change this status does not contradict, so the patch saves the failed write
+    /// and the read. A re-created ReplicaSet (other uid) refuses the patch; the error requeues.
     async fn write_status(
         &self,
         api: &Api<ReplicaSet>,
@@ -546,30 +550,44 @@ impl Controller {
         if !plan::needs_status_update(rs, &status) {
             return Ok(rs.as_ref().clone());
         }
-        // The generation this sync acted on, kept across the retry.
+        // The generation this sync acted on.
         let status = plan::status_to_write(rs, status);
-        let name = rs.name_any();
-        let mut obj = rs.as_ref().clone();
-        let pp = PostParams::default();
-        let mut retried = false;
-        loop {
-            obj.status = Some(status.clone());
-            match api.replace_status(&name, &pp, &obj).await {
-                Ok(written) => return Ok(written),
-                Err(e) if retried => {
-                    return Err(Error::kube("writing status of", plan::object_name(rs), e))
-                }
-                Err(e) => {
-                    tracing::debug!(rs = %plan::object_name(rs), "status write failed, re-reading: {e}");
-                    retried = true;
-                    obj = api
-                        .get(&name)
-                        .await
-                        .map_err(|e| Error::kube("re-reading", plan::object_name(rs), e))?;
-                }
-            }
+        let patch = status_patch(rs, &status);
+        api.patch_status(
+            &rs.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|e| Error::kube("writing status of", plan::object_name(rs), e))
+    }
+}
+
+/// The merge patch that sets a ReplicaSet's status to exactly `status`: every field of the status
+/// is named (null when absent, so a value that went away is cleared) and `metadata.uid` makes the
+/// write fail on a re-created object of the same name.
+fn status_patch(
+    rs: &ReplicaSet,
+    status: &k8s_openapi::api::apps::v1::ReplicaSetStatus,
+) -> serde_json::Value {
+    let mut body = serde_json::to_value(status).unwrap_or_else(|_| serde_json::json!({}));
+    if let Some(fields) = body.as_object_mut() {
+        for field in [
+            "availableReplicas",
+            "conditions",
+            "fullyLabeledReplicas",
+            "observedGeneration",
+            "readyReplicas",
+            "replicas",
+            "terminatingReplicas",
+        ] {
+            fields.entry(field).or_insert(serde_json::Value::Null);
         }
     }
+    serde_json::json!({
+        "metadata": {"uid": rs.metadata.uid},
+        "status": body,
+    })
 }
 
 /// Creates the controller on `informers` (see [`Controller::new`]).
