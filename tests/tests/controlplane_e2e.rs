@@ -312,7 +312,8 @@ fn every_deploy_manifest_passes_a_server_side_dry_run() {
             "controller-manager.yaml",
             "kube-proxy-cleanup.yaml",
             "proxy.yaml",
-            "smoke.yaml"
+            "smoke.yaml",
+            "workload-controllers.yaml"
         ]
     );
 }
