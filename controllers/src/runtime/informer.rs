@@ -122,7 +122,12 @@ impl<K: Watched> Informer<K> {
             .boxed();
         while let Some(ev) = stream.next().await {
             match ev {
-                Ok(ev) => self.dispatch(&ev),
+                Ok(ev) => {
+                    // No controller reads managedFields; they are often the larger part of an
+                    // object (kube-controller-manager's informers drop them too).
+                    let ev = ev.modify(|obj| obj.meta_mut().managed_fields = None);
+                    self.dispatch(&ev)
+                }
                 Err(e) => tracing::warn!(kind = %K::kind(&()), "watch: {e}"),
             }
         }
