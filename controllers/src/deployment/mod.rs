@@ -211,12 +211,7 @@ impl Controller {
     /// `resolveControllerRef`: the Deployment a controller reference names, if it still is that
     /// one (same uid).
     fn resolve(&self, namespace: &str, r: &OwnerReference) -> Option<Arc<Deployment>> {
-        if r.kind != "Deployment" {
-            return None;
-        }
-        self.deployments
-            .get(namespace, &r.name)
-            .filter(|d| d.metadata.uid.as_deref() == Some(r.uid.as_str()))
+        crate::runtime::claim::resolve_controller_ref(&self.deployments, namespace, r)
     }
 
     /// `getDeploymentsForReplicaSet`: Deployments whose (non-empty) selector matches an orphan.

@@ -246,12 +246,7 @@ impl Controller {
 
     /// The ReplicaSet a controller reference names, if it is in the cache with that uid.
     fn resolve(&self, ns: &str, r: &OwnerReference) -> Option<Arc<ReplicaSet>> {
-        if r.kind != "ReplicaSet" {
-            return None;
-        }
-        self.replica_sets
-            .get(ns, &r.name)
-            .filter(|rs| rs.metadata.uid.as_deref() == Some(r.uid.as_str()))
+        crate::runtime::claim::resolve_controller_ref(&self.replica_sets, ns, r)
     }
 
     /// The ReplicaSets of the Pod's namespace whose (non-empty, valid) selector matches it.

@@ -194,6 +194,24 @@ where
     }
 }
 
+/// `resolveControllerRef`: the object of kind `K` a controller reference names, when the cache
+/// holds it with that uid (a re-created owner of the same name is another owner).
+pub fn resolve_controller_ref<K>(
+    cache: &crate::cache::Indexed<K>,
+    namespace: &str,
+    r: &OwnerReference,
+) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + ResourceExt + Clone,
+{
+    if r.kind != K::kind(&()) {
+        return None;
+    }
+    cache
+        .get(namespace, &r.name)
+        .filter(|o| o.meta().uid.as_deref() == Some(r.uid.as_str()))
+}
+
 /// `Kind ns/name` of an object, for errors.
 pub fn object_name<K: Resource<DynamicType = ()>>(obj: &K) -> String {
     format!(
