@@ -20,12 +20,15 @@
 //! the same `workload-high` level), its CPU seconds (utime + stime from /proc/PID/stat) and its
 //! peak memory (VmHWM), read just before it is stopped.
 //!
-//! kube-scheduler and kwok serve every row alike; the scheduler's client limit is lifted
-//! (`--kube-api-qps=1000`): at its default (50 requests/s) it would bind 10,000 Pods in no less
-//! than 200 s and hide the controllers being measured.
+//! kube-scheduler and kwok serve every row alike, both lifted so that they are not what is
+//! measured: the scheduler's client limit (`--kube-api-qps=1000`; at its default, 50 requests/s,
+//! it binds 10,000 Pods in no less than 200 s) and kwok's Pod stage workers (32 instead of 4:
+//! with 4, a full run's rolling update had thousands of bound Pods waiting for kwok to make them
+//! Running, and thousands more to delete).
 //!
 //! Owns: its control planes, the `kpr-controller-manager` ServiceAccount and binding it creates in
-//! them, `target/bench/controllers.json`, `controllers.md` and `controllers-audit-policy.json`.
+//! them, `target/bench/controllers.json`, `controllers.md`, `controllers-audit-policy.json` and
+//! `controllers-kwok.json`.
 //! Touches nothing else.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -58,7 +61,7 @@ const QUICK: Sizes = Sizes {
 };
 /// API requests in flight while creating or changing the Deployments.
 const WRITE_CONCURRENCY: usize = 64;
-/// A kwok node's allocatable Pods (`controlplane`'s kwok nodes say 110).
+/// A kwok node's allocatable Pods (as `controlplane`'s kwok nodes).
 const PODS_PER_NODE: usize = 110;
 /// The images before and after the rolling update (kwok runs no container: never pulled).
 const IMAGE: &str = "registry.k8s.io/pause:3.10";
@@ -268,6 +271,9 @@ pub fn command(args: &BenchArgs, sizes: Sizes, managers: &[Manager]) -> String {
 pub const JSON_FILE: &str = "controllers.json";
 pub const MARKDOWN_FILE: &str = "controllers.md";
 const AUDIT_POLICY_FILE: &str = "controllers-audit-policy.json";
+const KWOK_CONFIG_FILE: &str = "controllers-kwok.json";
+/// kwok's Pod stage workers (its default is 4).
+const KWOK_POD_PARALLELISM: u32 = 32;
 
 /// Checks the binaries every row needs: kpr's controller-manager (built by `cargo xtask bench`)
 /// and the reference kube-controller-manager, kube-scheduler and kwok.
@@ -301,6 +307,13 @@ pub fn run(
     let policy = out_dir.join(AUDIT_POLICY_FILE);
     std::fs::write(&policy, audit_policy().to_string())
         .with_context(|| format!("writing {}", policy.display()))?;
+    let kwok_config = out_dir.join(KWOK_CONFIG_FILE);
+    std::fs::write(&kwok_config, kwok_configuration().to_string())
+        .with_context(|| format!("writing {}", kwok_config.display()))?;
+    let files = Files {
+        audit_policy: &policy,
+        kwok_config: &kwok_config,
+    };
     let mut bench = WorkloadBench {
         command,
         sizes,
@@ -323,7 +336,7 @@ pub fn run(
             manager: manager.name().into(),
             ..ManagerRun::default()
         };
-        if let Err(e) = measure(&rt, manager, sizes, &policy, &mut run) {
+        if let Err(e) = measure(&rt, manager, sizes, files, &mut run) {
             let e = format!("{e:#}");
             failures.push(format!("workload controllers, {}: {e}", run.manager));
             run.error = Some(e);
@@ -350,11 +363,28 @@ fn audit_policy() -> serde_json::Value {
     })
 }
 
+/// kwok's configuration: only more Pod stage workers (no Stage objects: kwok keeps its default
+/// node and Pod stages).
+fn kwok_configuration() -> serde_json::Value {
+    json!({
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": {"podPlayStageParallelism": KWOK_POD_PARALLELISM},
+    })
+}
+
+/// The configuration files every control plane of a run shares.
+#[derive(Debug, Clone, Copy)]
+struct Files<'a> {
+    audit_policy: &'a Path,
+    kwok_config: &'a Path,
+}
+
 fn measure(
     rt: &tokio::runtime::Runtime,
     manager: Manager,
     sizes: Sizes,
-    policy: &Path,
+    files: Files<'_>,
     run: &mut ManagerRun,
 ) -> anyhow::Result<()> {
     let dir = controlplane::run_dir(&format!("workload-{}", manager.tag()));
@@ -362,7 +392,7 @@ fn measure(
     let audit_log = dir.join("audit.log");
     let mut opts = Options::minimal(&dir);
     opts.apiserver_flags = vec![
-        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-policy-file={}", files.audit_policy.display()),
         format!("--audit-log-path={}", audit_log.display()),
         // Never rotated (0 means lumberjack's default, 100 MB), so one file holds every request.
         "--audit-log-maxsize=1000000".into(),
@@ -385,7 +415,7 @@ fn measure(
     scheduler_args.extend(UNTHROTTLED.iter().map(|s| s.to_string()));
     let scheduler = cp.binaries.path("kube-scheduler");
     cp.spawn_program("kube-scheduler", &scheduler, scheduler_args)?;
-    cp.start_kwok(sizes.nodes).context("starting kwok")?;
+    start_kwok(&mut cp, sizes.nodes, files.kwok_config).context("starting kwok")?;
     let client = rt.block_on(cp.client())?;
     rt.block_on(wait_nodes_ready(
         &client,
@@ -608,6 +638,54 @@ fn measure(
         requests.total
     );
     run.requests = Some(requests);
+    Ok(())
+}
+
+/// kwok as `ControlPlane::start_kwok` runs it, plus `config` and warnings-only logs (at info it
+/// logs every lease renewal of every node), managing `nodes` nodes `kwok-node-<i>` created here
+/// like that function's (110 Pods each, no taints but the API server's not-ready one).
+fn start_kwok(cp: &mut ControlPlane, nodes: usize, config: &Path) -> anyhow::Result<()> {
+    let args = vec![
+        format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
+        format!("--config={}", config.display()),
+        "--v=WARN".into(),
+        "--manage-all-nodes=false".into(),
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
+        "--manage-nodes-with-label-selector=".into(),
+        "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom".into(),
+        "--disregard-status-with-label-selector=".into(),
+        format!("--cidr={}", controlplane::CLUSTER_CIDR),
+        "--node-ip=10.0.0.1".into(),
+        "--node-lease-duration-seconds=40".into(),
+        "--server-address=127.0.0.1:0".into(),
+    ];
+    let kwok = cp.binaries.path("kwok");
+    cp.spawn_program("kwok", &kwok, args)?;
+    let items: Vec<serde_json::Value> = (0..nodes)
+        .map(|i| {
+            let name = format!("kwok-node-{i}");
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {"node.alpha.kubernetes.io/ttl": "0",
+                                    "kwok.x-k8s.io/node": "fake"},
+                    "labels": {"kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
+                               "kubernetes.io/os": "linux", "type": "kwok"},
+                },
+                "status": {
+                    "allocatable": {"cpu": "32", "memory": "256Gi",
+                                    "pods": PODS_PER_NODE.to_string()},
+                    "capacity": {"cpu": "32", "memory": "256Gi",
+                                 "pods": PODS_PER_NODE.to_string()},
+                    "phase": "Running",
+                },
+            })
+        })
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&list.to_string()))
+        .context("creating the kwok nodes")?;
     Ok(())
 }
 
