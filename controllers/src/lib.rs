@@ -22,6 +22,7 @@ pub mod manager;
 pub mod podutil;
 pub mod replicaset;
 pub mod runtime;
+pub mod scheduler;
 pub mod selector;
 
 pub use error::{Error, Result};
