@@ -16,7 +16,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Pod, ReplicationController, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 pub use types::{NodeInfo, PodInfo, Resource, Snapshot};
 
@@ -204,6 +206,53 @@ pub struct NodeScore {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PreFilterResult {
     pub node_names: Option<BTreeSet<String>>,
+}
+
+/// The cluster objects some plugins read besides nodes and Pods (PodTopologySpread's system
+/// default constraints select by the Pod's Services and owning ReplicaSets / StatefulSets /
+/// ReplicationControllers; DefaultPreemption respects PodDisruptionBudgets). The scheduler
+/// implements it over its informer caches; tests over vectors. Plugins get it at construction.
+pub trait ClusterObjects: Send + Sync {
+    fn services(&self, namespace: &str) -> Vec<Arc<Service>>;
+    fn replication_controllers(&self, namespace: &str) -> Vec<Arc<ReplicationController>>;
+    fn replica_sets(&self, namespace: &str) -> Vec<Arc<ReplicaSet>>;
+    fn stateful_sets(&self, namespace: &str) -> Vec<Arc<StatefulSet>>;
+    fn pod_disruption_budgets(&self, namespace: &str) -> Vec<Arc<PodDisruptionBudget>>;
+}
+
+/// [`ClusterObjects`] over plain vectors (tests, and a scheduler run without those informers).
+#[derive(Debug, Clone, Default)]
+pub struct StaticObjects {
+    pub services: Vec<Arc<Service>>,
+    pub replication_controllers: Vec<Arc<ReplicationController>>,
+    pub replica_sets: Vec<Arc<ReplicaSet>>,
+    pub stateful_sets: Vec<Arc<StatefulSet>>,
+    pub pod_disruption_budgets: Vec<Arc<PodDisruptionBudget>>,
+}
+
+fn in_namespace<K: kube::Resource>(objs: &[Arc<K>], ns: &str) -> Vec<Arc<K>> {
+    objs.iter()
+        .filter(|o| o.meta().namespace.as_deref() == Some(ns))
+        .cloned()
+        .collect()
+}
+
+impl ClusterObjects for StaticObjects {
+    fn services(&self, namespace: &str) -> Vec<Arc<Service>> {
+        in_namespace(&self.services, namespace)
+    }
+    fn replication_controllers(&self, namespace: &str) -> Vec<Arc<ReplicationController>> {
+        in_namespace(&self.replication_controllers, namespace)
+    }
+    fn replica_sets(&self, namespace: &str) -> Vec<Arc<ReplicaSet>> {
+        in_namespace(&self.replica_sets, namespace)
+    }
+    fn stateful_sets(&self, namespace: &str) -> Vec<Arc<StatefulSet>> {
+        in_namespace(&self.stateful_sets, namespace)
+    }
+    fn pod_disruption_budgets(&self, namespace: &str) -> Vec<Arc<PodDisruptionBudget>> {
+        in_namespace(&self.pod_disruption_budgets, namespace)
+    }
 }
 
 /// Every plugin has a name (the one used in KubeSchedulerConfiguration and in FitError reasons).
