@@ -76,6 +76,13 @@ pub const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
 pub const FAILED_DELETE: &str = "FailedDelete";
 
 /// Upstream's `SlowStartInitialBatchSize`.
+/// How long a ReplicaSet waits after a change of one of its Pods that needs no Pod created or
+/// deleted (bound, Running, Ready) before it is synced. Such changes only move status counts, and
+/// kwok or a kubelet make a ReplicaSet's Pods Ready within moments of each other: one status write
+/// for the group instead of one per Pod. kube-controller-manager syncs at once and coalesces only
+/// when its workers are busy; this is an accepted difference (docs/WORKLOADS.md).
+pub const STATUS_COALESCE: Duration = Duration::from_millis(500);
+
 const SLOW_START_INITIAL_BATCH: usize = 1;
 
 /// The ReplicaSet controller's settings.
@@ -318,7 +325,14 @@ impl Controller {
         if let Some(r) = cur_ref {
             if let Some(rs) = self.resolve(ns, r) {
                 let key = informer::key_of(rs.as_ref());
-                self.queue.add(key.clone());
+                if ref_changed
+                    || labels_changed
+                    || pods::is_pod_active(old) != pods::is_pod_active(cur)
+                {
+                    self.queue.add(key.clone());
+                } else {
+                    self.queue.add_after(key.clone(), STATUS_COALESCE);
+                }
                 let min_ready = plan::min_ready_seconds(&rs);
                 if !pods::is_pod_ready(old) && pods::is_pod_ready(cur) && min_ready > 0 {
                     // Look again when the Pod turns available.

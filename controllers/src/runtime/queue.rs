@@ -138,6 +138,9 @@ struct State<T> {
     added: HashMap<T, Instant>,
     /// When each item in processing was handed out (work duration, unfinished work).
     started: HashMap<T, Instant>,
+    /// Items waiting for an `add_after` delay, with when they become due: a later `add_after` of
+    /// a waiting item is merged into the earlier one (client-go's `waitingForQueue`).
+    waiting: HashMap<T, Instant>,
     shutting_down: bool,
 }
 
@@ -167,6 +170,7 @@ impl<T: Item> WorkQueue<T> {
                 processing: HashSet::new(),
                 added: HashMap::new(),
                 started: HashMap::new(),
+                waiting: HashMap::new(),
                 shutting_down: false,
             }),
             limiter: Mutex::new(limiter),
@@ -217,15 +221,40 @@ impl<T: Item> WorkQueue<T> {
         if after.is_zero() {
             return self.add(item);
         }
-        if self.state().shutting_down {
-            return;
+        let due = Instant::now() + after;
+        {
+            let mut s = self.state();
+            if s.shutting_down {
+                return;
+            }
+            match s.waiting.get(&item) {
+                // Already due sooner (or as soon): this add is part of that one.
+                Some(&at) if at <= due => return,
+                _ => {
+                    s.waiting.insert(item.clone(), due);
+                }
+            }
         }
         let Some(this) = self.this.upgrade() else {
             return;
         };
         tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            this.add(item);
+            tokio::time::sleep_until(due.into()).await;
+            // Only the timer of the earliest due time adds the item; a timer whose entry was
+            // replaced by an earlier one, or already consumed, does nothing.
+            let ours = {
+                let mut s = this.state();
+                match s.waiting.get(&item) {
+                    Some(&at) if at <= Instant::now() => {
+                        s.waiting.remove(&item);
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if ours {
+                this.add(item);
+            }
         });
     }
 
@@ -442,5 +471,23 @@ mod tests {
         let text = metrics::encode();
         assert!(text.contains("workqueue_work_duration_seconds_count{name=\"test-metrics\"} 1"));
         assert!(text.contains("workqueue_longest_running_processor_seconds{name=\"test-metrics\"}"));
+    }
+
+    #[tokio::test]
+    async fn ctl1_delayed_adds_of_a_waiting_item_merge_into_the_earliest() {
+        let q = WorkQueue::<u32>::new("test-after");
+        q.add_after(1, Duration::from_millis(300));
+        q.add_after(1, Duration::from_millis(100));
+        q.add_after(1, Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(q.len(), 1, "due at the earliest time");
+        let item = q.get().await.unwrap();
+        q.done(&item);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(q.len(), 0, "the later adds were merged into the first");
+        // Once consumed, a new delayed add is a new wait.
+        q.add_after(1, Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(q.len(), 1);
     }
 }
