@@ -1,6 +1,7 @@
 //! The default plugins, one module each, as kube-scheduler v1.34 registers them. Every plugin is
 //! pure over the [`Snapshot`](super::framework::Snapshot) and the Pod: no I/O, no clocks.
 
+pub mod helper;
 pub mod node_unschedulable;
 pub mod node_name;
 pub mod taint_toleration;
