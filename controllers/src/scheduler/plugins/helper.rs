@@ -560,6 +560,47 @@ pub fn default_normalize_score(max_priority: i64, reverse: bool, scores: &mut [N
     }
 }
 
+/// A plugin's args object (`<kind>` as in KubeSchedulerConfiguration `pluginConfig[].args`):
+/// `None` when absent or null; an error naming the field when it is not an object or has a field
+/// other than `fields` (plus `apiVersion` / `kind`), as the strict config decoder rejects them.
+pub fn args_object<'a>(
+    args: Option<&'a serde_json::Value>,
+    kind: &str,
+    fields: &[&str],
+) -> Result<Option<&'a serde_json::Map<String, serde_json::Value>>, String> {
+    let Some(args) = args.filter(|a| !a.is_null()) else {
+        return Ok(None);
+    };
+    let Some(obj) = args.as_object() else {
+        return Err(format!("{kind}: must be an object"));
+    };
+    for key in obj.keys() {
+        if !fields.contains(&key.as_str()) && key != "apiVersion" && key != "kind" {
+            return Err(format!("{kind}.{key}: unknown field"));
+        }
+    }
+    Ok(Some(obj))
+}
+
+/// One field of an args object, deserialized; `Ok(None)` when absent or null.
+pub fn args_field<T: serde::de::DeserializeOwned>(
+    obj: Option<&serde_json::Map<String, serde_json::Value>>,
+    kind: &str,
+    field: &str,
+) -> Result<Option<T>, String> {
+    match obj.and_then(|o| o.get(field)).filter(|v| !v.is_null()) {
+        None => Ok(None),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|e| format!("{kind}.{field}: {e}")),
+    }
+}
+
 #[cfg(test)]
 #[path = "helper_tests.rs"]
 mod tests;
+
+/// Builders and a miniature framework for the plugin test tables.
+#[cfg(test)]
+#[path = "test_util.rs"]
+pub(crate) mod test_util;
