@@ -219,9 +219,10 @@ impl Monitor {
         let task = tokio::spawn(async move {
             let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client, &ar);
             let mut store = MonitorStore::new(&ar.api_version, &ar.kind);
-            // resourceVersion=0 lists come from the API server's watch cache, as client-go's
-            // reflectors list; metadata-only requests keep the payload to what the graph needs.
-            let config = watcher::Config::default().any_semantic();
+            // resourceVersion=0 lists (when streaming lists are off) come from the API server's
+            // watch cache, as client-go's reflectors list; metadata-only requests keep the
+            // payload to what the graph needs.
+            let config = crate::runtime::informer::watcher_config().any_semantic();
             let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             while let Some(ev) = stream.next().await {
                 match ev {

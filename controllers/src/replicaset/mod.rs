@@ -77,11 +77,11 @@ pub const FAILED_DELETE: &str = "FailedDelete";
 
 /// Upstream's `SlowStartInitialBatchSize`.
 /// How long a ReplicaSet waits after a change of one of its Pods that needs no Pod created or
-/// deleted (bound, Running, Ready) before it is synced. Such changes only move status counts, and
+/// deleted (bound, Running, Ready) before it is synced (a quarter of a second). Such changes only move status counts, and
 /// kwok or a kubelet make a ReplicaSet's Pods Ready within moments of each other: one status write
 /// for the group instead of one per Pod. kube-controller-manager syncs at once and coalesces only
 /// when its workers are busy; this is an accepted difference (docs/WORKLOADS.md).
-pub const STATUS_COALESCE: Duration = Duration::from_millis(500);
+pub const STATUS_COALESCE: Duration = Duration::from_millis(250);
 
 const SLOW_START_INITIAL_BATCH: usize = 1;
 

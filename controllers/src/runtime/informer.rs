@@ -13,6 +13,7 @@
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use futures::future::BoxFuture;
@@ -28,6 +29,29 @@ use super::workers::AbortOnDrop;
 
 /// Index of every informer's cache: key = the object's namespace.
 pub const NAMESPACE: &str = "namespace";
+
+/// Whether watches start with a streaming list (one watch request with `sendInitialEvents`,
+/// objects arriving one by one) rather than a paginated list followed by a watch.
+static WATCH_LIST: AtomicBool = AtomicBool::new(true);
+
+/// Chooses how every watch of this process starts (before the informers start): streaming lists
+/// (the default; kube-apiserver has served them by default since v1.32, and kube-controller-manager
+/// v1.34 uses them) or list then watch, for API servers without them.
+pub fn set_watch_list(on: bool) {
+    WATCH_LIST.store(on, Ordering::Relaxed);
+}
+
+/// The watcher configuration every informer and monitor starts from (see [`set_watch_list`]).
+/// A streaming list also keeps the peak memory of a start or relist to one object at a time,
+/// where a list holds a whole page of 500 in its response.
+pub fn watcher_config() -> watcher::Config {
+    let cfg = watcher::Config::default();
+    if WATCH_LIST.load(Ordering::Relaxed) {
+        cfg.streaming_lists()
+    } else {
+        cfg
+    }
+}
 /// Index of every informer's cache: key = the uid of the object's controller ownerReference.
 pub const CONTROLLER_UID: &str = "controller-uid";
 
@@ -117,7 +141,7 @@ impl<K: Watched> Informer<K> {
 
     async fn run(self: Arc<Self>, client: Client) {
         let api: Api<K> = Api::all(client);
-        let mut stream = watcher::watcher(api, watcher::Config::default())
+        let mut stream = watcher::watcher(api, watcher_config())
             .default_backoff()
             .boxed();
         while let Some(ev) = stream.next().await {
