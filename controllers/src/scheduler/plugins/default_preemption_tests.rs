@@ -1,0 +1,692 @@
+//! Table tests for DefaultPreemption: candidate selection, victim selection with reprieves and
+//! PDBs, eligibility and the diagnosis message, after upstream v1.34's
+//! `defaultpreemption/default_preemption_test.go` and `preemption/preemption_test.go`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::scheduler::framework::{FilterPlugin, PreFilterPlugin, StaticObjects};
+use crate::scheduler::plugins::inter_pod_affinity::InterPodAffinity;
+
+/// A stand-in for NodeResourcesFit: CPU only.
+struct CpuFit;
+
+impl Plugin for CpuFit {
+    fn name(&self) -> &'static str {
+        "NodeResourcesFit"
+    }
+}
+
+impl FilterPlugin for CpuFit {
+    fn filter(&self, _state: &CycleState, pod: &Pod, node: &NodeInfo) -> Status {
+        let want = PodInfo::new(Arc::new(pod.clone())).requests.milli_cpu;
+        if node.requested.milli_cpu + want > node.allocatable.milli_cpu {
+            Status::unschedulable("Insufficient cpu")
+        } else {
+            Status::success()
+        }
+    }
+}
+
+/// The profile's PreFilter extensions and Filter plugins, as the runtime would run them.
+#[derive(Default)]
+struct Runner {
+    pre: Vec<Arc<dyn PreFilterPlugin>>,
+    filters: Vec<Arc<dyn FilterPlugin>>,
+}
+
+impl FilterRunner for Runner {
+    fn run_filters(&self, state: &CycleState, pod: &Pod, node: &NodeInfo) -> Status {
+        for f in &self.filters {
+            let st = f.filter(state, pod, node);
+            if !st.is_success() {
+                return st;
+            }
+        }
+        Status::success()
+    }
+    fn remove_pod(
+        &self,
+        state: &mut CycleState,
+        pod: &Pod,
+        removed: &PodInfo,
+        node: &NodeInfo,
+    ) -> Status {
+        for p in &self.pre {
+            let st = p.remove_pod(state, pod, removed, node);
+            if !st.is_success() {
+                return st;
+            }
+        }
+        Status::success()
+    }
+    fn add_pod(
+        &self,
+        state: &mut CycleState,
+        pod: &Pod,
+        added: &PodInfo,
+        node: &NodeInfo,
+    ) -> Status {
+        for p in &self.pre {
+            let st = p.add_pod(state, pod, added, node);
+            if !st.is_success() {
+                return st;
+            }
+        }
+        Status::success()
+    }
+}
+
+fn cpu_runner() -> Runner {
+    Runner {
+        pre: vec![],
+        filters: vec![Arc::new(CpuFit)],
+    }
+}
+
+fn node(name: &str, cpu: &str) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"allocatable": {"cpu": cpu, "pods": "110"}}
+    }))
+    .unwrap()
+}
+
+/// A Pod requesting `cpu`, with `priority`, on `node` (empty: the incoming Pod), plus `extra`.
+fn pod(name: &str, node: &str, cpu: &str, priority: i32, extra: Value) -> Pod {
+    let mut p = json!({
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {
+            "priority": priority,
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]
+        }
+    });
+    if !node.is_empty() {
+        p["spec"]["nodeName"] = json!(node);
+    }
+    json_patch::merge(&mut p, &extra);
+    serde_json::from_value(p).unwrap()
+}
+
+fn started(t: &str) -> Value {
+    json!({"status": {"startTime": t}})
+}
+
+fn snapshot(nodes: Vec<Node>, pods: Vec<Pod>) -> Snapshot {
+    let mut infos: Vec<NodeInfo> = nodes
+        .into_iter()
+        .map(|n| NodeInfo::new(Arc::new(n)))
+        .collect();
+    for p in pods {
+        let target = p.spec.as_ref().unwrap().node_name.clone().unwrap();
+        let n = infos.iter_mut().find(|n| n.name() == target).unwrap();
+        n.add_pod(PodInfo::new(Arc::new(p)));
+    }
+    Snapshot::new(infos, HashMap::new())
+}
+
+fn pdb(name: &str, selector: Value, allowed: i32) -> Arc<PodDisruptionBudget> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"selector": selector},
+            "status": {"disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}
+        }))
+        .unwrap(),
+    )
+}
+
+fn plugin(pdbs: Vec<Arc<PodDisruptionBudget>>, args: Option<Value>) -> DefaultPreemption {
+    let objects = StaticObjects {
+        pod_disruption_budgets: pdbs,
+        ..Default::default()
+    };
+    DefaultPreemption::new(args.as_ref(), Arc::new(objects))
+        .unwrap()
+        .with_offset(|_| 0)
+}
+
+/// Every node Unschedulable ("Insufficient cpu"), as after a failed Filter.
+fn all_unschedulable(snap: &Snapshot) -> HashMap<String, Status> {
+    snap.nodes
+        .iter()
+        .map(|n| {
+            (
+                n.name().to_string(),
+                Status::unschedulable("Insufficient cpu"),
+            )
+        })
+        .collect()
+}
+
+/// (nominated node, victim names) or the status.
+fn run(
+    pl: &DefaultPreemption,
+    runner: &Runner,
+    pod: &Pod,
+    snap: &Snapshot,
+    filtered: &HashMap<String, Status>,
+    state: &CycleState,
+) -> Result<(String, Vec<String>), (Option<PostFilterResult>, Status)> {
+    let (result, status) = pl.post_filter(state, pod, snap, filtered, runner);
+    match (&result, status.is_success()) {
+        (Some(r), true) => Ok((
+            r.nominated_node.clone(),
+            r.victims
+                .iter()
+                .map(|v| v.metadata.name.clone().unwrap())
+                .collect(),
+        )),
+        _ => Err((result, status)),
+    }
+}
+
+fn names(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn candidates_are_ordered_as_pick_one_node_for_preemption() {
+    type Case<'a> = (
+        &'a str,
+        Vec<Node>,
+        Vec<Pod>,
+        Pod,
+        Vec<Arc<PodDisruptionBudget>>,
+        (&'a str, Vec<&'a str>),
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "the node whose highest-priority victim has the lowest priority",
+            vec![node("node1", "2"), node("node2", "2")],
+            vec![
+                pod("p1", "node1", "2", 10, json!({})),
+                pod("p2", "node2", "2", 5, json!({})),
+            ],
+            pod("p", "", "1", 20, json!({})),
+            vec![],
+            ("node2", vec!["p2"]),
+        ),
+        (
+            "fewest PDB violations beat a lower victim priority",
+            vec![node("node1", "2"), node("node2", "2")],
+            vec![
+                pod(
+                    "p1",
+                    "node1",
+                    "2",
+                    5,
+                    json!({"metadata": {"labels": {"app": "a"}}}),
+                ),
+                pod("p2", "node2", "2", 10, json!({})),
+            ],
+            pod("p", "", "1", 20, json!({})),
+            vec![pdb("pdb-a", json!({"matchLabels": {"app": "a"}}), 0)],
+            ("node2", vec!["p2"]),
+        ),
+        (
+            "a PDB with disruptions left is not violated",
+            vec![node("node1", "2"), node("node2", "2")],
+            vec![
+                pod(
+                    "p1",
+                    "node1",
+                    "2",
+                    5,
+                    json!({"metadata": {"labels": {"app": "a"}}}),
+                ),
+                pod("p2", "node2", "2", 10, json!({})),
+            ],
+            pod("p", "", "1", 20, json!({})),
+            vec![pdb("pdb-a", json!({"matchLabels": {"app": "a"}}), 1)],
+            ("node1", vec!["p1"]),
+        ),
+        (
+            "same highest priority: the smallest priority sum",
+            vec![node("node1", "2"), node("node2", "2")],
+            vec![
+                pod("a1", "node1", "1", 5, json!({})),
+                pod("a2", "node1", "1", 5, json!({})),
+                pod("b1", "node2", "1", 5, json!({})),
+                pod("b2", "node2", "1", 1, json!({})),
+            ],
+            pod("p", "", "2", 20, json!({})),
+            vec![],
+            ("node2", vec!["b1", "b2"]),
+        ),
+        (
+            "same priorities: fewer victims (a smaller shifted priority sum)",
+            vec![node("node1", "2"), node("node2", "2")],
+            vec![
+                pod("a1", "node1", "1", 5, json!({})),
+                pod("a2", "node1", "1", 5, json!({})),
+                pod("b1", "node2", "2", 5, json!({})),
+            ],
+            pod("p", "", "2", 20, json!({})),
+            vec![],
+            ("node2", vec!["b1"]),
+        ),
+        (
+            "all equal but start time: the latest-started highest-priority victims",
+            vec![node("node1", "2"), node("node2", "2"), node("node3", "2")],
+            vec![
+                pod("a", "node1", "2", 5, started("2024-01-01T00:00:00Z")),
+                pod("b", "node2", "2", 5, started("2024-06-01T00:00:00Z")),
+                pod("c", "node3", "2", 5, started("2024-03-01T00:00:00Z")),
+            ],
+            pod("p", "", "1", 20, json!({})),
+            vec![],
+            ("node2", vec!["b"]),
+        ),
+        (
+            "a complete tie goes to the first candidate found",
+            vec![node("node1", "2"), node("node2", "2")],
+            vec![
+                pod("a", "node1", "2", 5, started("2024-01-01T00:00:00Z")),
+                pod("b", "node2", "2", 5, started("2024-01-01T00:00:00Z")),
+            ],
+            pod("p", "", "1", 20, json!({})),
+            vec![],
+            ("node1", vec!["a"]),
+        ),
+    ];
+    for (name, nodes, pods, incoming, pdbs, (want_node, want_victims)) in cases {
+        let snap = snapshot(nodes, pods);
+        let pl = plugin(pdbs, None);
+        let got = run(
+            &pl,
+            &cpu_runner(),
+            &incoming,
+            &snap,
+            &all_unschedulable(&snap),
+            &CycleState::new(),
+        );
+        assert_eq!(
+            got.map_err(|e| e.1),
+            Ok((want_node.to_string(), names(&want_victims))),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn victims_are_reprieved_by_pdb_then_priority() {
+    type Case<'a> = (
+        &'a str,
+        Vec<Pod>,
+        Vec<Arc<PodDisruptionBudget>>,
+        Vec<&'a str>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "higher priority Pods are reprieved first; only lower-priority Pods are candidates",
+            vec![
+                pod("high", "node1", "1", 10, json!({})),
+                pod("low", "node1", "1", 5, json!({})),
+                pod("lowest", "node1", "1", 1, json!({})),
+                pod("above", "node1", "0", 30, json!({})),
+            ],
+            vec![],
+            vec!["low", "lowest"],
+        ),
+        (
+            "without PDBs the higher-priority Pod stays",
+            vec![
+                pod("a", "node1", "1", 5, json!({"metadata": {"labels": {"app": "x"}}})),
+                pod("b", "node1", "1", 10, json!({})),
+                pod("c", "node1", "1", 1, json!({})),
+            ],
+            vec![],
+            vec!["a", "c"],
+        ),
+        (
+            "a PDB-violating Pod is reprieved before a higher-priority one",
+            vec![
+                pod("a", "node1", "1", 5, json!({"metadata": {"labels": {"app": "x"}}})),
+                pod("b", "node1", "1", 10, json!({})),
+                pod("c", "node1", "1", 1, json!({})),
+            ],
+            vec![pdb("pdb-x", json!({"matchLabels": {"app": "x"}}), 0)],
+            vec!["b", "c"],
+        ),
+        (
+            "a Pod already in disruptedPods does not count against its PDB",
+            vec![
+                pod("a", "node1", "1", 5, json!({"metadata": {"labels": {"app": "x"}}})),
+                pod("b", "node1", "1", 10, json!({})),
+                pod("c", "node1", "1", 1, json!({})),
+            ],
+            vec![Arc::new(
+                serde_json::from_value(json!({
+                    "metadata": {"name": "pdb-x", "namespace": "default"},
+                    "spec": {"selector": {"matchLabels": {"app": "x"}}},
+                    "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1,
+                               "disruptedPods": {"a": "2024-01-01T00:00:00Z"}}
+                }))
+                .unwrap(),
+            )],
+            vec!["a", "c"],
+        ),
+        (
+            "an empty PDB selector matches nothing",
+            vec![
+                pod("a", "node1", "1", 5, json!({"metadata": {"labels": {"app": "x"}}})),
+                pod("b", "node1", "1", 10, json!({})),
+                pod("c", "node1", "1", 1, json!({})),
+            ],
+            vec![pdb("pdb-all", json!({}), 0)],
+            vec!["a", "c"],
+        ),
+    ];
+    for (name, pods, pdbs, want) in cases {
+        let snap = snapshot(vec![node("node1", "3")], pods);
+        let pl = plugin(pdbs, None);
+        let incoming = pod("p", "", "2", 20, json!({}));
+        let got = run(
+            &pl,
+            &cpu_runner(),
+            &incoming,
+            &snap,
+            &all_unschedulable(&snap),
+            &CycleState::new(),
+        );
+        assert_eq!(
+            got.map_err(|e| e.1),
+            Ok(("node1".to_string(), names(&want))),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn eligibility_and_diagnosis() {
+    let state = CycleState::new();
+    let nodes = || vec![node("node1", "2"), node("node2", "2")];
+
+    // preemptionPolicy Never.
+    let snap = snapshot(nodes(), vec![pod("v", "node1", "2", 1, json!({}))]);
+    let never = pod(
+        "p",
+        "",
+        "1",
+        20,
+        json!({"spec": {"preemptionPolicy": "Never"}}),
+    );
+    let (result, st) = plugin(vec![], None).post_filter(
+        &state,
+        &never,
+        &snap,
+        &all_unschedulable(&snap),
+        &cpu_runner(),
+    );
+    assert_eq!(result, None);
+    assert_eq!(st.code, Code::Unschedulable);
+    assert_eq!(
+        st.reasons,
+        vec!["preemption: not eligible due to preemptionPolicy=Never."]
+    );
+
+    // A lower-priority Pod terminating by preemption on the nominated node: wait for it.
+    let terminating = pod(
+        "t",
+        "node1",
+        "2",
+        1,
+        json!({
+            "metadata": {"deletionTimestamp": "2024-01-01T00:00:00Z"},
+            "status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}
+        }),
+    );
+    let snap = snapshot(
+        nodes(),
+        vec![terminating, pod("v", "node2", "2", 1, json!({}))],
+    );
+    let nominated = pod(
+        "p",
+        "",
+        "1",
+        20,
+        json!({"status": {"nominatedNodeName": "node1"}}),
+    );
+    let (result, st) = plugin(vec![], None).post_filter(
+        &state,
+        &nominated,
+        &snap,
+        &all_unschedulable(&snap),
+        &cpu_runner(),
+    );
+    assert_eq!(result, None);
+    assert_eq!(
+        st.reasons,
+        vec!["preemption: not eligible due to a terminating pod on the nominated node."]
+    );
+
+    // ...unless the nominated node is now unresolvable: preempt elsewhere.
+    let mut filtered = all_unschedulable(&snap);
+    filtered.insert(
+        "node1".into(),
+        Status::unresolvable("node(s) didn't match Pod's node affinity/selector"),
+    );
+    let got = run(
+        &plugin(vec![], None),
+        &cpu_runner(),
+        &nominated,
+        &snap,
+        &filtered,
+        &state,
+    );
+    assert_eq!(
+        got.map_err(|e| e.1),
+        Ok(("node2".to_string(), names(&["v"])))
+    );
+
+    // Unresolvable nodes are not candidates; a node without lower-priority Pods is no help.
+    let snap = snapshot(
+        nodes(),
+        vec![
+            pod("v", "node1", "2", 1, json!({})),
+            pod("w", "node2", "2", 50, json!({})),
+        ],
+    );
+    let mut filtered = all_unschedulable(&snap);
+    filtered.insert(
+        "node1".into(),
+        Status::unresolvable("node(s) had untolerated taint {k: v}"),
+    );
+    let incoming = pod("p", "", "1", 20, json!({}));
+    let (result, st) =
+        plugin(vec![], None).post_filter(&state, &incoming, &snap, &filtered, &cpu_runner());
+    assert_eq!(
+        result,
+        Some(PostFilterResult {
+            nominated_node: String::new(),
+            victims: vec![]
+        })
+    );
+    assert_eq!(st.code, Code::Unschedulable);
+    assert_eq!(
+        st.reasons,
+        vec!["preemption: 0/2 nodes are available: 1 No preemption victims found for incoming pod, 1 Preemption is not helpful for scheduling."]
+    );
+
+    // The Pod does not fit even with every lower-priority Pod gone: the Filter's reason.
+    let snap = snapshot(
+        nodes(),
+        vec![
+            pod("v", "node1", "1", 1, json!({})),
+            pod("w", "node2", "1", 1, json!({})),
+        ],
+    );
+    let big = pod("p", "", "3", 20, json!({}));
+    let (_, st) = plugin(vec![], None).post_filter(
+        &state,
+        &big,
+        &snap,
+        &all_unschedulable(&snap),
+        &cpu_runner(),
+    );
+    assert_eq!(
+        st.reasons,
+        vec!["preemption: 0/2 nodes are available: 2 Insufficient cpu."]
+    );
+
+    // No node was Unschedulable at all.
+    let filtered: HashMap<String, Status> = snap
+        .nodes
+        .iter()
+        .map(|n| (n.name().to_string(), Status::unresolvable("x")))
+        .collect();
+    let (_, st) =
+        plugin(vec![], None).post_filter(&state, &incoming, &snap, &filtered, &cpu_runner());
+    assert_eq!(
+        st.reasons,
+        vec!["preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling."]
+    );
+}
+
+#[test]
+fn candidate_search_starts_at_the_injected_offset_and_stops_at_the_wanted_number() {
+    let nodes: Vec<Node> = (1..=5).map(|i| node(&format!("node{i}"), "1")).collect();
+    let pods: Vec<Pod> = (1..=5)
+        .map(|i| {
+            pod(
+                &format!("v{i}"),
+                &format!("node{i}"),
+                "1",
+                1,
+                started("2024-01-01T00:00:00Z"),
+            )
+        })
+        .collect();
+    let snap = snapshot(nodes, pods);
+    let incoming = pod("p", "", "1", 20, json!({}));
+    let args = json!({"minCandidateNodesPercentage": 0, "minCandidateNodesAbsolute": 1});
+    for (offset, want) in [(0, "node1"), (2, "node3"), (4, "node5"), (7, "node3")] {
+        let pl = plugin(vec![], Some(args.clone())).with_offset(move |_| offset);
+        let got = run(
+            &pl,
+            &cpu_runner(),
+            &incoming,
+            &snap,
+            &all_unschedulable(&snap),
+            &CycleState::new(),
+        );
+        assert_eq!(got.map_err(|e| e.1).unwrap().0, want, "offset {offset}");
+    }
+    // With every candidate wanted, the best of all is picked regardless of the offset.
+    let pl = plugin(vec![], None).with_offset(|_| 3);
+    let got = run(
+        &pl,
+        &cpu_runner(),
+        &incoming,
+        &snap,
+        &all_unschedulable(&snap),
+        &CycleState::new(),
+    );
+    assert_eq!(
+        got.map_err(|e| e.1).unwrap().0,
+        "node4",
+        "ties go to the first found from the offset"
+    );
+}
+
+#[test]
+fn number_of_candidates_follows_the_args() {
+    let pl = plugin(vec![], None);
+    for (nodes, want) in [(10, 10), (100, 100), (1000, 100), (5000, 500)] {
+        assert_eq!(pl.num_candidates(nodes), want, "{nodes} nodes");
+    }
+    let pl = plugin(
+        vec![],
+        Some(json!({"minCandidateNodesPercentage": 50, "minCandidateNodesAbsolute": 0})),
+    );
+    assert_eq!(pl.num_candidates(10), 5);
+    let objects: Arc<dyn ClusterObjects> = Arc::new(StaticObjects::default());
+    for (args, field) in [
+        (
+            json!({"minCandidateNodesPercentage": 101}),
+            "minCandidateNodesPercentage",
+        ),
+        (
+            json!({"minCandidateNodesAbsolute": -1}),
+            "minCandidateNodesAbsolute",
+        ),
+        (
+            json!({"minCandidateNodesPercentage": 0, "minCandidateNodesAbsolute": 0}),
+            "minCandidateNodesPercentage",
+        ),
+        (
+            json!({"minCandidateNodesPercentage": "ten"}),
+            "minCandidateNodesPercentage",
+        ),
+        (json!({"other": 1}), "other"),
+    ] {
+        let e = DefaultPreemption::new(Some(&args), objects.clone())
+            .err()
+            .unwrap();
+        assert!(e.contains(field), "{args}: {e}");
+    }
+}
+
+#[test]
+fn preemption_simulates_victims_through_prefilter_extensions() {
+    // The incoming Pod has required anti-affinity to app=x per host; node1's only app=x Pod is a
+    // lower-priority victim, node2's is of higher priority. Only node1 can be helped, and only
+    // because InterPodAffinity's remove_pod forgets the victim.
+    let ipa = Arc::new(InterPodAffinity::new(None, Arc::new(StaticObjects::default())).unwrap());
+    let runner = Runner {
+        pre: vec![ipa.clone()],
+        filters: vec![Arc::new(CpuFit), ipa.clone()],
+    };
+    let x = json!({"metadata": {"labels": {"app": "x"}}});
+    let snap = snapshot(
+        vec![node("node1", "4"), node("node2", "4")],
+        vec![
+            pod("keep", "node1", "1", 1, json!({})),
+            pod("victim", "node1", "1", 1, x.clone()),
+            pod("strong", "node2", "1", 100, x),
+        ],
+    );
+    let incoming = pod(
+        "p",
+        "",
+        "1",
+        20,
+        json!({"spec": {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
+        ]}}}}),
+    );
+    let mut state = CycleState::new();
+    assert!(ipa.pre_filter(&mut state, &incoming, &snap).1.is_success());
+    let filtered: HashMap<String, Status> = snap
+        .nodes
+        .iter()
+        .map(|n| {
+            (
+                n.name().to_string(),
+                runner.run_filters(&state, &incoming, n),
+            )
+        })
+        .collect();
+    assert!(
+        filtered.values().all(|s| s.code == Code::Unschedulable),
+        "{filtered:?}"
+    );
+    let got = run(
+        &plugin(vec![], None),
+        &runner,
+        &incoming,
+        &snap,
+        &filtered,
+        &state,
+    );
+    assert_eq!(
+        got.map_err(|e| e.1),
+        Ok(("node1".to_string(), names(&["victim"])))
+    );
+}
