@@ -6,5 +6,12 @@
 //! writes any other object except the Pod's PodScheduled condition, Events and (for preemption) the
 //! victims' deletion and the preemptor's `status.nominatedNodeName`.
 
+pub mod cache;
+pub mod config;
 pub mod framework;
+pub mod framework_runner;
+pub mod metrics;
 pub mod plugins;
+pub mod queue;
+pub mod registry;
+pub mod run;

@@ -1,0 +1,209 @@
+//! `scheduler`: kpr's Pod scheduler, a drop-in for kube-scheduler (KubeSchedulerConfiguration v1
+//! profiles, the default plugins and weights of v1.34, leader election, its metric names).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use controllers::leader::{self, LeaderConfig};
+use controllers::runtime::informer::Informers;
+use controllers::scheduler::config::{self, KubeSchedulerConfiguration};
+use controllers::scheduler::registry::{BuildContext, Registry};
+use controllers::scheduler::run::{self, InformerObjects, Scheduler, Settings};
+
+/// Schedules Pods whose schedulerName is one of the configured profiles onto nodes.
+#[derive(Debug, Parser)]
+#[command(name = "scheduler", version)]
+struct Args {
+    /// Kubeconfig file (default: in-cluster config or ~/.kube/config).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) file; without one, the
+    /// default profile `default-scheduler`.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Schedule only while holding the leader Lease (default: the config's
+    /// leaderElection.leaderElect, else off).
+    #[arg(long)]
+    leader_elect: Option<bool>,
+    /// Namespace of the leader Lease (default: the config's, else kube-system).
+    #[arg(long)]
+    leader_elect_resource_namespace: Option<String>,
+    /// Name of the leader Lease (default: the config's, else kpr-scheduler).
+    #[arg(long)]
+    leader_elect_resource_name: Option<String>,
+    /// Identity in the Lease (default: hostname_pid).
+    #[arg(long)]
+    leader_elect_identity: Option<String>,
+    /// Serve Prometheus metrics (`/metrics`, kube-scheduler's metric names) and `/healthz` on
+    /// this address, e.g. 127.0.0.1:10259 (default: not served).
+    #[arg(long)]
+    metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Log verbosity as kube-scheduler's -v: 0-3 info, 4-5 debug, 6 and more trace (RUST_LOG,
+    /// when set, wins).
+    #[arg(short = 'v', long = "v", default_value_t = 0)]
+    verbosity: u8,
+}
+
+async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|| async {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    controllers::runtime::metrics::encode(),
+                )
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--metrics-bind-address {addr}: binding"))?;
+    axum::serve(listener, app)
+        .await
+        .with_context(|| format!("serving metrics on {addr}"))
+}
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("inferring the Kubernetes client configuration")?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+fn identity() -> String {
+    let host =
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "unknown".into());
+    format!("{}_{}", host.trim(), std::process::id())
+}
+
+fn duration(field: &str, v: Option<&str>, default: Duration) -> anyhow::Result<Duration> {
+    match v {
+        None => Ok(default),
+        Some(s) => humantime::parse_duration(s).with_context(|| format!("{field}: {s:?}")),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let level = match args.verbosity {
+        0..=3 => "info",
+        4..=5 => "debug",
+        _ => "trace",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| format!("warn,controllers={level},scheduler={level}").into()),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .init();
+    let file: KubeSchedulerConfiguration = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --config {}", path.display()))?;
+            config::parse(&text).map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?
+        }
+        None => KubeSchedulerConfiguration::default(),
+    };
+    let client = client(args.kubeconfig.as_deref()).await?;
+    let informers = Informers::new(client.clone());
+    let ctx = BuildContext {
+        objects: Arc::new(InformerObjects::new(&informers)),
+        client: Some(client.clone()),
+    };
+    let cfg = config::build(&file, &Registry::builtin(), &ctx).map_err(|e| match &args.config {
+        Some(p) => anyhow::anyhow!("--config {}: {e}", p.display()),
+        None => anyhow::anyhow!("default configuration: {e}"),
+    })?;
+    let le = cfg.leader_election.clone().unwrap_or_default();
+    let leader = args
+        .leader_elect
+        .or(le.leader_elect)
+        .unwrap_or(false)
+        .then(|| -> anyhow::Result<LeaderConfig> {
+            Ok(LeaderConfig {
+                lease_duration: duration(
+                    "leaderElection.leaseDuration",
+                    le.lease_duration.as_deref(),
+                    Duration::from_secs(15),
+                )?,
+                renew_deadline: duration(
+                    "leaderElection.renewDeadline",
+                    le.renew_deadline.as_deref(),
+                    Duration::from_secs(10),
+                )?,
+                retry_period: duration(
+                    "leaderElection.retryPeriod",
+                    le.retry_period.as_deref(),
+                    Duration::from_secs(2),
+                )?,
+                ..LeaderConfig::new(
+                    args.leader_elect_resource_namespace
+                        .as_deref()
+                        .or(le.resource_namespace.as_deref())
+                        .unwrap_or("kube-system"),
+                    args.leader_elect_resource_name
+                        .as_deref()
+                        .or(le.resource_name.as_deref())
+                        .unwrap_or("kpr-scheduler"),
+                    &args.leader_elect_identity.clone().unwrap_or_else(identity),
+                )
+            })
+        })
+        .transpose()?;
+    let settings = Settings {
+        parallelism: cfg.parallelism,
+        percentage_of_nodes_to_score: cfg.percentage_of_nodes_to_score,
+        backoff: cfg.backoff,
+        // Upstream v1.34 never expires assumed Pods (durationToExpireAssumedPod = 0).
+        assumed_ttl: None,
+    };
+    let names: Vec<String> = cfg.profiles.iter().map(|p| p.name.clone()).collect();
+    let sched = Scheduler::new(client.clone(), &informers, cfg.profiles, &settings)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(addr) = args.metrics_bind_address {
+        tokio::spawn(async move {
+            if let Err(e) = serve_metrics(addr).await {
+                tracing::error!("{e:#}");
+                std::process::exit(1);
+            }
+        });
+    }
+    tracing::info!("scheduler starting: profiles {}", names.join(","));
+    let work = run::run(informers, sched);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing SIGTERM handler")?;
+    tokio::select! {
+        r = async {
+            match leader.clone() {
+                Some(l) => leader::run_as_leader(client.clone(), l, work).await,
+                None => { work.await; Ok(()) }
+            }
+        } => r.context("scheduler stopped")?,
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+        _ = term.recv() => tracing::info!("terminated"),
+    }
+    if let Some(l) = leader {
+        leader::release(&client, &l)
+            .await
+            .context("releasing the leader Lease")?;
+    }
+    Ok(())
+}
