@@ -10,12 +10,14 @@
 //! manager.
 
 pub mod cache;
+pub mod cronjob;
 pub mod deployment;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod error;
 pub mod garbagecollector;
 pub mod inputs;
+pub mod job;
 pub mod lbipam;
 pub mod leader;
 pub mod manager;

@@ -31,6 +31,12 @@ pub enum ControllerKind {
     Deployment,
     /// Cascading deletion through ownerReferences.
     GarbageCollector,
+    /// Pods of Jobs.
+    Job,
+    /// Jobs of CronJobs.
+    CronJob,
+    /// Deletion of finished Jobs after `ttlSecondsAfterFinished`.
+    TtlAfterFinished,
 }
 
 /// Every controller, in start order, with its name and the other names it answers to
@@ -61,6 +67,13 @@ const CONTROLLERS: &[(ControllerKind, &str, &[&str])] = &[
         "deployment",
         &["deployment-controller"],
     ),
+    (ControllerKind::Job, "job", &["job-controller"]),
+    (ControllerKind::CronJob, "cronjob", &["cronjob-controller"]),
+    (
+        ControllerKind::TtlAfterFinished,
+        "ttl-after-finished",
+        &["ttl-after-finished-controller"],
+    ),
     (ControllerKind::LbIpam, "lb-ipam", &[]),
 ];
 
@@ -71,6 +84,9 @@ pub const KNOWN_NAMES: &[&str] = &[
     "endpoints",
     "replicaset",
     "deployment",
+    "job",
+    "cronjob",
+    "ttl-after-finished",
     "lb-ipam",
 ];
 
@@ -144,6 +160,12 @@ pub struct Concurrency {
     pub deployment: usize,
     /// `--concurrent-gc-syncs` (upstream default 20).
     pub gc: usize,
+    /// `--concurrent-job-syncs` (upstream default 5).
+    pub job: usize,
+    /// `--concurrent-cron-job-syncs` (upstream default 5).
+    pub cronjob: usize,
+    /// `--concurrent-ttl-after-finished-syncs` (upstream default 5).
+    pub ttl_after_finished: usize,
 }
 
 impl Default for Concurrency {
@@ -153,6 +175,9 @@ impl Default for Concurrency {
             replicaset: 5,
             deployment: 5,
             gc: 20,
+            job: 5,
+            cronjob: 5,
+            ttl_after_finished: 5,
         }
     }
 }
@@ -235,6 +260,36 @@ fn workload_tasks(
             )
             .run()
             .boxed(),
+            ControllerKind::Job => crate::job::Controller::new(
+                client.clone(),
+                &informers,
+                crate::job::Config {
+                    workers: concurrency.job,
+                    ..Default::default()
+                },
+            )
+            .run()
+            .boxed(),
+            ControllerKind::CronJob => crate::cronjob::Controller::new(
+                client.clone(),
+                &informers,
+                crate::cronjob::Config {
+                    workers: concurrency.cronjob,
+                    ..Default::default()
+                },
+            )
+            .run()
+            .boxed(),
+            ControllerKind::TtlAfterFinished => crate::job::ttl::Controller::new(
+                client.clone(),
+                &informers,
+                crate::job::ttl::Config {
+                    workers: concurrency.ttl_after_finished,
+                    ..Default::default()
+                },
+            )
+            .run()
+            .boxed(),
             _ => continue,
         };
         tasks.push((kind, task));
@@ -309,6 +364,9 @@ mod tests {
                     Endpoints,
                     ReplicaSet,
                     Deployment,
+                    Job,
+                    CronJob,
+                    TtlAfterFinished,
                 ],
             ),
             (
@@ -320,18 +378,33 @@ mod tests {
                     Endpoints,
                     ReplicaSet,
                     Deployment,
+                    Job,
+                    CronJob,
+                    TtlAfterFinished,
                     LbIpam,
                 ],
             ),
             (
                 "*,-endpoints,-endpointslice",
                 false,
-                &[GarbageCollector, ReplicaSet, Deployment],
+                &[
+                    GarbageCollector,
+                    ReplicaSet,
+                    Deployment,
+                    Job,
+                    CronJob,
+                    TtlAfterFinished,
+                ],
             ),
             (
                 "replicaset,deployment,garbagecollector",
                 false,
                 &[GarbageCollector, ReplicaSet, Deployment],
+            ),
+            (
+                "job-controller,cronjob,ttl-after-finished-controller",
+                false,
+                &[Job, CronJob, TtlAfterFinished],
             ),
             (
                 "replicaset-controller,endpoint",

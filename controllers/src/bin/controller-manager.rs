@@ -59,6 +59,15 @@ struct Args {
     /// Garbage collector workers.
     #[arg(long, default_value_t = 20)]
     concurrent_gc_syncs: usize,
+    /// Jobs synced at once (kube-controller-manager's `--concurrent-job-syncs`).
+    #[arg(long, default_value_t = 5)]
+    concurrent_job_syncs: usize,
+    /// CronJobs synced at once (kube-controller-manager's `--concurrent-cron-job-syncs`).
+    #[arg(long, default_value_t = 5)]
+    concurrent_cron_job_syncs: usize,
+    /// Finished Jobs checked for their TTL at once (`--concurrent-ttl-after-finished-syncs`).
+    #[arg(long, default_value_t = 5)]
+    concurrent_ttl_after_finished_syncs: usize,
     /// Serve Prometheus metrics (`/metrics`, kube-controller-manager's workqueue metric names)
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
@@ -142,6 +151,9 @@ async fn main() -> anyhow::Result<()> {
             replicaset: args.concurrent_replicaset_syncs,
             deployment: args.concurrent_deployment_syncs,
             gc: args.concurrent_gc_syncs,
+            job: args.concurrent_job_syncs,
+            cronjob: args.concurrent_cron_job_syncs,
+            ttl_after_finished: args.concurrent_ttl_after_finished_syncs,
         },
     };
     if let Some(addr) = args.metrics_bind_address {
