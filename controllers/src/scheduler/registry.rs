@@ -348,6 +348,24 @@ impl Registry {
                 [post_filter]
             )
         });
+        r.register(plugins::node_resources_fit::NAME, |args, _| {
+            built!(
+                plugins::node_resources_fit::NodeResourcesFit::new(args)?,
+                [pre_filter, filter, pre_score, score]
+            )
+        });
+        r.register(plugins::balanced_allocation::NAME, |args, _| {
+            built!(
+                plugins::balanced_allocation::BalancedAllocation::new(args)?,
+                [pre_score, score]
+            )
+        });
+        r.register(plugins::image_locality::NAME, |args, _| {
+            built!(
+                plugins::image_locality::ImageLocality::new(args)?,
+                [pre_score, score]
+            )
+        });
         r.register(plugins::inter_pod_affinity::NAME, |args, ctx| {
             built!(
                 plugins::inter_pod_affinity::InterPodAffinity::new(args, ctx.objects.clone())?,
@@ -367,12 +385,7 @@ mod tests {
         let r = Registry::builtin();
         let not_built = plugins::unsupported_volumes::NOT_BUILT;
         // Being written in parallel; registered as they land (this list must end empty).
-        let pending = [
-            "NodeResourcesFit",
-            "VolumeRestrictions",
-            "NodeResourcesBalancedAllocation",
-            "ImageLocality",
-        ];
+        let pending = ["VolumeRestrictions"];
         for (name, _) in DEFAULT_MULTI_POINT {
             assert!(
                 r.get(name).is_some() || not_built.contains(&name) || pending.contains(&name),

@@ -35,6 +35,9 @@ pub struct Options {
     pub upstream_controllers: Option<String>,
     /// Whether kube-scheduler runs.
     pub upstream_scheduler: bool,
+    /// Another scheduler program to run in kube-scheduler's place (kpr's `scheduler` binary),
+    /// started by [`ControlPlane::start_scheduler_program`] with kube-scheduler's identity.
+    pub scheduler_program: Option<PathBuf>,
     /// How many kwok nodes (0: kwok does not run).
     pub kwok_nodes: usize,
     /// Extra kube-apiserver flags (`--flag=value`), e.g. a short `--etcd-compaction-interval`.
@@ -64,6 +67,7 @@ impl Options {
             lifetime: Lifetime::Owned,
             upstream_controllers: None,
             upstream_scheduler: false,
+            scheduler_program: None,
             kwok_nodes: 0,
             apiserver_flags: Vec::new(),
             network: None,
@@ -135,6 +139,9 @@ impl ControlPlane {
         }
         if cp.opts.upstream_scheduler {
             cp.start_upstream_scheduler()?;
+        }
+        if let Some(program) = cp.opts.scheduler_program.clone() {
+            cp.start_scheduler_program(&program, Vec::new())?;
         }
         if cp.opts.kwok_nodes > 0 {
             cp.start_kwok(cp.opts.kwok_nodes)?;
@@ -508,6 +515,19 @@ impl ControlPlane {
             "--secure-port=0".into(),
         ];
         self.spawn("kube-scheduler", args)
+    }
+
+    /// A scheduler other than kube-scheduler (kpr's `scheduler`), as `system:kube-scheduler`
+    /// with `--kubeconfig` and `extra` flags; its log is `kpr-scheduler.log`.
+    pub fn start_scheduler_program(
+        &mut self,
+        program: &Path,
+        extra: Vec<String>,
+    ) -> anyhow::Result<()> {
+        let kubeconfig = self.kubeconfig_for_user("system:kube-scheduler", None)?;
+        let mut args = vec![format!("--kubeconfig={}", kubeconfig.display())];
+        args.extend(extra);
+        self.spawn_program("kpr-scheduler", program, args)
     }
 
     /// kwok managing `nodes` fake nodes `kwok-node-<i>` (created here), whose Pods become

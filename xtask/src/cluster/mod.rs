@@ -178,9 +178,6 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
             cluster.dir.display()
         );
     }
-    if args.scheduler == Who::Kpr {
-        bail!("--scheduler kpr: kpr's scheduler does not exist yet; use upstream or none");
-    }
     crate::k8s::build()?;
     let real_nodes = if args.nodes > 0 {
         Some(nodes::prepare(cluster, args)?)
@@ -193,6 +190,15 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
             .dir(workspace_root())
             .run()?;
         Some(target_dir().join("debug/controller-manager"))
+    } else {
+        None
+    };
+    let scheduler = if args.scheduler == Who::Kpr {
+        Cmd::new("cargo")
+            .args(["build", "-p", "controllers", "--bin", "scheduler"])
+            .dir(workspace_root())
+            .run()?;
+        Some(target_dir().join("debug/scheduler"))
     } else {
         None
     };
@@ -214,6 +220,7 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
             Who::None => None,
         },
         upstream_scheduler: args.scheduler == Who::Upstream,
+        scheduler_program: scheduler,
         kwok_nodes: args.kwok_nodes,
         network: real_nodes.as_ref().map(|n| n.control_plane_network()),
         ..Options::minimal(&cluster.dir)

@@ -1,0 +1,36 @@
+//! kpr's `scheduler` binary end to end against the reference kube-apiserver with kwok nodes (no
+//! kube-scheduler): Pods with resource requests, taints and tolerations, required and preferred
+//! node affinity, topology spread, pod anti-affinity and priorities are bound where they may be
+//! and nowhere else; an unschedulable Pod gets the PodScheduled=False condition and the
+//! FailedScheduling Event and is scheduled when a fitting node appears; a high-priority Pod
+//! preempts the right victim. One control plane for the binary; the cases run concurrently.
+//!
+//! Requires the reference binaries (`cargo xtask setup --k8s`).
+
+#[path = "scheduler/cases.rs"]
+mod cases;
+#[path = "scheduler/harness.rs"]
+mod harness;
+
+use harness::{run_case, Cluster, Scheduler};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kpr_scheduler_places_pods_where_they_may_go() {
+    let cluster = Cluster::start("scheduler-kpr", Scheduler::Kpr)
+        .await
+        .expect("starting a control plane with kpr's scheduler");
+    let all = cases::all();
+    let results = futures::future::join_all(all.iter().map(|c| run_case(&cluster.client, c))).await;
+    let failures: Vec<String> = all
+        .iter()
+        .zip(&results)
+        .filter_map(|(c, r)| r.as_ref().err().map(|e| format!("{}: {e:#}", c.name)))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed (scheduler log: {}):\n{}",
+        failures.len(),
+        cluster.cp.log("kpr-scheduler").display(),
+        failures.join("\n")
+    );
+}
