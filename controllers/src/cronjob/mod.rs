@@ -297,20 +297,12 @@ impl Controller {
         let now = self.config.clock.now();
         let job_api: Api<Job> = Api::namespaced(self.client.clone(), &ns);
         let mut status = cj.status.clone().unwrap_or_default();
-        let found = plan::reconcile_active(&mut status, jobs);
+        let mut found = plan::reconcile_active(&mut status, jobs);
         let mut update = found.changed;
-        cj.status = Some(status);
-        for (job, cond) in &found.saw_completed {
-            self.event(
-                cj,
-                false,
-                "SawCompletedJob",
-                format!("Saw completed job: {job}, condition: {cond}"),
-            );
-        }
         if !found.not_listed.is_empty() {
-            // Our cache may lag our own writes: ask the API server before calling a Job
-            // unexpected. A Job listed there is added to the status this sync writes.
+            // Our cache may lag our own status writes: ask the API server before calling a Job
+            // unexpected. When it lists one of them, the rest of this sync works on that fresh
+            // CronJob (as upstream does), reconciled again.
             let api: Api<CronJob> = Api::namespaced(self.client.clone(), &ns);
             let fresh = match api.get(&cj.name_any()).await {
                 Ok(c) => c,
@@ -322,30 +314,43 @@ impl Controller {
                     )
                 }
             };
-            for j in &found.not_listed {
-                let uid = j.metadata.uid.clone().unwrap_or_default();
-                let listed = fresh
+            let fresh_lists = |uid: &str| {
+                fresh
                     .status
                     .as_ref()
                     .and_then(|s| s.active.as_ref())
-                    .and_then(|a| a.iter().find(|r| r.uid.as_deref() == Some(uid.as_str())));
-                match listed {
-                    Some(r) => {
-                        let status = cj.status.get_or_insert_with(Default::default);
-                        status.active.get_or_insert_with(Vec::new).push(r.clone());
-                        update = true;
-                    }
-                    None => self.event(
-                        cj,
-                        true,
-                        "UnexpectedJob",
-                        format!(
-                            "Saw a job that the controller did not create or forgot: {}",
-                            j.name_any()
-                        ),
-                    ),
-                }
+                    .is_some_and(|a| a.iter().any(|r| r.uid.as_deref() == Some(uid)))
+            };
+            let listed_fresh = found
+                .not_listed
+                .iter()
+                .any(|j| fresh_lists(j.metadata.uid.as_deref().unwrap_or_default()));
+            if listed_fresh {
+                *cj = fresh.clone();
+                status = cj.status.clone().unwrap_or_default();
+                found = plan::reconcile_active(&mut status, jobs);
+                update |= found.changed;
             }
+            for j in &found.not_listed {
+                self.event(
+                    cj,
+                    true,
+                    "UnexpectedJob",
+                    format!(
+                        "Saw a job that the controller did not create or forgot: {}",
+                        j.name_any()
+                    ),
+                );
+            }
+        }
+        cj.status = Some(status);
+        for (job, cond) in &found.saw_completed {
+            self.event(
+                cj,
+                false,
+                "SawCompletedJob",
+                format!("Saw completed job: {job}, condition: {cond}"),
+            );
         }
         for r in &found.maybe_missing {
             let name = r.name.clone().unwrap_or_default();
