@@ -147,7 +147,9 @@ impl fmt::Display for FitError {
             }
         }
         if !d.post_filter_msg.is_empty() {
-            write!(f, " {}.", d.post_filter_msg)?;
+            // kube-scheduler v1.34 ends the message with one period even when the PostFilter
+            // message (preemption's own FitError) already ends with one.
+            write!(f, " {}.", d.post_filter_msg.trim_end_matches('.'))?;
         }
         Ok(())
     }

@@ -351,3 +351,37 @@ fn select_host_breaks_ties_at_random() {
     assert_eq!(seen.keys().copied().collect::<Vec<_>>(), [1, 3, 4]);
     assert_eq!(select_host(&[3], &mut rng), 0);
 }
+
+#[test]
+fn fit_error_message_is_kube_schedulers() {
+    let status = |r: &str| Status::unschedulable(r);
+    let mut d = Diagnosis::default();
+    for (n, r) in [
+        ("a", "Insufficient cpu"),
+        ("b", "Insufficient cpu"),
+        ("c", "x"),
+    ] {
+        d.node_to_status.insert(n.into(), status(r));
+    }
+    let cases = [
+        (
+            "reasons counted and sorted as strings",
+            "",
+            "0/3 nodes are available: 1 x, 2 Insufficient cpu.",
+        ),
+        (
+            "PostFilter message appended with one period",
+            "no new claims to deallocate, preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling.",
+            "0/3 nodes are available: 1 x, 2 Insufficient cpu. no new claims to deallocate, preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling.",
+        ),
+    ];
+    for (name, post, want) in cases {
+        let mut diagnosis = d.clone();
+        diagnosis.post_filter_msg = post.into();
+        let e = FitError {
+            num_all_nodes: 3,
+            diagnosis,
+        };
+        assert_eq!(e.to_string(), want, "{name}");
+    }
+}

@@ -306,7 +306,7 @@ impl Registry {
         r.register("DynamicResources", |_, _| {
             built!(
                 UnsupportedGuard::new(Unsupported::ResourceClaims),
-                [pre_filter]
+                [pre_filter, post_filter]
             )
         });
         r.register(plugins::node_unschedulable::NAME, |args, _| {

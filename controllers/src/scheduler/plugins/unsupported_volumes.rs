@@ -4,13 +4,18 @@
 //! Pods without PersistentVolumeClaims (or generic ephemeral volumes) and without resource claims
 //! alone (Skip) and rejects the others as UnschedulableAndUnresolvable, saying this scheduler does
 //! not support them, rather than placing them on a node their volumes or devices may not reach.
+//! DynamicResources' guard also stands in for its PostFilter, whose rejection reason is part of
+//! kube-scheduler's FitError messages.
 //! VolumeZone and NodeVolumeLimits only act on such Pods, so they are simply left out. A profile
 //! that names any of the four explicitly is a configuration error (see the registry).
 
 use k8s_openapi::api::core::v1::Pod;
 
+use std::collections::HashMap;
+
 use crate::scheduler::framework::{
-    CycleState, Plugin, PreFilterPlugin, PreFilterResult, Snapshot, Status,
+    CycleState, FilterRunner, Plugin, PostFilterPlugin, PostFilterResult, PreFilterPlugin,
+    PreFilterResult, Snapshot, Status,
 };
 
 /// The names of the default plugins that are not built.
@@ -89,6 +94,22 @@ impl PreFilterPlugin for UnsupportedGuard {
             }
         }
         (None, Status::skip())
+    }
+}
+
+/// DynamicResources' PostFilter, which runs before DefaultPreemption in the default profile:
+/// with no claims to deallocate it rejects, and kube-scheduler's FitError messages carry its
+/// reason ("no new claims to deallocate, preemption: ..."), so this guard says the same.
+impl PostFilterPlugin for UnsupportedGuard {
+    fn post_filter(
+        &self,
+        _state: &CycleState,
+        _pod: &Pod,
+        _snapshot: &Snapshot,
+        _filtered: &HashMap<String, Status>,
+        _framework: &dyn FilterRunner,
+    ) -> (Option<PostFilterResult>, Status) {
+        (None, Status::unschedulable("no new claims to deallocate"))
     }
 }
 
