@@ -1,7 +1,7 @@
-//! The batch controllers (job, cronjob) end to end against the reference control plane with
+//! The batch controllers (job, cronjob, ttl-after-finished) end to end against the reference control plane with
 //! kwok nodes, once with kube-controller-manager (`upstream_*`), once with our
 //! `controller-manager` (`kpr_*`), and the two runs compared (`differential_*`). One control
-//! plane per flavour; all six scenarios of a flavour run concurrently, once per test binary, on
+//! plane per flavour; all nine scenarios of a flavour run concurrently, once per test binary, on
 //! the first test that asks (so the CronJob scenarios wait for one minute boundary together).
 //! The scenarios are in `batch/scenarios.rs`; docs/WORKLOADS.md lists what they prove and the
 //! accepted differences.
@@ -27,15 +27,21 @@ enum Scenario {
     PodFailurePolicy,
     CronForbid,
     CronReplace,
+    Suspend,
+    Deadline,
+    Ttl,
 }
 
-const ALL: [Scenario; 6] = [
+const ALL: [Scenario; 9] = [
     Scenario::Parallel,
     Scenario::Indexed,
     Scenario::BackoffLimit,
     Scenario::PodFailurePolicy,
     Scenario::CronForbid,
     Scenario::CronReplace,
+    Scenario::Suspend,
+    Scenario::Deadline,
+    Scenario::Ttl,
 ];
 
 type Results = Arc<BTreeMap<Scenario, Result<Outcome, String>>>;
@@ -50,6 +56,9 @@ async fn run_one(flavour: Flavour, scenario: Scenario) -> anyhow::Result<Outcome
         Scenario::PodFailurePolicy => scenarios::pod_failure_policy(&run).await,
         Scenario::CronForbid => scenarios::cron(&run, "Forbid").await,
         Scenario::CronReplace => scenarios::cron(&run, "Replace").await,
+        Scenario::Suspend => scenarios::suspend(&run).await,
+        Scenario::Deadline => scenarios::deadline(&run).await,
+        Scenario::Ttl => scenarios::ttl(&run).await,
     }
 }
 
@@ -145,4 +154,7 @@ scenario_tests! {
     PodFailurePolicy => upstream_job_pod_failure_policy, kpr_job_pod_failure_policy, differential_job_pod_failure_policy;
     CronForbid => upstream_cronjob_forbid, kpr_cronjob_forbid, differential_cronjob_forbid;
     CronReplace => upstream_cronjob_replace, kpr_cronjob_replace, differential_cronjob_replace;
+    Suspend => upstream_job_suspend_resume, kpr_job_suspend_resume, differential_job_suspend_resume;
+    Deadline => upstream_job_active_deadline, kpr_job_active_deadline, differential_job_active_deadline;
+    Ttl => upstream_ttl_after_finished, kpr_ttl_after_finished, differential_ttl_after_finished;
 }

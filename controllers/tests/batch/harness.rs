@@ -1,6 +1,6 @@
 //! The batch scenarios' harness: a reference control plane per controller manager ([`Flavour`]):
 //! etcd, kube-apiserver, kube-scheduler, kwok nodes and either kube-controller-manager or our
-//! `controller-manager`, both with `--controllers=job,cronjob`; one namespace per scenario
+//! `controller-manager`, both with `--controllers=job,cronjob,ttl-after-finished`; one namespace per scenario
 //! ([`Run`]) with a watch of its Pods, Jobs and Events ([`State`]); and the test's part as the
 //! kubelet. The Pods of the scenarios are gated (kwok leaves their status alone, see [`GATE`]),
 //! so they never finish on their own: the test finishes them ([`Run::finish`]) with a container
@@ -29,7 +29,7 @@ use serde_json::json;
 /// How long any one awaited state may take.
 pub const WAIT: Duration = Duration::from_secs(90);
 /// kube-controller-manager's names for the controllers under test; ours takes the same.
-pub const CONTROLLERS: &str = "job,cronjob";
+pub const CONTROLLERS: &str = "job,cronjob,ttl-after-finished";
 /// kwok nodes per control plane.
 pub const NODES: usize = 2;
 /// The Pod annotation that makes kwok leave a Pod's status alone (the control plane's kwok
@@ -183,13 +183,20 @@ pub fn has_condition(j: &Job, t: &str) -> bool {
     conditions(j).iter().any(|(ty, _)| ty == t)
 }
 
-/// The True conditions of a Job, in order, as (type, reason).
+/// The conditions of a Job, in order, as (type, reason); the type of one that is not True is
+/// written `Type=<status>`.
 pub fn conditions(j: &Job) -> Vec<(String, String)> {
     j.status
         .iter()
         .flat_map(|s| s.conditions.iter().flatten())
-        .filter(|c| c.status == "True")
-        .map(|c| (c.type_.clone(), c.reason.clone().unwrap_or_default()))
+        .map(|c| {
+            let t = if c.status == "True" {
+                c.type_.clone()
+            } else {
+                format!("{}={}", c.type_, c.status)
+            };
+            (t, c.reason.clone().unwrap_or_default())
+        })
         .collect()
 }
 

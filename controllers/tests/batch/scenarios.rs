@@ -12,6 +12,12 @@
 //!    Job completed, and deletes the first Job when the second completes (history limit 1).
 //! 6. `cron_replace`: the same with Replace: at the next minute the running Job is deleted and a
 //!    new one started.
+//! 7. `suspend`: a Job created suspended runs no Pod (Suspended, JobSuspended); resumed, it runs
+//!    and completes (Suspended turns False, JobResumed).
+//! 8. `deadline`: activeDeadlineSeconds 2 with Pods that never finish: DeadlineExceeded, the
+//!    running Pods deleted (their results counted as failed once gone), then Failed.
+//! 9. `ttl`: ttlSecondsAfterFinished 0: the completed Job is deleted (foreground propagation;
+//!    nothing runs the garbage collector here, so it stays marked for deletion).
 //!
 //! The CronJobs do not wait for a first minute: the test writes a `lastScheduleTime` one minute
 //! before the most recent minute (as if an earlier run had happened), so the controller starts
@@ -51,6 +57,8 @@ pub struct Record {
     pub events: Vec<String>,
     /// Whether the replacement after a failure waited the backoff (at least 9 s).
     pub backoff_waited: Option<bool>,
+    /// TTL: whether the finished Job was deleted with foreground propagation.
+    pub foreground_deletion: Option<bool>,
 }
 
 /// A scenario's result.
@@ -504,6 +512,136 @@ pub async fn cron(run: &Run, policy: &str) -> anyhow::Result<Outcome> {
         "Jobs deleted",
         record.jobs_deleted.clone(),
         want_deleted,
+    );
+    Ok(Outcome { record, problems })
+}
+
+/// Scenario 7.
+pub async fn suspend(run: &Run) -> anyhow::Result<Outcome> {
+    run.create::<Job>(job_manifest(
+        "paused",
+        json!({"completions": 2, "parallelism": 2, "suspend": true}),
+    ))
+    .await?;
+    run.wait_for("the Suspended condition", |s| {
+        s.jobs
+            .get("paused")
+            .is_some_and(|j| has_condition(j, "Suspended"))
+            .then_some(())
+    })
+    .await?;
+    let mut problems = Vec::new();
+    expect(
+        &mut problems,
+        "Pods of a suspended Job",
+        run.state().pods_seen.len(),
+        0,
+    );
+    let api: kube::Api<Job> = kube::Api::namespaced(run.client.clone(), &run.ns);
+    api.patch(
+        "paused",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"suspend": false}})),
+    )
+    .await
+    .context("resuming Job paused")?;
+    drive(
+        run,
+        "paused",
+        |n| 2.min(2usize.saturating_sub(n)),
+        |_| 0,
+        |s| {
+            s.jobs
+                .get("paused")
+                .is_some_and(|j| has_condition(j, "Complete"))
+        },
+    )
+    .await?;
+    finalizers_gone(run, "paused").await?;
+    let record = job_record(&run.state(), "paused");
+    expect(&mut problems, "Pods created", record.pods_created, 2);
+    expect(
+        &mut problems,
+        "conditions",
+        record.conditions.clone(),
+        pairs(&[
+            ("Suspended=False", "JobResumed"),
+            ("SuccessCriteriaMet", "CompletionsReached"),
+            ("Complete", "CompletionsReached"),
+        ]),
+    );
+    Ok(Outcome { record, problems })
+}
+
+/// Scenario 8.
+pub async fn deadline(run: &Run) -> anyhow::Result<Outcome> {
+    run.create::<Job>(job_manifest(
+        "late",
+        json!({"completions": 2, "parallelism": 2, "activeDeadlineSeconds": 2}),
+    ))
+    .await?;
+    run.wait_for("the Job to fail on its deadline", |s| {
+        s.jobs
+            .get("late")
+            .is_some_and(|j| has_condition(j, "Failed"))
+            .then_some(())
+    })
+    .await?;
+    finalizers_gone(run, "late").await?;
+    let record = job_record(&run.state(), "late");
+    let mut problems = Vec::new();
+    expect(&mut problems, "Pods created", record.pods_created, 2);
+    expect(&mut problems, "succeeded, failed", record.counts, (0, 2));
+    expect(
+        &mut problems,
+        "conditions",
+        record.conditions.clone(),
+        pairs(&[
+            ("FailureTarget", "DeadlineExceeded"),
+            ("Failed", "DeadlineExceeded"),
+        ]),
+    );
+    Ok(Outcome { record, problems })
+}
+
+/// Scenario 9.
+pub async fn ttl(run: &Run) -> anyhow::Result<Outcome> {
+    run.create::<Job>(job_manifest(
+        "brief",
+        json!({"completions": 1, "parallelism": 1, "ttlSecondsAfterFinished": 0}),
+    ))
+    .await?;
+    drive(
+        run,
+        "brief",
+        |_| 1,
+        |_| 0,
+        |s| {
+            s.jobs
+                .get("brief")
+                .is_some_and(|j| has_condition(j, "Complete"))
+        },
+    )
+    .await?;
+    let mut record = run
+        .wait_for("the finished Job to be deleted", |s| {
+            let deleting = !s.jobs.contains_key("brief")
+                || s.jobs["brief"].metadata.deletion_timestamp.is_some();
+            deleting.then(|| job_record(s, "brief"))
+        })
+        .await?;
+    let s = run.state();
+    let foreground = s
+        .jobs
+        .get("brief")
+        .map(|j| j.finalizers().iter().any(|f| f == "foregroundDeletion"));
+    record.foreground_deletion = foreground;
+    let mut problems = Vec::new();
+    expect(
+        &mut problems,
+        "deleted with foreground propagation",
+        foreground,
+        Some(true),
     );
     Ok(Outcome { record, problems })
 }
