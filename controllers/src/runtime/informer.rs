@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, StreamExt as _};
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -52,6 +53,48 @@ pub fn watcher_config() -> watcher::Config {
         cfg
     }
 }
+
+/// The admission-injected service account token volume (`kube-api-access-<random>`).
+const SERVICE_ACCOUNT_VOLUME_PREFIX: &str = "kube-api-access-";
+
+/// What a cached object keeps. No controller reads managedFields, and they are often the larger
+/// part of an object (kube-controller-manager's informers drop them too). From Pods the
+/// service account token volume the API server injects into nearly every Pod, and its mounts,
+/// are dropped as well: no controller reads them, and in k8s-openapi's types a Volume carries
+/// every volume source inline, several KiB per Pod. Volumes a controller may need (claims,
+/// everything else) stay.
+fn trim_for_cache<K: Watched>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+    if let Some(pod) = (obj as &mut dyn Any).downcast_mut::<Pod>() {
+        trim_pod(pod);
+    }
+}
+
+fn trim_pod(pod: &mut Pod) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    let injected = |name: &str| name.starts_with(SERVICE_ACCOUNT_VOLUME_PREFIX);
+    if let Some(volumes) = spec.volumes.as_mut() {
+        volumes.retain(|v| !(injected(&v.name) && v.projected.is_some()));
+        if volumes.is_empty() {
+            spec.volumes = None;
+        }
+    }
+    for c in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+    {
+        if let Some(mounts) = c.volume_mounts.as_mut() {
+            mounts.retain(|m| !injected(&m.name));
+            if mounts.is_empty() {
+                c.volume_mounts = None;
+            }
+        }
+    }
+}
+
 /// Index of every informer's cache: key = the uid of the object's controller ownerReference.
 pub const CONTROLLER_UID: &str = "controller-uid";
 
@@ -147,9 +190,7 @@ impl<K: Watched> Informer<K> {
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(ev) => {
-                    // No controller reads managedFields; they are often the larger part of an
-                    // object (kube-controller-manager's informers drop them too).
-                    let ev = ev.modify(|obj| obj.meta_mut().managed_fields = None);
+                    let ev = ev.modify(trim_for_cache::<K>);
                     self.dispatch(&ev)
                 }
                 Err(e) => tracing::warn!(kind = %K::kind(&()), "watch: {e}"),
@@ -267,7 +308,6 @@ pub fn is_deleting<K: ResourceExt>(obj: &K) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::Pod;
     use kube::runtime::watcher::Event;
     use serde_json::json;
 
@@ -310,5 +350,40 @@ mod tests {
         assert_eq!(informer.cache().index(CONTROLLER_UID, "u1").len(), 2);
         informer.dispatch(&Event::Delete(pod("a", "3", Some("u1"))));
         assert_eq!(informer.cache().index(CONTROLLER_UID, "u1").len(), 1);
+    }
+
+    #[test]
+    fn cached_pods_drop_managed_fields_and_the_injected_token_volume_only() {
+        let mut p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "managedFields": [{"manager": "kubectl"}]},
+            "spec": {
+                "containers": [{"name": "c", "volumeMounts": [
+                    {"name": "kube-api-access-x1", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
+                    {"name": "data", "mountPath": "/data"}]}],
+                "initContainers": [{"name": "i", "volumeMounts": [
+                    {"name": "kube-api-access-x1", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}],
+                "volumes": [
+                    {"name": "kube-api-access-x1", "projected": {"sources": []}},
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data-web-0"}}]
+            }
+        }))
+        .unwrap();
+        trim_for_cache(&mut p);
+        assert!(p.metadata.managed_fields.is_none());
+        let spec = p.spec.unwrap();
+        let volumes: Vec<_> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(
+            volumes,
+            ["data"],
+            "claims stay for the controllers that read them"
+        );
+        let mounts: Vec<_> = spec.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.name.clone())
+            .collect();
+        assert_eq!(mounts, ["data"]);
+        assert!(spec.init_containers.unwrap()[0].volume_mounts.is_none());
     }
 }
