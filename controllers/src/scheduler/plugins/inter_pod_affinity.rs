@@ -13,7 +13,8 @@
 //! (MatchLabelKeysInPodAffinity is GA and locked on).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, Weak};
 
 use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, WeightedPodAffinityTerm};
 
@@ -107,6 +108,7 @@ impl InterPodAffinityArgs {
 /// The InterPodAffinity plugin.
 pub struct InterPodAffinity {
     args: InterPodAffinityArgs,
+    terms: TermsCache,
 }
 
 impl InterPodAffinity {
@@ -118,6 +120,7 @@ impl InterPodAffinity {
     ) -> Result<Self, String> {
         Ok(InterPodAffinity {
             args: InterPodAffinityArgs::from_value(args)?,
+            terms: TermsCache::default(),
         })
     }
 
@@ -130,6 +133,41 @@ impl InterPodAffinity {
 impl Plugin for InterPodAffinity {
     fn name(&self) -> &'static str {
         NAME
+    }
+}
+
+/// A Pod object (by weak reference) and its parsed terms.
+type CachedTerms = (Weak<Pod>, Arc<PodTerms>);
+
+/// The parsed terms of existing Pods, so that each Pod's selectors are parsed once rather than
+/// in every cycle (upstream keeps them in its PodInfo). Keyed by the address of the Pod object
+/// the scheduler cache shares; the weak reference both proves the entry belongs to that object
+/// (its allocation cannot be reused while the weak reference lives) and lets dead entries be
+/// dropped. A Pod's affinity is immutable, and an updated Pod is a new object anyway.
+#[derive(Default)]
+struct TermsCache {
+    map: RwLock<HashMap<usize, CachedTerms>>,
+    /// Size at which the next insertion first drops the entries of Pods no longer alive.
+    purge_at: AtomicUsize,
+}
+
+impl TermsCache {
+    fn get(&self, pod: &Arc<Pod>) -> Arc<PodTerms> {
+        let key = Arc::as_ptr(pod) as usize;
+        if let Some((weak, terms)) = self.map.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            if weak.strong_count() > 0 && std::ptr::eq(weak.as_ptr(), Arc::as_ptr(pod)) {
+                return terms.clone();
+            }
+        }
+        let terms = Arc::new(PodTerms::parse_lenient(pod));
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= self.purge_at.load(Ordering::Relaxed) {
+            map.retain(|_, (w, _)| w.strong_count() > 0);
+            self.purge_at
+                .store((2 * map.len()).max(1024), Ordering::Relaxed);
+        }
+        map.insert(key, (Arc::downgrade(pod), terms.clone()));
+        terms
     }
 }
 
@@ -278,19 +316,52 @@ impl PodTerms {
         Ok(out)
     }
 
-    /// The required anti-affinity terms of an existing Pod (invalid ones match nothing, as an
-    /// existing Pod whose terms do not parse has none in upstream's NodeInfo).
-    fn existing_required_anti_affinity(pod: &Pod) -> Vec<AffinityTerm> {
-        let terms = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.affinity.as_ref())
-            .and_then(|a| a.pod_anti_affinity.as_ref())
-            .and_then(|a| {
-                a.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            });
-        parse_terms(pod, terms, "").unwrap_or_default()
+    /// The terms of an existing Pod: a kind of terms with an invalid selector is dropped (matches
+    /// nothing), as upstream's PodInfo keeps no terms of a kind it could not parse.
+    fn parse_lenient(pod: &Pod) -> PodTerms {
+        let Some(affinity) = pod.spec.as_ref().and_then(|s| s.affinity.as_ref()) else {
+            return PodTerms::default();
+        };
+        let aff = affinity.pod_affinity.as_ref();
+        let anti = affinity.pod_anti_affinity.as_ref();
+        PodTerms {
+            required_affinity: parse_terms(
+                pod,
+                aff.and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                }),
+                "",
+            )
+            .unwrap_or_default(),
+            required_anti_affinity: parse_terms(
+                pod,
+                anti.and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                }),
+                "",
+            )
+            .unwrap_or_default(),
+            preferred_affinity: parse_weighted(
+                pod,
+                aff.and_then(|a| {
+                    a.preferred_during_scheduling_ignored_during_execution
+                        .as_ref()
+                }),
+                "",
+            )
+            .unwrap_or_default(),
+            preferred_anti_affinity: parse_weighted(
+                pod,
+                anti.and_then(|a| {
+                    a.preferred_during_scheduling_ignored_during_execution
+                        .as_ref()
+                }),
+                "",
+            )
+            .unwrap_or_default(),
+        }
     }
 }
 
@@ -326,14 +397,25 @@ impl TopologyCounts {
         let Some(value) = labels.and_then(|l| l.get(key)) else {
             return;
         };
-        let values = self.0.entry(key.to_string()).or_default();
-        let c = values.entry(value.clone()).or_default();
-        *c += delta;
-        if *c == 0 {
-            values.remove(value);
-            if values.is_empty() {
-                self.0.remove(key);
+        // Look up before inserting: keys are only allocated for new pairs.
+        if !self.0.contains_key(key) {
+            self.0.insert(key.to_string(), HashMap::new());
+        }
+        let values = self.0.get_mut(key).expect("inserted above");
+        match values.get_mut(value) {
+            Some(c) => {
+                *c += delta;
+                if *c == 0 {
+                    values.remove(value);
+                    if values.is_empty() {
+                        self.0.remove(key);
+                    }
+                }
             }
+            None if delta != 0 => {
+                values.insert(value.clone(), delta);
+            }
+            None => {}
         }
     }
 
@@ -367,15 +449,6 @@ impl TopologyCounts {
             }
         }
     }
-
-    fn merge(&mut self, other: TopologyCounts) {
-        for (key, values) in other.0 {
-            let mine = self.0.entry(key).or_default();
-            for (v, c) in values {
-                *mine.entry(v).or_default() += c;
-            }
-        }
-    }
 }
 
 /// True when there are terms and `pod` matches all of them (the incoming Pod's terms, whose
@@ -402,12 +475,24 @@ struct PreFilterState {
 }
 
 impl PreFilterState {
-    fn update_with_pod(&mut self, incoming: &Pod, other: &Pod, node: &NodeInfo, delta: i64) {
+    fn update_with_pod(
+        &mut self,
+        incoming: &Pod,
+        other: &Pod,
+        other_terms: &PodTerms,
+        node: &NodeInfo,
+        delta: i64,
+    ) {
         let labels = node_labels(node);
         let ns_labels = self.namespace_labels.as_deref();
-        let other_anti = PodTerms::existing_required_anti_affinity(other);
         self.existing_anti_affinity_counts
-            .update_with_anti_affinity_terms(&other_anti, incoming, ns_labels, labels, delta);
+            .update_with_anti_affinity_terms(
+                &other_terms.required_anti_affinity,
+                incoming,
+                ns_labels,
+                labels,
+                delta,
+            );
         self.affinity_counts.update_with_affinity_terms(
             &self.terms.required_affinity,
             other,
@@ -463,9 +548,14 @@ impl PreFilterPlugin for InterPodAffinity {
                 continue;
             }
             for &p in &node.pods_with_required_anti_affinity {
-                let existing_pod = &node.pods[p].pod;
-                let anti = PodTerms::existing_required_anti_affinity(existing_pod);
-                existing.update_with_anti_affinity_terms(&anti, pod, ns_labels, labels, 1);
+                let existing_terms = self.terms.get(&node.pods[p].pod);
+                existing.update_with_anti_affinity_terms(
+                    &existing_terms.required_anti_affinity,
+                    pod,
+                    ns_labels,
+                    labels,
+                    1,
+                );
             }
         }
 
@@ -478,16 +568,14 @@ impl PreFilterPlugin for InterPodAffinity {
                     continue;
                 }
                 let labels = node_labels(node);
-                let mut aff = TopologyCounts::default();
-                let mut anti = TopologyCounts::default();
                 for existing_pod in &node.pods {
-                    aff.update_with_affinity_terms(
+                    affinity_counts.update_with_affinity_terms(
                         &terms.required_affinity,
                         &existing_pod.pod,
                         labels,
                         1,
                     );
-                    anti.update_with_anti_affinity_terms(
+                    anti_affinity_counts.update_with_anti_affinity_terms(
                         &terms.required_anti_affinity,
                         &existing_pod.pod,
                         None,
@@ -495,8 +583,6 @@ impl PreFilterPlugin for InterPodAffinity {
                         1,
                     );
                 }
-                affinity_counts.merge(aff);
-                anti_affinity_counts.merge(anti);
             }
         }
 
@@ -529,7 +615,8 @@ impl PreFilterPlugin for InterPodAffinity {
         node: &NodeInfo,
     ) -> Status {
         if let Some(s) = state.read_mut::<PreFilterState>(PRE_FILTER_STATE_KEY) {
-            s.update_with_pod(pod, &added.pod, node, 1);
+            let terms = self.terms.get(&added.pod);
+            s.update_with_pod(pod, &added.pod, &terms, node, 1);
         }
         Status::success()
     }
@@ -542,7 +629,8 @@ impl PreFilterPlugin for InterPodAffinity {
         node: &NodeInfo,
     ) -> Status {
         if let Some(s) = state.read_mut::<PreFilterState>(PRE_FILTER_STATE_KEY) {
-            s.update_with_pod(pod, &removed.pod, node, -1);
+            let terms = self.terms.get(&removed.pod);
+            s.update_with_pod(pod, &removed.pod, &terms, node, -1);
         }
         Status::success()
     }
@@ -679,17 +767,18 @@ impl InterPodAffinity {
         m: &mut ScoreMap,
         incoming_terms: &PodTerms,
         ns_labels: Option<&BTreeMap<String, String>>,
-        existing: &Pod,
+        existing: &PodInfo,
         node_labels: &BTreeMap<String, String>,
         incoming: &Pod,
     ) {
         if node_labels.is_empty() {
             return;
         }
+        let existing_pod = &existing.pod;
         process_weighted(
             m,
             &incoming_terms.preferred_affinity,
-            existing,
+            existing_pod,
             None,
             node_labels,
             1,
@@ -697,14 +786,15 @@ impl InterPodAffinity {
         process_weighted(
             m,
             &incoming_terms.preferred_anti_affinity,
-            existing,
+            existing_pod,
             None,
             node_labels,
             -1,
         );
-        let Ok(existing_terms) = PodTerms::parse(existing) else {
+        if !existing.has_affinity {
             return;
-        };
+        }
+        let existing_terms = self.terms.get(existing_pod);
         if self.args.hard_pod_affinity_weight > 0 {
             let w = i64::from(self.args.hard_pod_affinity_weight);
             for t in &existing_terms.required_affinity {
@@ -783,14 +873,7 @@ impl PreScorePlugin for InterPodAffinity {
                 return;
             };
             for existing in pods {
-                self.process_existing_pod(
-                    &mut score,
-                    &terms,
-                    ns_labels,
-                    &existing.pod,
-                    labels,
-                    pod,
-                );
+                self.process_existing_pod(&mut score, &terms, ns_labels, existing, labels, pod);
             }
         };
         if has_constraints {

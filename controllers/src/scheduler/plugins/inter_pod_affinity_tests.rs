@@ -812,3 +812,42 @@ fn args_are_validated_naming_the_field() {
     assert_eq!(pl.args().hard_pod_affinity_weight, 7);
     assert_eq!(plugin(None).args(), &InterPodAffinityArgs::default());
 }
+
+#[test]
+fn existing_pods_terms_are_parsed_once_per_pod_object_and_leniently() {
+    let cache = TermsCache::default();
+    let anti = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"a": "b"}}, "topologyKey": "zone"}]}});
+    let p = Arc::new(pod(1, &json!({"affinity": anti})));
+    let first = cache.get(&p);
+    assert_eq!(first.required_anti_affinity.len(), 1);
+    assert!(Arc::ptr_eq(&first, &cache.get(&p)), "same object: cached");
+    // An updated Pod is a new object: parsed again.
+    let updated = Arc::new(pod(1, &json!({})));
+    assert!(cache.get(&updated).required_anti_affinity.is_empty());
+    // A kind of terms with an invalid selector is dropped; the others stay.
+    let mixed = Arc::new(pod(
+        2,
+        &json!({"affinity": {
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}, "topologyKey": "zone"}]},
+            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"a": "b"}}, "topologyKey": "zone"}]}
+        }}),
+    ));
+    let t = cache.get(&mixed);
+    assert!(t.required_affinity.is_empty());
+    assert_eq!(t.required_anti_affinity.len(), 1);
+    // Entries of dropped Pods are purged once the map grows past the threshold.
+    drop(p);
+    cache
+        .purge_at
+        .store(0, std::sync::atomic::Ordering::Relaxed);
+    let fresh = Arc::new(pod(3, &json!({})));
+    cache.get(&fresh);
+    let live = cache.map.read().unwrap().len();
+    assert_eq!(
+        live, 3,
+        "the dropped Pod's entry is gone; updated, mixed and fresh stay"
+    );
+}

@@ -18,7 +18,7 @@
 //! beta, on): merging twice selects the same Pods, and Pods created before the merge still work.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use k8s_openapi::api::core::v1::{Node, Pod, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -178,6 +178,7 @@ pub struct PodTopologySpread {
     default_constraints: Vec<TopologySpreadConstraint>,
     system_defaulted: bool,
     objects: Arc<dyn ClusterObjects>,
+    memo: CountMemo,
 }
 
 impl PodTopologySpread {
@@ -198,6 +199,7 @@ impl PodTopologySpread {
             default_constraints,
             system_defaulted,
             objects,
+            memo: CountMemo::default(),
         })
     }
 }
@@ -329,6 +331,74 @@ fn filter_constraints(
 
 /// Counts the Pods of `pods` in `ns`, not terminating, matching the selector
 /// (`countPodsMatchSelector`).
+/// Per (namespace, selector): each snapshot position's node object and its matching-Pod count,
+/// so that a cycle only counts the Pods of nodes that changed since the previous cycle with the
+/// same selector (typically the Pods of one workload, scheduled one after another). A node in a
+/// snapshot is immutable behind its `Arc`; the weak reference proves the remembered count belongs
+/// to that very object (its allocation cannot be reused while the weak reference lives, and
+/// `Arc::make_mut` moves a value away from weak references).
+#[derive(Default)]
+struct CountMemo(Mutex<HashMap<String, Vec<NodeCount>>>);
+
+/// A node object (by weak reference) and its matching-Pod count.
+type NodeCount = (Weak<NodeInfo>, i64);
+
+/// Selectors remembered at most; past that the memo starts over.
+const MEMO_SELECTORS: usize = 64;
+
+impl CountMemo {
+    /// The distinct memo keys of the constraints and, per constraint, the index of its key
+    /// (constraints with the same selector share one memo).
+    fn keys(constraints: &[Constraint], ns: &str) -> (Vec<String>, Vec<usize>) {
+        let mut keys: Vec<String> = Vec::new();
+        let slot = constraints
+            .iter()
+            .map(|c| {
+                let k = format!("{ns}\u{0}{:?}", c.selector.0);
+                keys.iter().position(|x| *x == k).unwrap_or_else(|| {
+                    keys.push(k);
+                    keys.len() - 1
+                })
+            })
+            .collect();
+        (keys, slot)
+    }
+
+    fn take(&self, key: &str) -> Vec<NodeCount> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(key).unwrap_or_default()
+    }
+
+    fn put(&self, key: String, counts: Vec<NodeCount>) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MEMO_SELECTORS {
+            map.clear();
+        }
+        map.insert(key, counts);
+    }
+}
+
+/// The matching-Pod count of the node at snapshot position `i`, from `memo` when it was counted
+/// for this very node object.
+fn memo_count(
+    memo: &mut Vec<NodeCount>,
+    i: usize,
+    node: &Arc<NodeInfo>,
+    selector: &PodSelector,
+    ns: &str,
+) -> i64 {
+    if memo.len() <= i {
+        memo.resize(i + 1, (Weak::new(), 0));
+    }
+    let (weak, count) = &memo[i];
+    if std::ptr::eq(weak.as_ptr(), Arc::as_ptr(node)) {
+        return *count;
+    }
+    let count = count_matching(&node.pods, selector, ns);
+    memo[i] = (Arc::downgrade(node), count);
+    count
+}
+
 fn count_matching(pods: &[PodInfo], selector: &PodSelector, ns: &str) -> i64 {
     pods.iter()
         .filter(|p| {
@@ -558,7 +628,9 @@ impl PreFilterPlugin for PodTopologySpread {
                 }
             })
             .collect();
-        for info in &snapshot.nodes {
+        let (keys, slot) = CountMemo::keys(&constraints, ns);
+        let mut memos: Vec<_> = keys.iter().map(|k| self.memo.take(k)).collect();
+        for (pos, info) in snapshot.nodes.iter().enumerate() {
             let Some(node) = info.node.as_deref() else {
                 continue;
             };
@@ -574,7 +646,7 @@ impl PreFilterPlugin for PodTopologySpread {
                     .and_then(|l| l.get(&c.topology_key))
                     .map(String::as_str)
                     .unwrap_or_default();
-                let n = count_matching(&info.pods, &c.selector, ns);
+                let n = memo_count(&mut memos[slot[i]], pos, info, &c.selector, ns);
                 match counts[i].get_mut(value) {
                     Some(v) => *v += n,
                     None => {
@@ -582,6 +654,9 @@ impl PreFilterPlugin for PodTopologySpread {
                     }
                 }
             }
+        }
+        for (k, m) in keys.into_iter().zip(memos) {
+            self.memo.put(k, m);
         }
         let critical_paths = counts
             .iter()
@@ -740,7 +815,9 @@ impl PreScorePlugin for PodTopologySpread {
 
         let required = RequiredNodeAffinity::from_pod(pod);
         let ns = namespace_of(pod);
-        for info in &snapshot.nodes {
+        let (keys, slot) = CountMemo::keys(&constraints, ns);
+        let mut memos: Vec<_> = keys.iter().map(|k| self.memo.take(k)).collect();
+        for (pos, info) in snapshot.nodes.iter().enumerate() {
             let Some(node) = info.node.as_deref() else {
                 continue;
             };
@@ -756,9 +833,12 @@ impl PreScorePlugin for PodTopologySpread {
                     .map(String::as_str)
                     .unwrap_or_default();
                 if let Some(n) = counts[i].get_mut(value) {
-                    *n += count_matching(&info.pods, &c.selector, ns);
+                    *n += memo_count(&mut memos[slot[i]], pos, info, &c.selector, ns);
                 }
             }
+        }
+        for (k, m) in keys.into_iter().zip(memos) {
+            self.memo.put(k, m);
         }
         state.write(
             PRE_SCORE_STATE_KEY,

@@ -777,3 +777,53 @@ fn args_are_validated_naming_the_field() {
     assert!(pl.default_constraints.is_empty());
     assert!(!pl.system_defaulted);
 }
+
+#[test]
+fn counts_remembered_across_cycles_follow_changed_nodes() {
+    // One plugin over three snapshots that share unchanged node objects, as the scheduler
+    // cache's snapshots do: only the changed node is recounted, and never from a stale count.
+    let pl = plugin();
+    let pod = incoming(
+        json!({"foo": ""}),
+        vec![constraint(1, "node", "DoNotSchedule", exists("foo"))],
+        json!({}),
+    );
+    let info = |name: &str, pods: usize| {
+        let mut n = NodeInfo::new(Arc::new(node(name, json!({"node": name}))));
+        for p in spread(&[(name, pods)]) {
+            n.add_pod(PodInfo::new(Arc::new(p)));
+        }
+        Arc::new(n)
+    };
+    let (a1, b0) = (info("node-a", 1), info("node-b", 0));
+    let snap = Snapshot::from_arcs(vec![a1.clone(), b0.clone()], HashMap::new());
+    assert_eq!(codes(&pl, &pod, &snap), vec![U, S]);
+    let a0 = info("node-a", 0);
+    let snap = Snapshot::from_arcs(vec![a0.clone(), b0], HashMap::new());
+    assert_eq!(codes(&pl, &pod, &snap), vec![S, S], "node-a changed");
+    let b2 = info("node-b", 2);
+    let snap = Snapshot::from_arcs(vec![a0.clone(), b2.clone()], HashMap::new());
+    assert_eq!(codes(&pl, &pod, &snap), vec![S, U], "node-b changed");
+    // Nodes in another order (a node added in front): positions move, counts stay right.
+    let c3 = info("node-c", 3);
+    let snap = Snapshot::from_arcs(vec![c3, b2, a0], HashMap::new());
+    assert_eq!(codes(&pl, &pod, &snap), vec![U, U, S], "reordered");
+    // The same through PreScore's soft constraint.
+    let soft = incoming(
+        json!({"foo": ""}),
+        vec![constraint(1, "zone", "ScheduleAnyway", exists("foo"))],
+        json!({}),
+    );
+    let zoned_info = |name: &str, zone: &str, pods: usize| {
+        let mut n = NodeInfo::new(Arc::new(node(name, json!({"zone": zone}))));
+        for p in spread(&[(name, pods)]) {
+            n.add_pod(PodInfo::new(Arc::new(p)));
+        }
+        Arc::new(n)
+    };
+    let (x, y) = (zoned_info("x", "z1", 2), zoned_info("y", "z2", 0));
+    let snap = Snapshot::from_arcs(vec![x.clone(), y], HashMap::new());
+    assert_eq!(scores(&pl, &soft, &snap, &["x", "y"]), Some(vec![0, 100]));
+    let snap = Snapshot::from_arcs(vec![x, zoned_info("y", "z2", 2)], HashMap::new());
+    assert_eq!(scores(&pl, &soft, &snap, &["x", "y"]), Some(vec![100, 100]));
+}
