@@ -21,6 +21,7 @@ mod backend;
 mod baseline;
 mod control_plane;
 mod report;
+mod scheduler_bench;
 mod server;
 mod traffic;
 mod workload;
@@ -104,6 +105,29 @@ pub struct BenchArgs {
         default_value = "kpr,upstream,upstream-unthrottled"
     )]
     pub managers: Vec<String>,
+    /// Only the scheduler benchmark: kpr's scheduler next to kube-scheduler on the reference
+    /// control plane with kwok nodes, scheduler_perf's SchedulingBasic and TopologySpreading
+    /// workloads at --sched-sizes (with --quick, a smoke size). Outputs
+    /// target/bench/scheduler.{json,md}.
+    #[arg(long, conflicts_with_all = ["only_control_plane", "controllers", "no_scheduler"])]
+    pub scheduler: bool,
+    /// Skip the scheduler smoke that --quick runs.
+    #[arg(long)]
+    pub no_scheduler: bool,
+    /// Scheduler benchmark sizes, NODESxPODS (measured Pods; min(nodes, 1,000) init Pods are
+    /// bound first), comma separated.
+    #[arg(long, value_delimiter = ',', default_value = scheduler_bench::SIZES)]
+    pub sched_sizes: Vec<String>,
+    /// Scheduler benchmark workloads: basic (SchedulingBasic), topology-spreading.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "basic,topology-spreading"
+    )]
+    pub sched_workloads: Vec<String>,
+    /// Schedulers the scheduler benchmark measures, in order: kpr, upstream (kube-scheduler).
+    #[arg(long, value_delimiter = ',', default_value = "kpr,upstream")]
+    pub schedulers: Vec<String>,
 }
 
 /// The control-plane row's default size: every Service, Pod and status goes through the real
@@ -286,7 +310,8 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = Plan::new(args)?;
     std::fs::create_dir_all(&plan.out_dir)?;
     // `--controllers` runs it alone; `--quick` runs its smoke size after the rest.
-    let controllers = if args.controllers || (args.quick && !args.no_controllers) {
+    let controllers = if args.controllers || (args.quick && !args.no_controllers && !args.scheduler)
+    {
         let managers = args
             .managers
             .iter()
@@ -297,6 +322,23 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    // `--scheduler` runs it alone; `--quick` runs its smoke size last.
+    let scheduler = if args.scheduler || (args.quick && !args.no_scheduler && !args.controllers) {
+        let sched = scheduler_bench::Plan::from_args(args)?;
+        scheduler_bench::check_binaries(&sched)?;
+        Some(sched)
+    } else {
+        None
+    };
+    if args.scheduler {
+        let sched = scheduler.expect("set with --scheduler");
+        let command = scheduler_bench::command(args);
+        let (_, failed) = scheduler_bench::run(&sched, &plan.out_dir, command)?;
+        if !failed.is_empty() {
+            bail!("failed:\n  {}", failed.join("\n  "));
+        }
+        return Ok(());
+    }
     if args.controllers {
         let (sizes, managers) = controllers.expect("set with --controllers");
         let command = workload_controllers::command(args, sizes, &managers);
@@ -377,6 +419,13 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         match workload_controllers::run(sizes, &managers, &plan.out_dir, command) {
             Ok((_, failures)) => failed.extend(failures),
             Err(e) => failed.push(format!("workload controllers: {e:#}")),
+        }
+    }
+    if let Some(sched) = scheduler {
+        let command = scheduler_bench::command(args);
+        match scheduler_bench::run(&sched, &plan.out_dir, command) {
+            Ok((_, failures)) => failed.extend(failures),
+            Err(e) => failed.push(format!("scheduler: {e:#}")),
         }
     }
     report.failures.clone_from(&failed);

@@ -715,7 +715,7 @@ fn kpr_kubeconfig(cp: &ControlPlane) -> anyhow::Result<PathBuf> {
 }
 
 /// Runs `work` unless a control-plane process dies (checked every second) or `timeout` passes.
-async fn guarded<T>(
+pub(crate) async fn guarded<T>(
     cp: &mut ControlPlane,
     timeout: Duration,
     work: impl std::future::Future<Output = anyhow::Result<T>>,
@@ -1079,7 +1079,7 @@ fn count_events(text: &str, [create, update, done]: [Timestamp; 3]) -> anyhow::R
 }
 
 /// utime + stime of process `pid`, in seconds.
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("reading /proc/{pid}/stat"))?;
     parse_cpu_ticks(&stat)
@@ -1108,7 +1108,7 @@ fn clock_ticks() -> f64 {
 }
 
 /// VmHWM of process `pid`, in KiB.
-fn vm_hwm_kib(pid: u32) -> anyhow::Result<u64> {
+pub(crate) fn vm_hwm_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
     status
