@@ -331,7 +331,7 @@ impl Controller {
                 {
                     self.queue.add(key.clone());
                 } else {
-                    self.queue.add_after(key.clone(), STATUS_COALESCE);
+                    self.queue.add_coalesced(key.clone(), STATUS_COALESCE);
                 }
                 let min_ready = plan::min_ready_seconds(&rs);
                 if !pods::is_pod_ready(old) && pods::is_pod_ready(cur) && min_ready > 0 {

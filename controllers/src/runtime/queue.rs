@@ -138,9 +138,8 @@ struct State<T> {
     added: HashMap<T, Instant>,
     /// When each item in processing was handed out (work duration, unfinished work).
     started: HashMap<T, Instant>,
-    /// Items waiting for an `add_after` delay, with when they become due: a later `add_after` of
-    /// a waiting item is merged into the earlier one (client-go's `waitingForQueue`).
-    waiting: HashMap<T, Instant>,
+    /// Items waiting for the end of an [`WorkQueue::add_coalesced`] window.
+    coalescing: HashSet<T>,
     shutting_down: bool,
 }
 
@@ -170,7 +169,7 @@ impl<T: Item> WorkQueue<T> {
                 processing: HashSet::new(),
                 added: HashMap::new(),
                 started: HashMap::new(),
-                waiting: HashMap::new(),
+                coalescing: HashSet::new(),
                 shutting_down: false,
             }),
             limiter: Mutex::new(limiter),
@@ -221,40 +220,36 @@ impl<T: Item> WorkQueue<T> {
         if after.is_zero() {
             return self.add(item);
         }
-        let due = Instant::now() + after;
+        if self.state().shutting_down {
+            return;
+        }
+        let Some(this) = self.this.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            this.add(item);
+        });
+    }
+
+    /// Queues `item` after `window`, unless it is already waiting for a coalesced add: every
+    /// call within one window costs one add at its end. Independent of [`add_after`]
+    /// (Self::add_after), whose delays are each honoured (a requeue "not before T", such as
+    /// minReadySeconds, must not be merged into an earlier one).
+    pub fn add_coalesced(&self, item: T, window: Duration) {
         {
             let mut s = self.state();
-            if s.shutting_down {
+            if s.shutting_down || !s.coalescing.insert(item.clone()) {
                 return;
-            }
-            match s.waiting.get(&item) {
-                // Already due sooner (or as soon): this add is part of that one.
-                Some(&at) if at <= due => return,
-                _ => {
-                    s.waiting.insert(item.clone(), due);
-                }
             }
         }
         let Some(this) = self.this.upgrade() else {
             return;
         };
         tokio::spawn(async move {
-            tokio::time::sleep_until(due.into()).await;
-            // Only the timer of the earliest due time adds the item; a timer whose entry was
-            // replaced by an earlier one, or already consumed, does nothing.
-            let ours = {
-                let mut s = this.state();
-                match s.waiting.get(&item) {
-                    Some(&at) if at <= Instant::now() => {
-                        s.waiting.remove(&item);
-                        true
-                    }
-                    _ => false,
-                }
-            };
-            if ours {
-                this.add(item);
-            }
+            tokio::time::sleep(window).await;
+            this.state().coalescing.remove(&item);
+            this.add(item);
         });
     }
 
@@ -474,20 +469,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn ctl1_delayed_adds_of_a_waiting_item_merge_into_the_earliest() {
-        let q = WorkQueue::<u32>::new("test-after");
+    async fn coalesced_adds_within_a_window_are_one_and_delayed_adds_stay_independent() {
+        let q = WorkQueue::<u32>::new("test-coalesce");
+        q.add_coalesced(1, Duration::from_millis(100));
+        q.add_coalesced(1, Duration::from_millis(100));
         q.add_after(1, Duration::from_millis(300));
-        q.add_after(1, Duration::from_millis(100));
-        q.add_after(1, Duration::from_millis(200));
+        assert_eq!(q.len(), 0, "nothing before the window ends");
         tokio::time::sleep(Duration::from_millis(150)).await;
-        assert_eq!(q.len(), 1, "due at the earliest time");
+        assert_eq!(q.len(), 1, "one add for the window");
         let item = q.get().await.unwrap();
         q.done(&item);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(q.len(), 0, "the later adds were merged into the first");
-        // Once consumed, a new delayed add is a new wait.
-        q.add_after(1, Duration::from_millis(50));
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        assert_eq!(q.len(), 1);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(q.len(), 1, "the delayed add is not merged into the window");
+        let item = q.get().await.unwrap();
+        q.done(&item);
+        q.add_coalesced(1, Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(q.len(), 1, "a new window after the last one ended");
     }
 }
