@@ -72,6 +72,10 @@ struct Args {
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
     metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Start watches with streaming lists (`sendInitialEvents`, kube-apiserver v1.32 and later
+    /// by default); `--watch-list=false` lists then watches, for API servers without them.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    watch_list: bool,
 }
 
 async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<()> {
@@ -141,6 +145,7 @@ async fn main() -> anyhow::Result<()> {
             &args.leader_elect_identity.clone().unwrap_or_else(identity),
         )
     });
+    controllers::runtime::informer::set_watch_list(args.watch_list);
     let client = client(args.kubeconfig.as_deref()).await?;
     let cfg = ManagerConfig {
         controllers,
