@@ -7,7 +7,8 @@
 //! to 0..=100. `add_pod` / `remove_pod` keep the PreFilter counts right for preemption's
 //! simulation.
 //!
-//! Owns only this plugin's cycle state. A term's `namespaceSelector` is resolved against
+//! Owns only this plugin's cycle state and a cache of existing Pods' parsed terms (upstream keeps
+//! them in its PodInfo). A term's `namespaceSelector` is resolved against
 //! [`Snapshot::namespace_labels`]; `matchLabelKeys` / `mismatchLabelKeys` are not read here because
 //! the v1.34 API server merges them into the term's `labelSelector` when the Pod is created
 //! (MatchLabelKeysInPodAffinity is GA and locked on).

@@ -12,7 +12,9 @@
 //! hostname maxSkew 3 and zone maxSkew 5, both ScheduleAnyway) with a selector built from the
 //! Services, ReplicationController, ReplicaSet or StatefulSet that select or own it.
 //!
-//! Owns only this plugin's cycle state. v1.34 specifics: minDomains and the node inclusion
+//! Owns only this plugin's cycle state and a memo of per-node match counts (recounted only for
+//! nodes that changed since the previous cycle with the same selector; upstream recounts every
+//! node in every cycle, in parallel). v1.34 specifics: minDomains and the node inclusion
 //! policies are GA (always on); `matchLabelKeys` values are merged into the selector here even
 //! though the v1.34 API server already merges them (MatchLabelKeysInPodTopologySpreadSelectorMerge,
 //! beta, on): merging twice selects the same Pods, and Pods created before the merge still work.
