@@ -15,13 +15,14 @@ use crate::{setup, target_dir, workspace_root};
 #[command(disable_help_flag = true)]
 pub struct BenchArgs {
     /// `--services N`, `--backends a,b`, `--quick`, `--controllers` (the workload controllers
-    /// benchmark alone), ... (see `cargo xtask bench --help`).
+    /// benchmark alone), `--scheduler` (the scheduler benchmark alone), ... (see `cargo xtask
+    /// bench --help`).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<OsString>,
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    // The control-plane parts (EndpointSlice, workload controllers) run against the reference
+    // The control-plane parts (EndpointSlice, workload controllers, scheduler) run against the reference
     // Kubernetes.
     setup::run_with(&setup::SetupArgs { k8s: true })?;
     build_release()?;
