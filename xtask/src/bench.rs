@@ -22,8 +22,8 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    // The control-plane parts (EndpointSlice, workload controllers, scheduler) run against the reference
-    // Kubernetes.
+    // The control-plane parts (EndpointSlice, workload controllers, scheduler) run against the
+    // reference Kubernetes.
     setup::run_with(&setup::SetupArgs { k8s: true })?;
     build_release()?;
     let release = target_dir().join("release");
