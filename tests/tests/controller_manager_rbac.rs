@@ -2,12 +2,12 @@
 //! deploy/controller-manager.yaml, against the reference kube-apiserver (its RBAC authorizer
 //! decides): the manifest is applied with `kubectl apply -f`, a token of its ServiceAccount is
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
-//! lb-ipam, replicaset, deployment, garbagecollector) and leader election. It writes
-//! EndpointSlices and Endpoints, assigns a LoadBalancer address, updates both when a Pod turns
-//! unready, releases the address and deletes the slices of a deleted LoadBalancer Service, runs a
-//! Deployment's ReplicaSet and Pods and collects them when it is deleted, holds the Lease, and
-//! releases it on SIGTERM; nothing it does is denied (the log is searched for any refusal), and
-//! endpoints carry their Node's zone.
+//! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished) and
+//! leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! updates both when a Pod turns unready, releases the address and deletes the slices of a
+//! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
+//! it is deleted, holds the Lease, and releases it on SIGTERM; nothing it does is denied (the log
+//! is searched for any refusal), and endpoints carry their Node's zone.
 //!
 //! The manifest's Deployment is created too, but nothing runs it (no kube-controller-manager, no
 //! kubelet): the binary runs here, as a process of the test, with the Deployment's ServiceAccount.
@@ -101,7 +101,7 @@ fn spawn(binary: &Path, kubeconfig: &Path, log: &Path) -> Child {
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished",
         ])
         .args(["--lb-pool", POOL])
         .args(["--leader-elect", "--leader-elect-identity", "cm-rbac"])
