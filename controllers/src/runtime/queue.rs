@@ -233,8 +233,8 @@ impl<T: Item> WorkQueue<T> {
     }
 
     /// Queues `item` after `window`, unless it is already waiting for a coalesced add: every
-    /// call within one window costs one add at its end. Independent of [`add_after`]
-    /// (Self::add_after), whose delays are each honoured (a requeue "not before T", such as
+    /// call within one window costs one add at its end. Independent of
+    /// [`add_after`](Self::add_after), whose delays are each honoured (a requeue "not before T", such as
     /// minReadySeconds, must not be merged into an earlier one).
     pub fn add_coalesced(&self, item: T, window: Duration) {
         {
