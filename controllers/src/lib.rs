@@ -23,6 +23,7 @@ pub mod lbipam;
 pub mod leader;
 pub mod manager;
 pub mod podutil;
+pub mod process;
 pub mod replicaset;
 pub mod runtime;
 pub mod scheduler;

@@ -47,50 +47,7 @@ struct Args {
     verbosity: u8,
 }
 
-async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<()> {
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(|| async {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    controllers::runtime::metrics::encode(),
-                )
-            }),
-        )
-        .route("/healthz", axum::routing::get(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("--metrics-bind-address {addr}: binding"))?;
-    axum::serve(listener, app)
-        .await
-        .with_context(|| format!("serving metrics on {addr}"))
-}
-
-async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("inferring the Kubernetes client configuration")?,
-    };
-    kube::Client::try_from(config).context("building the Kubernetes client")
-}
-
-fn identity() -> String {
-    let host =
-        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "unknown".into());
-    format!("{}_{}", host.trim(), std::process::id())
-}
+use controllers::process::{client, identity, serve_metrics};
 
 fn duration(field: &str, v: Option<&str>, default: Duration) -> anyhow::Result<Duration> {
     match v {

@@ -1,0 +1,54 @@
+//! What the process binaries (`controller-manager`, `scheduler`) share around their work: the
+//! Kubernetes client from a kubeconfig, the leader election identity, and the `/metrics` and
+//! `/healthz` endpoint. Owns no controller and no scheduling.
+
+use anyhow::Context as _;
+
+/// Serves `/metrics` (the process's Prometheus registry) and `/healthz` on `addr` until the
+/// process ends; a failure to bind names `--metrics-bind-address`.
+pub async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|| async {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    crate::runtime::metrics::encode(),
+                )
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--metrics-bind-address {addr}: binding"))?;
+    axum::serve(listener, app)
+        .await
+        .with_context(|| format!("serving metrics on {addr}"))
+}
+
+/// The client of `kubeconfig`, or of the environment (in-cluster, `KUBECONFIG`, ~/.kube/config).
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("inferring the Kubernetes client configuration")?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// The leader election identity: the host name and the process id.
+pub fn identity() -> String {
+    let host =
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "unknown".into());
+    format!("{}_{}", host.trim(), std::process::id())
+}
