@@ -12,6 +12,7 @@
 
 pub mod cache;
 pub mod cronjob;
+pub mod daemonset;
 pub mod deployment;
 pub mod endpoints;
 pub mod endpointslice;
@@ -28,5 +29,6 @@ pub mod replicaset;
 pub mod runtime;
 pub mod scheduler;
 pub mod selector;
+pub mod statefulset;
 
 pub use error::{Error, Result};
