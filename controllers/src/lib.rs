@@ -18,6 +18,7 @@ pub mod endpoints;
 pub mod endpointslice;
 pub mod error;
 pub mod garbagecollector;
+pub mod history;
 pub mod inputs;
 pub mod job;
 pub mod lbipam;
