@@ -372,6 +372,12 @@ pub fn smoke() -> anyhow::Result<()> {
         procs: 2,
     };
     let result = super::up(&cluster, &up_args).and_then(|()| run(&cluster, &e2e_args));
+    let passed = matches!(&result, Ok(outcomes) if !outcomes.iter().any(failed));
+    if !passed {
+        // A failed smoke on a CI machine is only explainable from what the cluster's processes
+        // were doing at that moment; after `down` it is gone.
+        super::diagnose(&cluster);
+    }
     super::down(&cluster)?;
     let outcomes = result?;
     let failures: Vec<&str> = outcomes

@@ -347,6 +347,53 @@ fn status(cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints what a failure needs explaining: the machine's load and free memory, and per cluster
+/// process whether it runs, its CPU seconds and resident memory, and the last lines of its log.
+pub(crate) fn diagnose(cluster: &Cluster) {
+    println!("==> cluster diagnosis");
+    let read = |p: &str| fs::read_to_string(p).unwrap_or_default();
+    println!("loadavg {}", read("/proc/loadavg").trim());
+    for line in read("/proc/meminfo").lines() {
+        if line.starts_with("MemTotal") || line.starts_with("MemAvailable") {
+            println!("{line}");
+        }
+    }
+    let Ok(state) = read_state(cluster) else {
+        println!("(no cluster state)");
+        return;
+    };
+    for p in state["processes"].as_array().into_iter().flatten() {
+        let name = p["name"].as_str().unwrap_or("?");
+        let pid = p["pid"].as_u64().unwrap_or(0) as u32;
+        let log = PathBuf::from(p["log"].as_str().unwrap_or_default());
+        let usage = process_usage(pid).unwrap_or_else(|| "not running".into());
+        println!(
+            "--- {name} (pid {pid}): {usage}; last lines of {}:\n{}",
+            log.display(),
+            controlplane::process::tail(&log, 15)
+        );
+    }
+}
+
+/// "N CPU s, M MiB resident" of a running process, from /proc (clock ticks are 100 Hz on Linux).
+fn process_usage(pid: u32) -> Option<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name, which may itself contain spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    Some(format!(
+        "{:.1} CPU s, {} MiB resident",
+        ticks as f64 / 100.0,
+        rss_kib / 1024
+    ))
+}
+
 pub(crate) fn read_state(cluster: &Cluster) -> anyhow::Result<serde_json::Value> {
     let path = cluster.state_path();
     let text = fs::read_to_string(&path).with_context(|| {
