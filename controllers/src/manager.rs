@@ -37,6 +37,8 @@ pub enum ControllerKind {
     CronJob,
     /// Deletion of finished Jobs after `ttlSecondsAfterFinished`.
     TtlAfterFinished,
+    /// Daemon Pods of DaemonSets.
+    DaemonSet,
 }
 
 /// Every controller, in start order, with its name and the other names it answers to
@@ -67,6 +69,11 @@ const CONTROLLERS: &[(ControllerKind, &str, &[&str])] = &[
         "deployment",
         &["deployment-controller"],
     ),
+    (
+        ControllerKind::DaemonSet,
+        "daemonset",
+        &["daemonset-controller"],
+    ),
     (ControllerKind::Job, "job", &["job-controller"]),
     (ControllerKind::CronJob, "cronjob", &["cronjob-controller"]),
     (
@@ -84,6 +91,7 @@ pub const KNOWN_NAMES: &[&str] = &[
     "endpoints",
     "replicaset",
     "deployment",
+    "daemonset",
     "job",
     "cronjob",
     "ttl-after-finished",
@@ -166,6 +174,8 @@ pub struct Concurrency {
     pub cronjob: usize,
     /// `--concurrent-ttl-after-finished-syncs` (upstream default 5).
     pub ttl_after_finished: usize,
+    /// `--concurrent-daemonset-syncs` (upstream default 2).
+    pub daemonset: usize,
 }
 
 impl Default for Concurrency {
@@ -178,6 +188,7 @@ impl Default for Concurrency {
             job: 5,
             cronjob: 5,
             ttl_after_finished: 5,
+            daemonset: 2,
         }
     }
 }
@@ -290,6 +301,16 @@ fn workload_tasks(
             )
             .run()
             .boxed(),
+            ControllerKind::DaemonSet => crate::daemonset::Controller::new(
+                client.clone(),
+                &informers,
+                crate::daemonset::Config {
+                    workers: concurrency.daemonset,
+                    ..Default::default()
+                },
+            )
+            .run()
+            .boxed(),
             _ => continue,
         };
         tasks.push((kind, task));
@@ -364,6 +385,7 @@ mod tests {
                     Endpoints,
                     ReplicaSet,
                     Deployment,
+                    DaemonSet,
                     Job,
                     CronJob,
                     TtlAfterFinished,
@@ -378,6 +400,7 @@ mod tests {
                     Endpoints,
                     ReplicaSet,
                     Deployment,
+                    DaemonSet,
                     Job,
                     CronJob,
                     TtlAfterFinished,
@@ -391,6 +414,7 @@ mod tests {
                     GarbageCollector,
                     ReplicaSet,
                     Deployment,
+                    DaemonSet,
                     Job,
                     CronJob,
                     TtlAfterFinished,

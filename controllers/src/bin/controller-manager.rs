@@ -68,6 +68,9 @@ struct Args {
     /// Finished Jobs checked for their TTL at once (`--concurrent-ttl-after-finished-syncs`).
     #[arg(long, default_value_t = 5)]
     concurrent_ttl_after_finished_syncs: usize,
+    /// DaemonSets synced at once (kube-controller-manager's `--concurrent-daemonset-syncs`).
+    #[arg(long, default_value_t = 2)]
+    concurrent_daemonset_syncs: usize,
     /// Serve Prometheus metrics (`/metrics`, kube-controller-manager's workqueue metric names)
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
@@ -116,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
             job: args.concurrent_job_syncs,
             cronjob: args.concurrent_cron_job_syncs,
             ttl_after_finished: args.concurrent_ttl_after_finished_syncs,
+            daemonset: args.concurrent_daemonset_syncs,
         },
     };
     if let Some(addr) = args.metrics_bind_address {

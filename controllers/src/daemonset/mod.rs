@@ -1,4 +1,1048 @@
-//! The DaemonSet controller (being built): one Pod per eligible node through node affinity, RollingUpdate
-//! with maxUnavailable and maxSurge, OnDelete, ControllerRevision history.
+//! The DaemonSet controller (kube-controller-manager v1.34's `daemonset` controller, DS-1..DS-9):
+//! one Pod per eligible node, placed by the default scheduler through a required node affinity on
+//! the node's name, replaced by RollingUpdate (maxUnavailable or maxSurge) or OnDelete, with the
+//! DaemonSet's templates kept as ControllerRevisions.
+//!
+//! Owns: creating and deleting the Pods a DaemonSet controls, adopting matching orphan Pods and
+//! ControllerRevisions and releasing owned ones that no longer match, creating, relabelling,
+//! renumbering and deleting the DaemonSet's ControllerRevisions, and the DaemonSet status
+//! subresource (counts, observedGeneration, collisionCount). Must not touch: Nodes, Pods or
+//! revisions controlled by anything else, a DaemonSet's spec or metadata, or anything of a
+//! DaemonSet being deleted (the garbage collector removes its Pods and revisions, DS-8).
+//!
+//! Runs on the shared runtime (DS-2): the DaemonSet, ControllerRevision, Pod and Node informers
+//! with upstream's handlers; one work queue `daemonset` and one `daemonset-node-updates` (a Node
+//! added, or with changed labels or taints, queues the DaemonSets whose eligibility on it changed),
+//! `--concurrent-daemonset-syncs` workers each (2). A sync (DS-3) constructs the history, then,
+//! once the expectations of earlier syncs are met, plans with [`plan`] over the caches and applies
+//! (`manage`: creations in slow-start batches, concurrent deletions; then the rolling update;
+//! then history cleanup), and finally writes the status. Failed daemon Pods are deleted with a
+//! per-node exponential backoff (1 s doubling to 15 min, as upstream).
+//!
+//! Events, as upstream records them on the DaemonSet (source `daemonset-controller`):
+//! SuccessfulCreate / FailedCreate / SuccessfulDelete / FailedDelete per Pod (`RealPodControl`),
+//! FailedDaemonPod and SucceededDaemonPod for terminated daemon Pods, SelectingAll for an empty
+//! selector.
+//!
+//! Differences from kube-controller-manager (docs/WORKLOADS.md): the revision hash is computed
+//! over the template's JSON, not Go's in-memory dump of it, so revision names differ for the
+//! same template (a revision written by either controller is still recognised by the other's
+//! template comparison here); nodes are visited in name order where upstream iterates a Go map;
+//! a deleted Node queues the DaemonSets that had Pods for it (upstream waits for the Pod GC).
 
 pub mod plan;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::cache::Indexed;
+use crate::error::{Error, Result};
+use crate::runtime::batch::slow_start_batch;
+use crate::runtime::claim::{self, OwnerInfo};
+use crate::runtime::events::Recorder;
+use crate::runtime::expectations::Expectations;
+use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
+use crate::runtime::pods;
+use crate::runtime::queue::WorkQueue;
+use crate::runtime::workers::run_workers;
+
+use plan::{Clock, Eligibility, FailedPodsBackoff, NodeChanges};
+
+/// The work queue's (and metrics') name, as upstream.
+pub const QUEUE_NAME: &str = "daemonset";
+/// The node-update queue's name, as upstream.
+pub const NODE_QUEUE_NAME: &str = "daemonset-node-updates";
+
+/// The events' source component, as upstream names it.
+pub const COMPONENT: &str = "daemonset-controller";
+
+/// Pod cache index: key = the namespace of a Pod without a controller reference (the orphans a
+/// DaemonSet may adopt; the same index the ReplicaSet controller registers).
+pub const ORPHAN_NAMESPACE: &str = "orphan-namespace";
+
+/// Pod cache index: key = the node a Pod controlled by a DaemonSet is for ([`plan::target_node_name`]:
+/// its nodeName, or the node of its `metadata.name` affinity while pending).
+pub const DAEMON_POD_NODE: &str = "daemonset-pod-node";
+
+const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
+const FAILED_CREATE: &str = "FailedCreate";
+const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
+const FAILED_DELETE: &str = "FailedDelete";
+
+/// Upstream's `SlowStartInitialBatchSize`.
+const SLOW_START_INITIAL_BATCH: usize = 1;
+
+/// How often the failed-Pod backoff forgets stale entries (upstream's `BackoffGCInterval`).
+const BACKOFF_GC_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The DaemonSet controller's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Concurrent syncs (`--concurrent-daemonset-syncs`, default 2), and as many node-update
+    /// workers.
+    pub workers: usize,
+    /// Creations or deletions per sync (upstream's `BurstReplicas`, 250).
+    pub burst_replicas: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            burst_replicas: plan::BURST_REPLICAS,
+        }
+    }
+}
+
+/// The running controller.
+pub struct Controller {
+    client: Client,
+    config: Config,
+    daemon_sets: Arc<Indexed<DaemonSet>>,
+    revisions: Arc<Indexed<ControllerRevision>>,
+    pods: Arc<Indexed<Pod>>,
+    nodes: Arc<Indexed<Node>>,
+    queue: Arc<WorkQueue<String>>,
+    node_queue: Arc<WorkQueue<String>>,
+    expectations: Expectations,
+    backoff: Mutex<FailedPodsBackoff>,
+    events: Recorder,
+}
+
+fn controller_of(obj: &impl Resource) -> Option<&OwnerReference> {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+}
+
+fn orphan_namespace(p: &Pod) -> Vec<String> {
+    if controller_of(p).is_some() {
+        Vec::new()
+    } else {
+        vec![p.metadata.namespace.clone().unwrap_or_default()]
+    }
+}
+
+fn daemon_pod_node(p: &Pod) -> Vec<String> {
+    if controller_of(p).is_none_or(|r| r.kind != "DaemonSet") {
+        return Vec::new();
+    }
+    plan::target_node_name(p).into_iter().collect()
+}
+
+/// The message upstream's error would carry (the API server's message for API errors).
+fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A creation refused because the namespace is being deleted: every other one would be too.
+fn namespace_terminating(e: &kube::Error) -> bool {
+    let kube::Error::Api(s) = e else { return false };
+    let cause = s
+        .details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"));
+    cause || (s.code == 403 && s.message.contains("because it is being terminated"))
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+fn node_name(n: &Node) -> &str {
+    n.metadata.name.as_deref().unwrap_or_default()
+}
+
+impl Controller {
+    /// Registers the controller's indexes and handlers on the shared informers.
+    pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
+        let ds_informer = informers.get::<DaemonSet>();
+        let cr_informer = informers.get::<ControllerRevision>();
+        let pod_informer = informers.get::<Pod>();
+        let node_informer = informers.get::<Node>();
+        pod_informer.add_index(ORPHAN_NAMESPACE, orphan_namespace);
+        pod_informer.add_index(DAEMON_POD_NODE, daemon_pod_node);
+        let this = Arc::new(Controller {
+            events: Recorder::new(client.clone(), COMPONENT),
+            client,
+            config,
+            daemon_sets: ds_informer.cache(),
+            revisions: cr_informer.cache(),
+            pods: pod_informer.cache(),
+            nodes: node_informer.cache(),
+            queue: WorkQueue::new(QUEUE_NAME),
+            node_queue: WorkQueue::new(NODE_QUEUE_NAME),
+            expectations: Expectations::new(),
+            backoff: Mutex::new(FailedPodsBackoff::new(
+                plan::FAILED_POD_BACKOFF_INITIAL,
+                plan::FAILED_POD_BACKOFF_MAX,
+            )),
+        });
+        let weak: Weak<Controller> = Arc::downgrade(&this);
+        ds_informer.on_change(Box::new(move |old, new| {
+            if let Some(c) = weak.upgrade() {
+                c.on_daemon_set(old, new);
+            }
+        }));
+        let weak: Weak<Controller> = Arc::downgrade(&this);
+        cr_informer.on_change(Box::new(move |old, new| {
+            if let Some(c) = weak.upgrade() {
+                c.on_revision(old, new);
+            }
+        }));
+        let weak: Weak<Controller> = Arc::downgrade(&this);
+        pod_informer.on_change(Box::new(move |old, new| {
+            if let Some(c) = weak.upgrade() {
+                c.on_pod(old, new);
+            }
+        }));
+        let weak: Weak<Controller> = Arc::downgrade(&this);
+        node_informer.on_change(Box::new(move |old, new| {
+            if let Some(c) = weak.upgrade() {
+                c.on_node(old, new);
+            }
+        }));
+        this
+    }
+
+    /// Waits for the caches, then runs the DaemonSet and node-update workers until the queues
+    /// shut down.
+    pub async fn run(self: Arc<Self>) {
+        self.pods.wait_ready().await;
+        self.nodes.wait_ready().await;
+        self.revisions.wait_ready().await;
+        self.daemon_sets.wait_ready().await;
+        tracing::info!(
+            workers = self.config.workers,
+            "daemonset controller started"
+        );
+        let this = self.clone();
+        let syncs = run_workers(
+            self.queue.clone(),
+            self.config.workers,
+            move |key: String| {
+                let this = this.clone();
+                async move { this.sync(&key).await }
+            },
+        );
+        let this = self.clone();
+        let node_syncs = run_workers(
+            self.node_queue.clone(),
+            self.config.workers,
+            move |node: String| {
+                let this = this.clone();
+                async move {
+                    this.sync_node_update(&node);
+                    Ok(())
+                }
+            },
+        );
+        let weak = Arc::downgrade(&self);
+        let gc = async move {
+            loop {
+                tokio::time::sleep(BACKOFF_GC_INTERVAL).await;
+                let Some(this) = weak.upgrade() else { return };
+                this.backoff
+                    .lock()
+                    .expect("backoff lock")
+                    .gc(std::time::Instant::now());
+            }
+        };
+        tokio::select! {
+            _ = futures::future::join(syncs, node_syncs) => {}
+            _ = gc => {}
+        }
+    }
+
+    /// Stops the workers (the queues stop handing out keys).
+    pub fn shut_down(&self) {
+        self.queue.shut_down();
+        self.node_queue.shut_down();
+    }
+
+    // ---- handlers ----
+
+    fn enqueue(&self, ds: &DaemonSet) {
+        self.queue.add(informer::key_of(ds));
+    }
+
+    fn on_daemon_set(&self, old: Option<&Arc<DaemonSet>>, new: Option<&Arc<DaemonSet>>) {
+        match (old, new) {
+            (_, Some(cur)) => {
+                if let Some(old) = old {
+                    if old.metadata.uid != cur.metadata.uid {
+                        self.daemon_set_deleted(old);
+                    }
+                }
+                self.enqueue(cur);
+            }
+            (Some(gone), None) => self.daemon_set_deleted(gone),
+            (None, None) => {}
+        }
+    }
+
+    fn daemon_set_deleted(&self, ds: &DaemonSet) {
+        let key = informer::key_of(ds);
+        self.expectations.delete(&key);
+        self.queue.add(key);
+    }
+
+    fn resolve(&self, ns: &str, r: &OwnerReference) -> Option<Arc<DaemonSet>> {
+        claim::resolve_controller_ref(&self.daemon_sets, ns, r)
+    }
+
+    /// The DaemonSets of the namespace whose non-empty selector matches `labels`
+    /// (`GetPodDaemonSets`, `GetHistoryDaemonSets`).
+    fn selecting(
+        &self,
+        ns: &str,
+        labels: Option<&BTreeMap<String, String>>,
+    ) -> Vec<Arc<DaemonSet>> {
+        let found: Vec<_> = self
+            .daemon_sets
+            .index(NAMESPACE, ns)
+            .into_iter()
+            .filter(|ds| plan::selector(ds).is_ok_and(|s| !s.is_everything() && s.matches(labels)))
+            .collect();
+        if found.len() > 1 {
+            tracing::warn!(
+                namespace = ns,
+                ?labels,
+                "more than one DaemonSet selects these labels"
+            );
+        }
+        found
+    }
+
+    fn on_revision(
+        &self,
+        old: Option<&Arc<ControllerRevision>>,
+        new: Option<&Arc<ControllerRevision>>,
+    ) {
+        match (old, new) {
+            (None, Some(cr)) => {
+                let ns = cr.namespace().unwrap_or_default();
+                if cr.metadata.deletion_timestamp.is_some() {
+                    self.revision_deleted(cr);
+                } else if controller_of(cr.as_ref()).is_none() {
+                    for ds in self.selecting(&ns, cr.metadata.labels.as_ref()) {
+                        self.enqueue(&ds);
+                    }
+                }
+            }
+            (Some(old), Some(cur)) => {
+                if old.metadata.resource_version == cur.metadata.resource_version {
+                    return;
+                }
+                let ns = cur.namespace().unwrap_or_default();
+                let (cur_ref, old_ref) = (controller_of(cur.as_ref()), controller_of(old.as_ref()));
+                let ref_changed = cur_ref != old_ref;
+                if ref_changed {
+                    if let Some(ds) = old_ref.and_then(|r| self.resolve(&ns, r)) {
+                        self.enqueue(&ds);
+                    }
+                }
+                if let Some(r) = cur_ref {
+                    if let Some(ds) = self.resolve(&ns, r) {
+                        self.enqueue(&ds);
+                    }
+                    return;
+                }
+                if ref_changed || old.metadata.labels != cur.metadata.labels {
+                    for ds in self.selecting(&ns, cur.metadata.labels.as_ref()) {
+                        self.enqueue(&ds);
+                    }
+                }
+            }
+            (Some(gone), None) => self.revision_deleted(gone),
+            (None, None) => {}
+        }
+    }
+
+    fn revision_deleted(&self, cr: &ControllerRevision) {
+        let ns = cr.namespace().unwrap_or_default();
+        if let Some(ds) = controller_of(cr).and_then(|r| self.resolve(&ns, r)) {
+            self.enqueue(&ds);
+        }
+    }
+
+    fn on_pod(&self, old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>) {
+        match (old, new) {
+            (None, Some(p)) => self.pod_added(p),
+            (Some(o), Some(p)) => self.pod_updated(o, p),
+            (Some(o), None) => self.pod_deleted(o),
+            (None, None) => {}
+        }
+    }
+
+    fn pod_added(&self, pod: &Pod) {
+        if pod.metadata.deletion_timestamp.is_some() {
+            // Seen first already terminating (after a restart): a deletion, not a creation.
+            self.pod_deleted(pod);
+            return;
+        }
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        if let Some(r) = controller_of(pod) {
+            if let Some(ds) = self.resolve(ns, r) {
+                let key = informer::key_of(ds.as_ref());
+                self.expectations.creation_observed(&key);
+                self.queue.add(key);
+            }
+            return;
+        }
+        for ds in self.selecting(ns, pod.metadata.labels.as_ref()) {
+            self.enqueue(&ds);
+        }
+    }
+
+    fn pod_updated(&self, old: &Pod, cur: &Pod) {
+        if old.metadata.resource_version == cur.metadata.resource_version {
+            return;
+        }
+        if cur.metadata.deletion_timestamp.is_some() {
+            self.pod_deleted(cur);
+            return;
+        }
+        let ns = cur.metadata.namespace.as_deref().unwrap_or_default();
+        let (cur_ref, old_ref) = (controller_of(cur), controller_of(old));
+        let ref_changed = cur_ref != old_ref;
+        if ref_changed {
+            if let Some(ds) = old_ref.and_then(|r| self.resolve(ns, r)) {
+                self.enqueue(&ds);
+            }
+        }
+        if let Some(r) = cur_ref {
+            if let Some(ds) = self.resolve(ns, r) {
+                self.enqueue(&ds);
+                let min_ready = plan::min_ready_seconds(&ds);
+                if !pods::is_pod_ready(old) && pods::is_pod_ready(cur) && min_ready > 0 {
+                    self.queue.add_after(
+                        informer::key_of(ds.as_ref()),
+                        Duration::from_secs(min_ready as u64 + 1),
+                    );
+                }
+            }
+            return;
+        }
+        if ref_changed || old.metadata.labels != cur.metadata.labels {
+            for ds in self.selecting(ns, cur.metadata.labels.as_ref()) {
+                self.enqueue(&ds);
+            }
+        }
+    }
+
+    fn pod_deleted(&self, pod: &Pod) {
+        let Some(r) = controller_of(pod) else { return };
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        if let Some(ds) = self.resolve(ns, r) {
+            let key = informer::key_of(ds.as_ref());
+            self.expectations
+                .deletion_observed(&key, &pods::pod_key(pod));
+            self.queue.add(key);
+        }
+    }
+
+    fn on_node(&self, old: Option<&Arc<Node>>, new: Option<&Arc<Node>>) {
+        match (old, new) {
+            (None, Some(n)) => self.node_queue.add(node_name(n).to_string()),
+            (Some(o), Some(n)) => {
+                // `shouldIgnoreNodeUpdate`: only labels and taints decide eligibility.
+                let taints = |n: &Node| n.spec.as_ref().and_then(|s| s.taints.clone());
+                if o.metadata.labels != n.metadata.labels || taints(o) != taints(n) {
+                    self.node_queue.add(node_name(n).to_string());
+                }
+            }
+            // Upstream has no Node deletion handler and waits for the Pod GC to remove the
+            // node's Pods; queueing the DaemonSets with Pods for it updates their status now.
+            (Some(gone), None) => {
+                for p in self.pods.index(DAEMON_POD_NODE, node_name(gone)) {
+                    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+                    if let Some(ds) = controller_of(p.as_ref()).and_then(|r| self.resolve(ns, r)) {
+                        self.enqueue(&ds);
+                    }
+                }
+            }
+            (None, None) => {}
+        }
+    }
+
+    /// `syncNodeUpdate`: queues every DaemonSet that should now get a Pod on the node and has
+    /// none there, should no longer keep its Pod there, or has one there while it counts
+    /// misscheduled Pods (the count may have to fall).
+    fn sync_node_update(&self, name: &str) {
+        let Some(node) = self.nodes.get("", name) else {
+            return;
+        };
+        let mut scheduled: HashSet<(String, String)> = HashSet::new();
+        for p in self.pods.index(DAEMON_POD_NODE, name) {
+            let bound = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name);
+            if let (true, Some(r)) = (bound, controller_of(p.as_ref())) {
+                let ns = p.metadata.namespace.clone().unwrap_or_default();
+                scheduled.insert((ns, r.name.clone()));
+            }
+        }
+        for ds in self.daemon_sets.all() {
+            let (should_run, should_continue) = Eligibility::of(&ds).should_run(&node);
+            let has = scheduled.contains(&(ds.namespace().unwrap_or_default(), ds.name_any()));
+            let misscheduled = ds
+                .status
+                .as_ref()
+                .is_some_and(|s| s.number_misscheduled > 0);
+            // Upstream's (shouldRun && !scheduled) || (!shouldContinueRunning && scheduled) ||
+            // (scheduled && numberMisscheduled > 0).
+            let changed = if has {
+                !should_continue || misscheduled
+            } else {
+                should_run
+            };
+            if changed {
+                self.enqueue(&ds);
+            }
+        }
+    }
+
+    // ---- sync ----
+
+    /// The nodes in name order.
+    fn node_list(&self) -> Vec<Arc<Node>> {
+        let mut nodes = self.nodes.all();
+        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        nodes
+    }
+
+    /// One sync of the DaemonSet `key` (DS-3).
+    pub async fn sync(&self, key: &str) -> Result<()> {
+        let (ns, name) = informer::split_key(key);
+        let Some(ds) = self.daemon_sets.get(ns, name) else {
+            self.expectations.delete(key);
+            return Ok(());
+        };
+        let nodes = self.node_list();
+        if plan::selects_everything(&ds) {
+            self.events.publish(
+                &ds.object_ref(&()),
+                true,
+                plan::SELECTING_ALL,
+                "This daemon set is selecting all pods. A non-empty selector is required.".into(),
+            );
+            return Ok(());
+        }
+        // The Pods and revisions of a DaemonSet being deleted may already be gone or orphaned:
+        // no status can be computed reliably, and nothing is acted on (DS-8).
+        if ds.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let selector = match plan::selector(&ds) {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing can be done until the DaemonSet changes.
+                tracing::error!("{e}");
+                return Ok(());
+            }
+        };
+        let (current, old) = self.construct_history(&ds, &selector).await?;
+        let hash = plan::revision_hash_label(&current);
+        let eligibility = Eligibility::of(&ds);
+        let claimed = self.claim_pods(&ds, &selector).await?;
+
+        if !self.expectations.satisfied(key) {
+            // Only the status; observedGeneration stays, this generation was not acted on.
+            let pods = self.daemon_pods(&ds, &selector, &claimed);
+            return self
+                .update_status(&ds, &eligibility, &nodes, &pods, &hash, false)
+                .await;
+        }
+        let result = self
+            .update_daemon_set(
+                &ds,
+                &selector,
+                &eligibility,
+                &nodes,
+                &claimed,
+                &hash,
+                key,
+                &old,
+            )
+            .await;
+        let pods = self.daemon_pods(&ds, &selector, &claimed);
+        let status = self
+            .update_status(&ds, &eligibility, &nodes, &pods, &hash, true)
+            .await;
+        match (result, status) {
+            (Err(e), Err(s)) => {
+                tracing::error!(ds = %plan::object_name(&ds), "updating status: {s}");
+                Err(e)
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// `manage`, then the rolling update when the strategy is RollingUpdate and manage's own
+    /// creations and deletions are observed, then history cleanup.
+    #[allow(clippy::too_many_arguments)]
+    async fn update_daemon_set(
+        &self,
+        ds: &DaemonSet,
+        selector: &crate::selector::Selector,
+        eligibility: &Eligibility,
+        nodes: &[Arc<Node>],
+        claimed: &[Arc<Pod>],
+        hash: &str,
+        key: &str,
+        old: &[Arc<ControllerRevision>],
+    ) -> Result<()> {
+        let node_pods = plan::nodes_to_daemon_pods(claimed, false);
+        let changes = {
+            let mut backoff = self.backoff.lock().expect("backoff lock");
+            plan::manage(
+                ds,
+                eligibility,
+                nodes,
+                &node_pods,
+                hash,
+                &mut backoff,
+                Clock::now(),
+            )
+        };
+        self.sync_nodes(ds, key, changes, hash).await?;
+
+        if self.expectations.satisfied(key) && plan::strategy_type(ds) == "RollingUpdate" {
+            let pods = self.daemon_pods(ds, selector, claimed);
+            let node_pods = plan::nodes_to_daemon_pods(&pods, false);
+            let changes = plan::rolling_update(
+                ds,
+                eligibility,
+                nodes,
+                node_pods,
+                hash,
+                k8s_openapi::jiff::Timestamp::now(),
+            )?;
+            self.sync_nodes(ds, key, changes, hash).await?;
+        }
+
+        let pods = self.daemon_pods(ds, selector, claimed);
+        let ns = ds.namespace().unwrap_or_default();
+        let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
+        for name in plan::histories_to_delete(ds, old, &pods) {
+            if let Some(cr) = old.iter().find(|c| c.name_any() == name) {
+                crate::history::delete(&api, cr).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `getDaemonPods`: the DaemonSet's Pods and the orphans its selector matches, claimed (CTL-7).
+    async fn claim_pods(
+        &self,
+        ds: &Arc<DaemonSet>,
+        selector: &crate::selector::Selector,
+    ) -> Result<Vec<Arc<Pod>>> {
+        let ns = ds.namespace().unwrap_or_default();
+        let uid = ds.uid().unwrap_or_default();
+        let mut candidates = self.pods.index(CONTROLLER_UID, &uid);
+        candidates.extend(self.pods.index(ORPHAN_NAMESPACE, &ns));
+        let plan = claim::claim_plan(&uid, selector, false, candidates);
+        let owner = OwnerInfo::of(ds.as_ref());
+        let ds_api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &ns);
+        let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let name = ds.name_any();
+        let recheck = || async {
+            let fresh = ds_api
+                .get_opt(&name)
+                .await
+                .map_err(|e| Error::kube("re-reading before adoption", plan::object_name(ds), e))?;
+            claim::recheck_owner(&owner, fresh.as_ref())
+        };
+        let mut claimed = claim::claim(&pod_api, &owner, plan, recheck).await?;
+        claimed.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(claimed)
+    }
+
+    /// The DaemonSet's Pods as the cache has them now (after this sync's own changes were
+    /// possibly observed), plus those this sync adopted and the cache does not show as ours yet.
+    fn daemon_pods(
+        &self,
+        ds: &DaemonSet,
+        selector: &crate::selector::Selector,
+        claimed: &[Arc<Pod>],
+    ) -> Vec<Arc<Pod>> {
+        let uid = ds.uid().unwrap_or_default();
+        let mut pods: Vec<Arc<Pod>> = self
+            .pods
+            .index(CONTROLLER_UID, &uid)
+            .into_iter()
+            .filter(|p| selector.matches(p.metadata.labels.as_ref()))
+            .collect();
+        let known: HashSet<String> = pods.iter().map(|p| p.name_any()).collect();
+        pods.extend(
+            claimed
+                .iter()
+                .filter(|p| !known.contains(&p.name_any()))
+                .filter(|p| {
+                    self.pods
+                        .get(&p.namespace().unwrap_or_default(), &p.name_any())
+                        .is_some()
+                })
+                .cloned(),
+        );
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        pods
+    }
+
+    /// `syncNodes` (DS-5): records the plan's events, expects the creations and deletions, creates
+    /// Pods on `create_on` in slow-start batches and deletes `delete` concurrently, at most
+    /// `burst_replicas` of each; the first error is returned after all were tried.
+    async fn sync_nodes(
+        &self,
+        ds: &DaemonSet,
+        key: &str,
+        changes: NodeChanges,
+        hash: &str,
+    ) -> Result<()> {
+        let ds_ref = ds.object_ref(&());
+        for e in changes.events {
+            self.events.publish(&ds_ref, e.warning, e.reason, e.message);
+        }
+        if let Some(after) = changes.requeue_after {
+            self.queue.add_after(key.to_string(), after);
+        }
+        let burst = self.config.burst_replicas;
+        let create_on: Vec<String> = changes.create_on.into_iter().take(burst).collect();
+        let delete: Vec<String> = changes.delete.into_iter().take(burst).collect();
+        if create_on.is_empty() && delete.is_empty() {
+            return Ok(());
+        }
+        let ns = ds.namespace().unwrap_or_default();
+        let delete_keys: Vec<String> = delete.iter().map(|n| format!("{ns}/{n}")).collect();
+        self.expectations.expect_deletions(key, &delete_keys);
+        self.expectations.raise(key, create_on.len() as i64, 0);
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let mut first_err: Option<Error> = None;
+
+        if !create_on.is_empty() {
+            tracing::debug!(ds = %plan::object_name(ds), nodes = ?create_on, "creating daemon pods");
+            let template =
+                plan::create_pod_template(&plan::template(ds), plan::template_generation(ds), hash);
+            let pp = PostParams::default();
+            let n = create_on.len();
+            let failed = std::sync::atomic::AtomicUsize::new(0);
+            let (created, err) = slow_start_batch(n, SLOW_START_INITIAL_BATCH, |i| {
+                let (template, pp, ds_ref, node) = (&template, &pp, &ds_ref, &create_on[i]);
+                let (failed, api) = (&failed, &api);
+                async move {
+                    let outcome = match plan::new_daemon_pod(ds, template, node) {
+                        Err(e) => Err(e),
+                        Ok(pod) => match api.create(pp, &pod).await {
+                            Ok(p) => {
+                                let message = format!("Created pod: {}", p.name_any());
+                                self.events
+                                    .publish(ds_ref, false, SUCCESSFUL_CREATE, message);
+                                return Ok(());
+                            }
+                            // Every other creation would fail too: nothing to report.
+                            Err(e) if namespace_terminating(&e) => {
+                                self.expectations.creation_observed(key);
+                                return Ok(());
+                            }
+                            Err(e) => {
+                                let message = format!("Error creating: {}", api_message(&e));
+                                self.events.publish(ds_ref, true, FAILED_CREATE, message);
+                                Err(Error::kube("creating Pod for", plan::object_name(ds), e))
+                            }
+                        },
+                    };
+                    // A failed creation will never be observed.
+                    self.expectations.creation_observed(key);
+                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    outcome
+                }
+            })
+            .await;
+            // Creations never attempted after a failing batch will never be observed either.
+            let attempted = created + failed.load(std::sync::atomic::Ordering::Relaxed);
+            self.expectations
+                .lower(key, n.saturating_sub(attempted) as i64, 0);
+            first_err = err;
+        }
+
+        if !delete.is_empty() {
+            tracing::debug!(ds = %plan::object_name(ds), pods = ?delete, "deleting daemon pods");
+            let dp = DeleteParams::default();
+            let results = futures::future::join_all(delete.iter().map(|name| {
+                let (dp, api) = (&dp, &api);
+                async move { (name, api.delete(name, dp).await) }
+            }))
+            .await;
+            for (name, r) in results {
+                match r {
+                    Ok(_) => {
+                        let message = format!("Deleted pod: {name}");
+                        self.events
+                            .publish(&ds_ref, false, SUCCESSFUL_DELETE, message);
+                    }
+                    Err(e) => {
+                        self.expectations
+                            .deletion_observed(key, &format!("{ns}/{name}"));
+                        if is_status(&e, 404) {
+                            continue;
+                        }
+                        let message = format!("Error deleting: {}", api_message(&e));
+                        self.events.publish(&ds_ref, true, FAILED_DELETE, message);
+                        first_err.get_or_insert(Error::kube(
+                            "deleting Pod",
+                            format!("{ns}/{name}"),
+                            e,
+                        ));
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// `updateDaemonSetStatus`: writes the counts (and with `observed` the generation acted on)
+    /// through the status subresource unless nothing changed, and looks again after
+    /// minReadySeconds while ready Pods are not yet available.
+    async fn update_status(
+        &self,
+        ds: &DaemonSet,
+        eligibility: &Eligibility,
+        nodes: &[Arc<Node>],
+        pods: &[Arc<Pod>],
+        hash: &str,
+        observed: bool,
+    ) -> Result<()> {
+        let node_pods = plan::nodes_to_daemon_pods(pods, false);
+        let status = plan::calculate_status(
+            ds,
+            eligibility,
+            nodes,
+            &node_pods,
+            hash,
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        if plan::needs_status_update(ds, &status) {
+            let mut patch_status = json!({
+                "desiredNumberScheduled": status.desired_number_scheduled,
+                "currentNumberScheduled": status.current_number_scheduled,
+                "numberMisscheduled": status.number_misscheduled,
+                "numberReady": status.number_ready,
+                "updatedNumberScheduled": status.updated_number_scheduled,
+                "numberAvailable": status.number_available,
+                "numberUnavailable": status.number_unavailable,
+            });
+            if observed {
+                patch_status["observedGeneration"] = json!(ds.metadata.generation.unwrap_or(0));
+            }
+            let patch = json!({"metadata": {"uid": ds.metadata.uid}, "status": patch_status});
+            let api: Api<DaemonSet> =
+                Api::namespaced(self.client.clone(), &ds.namespace().unwrap_or_default());
+            api.patch_status(
+                &ds.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| Error::kube("writing status of", plan::object_name(ds), e))?;
+        }
+        if let Some(after) = plan::status_requeue(ds, &status) {
+            self.queue.add_after(informer::key_of(ds), after);
+        }
+        Ok(())
+    }
+
+    // ---- history ----
+
+    /// `controlledHistories`: the namespace's revisions controlled by the DaemonSet or orphaned
+    /// and matching its selector, claimed.
+    async fn claim_revisions(
+        &self,
+        ds: &Arc<DaemonSet>,
+        selector: &crate::selector::Selector,
+    ) -> Result<Vec<Arc<ControllerRevision>>> {
+        let ns = ds.namespace().unwrap_or_default();
+        let uid = ds.uid().unwrap_or_default();
+        let candidates = self.revisions.index(NAMESPACE, &ns);
+        let plan = claim::claim_plan(&uid, selector, false, candidates);
+        let owner = OwnerInfo::of(ds.as_ref());
+        let ds_api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &ns);
+        let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
+        let name = ds.name_any();
+        let recheck = || async {
+            let fresh = ds_api
+                .get_opt(&name)
+                .await
+                .map_err(|e| Error::kube("re-reading before adoption", plan::object_name(ds), e))?;
+            claim::recheck_owner(&owner, fresh.as_ref())
+        };
+        claim::claim(&api, &owner, plan, recheck).await
+    }
+
+    /// `constructHistory` (DS-3): the current revision (created, de-duplicated or renumbered as
+    /// needed) and the old ones. Revisions without the hash label get their name as hash.
+    async fn construct_history(
+        &self,
+        ds: &Arc<DaemonSet>,
+        selector: &crate::selector::Selector,
+    ) -> Result<(Arc<ControllerRevision>, Vec<Arc<ControllerRevision>>)> {
+        let ns = ds.namespace().unwrap_or_default();
+        let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
+        let mut histories = Vec::new();
+        for h in self.claim_revisions(ds, selector).await? {
+            if h.labels().contains_key(plan::REVISION_HASH_LABEL) {
+                histories.push(h);
+                continue;
+            }
+            let patch = json!({"metadata": {"labels": {plan::REVISION_HASH_LABEL: h.name_any()}}});
+            let updated = api
+                .patch(
+                    &h.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(|e| {
+                    Error::kube(
+                        "labelling ControllerRevision",
+                        format!("{ns}/{}", h.name_any()),
+                        e,
+                    )
+                })?;
+            histories.push(Arc::new(updated));
+        }
+        let (current, old) = plan::split_histories(ds, &histories);
+        let next = plan::max_revision(&old) + 1;
+        let current = match plan::dedup_keep(&current) {
+            None => Arc::new(self.snapshot(ds, next).await?),
+            Some(keep) => {
+                if current.len() > 1 {
+                    self.dedup(ds, selector, &keep, &current).await?;
+                }
+                if keep.revision < next {
+                    crate::history::renumber(&api, &keep, next).await?;
+                }
+                keep
+            }
+        };
+        Ok((current, old))
+    }
+
+    /// `dedupCurHistories`: relabels the Pods carrying another current revision's hash with the
+    /// kept one's, then deletes the duplicates.
+    async fn dedup(
+        &self,
+        ds: &Arc<DaemonSet>,
+        selector: &crate::selector::Selector,
+        keep: &Arc<ControllerRevision>,
+        current: &[Arc<ControllerRevision>],
+    ) -> Result<()> {
+        let ns = ds.namespace().unwrap_or_default();
+        let hash = plan::revision_hash_label(keep);
+        let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        for p in self.claim_pods(ds, selector).await? {
+            if p.labels().get(plan::REVISION_HASH_LABEL) == Some(&hash) {
+                continue;
+            }
+            let patch = json!({"metadata": {"labels": {plan::REVISION_HASH_LABEL: hash}}});
+            pod_api
+                .patch(
+                    &p.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(|e| Error::kube("relabelling Pod", pods::pod_key(&p), e))?;
+        }
+        let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
+        for c in current.iter().filter(|c| c.name_any() != keep.name_any()) {
+            crate::history::delete(&api, c).await?;
+        }
+        Ok(())
+    }
+
+    /// `snapshot`: creates the revision of the current template. A revision of that name with
+    /// another template is a hash collision: the DaemonSet's collisionCount is raised (when the
+    /// cached one was current) and the sync fails, so the next one uses a new name.
+    async fn snapshot(&self, ds: &Arc<DaemonSet>, revision: i64) -> Result<ControllerRevision> {
+        let ns = ds.namespace().unwrap_or_default();
+        let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
+        let hash = plan::revision_hash(ds);
+        let cr = plan::new_revision(ds, &hash, revision);
+        let name = cr.name_any();
+        let err = match api.create(&PostParams::default(), &cr).await {
+            Ok(created) => return Ok(created),
+            Err(e) if is_status(&e, 409) => e,
+            Err(e) => {
+                return Err(Error::kube(
+                    "creating ControllerRevision",
+                    format!("{ns}/{name}"),
+                    e,
+                ))
+            }
+        };
+        let existing = api
+            .get(&name)
+            .await
+            .map_err(|e| Error::kube("reading ControllerRevision", format!("{ns}/{name}"), e))?;
+        if plan::revision_matches(ds, &existing) {
+            return Ok(existing);
+        }
+        let ds_api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &ns);
+        let fresh = ds_api
+            .get(&ds.name_any())
+            .await
+            .map_err(|e| Error::kube("reading", plan::object_name(ds), e))?;
+        let count = |d: &DaemonSet| d.status.as_ref().and_then(|s| s.collision_count);
+        if count(&fresh) != count(ds) {
+            return Err(Error::Invalid {
+                object: plan::object_name(ds),
+                reason: format!(
+                    "status.collisionCount: stale ({:?}, current {:?}); retrying once the cache has it",
+                    count(ds),
+                    count(&fresh)
+                ),
+            });
+        }
+        let bumped = count(&fresh).unwrap_or(0) + 1;
+        let patch = json!({
+            "metadata": {"uid": fresh.metadata.uid, "resourceVersion": fresh.metadata.resource_version},
+            "status": {"collisionCount": bumped},
+        });
+        ds_api
+            .patch_status(
+                &ds.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| Error::kube("raising collisionCount of", plan::object_name(ds), e))?;
+        tracing::info!(ds = %plan::object_name(ds), collision_count = bumped, "hash collision, collisionCount raised");
+        Err(Error::kube(
+            "creating ControllerRevision",
+            format!("{ns}/{name}"),
+            err,
+        ))
+    }
+}
+
+/// Creates the controller on `informers` (see [`Controller::new`]).
+pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
+    Controller::new(client, informers, config)
+}
