@@ -39,6 +39,8 @@ pub enum ControllerKind {
     TtlAfterFinished,
     /// Daemon Pods of DaemonSets.
     DaemonSet,
+    /// Ordinal Pods and claims of StatefulSets.
+    StatefulSet,
 }
 
 /// Every controller, in start order, with its name and the other names it answers to
@@ -74,6 +76,11 @@ const CONTROLLERS: &[(ControllerKind, &str, &[&str])] = &[
         "daemonset",
         &["daemonset-controller"],
     ),
+    (
+        ControllerKind::StatefulSet,
+        "statefulset",
+        &["statefulset-controller"],
+    ),
     (ControllerKind::Job, "job", &["job-controller"]),
     (ControllerKind::CronJob, "cronjob", &["cronjob-controller"]),
     (
@@ -92,6 +99,7 @@ pub const KNOWN_NAMES: &[&str] = &[
     "replicaset",
     "deployment",
     "daemonset",
+    "statefulset",
     "job",
     "cronjob",
     "ttl-after-finished",
@@ -176,6 +184,8 @@ pub struct Concurrency {
     pub ttl_after_finished: usize,
     /// `--concurrent-daemonset-syncs` (upstream default 2).
     pub daemonset: usize,
+    /// `--concurrent-statefulset-syncs` (upstream default 5).
+    pub statefulset: usize,
 }
 
 impl Default for Concurrency {
@@ -189,6 +199,7 @@ impl Default for Concurrency {
             cronjob: 5,
             ttl_after_finished: 5,
             daemonset: 2,
+            statefulset: 5,
         }
     }
 }
@@ -311,6 +322,15 @@ fn workload_tasks(
             )
             .run()
             .boxed(),
+            ControllerKind::StatefulSet => crate::statefulset::Controller::new(
+                client.clone(),
+                &informers,
+                crate::statefulset::Config {
+                    workers: concurrency.statefulset,
+                },
+            )
+            .run()
+            .boxed(),
             _ => continue,
         };
         tasks.push((kind, task));
@@ -386,6 +406,7 @@ mod tests {
                     ReplicaSet,
                     Deployment,
                     DaemonSet,
+                    StatefulSet,
                     Job,
                     CronJob,
                     TtlAfterFinished,
@@ -401,6 +422,7 @@ mod tests {
                     ReplicaSet,
                     Deployment,
                     DaemonSet,
+                    StatefulSet,
                     Job,
                     CronJob,
                     TtlAfterFinished,
@@ -415,6 +437,7 @@ mod tests {
                     ReplicaSet,
                     Deployment,
                     DaemonSet,
+                    StatefulSet,
                     Job,
                     CronJob,
                     TtlAfterFinished,
@@ -435,6 +458,11 @@ mod tests {
                 false,
                 &[Endpoints, ReplicaSet],
             ),
+            (
+                "statefulset-controller,daemonset",
+                false,
+                &[DaemonSet, StatefulSet],
+            ),
             ("deployment,-deployment", false, &[]),
             (
                 "endpointslice,endpoints,lb-ipam",
@@ -453,10 +481,10 @@ mod tests {
 
     #[test]
     fn unknown_controller_names_are_errors_listing_the_known_ones() {
-        let err = parse_controllers("endpointslice,statefulset")
+        let err = parse_controllers("endpointslice,bootstrapsigner")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("\"statefulset\""), "{err}");
+        assert!(err.contains("\"bootstrapsigner\""), "{err}");
         assert!(err.contains("replicaset"), "{err}");
         assert!(parse_controllers("-nope").is_err());
     }

@@ -71,6 +71,9 @@ struct Args {
     /// DaemonSets synced at once (kube-controller-manager's `--concurrent-daemonset-syncs`).
     #[arg(long, default_value_t = 2)]
     concurrent_daemonset_syncs: usize,
+    /// StatefulSets synced at once (kube-controller-manager's `--concurrent-statefulset-syncs`).
+    #[arg(long, default_value_t = 5)]
+    concurrent_statefulset_syncs: usize,
     /// Serve Prometheus metrics (`/metrics`, kube-controller-manager's workqueue metric names)
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
@@ -120,6 +123,7 @@ async fn main() -> anyhow::Result<()> {
             cronjob: args.concurrent_cron_job_syncs,
             ttl_after_finished: args.concurrent_ttl_after_finished_syncs,
             daemonset: args.concurrent_daemonset_syncs,
+            statefulset: args.concurrent_statefulset_syncs,
         },
     };
     if let Some(addr) = args.metrics_bind_address {
