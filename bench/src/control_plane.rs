@@ -94,7 +94,7 @@ impl Controller {
 }
 
 fn controller_manager_bin() -> PathBuf {
-    xtask::target_dir().join("release/controller-manager")
+    crate::kpr_binary("controller-manager")
 }
 
 /// Checks that kpr's controller-manager (built by `cargo xtask bench` in the same cargo run as

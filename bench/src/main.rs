@@ -28,6 +28,16 @@ mod workload;
 mod workload_controllers;
 
 use baseline::{Flavour, Layout};
+
+/// One of kpr's own binaries (`controller-manager`, `scheduler`): the one built beside this
+/// benchmark's executable, in the same cargo run and profile (`cargo xtask bench` builds them
+/// together), so the numbers are of the build the benchmark was asked for.
+pub fn kpr_binary(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(name)))
+        .unwrap_or_else(|| xtask::target_dir().join("release").join(name))
+}
 use report::{BackendRow, Report};
 
 /// N Services per backend next to kube-proxy's iptables and nftables layouts (--quick: 1,000).
@@ -72,7 +82,7 @@ pub struct BenchArgs {
     /// kube-controller-manager's, against the reference kube-apiserver).
     #[arg(long)]
     pub no_control_plane: bool,
-    /// Services in the control-plane row (each with --endpoints ready Pods; --quick: 1,000).
+    /// Services in the control-plane row (each with --endpoints ready Pods; --quick: 250).
     #[arg(long, default_value_t = CONTROL_PLANE_SERVICES)]
     pub control_plane_services: usize,
     /// Only the control-plane row: no backends, no baselines, no direct-to-pod floor.
@@ -208,7 +218,7 @@ impl Plan {
             nft_sizes: growth(args.nft_baseline_max),
             ipt_nft_sizes: growth(args.ipt_nft_baseline_max),
             cp_services: if args.quick {
-                1_000
+                250
             } else {
                 args.control_plane_services.max(1)
             },

@@ -320,7 +320,7 @@ pub fn command(args: &BenchArgs) -> String {
 
 /// kpr's scheduler, as `cargo xtask bench` builds it.
 fn kpr_bin() -> PathBuf {
-    xtask::target_dir().join("release/scheduler")
+    crate::kpr_binary("scheduler")
 }
 
 /// Checks the binaries the plan needs: kpr's scheduler (built by `cargo xtask bench`) and the

@@ -445,7 +445,7 @@ fn measure(
             run.flags = vec![format!("--controllers={CONTROLLERS}")];
             let mut args = vec![format!("--kubeconfig={}", kubeconfig.display())];
             args.extend(run.flags.iter().cloned());
-            let program = xtask::target_dir().join("release/controller-manager");
+            let program = crate::kpr_binary("controller-manager");
             cp.spawn_program(manager.process(), &program, args)?;
         }
         Manager::Upstream => {

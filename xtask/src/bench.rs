@@ -8,7 +8,7 @@ use std::ffi::OsString;
 use clap::Args;
 
 use crate::exec::Cmd;
-use crate::{setup, target_dir, workspace_root};
+use crate::{setup, workspace_root, Profile};
 
 /// Flags for the benchmark, passed through unchanged (`cargo xtask bench --help` lists them).
 #[derive(Debug, Args)]
@@ -22,16 +22,42 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    run_with(Profile::Release, &args.args)
+}
+
+/// The benchmark on the given build of kpr's binaries (the benchmark starts the agent, the
+/// controller-manager and the scheduler from the directory its own executable is in).
+pub fn run_with(profile: Profile, args: &[OsString]) -> anyhow::Result<()> {
     // The control-plane parts (EndpointSlice, workload controllers, scheduler) run against the
     // reference Kubernetes.
     setup::run_with(&setup::SetupArgs { k8s: true })?;
-    build_release()?;
-    let release = target_dir().join("release");
-    Cmd::new(release.join("kpr-bench"))
-        .args(&args.args)
-        .env("KPR_PROXY_BIN", release.join("proxy"))
+    build(profile)?;
+    let dir = profile.dir();
+    Cmd::new(dir.join("kpr-bench"))
+        .args(args)
+        .env("KPR_PROXY_BIN", dir.join("proxy"))
         .dir(workspace_root())
         .run()
+}
+
+/// [`build_release`], or for [`Profile::Debug`] the same binaries in the dev profile.
+pub fn build(profile: Profile) -> anyhow::Result<()> {
+    match profile {
+        Profile::Release => build_release(),
+        Profile::Debug => Cmd::new("cargo")
+            .args([
+                "build",
+                "-p",
+                "proxy",
+                "-p",
+                "kpr-bench",
+                "-p",
+                "controllers",
+                "--bins",
+            ])
+            .dir(workspace_root())
+            .run(),
+    }
 }
 
 /// The release binaries: the agent, the controller-manager and the benchmark (`cargo xtask

@@ -24,6 +24,26 @@ pub fn workspace_root() -> PathBuf {
         .to_owned()
 }
 
+/// Which cargo build of kpr's own binaries a command runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// `--release`, as shipped: what benchmarks measure and images carry by default.
+    Release,
+    /// The plain `cargo build` the test suites use: `cargo xtask test` runs its benchmark and
+    /// cluster smokes on these to skip a second, optimised build (their numbers are not results).
+    Debug,
+}
+
+impl Profile {
+    /// `<target>/release` or `<target>/debug`.
+    pub fn dir(self) -> PathBuf {
+        target_dir().join(match self {
+            Profile::Release => "release",
+            Profile::Debug => "debug",
+        })
+    }
+}
+
 /// Cargo's target directory: `$CARGO_TARGET_DIR` (relative to the root) or `<root>/target`.
 pub fn target_dir() -> PathBuf {
     let root = workspace_root();

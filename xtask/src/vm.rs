@@ -169,21 +169,29 @@ fn find_on_path(program: &str) -> Option<PathBuf> {
 
 pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     ensure_tools()?;
-    let (suites, build_failure) = build_suites()?;
-    if let Some(failure) = &build_failure {
-        println!("warning: {failure}; running the test binaries that built");
-    }
-    let plan = plan(args, &suites)?;
     let kernels = kernels(args);
     let images = kernels
         .iter()
         .map(|version| fetch_kernel(version))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let kvm = !args.tcg && probe_kvm(&images[0]);
+    // Under KVM a guest runs the agent as fast as the host does: the plain `cargo build` binaries
+    // (which `cargo xtask test` has already built) serve. Under TCG an unoptimised agent takes
+    // seconds to start and to sync, and every conformance test starts one.
+    let agent = if kvm {
+        crate::Profile::Debug
+    } else {
+        crate::Profile::Release
+    };
+    let (suites, build_failure) = build_suites(agent)?;
+    if let Some(failure) = &build_failure {
+        println!("warning: {failure}; running the test binaries that built");
+    }
+    let plan = plan(args, &suites)?;
     let mut results = Vec::new();
     for (version, image) in kernels.iter().zip(&images) {
         let started = Instant::now();
-        let failures = run_guest(args, version, image, &plan, kvm)?;
+        let failures = run_guest(args, version, image, &plan, kvm, agent)?;
         let elapsed = started.elapsed();
         println!(
             "[{version}] {} in {:.0} s",
@@ -225,21 +233,15 @@ struct PlanEntry {
 /// Builds the binaries the tests spawn and every test binary, and returns the latter. A test
 /// build that fails for some targets (`--no-fail-fast` builds the others) is returned as a failure
 /// to report, so a half-built workspace still runs what it can and still fails the run.
-fn build_suites() -> anyhow::Result<(Vec<Suite>, Option<String>)> {
+fn build_suites(agent: crate::Profile) -> anyhow::Result<(Vec<Suite>, Option<String>)> {
     let root = workspace_root();
+    // The agent and the probe in `agent`'s profile (the test binaries themselves stay as cargo
+    // test builds them).
+    let release = (agent == crate::Profile::Release).then_some("--release");
     Cmd::new("cargo")
-        // Optimised: under TCG an unoptimised agent takes seconds to start and to sync, and
-        // every conformance test starts one (the test binaries themselves stay as cargo test
-        // builds them).
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "proxy",
-            "-p",
-            "kpr-tests",
-            "--bins",
-        ])
+        .arg("build")
+        .args(release)
+        .args(["-p", "proxy", "-p", "kpr-tests", "--bins"])
         .dir(&root)
         .run()?;
     // Through sh so the JSON survives a failing build: cargo's status comes as a last line.
@@ -505,6 +507,7 @@ fn run_guest(
     image: &Path,
     plan: &[PlanEntry],
     kvm: bool,
+    agent: crate::Profile,
 ) -> anyhow::Result<Vec<String>> {
     let run_dir = vm_dir().join("run").join(version);
     fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
@@ -517,8 +520,8 @@ fn run_guest(
     let mut guest_env = format!(
         // Emulated guests are slow: the agents the tests start get 180 s to become healthy.
         "env RUST_BACKTRACE=1 KPR_TEST_READY_TIMEOUT=180 KPR_PROXY_BIN={} KPR_PROBE_BIN={}",
-        target_dir().join("release/proxy").display(),
-        target_dir().join("release/probe").display()
+        agent.dir().join("proxy").display(),
+        agent.dir().join("probe").display()
     );
     if args.selftest_fail {
         write!(guest_env, " {SELFTEST_ENV}=1").expect("writing to a String");

@@ -314,6 +314,7 @@ fn up_args_for(proxy: &str, nodes: usize) -> anyhow::Result<super::UpArgs> {
         proxy,
         backend: backend.to_string(),
         mode,
+        binaries: crate::Profile::Release,
     })
 }
 
@@ -365,7 +366,12 @@ fn table(columns: &[(String, u64, Vec<Outcome>)]) -> String {
 pub fn smoke() -> anyhow::Result<()> {
     let cluster = Cluster::named("smoke")?;
     super::teardown(&cluster);
-    let up_args = up_args_for("kpr-nftables", 1)?;
+    // The debug binaries `cargo xtask test` built and tested: a release build only for this
+    // would cost CI minutes and prove nothing more about the rules they program.
+    let up_args = super::UpArgs {
+        binaries: crate::Profile::Debug,
+        ..up_args_for("kpr-nftables", 1)?
+    };
     let e2e_args = E2eArgs {
         focus: SMOKE_FOCUS.to_string(),
         skip: None,

@@ -69,7 +69,7 @@ pub enum ClusterCommand {
 pub struct UpArgs {
     /// Who runs the controllers: kube-controller-manager (all of them); kpr, whose
     /// controller-manager runs the controllers kpr has (garbage collector, EndpointSlice,
-    /// Endpoints, ReplicaSet, Deployment) beside kube-controller-manager with those turned off;
+    /// Endpoints, ReplicaSet, Deployment, Job, CronJob, ttl-after-finished) beside kube-controller-manager with those turned off;
     /// or nobody.
     #[arg(long, value_enum, default_value_t = Who::Upstream)]
     pub controllers: Who,
@@ -91,6 +91,9 @@ pub struct UpArgs {
     /// kube-proxy's mode (with --proxy kube-proxy).
     #[arg(long, value_enum, default_value_t = nodes::Mode::Nftables)]
     pub mode: nodes::Mode,
+    /// Which build of kpr's binaries the nodes' kpr image carries (with --nodes).
+    #[arg(long, value_enum, default_value_t = crate::Profile::Release)]
+    pub binaries: crate::Profile,
 }
 
 /// The kube-controller-manager controllers kpr's controller-manager replaces with `--controllers
@@ -101,6 +104,9 @@ const KPR_REPLACES: &[&str] = &[
     "endpoints-controller",
     "replicaset-controller",
     "deployment-controller",
+    "job-controller",
+    "cronjob-controller",
+    "ttl-after-finished-controller",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

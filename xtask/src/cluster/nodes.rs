@@ -82,10 +82,10 @@ pub struct RealNodes {
     images: Vec<PathBuf>,
 }
 
-/// Builds the release binaries and the images, and creates the cluster network.
+/// Builds kpr's binaries (`--binaries`) and the images, and creates the cluster network.
 pub fn prepare(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<RealNodes> {
-    crate::bench::build_release()?;
-    let images = build_images()?;
+    crate::bench::build(args.binaries)?;
+    let images = build_images(args.binaries)?;
     let network = ClusterNetwork::plan(&cluster.name, args.nodes)?;
     network.create()?;
     Ok(RealNodes { network, images })
@@ -217,13 +217,13 @@ pub fn rollout(cp: &ControlPlane, what: &str, timeout: Duration) -> anyhow::Resu
 }
 
 /// Builds every image the nodes run into `<target>/cluster-images` and returns the archives.
-pub fn build_images() -> anyhow::Result<Vec<PathBuf>> {
+pub fn build_images(binaries: crate::Profile) -> anyhow::Result<Vec<PathBuf>> {
     let out = target_dir().join("cluster-images");
     fs::create_dir_all(&out)?;
     let bin = crate::k8s::bin_dir();
-    let release = target_dir().join("release");
-    // The release profile keeps debug info for profiling; the image does without (241 MiB to
-    // a fraction of it), as a shipped image would.
+    let release = binaries.dir();
+    // Both profiles keep debug info (release for profiling); the image does without (241 MiB
+    // to a fraction of it), as a shipped image would.
     let stripped = ["proxy", "controller-manager"].map(|name| out.join(format!("{name}.stripped")));
     for (name, dest) in ["proxy", "controller-manager"].iter().zip(&stripped) {
         Cmd::new("objcopy")
