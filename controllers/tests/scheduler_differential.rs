@@ -1,0 +1,95 @@
+//! kpr's `scheduler` next to kube-scheduler v1.34 on one reference control plane (etcd and
+//! kube-apiserver; nodes are API objects, no kubelet or kwok is needed to schedule):
+//!
+//! 1. Feasibility: for every probe Pod (requests incl. init and sidecar containers, extended
+//!    resources, Pod slots, taints of each effect, a cordoned node, required node affinity and
+//!    nodeSelector, topology spread DoNotSchedule with minDomains and node inclusion, required pod
+//!    affinity and anti-affinity both ways, host ports) on every probe node, both schedulers
+//!    agree whether it fits, and where it does not, on the FitError message word for word
+//!    (`diff_probes`).
+//! 2. Placement: the same 158-Pod workload on identical nodes, ours no worse than kube-scheduler
+//!    on utilisation, spread skew and preferred-affinity satisfaction within stated tolerances
+//!    (`diff_placement`). Both tables are printed (`--nocapture`).
+//!
+//! Both parts run at once; they share no nodes, namespaces or schedulers.
+//! Requires the reference binaries (`cargo xtask setup --k8s`).
+
+#[path = "scheduler/diff_cluster.rs"]
+mod diff_cluster;
+#[path = "scheduler/diff_placement.rs"]
+mod diff_placement;
+#[path = "scheduler/diff_probes.rs"]
+mod diff_probes;
+
+use diff_cluster::{DiffCluster, Impl};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kpr_scheduler_matches_kube_scheduler() {
+    let mut cluster = DiffCluster::start("scheduler-differential")
+        .await
+        .expect("starting the control plane");
+    diff_probes::setup(&cluster.client)
+        .await
+        .expect("probe nodes and fixture Pods");
+    diff_placement::setup(&cluster.client)
+        .await
+        .expect("placement nodes");
+    cluster
+        .start_schedulers()
+        .await
+        .expect("starting kube-scheduler and kpr's scheduler");
+    let logs = cluster.cp.dir.join("logs");
+    let client = &cluster.client;
+    let sets = diff_placement::Set::all();
+    let (probes, placements) = tokio::join!(
+        diff_probes::run(client),
+        futures::future::join_all(sets.iter().map(|s| diff_placement::run(client, *s))),
+    );
+    let mut failures = Vec::new();
+    match probes {
+        Ok(r) => {
+            eprintln!(
+                "feasibility: {} probes x {} probe nodes, {} copies in {:.1?}\n{}",
+                r.feasible.len(),
+                diff_probes::nodes().len(),
+                r.copies,
+                r.elapsed,
+                r.table()
+            );
+            for (probe, m) in &r.nowhere_messages {
+                eprintln!("fits nowhere, same FitError under both: {probe}: {m}");
+            }
+            if !r.reruns_agreed.is_empty() {
+                eprintln!(
+                    "pairs that differed once and agreed when run alone: {:?}",
+                    r.reruns_agreed
+                );
+            }
+            for (probe, target, u, k) in &r.differences {
+                failures.push(format!(
+                    "probe {probe} on {target}: kube-scheduler {u:?}, kpr {k:?}"
+                ));
+            }
+        }
+        Err(e) => failures.push(format!("feasibility probes: {e:#}")),
+    }
+    let mut runs = std::collections::BTreeMap::<Impl, Vec<_>>::new();
+    for (set, r) in sets.iter().zip(placements) {
+        match r {
+            Ok(p) => runs.entry(set.imp).or_default().push(p),
+            Err(e) => failures.push(format!("placement {set:?}: {e:#}")),
+        }
+    }
+    if let (Some(u), Some(k)) = (runs.get(&Impl::Upstream), runs.get(&Impl::Kpr)) {
+        let (table, worse) = diff_placement::compare(u, k);
+        eprintln!("{table}");
+        failures.extend(worse.into_iter().map(|w| format!("placement: {w}")));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} difference(s) (scheduler logs in {}):\n{}",
+        failures.len(),
+        logs.display(),
+        failures.join("\n")
+    );
+}
