@@ -641,7 +641,7 @@ impl Controller {
                 Action::ClaimTerminating { claim } => {
                     claim_errs.push(format!("pvc {claim} is being deleted"));
                 }
-                Action::SetClaimOwners { claim, refs } => {
+                Action::SetClaimOwners { claim, refs, report } => {
                     let patch = json!({"metadata": {
                         "ownerReferences": refs,
                         "resourceVersion": claim.metadata.resource_version,
@@ -652,6 +652,13 @@ impl Controller {
                         .patch(&cname, &PatchParams::default(), &Patch::Merge(&patch))
                         .await
                     {
+                        if let Some(pod) = report {
+                            let msg = format!(
+                                "could not update claim {cname} for delete policy ownerRefs: {}",
+                                api_message(&e)
+                            );
+                            fail("update", pod, &msg);
+                        }
                         result = Err(Error::kube(
                             "setting the retention policy's owners of",
                             format!("PersistentVolumeClaim {ns}/{cname}"),

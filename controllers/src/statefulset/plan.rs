@@ -406,9 +406,9 @@ fn is_healthy(p: &Pod) -> bool {
 // ---- revisions ----
 
 /// `getPatch`: the revision data, `{"spec":{"template":{...,"$patch":"replace"}}}`, with the
-/// template encoded as kube-controller-manager's Go types encode it: k8s-openapi omits an unset
-/// `metadata.creationTimestamp` where Go writes `null`, so it is added back (the hash, and with
-/// it the revision name, then equals kube-controller-manager's).
+/// template encoded as kube-controller-manager v1.34's Go types encode it (an unset
+/// `metadata.creationTimestamp` is omitted there since v1.34, as k8s-openapi omits it), so the
+/// hash, and with it the revision name, equals kube-controller-manager's.
 pub fn revision_data(set: &StatefulSet) -> Result<Value> {
     let tpl = template(set).ok_or_else(|| Error::MissingField {
         kind: "StatefulSet",
@@ -420,10 +420,6 @@ pub fn revision_data(set: &StatefulSet) -> Result<Value> {
         reason: format!("spec.template: {e}"),
     })?;
     let obj = t.as_object_mut().expect("a PodTemplateSpec is an object");
-    let meta = obj.entry("metadata").or_insert_with(|| json!({}));
-    if let Some(m) = meta.as_object_mut() {
-        m.entry("creationTimestamp").or_insert(Value::Null);
-    }
     obj.insert("$patch".into(), json!("replace"));
     Ok(json!({"spec": {"template": t}}))
 }
@@ -740,6 +736,9 @@ pub enum Action {
         claim: Arc<PersistentVolumeClaim>,
         /// The references it must carry.
         refs: Vec<OwnerReference>,
+        /// The Pod a failure is reported for (a FailedUpdate event, as upstream records one
+        /// except when fixing the claims of condemned Pods).
+        report: Option<String>,
     },
     /// Warn that a claim has a conflicting controller (its retention policy is ignored).
     ConflictingController {
@@ -922,8 +921,9 @@ impl Planner<'_> {
             .all(|c| claim_owner_up_to_date(c, set, pod))
     }
 
-    /// `UpdatePodClaimForRetentionPolicy`.
-    fn update_claims(&self, set: &StatefulSet, pod: &Pod, out: &mut Group) {
+    /// `UpdatePodClaimForRetentionPolicy`; `report`: a failure is recorded as the Pod's
+    /// FailedUpdate.
+    fn update_claims(&self, set: &StatefulSet, pod: &Pod, report: bool, out: &mut Group) {
         for c in self.cached_claims(set, pod) {
             if has_unexpected_controller(&c, set, pod) {
                 out.push(Action::ConflictingController {
@@ -932,7 +932,11 @@ impl Planner<'_> {
             }
             if !claim_owner_up_to_date(&c, set, pod) {
                 let refs = claim_owner_refs(&c, set, pod);
-                out.push(Action::SetClaimOwners { claim: c, refs });
+                out.push(Action::SetClaimOwners {
+                    claim: c,
+                    refs,
+                    report: report.then(|| pod_name(pod).to_string()),
+                });
             }
         }
     }
@@ -976,13 +980,13 @@ impl Planner<'_> {
             // that were already cached.
             self.create_claims(set, pod, &mut g);
             g.push(Action::CreatePod(Box::new(pod.clone())));
-            self.update_claims(set, pod, &mut g);
+            self.update_claims(set, pod, true, &mut g);
             // In a Parallel walk the new Pod has nothing more to check this sync.
             return (g, true);
         };
         if ph == "Pending" {
             self.create_claims(set, pod, &mut g);
-            self.update_claims(set, pod, &mut g);
+            self.update_claims(set, pod, true, &mut g);
         }
         if self.monotonic
             && (is_terminating(pod)
@@ -1016,7 +1020,7 @@ impl Planner<'_> {
             });
         }
         if !retention_ok {
-            self.update_claims(us, pod, &mut g);
+            self.update_claims(us, pod, true, &mut g);
         }
         g.push(Action::PodUpdated {
             pod: pod_name(pod).into(),
@@ -1185,7 +1189,7 @@ pub fn update(inp: &Inputs<'_>) -> Result<Update> {
     let (pass, _) = walk(&condemned, monotonic, |p| {
         let mut g = Group::new();
         if !planner.claims_match(&planner.update_set, p) {
-            planner.update_claims(&planner.update_set, p, &mut g);
+            planner.update_claims(&planner.update_set, p, false, &mut g);
         }
         (g, false)
     });
