@@ -459,9 +459,7 @@ impl Controller {
         match (old, new) {
             (None, Some(n)) => self.node_queue.add(node_name(n).to_string()),
             (Some(o), Some(n)) => {
-                // `shouldIgnoreNodeUpdate`: only labels and taints decide eligibility.
-                let taints = |n: &Node| n.spec.as_ref().and_then(|s| s.taints.clone());
-                if o.metadata.labels != n.metadata.labels || taints(o) != taints(n) {
+                if plan::node_change_matters(o, n) {
                     self.node_queue.add(node_name(n).to_string());
                 }
             }
@@ -495,20 +493,8 @@ impl Controller {
             }
         }
         for ds in self.daemon_sets.all() {
-            let (should_run, should_continue) = Eligibility::of(&ds).should_run(&node);
             let has = scheduled.contains(&(ds.namespace().unwrap_or_default(), ds.name_any()));
-            let misscheduled = ds
-                .status
-                .as_ref()
-                .is_some_and(|s| s.number_misscheduled > 0);
-            // Upstream's (shouldRun && !scheduled) || (!shouldContinueRunning && scheduled) ||
-            // (scheduled && numberMisscheduled > 0).
-            let changed = if has {
-                !should_continue || misscheduled
-            } else {
-                should_run
-            };
-            if changed {
+            if plan::node_update_needs_sync(&ds, &Eligibility::of(&ds), &node, has) {
                 self.enqueue(&ds);
             }
         }

@@ -293,6 +293,40 @@ pub fn node_should_run_daemon_pod(node: &Node, ds: &DaemonSet) -> (bool, bool) {
     Eligibility::of(ds).should_run(node)
 }
 
+/// `shouldIgnoreNodeUpdate`, negated: a Node change matters to DaemonSets only when its labels
+/// or taints changed.
+pub fn node_change_matters(old: &Node, new: &Node) -> bool {
+    let taints = |n: &Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .filter(|t| !t.is_empty())
+    };
+    let labels = |n: &Node| n.metadata.labels.clone().filter(|l| !l.is_empty());
+    labels(old) != labels(new) || taints(old) != taints(new)
+}
+
+/// `syncNodeUpdate`'s filter: after a Node was added or changed, the DaemonSet needs a sync when
+/// it should now run a Pod there and has none bound there, should no longer keep the one it has,
+/// or has one there while it counts misscheduled Pods (the count may have to fall).
+pub fn node_update_needs_sync(
+    ds: &DaemonSet,
+    eligibility: &Eligibility,
+    node: &Node,
+    scheduled: bool,
+) -> bool {
+    let (should_run, should_continue) = eligibility.should_run(node);
+    let misscheduled = ds
+        .status
+        .as_ref()
+        .is_some_and(|s| s.number_misscheduled > 0);
+    if scheduled {
+        !should_continue || misscheduled
+    } else {
+        should_run
+    }
+}
+
 // ---- the Pod a creation posts ----
 
 /// `ReplaceDaemonSetPodNodeNameNodeAffinity`: the required node affinity becomes one term

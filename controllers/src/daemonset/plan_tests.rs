@@ -1183,3 +1183,92 @@ fn ds7_surge_and_unavailable_counts() {
     assert!(allows_surge(&surge_ds(json!(1))));
     assert!(!allows_surge(&ds()));
 }
+
+#[test]
+fn ds2_node_updates_queue_only_daemon_sets_whose_eligibility_changed() {
+    let misscheduled = ds_with(json!({"status": {"numberMisscheduled": 1}}));
+    struct Case {
+        name: &'static str,
+        ds: DaemonSet,
+        node: Arc<Node>,
+        scheduled: bool,
+        want: bool,
+    }
+    let cases = [
+        Case {
+            name: "DS-2 an eligible node without a Pod",
+            ds: ds(),
+            node: node("n1"),
+            scheduled: false,
+            want: true,
+        },
+        Case {
+            name: "DS-2 an eligible node with its Pod",
+            ds: ds(),
+            node: node("n1"),
+            scheduled: true,
+            want: false,
+        },
+        Case {
+            name: "DS-2 NoExecute on a node with a Pod",
+            ds: ds(),
+            node: tainted("n1", "x", "NoExecute"),
+            scheduled: true,
+            want: true,
+        },
+        Case {
+            name: "DS-2 NoSchedule on a node with a Pod: nothing to create or delete (v1.34)",
+            ds: ds(),
+            node: tainted("n1", "x", "NoSchedule"),
+            scheduled: true,
+            want: false,
+        },
+        Case {
+            name: "DS-2 a Pod there while misscheduled Pods are counted",
+            ds: misscheduled,
+            node: node("n1"),
+            scheduled: true,
+            want: true,
+        },
+        Case {
+            name: "DS-2 an ineligible node without a Pod",
+            ds: ds_with(json!({"spec": {"template": {"spec": {"nodeSelector": {"x": "y"}}}}})),
+            node: node("n1"),
+            scheduled: false,
+            want: false,
+        },
+    ];
+    for c in cases {
+        let got = node_update_needs_sync(&c.ds, &Eligibility::of(&c.ds), &c.node, c.scheduled);
+        assert_eq!(got, c.want, "{}", c.name);
+    }
+    let changes: Vec<(&str, Arc<Node>, Arc<Node>, bool)> = vec![
+        (
+            "DS-2 a status-only change is ignored",
+            node("n1"),
+            node_with("n1", json!({"status": {"phase": "Running"}})),
+            false,
+        ),
+        (
+            "DS-2 a label change matters",
+            node("n1"),
+            node_with("n1", json!({"metadata": {"labels": {"a": "b"}}})),
+            true,
+        ),
+        (
+            "DS-2 a taint change matters",
+            node("n1"),
+            tainted("n1", "x", "NoSchedule"),
+            true,
+        ),
+        (
+            "DS-2 no taints and an empty taint list are the same",
+            node("n1"),
+            node_with("n1", json!({"spec": {"taints": []}})),
+            false,
+        ),
+    ];
+    for (name, old, new, want) in changes {
+        assert_eq!(node_change_matters(&old, &new), want, "{name}");
+    }
+}
