@@ -13,7 +13,7 @@ mod harness;
 mod scenarios;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use harness::{Flavour, Run};
 use scenarios::Outcome;

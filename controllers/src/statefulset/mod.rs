@@ -442,7 +442,8 @@ impl Controller {
         let claims = self.claims.clone();
         let claim_ns = ns.clone();
         let lookup = move |n: &str| claims.get(&claim_ns, n);
-        let inputs = plan::Inputs {
+        let names = || (Some(cur_name.clone()), Some(upd_name.clone()));
+        let planned = plan::update(&plan::Inputs {
             set,
             pods,
             current: &current_rev,
@@ -450,10 +451,7 @@ impl Controller {
             collision_count,
             claim: &lookup,
             now: Timestamp::now(),
-        };
-        let names = || (Some(cur_name.clone()), Some(upd_name.clone()));
-        let planned = plan::update(&inputs);
-        drop(inputs);
+        });
         let upd = planned.map_err(|e| {
             let (c, u) = names();
             (c, u, e)

@@ -484,7 +484,7 @@ pub enum UpdateRevision {
     /// An older revision holds it: renumber it to the given number (a rollback).
     Renumber(Arc<ControllerRevision>, i64),
     /// No revision holds it: create this one (its name may still collide).
-    Create(ControllerRevision),
+    Create(Box<ControllerRevision>),
 }
 
 /// `getStatefulSetRevisions`, decided.
@@ -513,7 +513,7 @@ pub fn revisions(set: &StatefulSet, sorted: &[Arc<ControllerRevision>]) -> Resul
             UpdateRevision::Existing(last.clone())
         }
         (Some(eq), _) => UpdateRevision::Renumber(eq.clone(), candidate.revision),
-        (None, _) => UpdateRevision::Create(candidate),
+        (None, _) => UpdateRevision::Create(Box::new(candidate)),
     };
     let current_name = set
         .status
@@ -723,7 +723,7 @@ pub enum Action {
         /// The Pod it is for (events).
         pod: String,
         /// The claim.
-        claim: PersistentVolumeClaim,
+        claim: Box<PersistentVolumeClaim>,
     },
     /// Fail the step: an existing claim of the Pod is being deleted.
     ClaimTerminating {
@@ -890,7 +890,7 @@ impl Planner<'_> {
             match (self.inp.claim)(&name) {
                 None => out.push(Action::CreateClaim {
                     pod: pod_name(pod).into(),
-                    claim: c,
+                    claim: Box::new(c),
                 }),
                 Some(existing) if existing.metadata.deletion_timestamp.is_some() => {
                     out.push(Action::ClaimTerminating { claim: name })

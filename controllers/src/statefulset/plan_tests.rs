@@ -71,6 +71,9 @@ fn now() -> Timestamp {
     Timestamp::from_second(1_000_000).unwrap()
 }
 
+/// A Pod of a test world: ordinal, at the update revision, state.
+type PodSpec = (i64, bool, St);
+
 #[derive(Clone, Copy, PartialEq)]
 enum St {
     Ready,
@@ -346,7 +349,7 @@ fn sts10_new_pod_has_identity_storage_and_controller() {
 fn sts7_replica_pass_ordered_ready() {
     let s = set(3, json!({}));
     use St::*;
-    let cases: Vec<(&str, Vec<(i64, bool, St)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, Vec<PodSpec>, Vec<&str>)> = vec![
         (
             "STS-7 empty set creates web-0 only, its claim first",
             vec![],
@@ -436,7 +439,7 @@ fn sts5_parallel_creates_and_deletes_without_waiting() {
 fn sts8_condemned_pass_descending_one_at_a_time() {
     use St::*;
     let s = set(1, json!({}));
-    let cases: Vec<(&str, Vec<(i64, bool, St)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, Vec<PodSpec>, Vec<&str>)> = vec![
         (
             "STS-8 the highest ordinal goes first",
             vec![(0, true, Ready), (1, true, Ready), (2, true, Ready)],
@@ -472,7 +475,7 @@ fn sts8_condemned_pass_descending_one_at_a_time() {
 #[test]
 fn sts9_rolling_update_highest_first_down_to_partition() {
     use St::*;
-    let cases: Vec<(&str, Value, Vec<(i64, bool, St)>, Vec<&str>, i32)> = vec![
+    let cases: Vec<(&str, Value, Vec<PodSpec>, Vec<&str>, i32)> = vec![
         (
             "STS-9 partition 0: web-2 first",
             json!({}),

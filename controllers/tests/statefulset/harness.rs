@@ -390,11 +390,6 @@ impl Run {
         Ok(task)
     }
 
-    /// A copy of what the watch has seen.
-    pub fn state(&self) -> State {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
     /// Waits until `check` returns `Some` (re-checked on every change, at least every 250 ms),
     /// at most [`WAIT`]; the error shows the namespace as last seen and the manager's log.
     pub async fn wait_for<T>(
