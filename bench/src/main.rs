@@ -17,6 +17,7 @@ use anyhow::bail;
 use clap::Parser;
 use kpr_tests::{Cluster, ClusterSpec};
 
+mod apps_bench;
 mod backend;
 mod baseline;
 mod control_plane;
@@ -138,6 +139,42 @@ pub struct BenchArgs {
     /// Schedulers the scheduler benchmark measures, in order: kpr, upstream (kube-scheduler).
     #[arg(long, value_delimiter = ',', default_value = "kpr,upstream")]
     pub schedulers: Vec<String>,
+    /// Only the apps benchmark: kpr's Job, DaemonSet and StatefulSet controllers next to
+    /// kube-controller-manager's, on the reference control plane with kwok nodes (with --quick, a
+    /// smoke size). Outputs target/bench/apps.{json,md}.
+    #[arg(long, conflicts_with_all = ["only_control_plane", "controllers", "scheduler", "no_apps"])]
+    pub apps: bool,
+    /// Skip the apps smoke that --quick runs.
+    #[arg(long)]
+    pub no_apps: bool,
+    /// Apps benchmark workloads: jobs, daemonset, statefulset.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "jobs,daemonset,statefulset"
+    )]
+    pub apps_workloads: Vec<String>,
+    /// Controller managers the apps benchmark measures, in order (as --managers).
+    #[arg(long, value_delimiter = ',', default_value = apps_bench::MANAGERS)]
+    pub apps_managers: Vec<String>,
+    /// Jobs created at once by the apps benchmark.
+    #[arg(long, default_value_t = apps_bench::JOBS)]
+    pub jobs: usize,
+    /// Completions of each of those Jobs.
+    #[arg(long, default_value_t = apps_bench::JOB_COMPLETIONS)]
+    pub job_completions: usize,
+    /// Parallelism of each of those Jobs.
+    #[arg(long, default_value_t = apps_bench::JOB_COMPLETIONS)]
+    pub job_parallelism: usize,
+    /// kwok nodes the apps benchmark's DaemonSet covers.
+    #[arg(long, default_value_t = apps_bench::DAEMONSET_NODES)]
+    pub daemonset_nodes: usize,
+    /// StatefulSets created at once by the apps benchmark.
+    #[arg(long, default_value_t = apps_bench::STATEFULSETS)]
+    pub statefulsets: usize,
+    /// Replicas of each of those StatefulSets.
+    #[arg(long, default_value_t = apps_bench::STATEFULSET_REPLICAS)]
+    pub statefulset_replicas: usize,
 }
 
 /// The control-plane row's default size: every Service, Pod and status goes through the real
@@ -320,7 +357,8 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = Plan::new(args)?;
     std::fs::create_dir_all(&plan.out_dir)?;
     // `--controllers` runs it alone; `--quick` runs its smoke size after the rest.
-    let controllers = if args.controllers || (args.quick && !args.no_controllers && !args.scheduler)
+    let controllers = if args.controllers
+        || (args.quick && !args.no_controllers && !args.scheduler && !args.apps)
     {
         let managers = args
             .managers
@@ -333,13 +371,32 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         None
     };
     // `--scheduler` runs it alone; `--quick` runs its smoke size last.
-    let scheduler = if args.scheduler || (args.quick && !args.no_scheduler && !args.controllers) {
+    let scheduler = if args.scheduler
+        || (args.quick && !args.no_scheduler && !args.controllers && !args.apps)
+    {
         let sched = scheduler_bench::Plan::from_args(args)?;
         scheduler_bench::check_binaries(&sched)?;
         Some(sched)
     } else {
         None
     };
+    // `--apps` runs it alone; `--quick` runs its smoke size after the workload controllers.
+    let apps = if args.apps || (args.quick && !args.no_apps && !args.controllers && !args.scheduler)
+    {
+        workload_controllers::check_binaries()?;
+        Some(apps_bench::Plan::from_args(args)?)
+    } else {
+        None
+    };
+    if args.apps {
+        let apps = apps.expect("set with --apps");
+        let command = apps_bench::command(args, &apps);
+        let (_, failed) = apps_bench::run(&apps, &plan.out_dir, command)?;
+        if !failed.is_empty() {
+            bail!("failed:\n  {}", failed.join("\n  "));
+        }
+        return Ok(());
+    }
     if args.scheduler {
         let sched = scheduler.expect("set with --scheduler");
         let command = scheduler_bench::command(args);
@@ -429,6 +486,13 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         match workload_controllers::run(sizes, &managers, &plan.out_dir, command) {
             Ok((_, failures)) => failed.extend(failures),
             Err(e) => failed.push(format!("workload controllers: {e:#}")),
+        }
+    }
+    if let Some(apps) = apps {
+        let command = apps_bench::command(args, &apps);
+        match apps_bench::run(&apps, &plan.out_dir, command) {
+            Ok((_, failures)) => failed.extend(failures),
+            Err(e) => failed.push(format!("apps: {e:#}")),
         }
     }
     if let Some(sched) = scheduler {

@@ -60,16 +60,16 @@ const QUICK: Sizes = Sizes {
     nodes: 3,
 };
 /// API requests in flight while creating or changing the Deployments.
-const WRITE_CONCURRENCY: usize = 64;
+pub(crate) const WRITE_CONCURRENCY: usize = 64;
 /// A kwok node's allocatable Pods (as `controlplane`'s kwok nodes).
-const PODS_PER_NODE: usize = 110;
+pub(crate) const PODS_PER_NODE: usize = 110;
 /// The images before and after the rolling update (kwok runs no container: never pulled).
-const IMAGE: &str = "registry.k8s.io/pause:3.10";
-const NEW_IMAGE: &str = "registry.k8s.io/pause:3.9";
+pub(crate) const IMAGE: &str = "registry.k8s.io/pause:3.10";
+pub(crate) const NEW_IMAGE: &str = "registry.k8s.io/pause:3.9";
 /// kpr's controller-manager's ServiceAccount (in `kube-system`, like kube-controller-manager's).
 const KPR_SERVICE_ACCOUNT: &str = "kpr-controller-manager";
 /// Flags that lift a Go client's rate limit (kube-controller-manager's own row, kube-scheduler).
-const UNTHROTTLED: &[&str] = &["--kube-api-qps=1000", "--kube-api-burst=1000"];
+pub(crate) const UNTHROTTLED: &[&str] = &["--kube-api-qps=1000", "--kube-api-burst=1000"];
 /// The controllers measured, in both managers' syntax.
 const CONTROLLERS: &str = "replicaset,deployment,garbagecollector";
 
@@ -149,7 +149,7 @@ impl Manager {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Manager::Kpr => "kpr controller-manager",
             Manager::Upstream => "kube-controller-manager",
@@ -157,7 +157,7 @@ impl Manager {
         }
     }
 
-    fn tag(self) -> &'static str {
+    pub(crate) fn tag(self) -> &'static str {
         match self {
             Manager::Kpr => "kpr",
             Manager::Upstream => "kcm",
@@ -166,7 +166,7 @@ impl Manager {
     }
 
     /// Its process's name in the control plane (and its log's).
-    fn process(self) -> &'static str {
+    pub(crate) fn process(self) -> &'static str {
         match self {
             Manager::Kpr => "kpr-controller-manager",
             Manager::Upstream | Manager::UpstreamUnthrottled => "kube-controller-manager",
@@ -303,13 +303,7 @@ pub fn run(
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    std::fs::create_dir_all(out_dir)?;
-    let policy = out_dir.join(AUDIT_POLICY_FILE);
-    std::fs::write(&policy, audit_policy().to_string())
-        .with_context(|| format!("writing {}", policy.display()))?;
-    let kwok_config = out_dir.join(KWOK_CONFIG_FILE);
-    std::fs::write(&kwok_config, kwok_configuration().to_string())
-        .with_context(|| format!("writing {}", kwok_config.display()))?;
+    let (policy, kwok_config) = write_config_files(out_dir)?;
     let files = Files {
         audit_policy: &policy,
         kwok_config: &kwok_config,
@@ -347,6 +341,19 @@ pub fn run(
     Ok((bench, failures))
 }
 
+/// Writes the audit policy and kwok's configuration under `out_dir` (created if missing) and
+/// returns their paths, in that order; every control plane of a run shares them.
+pub(crate) fn write_config_files(out_dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+    std::fs::create_dir_all(out_dir)?;
+    let policy = out_dir.join(AUDIT_POLICY_FILE);
+    std::fs::write(&policy, audit_policy().to_string())
+        .with_context(|| format!("writing {}", policy.display()))?;
+    let kwok_config = out_dir.join(KWOK_CONFIG_FILE);
+    std::fs::write(&kwok_config, kwok_configuration().to_string())
+        .with_context(|| format!("writing {}", kwok_config.display()))?;
+    Ok((policy, kwok_config))
+}
+
 /// One audit event per request (no RequestReceived stage: a request logs at ResponseComplete, a
 /// watch also at ResponseStarted, and the reader counts audit IDs), only for the controller
 /// managers' identities, at Metadata level (no bodies: the log stays small and cheap to write).
@@ -375,9 +382,9 @@ fn kwok_configuration() -> serde_json::Value {
 
 /// The configuration files every control plane of a run shares.
 #[derive(Debug, Clone, Copy)]
-struct Files<'a> {
-    audit_policy: &'a Path,
-    kwok_config: &'a Path,
+pub(crate) struct Files<'a> {
+    pub(crate) audit_policy: &'a Path,
+    pub(crate) kwok_config: &'a Path,
 }
 
 fn measure(
@@ -387,83 +394,19 @@ fn measure(
     files: Files<'_>,
     run: &mut ManagerRun,
 ) -> anyhow::Result<()> {
-    let dir = controlplane::run_dir(&format!("workload-{}", manager.tag()));
-    // Inside the control plane's directory, which `start` empties before kube-apiserver starts.
-    let audit_log = dir.join("audit.log");
-    let mut opts = Options::minimal(&dir);
-    opts.apiserver_flags = vec![
-        format!("--audit-policy-file={}", files.audit_policy.display()),
-        format!("--audit-log-path={}", audit_log.display()),
-        // Never rotated (0 means lumberjack's default, 100 MB), so one file holds every request.
-        "--audit-log-maxsize=1000000".into(),
-    ];
-    let mut cp = ControlPlane::start(opts).context("starting the reference control plane")?;
-    let scheduler_kubeconfig = cp.kubeconfig_for_user("system:kube-scheduler", None)?;
-    let mut scheduler_args = vec![
-        format!("--kubeconfig={}", scheduler_kubeconfig.display()),
-        format!(
-            "--authentication-kubeconfig={}",
-            scheduler_kubeconfig.display()
-        ),
-        format!(
-            "--authorization-kubeconfig={}",
-            scheduler_kubeconfig.display()
-        ),
-        "--leader-elect=false".into(),
-        "--secure-port=0".into(),
-    ];
-    scheduler_args.extend(UNTHROTTLED.iter().map(|s| s.to_string()));
-    let scheduler = cp.binaries.path("kube-scheduler");
-    cp.spawn_program("kube-scheduler", &scheduler, scheduler_args)?;
-    start_kwok(&mut cp, sizes.nodes, files.kwok_config).context("starting kwok")?;
-    let client = rt.block_on(cp.client())?;
-    rt.block_on(wait_nodes_ready(
-        &client,
+    let (mut cp, client, audit_log) = start_control_plane(
+        rt,
+        &format!("workload-{}", manager.tag()),
         sizes.nodes,
-        Duration::from_secs(60 + sizes.nodes as u64 / 5),
-    ))?;
-    // The API server taints every new Node not-ready (TaintNodesByCondition); the
-    // nodelifecycle controller that lifts it runs in no row, so it is lifted here for all alike.
-    cp.kubectl_run(
-        &[
-            "taint",
-            "nodes",
-            "--all",
-            "node.kubernetes.io/not-ready:NoSchedule-",
-        ],
-        None,
-    )
-    .context("lifting the kwok nodes' not-ready taint")?;
+        files,
+    )?;
     let ns = cp.test_namespace("bench")?;
     let warmup_ns = cp.test_namespace("warmup")?;
 
     // The manager, and the warm-up Deployment that proves its controllers are synced and working.
     let started = Instant::now();
-    match manager {
-        Manager::Kpr => {
-            let kubeconfig = kpr_kubeconfig(&cp)?;
-            run.flags = vec![format!("--controllers={CONTROLLERS}")];
-            let mut args = vec![format!("--kubeconfig={}", kubeconfig.display())];
-            args.extend(run.flags.iter().cloned());
-            let program = crate::kpr_binary("controller-manager");
-            cp.spawn_program(manager.process(), &program, args)?;
-        }
-        Manager::Upstream => {
-            run.flags = vec![format!("--controllers={CONTROLLERS}")];
-            cp.start_upstream_controller_manager(CONTROLLERS)?;
-        }
-        Manager::UpstreamUnthrottled => {
-            run.flags = vec![format!("--controllers={CONTROLLERS}")];
-            run.flags.extend(UNTHROTTLED.iter().map(|s| s.to_string()));
-            cp.start_upstream_controller_manager_with(CONTROLLERS, UNTHROTTLED)?;
-        }
-    }
-    let pid = cp
-        .pids()
-        .into_iter()
-        .find(|(name, _)| name == manager.process())
-        .map(|(_, pid)| pid)
-        .context("the controller manager's process is not in the control plane's list")?;
+    let (flags, pid) = start_manager(&mut cp, manager, CONTROLLERS)?;
+    run.flags = flags;
     let log = cp.log(manager.process());
     // A failed phase says what the Pods were doing and what the manager last logged.
     let explain = |e: anyhow::Error, ns: &str| {
@@ -639,6 +582,96 @@ fn measure(
     );
     run.requests = Some(requests);
     Ok(())
+}
+
+/// A fresh reference control plane for one run (directory `run_dir(tag)`): etcd, kube-apiserver
+/// with the audit policy of `files`, kube-scheduler with its client limit lifted, kwok with
+/// `nodes` Ready nodes and no not-ready taint. Returns it, an admin client and the audit log.
+pub(crate) fn start_control_plane(
+    rt: &tokio::runtime::Runtime,
+    tag: &str,
+    nodes: usize,
+    files: Files<'_>,
+) -> anyhow::Result<(ControlPlane, kube::Client, PathBuf)> {
+    let dir = controlplane::run_dir(tag);
+    // Inside the control plane's directory, which `start` empties before kube-apiserver starts.
+    let audit_log = dir.join("audit.log");
+    let mut opts = Options::minimal(&dir);
+    opts.apiserver_flags = vec![
+        format!("--audit-policy-file={}", files.audit_policy.display()),
+        format!("--audit-log-path={}", audit_log.display()),
+        // Never rotated (0 means lumberjack's default, 100 MB), so one file holds every request.
+        "--audit-log-maxsize=1000000".into(),
+    ];
+    let mut cp = ControlPlane::start(opts).context("starting the reference control plane")?;
+    let scheduler_kubeconfig = cp.kubeconfig_for_user("system:kube-scheduler", None)?;
+    let mut scheduler_args = vec![
+        format!("--kubeconfig={}", scheduler_kubeconfig.display()),
+        format!(
+            "--authentication-kubeconfig={}",
+            scheduler_kubeconfig.display()
+        ),
+        format!(
+            "--authorization-kubeconfig={}",
+            scheduler_kubeconfig.display()
+        ),
+        "--leader-elect=false".into(),
+        "--secure-port=0".into(),
+    ];
+    scheduler_args.extend(UNTHROTTLED.iter().map(|s| s.to_string()));
+    let scheduler = cp.binaries.path("kube-scheduler");
+    cp.spawn_program("kube-scheduler", &scheduler, scheduler_args)?;
+    start_kwok(&mut cp, nodes, files.kwok_config).context("starting kwok")?;
+    let client = rt.block_on(cp.client())?;
+    rt.block_on(wait_nodes_ready(
+        &client,
+        nodes,
+        Duration::from_secs(60 + nodes as u64 / 5),
+    ))?;
+    // The API server taints every new Node not-ready (TaintNodesByCondition); the
+    // nodelifecycle controller that lifts it runs in no row, so it is lifted here for all alike.
+    cp.kubectl_run(
+        &[
+            "taint",
+            "nodes",
+            "--all",
+            "node.kubernetes.io/not-ready:NoSchedule-",
+        ],
+        None,
+    )
+    .context("lifting the kwok nodes' not-ready taint")?;
+    Ok((cp, client, audit_log))
+}
+
+/// Starts `manager` with `--controllers=<controllers>` (the same names for both managers) on
+/// `cp`, and returns its flags as the report shows them (no credentials or paths) and its pid.
+pub(crate) fn start_manager(
+    cp: &mut ControlPlane,
+    manager: Manager,
+    controllers: &str,
+) -> anyhow::Result<(Vec<String>, u32)> {
+    let mut flags = vec![format!("--controllers={controllers}")];
+    match manager {
+        Manager::Kpr => {
+            let kubeconfig = kpr_kubeconfig(cp)?;
+            let mut args = vec![format!("--kubeconfig={}", kubeconfig.display())];
+            args.extend(flags.iter().cloned());
+            let program = crate::kpr_binary("controller-manager");
+            cp.spawn_program(manager.process(), &program, args)?;
+        }
+        Manager::Upstream => cp.start_upstream_controller_manager(controllers)?,
+        Manager::UpstreamUnthrottled => {
+            flags.extend(UNTHROTTLED.iter().map(|s| s.to_string()));
+            cp.start_upstream_controller_manager_with(controllers, UNTHROTTLED)?;
+        }
+    }
+    let pid = cp
+        .pids()
+        .into_iter()
+        .find(|(name, _)| name == manager.process())
+        .map(|(_, pid)| pid)
+        .context("the controller manager's process is not in the control plane's list")?;
+    Ok((flags, pid))
 }
 
 /// kwok as `ControlPlane::start_kwok` runs it, plus `config` and warnings-only logs (at info it
@@ -818,7 +851,7 @@ async fn wait_nodes_ready(
 
 /// How many of the namespace's Pods are unscheduled, scheduled but not Ready, Ready, and
 /// terminating (or why they could not be listed).
-async fn pods_summary(client: &kube::Client, ns: &str) -> String {
+pub(crate) async fn pods_summary(client: &kube::Client, ns: &str) -> String {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pods = match api.list(&ListParams::default()).await {
         Ok(list) => list.items,
@@ -1021,7 +1054,7 @@ struct AuditStatus {
 }
 
 /// Reads the audit log (one control plane's: only the measured manager's identities are logged).
-fn count_requests(path: &Path, bounds: [Timestamp; 3]) -> anyhow::Result<Requests> {
+pub(crate) fn count_requests(path: &Path, bounds: [Timestamp; 3]) -> anyhow::Result<Requests> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     count_events(&text, bounds).with_context(|| format!("in {}", path.display()))
@@ -1166,27 +1199,7 @@ pub fn markdown(b: &WorkloadBench) -> String {
     }
     for r in &b.runs {
         let Some(q) = &r.requests else { continue };
-        let mut kinds: Vec<(&String, &u64)> = q.by_kind.iter().collect();
-        kinds.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-        // The most frequent kinds; the rest (mostly one list and one watch per resource for the
-        // garbage collector's graph) summed.
-        let rest: u64 = kinds.iter().skip(TOP_KINDS).map(|(_, n)| **n).sum();
-        let mut kinds: Vec<String> = kinds
-            .iter()
-            .take(TOP_KINDS)
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect();
-        if rest > 0 {
-            kinds.push(format!(
-                "{rest} more of {} other kinds",
-                q.by_kind.len() - TOP_KINDS
-            ));
-        }
-        let failed: Vec<String> = q
-            .failed_by_code
-            .iter()
-            .map(|(code, n)| format!("{code}: {n}"))
-            .collect();
+        let (kinds, failed) = kinds_summary(q);
         writeln!(
             s,
             "\n{}: {} requests in all ({} before the first create, {} after the rolling update was complete); {}; not 2xx: {}.",
@@ -1194,8 +1207,8 @@ pub fn markdown(b: &WorkloadBench) -> String {
             q.total,
             q.startup,
             q.after,
-            kinds.join(", "),
-            if failed.is_empty() { "none".into() } else { failed.join(", ") }
+            kinds,
+            failed
         )
         .unwrap();
         for (what, p) in [("create", &r.create), ("rolling update", &r.rolling_update)] {
@@ -1205,6 +1218,38 @@ pub fn markdown(b: &WorkloadBench) -> String {
         }
     }
     s
+}
+
+/// The most frequent request kinds (`verb resource N`, the rest summed) and the responses that
+/// were not 2xx (`code: N`, or "none"), as the markdown summaries print them.
+pub(crate) fn kinds_summary(q: &Requests) -> (String, String) {
+    let mut kinds: Vec<(&String, &u64)> = q.by_kind.iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    // The most frequent kinds; the rest (mostly one list and one watch per resource for the
+    // garbage collector's graph) summed.
+    let rest: u64 = kinds.iter().skip(TOP_KINDS).map(|(_, n)| **n).sum();
+    let mut kinds: Vec<String> = kinds
+        .iter()
+        .take(TOP_KINDS)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    if rest > 0 {
+        kinds.push(format!(
+            "{rest} more of {} other kinds",
+            q.by_kind.len() - TOP_KINDS
+        ));
+    }
+    let failed: Vec<String> = q
+        .failed_by_code
+        .iter()
+        .map(|(code, n)| format!("{code}: {n}"))
+        .collect();
+    let failed = if failed.is_empty() {
+        "none".to_string()
+    } else {
+        failed.join(", ")
+    };
+    (kinds.join(", "), failed)
 }
 
 /// Prints the table and writes controllers.json and controllers.md.
