@@ -121,7 +121,7 @@ async fn coverage(run: &Run) -> anyhow::Result<Outcome> {
     )
     .await?;
     let pod = s.pods.values().next().expect("two Pods");
-    let mut affinity = serde_json::to_value(&pod.spec.as_ref().and_then(|s| s.affinity.clone()))?;
+    let mut affinity = serde_json::to_value(pod.spec.as_ref().and_then(|s| s.affinity.clone()))?;
     // The node's name differs per Pod: the shape is what is compared.
     let target = harness::target_node(pod);
     affinity = serde_json::from_str(&affinity.to_string().replace(&target, "<node>"))?;

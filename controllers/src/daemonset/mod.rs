@@ -824,7 +824,7 @@ impl Controller {
             hash,
             k8s_openapi::jiff::Timestamp::now(),
         );
-        if plan::needs_status_update(ds, &status) {
+        if plan::needs_status_update(ds, &status, observed) {
             let mut patch_status = json!({
                 "desiredNumberScheduled": status.desired_number_scheduled,
                 "currentNumberScheduled": status.current_number_scheduled,

@@ -1044,8 +1044,10 @@ pub fn calculate_status(
 }
 
 /// `storeDaemonSetStatus`'s short-cut: nothing to write when every count is as stored and
-/// observedGeneration is not behind the generation.
-pub fn needs_status_update(ds: &DaemonSet, new: &DaemonSetStatus) -> bool {
+/// observedGeneration is not behind the generation, or is behind but not to be raised
+/// (`raise_observed` false: a sync that waits for its expectations). Upstream writes the
+/// unchanged status in that last case.
+pub fn needs_status_update(ds: &DaemonSet, new: &DaemonSetStatus, raise_observed: bool) -> bool {
     let old = ds.status.clone().unwrap_or_default();
     let n = |v: Option<i32>| v.unwrap_or(0);
     old.desired_number_scheduled != new.desired_number_scheduled
@@ -1055,7 +1057,8 @@ pub fn needs_status_update(ds: &DaemonSet, new: &DaemonSetStatus) -> bool {
         || n(old.updated_number_scheduled) != n(new.updated_number_scheduled)
         || n(old.number_available) != n(new.number_available)
         || n(old.number_unavailable) != n(new.number_unavailable)
-        || old.observed_generation.unwrap_or(0) < ds.metadata.generation.unwrap_or(0)
+        || (raise_observed
+            && old.observed_generation.unwrap_or(0) < ds.metadata.generation.unwrap_or(0))
 }
 
 /// When to look again so availability catches up with minReadySeconds (upstream's last line of

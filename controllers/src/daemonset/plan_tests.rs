@@ -1015,7 +1015,7 @@ fn ds9_status_write_short_cut() {
         clock().now,
     );
     assert!(
-        !needs_status_update(&d, &same),
+        !needs_status_update(&d, &same, true),
         "DS-9 unchanged counts: no write"
     );
     let behind = ds_with(
@@ -1023,8 +1023,12 @@ fn ds9_status_write_short_cut() {
         "currentNumberScheduled": 1, "numberReady": 1, "updatedNumberScheduled": 1, "numberAvailable": 1}}),
     );
     assert!(
-        needs_status_update(&behind, &same),
+        needs_status_update(&behind, &same, true),
         "DS-9 observedGeneration behind: write"
+    );
+    assert!(
+        !needs_status_update(&behind, &same, false),
+        "DS-9 observedGeneration behind on a sync that does not raise it: no write"
     );
 }
 
