@@ -878,3 +878,32 @@ fn sts4_revision_data_is_the_template_as_go_encodes_it() {
         "ApplyRevision restores the template"
     );
 }
+
+#[test]
+fn sts4_revision_names_equal_kube_controller_managers() {
+    // The e2e test's template as the API server defaults it; kube-controller-manager v1.34.4
+    // named its revision web-667f67c5d5 (collision count 0).
+    let s: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "serviceName": "nginx",
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "containers": [{"image": "registry.k8s.io/nginx:1",
+                        "imagePullPolicy": "IfNotPresent", "name": "nginx", "resources": {},
+                        "terminationMessagePath": "/dev/termination-log",
+                        "terminationMessagePolicy": "File"}],
+                    "dnsPolicy": "ClusterFirst", "nodeName": "kwok-node-0",
+                    "restartPolicy": "Always", "schedulerName": "default-scheduler",
+                    "securityContext": {}, "terminationGracePeriodSeconds": 30
+                }
+            }
+        }
+    }))
+    .unwrap();
+    let name = |collisions| plan::new_revision(&s, 1, collisions).unwrap().metadata.name;
+    assert_eq!(name(0).as_deref(), Some("web-667f67c5d5"));
+    assert_ne!(name(1), name(0), "the collision count moves the name");
+}
