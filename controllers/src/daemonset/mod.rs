@@ -1032,3 +1032,7 @@ impl Controller {
 pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
     Controller::new(client, informers, config)
 }
+
+#[cfg(test)]
+#[path = "handler_tests.rs"]
+mod handler_tests;
