@@ -475,7 +475,9 @@ fn sts8_condemned_pass_descending_one_at_a_time() {
 #[test]
 fn sts9_rolling_update_highest_first_down_to_partition() {
     use St::*;
-    let cases: Vec<(&str, Value, Vec<PodSpec>, Vec<&str>, i32)> = vec![
+    // (name, spec patch, Pods, actions, currentReplicas)
+    type Case<'a> = (&'a str, Value, Vec<PodSpec>, Vec<&'a str>, i32);
+    let cases: Vec<Case> = vec![
         (
             "STS-9 partition 0: web-2 first",
             json!({}),
