@@ -4,12 +4,12 @@
 //! 1. Feasibility: for every probe Pod (requests incl. init and sidecar containers, extended
 //!    resources, Pod slots, taints of each effect, a cordoned node, required node affinity and
 //!    nodeSelector, topology spread DoNotSchedule with minDomains and node inclusion, required pod
-//!    affinity and anti-affinity both ways, host ports) on every probe node, both schedulers
+//!    affinity and anti-affinity both ways, host ports incl. hostIP, NodeAffinity's PreFilter narrowing by matchFields) on every probe node, both schedulers
 //!    agree whether it fits, and where it does not, on the FitError message word for word
 //!    (`diff_probes`).
-//! 2. Placement: the same 158-Pod workload on identical nodes, ours no worse than kube-scheduler
-//!    on utilisation, spread skew and preferred-affinity satisfaction within stated tolerances
-//!    (`diff_placement`). Both tables are printed (`--nocapture`).
+//! 2. Placement: the same 162-Pod workload on identical nodes, three runs per scheduler, ours no
+//!    worse than kube-scheduler on utilisation, spread skew and preferred-affinity satisfaction
+//!    within stated tolerances (`diff_placement`). Both tables are printed (`--nocapture`).
 //!
 //! Both parts run at once; they share no nodes, namespaces or schedulers.
 //! Requires the reference binaries (`cargo xtask setup --k8s`).

@@ -83,7 +83,10 @@ impl DiffCluster {
                 let config = json!({
                     "apiVersion": "kubescheduler.config.k8s.io/v1",
                     "kind": "KubeSchedulerConfiguration",
-                    "clientConnection": {"kubeconfig": kc},
+                    // No client-side rate limit (ours has none): the probes' refused bindings
+                    // and their retries would otherwise queue behind kube-scheduler's default
+                    // 50 requests/s.
+                    "clientConnection": {"kubeconfig": kc, "qps": -1},
                     "leaderElection": {"leaderElect": false},
                     "profiles": [{"schedulerName": name}],
                 });

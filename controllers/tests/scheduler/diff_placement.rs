@@ -1,13 +1,16 @@
-//! Placement quality, differentially: the same workload (158 Pods in six groups: soft and hard
-//! zone spread, hard hostname spread, preferred node affinity, preferred pod affinity, plain) is
-//! scheduled by kube-scheduler on twelve nodes and by ours on twelve identical ones, at the same
-//! time, Pods created in the same interleaved order; then per-node utilisation, spread skew per
-//! constraint and preferred-affinity satisfaction are compared, ours no worse than
-//! kube-scheduler's within [`Tolerance`]. Neither scheduler is deterministic (both pick at random
-//! among equally scored nodes), hence tolerances rather than equal placements.
+//! Placement quality, differentially: the same workload (162 Pods in seven groups: soft and
+//! hard zone spread, hard hostname spread, preferred node affinity, preferred pod affinity to
+//! anchors that repel each other, plain) is scheduled by kube-scheduler and by ours, each on
+//! twelve identical nodes of its own (3 zones, 4/8/16/8 CPUs per zone, every other node
+//! disk=ssd), [`TRIALS`] times each, all at the same time, Pods created one by one in the same
+//! interleaved order; then per-node requested CPU and memory fractions, spread skew per
+//! constraint and preferred-affinity satisfaction are compared, the mean over ours no worse than
+//! the mean over kube-scheduler's within [`TOLERANCE`]. Neither scheduler is deterministic (both
+//! pick at random among equally scored nodes, and a different pick early changes every later
+//! score), hence trials and tolerances rather than equal placements.
 //!
-//! Owns: namespaces `place-upstream` / `place-kpr` and the nodes `upstream-n*` / `kpr-n*` (label
-//! and taint `kpr.test/set=<impl>`, which only that set's Pods select and tolerate).
+//! Owns: namespaces `place-<impl>-<trial>` and nodes `<impl>-<trial>-n*` (label and taint
+//! `kpr.test/set=<impl>-<trial>`, which only that run's Pods select and tolerate).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -10,31 +10,37 @@
 //! not bind ([`super::diff_cluster`]): a copy that fits fails its binding (SchedulerError,
 //! "forbidden"), one that does not gets Unschedulable with the FitError message, and no probe
 //! ever changes the cluster. A copy that fits is assumed on N between Reserve and its failed
-//! binding, so copies run in rounds of a Latin square: per round, per scheduler, at most one copy
-//! per node and one per probe; each decided copy is deleted at once. A copy on N can still affect
-//! another node's copy through labels (spread counts, anti-affinity): [`check_independent`]
-//! proves no probe's selectors match another probe's labels. A pair whose outcomes differ is run
-//! again on its own before it counts as a difference (a retried copy of the previous round may
-//! still have been assumed on the node).
+//! binding (and again on each retry until it is deleted), so each scheduler has one worker per
+//! probe node, running every probe there in turn: at most one copy per scheduler and node at a
+//! time, each deleted once decided and before the next is created. A copy on N can still affect
+//! copies on other nodes through labels (spread counts, pod affinity): [`check_independent`]
+//! proves no probe's selectors match another probe's labels, and copies of a probe that selects
+//! its own labels hold that probe's lock. A pair whose outcomes differ is run again on its own
+//! before it counts as a difference (a deleted copy's last retry may still have been assumed on
+//! the node when the next copy came).
 //!
 //! Owns: namespace `diff-probe`, the probe nodes `p*-*` and the fixture Pods bound to them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client};
 use serde_json::{json, Value};
+use tokio::sync::Notify;
 
 use super::diff_cluster::{create_nodes, namespace, node_of, scheduled_condition, Impl, NodeSpec};
 
 pub const NS: &str = "diff-probe";
 const PIN: &str = "kpr.test/pin";
 pub const ZONE: &str = "kpr.test/zone";
-/// How long one round may take.
-const ROUND_WAIT: Duration = Duration::from_secs(30);
+/// How long one copy's decision may take.
+const COPY_WAIT: Duration = Duration::from_secs(30);
 
 fn node(
     name: &str,
@@ -378,6 +384,21 @@ pub fn probes() -> Vec<Probe> {
             json!({"nodeSelector": {"disk": "ssd"},
                 "topologySpreadConstraints": spread(ZONE, 1, web(), none())}),
         ),
+        // maxSkew 2 tells the inclusion policies apart: zone a counts 2 web Pods on disk=ssd
+        // nodes (Honor) but 3 on all nodes (Ignore).
+        probe(
+            "spread-ssd-honor",
+            none(),
+            json!({"nodeSelector": {"disk": "ssd"},
+                "topologySpreadConstraints": spread(ZONE, 2, web(), none())}),
+        ),
+        probe(
+            "spread-ssd-ignore",
+            none(),
+            json!({"nodeSelector": {"disk": "ssd"},
+                "topologySpreadConstraints": spread(ZONE, 2, web(),
+                    json!({"nodeAffinityPolicy": "Ignore"}))}),
+        ),
         probe(
             "spread-host",
             none(),
@@ -414,6 +435,36 @@ pub fn probes() -> Vec<Probe> {
             "host-port-udp",
             none(),
             json!({"containers": host_port(8080, "UDP")}),
+        ),
+        probe(
+            "host-ip-port",
+            none(),
+            json!({"containers": [{"name": "c", "image": "busybox",
+                "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}},
+                "ports": [{"containerPort": 8080, "hostPort": 8080, "hostIP": "127.0.0.1",
+                    "protocol": "TCP"}]}]}),
+        ),
+        // matchFields on metadata.name: NodeAffinity's PreFilter narrows the nodes evaluated.
+        probe(
+            "match-fields",
+            none(),
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["pb-1"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["pc-1"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["pb-3"]}]}]}}}}),
+        ),
+        probe(
+            "match-fields-none",
+            none(),
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["no-such-node"]}]}]}}}}),
+        ),
+        probe(
+            "selector-nowhere",
+            none(),
+            json!({"nodeSelector": {"disk": "nvme"}}),
         ),
         probe("impossible", none(), cpu("100")),
         probe(
@@ -475,13 +526,13 @@ fn matches(selector: &Value, labels: &Value) -> bool {
 }
 
 /// No probe's selectors match another probe's labels, so copies of different probes assumed on
-/// different nodes in the same round cannot change each other's feasibility.
+/// different nodes at the same time cannot change each other's feasibility.
 pub fn check_independent(probes: &[Probe]) -> anyhow::Result<()> {
     for a in probes {
         for b in probes {
             if a.name != b.name && selectors(&a.spec).iter().any(|s| matches(s, &b.labels)) {
                 bail!(
-                    "probe {}'s selectors match probe {}'s labels: rounds would interfere",
+                    "probe {}'s selectors match probe {}'s labels: concurrent copies would interfere",
                     a.name,
                     b.name
                 );
@@ -542,13 +593,12 @@ enum Target<'a> {
 }
 
 /// The copy of `probe` for `target` under `imp`.
-fn copy(probe: &Probe, target: Target, imp: Impl, round: usize) -> anyhow::Result<Pod> {
+fn copy(probe: &Probe, target: Target, imp: Impl) -> anyhow::Result<Pod> {
     let where_ = match target {
         Target::Node(n) => n,
         Target::Any => "any",
     };
     let mut labels = probe.labels.clone();
-    labels["kpr-round"] = json!(round.to_string());
     labels["kpr-probe"] = json!(probe.name);
     let mut p = pod(
         &format!("{}-{where_}-{}", probe.name, imp.tag()),
@@ -572,76 +622,114 @@ fn copy(probe: &Probe, target: Target, imp: Impl, round: usize) -> anyhow::Resul
 
 type Key<'a> = (&'a str, Target<'a>, Impl);
 
-/// Creates both schedulers' copies of each (probe, target), waits for every decision (deleting
-/// each decided copy at once), and returns them.
+/// The latest version of every Pod of the probe namespace, from one watch, and a wake-up on
+/// each change. The watch ends with the value.
+struct Seen {
+    pods: Mutex<HashMap<String, Pod>>,
+    changed: Notify,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Seen {
+    fn start(client: &Client) -> Arc<Seen> {
+        let seen = Arc::new(Seen {
+            pods: Mutex::new(HashMap::new()),
+            changed: Notify::new(),
+            task: Mutex::new(None),
+        });
+        let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+        let s = Arc::downgrade(&seen);
+        let task = tokio::spawn(async move {
+            // Backoff: an API server gone (the test's end) must not make this a busy loop.
+            let mut events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(ev) = events.next().await {
+                let Some(s) = s.upgrade() else { return };
+                if let Ok(p) = ev {
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    s.pods.lock().expect("seen lock").insert(name, p);
+                    s.changed.notify_waiters();
+                }
+            }
+        });
+        *seen.task.lock().expect("seen lock") = Some(task);
+        seen
+    }
+}
+
+impl Drop for Seen {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.lock().expect("seen lock").take() {
+            t.abort();
+        }
+    }
+}
+
+/// One copy: created, its decision awaited, deleted (the deletion done before returning, so the
+/// next copy on the node never meets it).
+async fn once(
+    client: &Client,
+    seen: &Seen,
+    probe: &Probe,
+    target: Target<'_>,
+    imp: Impl,
+) -> anyhow::Result<Outcome> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pod = copy(probe, target, imp)?;
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let created = api
+        .create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("creating probe copy {name}"))?;
+    // A copy of an earlier attempt by the same name is told apart by its uid.
+    let uid = created.metadata.uid.clone();
+    let deadline = Instant::now() + COPY_WAIT;
+    let outcome = loop {
+        let changed = seen.changed.notified();
+        let decided = seen
+            .pods
+            .lock()
+            .expect("seen lock")
+            .get(&name)
+            .filter(|p| p.metadata.uid == uid)
+            .and_then(decide);
+        if let Some(o) = decided {
+            break o;
+        }
+        if Instant::now() > deadline {
+            bail!("probe copy {name}: no decision after {COPY_WAIT:?}");
+        }
+        // The watch wakes us; the timeout only bounds a missed wake-up.
+        let _ = tokio::time::timeout(Duration::from_millis(200), changed).await;
+    };
+    api.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .with_context(|| format!("deleting probe copy {name}"))?;
+    Ok(outcome)
+}
+
+/// Both schedulers' copies of each (probe, target), all at once.
 async fn round<'a>(
     client: &Client,
+    seen: &Seen,
     pairs: &[(&'a Probe, Target<'a>)],
-    round: usize,
 ) -> anyhow::Result<BTreeMap<Key<'a>, Outcome>> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let mut names: BTreeMap<String, Key<'a>> = BTreeMap::new();
-    let mut pods = Vec::new();
-    for (probe, target) in pairs {
-        for imp in Impl::BOTH {
-            let pod = copy(probe, *target, imp, round)?;
-            names.insert(
-                pod.metadata.name.clone().unwrap_or_default(),
-                (probe.name, *target, imp),
-            );
-            pods.push(pod);
-        }
-    }
-    let created = futures::future::join_all(
-        pods.iter()
-            .map(|p| async { api.create(&PostParams::default(), p).await }),
+    let keys: Vec<Key<'a>> = pairs
+        .iter()
+        .flat_map(|(p, t)| Impl::BOTH.map(|i| (p.name, *t, i)))
+        .collect();
+    let got = futures::future::join_all(
+        pairs
+            .iter()
+            .flat_map(|(p, t)| Impl::BOTH.map(|i| once(client, seen, p, *t, i))),
     )
     .await;
-    for (p, r) in pods.iter().zip(created) {
-        r.with_context(|| format!("creating probe copy {:?}", p.metadata.name))?;
-    }
-    let mut decided = BTreeMap::new();
-    let selector = ListParams::default().labels(&format!("kpr-round={round}"));
-    let deadline = Instant::now() + ROUND_WAIT;
-    while decided.len() < names.len() {
-        let list = api.list(&selector).await?;
-        let mut done = Vec::new();
-        for p in &list.items {
-            let name = p.metadata.name.clone().unwrap_or_default();
-            let Some(key) = names.get(&name) else {
-                continue;
-            };
-            if decided.contains_key(key) {
-                continue;
-            }
-            if let Some(o) = decide(p) {
-                decided.insert(*key, o);
-                done.push(name);
-            }
-        }
-        futures::future::join_all(done.iter().map(|n| {
-            let api = api.clone();
-            async move {
-                api.delete(n, &DeleteParams::default().grace_period(0))
-                    .await
-            }
-        }))
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
-        if decided.len() < names.len() {
-            if Instant::now() > deadline {
-                let waiting: Vec<&String> = names
-                    .iter()
-                    .filter(|(_, k)| !decided.contains_key(*k))
-                    .map(|(n, _)| n)
-                    .collect();
-                bail!("round {round}: after {ROUND_WAIT:?} no decision for {waiting:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    Ok(decided)
+    keys.into_iter()
+        .zip(got)
+        .map(|(k, o)| Ok((k, o?)))
+        .collect()
 }
 
 /// The comparison: per probe, each scheduler's feasible probe nodes, and every disagreement.
@@ -688,26 +776,41 @@ fn target_name(t: Target) -> String {
 /// unpinned, and compares.
 pub async fn run(client: &Client) -> anyhow::Result<ProbeReport> {
     let start = Instant::now();
+    let seen = Seen::start(client);
     let probes = probes();
     check_independent(&probes)?;
     let nodes = nodes();
-    let (p, n) = (probes.len(), nodes.len());
-    // Latin square: in round r, node j gets probe (j + r) mod P (P >= N), or probe i gets node
-    // (i + r) mod N (P < N): every pair once, no node and no probe twice in a round.
+    // One worker per (scheduler, probe node), each running every probe on its node in turn,
+    // starting at a different probe: no two copies of one scheduler on a node at once. Copies
+    // of a probe whose selectors match its own labels (counted by each other across nodes)
+    // take that probe's lock, per scheduler.
+    let p = probes.len();
+    let locks: HashMap<(&str, Impl), tokio::sync::Mutex<()>> = probes
+        .iter()
+        .filter(|pr| selectors(&pr.spec).iter().any(|s| matches(s, &pr.labels)))
+        .flat_map(|pr| Impl::BOTH.map(|i| ((pr.name, i), tokio::sync::Mutex::new(()))))
+        .collect();
+    let workers = Impl::BOTH.into_iter().flat_map(|imp| {
+        nodes.iter().enumerate().map({
+            let (seen, probes, locks) = (&seen, &probes, &locks);
+            move |(j, nd)| async move {
+                let mut out = Vec::new();
+                for k in 0..p {
+                    let pr = &probes[(j + k) % p];
+                    let _held = match locks.get(&(pr.name, imp)) {
+                        Some(l) => Some(l.lock().await),
+                        None => None,
+                    };
+                    let t = Target::Node(&nd.name);
+                    out.push(((pr.name, t, imp), once(client, seen, pr, t, imp).await?));
+                }
+                anyhow::Ok(out)
+            }
+        })
+    });
     let mut outcomes: BTreeMap<Key, Outcome> = BTreeMap::new();
-    let mut next_round = 0;
-    for r in 0..p.max(n) {
-        let pairs: Vec<(&Probe, Target)> = if p >= n {
-            (0..n)
-                .map(|j| (&probes[(j + r) % p], Target::Node(&nodes[j].name)))
-                .collect()
-        } else {
-            (0..p)
-                .map(|i| (&probes[i], Target::Node(&nodes[(i + r) % n].name)))
-                .collect()
-        };
-        outcomes.extend(round(client, &pairs, next_round).await?);
-        next_round += 1;
+    for w in futures::future::join_all(workers).await {
+        outcomes.extend(w?);
     }
     let mut copies = outcomes.len();
     // Disagreements run again, one pair at a time.
@@ -722,8 +825,7 @@ pub async fn run(client: &Client) -> anyhow::Result<ProbeReport> {
         }
     }
     for (pr, t) in pending {
-        let again = round(client, &[(pr, t)], next_round).await?;
-        next_round += 1;
+        let again = round(client, &seen, &[(pr, t)]).await?;
         copies += again.len();
         if again[&(pr.name, t, Impl::Upstream)] == again[&(pr.name, t, Impl::Kpr)] {
             reruns_agreed.push((pr.name.to_string(), target_name(t)));
@@ -744,7 +846,7 @@ pub async fn run(client: &Client) -> anyhow::Result<ProbeReport> {
         .map(|pr| (pr, Target::Any))
         .collect();
     if !nowhere.is_empty() {
-        let got = round(client, &nowhere, next_round).await?;
+        let got = round(client, &seen, &nowhere).await?;
         copies += got.len();
         outcomes.extend(got);
     }
