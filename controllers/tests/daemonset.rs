@@ -1,7 +1,7 @@
 //! The DaemonSet controller end to end against the reference control plane with kwok nodes and
 //! the real kube-scheduler, once with kube-controller-manager (`upstream_*`), once with our
 //! `controller-manager` (`kpr_*`), and the two runs compared (`differential_*`). One control plane
-//! per flavour; the four scenarios of a flavour run concurrently, once per test binary, on the
+//! per flavour; the five scenarios of a flavour run concurrently, once per test binary, on the
 //! first test that asks. Each scenario expects what upstream v1.34 does (the `upstream_*` tests
 //! prove the expectations on the reference) and records its observables; the differential tests
 //! require equal records. docs/WORKLOADS.md lists what the scenarios prove and the accepted
@@ -13,6 +13,8 @@
 //!   node tainted NoSchedule gets none, a NoExecute taint removes the Pod;
 //! - rolling (DS-7): a template change rolls 4 nodes with maxUnavailable 1, never more than one
 //!   node without a serving Pod (from the watch), two ControllerRevisions;
+//! - surge (DS-7, v1.34's maxSurge): the same with maxSurge 1 and maxUnavailable 0: never a node
+//!   without a serving Pod, never more than two Pods for one node;
 //! - on-delete: a template change replaces nothing until a Pod is deleted.
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
@@ -32,13 +34,15 @@ enum Scenario {
     Coverage,
     Taints,
     Rolling,
+    Surge,
     OnDelete,
 }
 
-const ALL: [Scenario; 4] = [
+const ALL: [Scenario; 5] = [
     Scenario::Coverage,
     Scenario::Taints,
     Scenario::Rolling,
+    Scenario::Surge,
     Scenario::OnDelete,
 ];
 
@@ -237,7 +241,9 @@ async fn taints(run: &Run) -> anyhow::Result<Outcome> {
     Ok(o)
 }
 
-async fn rolling(run: &Run) -> anyhow::Result<Outcome> {
+/// A template change rolled over 4 nodes (`strategy`: the rollingUpdate parameters); at most
+/// `budget` nodes without a serving Pod at any watched state.
+async fn rolling(run: &Run, strategy: Value, budget: usize) -> anyhow::Result<Outcome> {
     let mut o = Outcome::default();
     let nodes: Vec<String> = (0..4).map(|i| run.node_name(i)).collect();
     for i in 0..4 {
@@ -245,7 +251,7 @@ async fn rolling(run: &Run) -> anyhow::Result<Outcome> {
     }
     run.create_daemon_set(
         "roll",
-        json!({"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}}),
+        json!({"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": strategy}}),
     )
     .await?;
     let s = settle(
@@ -284,12 +290,13 @@ async fn rolling(run: &Run) -> anyhow::Result<Outcome> {
         .await?;
     o.record("max nodes without a serving Pod", s.max_unavailable);
     o.expect(
-        s.max_unavailable <= 1,
+        s.max_unavailable <= budget,
         format!(
-            "DS-7 maxUnavailable 1: at most one node without a serving Pod, saw {}",
+            "DS-7 at most {budget} node(s) without a serving Pod, saw {}",
             s.max_unavailable
         ),
     );
+    o.record("most Pods for one node at once", s.max_per_node);
     o.record("Pods created", s.pods_seen.len());
     o.record("Pods deleted", s.pods_deleted.len());
     o.record("revision numbers", run.revision_numbers().await?);
@@ -354,13 +361,15 @@ async fn run_one(flavour: Flavour, scenario: Scenario) -> anyhow::Result<Outcome
         Scenario::Coverage => "cover",
         Scenario::Taints => "taint",
         Scenario::Rolling => "roll",
+        Scenario::Surge => "surge",
         Scenario::OnDelete => "ondelete",
     };
     let run = Run::new(flavour, tag).await?;
     match scenario {
         Scenario::Coverage => coverage(&run).await,
         Scenario::Taints => taints(&run).await,
-        Scenario::Rolling => rolling(&run).await,
+        Scenario::Rolling => rolling(&run, json!({"maxUnavailable": 1}), 1).await,
+        Scenario::Surge => rolling(&run, json!({"maxUnavailable": 0, "maxSurge": 1}), 0).await,
         Scenario::OnDelete => on_delete(&run).await,
     }
 }
@@ -445,5 +454,6 @@ scenario_tests! {
     Coverage => upstream_daemonset_coverage, kpr_daemonset_coverage, differential_daemonset_coverage;
     Taints => upstream_daemonset_taints, kpr_daemonset_taints, differential_daemonset_taints;
     Rolling => upstream_daemonset_rolling_max_unavailable, kpr_daemonset_rolling_max_unavailable, differential_daemonset_rolling_max_unavailable;
+    Surge => upstream_daemonset_rolling_max_surge, kpr_daemonset_rolling_max_surge, differential_daemonset_rolling_max_surge;
     OnDelete => upstream_daemonset_on_delete, kpr_daemonset_on_delete, differential_daemonset_on_delete;
 }

@@ -195,6 +195,8 @@ pub struct State {
     pub tracked: Vec<String>,
     /// The most tracked nodes seen at once without a serving Pod.
     pub max_unavailable: usize,
+    /// The most Pods seen at once for one tracked node (terminating ones included).
+    pub max_per_node: usize,
     /// Watch errors.
     pub errors: Vec<String>,
 }
@@ -244,6 +246,10 @@ impl State {
             .filter(|n| !serving.contains(*n))
             .count();
         self.max_unavailable = self.max_unavailable.max(down);
+        for n in &self.tracked {
+            let here = self.pods.values().filter(|p| target_node(p) == *n).count();
+            self.max_per_node = self.max_per_node.max(here);
+        }
     }
 
     /// A summary for failure messages.
@@ -409,6 +415,7 @@ impl Run {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.tracked = nodes.to_vec();
         s.max_unavailable = 0;
+        s.max_per_node = 0;
         s.update_tracking();
     }
 
