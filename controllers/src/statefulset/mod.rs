@@ -841,3 +841,7 @@ pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Control
 #[cfg(test)]
 #[path = "plan_tests.rs"]
 mod plan_tests;
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod controller_tests;
