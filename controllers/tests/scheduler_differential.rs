@@ -3,8 +3,9 @@
 //!
 //! 1. Feasibility: for every probe Pod (requests incl. init and sidecar containers, extended
 //!    resources, Pod slots, taints of each effect, a cordoned node, required node affinity and
-//!    nodeSelector, topology spread DoNotSchedule with minDomains and node inclusion, required pod
-//!    affinity and anti-affinity both ways, host ports incl. hostIP, NodeAffinity's PreFilter narrowing by matchFields) on every probe node, both schedulers
+//!    nodeSelector, NodeAffinity's PreFilter narrowing by matchFields, topology spread
+//!    DoNotSchedule with minDomains and node inclusion policies, required pod affinity and
+//!    anti-affinity both ways, host ports incl. hostIP) on every probe node, both schedulers
 //!    agree whether it fits, and where it does not, on the FitError message word for word
 //!    (`diff_probes`).
 //! 2. Placement: the same 162-Pod workload on identical nodes, three runs per scheduler, ours no

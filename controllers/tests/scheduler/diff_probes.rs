@@ -293,9 +293,7 @@ pub fn probes() -> Vec<Probe> {
         || json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["web", "db"]}]});
     let cpu = |c: &str| json!({"containers": [container(c, "16Mi")]});
     vec![
-        probe("plain", none(), none()),
         probe("cpu-1", none(), cpu("1")),
-        probe("cpu-6", none(), cpu("6")),
         probe(
             "mem-4gi",
             none(),
@@ -377,15 +375,9 @@ pub fn probes() -> Vec<Probe> {
             none(),
             json!({"topologySpreadConstraints": spread(ZONE, 3, web_db(), json!({"minDomains": 4}))}),
         ),
-        // nodeAffinityPolicy Honor (default): only disk=ssd nodes make the domains.
-        probe(
-            "spread-ssd",
-            none(),
-            json!({"nodeSelector": {"disk": "ssd"},
-                "topologySpreadConstraints": spread(ZONE, 1, web(), none())}),
-        ),
         // maxSkew 2 tells the inclusion policies apart: zone a counts 2 web Pods on disk=ssd
-        // nodes (Honor) but 3 on all nodes (Ignore).
+        // nodes (Honor, the default: only nodes passing the nodeSelector make the domains) but
+        // 3 on all nodes (Ignore).
         probe(
             "spread-ssd-honor",
             none(),
