@@ -1,8 +1,10 @@
 //! The control plane around the proxy: the EndpointSlice controller, the legacy Endpoints
 //! controller, the LoadBalancer IP allocator, the workload controllers (ReplicaSet, Deployment,
-//! garbage collector, Job, CronJob, ttl-after-finished), Lease-based leader election and the
-//! `controller-manager` that runs them, following kube-controller-manager's algorithms; and the
-//! [`scheduler`] (kube-scheduler's framework and default plugins) run by the `scheduler` binary.
+//! garbage collector, StatefulSet, DaemonSet, Job, CronJob, ttl-after-finished, with the
+//! ControllerRevision [`history`] StatefulSet and DaemonSet share), Lease-based leader election
+//! and the `controller-manager` that runs them, following kube-controller-manager's algorithms;
+//! and the [`scheduler`] (kube-scheduler's framework and default plugins) run by the `scheduler`
+//! binary.
 //!
 //! Every controller has the same split: pure planning functions over cached state (unit-tested, in
 //! `plan` modules or `podutil`) and a thin layer applying the plan through kube-rs. The workload

@@ -2,8 +2,8 @@
 //! deploy/controller-manager.yaml, against the reference kube-apiserver (its RBAC authorizer
 //! decides): the manifest is applied with `kubectl apply -f`, a token of its ServiceAccount is
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
-//! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished) and
-//! leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
+//! daemonset) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
 //! it is deleted, holds the Lease, and releases it on SIGTERM; nothing it does is denied (the log
@@ -101,7 +101,7 @@ fn spawn(binary: &Path, kubeconfig: &Path, log: &Path) -> Child {
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset",
         ])
         .args(["--lb-pool", POOL])
         .args(["--leader-elect", "--leader-elect-identity", "cm-rbac"])

@@ -69,8 +69,8 @@ pub enum ClusterCommand {
 pub struct UpArgs {
     /// Who runs the controllers: kube-controller-manager (all of them); kpr, whose
     /// controller-manager runs the controllers kpr has (garbage collector, EndpointSlice,
-    /// Endpoints, ReplicaSet, Deployment, Job, CronJob, ttl-after-finished) beside kube-controller-manager with those turned off;
-    /// or nobody.
+    /// Endpoints, ReplicaSet, Deployment, StatefulSet, DaemonSet, Job, CronJob, ttl-after-finished)
+    /// beside kube-controller-manager with those turned off; or nobody.
     #[arg(long, value_enum, default_value_t = Who::Upstream)]
     pub controllers: Who,
     /// Who schedules Pods: kube-scheduler, kpr's scheduler, or nobody.
@@ -104,6 +104,8 @@ const KPR_REPLACES: &[&str] = &[
     "endpoints-controller",
     "replicaset-controller",
     "deployment-controller",
+    "statefulset-controller",
+    "daemonset-controller",
     "job-controller",
     "cronjob-controller",
     "ttl-after-finished-controller",
