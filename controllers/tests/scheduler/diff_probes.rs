@@ -458,6 +458,20 @@ pub fn probes() -> Vec<Probe> {
             none(),
             json!({"nodeSelector": {"disk": "nvme"}}),
         ),
+        // No node reports ephemeral-storage: a request for it fits nowhere.
+        probe(
+            "ephemeral",
+            none(),
+            json!({"containers": [{"name": "c", "image": "busybox", "resources": {"requests":
+                {"cpu": "100m", "ephemeral-storage": "1Gi"}}}]}),
+        ),
+        // A constraint without a labelSelector selects no Pod: only the missing key matters.
+        probe(
+            "spread-no-selector",
+            none(),
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": ZONE,
+                "whenUnsatisfiable": "DoNotSchedule"}]}),
+        ),
         probe("impossible", none(), cpu("100")),
         probe(
             "impossible-mixed",
@@ -467,7 +481,8 @@ pub fn probes() -> Vec<Probe> {
     ]
 }
 
-/// Every label selector of a Pod spec (topology spread, required pod (anti-)affinity).
+/// Every label selector of a Pod spec (topology spread, required pod (anti-)affinity); an absent
+/// one selects nothing and is left out.
 fn selectors(spec: &Value) -> Vec<&Value> {
     let mut out: Vec<&Value> = spec["topologySpreadConstraints"]
         .as_array()
@@ -484,6 +499,7 @@ fn selectors(spec: &Value) -> Vec<&Value> {
                 .map(|t| &t["labelSelector"]),
         );
     }
+    out.retain(|s| !s.is_null());
     out
 }
 
