@@ -452,6 +452,16 @@ impl Controller {
             claim: &lookup,
             now: Timestamp::now(),
         });
+        tracing::debug!(
+            set = key,
+            current = %cur_name,
+            update = %upd_name,
+            pods = ?pods
+                .iter()
+                .map(|p| (p.name_any(), plan::pod_revision(p).to_string(), p.metadata.deletion_timestamp.is_some()))
+                .collect::<Vec<_>>(),
+            "sync"
+        );
         let upd = planned.map_err(|e| {
             let (c, u) = names();
             (c, u, e)
@@ -588,6 +598,7 @@ impl Controller {
         };
         let mut result: Result<()> = Ok(());
         for action in group {
+            tracing::debug!(set = key, ?action, "applying");
             let is_claim = matches!(
                 action,
                 Action::CreateClaim { .. } | Action::ClaimTerminating { .. }

@@ -883,8 +883,8 @@ fn sts4_revision_data_is_the_template_as_go_encodes_it() {
 
 #[test]
 fn sts4_revision_names_equal_kube_controller_managers() {
-    // The e2e test's template as the API server defaults it; kube-controller-manager v1.34.4
-    // named its revision web-667f67c5d5 (collision count 0).
+    // A template as the API server defaults it; kube-controller-manager v1.34.4 named its
+    // revision web-667f67c5d5 (collision count 0) in a run of the e2e test.
     let s: StatefulSet = serde_json::from_value(json!({
         "metadata": {"name": "web", "namespace": "ns", "uid": "u"},
         "spec": {

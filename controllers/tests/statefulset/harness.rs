@@ -4,8 +4,9 @@
 //! collector removes a deleted set's Pods and the claims the retention policy gave away); one
 //! namespace per scenario ([`Run`]) with a watch of its Pods, StatefulSets, claims, revisions and
 //! Events ([`State`]). The scenarios' Pods name a kwok node (`spec.nodeName`), so no scheduler
-//! runs: kwok makes them Running and Ready and removes them once deleted, and their unbound
-//! claims (no volume binder runs either) do not hold them back.
+//! runs and their unbound claims (no volume binder runs either) do not hold them back; the
+//! harness is their kubelet ([`GATE`]): it makes them Running and Ready and removes them once
+//! deleted.
 //!
 //! Owns: the control planes (stopped when the test binary exits) and the namespaces of its runs.
 //! Every wait is bounded ([`WAIT`]) and fails with what was last seen.
@@ -68,7 +69,11 @@ impl Cluster {
                 "--controllers".to_string(),
                 CONTROLLERS.to_string(),
             ];
-            cp.spawn_program("controller-manager", &program, args)?;
+            let env = vec![(
+                "RUST_LOG".to_string(),
+                "info,controllers::statefulset=debug".to_string(),
+            )];
+            cp.spawn_in("controller-manager", &program, args, env, None)?;
         }
         Ok(Cluster {
             flavour,
@@ -102,6 +107,21 @@ impl Cluster {
         self.cp.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The controller manager's log lines mentioning `needle` (a namespace).
+    pub fn manager_log_about(&self, needle: &str) -> String {
+        let name = match self.flavour {
+            Flavour::Upstream => "kube-controller-manager",
+            Flavour::Kpr => "controller-manager",
+        };
+        let log = self.cp().log(name);
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The last lines of the controller manager's log.
     pub fn manager_log(&self) -> String {
         let name = match self.flavour {
@@ -114,6 +134,75 @@ impl Cluster {
             log.display(),
             controlplane::process::tail(&log, 30)
         )
+    }
+}
+
+/// The Pod annotation that makes kwok leave a Pod alone (the control plane's kwok runs with
+/// `--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom`). kwok deletes a
+/// terminating Pod by name, and may do so twice: the second call can hit the Pod the controller
+/// created in its place a moment before. The scenarios' Pods carry this annotation and the
+/// harness is their kubelet ([`Kubelet`]), deleting by uid.
+pub const GATE: (&str, &str) = ("kwok.x-k8s.io/status", "custom");
+
+/// The test's kubelet for gated Pods: a new Pod is made Running and Ready at once; a
+/// terminating one is removed (grace period 0) with its uid as precondition. Each once per uid.
+struct Kubelet {
+    pods: Api<Pod>,
+    started: Arc<Mutex<std::collections::BTreeSet<String>>>,
+    stopped: Arc<Mutex<std::collections::BTreeSet<String>>>,
+}
+
+impl Kubelet {
+    fn act(&self, p: &Pod) {
+        if p.annotations().get(GATE.0).map(String::as_str) != Some(GATE.1) {
+            return;
+        }
+        let (name, uid) = (p.name_any(), p.uid().unwrap_or_default());
+        let pods = self.pods.clone();
+        if p.metadata.deletion_timestamp.is_some() {
+            if !self
+                .stopped
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uid.clone())
+            {
+                return;
+            }
+            tokio::spawn(async move {
+                let dp = kube::api::DeleteParams {
+                    grace_period_seconds: Some(0),
+                    preconditions: Some(kube::api::Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                let _ = pods.delete(&name, &dp).await;
+            });
+        } else if !ready(p)
+            && self
+                .started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uid.clone())
+        {
+            tokio::spawn(async move {
+                let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                let status = serde_json::json!({
+                    "metadata": {"uid": uid},
+                    "status": {"phase": "Running", "conditions": [
+                        {"type": "Ready", "status": "True", "lastTransitionTime": now},
+                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": now}]}
+                });
+                let _ = pods
+                    .patch_status(
+                        &name,
+                        &Default::default(),
+                        &kube::api::Patch::Merge(&status),
+                    )
+                    .await;
+            });
+        }
     }
 }
 
@@ -319,6 +408,11 @@ impl Run {
             ),
             stream(Api::<CoreEvent>::namespaced(c.clone(), ns), Change::Event),
         ]);
+        let kubelet = Kubelet {
+            pods: Api::namespaced(client.clone(), ns),
+            started: Default::default(),
+            stopped: Default::default(),
+        };
         let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
             let mut synced_tx = Some(synced_tx);
@@ -328,7 +422,10 @@ impl Run {
                 {
                     let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
                     match change {
-                        Change::Pod(Event::Apply(p) | Event::InitApply(p)) => s.apply_pod(p),
+                        Change::Pod(Event::Apply(p) | Event::InitApply(p)) => {
+                            kubelet.act(&p);
+                            s.apply_pod(p)
+                        }
                         Change::Pod(Event::Delete(p)) => {
                             s.pods.remove(&p.name_any());
                             s.log.push(Seen::Deleted(p.name_any()));

@@ -10,7 +10,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt as _;
 use serde_json::{json, Value};
 
-use super::harness::{ready, rv, Run, Seen, State, NODE};
+use super::harness::{ready, rv, Run, Seen, State, GATE, NODE};
 
 /// A scenario's result.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ fn web(replicas: i32, extra: Value) -> StatefulSet {
             "serviceName": "nginx",
             "selector": {"matchLabels": {"app": "web"}},
             "template": {
-                "metadata": {"labels": {"app": "web"}},
+                "metadata": {"labels": {"app": "web"}, "annotations": {GATE.0: GATE.1}},
                 "spec": {"nodeName": NODE,
                          "containers": [{"name": "nginx", "image": "registry.k8s.io/nginx:1"}]}
             },
@@ -390,6 +390,14 @@ pub async fn partition(run: &Run) -> anyhow::Result<Outcome> {
         problems.push("STS-9 web-2 was not replaced".into());
     }
     let first_wave = terminated_since(&s, mark);
+    if first_wave != ["web-2"] {
+        problems.push(format!(
+            "STS-9 the first wave replaced {first_wave:?}, want web-2 once; pod log {:?}; \
+             controller log:\n{}",
+            s.log,
+            run.cluster.manager_log_about(&run.ns)
+        ));
+    }
 
     let mark = s.log.len();
     patch_spec(
