@@ -3,10 +3,13 @@
 //! node affinity, topology spread, pod anti-affinity and priorities are bound where they may be
 //! and nowhere else; an unschedulable Pod gets the PodScheduled=False condition and the
 //! FailedScheduling Event and is scheduled when a fitting node appears; a high-priority Pod
-//! preempts the right victim. One control plane for the binary; the cases run concurrently.
+//! preempts the right victim; a burst of 300 Pods gets all its Scheduled Events soon after the last
+//! bind. One control plane for the binary; the cases run concurrently.
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
+#[path = "scheduler/burst.rs"]
+mod burst;
 #[path = "scheduler/cases.rs"]
 mod cases;
 #[path = "scheduler/harness.rs"]
@@ -20,12 +23,22 @@ async fn kpr_scheduler_places_pods_where_they_may_go() {
         .await
         .expect("starting a control plane with kpr's scheduler");
     let all = cases::all();
-    let results = futures::future::join_all(all.iter().map(|c| run_case(&cluster.client, c))).await;
-    let failures: Vec<String> = all
+    let (results, burst) = tokio::join!(
+        futures::future::join_all(all.iter().map(|c| run_case(&cluster.client, c))),
+        burst::run(&cluster.client)
+    );
+    let mut failures: Vec<String> = all
         .iter()
         .zip(&results)
         .filter_map(|(c, r)| r.as_ref().err().map(|e| format!("{}: {e:#}", c.name)))
         .collect();
+    match burst {
+        Ok(b) => eprintln!(
+            "event burst: all bound {:?} after the first create, all Scheduled Events {:?} later",
+            b.bound_after, b.events_after
+        ),
+        Err(e) => failures.push(format!("event burst: {e:#}")),
+    }
     assert!(
         failures.is_empty(),
         "{} case(s) failed (scheduler log: {}):\n{}",

@@ -12,12 +12,14 @@
 //!   rest are dropped.
 //!
 //! Owns: writing Events. Best effort, off the caller's path: `publish` only queues (1000 pending
-//! at most, as client-go's broadcaster; more are dropped), one writer task per recorder writes
-//! them in order, and failures are logged at debug, never returned. Differs from client-go: a
+//! at most, as client-go's broadcaster; more are dropped), one writer task per recorder hands
+//! them to per-object writers (each object's events in order, up to 64 objects at once),
+//! and failures are logged at debug, never returned. Differs from client-go: a
 //! write that fails for a transport error is not retried (client-go retries 12 times, 10 s apart).
 //! Knows no particular controller.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -27,7 +29,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 
 /// client-go's LRU size for each of the correlator's caches.
 const CACHE_ENTRIES: usize = 4096;
@@ -94,7 +96,8 @@ impl Recorder {
         );
         let sender = self.sender.get_or_init(|| {
             let (tx, rx) = mpsc::channel(MAX_QUEUED);
-            tokio::spawn(write_all(self.client.clone(), rx));
+            let client = self.client.clone();
+            tokio::spawn(write_all(rx, move |w| write_one(client.clone(), w)));
             tx
         });
         if let Err(e) = sender.try_send(event) {
@@ -146,36 +149,98 @@ pub fn make_event(
     }
 }
 
-/// The writer: correlates each queued event, then creates or patches it, one at a time.
-async fn write_all(client: Client, mut rx: mpsc::Receiver<Event>) {
-    let correlator = Mutex::new(Correlator::default());
+/// Writes in flight at once, each about a different object.
+///
+/// One write at a time caps a recorder at 1 / (API server latency) Events a second: under the load
+/// of a scheduler binding a burst of Pods (its own bindings queue in the same API Priority and
+/// Fairness flow) that was 4-5 a second while 150 Pods a second were bound, so nearly every
+/// "Scheduled" Event was still queued when the scheduler stopped. kube-scheduler's recorder
+/// (client-go `tools/events`) writes every event in a goroutine of its own; client-go's
+/// `tools/record` (kube-controller-manager's) writes one at a time. This keeps each object's
+/// events in order, correlated and written one after the other as `tools/record` does (every
+/// correlation key starts with the source and the object, so per object the counts, aggregation
+/// and spam filter behave exactly as there), and writes up to this many objects' events at once.
+pub(crate) const WRITERS: usize = 64;
+
+/// The writer: hands each queued event to the writer of its object (started when the object has
+/// none, at most [`WRITERS`] at once), which correlates it, then creates or patches it through
+/// `sink`, then the next event of the same object, until none is left.
+pub(crate) async fn write_all<S, F>(mut rx: mpsc::Receiver<Event>, sink: S)
+where
+    S: Fn(Write) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Event, kube::Error>> + Send + 'static,
+{
+    let correlator = Arc::new(Mutex::new(Correlator::default()));
+    // The objects with a writer, and their events waiting for it.
+    let pending: Arc<Mutex<HashMap<String, VecDeque<Event>>>> = Arc::default();
+    let writers = Arc::new(Semaphore::new(WRITERS));
     while let Some(event) = rx.recv().await {
-        let write = correlator
-            .lock()
-            .expect("event correlator lock")
-            .correlate(event, Instant::now());
-        let reason = match &write {
-            Write::Skip => continue,
-            Write::Create(e) | Write::Patch(e) => e.reason.clone().unwrap_or_default(),
-        };
-        match write_one(&client, write).await {
-            Ok(written) => correlator
-                .lock()
-                .expect("event correlator lock")
-                .update_state(&written),
-            Err(e) => tracing::debug!(reason, "recording event: {e}"),
+        let key = join(object_key(&event));
+        {
+            let mut pending = pending.lock().expect("event queue lock");
+            if let Some(queue) = pending.get_mut(&key) {
+                if queue.len() < MAX_QUEUED {
+                    queue.push_back(event);
+                } else {
+                    tracing::debug!(reason = field(&event.reason), "event dropped: queue full");
+                }
+                continue;
+            }
         }
+        let Ok(permit) = writers.clone().acquire_owned().await else {
+            return;
+        };
+        // Registered only now: the writer that held this object may have finished meanwhile.
+        pending
+            .lock()
+            .expect("event queue lock")
+            .insert(key.clone(), VecDeque::new());
+        let (correlator, pending, sink) = (correlator.clone(), pending.clone(), sink.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut next = Some(event);
+            while let Some(event) = next {
+                write_correlated(&correlator, &sink, event).await;
+                let mut pending = pending.lock().expect("event queue lock");
+                next = pending.get_mut(&key).and_then(VecDeque::pop_front);
+                if next.is_none() {
+                    pending.remove(&key);
+                }
+            }
+        });
     }
 }
 
-async fn write_one(client: &Client, write: Write) -> Result<Event, kube::Error> {
+async fn write_correlated<S, F>(correlator: &Mutex<Correlator>, sink: &S, event: Event)
+where
+    S: Fn(Write) -> F,
+    F: Future<Output = Result<Event, kube::Error>>,
+{
+    let write = correlator
+        .lock()
+        .expect("event correlator lock")
+        .correlate(event, Instant::now());
+    let reason = match &write {
+        Write::Skip => return,
+        Write::Create(e) | Write::Patch(e) => e.reason.clone().unwrap_or_default(),
+    };
+    match sink(write).await {
+        Ok(written) => correlator
+            .lock()
+            .expect("event correlator lock")
+            .update_state(&written),
+        Err(e) => tracing::debug!(reason, "recording event: {e}"),
+    }
+}
+
+async fn write_one(client: Client, write: Write) -> Result<Event, kube::Error> {
     let (mut event, patch) = match write {
         Write::Skip => unreachable!("skipped events are not written"),
         Write::Create(e) => (e, false),
         Write::Patch(e) => (e, true),
     };
     let ns = event.metadata.namespace.clone().unwrap_or_default();
-    let api: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let api: Api<Event> = Api::namespaced(client, &ns);
     if patch {
         let name = event.metadata.name.clone().unwrap_or_default();
         let body = json!({

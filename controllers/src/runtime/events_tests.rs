@@ -208,3 +208,105 @@ fn make_event_fields() {
     assert_eq!(e.count, Some(1));
     assert_eq!(e.first_timestamp, e.last_timestamp);
 }
+
+/// What the fake API server saw: each write in the order it started, and the most writes at once.
+#[derive(Default)]
+struct Seen {
+    writes: Vec<(String, &'static str, String, i32)>,
+    in_flight: usize,
+    most: usize,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_objects_concurrently_and_each_objects_events_in_order() {
+    // 100 objects, two identical events each (a create, then a patch counting 2), through an API
+    // server answering every write after 20 ms: one write at a time would take 4 s.
+    const OBJECTS: usize = 100;
+    const LATENCY: Duration = Duration::from_millis(20);
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let sink = {
+        let seen = seen.clone();
+        move |w: Write| {
+            let seen = seen.clone();
+            async move {
+                let (kind, mut e) = match w {
+                    Write::Create(e) => ("create", e),
+                    Write::Patch(e) => ("patch", e),
+                    Write::Skip => unreachable!("skips are not written"),
+                };
+                {
+                    let mut s = seen.lock().unwrap();
+                    s.writes.push((
+                        e.involved_object.name.clone().unwrap_or_default(),
+                        kind,
+                        e.metadata.name.clone().unwrap_or_default(),
+                        e.count.unwrap_or_default(),
+                    ));
+                    s.in_flight += 1;
+                    s.most = s.most.max(s.in_flight);
+                }
+                tokio::time::sleep(LATENCY).await;
+                seen.lock().unwrap().in_flight -= 1;
+                e.metadata.resource_version = Some("1".into());
+                Ok(e)
+            }
+        }
+    };
+    let (tx, rx) = mpsc::channel(MAX_QUEUED);
+    let writer = tokio::spawn(write_all(rx, sink));
+    let start = Instant::now();
+    let at = Timestamp::now();
+    for round in 0..2 {
+        for i in 0..OBJECTS {
+            let name = format!("pod-{i}");
+            let mut e = make_event(
+                "default-scheduler",
+                &rs_ref(&name, &format!("uid-{i}")),
+                NORMAL,
+                "Scheduled",
+                format!("Successfully assigned ns/{name} to node-1"),
+                at,
+            );
+            if round == 1 {
+                // A later event's own name; the count patches the first one's.
+                e.metadata.name = Some(format!("{name}.later"));
+            }
+            tx.send(e).await.unwrap();
+        }
+    }
+    drop(tx);
+    writer.await.unwrap();
+    // The dispatcher is done; its per-object writers finish within a few latencies.
+    while seen.lock().unwrap().writes.len() < 2 * OBJECTS || seen.lock().unwrap().in_flight > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "after 2 s only {} of {} writes",
+            seen.lock().unwrap().writes.len(),
+            2 * OBJECTS
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = start.elapsed();
+    let s = seen.lock().unwrap();
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "{} writes of {LATENCY:?} took {elapsed:?}: not concurrent",
+        s.writes.len()
+    );
+    assert!(
+        s.most > 1 && s.most <= WRITERS,
+        "most writes at once {}, want 2..={WRITERS}",
+        s.most
+    );
+    for i in 0..OBJECTS {
+        let name = format!("pod-{i}");
+        let mine: Vec<_> = s.writes.iter().filter(|w| w.0 == name).collect();
+        assert_eq!(mine.len(), 2, "{name}: {mine:?}");
+        assert_eq!((mine[0].1, mine[0].3), ("create", 1), "{name}: {mine:?}");
+        assert_eq!((mine[1].1, mine[1].3), ("patch", 2), "{name}: {mine:?}");
+        assert_eq!(
+            mine[0].2, mine[1].2,
+            "{name}: the patch names the created Event"
+        );
+    }
+}
