@@ -15,8 +15,8 @@ use crate::{setup, workspace_root, Profile};
 #[command(disable_help_flag = true)]
 pub struct BenchArgs {
     /// `--services N`, `--backends a,b`, `--quick`, `--controllers` (the workload controllers
-    /// benchmark alone), `--scheduler` (the scheduler benchmark alone), ... (see `cargo xtask
-    /// bench --help`).
+    /// benchmark alone), `--apps` (Jobs, DaemonSet, StatefulSets alone), `--scheduler` (the
+    /// scheduler benchmark alone), ... (see `cargo xtask bench --help`).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<OsString>,
 }
