@@ -1,4 +1,4 @@
-//! Table tests of the CronJob plan, named after the digest items (CJ-1..CJ-4) with v1.34's
+//! Table tests of the CronJob plan, named after the rule IDs (CJ-1..CJ-4) with v1.34's
 //! behaviour where it goes beyond them; time is fixed per case (the clock tests move).
 
 use std::sync::Arc;

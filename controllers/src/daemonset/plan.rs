@@ -11,8 +11,8 @@
 //! ([`crate::scheduler::plugins::helper`]), so a node the controller finds eligible is one the
 //! scheduler accepts on those grounds.
 //!
-//! Where the digest and v1.34 differ, v1.34 is followed: the digest's DS-5 pins daemon Pods with a
-//! `kubernetes.io/hostname` In [node] label term; v1.34 uses a `matchFields` term on
+//! Where older descriptions and v1.34 differ, v1.34 is followed: DS-5 as first written pins daemon
+//! Pods with a `kubernetes.io/hostname` In [node] label term; v1.34 uses a `matchFields` term on
 //! `metadata.name` (labels can lie, the name cannot), and DS-7's "maxUnavailable is the only
 //! parameter" predates maxSurge, which v1.34 implements (GA since v1.25).
 

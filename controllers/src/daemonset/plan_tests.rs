@@ -1,4 +1,4 @@
-//! Named cases for the DaemonSet plan, each after the digest rule (DS-*) it proves; expected values
+//! Named cases for the DaemonSet plan, each after the rule ID (DS-*) it proves; expected values
 //! are those of kube-controller-manager v1.34.4's `pkg/controller/daemon` for the same inputs.
 
 use super::*;

@@ -1,4 +1,4 @@
-//! The legacy Endpoints object of a Service (digest items EP-1..EP-6): pure computation.
+//! The legacy Endpoints object of a Service (rules EP-1..EP-6): pure computation.
 //!
 //! For every selected Pod that belongs in endpoints, one address (ip, nodeName, targetRef); for every
 //! Service port the target port resolved on that Pod (named ports per Pod, on containers then

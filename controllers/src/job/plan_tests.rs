@@ -1,4 +1,4 @@
-//! Table tests of the Job plan, named after the digest items (JOB-1..JOB-5) and, beyond them,
+//! Table tests of the Job plan, named after the rule IDs (JOB-1..JOB-5) and, beyond them,
 //! v1.34's rules (backoff, podFailurePolicy, finalizer tracking, condition order). Time is fixed.
 
 use std::collections::HashSet;

@@ -1,4 +1,4 @@
-//! Named cases for the ReplicaSet plan, each after the digest rule it proves.
+//! Named cases for the ReplicaSet plan, each after the rule ID it proves.
 
 use super::*;
 use serde_json::json;

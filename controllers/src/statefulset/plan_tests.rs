@@ -1,4 +1,4 @@
-//! Table-driven tests of the StatefulSet plan, named after the digest's STS items.
+//! Table-driven tests of the StatefulSet plan, named after the STS rule IDs.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
