@@ -40,21 +40,14 @@ pub fn run_with(profile: Profile, args: &[OsString]) -> anyhow::Result<()> {
         .run()
 }
 
-/// [`build_release`], or for [`Profile::Debug`] the same binaries in the dev profile.
+/// [`build_release`], or for [`Profile::Debug`] every binary of the workspace in the dev profile:
+/// the very build `cargo xtask test` makes first (the same package set, so the same features and
+/// nothing rebuilt).
 pub fn build(profile: Profile) -> anyhow::Result<()> {
     match profile {
         Profile::Release => build_release(),
         Profile::Debug => Cmd::new("cargo")
-            .args([
-                "build",
-                "-p",
-                "proxy",
-                "-p",
-                "kpr-bench",
-                "-p",
-                "controllers",
-                "--bins",
-            ])
+            .args(["build", "--workspace", "--bins"])
             .dir(workspace_root())
             .run(),
     }
