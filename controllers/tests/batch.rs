@@ -8,6 +8,8 @@
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
+#[path = "common/flavoured.rs"]
+mod flavoured;
 #[path = "batch/harness.rs"]
 mod harness;
 #[path = "batch/scenarios.rs"]
@@ -74,7 +76,7 @@ async fn results(flavour: Flavour) -> Results {
         .clone();
     cell.get_or_init(|| async move {
         // Start the control plane once before the scenarios ask for it concurrently.
-        if let Err(e) = harness::Cluster::shared(flavour) {
+        if let Err(e) = harness::shared(flavour) {
             let e = format!("{e:#}");
             return Arc::new(ALL.iter().map(|s| (*s, Err(e.clone()))).collect());
         }

@@ -19,6 +19,8 @@
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
+#[path = "common/flavoured.rs"]
+mod flavoured;
 #[path = "daemonset/harness.rs"]
 mod harness;
 
@@ -385,7 +387,7 @@ async fn results(flavour: Flavour) -> Results {
         .or_default()
         .clone();
     cell.get_or_init(|| async move {
-        if let Err(e) = harness::Cluster::shared(flavour) {
+        if let Err(e) = harness::shared(flavour) {
             let e = format!("{e:#}");
             return Arc::new(ALL.iter().map(|s| (*s, Err(e.clone()))).collect());
         }

@@ -7,6 +7,8 @@
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
+#[path = "common/flavoured.rs"]
+mod flavoured;
 #[path = "statefulset/harness.rs"]
 mod harness;
 #[path = "statefulset/scenarios.rs"]
@@ -47,7 +49,7 @@ async fn results() -> Results {
         let mut out = BTreeMap::new();
         let mut runs = Vec::new();
         for flavour in [Flavour::Upstream, Flavour::Kpr] {
-            if let Err(e) = harness::Cluster::shared(flavour) {
+            if let Err(e) = harness::shared(flavour) {
                 let e = format!("{e:#}");
                 for s in ALL {
                     out.insert((flavour, s), Err(e.clone()));

@@ -14,12 +14,11 @@
 //! runs. Every wait is bounded ([`WAIT`]) and fails with what was last seen.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use controlplane::{ControlPlane, Options};
+use controlplane::Options;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Pod};
@@ -36,92 +35,27 @@ pub const CONTROLLERS: &str = "daemonset";
 /// The label that ties a scenario's Nodes to its DaemonSet.
 pub const SCENARIO_LABEL: &str = "ds-scenario";
 
-/// Which controller manager runs the DaemonSet controller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Flavour {
-    /// kube-controller-manager of the reference release.
-    Upstream,
-    /// This crate's `controller-manager`.
-    Kpr,
+pub use crate::flavoured::{Cluster, Flavour};
+
+/// This binary's control plane for `flavour`: the scheduler, one kwok node, and the DaemonSet
+/// controller.
+fn start(flavour: Flavour) -> anyhow::Result<Cluster> {
+    let tag = match flavour {
+        Flavour::Upstream => "daemonset-upstream",
+        Flavour::Kpr => "daemonset-kpr",
+    };
+    let opts = Options {
+        upstream_scheduler: true,
+        // One node so kwok runs; no scenario's DaemonSet selects it.
+        kwok_nodes: 1,
+        ..Options::minimal(controlplane::run_dir(tag))
+    };
+    Cluster::start(flavour, CONTROLLERS, opts, Vec::new(), |_| Ok(()))
 }
 
-/// One control plane with its controller manager.
-pub struct Cluster {
-    pub flavour: Flavour,
-    cp: Mutex<ControlPlane>,
-    kubeconfig: PathBuf,
-}
-
-impl Cluster {
-    fn start(flavour: Flavour) -> anyhow::Result<Cluster> {
-        let tag = match flavour {
-            Flavour::Upstream => "daemonset-upstream",
-            Flavour::Kpr => "daemonset-kpr",
-        };
-        let opts = Options {
-            upstream_controllers: (flavour == Flavour::Upstream).then(|| CONTROLLERS.to_string()),
-            upstream_scheduler: true,
-            // One node so kwok runs; no scenario's DaemonSet selects it.
-            kwok_nodes: 1,
-            ..Options::minimal(controlplane::run_dir(tag))
-        };
-        let mut cp = ControlPlane::start(opts)?;
-        let kubeconfig = cp.admin_kubeconfig().to_path_buf();
-        if flavour == Flavour::Kpr {
-            let program = PathBuf::from(env!("CARGO_BIN_EXE_controller-manager"));
-            let args = vec![
-                "--kubeconfig".to_string(),
-                kubeconfig.display().to_string(),
-                "--controllers".to_string(),
-                CONTROLLERS.to_string(),
-            ];
-            cp.spawn_program("controller-manager", &program, args)?;
-        }
-        Ok(Cluster {
-            flavour,
-            cp: Mutex::new(cp),
-            kubeconfig,
-        })
-    }
-
-    /// The control plane of `flavour` for this test binary, started on first use.
-    pub fn shared(flavour: Flavour) -> anyhow::Result<Arc<Cluster>> {
-        static UPSTREAM: OnceLock<Result<Arc<Cluster>, String>> = OnceLock::new();
-        static KPR: OnceLock<Result<Arc<Cluster>, String>> = OnceLock::new();
-        let cell = match flavour {
-            Flavour::Upstream => &UPSTREAM,
-            Flavour::Kpr => &KPR,
-        };
-        let started = tokio::task::block_in_place(|| {
-            cell.get_or_init(|| {
-                Cluster::start(flavour)
-                    .map(Arc::new)
-                    .map_err(|e| format!("{e:#}"))
-            })
-        });
-        match started {
-            Ok(c) => Ok(c.clone()),
-            Err(e) => bail!("starting the {flavour:?} control plane: {e}"),
-        }
-    }
-
-    fn cp(&self) -> std::sync::MutexGuard<'_, ControlPlane> {
-        self.cp.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The last lines of the controller manager's log.
-    pub fn manager_log(&self) -> String {
-        let name = match self.flavour {
-            Flavour::Upstream => "kube-controller-manager",
-            Flavour::Kpr => "controller-manager",
-        };
-        let log = self.cp().log(name);
-        format!(
-            "last lines of {}:\n{}",
-            log.display(),
-            controlplane::process::tail(&log, 30)
-        )
-    }
+/// The control plane of `flavour` for this test binary, started on first use.
+pub fn shared(flavour: Flavour) -> anyhow::Result<Arc<Cluster>> {
+    Cluster::shared(flavour, start)
 }
 
 /// The node a daemon Pod is for: its nodeName, or the `metadata.name` of its node affinity.
@@ -309,7 +243,7 @@ impl Drop for Run {
 impl Run {
     /// A fresh namespace `<tag>-<n>` on the `flavour`'s control plane, watched.
     pub async fn new(flavour: Flavour, tag: &str) -> anyhow::Result<Run> {
-        let cluster = Cluster::shared(flavour)?;
+        let cluster = shared(flavour)?;
         let ns = tokio::task::block_in_place(|| cluster.cp().test_namespace(tag))?;
         let client = controlplane::client_from(&cluster.kubeconfig).await?;
         let state = Arc::new(Mutex::new(State::default()));

@@ -12,12 +12,11 @@
 //! Every wait is bounded ([`WAIT`]) and fails with what was last seen.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use controlplane::{ControlPlane, Options};
+use controlplane::Options;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, PersistentVolumeClaim, Pod};
@@ -32,108 +31,40 @@ pub const CONTROLLERS: &str = "statefulset,garbagecollector";
 /// The kwok node the scenarios' Pods run on.
 pub const NODE: &str = "kwok-node-0";
 
-/// Which controller manager runs the controllers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Flavour {
-    /// kube-controller-manager of the reference release.
-    Upstream,
-    /// This crate's `controller-manager`.
-    Kpr,
+pub use crate::flavoured::{Cluster, Flavour};
+
+/// This binary's control plane for `flavour`: one kwok node and the StatefulSet controller and
+/// garbage collector (ours logging each StatefulSet sync at debug).
+fn start(flavour: Flavour) -> anyhow::Result<Cluster> {
+    let tag = match flavour {
+        Flavour::Upstream => "sts-upstream",
+        Flavour::Kpr => "sts-kpr",
+    };
+    let opts = Options {
+        kwok_nodes: 1,
+        ..Options::minimal(controlplane::run_dir(tag))
+    };
+    let env = vec![(
+        "RUST_LOG".to_string(),
+        "info,controllers::statefulset=debug".to_string(),
+    )];
+    Cluster::start(flavour, CONTROLLERS, opts, env, |_| Ok(()))
 }
 
-/// One control plane with its controller manager.
-pub struct Cluster {
-    pub flavour: Flavour,
-    cp: Mutex<ControlPlane>,
-    kubeconfig: PathBuf,
+/// The control plane of `flavour` for this test binary, started on first use.
+pub fn shared(flavour: Flavour) -> anyhow::Result<Arc<Cluster>> {
+    Cluster::shared(flavour, start)
 }
 
 impl Cluster {
-    fn start(flavour: Flavour) -> anyhow::Result<Cluster> {
-        let tag = match flavour {
-            Flavour::Upstream => "sts-upstream",
-            Flavour::Kpr => "sts-kpr",
-        };
-        let opts = Options {
-            upstream_controllers: (flavour == Flavour::Upstream).then(|| CONTROLLERS.to_string()),
-            kwok_nodes: 1,
-            ..Options::minimal(controlplane::run_dir(tag))
-        };
-        let mut cp = ControlPlane::start(opts)?;
-        let kubeconfig = cp.admin_kubeconfig().to_path_buf();
-        if flavour == Flavour::Kpr {
-            let program = PathBuf::from(env!("CARGO_BIN_EXE_controller-manager"));
-            let args = vec![
-                "--kubeconfig".to_string(),
-                kubeconfig.display().to_string(),
-                "--controllers".to_string(),
-                CONTROLLERS.to_string(),
-            ];
-            let env = vec![(
-                "RUST_LOG".to_string(),
-                "info,controllers::statefulset=debug".to_string(),
-            )];
-            cp.spawn_in("controller-manager", &program, args, env, None)?;
-        }
-        Ok(Cluster {
-            flavour,
-            cp: Mutex::new(cp),
-            kubeconfig,
-        })
-    }
-
-    /// The control plane of `flavour` for this test binary, started on first use.
-    pub fn shared(flavour: Flavour) -> anyhow::Result<Arc<Cluster>> {
-        static UPSTREAM: OnceLock<Result<Arc<Cluster>, String>> = OnceLock::new();
-        static KPR: OnceLock<Result<Arc<Cluster>, String>> = OnceLock::new();
-        let cell = match flavour {
-            Flavour::Upstream => &UPSTREAM,
-            Flavour::Kpr => &KPR,
-        };
-        let started = tokio::task::block_in_place(|| {
-            cell.get_or_init(|| {
-                Cluster::start(flavour)
-                    .map(Arc::new)
-                    .map_err(|e| format!("{e:#}"))
-            })
-        });
-        match started {
-            Ok(c) => Ok(c.clone()),
-            Err(e) => bail!("starting the {flavour:?} control plane: {e}"),
-        }
-    }
-
-    fn cp(&self) -> std::sync::MutexGuard<'_, ControlPlane> {
-        self.cp.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The controller manager's log lines mentioning `needle` (a namespace).
     pub fn manager_log_about(&self, needle: &str) -> String {
-        let name = match self.flavour {
-            Flavour::Upstream => "kube-controller-manager",
-            Flavour::Kpr => "controller-manager",
-        };
-        let log = self.cp().log(name);
-        std::fs::read_to_string(&log)
+        std::fs::read_to_string(self.manager_log_path())
             .unwrap_or_default()
             .lines()
             .filter(|l| l.contains(needle))
             .collect::<Vec<_>>()
             .join("\n")
-    }
-
-    /// The last lines of the controller manager's log.
-    pub fn manager_log(&self) -> String {
-        let name = match self.flavour {
-            Flavour::Upstream => "kube-controller-manager",
-            Flavour::Kpr => "controller-manager",
-        };
-        let log = self.cp().log(name);
-        format!(
-            "last lines of {}:\n{}",
-            log.display(),
-            controlplane::process::tail(&log, 30)
-        )
     }
 }
 
@@ -354,7 +285,7 @@ const STREAMS: usize = 5;
 impl Run {
     /// A fresh namespace `<tag>-<n>` on the `flavour`'s control plane, watched.
     pub async fn new(flavour: Flavour, tag: &str) -> anyhow::Result<Run> {
-        let cluster = Cluster::shared(flavour)?;
+        let cluster = shared(flavour)?;
         let ns = tokio::task::block_in_place(|| cluster.cp().test_namespace(tag))?;
         let client = controlplane::client_from(&cluster.kubeconfig).await?;
         let state = Arc::new(Mutex::new(State::default()));
