@@ -21,7 +21,7 @@
 pub mod plan;
 pub mod schedule;
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::{CronJob, Job};
@@ -105,18 +105,8 @@ impl Controller {
             jobs: job_informer.cache(),
             queue: WorkQueue::new(QUEUE_NAME),
         });
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        cj_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_cron_job(old, new);
-            }
-        }));
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        job_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_job(old, new);
-            }
-        }));
+        cj_informer.on_change_of(&this, Controller::on_cron_job);
+        job_informer.on_change_of(&this, Controller::on_job);
         this
     }
 

@@ -33,7 +33,7 @@
 pub mod plan;
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
@@ -191,30 +191,10 @@ impl Controller {
                 plan::FAILED_POD_BACKOFF_MAX,
             )),
         });
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        ds_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_daemon_set(old, new);
-            }
-        }));
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        cr_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_revision(old, new);
-            }
-        }));
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        pod_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_pod(old, new);
-            }
-        }));
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        node_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_node(old, new);
-            }
-        }));
+        ds_informer.on_change_of(&this, Controller::on_daemon_set);
+        cr_informer.on_change_of(&this, Controller::on_revision);
+        pod_informer.on_change_of(&this, Controller::on_pod);
+        node_informer.on_change_of(&this, Controller::on_node);
         this
     }
 

@@ -31,7 +31,7 @@ pub mod plan;
 pub mod ttl;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
@@ -180,18 +180,8 @@ impl Controller {
             backoff: Mutex::default(),
             finished_jobs: Mutex::default(),
         });
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        job_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_job(old, new);
-            }
-        }));
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        pod_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_pod(old, new);
-            }
-        }));
+        job_informer.on_change_of(&this, Controller::on_job);
+        pod_informer.on_change_of(&this, Controller::on_pod);
         this
     }
 

@@ -28,7 +28,7 @@
 
 pub mod plan;
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
@@ -177,18 +177,8 @@ impl Controller {
             queue: WorkQueue::new(QUEUE_NAME),
             expectations: Expectations::new(),
         });
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        rs_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_replica_set(old, new);
-            }
-        }));
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        pod_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_pod(old, new);
-            }
-        }));
+        rs_informer.on_change_of(&this, Controller::on_replica_set);
+        pod_informer.on_change_of(&this, Controller::on_pod);
         this
     }
 

@@ -101,6 +101,9 @@ pub const CONTROLLER_UID: &str = "controller-uid";
 /// A handler: `(old, new)`; add = `(None, Some)`, update = `(Some, Some)`, delete = `(Some, None)`.
 pub type Handler<K> = Box<dyn Fn(Option<&Arc<K>>, Option<&Arc<K>>) + Send + Sync>;
 
+/// A controller's handler method, as [`Informer::on_change_of`] registers it.
+pub type HandlerMethod<C, K> = fn(&C, Option<&Arc<K>>, Option<&Arc<K>>);
+
 /// What a kind needs to be watched by an informer.
 pub trait Watched:
     Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
@@ -166,6 +169,22 @@ impl<K: Watched> Informer<K> {
     /// Registers a handler, called after the cache has applied each change.
     pub fn on_change(&self, handler: Handler<K>) {
         self.handlers.write().expect("handlers lock").push(handler);
+    }
+
+    /// Registers `handle` of a controller as a handler. The informer holds the controller only
+    /// weakly (handlers must not keep their controller alive), so once it is dropped the handler
+    /// does nothing.
+    pub fn on_change_of<C: Send + Sync + 'static>(
+        &self,
+        controller: &Arc<C>,
+        handle: HandlerMethod<C, K>,
+    ) {
+        let weak = Arc::downgrade(controller);
+        self.on_change(Box::new(move |old, new| {
+            if let Some(c) = weak.upgrade() {
+                handle(&c, old, new);
+            }
+        }));
     }
 
     /// Applies one watch event and runs the handlers on what it changed.

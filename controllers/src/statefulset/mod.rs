@@ -35,7 +35,7 @@
 pub mod plan;
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet, StatefulSetStatus};
@@ -155,18 +155,8 @@ impl Controller {
             queue: WorkQueue::new(QUEUE_NAME),
             expectations: Expectations::new(),
         });
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        set_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_set(old, new);
-            }
-        }));
-        let weak: Weak<Controller> = Arc::downgrade(&this);
-        pod_informer.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.on_pod(old, new);
-            }
-        }));
+        set_informer.on_change_of(&this, Controller::on_set);
+        pod_informer.on_change_of(&this, Controller::on_pod);
         this
     }
 
