@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use controlplane::{ControlPlane, Options};
@@ -101,5 +102,41 @@ impl Cluster {
             log.display(),
             controlplane::process::tail(&log, 30)
         )
+    }
+}
+
+/// Waits until `check` returns `Some` on the scenario's `state` (re-checked on every `changed`,
+/// at least every 250 ms), at most `wait`; the error shows the namespace as last seen
+/// (`describe`) and the manager's log.
+#[allow(clippy::too_many_arguments)]
+pub async fn wait_for<S, T>(
+    cluster: &Cluster,
+    ns: &str,
+    state: &Mutex<S>,
+    changed: &tokio::sync::watch::Sender<u64>,
+    wait: Duration,
+    what: &str,
+    describe: impl Fn(&S) -> String,
+    mut check: impl FnMut(&S) -> Option<T>,
+) -> anyhow::Result<T> {
+    let start = Instant::now();
+    let mut rx = changed.subscribe();
+    loop {
+        rx.borrow_and_update();
+        {
+            let s = state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = check(&s) {
+                return Ok(t);
+            }
+            if start.elapsed() > wait {
+                bail!(
+                    "[{:?}, namespace {ns}] timed out after {wait:?} waiting for {what}; last seen:\n{}{}",
+                    cluster.flavour,
+                    describe(&s),
+                    cluster.manager_log()
+                );
+            }
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(250), rx.changed()).await;
     }
 }

@@ -15,9 +15,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use controlplane::Options;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -358,29 +358,19 @@ impl Run {
     pub async fn wait_for<T>(
         &self,
         what: &str,
-        mut check: impl FnMut(&State) -> Option<T>,
+        check: impl FnMut(&State) -> Option<T>,
     ) -> anyhow::Result<T> {
-        let start = Instant::now();
-        let mut rx = self.changed.subscribe();
-        loop {
-            rx.borrow_and_update();
-            {
-                let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(t) = check(&s) {
-                    return Ok(t);
-                }
-                if start.elapsed() > WAIT {
-                    bail!(
-                        "[{:?}, namespace {}] timed out after {WAIT:?} waiting for {what}; last seen:\n{}{}",
-                        self.cluster.flavour,
-                        self.ns,
-                        s.describe(),
-                        self.cluster.manager_log()
-                    );
-                }
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(250), rx.changed()).await;
-        }
+        crate::flavoured::wait_for(
+            &self.cluster,
+            &self.ns,
+            &self.state,
+            &self.changed,
+            WAIT,
+            what,
+            State::describe,
+            check,
+        )
+        .await
     }
 
     /// The name of this scenario's node `i`.
