@@ -49,3 +49,35 @@ pub fn target_dir() -> PathBuf {
     let root = workspace_root();
     env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |dir| root.join(dir))
 }
+
+/// Free space, in bytes, on the filesystem holding `path` (for an unprivileged user: `df`'s
+/// "Avail"), or None when it cannot be asked. CI disks fill up; every report that could be
+/// explained by a full disk prints this.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: c_path is a valid NUL-terminated string and stat points to writable memory of the
+    // right type; statvfs fills it completely when it returns 0.
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it initialised the struct.
+    let stat = unsafe { stat.assume_init() };
+    Some(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+/// `free_bytes` of the target directory (or its nearest existing parent) as "12.3 GiB free".
+pub fn free_disk_summary() -> String {
+    let mut dir = target_dir();
+    while !dir.exists() {
+        if !dir.pop() {
+            break;
+        }
+    }
+    match free_bytes(&dir) {
+        Some(b) => format!("{:.1} GiB free", b as f64 / (1u64 << 30) as f64),
+        None => "free space unknown".into(),
+    }
+}

@@ -2,13 +2,14 @@
 //! Setup and build failures stop the run (nothing after them could pass); lint and test steps all
 //! run so one report shows every failure. The process exits non-zero if any step failed.
 
+use std::env;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use clap::Args;
 
 use crate::exec::Cmd;
-use crate::{setup, target_dir, workspace_root};
+use crate::{free_disk_summary, setup, target_dir, workspace_root};
 
 #[derive(Debug, Args)]
 pub struct TestArgs {
@@ -18,6 +19,13 @@ pub struct TestArgs {
 }
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
+    // Incremental caches are for editing, not for one build of everything: on a clean CI checkout
+    // they double what the workspace build writes to disk, and would be thrown away anyway.
+    // Whoever sets CARGO_INCREMENTAL keeps their choice.
+    if env::var_os("CARGO_INCREMENTAL").is_none() {
+        // Set before this process starts any thread or child.
+        env::set_var("CARGO_INCREMENTAL", "0");
+    }
     let mut summary = Summary::default();
     let root = workspace_root();
     // The suites run against the reference Kubernetes: setup builds it (cached after the first time).
@@ -100,7 +108,7 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
 /// What each step did, for the table printed at the end.
 #[derive(Default)]
 struct Summary {
-    steps: Vec<(&'static str, Duration, Result<(), String>)>,
+    steps: Vec<(&'static str, Duration, String, Result<(), String>)>,
 }
 
 impl Summary {
@@ -110,17 +118,19 @@ impl Summary {
         let start = Instant::now();
         let outcome = f().map_err(|e| format!("{e:#}"));
         let passed = outcome.is_ok();
-        self.steps.push((name, start.elapsed(), outcome));
+        // After each step: a step that fails on a full disk shows it in the table.
+        self.steps
+            .push((name, start.elapsed(), free_disk_summary(), outcome));
         passed
     }
 
     fn print(&self) {
         println!("\n==> summary");
-        for (name, took, outcome) in &self.steps {
+        for (name, took, disk, outcome) in &self.steps {
             let took = format!("{:.1}s", took.as_secs_f64());
             match outcome {
-                Ok(()) => println!("[pass] {name:<20} {took:>8}"),
-                Err(e) => println!("[FAIL] {name:<20} {took:>8}  {e}"),
+                Ok(()) => println!("[pass] {name:<20} {took:>8}  ({disk})"),
+                Err(e) => println!("[FAIL] {name:<20} {took:>8}  ({disk})  {e}"),
             }
         }
     }
@@ -129,8 +139,8 @@ impl Summary {
         let failed: Vec<&str> = self
             .steps
             .iter()
-            .filter(|(_, _, outcome)| outcome.is_err())
-            .map(|(name, _, _)| *name)
+            .filter(|(_, _, _, outcome)| outcome.is_err())
+            .map(|(name, _, _, _)| *name)
             .collect();
         if failed.is_empty() {
             println!("all {} steps passed", self.steps.len());

@@ -355,7 +355,7 @@ fn status(cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints what a failure needs explaining: the machine's load and free memory, and per cluster
+/// Prints what a failure needs explaining: the machine's load, free memory and disk, and per cluster
 /// process whether it runs, its CPU seconds and resident memory, and the last lines of its log.
 pub(crate) fn diagnose(cluster: &Cluster) {
     println!("==> cluster diagnosis");
@@ -366,6 +366,7 @@ pub(crate) fn diagnose(cluster: &Cluster) {
             println!("{line}");
         }
     }
+    println!("disk: {}", crate::free_disk_summary());
     let Ok(state) = read_state(cluster) else {
         println!("(no cluster state)");
         return;
