@@ -1,4 +1,4 @@
-//! The apps row (`cargo xtask bench --apps`): the Job, DaemonSet and StatefulSet controllers of
+//! The apps row (`cargo xtask bench --apps`): the Job, DaemonSet, StatefulSet and CronJob controllers of
 //! kpr's `controller-manager` next to kube-controller-manager's, on the same reference control
 //! plane as the workload controllers row ([`workload_controllers`]: etcd, kube-apiserver with
 //! the audit policy, kube-scheduler with its client limit lifted, kwok nodes whose Pods become
@@ -6,7 +6,8 @@
 //! complete every running Pod a Job owns).
 //!
 //! Workloads ([`Workload`]), each measured per controller manager started with only its
-//! controller (`--controllers=job`, `daemonset` or `statefulset`, the same names in both):
+//! controller (`--controllers=job`, `daemonset`, `statefulset` or `cronjob`, the same names in
+//! both):
 //! - jobs: N Jobs of C completions with parallelism P created at once; the clock runs until every
 //!   Job has the Complete condition.
 //! - daemonset: one DaemonSet over every kwok node (M); the clock runs until M Pods are updated
@@ -14,6 +15,11 @@
 //!   runs until M Pods are updated and available again.
 //! - statefulset: S StatefulSets of R replicas (OrderedReady) created at once; the clock runs
 //!   until every one has R ready replicas at one revision.
+//! - cronjobs: C CronJobs scheduled every minute, created just after a minute starts; the clock
+//!   runs from the next minute (their first scheduled time) until every one has created its Job
+//!   and recorded lastScheduleTime. No warm-up object: the controller has most of a minute to
+//!   sync before the first scheduled time, and a CronJob could not prove it sooner. `--quick`
+//!   leaves it out of the default workloads (it waits for a minute); naming it runs it.
 //!
 //! "Done" is what `kubectl rollout status` (or `kubectl wait --for=condition=Complete` for a Job)
 //! decides, seen through a watch. At full size every workload gets a fresh control plane and
@@ -37,7 +43,7 @@ use anyhow::{bail, Context as _};
 use controlplane::ControlPlane;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -58,6 +64,7 @@ pub const JOB_COMPLETIONS: usize = 5;
 pub const DAEMONSET_NODES: usize = 1_000;
 pub const STATEFULSETS: usize = 100;
 pub const STATEFULSET_REPLICAS: usize = 3;
+pub const CRONJOBS: usize = 1_000;
 /// `--quick`: a smoke of each workload.
 const QUICK: Sizes = Sizes {
     jobs: 3,
@@ -66,6 +73,7 @@ const QUICK: Sizes = Sizes {
     daemonset_nodes: 3,
     statefulsets: 2,
     statefulset_replicas: 2,
+    cronjobs: 2,
 };
 /// The DaemonSet's rolling update's maxUnavailable.
 const DAEMONSET_MAX_UNAVAILABLE: &str = "10%";
@@ -85,6 +93,7 @@ pub struct Sizes {
     pub daemonset_nodes: usize,
     pub statefulsets: usize,
     pub statefulset_replicas: usize,
+    pub cronjobs: usize,
 }
 
 impl Sizes {
@@ -100,6 +109,7 @@ impl Sizes {
             daemonset_nodes: args.daemonset_nodes,
             statefulsets: args.statefulsets,
             statefulset_replicas: args.statefulset_replicas,
+            cronjobs: args.cronjobs,
         };
         for (flag, v) in [
             ("--jobs", sizes.jobs),
@@ -108,6 +118,7 @@ impl Sizes {
             ("--daemonset-nodes", sizes.daemonset_nodes),
             ("--statefulsets", sizes.statefulsets),
             ("--statefulset-replicas", sizes.statefulset_replicas),
+            ("--cronjobs", sizes.cronjobs),
         ] {
             if v == 0 {
                 bail!("{flag} 0: must be at least 1");
@@ -123,17 +134,19 @@ pub enum Workload {
     Jobs,
     DaemonSet,
     StatefulSet,
+    CronJobs,
 }
 
 impl Workload {
     /// `--apps-workloads` values, in the order they run by default.
-    pub const NAMES: &[&str] = &["jobs", "daemonset", "statefulset"];
+    pub const NAMES: &[&str] = &["jobs", "daemonset", "statefulset", "cronjobs"];
 
     pub fn parse(name: &str) -> anyhow::Result<Workload> {
         match name.trim() {
             "jobs" | "job" => Ok(Workload::Jobs),
             "daemonset" | "daemonsets" => Ok(Workload::DaemonSet),
             "statefulset" | "statefulsets" => Ok(Workload::StatefulSet),
+            "cronjobs" | "cronjob" => Ok(Workload::CronJobs),
             other => bail!(
                 "--apps-workloads: unknown workload {other:?} (known: {})",
                 Workload::NAMES.join(", ")
@@ -146,6 +159,7 @@ impl Workload {
             Workload::Jobs => "jobs",
             Workload::DaemonSet => "daemonset",
             Workload::StatefulSet => "statefulset",
+            Workload::CronJobs => "cronjobs",
         }
     }
 
@@ -155,6 +169,7 @@ impl Workload {
             Workload::Jobs => "job",
             Workload::DaemonSet => "daemonset",
             Workload::StatefulSet => "statefulset",
+            Workload::CronJobs => "cronjob",
         }
     }
 
@@ -173,6 +188,11 @@ impl Workload {
                 "{} StatefulSets x {} replicas (OrderedReady)",
                 z.statefulsets, z.statefulset_replicas
             ),
+            Workload::CronJobs => format!(
+                "{} CronJobs every minute; done: seconds from the scheduled minute to every Job \
+                 created",
+                z.cronjobs
+            ),
         }
     }
 
@@ -185,6 +205,8 @@ impl Workload {
             Workload::StatefulSet => {
                 (z.statefulsets * z.statefulset_replicas).div_ceil(PODS_PER_NODE_PLANNED)
             }
+            // Its Jobs are not run: no Job controller is started.
+            Workload::CronJobs => 1,
         }
         .max(1)
     }
@@ -195,6 +217,7 @@ impl Workload {
             Workload::Jobs => z.jobs * z.job_completions,
             Workload::DaemonSet => 2 * z.daemonset_nodes,
             Workload::StatefulSet => z.statefulsets * z.statefulset_replicas,
+            Workload::CronJobs => 0,
         }
     }
 }
@@ -224,6 +247,12 @@ impl Plan {
         if workloads.is_empty() || managers.is_empty() {
             bail!("--apps-workloads and --apps-managers must each name at least one");
         }
+        let mut workloads = workloads;
+        let defaults = args.apps_workloads.join(",") == Workload::NAMES.join(",");
+        if args.quick && defaults {
+            // A smoke must not wait for a minute to start.
+            workloads.retain(|&w| w != Workload::CronJobs);
+        }
         Ok(Plan {
             sizes: Sizes::from_args(args)?,
             workloads,
@@ -246,17 +275,18 @@ pub fn command(args: &BenchArgs, plan: &Plan) -> String {
         write!(
             command,
             " --jobs {} --job-completions {} --job-parallelism {} --daemonset-nodes {} \
-             --statefulsets {} --statefulset-replicas {}",
+             --statefulsets {} --statefulset-replicas {} --cronjobs {}",
             z.jobs,
             z.job_completions,
             z.job_parallelism,
             z.daemonset_nodes,
             z.statefulsets,
-            z.statefulset_replicas
+            z.statefulset_replicas,
+            z.cronjobs
         )
         .unwrap();
     }
-    if plan.workloads.len() != Workload::NAMES.len() {
+    if args.apps_workloads.len() != Workload::NAMES.len() {
         write!(
             command,
             " --apps-workloads {}",
@@ -409,9 +439,10 @@ fn session(
             return runs;
         }
     };
-    for r in &mut runs {
+    for (r, w) in runs.iter_mut().zip(workloads) {
         r.flags.clone_from(&s.flags);
-        r.ready_seconds = Some(s.ready_seconds);
+        // A CronJob has no warm-up: its row has no readiness to show.
+        r.ready_seconds = (*w != Workload::CronJobs).then_some(s.ready_seconds);
     }
     let mut windows = Vec::new();
     for (i, &w) in workloads.iter().enumerate() {
@@ -500,6 +531,8 @@ impl Session {
                     Workload::StatefulSet => {
                         warm_up(Api::namespaced(client, &ns), statefulset("warmup", 1), 1).await
                     }
+                    // Nothing a CronJob does can be seen before a minute starts.
+                    Workload::CronJobs => Ok(()),
                 }
                 .with_context(|| format!("the {} warm-up", w.tag()))
             }
@@ -581,10 +614,59 @@ impl Session {
                 let api = Api::namespaced(self.client.clone(), &ns);
                 self.phases(rt, api, objects, z.statefulset_replicas, timeout, run, None)
             }
+            Workload::CronJobs => self.cronjobs(rt, &ns, z.cronjobs, timeout, run),
         };
         let window = result.map_err(|e| self.explain(rt, e, &ns))?;
         let memory = vm_hwm_kib(self.pid)? as f64 / 1024.0;
         run.peak_memory_mib = Some(memory);
+        Ok(window)
+    }
+
+    /// The CronJobs, created once a minute has just started; the phase's time is counted from
+    /// the next minute, their first scheduled time. Fails when any was first scheduled later
+    /// (created after that minute started: too many to create in time).
+    fn cronjobs(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        ns: &str,
+        n: usize,
+        timeout: Duration,
+        run: &mut AppsRun,
+    ) -> anyhow::Result<[Timestamp; 3]> {
+        let scheduled = rt.block_on(minute_just_started());
+        let objects = (0..n).map(|i| cronjob(&format!("c-{i}"))).collect();
+        let api: Api<CronJob> = Api::namespaced(self.client.clone(), ns);
+        let window = self.phases(rt, api.clone(), objects, 1, timeout, run, None)?;
+        let late: Vec<String> = rt
+            .block_on(api.list(&Default::default()))?
+            .items
+            .iter()
+            .filter(|c| {
+                let last = c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.last_schedule_time.as_ref());
+                last.map(|t| t.0) != Some(scheduled)
+            })
+            .map(|c| c.metadata.name.clone().unwrap_or_default())
+            .collect();
+        if !late.is_empty() {
+            bail!(
+                "{} of {n} CronJobs were not first scheduled at {scheduled} (e.g. {}): creating \
+                 them took past that minute; use fewer --cronjobs",
+                late.len(),
+                late[0]
+            );
+        }
+        let waited = scheduled.duration_since(window[0]).as_secs_f64();
+        if let Some(p) = run.phases.first_mut() {
+            p.seconds -= waited;
+        }
+        println!(
+            "  {}: cronjobs: every Job created {:.2} s after the scheduled minute",
+            self.manager.name(),
+            run.phases.first().map_or(0.0, |p| p.seconds)
+        );
         Ok(window)
     }
 
@@ -768,6 +850,32 @@ impl Tracked for StatefulSet {
     }
 }
 
+impl Tracked for CronJob {
+    const FIRST_PHASE: &'static str = "every Job created";
+
+    /// Its first scheduled time has come: a Job was created for it and recorded.
+    fn done(&self, _target: i64, _expected: i32) -> bool {
+        self.status
+            .as_ref()
+            .is_some_and(|s| s.last_schedule_time.is_some())
+    }
+}
+
+/// Waits until a minute has just started (at least a second ago, so that clocks a little apart
+/// agree on which minute it is) and returns the next minute: the first scheduled time of an
+/// every-minute CronJob created now.
+async fn minute_just_started() -> Timestamp {
+    let now = Timestamp::now();
+    let into_minute = now.as_second().rem_euclid(60);
+    if into_minute > 5 {
+        let wait = 61 - into_minute;
+        println!("  waiting {wait} s for a minute to start");
+        tokio::time::sleep(Duration::from_secs(wait as u64)).await;
+    }
+    let now = Timestamp::now().as_second();
+    Timestamp::from_second(now - now.rem_euclid(60) + 60).expect("a time in range")
+}
+
 /// How many tracked objects are done at the target generation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Progress {
@@ -889,6 +997,24 @@ fn daemonset(name: &str) -> DaemonSet {
         },
     }))
     .expect("a valid DaemonSet")
+}
+
+/// A CronJob every minute (Allow); no Job controller runs, so its Jobs only need creating.
+fn cronjob(name: &str) -> CronJob {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "schedule": "* * * * *",
+            "jobTemplate": {"spec": {"template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": IMAGE}],
+                },
+            }}},
+        },
+    }))
+    .expect("a valid CronJob")
 }
 
 /// A StatefulSet of `replicas`, OrderedReady (the default), no volume claims.
@@ -1146,6 +1272,7 @@ mod tests {
             daemonset_nodes: 1_000,
             statefulsets: 100,
             statefulset_replicas: 3,
+            cronjobs: 1_000,
         };
         let cases = [
             ("Jobs: every completion's Pod is kept", Workload::Jobs, 50),
@@ -1155,7 +1282,12 @@ mod tests {
         for (name, w, want) in cases {
             assert_eq!(w.nodes(&z), want, "{name}");
         }
-        for w in [Workload::Jobs, Workload::DaemonSet, Workload::StatefulSet] {
+        for w in [
+            Workload::Jobs,
+            Workload::DaemonSet,
+            Workload::StatefulSet,
+            Workload::CronJobs,
+        ] {
             assert!(w.nodes(&QUICK) >= 1, "{w:?} quick");
             assert!(
                 w.nodes(&QUICK) * wc::PODS_PER_NODE >= w.pods(&QUICK),
@@ -1165,17 +1297,57 @@ mod tests {
     }
 
     #[test]
+    fn a_cronjob_is_done_once_its_first_schedule_is_recorded() {
+        let cj = |status: serde_json::Value| {
+            serde_json::from_value::<CronJob>(json!({"metadata": {"name": "c"},
+                "spec": {"schedule": "* * * * *", "jobTemplate": {}}, "status": status}))
+            .unwrap()
+        };
+        let scheduled = cj(json!({"lastScheduleTime": "2026-11-26T07:01:00Z"}));
+        assert!(scheduled.done(1, 1), "lastScheduleTime recorded");
+        assert!(!cj(json!({})).done(1, 1), "never scheduled yet");
+        assert!(!cronjob("c").done(1, 1), "as created");
+    }
+
+    #[test]
+    fn quick_leaves_the_cronjobs_out_of_the_defaults_only() {
+        use clap::Parser as _;
+        let plan = |args: &[&str]| {
+            let args = BenchArgs::try_parse_from([&["kpr-bench"], args].concat()).unwrap();
+            Plan::from_args(&args).unwrap().workloads
+        };
+        let all = [
+            Workload::Jobs,
+            Workload::DaemonSet,
+            Workload::StatefulSet,
+            Workload::CronJobs,
+        ];
+        assert_eq!(plan(&["--apps"]), all, "a full run has every workload");
+        assert_eq!(
+            plan(&["--quick"]),
+            all[..3],
+            "the smoke waits for no minute"
+        );
+        assert_eq!(
+            plan(&["--quick", "--apps-workloads", "cronjobs"]),
+            [Workload::CronJobs],
+            "named, it runs"
+        );
+    }
+
+    #[test]
     fn workload_names_parse_and_unknown_ones_are_named() {
         for (name, want) in [
             ("jobs", Workload::Jobs),
             (" daemonset", Workload::DaemonSet),
             ("statefulsets", Workload::StatefulSet),
+            ("cronjob", Workload::CronJobs),
         ] {
             assert_eq!(Workload::parse(name).unwrap(), want, "{name}");
         }
-        let e = Workload::parse("cronjob").unwrap_err().to_string();
+        let e = Workload::parse("replicaset").unwrap_err().to_string();
         assert!(
-            e.contains("\"cronjob\"") && e.contains("jobs, daemonset"),
+            e.contains("\"replicaset\"") && e.contains("jobs, daemonset"),
             "{e}"
         );
     }

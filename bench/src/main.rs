@@ -139,7 +139,7 @@ pub struct BenchArgs {
     /// Schedulers the scheduler benchmark measures, in order: kpr, upstream (kube-scheduler).
     #[arg(long, value_delimiter = ',', default_value = "kpr,upstream")]
     pub schedulers: Vec<String>,
-    /// Only the apps benchmark: kpr's Job, DaemonSet and StatefulSet controllers next to
+    /// Only the apps benchmark: kpr's Job, DaemonSet, StatefulSet and CronJob controllers next to
     /// kube-controller-manager's, on the reference control plane with kwok nodes (with --quick, a
     /// smoke size). Outputs target/bench/apps.{json,md}.
     #[arg(long, conflicts_with_all = ["only_control_plane", "controllers", "scheduler", "no_apps"])]
@@ -147,11 +147,12 @@ pub struct BenchArgs {
     /// Skip the apps smoke that --quick runs.
     #[arg(long)]
     pub no_apps: bool,
-    /// Apps benchmark workloads: jobs, daemonset, statefulset.
+    /// Apps benchmark workloads: jobs, daemonset, statefulset, cronjobs (--quick leaves cronjobs
+    /// out unless named: it waits for a minute to start).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "jobs,daemonset,statefulset"
+        default_value = "jobs,daemonset,statefulset,cronjobs"
     )]
     pub apps_workloads: Vec<String>,
     /// Controller managers the apps benchmark measures, in order (as --managers).
@@ -175,6 +176,9 @@ pub struct BenchArgs {
     /// Replicas of each of those StatefulSets.
     #[arg(long, default_value_t = apps_bench::STATEFULSET_REPLICAS)]
     pub statefulset_replicas: usize,
+    /// Every-minute CronJobs the apps benchmark creates.
+    #[arg(long, default_value_t = apps_bench::CRONJOBS)]
+    pub cronjobs: usize,
 }
 
 /// The control-plane row's default size: every Service, Pod and status goes through the real

@@ -522,9 +522,13 @@ impl Controller {
         let (current, old) = self.construct_history(&ds, &selector).await?;
         let hash = plan::revision_hash_label(&current);
         let eligibility = Eligibility::of(&ds);
+        // Asked before the Pods are read, as upstream does: expectations met now mean every Pod
+        // this DaemonSet created is already in the cache; asked after, they could have been met
+        // by Pods that arrived after the read, and manage would create them a second time.
+        let satisfied = self.expectations.satisfied(key);
         let claimed = self.claim_pods(&ds, &selector).await?;
 
-        if !self.expectations.satisfied(key) {
+        if !satisfied {
             // Only the status; observedGeneration stays, this generation was not acted on.
             let pods = self.daemon_pods(&ds, &selector, &claimed);
             return self
