@@ -28,6 +28,7 @@ pub mod leader;
 pub mod manager;
 pub mod podutil;
 pub mod process;
+pub mod ratelimit;
 pub mod replicaset;
 pub mod runtime;
 pub mod scheduler;

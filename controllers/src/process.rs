@@ -29,8 +29,12 @@ pub async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<()> {
         .with_context(|| format!("serving metrics on {addr}"))
 }
 
-/// The client of `kubeconfig`, or of the environment (in-cluster, `KUBECONFIG`, ~/.kube/config).
-pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+/// The client of `kubeconfig`, or of the environment (in-cluster, `KUBECONFIG`, ~/.kube/config),
+/// with every request held to `limit`.
+pub async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    limit: crate::ratelimit::ClientLimit,
+) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -43,7 +47,12 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube
             .await
             .context("inferring the Kubernetes client configuration")?,
     };
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    let builder =
+        kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
+    Ok(match limit.layer() {
+        Some(layer) => builder.with_layer(&layer).build(),
+        None => builder.build(),
+    })
 }
 
 /// The leader election identity: the host name and the process id.

@@ -1,7 +1,8 @@
 //! The `controller-manager` binary against the reference kube-apiserver (etcd behind it, TLS,
 //! RBAC; one control plane for this test binary): two processes with `--leader-elect`, one leads
 //! (the `kpr-controller-manager` Lease in kube-system) and writes EndpointSlices; killing it hands
-//! the Lease to the other; SIGTERM makes the leader release the Lease and exit cleanly.
+//! the Lease to the other (which runs with `--kube-api-qps`); SIGTERM makes the leader release the
+//! Lease and exit cleanly.
 //!
 //! The processes use the admin kubeconfig; running under the ServiceAccount and RBAC of
 //! deploy/controller-manager.yaml is `tests/tests/controller_manager_rbac.rs` (kpr-tests). The
@@ -21,7 +22,7 @@ use tokio::process::{Child, Command};
 /// How long any one expected state may take to appear.
 const WAIT: Duration = Duration::from_secs(60);
 
-fn spawn(kubeconfig: &Path, identity: &str) -> Child {
+fn spawn(kubeconfig: &Path, identity: &str, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_controller-manager"))
         .args([
             "--kubeconfig",
@@ -44,6 +45,7 @@ fn spawn(kubeconfig: &Path, identity: &str) -> Child {
             "--leader-elect-retry-period",
             "200ms",
         ])
+        .args(extra)
         .kill_on_drop(true)
         .spawn()
         .expect("spawning controller-manager")
@@ -121,12 +123,18 @@ async fn two_binaries_elect_one_leader_and_fail_over() {
     let client = cp.client().await.unwrap();
     let kubeconfig = cp.admin_kubeconfig();
 
-    let mut a = spawn(kubeconfig, "cm-a");
+    let mut a = spawn(kubeconfig, "cm-a", &[]);
     wait_for("cm-a to lead", || async {
         holder(&client).await.as_deref() == Some("cm-a")
     })
     .await;
-    let mut b = spawn(kubeconfig, "cm-b");
+    // The second runs with a client rate limit: its leader election and controllers work
+    // through it as they do without one.
+    let mut b = spawn(
+        kubeconfig,
+        "cm-b",
+        &["--kube-api-qps", "50", "--kube-api-burst", "10"],
+    );
     service_with_pod(&client, &ns, "first", "10.1.0.1").await;
     wait_for("an EndpointSlice written by the leader", || {
         has_endpoint(&client, &ns, "first", "10.1.0.1")

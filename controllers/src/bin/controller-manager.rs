@@ -10,7 +10,8 @@ use controllers::leader::{self, LeaderConfig};
 use controllers::manager::{self, ManagerConfig};
 
 /// Runs kpr's controllers (garbage collector, EndpointSlice, Endpoints, ReplicaSet, Deployment,
-/// LoadBalancer IPAM) against a Kubernetes API server.
+/// StatefulSet, DaemonSet, Job, CronJob, TTL after finished, LoadBalancer IPAM) against a
+/// Kubernetes API server.
 #[derive(Debug, Parser)]
 #[command(name = "controller-manager", version)]
 struct Args {
@@ -19,8 +20,8 @@ struct Args {
     kubeconfig: Option<PathBuf>,
     /// Controllers to run, as kube-controller-manager takes them: `*` turns on every controller
     /// that is on by default, `name` turns one on, `-name` turns one off. Names: garbagecollector,
-    /// endpointslice, endpoints, replicaset, deployment, lb-ipam (on by default only with
-    /// --lb-pool).
+    /// endpointslice, endpoints, replicaset, deployment, statefulset, daemonset, job, cronjob,
+    /// ttl-after-finished, lb-ipam (on by default only with --lb-pool).
     #[arg(long, default_value = "*")]
     controllers: String,
     /// LoadBalancer address pool: a CIDR (10.0.0.0/24) or a range (10.0.0.10-10.0.0.20).
@@ -82,6 +83,14 @@ struct Args {
     /// by default); `--watch-list=false` lists then watches, for API servers without them.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     watch_list: bool,
+    /// Requests a second to the API server, on average, from every controller together
+    /// (kube-controller-manager's flag; its default is 20). 0 or below: no client-side limit,
+    /// the default here, leaving the API server's priority and fairness to protect it.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    kube_api_qps: f32,
+    /// Requests allowed at once after a quiet spell, with --kube-api-qps.
+    #[arg(long, default_value_t = 30)]
+    kube_api_burst: u32,
 }
 
 use controllers::process::{client, identity, serve_metrics};
@@ -109,7 +118,11 @@ async fn main() -> anyhow::Result<()> {
         )
     });
     controllers::runtime::informer::set_watch_list(args.watch_list);
-    let client = client(args.kubeconfig.as_deref()).await?;
+    let limit = controllers::ratelimit::ClientLimit {
+        qps: args.kube_api_qps,
+        burst: args.kube_api_burst,
+    };
+    let client = client(args.kubeconfig.as_deref(), limit).await?;
     let cfg = ManagerConfig {
         controllers,
         lb_pool: args.lb_pool,

@@ -79,7 +79,11 @@ async fn main() -> anyhow::Result<()> {
         }
         None => KubeSchedulerConfiguration::default(),
     };
-    let client = client(args.kubeconfig.as_deref()).await?;
+    let limit = file.client_limit().map_err(|e| match &args.config {
+        Some(p) => anyhow::anyhow!("--config {}: {e}", p.display()),
+        None => anyhow::anyhow!("default configuration: {e}"),
+    })?;
+    let client = client(args.kubeconfig.as_deref(), limit).await?;
     let informers = Informers::new(client.clone());
     let ctx = BuildContext {
         objects: Arc::new(InformerObjects::new(&informers)),

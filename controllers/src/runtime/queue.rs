@@ -79,11 +79,16 @@ pub struct Bucket {
 impl Bucket {
     /// A full bucket.
     pub fn new(qps: f64, burst: u32) -> Self {
+        Self::full_at(qps, burst, Instant::now())
+    }
+
+    /// A bucket full at `now` (a clock other than the system's, e.g. tokio's).
+    pub fn full_at(qps: f64, burst: u32, now: Instant) -> Self {
         Self {
             qps,
             burst: burst as f64,
             tokens: burst as f64,
-            last: Instant::now(),
+            last: now,
         }
     }
 

@@ -5,9 +5,11 @@
 //!   point and `multiPoint` (enabled with weights, disabled, `*`), `pluginConfig[]` args by plugin
 //!   name, `percentageOfNodesToScore`;
 //! - top level: `parallelism`, `percentageOfNodesToScore`, `podInitialBackoffSeconds`,
-//!   `podMaxBackoffSeconds`, `leaderElection`; fields kube-scheduler has that this scheduler has
-//!   no use for (clientConnection, profiling, ...) are accepted and ignored; `extenders` must be
-//!   empty (not supported).
+//!   `podMaxBackoffSeconds`, `leaderElection`, `clientConnection.qps` and `burst` (the client's
+//!   request rate limit; without a qps there is none, where kube-scheduler defaults to 50/s);
+//!   fields kube-scheduler has that this scheduler has no use for (the rest of
+//!   clientConnection, profiling, ...) are accepted and ignored; `extenders` must be empty (not
+//!   supported).
 //! - Each profile's plugins are the defaults merged with the profile's sets (upstream's
 //!   mergePlugins), then `multiPoint` expanded into every point a plugin implements (upstream's
 //!   expandMultiPointPlugins: explicitly configured plugins first, then multiPoint ones, then the
@@ -28,6 +30,7 @@ use super::framework_runner::Framework;
 use super::plugins::unsupported_volumes::NOT_BUILT;
 use super::queue::Backoff;
 use super::registry::{BuildContext, Built, Point, Registry, DEFAULT_MULTI_POINT};
+use crate::ratelimit::ClientLimit;
 
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
 pub const API_VERSION: &str = "kubescheduler.config.k8s.io/v1";
@@ -167,9 +170,10 @@ pub struct KubeSchedulerConfiguration {
     pub leader_election: Option<LeaderElectionConfig>,
     #[serde(default)]
     pub extenders: Vec<Value>,
-    // Accepted for compatibility with kube-scheduler's files; nothing here uses them.
+    /// Only `qps` and `burst` are used ([`KubeSchedulerConfiguration::client_limit`]).
     #[serde(default)]
     pub client_connection: Option<Value>,
+    // Accepted for compatibility with kube-scheduler's files; nothing here uses them.
     #[serde(default)]
     pub enable_profiling: Option<bool>,
     #[serde(default)]
@@ -180,6 +184,29 @@ pub struct KubeSchedulerConfiguration {
     pub healthz_bind_address: Option<String>,
     #[serde(default)]
     pub metrics_bind_address: Option<String>,
+}
+
+impl KubeSchedulerConfiguration {
+    /// `clientConnection.qps` and `burst` (default 100, kube-scheduler's) as the client's rate
+    /// limit; no qps, or one of 0 or below, is no limit.
+    pub fn client_limit(&self) -> Result<ClientLimit, String> {
+        let field = |name: &str| self.client_connection.as_ref().and_then(|c| c.get(name));
+        let qps = match field("qps") {
+            None | Some(Value::Null) => 0.0,
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| format!("clientConnection.qps: {v} is not a number"))?
+                as f32,
+        };
+        let burst = match field("burst") {
+            None | Some(Value::Null) => 100,
+            Some(v) => v
+                .as_u64()
+                .and_then(|b| u32::try_from(b).ok())
+                .ok_or_else(|| format!("clientConnection.burst: {v} is not a count"))?,
+        };
+        Ok(ClientLimit { qps, burst })
+    }
 }
 
 /// The configuration this scheduler runs with.

@@ -203,4 +203,27 @@ fn top_level_settings_are_read() {
     assert_eq!(c.percentage_of_nodes_to_score, 30);
     assert_eq!(c.backoff.initial.as_secs(), 2);
     assert_eq!(c.backoff.max.as_secs(), 20);
+    let limit = cfg.client_limit().unwrap();
+    assert_eq!(
+        (limit.qps, limit.burst),
+        (50.0, 100),
+        "burst defaults as upstream's"
+    );
+}
+
+#[test]
+fn client_connection_limits_the_client_and_bad_values_are_named() {
+    let limit = |yaml: &str| parse(yaml).unwrap().client_limit();
+    let none = limit("{}").unwrap();
+    assert!(none.layer().is_none(), "no qps: no limit");
+    let set = limit("clientConnection:\n  qps: 200\n  burst: 400\n").unwrap();
+    assert_eq!((set.qps, set.burst), (200.0, 400));
+    assert!(limit("clientConnection:\n  qps: -1\n")
+        .unwrap()
+        .layer()
+        .is_none());
+    let e = limit("clientConnection:\n  qps: fast\n").unwrap_err();
+    assert!(e.contains("clientConnection.qps"), "{e}");
+    let e = limit("clientConnection:\n  qps: 5\n  burst: -3\n").unwrap_err();
+    assert!(e.contains("clientConnection.burst"), "{e}");
 }
