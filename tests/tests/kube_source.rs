@@ -126,7 +126,17 @@ impl Fixture {
             match tokio::time::timeout(left, self.rx.recv()).await {
                 Ok(Some(ev)) => self.apply(ev),
                 Ok(None) => panic!("{what}: the source stopped"),
-                Err(_) => panic!("{what}: not reached within {WAIT:?}"),
+                Err(_) => panic!(
+                    "{what}: not reached within {WAIT:?} (the source task {}; {} Services known, \
+                     synced {})",
+                    if self.task.is_finished() {
+                        "ended"
+                    } else {
+                        "still runs"
+                    },
+                    self.service_count(),
+                    self.synced
+                ),
             }
         }
     }
