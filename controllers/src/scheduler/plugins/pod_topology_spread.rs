@@ -181,6 +181,7 @@ pub struct PodTopologySpread {
     system_defaulted: bool,
     objects: Arc<dyn ClusterObjects>,
     memo: CountMemo,
+    domains: DomainMemo,
 }
 
 impl PodTopologySpread {
@@ -202,6 +203,7 @@ impl PodTopologySpread {
             system_defaulted,
             objects,
             memo: CountMemo::default(),
+            domains: DomainMemo::default(),
         })
     }
 }
@@ -399,6 +401,71 @@ fn memo_count(
     let count = count_matching(&node.pods, selector, ns);
     memo[i] = (Arc::downgrade(node), count);
     count
+}
+
+/// Per topology key: each snapshot position's Node object and its domain (the key's value,
+/// interned), so that a cycle reads the labels only of Nodes that changed since the previous
+/// cycle, and sums per domain in a vector instead of hashing every node's value. The same weak
+/// reference argument as [`CountMemo`] makes a remembered domain belong to that very object.
+#[derive(Default)]
+struct DomainMemo(Mutex<HashMap<String, Domains>>);
+
+/// Topology keys remembered at most; past that the memo starts over.
+const MEMO_KEYS: usize = 16;
+
+#[derive(Default)]
+struct Domains {
+    nodes: Vec<(Weak<Node>, Option<u32>)>,
+    values: Vec<String>,
+    index: HashMap<String, u32>,
+}
+
+impl Domains {
+    /// The domain of the Node at snapshot position `pos` for `key`; None when it lacks the label.
+    fn of(&mut self, pos: usize, node: &Arc<Node>, key: &str) -> Option<u32> {
+        if self.nodes.len() <= pos {
+            self.nodes.resize(pos + 1, (Weak::new(), None));
+        }
+        let (weak, domain) = &self.nodes[pos];
+        if std::ptr::eq(weak.as_ptr(), Arc::as_ptr(node)) {
+            return *domain;
+        }
+        let domain =
+            node_labels(node)
+                .and_then(|l| l.get(key))
+                .map(|value| match self.index.get(value) {
+                    Some(&d) => d,
+                    None => {
+                        let d = self.values.len() as u32;
+                        self.values.push(value.clone());
+                        self.index.insert(value.clone(), d);
+                        d
+                    }
+                });
+        self.nodes[pos] = (Arc::downgrade(node), domain);
+        domain
+    }
+}
+
+impl DomainMemo {
+    fn take(&self, key: &str, nodes: usize) -> Domains {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let d = map.remove(key).unwrap_or_default();
+        // Values of Nodes long gone (e.g. hostnames) are forgotten now and then.
+        if d.values.len() > 2 * nodes + 64 {
+            Domains::default()
+        } else {
+            d
+        }
+    }
+
+    fn put(&self, key: String, domains: Domains) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MEMO_KEYS {
+            map.clear();
+        }
+        map.insert(key, domains);
+    }
 }
 
 fn count_matching(pods: &[PodInfo], selector: &PodSelector, ns: &str) -> i64 {
@@ -620,45 +687,58 @@ impl PreFilterPlugin for PodTopologySpread {
         }
         let required = RequiredNodeAffinity::from_pod(pod);
         let ns = namespace_of(pod);
-        let mut counts: Vec<HashMap<String, i64>> = constraints
-            .iter()
-            .map(|c| {
-                if c.topology_key == LABEL_HOSTNAME {
-                    HashMap::with_capacity(snapshot.nodes.len())
-                } else {
-                    HashMap::new()
-                }
-            })
-            .collect();
         let (keys, slot) = CountMemo::keys(&constraints, ns);
         let mut memos: Vec<_> = keys.iter().map(|k| self.memo.take(k)).collect();
-        for (pos, info) in snapshot.nodes.iter().enumerate() {
-            let Some(node) = info.node.as_deref() else {
+        // Per constraint: its key's domains (a second constraint on the same key, which
+        // validation forbids, would start from an empty memo: slower, not wrong), and per domain
+        // the matching Pods and whether any node of it counts.
+        let n = snapshot.nodes.len();
+        let mut domains: Vec<Domains> = constraints
+            .iter()
+            .map(|c| self.domains.take(&c.topology_key, n))
+            .collect();
+        let mut sums: Vec<Vec<(i64, bool)>> = vec![Vec::new(); constraints.len()];
+        let mut node_domains: Vec<u32> = vec![0; constraints.len()];
+        'nodes: for (pos, info) in snapshot.nodes.iter().enumerate() {
+            let Some(node) = info.node.as_ref() else {
                 continue;
             };
-            if !node_has_all_keys(node, &constraints) {
-                continue;
+            // `nodeHasAllKeys`: a node without every constraint's key counts for none.
+            for (i, c) in constraints.iter().enumerate() {
+                match domains[i].of(pos, node, &c.topology_key) {
+                    Some(d) => node_domains[i] = d,
+                    None => continue 'nodes,
+                }
             }
-            let labels = node_labels(node);
             for (i, c) in constraints.iter().enumerate() {
                 if !c.includes_node(pod, node, &required) {
                     continue;
                 }
-                let value = labels
-                    .and_then(|l| l.get(&c.topology_key))
-                    .map(String::as_str)
-                    .unwrap_or_default();
-                let n = memo_count(&mut memos[slot[i]], pos, info, &c.selector, ns);
-                match counts[i].get_mut(value) {
-                    Some(v) => *v += n,
-                    None => {
-                        counts[i].insert(value.to_string(), n);
-                    }
+                let count = memo_count(&mut memos[slot[i]], pos, info, &c.selector, ns);
+                let d = node_domains[i] as usize;
+                if sums[i].len() <= d {
+                    sums[i].resize(d + 1, (0, false));
                 }
+                sums[i][d].0 += count;
+                sums[i][d].1 = true;
             }
         }
+        let counts: Vec<HashMap<String, i64>> = sums
+            .iter()
+            .zip(&domains)
+            .map(|(sum, dom)| {
+                sum.iter()
+                    .enumerate()
+                    .filter(|(_, (_, seen))| *seen)
+                    .map(|(d, (count, _))| (dom.values[d].clone(), *count))
+                    .collect()
+            })
+            .collect();
         for (k, m) in keys.into_iter().zip(memos) {
             self.memo.put(k, m);
+        }
+        for (c, d) in constraints.iter().zip(domains) {
+            self.domains.put(c.topology_key.clone(), d);
         }
         let critical_paths = counts
             .iter()
