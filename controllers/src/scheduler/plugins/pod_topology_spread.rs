@@ -333,53 +333,53 @@ fn filter_constraints(
     Ok(out)
 }
 
-/// Counts the Pods of `pods` in `ns`, not terminating, matching the selector
-/// (`countPodsMatchSelector`).
+/// What a plugin remembers between cycles per key, at most `CAP` keys (past that it starts
+/// over). A cycle takes a key's value out and puts it back when done, so the lock is held only
+/// for the exchange, never while the value is used.
+#[derive(Default)]
+struct Memo<T, const CAP: usize>(Mutex<HashMap<String, T>>);
+
+impl<T: Default, const CAP: usize> Memo<T, CAP> {
+    fn take(&self, key: &str) -> T {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(key).unwrap_or_default()
+    }
+
+    fn put(&self, key: String, value: T) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= CAP {
+            map.clear();
+        }
+        map.insert(key, value);
+    }
+}
+
 /// Per (namespace, selector): each snapshot position's node object and its matching-Pod count,
 /// so that a cycle only counts the Pods of nodes that changed since the previous cycle with the
 /// same selector (typically the Pods of one workload, scheduled one after another). A node in a
 /// snapshot is immutable behind its `Arc`; the weak reference proves the remembered count belongs
 /// to that very object (its allocation cannot be reused while the weak reference lives, and
-/// `Arc::make_mut` moves a value away from weak references).
-#[derive(Default)]
-struct CountMemo(Mutex<HashMap<String, Vec<NodeCount>>>);
+/// `Arc::make_mut` moves a value away from weak references). At most 64 selectors.
+type CountMemo = Memo<Vec<NodeCount>, 64>;
 
 /// A node object (by weak reference) and its matching-Pod count.
 type NodeCount = (Weak<NodeInfo>, i64);
 
-/// Selectors remembered at most; past that the memo starts over.
-const MEMO_SELECTORS: usize = 64;
-
-impl CountMemo {
-    /// The distinct memo keys of the constraints and, per constraint, the index of its key
-    /// (constraints with the same selector share one memo).
-    fn keys(constraints: &[Constraint], ns: &str) -> (Vec<String>, Vec<usize>) {
-        let mut keys: Vec<String> = Vec::new();
-        let slot = constraints
-            .iter()
-            .map(|c| {
-                let k = format!("{ns}\u{0}{:?}", c.selector.0);
-                keys.iter().position(|x| *x == k).unwrap_or_else(|| {
-                    keys.push(k);
-                    keys.len() - 1
-                })
+/// The distinct [`CountMemo`] keys of the constraints and, per constraint, the index of its key
+/// (constraints with the same selector share one memo).
+fn count_memo_keys(constraints: &[Constraint], ns: &str) -> (Vec<String>, Vec<usize>) {
+    let mut keys: Vec<String> = Vec::new();
+    let slot = constraints
+        .iter()
+        .map(|c| {
+            let k = format!("{ns}\u{0}{:?}", c.selector.0);
+            keys.iter().position(|x| *x == k).unwrap_or_else(|| {
+                keys.push(k);
+                keys.len() - 1
             })
-            .collect();
-        (keys, slot)
-    }
-
-    fn take(&self, key: &str) -> Vec<NodeCount> {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.remove(key).unwrap_or_default()
-    }
-
-    fn put(&self, key: String, counts: Vec<NodeCount>) {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= MEMO_SELECTORS {
-            map.clear();
-        }
-        map.insert(key, counts);
-    }
+        })
+        .collect();
+    (keys, slot)
 }
 
 /// The matching-Pod count of the node at snapshot position `i`, from `memo` when it was counted
@@ -407,11 +407,8 @@ fn memo_count(
 /// interned), so that a cycle reads the labels only of Nodes that changed since the previous
 /// cycle, and sums per domain in a vector instead of hashing every node's value. The same weak
 /// reference argument as [`CountMemo`] makes a remembered domain belong to that very object.
-#[derive(Default)]
-struct DomainMemo(Mutex<HashMap<String, Domains>>);
-
-/// Topology keys remembered at most; past that the memo starts over.
-const MEMO_KEYS: usize = 16;
+/// At most 16 topology keys.
+type DomainMemo = Memo<Domains, 16>;
 
 #[derive(Default)]
 struct Domains {
@@ -421,6 +418,16 @@ struct Domains {
 }
 
 impl Domains {
+    /// These domains, or none when they hold many more values than a snapshot of `nodes` could
+    /// use: values of Nodes long gone (e.g. hostnames) are forgotten now and then.
+    fn pruned(self, nodes: usize) -> Domains {
+        if self.values.len() > 2 * nodes + 64 {
+            Domains::default()
+        } else {
+            self
+        }
+    }
+
     /// The domain of the Node at snapshot position `pos` for `key`; None when it lacks the label.
     fn of(&mut self, pos: usize, node: &Arc<Node>, key: &str) -> Option<u32> {
         if self.nodes.len() <= pos {
@@ -447,27 +454,8 @@ impl Domains {
     }
 }
 
-impl DomainMemo {
-    fn take(&self, key: &str, nodes: usize) -> Domains {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let d = map.remove(key).unwrap_or_default();
-        // Values of Nodes long gone (e.g. hostnames) are forgotten now and then.
-        if d.values.len() > 2 * nodes + 64 {
-            Domains::default()
-        } else {
-            d
-        }
-    }
-
-    fn put(&self, key: String, domains: Domains) {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= MEMO_KEYS {
-            map.clear();
-        }
-        map.insert(key, domains);
-    }
-}
-
+/// Counts the Pods of `pods` in `ns`, not terminating, matching the selector
+/// (`countPodsMatchSelector`).
 fn count_matching(pods: &[PodInfo], selector: &PodSelector, ns: &str) -> i64 {
     pods.iter()
         .filter(|p| {
@@ -687,7 +675,7 @@ impl PreFilterPlugin for PodTopologySpread {
         }
         let required = RequiredNodeAffinity::from_pod(pod);
         let ns = namespace_of(pod);
-        let (keys, slot) = CountMemo::keys(&constraints, ns);
+        let (keys, slot) = count_memo_keys(&constraints, ns);
         let mut memos: Vec<_> = keys.iter().map(|k| self.memo.take(k)).collect();
         // Per constraint: its key's domains (a second constraint on the same key, which
         // validation forbids, would start from an empty memo: slower, not wrong), and per domain
@@ -695,7 +683,7 @@ impl PreFilterPlugin for PodTopologySpread {
         let n = snapshot.nodes.len();
         let mut domains: Vec<Domains> = constraints
             .iter()
-            .map(|c| self.domains.take(&c.topology_key, n))
+            .map(|c| self.domains.take(&c.topology_key).pruned(n))
             .collect();
         let mut sums: Vec<Vec<(i64, bool)>> = vec![Vec::new(); constraints.len()];
         let mut node_domains: Vec<u32> = vec![0; constraints.len()];
@@ -897,7 +885,7 @@ impl PreScorePlugin for PodTopologySpread {
 
         let required = RequiredNodeAffinity::from_pod(pod);
         let ns = namespace_of(pod);
-        let (keys, slot) = CountMemo::keys(&constraints, ns);
+        let (keys, slot) = count_memo_keys(&constraints, ns);
         let mut memos: Vec<_> = keys.iter().map(|k| self.memo.take(k)).collect();
         for (pos, info) in snapshot.nodes.iter().enumerate() {
             let Some(node) = info.node.as_deref() else {
