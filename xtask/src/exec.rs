@@ -20,11 +20,13 @@ pub struct Cmd {
     quiet: bool,
 }
 
-/// Whether [`exec`] hands the child's standard output back or lets it through to the terminal.
+/// Whether [`exec`] hands the child's standard output back, lets it through to the terminal, or
+/// both (each line printed as it comes and kept).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Output {
     Inherit,
     Capture,
+    Tee,
 }
 
 impl Cmd {
@@ -89,6 +91,15 @@ impl Cmd {
         exec(self, Output::Capture)
     }
 
+    /// Runs the command with its standard output going to the terminal line by line and also
+    /// kept: the result and the output, which a caller reads even when the command failed (to
+    /// name the failing tests in a summary, say).
+    pub fn run_tee(&self) -> (anyhow::Result<()>, String) {
+        let mut kept = String::new();
+        let result = exec_into(self, Output::Tee, &mut kept);
+        (result, kept)
+    }
+
     /// Starts the command in a process group of its own (its id is the child's pid, so a watchdog
     /// can end the child and everything it started) with standard output and error piped, and
     /// returns without waiting. Used by `cargo xtask vm` to stream and time a guest.
@@ -147,9 +158,18 @@ fn quote(word: &OsStr) -> String {
 
 /// The single place a child process is started.
 fn exec(cmd: &Cmd, output: Output) -> anyhow::Result<String> {
+    let mut out = String::new();
+    exec_into(cmd, output, &mut out)?;
+    Ok(out)
+}
+
+/// [`exec`], with the child's standard output (when captured or teed) written into `out` as it
+/// arrives, so it is there even when the command fails.
+fn exec_into(cmd: &Cmd, output: Output, out: &mut String) -> anyhow::Result<()> {
+    use std::io::{BufRead as _, Read as _, Write as _};
     if cmd.dry_run {
         println!("$ {cmd}    # dry run: not executed");
-        return Ok(String::new());
+        return Ok(());
     }
     if !cmd.quiet {
         println!("$ {cmd}");
@@ -160,23 +180,77 @@ fn exec(cmd: &Cmd, output: Output) -> anyhow::Result<String> {
     if let Some(dir) = &cmd.dir {
         command.current_dir(dir);
     }
-    if output == Output::Capture {
+    if output != Output::Inherit {
         command.stdout(Stdio::piped());
     }
-    let child = command.spawn().with_context(|| {
+    if output == Output::Tee {
+        command.stderr(Stdio::piped());
+    }
+    let mut child = command.spawn().with_context(|| {
         format!(
             "could not start `{cmd}` (is {} installed and on PATH?)",
             quote(&cmd.program)
         )
     })?;
-    let result = child
-        .wait_with_output()
-        .with_context(|| format!("waiting for `{cmd}`"))?;
-    if !result.status.success() {
-        bail!("`{cmd}` failed: {}", result.status);
+    // Standard error of a teed command goes through and is kept too, after standard output
+    // (cargo reports a test binary that crashed there).
+    let stderr = child.stderr.take().map(|mut stderr| {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let mut chunk = [0u8; 8192];
+            let mut terminal = std::io::stderr();
+            while let Ok(n) = stderr.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                let _ = terminal.write_all(&chunk[..n]);
+                kept.extend_from_slice(&chunk[..n]);
+            }
+            kept
+        })
+    });
+    let mut bytes = Vec::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        if output == Output::Tee {
+            let mut lines = std::io::BufReader::new(stdout);
+            let mut line = Vec::new();
+            let mut terminal = std::io::stdout();
+            loop {
+                line.clear();
+                let n = lines
+                    .read_until(b'\n', &mut line)
+                    .with_context(|| format!("reading the output of `{cmd}`"))?;
+                if n == 0 {
+                    break;
+                }
+                // The terminal is a convenience; a closed one must not stop the child's run.
+                let _ = terminal.write_all(&line).and_then(|()| terminal.flush());
+                bytes.extend_from_slice(&line);
+            }
+        } else {
+            stdout
+                .read_to_end(&mut bytes)
+                .with_context(|| format!("reading the output of `{cmd}`"))?;
+        }
     }
-    String::from_utf8(result.stdout)
-        .with_context(|| format!("`{cmd}` printed output that is not UTF-8"))
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for `{cmd}`"))?;
+    if let Some(stderr) = stderr {
+        bytes.extend(stderr.join().unwrap_or_default());
+    }
+    match output {
+        // Test logs may carry any bytes a test printed; keep what is readable.
+        Output::Tee => out.push_str(&String::from_utf8_lossy(&bytes)),
+        _ => out.push_str(
+            std::str::from_utf8(&bytes)
+                .with_context(|| format!("`{cmd}` printed output that is not UTF-8"))?,
+        ),
+    }
+    if !status.success() {
+        bail!("`{cmd}` failed: {status}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -203,6 +277,15 @@ mod tests {
             .to_string();
         assert!(err.contains("`sh -c 'exit 3'` failed"), "{err}");
         assert!(err.contains("exit status: 3"), "{err}");
+    }
+
+    #[test]
+    fn run_tee_keeps_both_streams_of_a_failed_command() {
+        let (result, kept) = Cmd::new("sh")
+            .args(["-c", "echo out; echo err >&2; exit 1"])
+            .run_tee();
+        assert!(result.is_err());
+        assert_eq!(kept, "out\nerr\n");
     }
 
     #[test]

@@ -82,11 +82,17 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
     let controller_manager_bin = target_dir().join("debug/controller-manager");
     summary.step("cargo test", || {
         // --no-fail-fast: every test binary runs, so the log shows every failure, not the first.
-        cargo(&["test", "--workspace", "--no-fail-fast", "--"])
+        let (result, output) = cargo(&["test", "--workspace", "--no-fail-fast", "--"])
             .args(&args.test_args)
             .env("KPR_PROXY_BIN", &proxy_bin)
             .env("KPR_CONTROLLER_MANAGER_BIN", &controller_manager_bin)
-            .run()
+            .run_tee();
+        // The summary is the part of a long log that is always read: it names what failed and
+        // why, so a red run is diagnosable from its last lines.
+        result.map_err(|e| match failed_tests(&output) {
+            failures if failures.is_empty() => e,
+            failures => e.context(failures.join("\n        ")),
+        })
     });
     // The manifest parser under libFuzzer for a minute: a crash or a slow input fails the step.
     summary.step("fuzz smoke", || crate::fuzz::smoke(60));
@@ -103,6 +109,79 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
     // handful of upstream's e2e Services specs (`cargo xtask cluster matrix` runs all of them on
     // every proxy).
     summary.step("cluster e2e smoke", crate::cluster::e2e::smoke);
+}
+
+/// The failed tests in `cargo test` output, one line each: the test's name and the first lines
+/// of its panic message; and every test binary cargo reports as failed (a binary that crashed
+/// lists no test).
+fn failed_tests(output: &str) -> Vec<String> {
+    const MESSAGE_LINES: usize = 3;
+    const MESSAGE_CHARS: usize = 400;
+    let lines: Vec<&str> = output.lines().collect();
+    // The panic message from each `---- name stdout ----` section.
+    let mut messages = std::collections::HashMap::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|l| l.strip_suffix(" stdout ----"))
+        else {
+            continue;
+        };
+        let section = lines[i + 1..]
+            .iter()
+            .take_while(|l| !l.starts_with("---- ") && **l != "failures:");
+        let mut message = Vec::new();
+        let mut in_panic = false;
+        for l in section {
+            if l.contains("panicked at") {
+                in_panic = true;
+                continue;
+            }
+            if in_panic {
+                if l.is_empty() || l.starts_with("note: ") || message.len() == MESSAGE_LINES {
+                    break;
+                }
+                message.push(l.trim());
+            }
+        }
+        let mut message = message.join(" / ");
+        if message.len() > MESSAGE_CHARS {
+            let cut = (0..=MESSAGE_CHARS)
+                .rev()
+                .find(|&i| message.is_char_boundary(i))
+                .unwrap_or(0);
+            message.truncate(cut);
+            message.push_str(" ...");
+        }
+        messages.insert(name.to_string(), message);
+    }
+    // The names from each binary's closing `failures:` list (indented), in order.
+    let mut failed = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if *line != "failures:" || lines.get(i + 1).is_some_and(|l| l.is_empty()) {
+            continue;
+        }
+        for l in &lines[i + 1..] {
+            let Some(name) = l.strip_prefix("    ") else {
+                break;
+            };
+            let name = name.trim();
+            failed.push(match messages.get(name) {
+                Some(m) if !m.is_empty() => format!("test {name}: {m}"),
+                _ => format!("test {name}"),
+            });
+        }
+    }
+    // cargo's own line per failed binary, which also covers a binary that died without a list.
+    for line in &lines {
+        if let Some(rest) = line
+            .trim()
+            .strip_prefix("error: test failed, to rerun pass ")
+        {
+            failed.push(format!("binary {rest}"));
+        }
+    }
+    failed
 }
 
 /// What each step did, for the table printed at the end.
@@ -167,6 +246,42 @@ mod tests {
         assert!(!summary.step("bad", || bail!("boom")));
         let err = summary.result().unwrap_err().to_string();
         assert_eq!(err, "1 of 2 steps failed: bad");
+    }
+
+    #[test]
+    fn failed_tests_are_named_with_their_panic_message() {
+        let output = "\
+running 2 tests
+test a::ok ... ok
+test a::bad ... FAILED
+
+failures:
+
+---- a::bad stdout ----
+
+thread 'a::bad' panicked at tests/a.rs:3:5:
+relisted after 410: not reached within 240s
+source task running: true
+note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace
+
+
+failures:
+    a::bad
+
+test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out
+
+error: test failed, to rerun pass `-p kpr-tests --test a`
+error: test failed, to rerun pass `-p proxy --lib`
+";
+        assert_eq!(
+            failed_tests(output),
+            [
+                "test a::bad: relisted after 410: not reached within 240s / source task running: true",
+                "binary `-p kpr-tests --test a`",
+                "binary `-p proxy --lib`",
+            ]
+        );
+        assert!(failed_tests("test result: ok. 3 passed\n").is_empty());
     }
 
     #[test]
