@@ -45,7 +45,7 @@ impl Relay {
                     };
                     let _ = client.set_nodelay(true);
                     let _ = server.set_nodelay(true);
-                    pipe(&client, &server, &c);
+                    pipe(&client, &server, &c, &o);
                 }
             })?;
         Ok(Relay {
@@ -63,8 +63,11 @@ impl Relay {
 
     /// Cuts every relayed connection and refuses new ones until [`Relay::heal`].
     pub fn cut(&self) {
+        // Under the lock [`pipe`] registers connections with: one accepted just before the cut
+        // is either in the list here or sees the relay closed there, never neither.
+        let mut conns = self.conns.lock().expect("relay lock");
         self.open.store(false, Ordering::SeqCst);
-        for c in self.conns.lock().expect("relay lock").drain(..) {
+        for c in conns.drain(..) {
             let _ = c.shutdown(Shutdown::Both);
         }
     }
@@ -84,14 +87,20 @@ impl Drop for Relay {
     }
 }
 
-/// Copies both ways between `a` and `b` on two threads, remembering both for [`Relay::cut`].
-fn pipe(a: &TcpStream, b: &TcpStream, conns: &Arc<Mutex<Vec<TcpStream>>>) {
+/// Copies both ways between `a` and `b` on two threads, remembering both for [`Relay::cut`];
+/// closes both instead when the relay was cut since `a` was accepted.
+fn pipe(a: &TcpStream, b: &TcpStream, conns: &Arc<Mutex<Vec<TcpStream>>>, open: &AtomicBool) {
     let clones = (a.try_clone(), a.try_clone(), b.try_clone(), b.try_clone());
     let (Ok(a_read), Ok(a_write), Ok(b_read), Ok(b_write)) = clones else {
         return;
     };
     {
         let mut list = conns.lock().expect("relay lock");
+        if !open.load(Ordering::SeqCst) {
+            let _ = a.shutdown(Shutdown::Both);
+            let _ = b.shutdown(Shutdown::Both);
+            return;
+        }
         list.retain(|c| c.peer_addr().is_ok());
         if let (Ok(x), Ok(y)) = (a.try_clone(), b.try_clone()) {
             list.push(x);
