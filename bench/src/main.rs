@@ -21,6 +21,7 @@ mod apps_bench;
 mod backend;
 mod baseline;
 mod control_plane;
+mod proxies_bench;
 mod report;
 mod scheduler_bench;
 mod server;
@@ -179,6 +180,23 @@ pub struct BenchArgs {
     /// Every-minute CronJobs the apps benchmark creates.
     #[arg(long, default_value_t = apps_bench::CRONJOBS)]
     pub cronjobs: usize,
+    /// Where the proxies get their Services: `file` (kpr's agents and our imitations of
+    /// kube-proxy's rule layouts, from manifests) or `kube` (only the proxies row: the real
+    /// kube-proxy and kpr's agents, each fed by the same reference kube-apiserver; outputs
+    /// target/bench/proxies.{json,md}).
+    #[arg(long, default_value = "file", value_parser = ["file", "kube"])]
+    pub source: String,
+    /// Proxies of the `--source kube` row, in order: kube-proxy-iptables, kube-proxy-nftables,
+    /// kpr-userspace, kpr-nftables, kpr-iptables-legacy, kpr-iptables-nft, kpr-ebpf (--quick:
+    /// kube-proxy-nftables, kpr-nftables, kpr-ebpf).
+    #[arg(long, value_delimiter = ',')]
+    pub proxies: Option<Vec<String>>,
+    /// Sizes (Services) of the `--source kube` row, comma separated (--quick: 500).
+    #[arg(long, value_delimiter = ',', default_value = proxies_bench::SIZES)]
+    pub proxy_sizes: Vec<usize>,
+    /// Skip the `--source kube` smoke that --quick runs.
+    #[arg(long)]
+    pub no_proxies: bool,
 }
 
 /// The control-plane row's default size: every Service, Pod and status goes through the real
@@ -297,9 +315,14 @@ impl std::ops::Deref for Site {
 /// A fresh cluster: node, client, pod client and one pod per endpoint, each serving on
 /// `pod-ip:8080` (see [`server`]).
 pub fn cluster(plan: &Plan) -> anyhow::Result<Site> {
+    site(plan.endpoints)
+}
+
+/// A fresh cluster of `pods` pods with the benchmark's servers (see [`cluster`]).
+pub fn site(pods: usize) -> anyhow::Result<Site> {
     let spec = ClusterSpec {
         echo: false,
-        ..ClusterSpec::pods(plan.endpoints)
+        ..ClusterSpec::pods(pods)
     };
     let cluster = Cluster::new(spec)?;
     for (key, value) in [
@@ -392,6 +415,27 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    // `--source kube` runs it alone; `--quick` runs its smoke size after the file-fed rows.
+    let proxies = if args.source == "kube"
+        || (args.quick && !args.no_proxies && !args.controllers && !args.scheduler && !args.apps)
+    {
+        proxies_bench::check_binaries()?;
+        Some(proxies_bench::Plan::from_args(args)?)
+    } else {
+        None
+    };
+    if args.source == "kube" {
+        let proxies = proxies.expect("set with --source kube");
+        let command = format!(
+            "cargo xtask bench {}",
+            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+        );
+        let (_, failed) = proxies_bench::run(&proxies, &plan.out_dir, command)?;
+        if !failed.is_empty() {
+            bail!("failed:\n  {}", failed.join("\n  "));
+        }
+        return Ok(());
+    }
     if args.apps {
         let apps = apps.expect("set with --apps");
         let command = apps_bench::command(args, &apps);
@@ -483,6 +527,16 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 Ok(r) => report.baselines.push(r),
                 Err(e) => failed.push(format!("{} at {n}: {e:#}", layout.name())),
             }
+        }
+    }
+    if let Some(proxies) = proxies {
+        let command = format!(
+            "cargo xtask bench {}",
+            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+        );
+        match proxies_bench::run(&proxies, &plan.out_dir, command) {
+            Ok((_, failures)) => failed.extend(failures),
+            Err(e) => failed.push(format!("proxies: {e:#}")),
         }
     }
     if let Some((sizes, managers)) = controllers {

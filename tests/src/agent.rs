@@ -45,6 +45,12 @@ pub struct AgentOptions {
     /// Pass the IPv6 cluster CIDR, service CIDR and node address as well (for
     /// `ClusterSpec::dual_stack` clusters).
     pub dual_stack: bool,
+    /// `--source kube --kubeconfig PATH` instead of the file source (the manifests passed to
+    /// [`Agent::start`] are then written but not read).
+    pub kubeconfig: Option<PathBuf>,
+    /// `--min-sync-period`: 100 ms for the suites (their changes should show at once); `None`
+    /// leaves the agent's default, as a benchmark comparing it with kube-proxy's defaults does.
+    pub min_sync_period: Option<String>,
 }
 
 /// Set (seconds) where everything runs slower than on the host, e.g. by `cargo xtask vm` in
@@ -70,7 +76,21 @@ impl AgentOptions {
             cgroup: None,
             binary: None,
             dual_stack: false,
+            kubeconfig: None,
+            min_sync_period: Some("100ms".into()),
         }
+    }
+
+    /// Fed by the API server of this kubeconfig (`--source kube`).
+    pub fn kube(mut self, kubeconfig: impl Into<PathBuf>) -> Self {
+        self.kubeconfig = Some(kubeconfig.into());
+        self
+    }
+
+    /// The agent's own `--min-sync-period` default instead of the suites' 100 ms.
+    pub fn default_min_sync_period(mut self) -> Self {
+        self.min_sync_period = None;
+        self
     }
 
     /// IPv4 and IPv6 CIDRs in the flags.
@@ -216,7 +236,10 @@ impl<'n> Agent<'n> {
     /// `run` and every flag, in the order of the agent's usage line.
     fn run_args(&self) -> Result<Vec<String>, HarnessError> {
         let o = &self.opts;
-        let source = format!("file:{}", self.manifests.display());
+        let source = match &o.kubeconfig {
+            Some(_) => "kube".to_string(),
+            None => format!("file:{}", self.manifests.display()),
+        };
         let (cluster, services, nodeport) = if o.dual_stack {
             (
                 format!("{CLUSTER_CIDR},{CLUSTER_CIDR6}"),
@@ -246,8 +269,6 @@ impl<'n> Agent<'n> {
             &services,
             "--nodeport-addresses",
             &nodeport,
-            "--min-sync-period",
-            "100ms",
             "--sync-period",
             "30s",
             "--udp-idle-timeout",
@@ -260,6 +281,12 @@ impl<'n> Agent<'n> {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if let Some(period) = &o.min_sync_period {
+            args.extend(["--min-sync-period".to_string(), period.clone()]);
+        }
+        if let Some(kubeconfig) = &o.kubeconfig {
+            args.extend(["--kubeconfig".to_string(), kubeconfig.display().to_string()]);
+        }
         args.extend(self.isolation_args()?);
         args.extend(o.extra_args.iter().cloned());
         Ok(args)

@@ -1,0 +1,854 @@
+//! The proxies row (`cargo xtask bench --proxies`): the real kube-proxy (iptables and nftables
+//! modes, the reference release's binary) next to every kpr backend's agent, each fed by the same
+//! real kube-apiserver and measured from outside the same way.
+//!
+//! Per size N: a reference control plane; N Services (clusterIP `Workload::cluster_ip(i)`, the
+//! last ones NodePort as in the file-fed rows) and one EndpointSlice each with M ready endpoints
+//! are written through the API (timed apart). Then, for each proxy in turn, a fresh node namespace
+//! with its pods (M + 1 of them: every Service leaves one pod out, which the changes below move
+//! in) and a relay to the API server inside it; the proxy starts there with its normal flags and
+//! a kubeconfig, and is measured:
+//!
+//! - first full programming: from the process's start to the last Service answering a connection
+//!   from the pod client;
+//! - network programming latency, from sending the write to the first connection that shows it:
+//!   a Service's EndpointSlice rewritten to the one pod it did not have (observed when that pod
+//!   answers), and a Service added whose slice was written a second before (observed when it
+//!   answers), spread over the Services and at least a second apart (both proxies' default
+//!   minimum sync period is 1 s);
+//! - the process's CPU seconds (its own and its waited-for children's, as kube-proxy runs
+//!   iptables-restore) and peak RSS over the run; kernel memory (machine-wide, Slab + vmalloc +
+//!   per-cpu) before the start and after the first full programming;
+//! - connect latency to the last Service against the pod client's loopback.
+//!
+//! Every change is undone through the API after each proxy's run, so every proxy sees the same
+//! objects. Nothing here reads a proxy's own metrics.
+//!
+//! Owns the control plane, the node namespaces and the processes of this row; the echo servers,
+//! the address plan and the client measurements are [`crate::server`]'s, [`crate::workload`]'s and
+//! [`crate::traffic`]'s.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use controlplane::{ControlPlane, Options, Relay};
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kpr_tests::cluster::{CLUSTER_CIDR, ECHO_PORT, NODE_IP, NODE_NAME};
+use kpr_tests::{Agent, AgentOptions, Cgroup, Netns};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::traffic::{self, InCgroup, Latency};
+use crate::workload::{Workload, SERVICE_PORT};
+
+/// Default sizes of a full run.
+pub const SIZES: &str = "1000,5000,20000";
+/// Default proxies, in the order they run.
+pub const PROXIES: &str = "kube-proxy-iptables,kube-proxy-nftables,kpr-userspace,kpr-nftables,\
+                           kpr-iptables-legacy,kpr-iptables-nft,kpr-ebpf";
+/// The namespace of the benchmark's Services.
+const NAMESPACE: &str = "bench";
+
+/// One proxy under test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Proxy {
+    /// kube-proxy of the reference release in this `--proxy-mode`.
+    KubeProxy(&'static str),
+    /// kpr's agent with this backend (`iptables-legacy` / `iptables-nft` pick the iptables
+    /// flavour).
+    Kpr(String),
+}
+
+impl Proxy {
+    pub fn parse(name: &str) -> anyhow::Result<Proxy> {
+        match name {
+            "kube-proxy-iptables" => Ok(Proxy::KubeProxy("iptables")),
+            "kube-proxy-nftables" => Ok(Proxy::KubeProxy("nftables")),
+            "kube-proxy-ipvs" => bail!(
+                "--proxies kube-proxy-ipvs: not measured: kube-proxy's ipvs mode is deprecated \
+                 upstream and this benchmark does not load the ip_vs modules it needs"
+            ),
+            _ => match name.strip_prefix("kpr-") {
+                Some(
+                    b @ ("userspace" | "nftables" | "iptables-legacy" | "iptables-nft" | "ebpf"),
+                ) => Ok(Proxy::Kpr(b.to_string())),
+                _ => bail!(
+                    "--proxies {name}: unknown (kube-proxy-iptables, kube-proxy-nftables, \
+                     kpr-userspace, kpr-nftables, kpr-iptables-legacy, kpr-iptables-nft, kpr-ebpf)"
+                ),
+            },
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Proxy::KubeProxy(mode) => format!("kube-proxy {mode}"),
+            Proxy::Kpr(backend) => format!("kpr {backend}"),
+        }
+    }
+
+    /// The process name (`/proc/PID/comm`) to find it by in its node namespace.
+    fn comm(&self) -> &'static str {
+        match self {
+            Proxy::KubeProxy(_) => "kube-proxy",
+            Proxy::Kpr(_) => "proxy",
+        }
+    }
+}
+
+/// Sizes and sample counts of the row.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub sizes: Vec<usize>,
+    pub proxies: Vec<Proxy>,
+    pub endpoints: usize,
+    /// EndpointSlice rewrites measured per proxy and size.
+    pub endpoint_changes: usize,
+    /// Services added per proxy and size.
+    pub service_adds: usize,
+    /// Connections to the last Service (and to the loopback reference) for connect latency.
+    pub latency_samples: usize,
+    /// How long a proxy may take to program everything before it is reported as not finishing.
+    pub start_limit: Duration,
+}
+
+impl Plan {
+    pub fn from_args(args: &crate::BenchArgs) -> anyhow::Result<Plan> {
+        let sizes: Vec<usize> = if args.quick {
+            vec![500]
+        } else {
+            args.proxy_sizes.clone()
+        };
+        let services_room = 60_000;
+        if let Some(&n) = sizes.iter().find(|&&n| !(10..=services_room).contains(&n)) {
+            bail!(
+                "--proxy-sizes {n}: must be 10..={services_room} (the reference API server's \
+                 service range, 10.96.0.0/16, holds the clusterIPs and the added Services)"
+            );
+        }
+        let names: Vec<String> = if let Some(names) = &args.proxies {
+            names.clone()
+        } else if args.quick {
+            // One kube-proxy mode and kpr's two fastest-moving backends: the smoke checks the
+            // path, not the numbers.
+            ["kube-proxy-nftables", "kpr-nftables", "kpr-ebpf"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        } else {
+            PROXIES.split(',').map(|s| s.trim().to_string()).collect()
+        };
+        let proxies = names
+            .iter()
+            .map(|n| Proxy::parse(n))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Plan {
+            sizes,
+            proxies,
+            endpoints: args.endpoints.min(32),
+            endpoint_changes: if args.quick { 6 } else { 100 },
+            service_adds: if args.quick { 3 } else { 34 },
+            latency_samples: if args.quick { 200 } else { 1_000 },
+            start_limit: Duration::from_secs(if args.quick { 180 } else { 900 }),
+        })
+    }
+}
+
+/// What one proxy showed at one size.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Row {
+    pub proxy: String,
+    pub services: usize,
+    /// Seconds from the process's start to the last Service answering; `None` if it did not
+    /// within the limit (then `reached` says how far it got).
+    pub first_programming_s: Option<f64>,
+    pub reached: Option<String>,
+    /// EndpointSlice rewritten to another pod, write to first connection answered by it.
+    pub endpoint_change: Option<Latency>,
+    /// Service and slice created, write to first connection answered.
+    pub service_added: Option<Latency>,
+    /// Changes that were not observed within 30 s each.
+    pub changes_missed: usize,
+    pub cpu_s: Option<f64>,
+    pub peak_rss_mib: Option<f64>,
+    pub kernel_mem_kib: Option<i64>,
+    pub latency_at_n: Option<Latency>,
+    pub loopback: Option<Latency>,
+    pub error: Option<String>,
+}
+
+/// One size: how long the API writes took, and every proxy's row.
+#[derive(Debug, Clone, Serialize)]
+pub struct SizeRun {
+    pub services: usize,
+    pub endpoints: usize,
+    pub load_s: f64,
+    pub rows: Vec<Row>,
+}
+
+/// The whole row, as written to target/bench/proxies.json.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProxiesBench {
+    pub command: String,
+    pub kubernetes: String,
+    pub kernel: String,
+    pub iptables: String,
+    pub runs: Vec<SizeRun>,
+}
+
+/// The reference binaries this row needs.
+pub fn check_binaries() -> anyhow::Result<()> {
+    let bins = controlplane::Binaries::locate()?;
+    for name in ["kube-apiserver", "etcd", "kube-proxy"] {
+        if !bins.path(name).is_file() {
+            bail!(
+                "{name} is not in {}: build the reference binaries with `cargo xtask setup --k8s`",
+                bins.dir().display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs every size; returns the results and the failures (a proxy that errors is a failure; one
+/// that does not finish within the limit is reported, not failed).
+pub fn run(
+    plan: &Plan,
+    out_dir: &Path,
+    command: String,
+) -> anyhow::Result<(ProxiesBench, Vec<String>)> {
+    let mut bench = ProxiesBench {
+        command,
+        kubernetes: controlplane::kubernetes_version().to_string(),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        iptables: std::process::Command::new("iptables")
+            .arg("-V")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default(),
+        runs: Vec::new(),
+    };
+    let mut failed = Vec::new();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    for &n in &plan.sizes {
+        println!(
+            "bench: proxies fed by kube-apiserver {}, {n} Services x {} endpoints",
+            bench.kubernetes, plan.endpoints
+        );
+        match size(plan, n, &rt) {
+            Ok(run) => {
+                for row in &run.rows {
+                    if let Some(e) = &row.error {
+                        failed.push(format!("{} at {n}: {e}", row.proxy));
+                    }
+                }
+                bench.runs.push(run);
+            }
+            Err(e) => failed.push(format!("proxies at {n}: {e:#}")),
+        }
+        // After every size: a long run that stops later keeps what it measured.
+        write(&bench, out_dir)?;
+    }
+    Ok((bench, failed))
+}
+
+fn size(plan: &Plan, n: usize, rt: &tokio::runtime::Runtime) -> anyhow::Result<SizeRun> {
+    let cp = ControlPlane::start(Options::minimal(controlplane::run_dir(&format!(
+        "bench-proxies-{n}"
+    ))))?;
+    let client = rt.block_on(cp.client())?;
+    let w = Workload {
+        services: n,
+        endpoints: plan.endpoints,
+        pods: pod_ips(plan.endpoints + 1),
+    };
+    let start = Instant::now();
+    rt.block_on(load(&client, &w))?;
+    let load_s = start.elapsed().as_secs_f64();
+    println!("  {n} Services and {n} EndpointSlices written through the API in {load_s:.1} s");
+    let mut rows = Vec::new();
+    for (k, proxy) in plan.proxies.iter().enumerate() {
+        println!("  {}", proxy.name());
+        let mut row = Row {
+            proxy: proxy.name(),
+            services: n,
+            ..Row::default()
+        };
+        // Each proxy adds Services of its own indexes: a clusterIP just released by the previous
+        // proxy's clean-up is not reused at once.
+        let added_from = n + k * plan.service_adds;
+        if let Err(e) = measure(plan, &cp, &client, &w, proxy, added_from, rt, &mut row) {
+            println!("  {}: error: {e:#}", proxy.name());
+            row.error = Some(format!("{e:#}"));
+        }
+        // Whatever the run changed goes back, so the next proxy sees the same objects.
+        rt.block_on(restore(
+            &client,
+            &w,
+            plan.endpoint_changes,
+            added_from,
+            plan.service_adds,
+        ))
+        .context("undoing the changes through the API")?;
+        rows.push(row);
+    }
+    Ok(SizeRun {
+        services: n,
+        endpoints: plan.endpoints,
+        load_s,
+        rows,
+    })
+}
+
+/// The pod addresses of a cluster of `pods` pods (the harness's plan: pod `i` at 10.244.(i+1).2).
+fn pod_ips(pods: usize) -> Vec<Ipv4Addr> {
+    (0..pods)
+        .map(|i| Ipv4Addr::new(10, 244, u8::try_from(i + 1).expect("< 200 pods"), 2))
+        .collect()
+}
+
+/// Service `i` of the address plan, NodePort when `node_port` is given.
+fn service(i: usize, node_port: Option<u16>) -> Service {
+    let mut port = json!({"name": "http", "port": SERVICE_PORT, "targetPort": ECHO_PORT,
+                          "protocol": "TCP"});
+    let kind = match node_port {
+        Some(np) => {
+            port["nodePort"] = json!(np);
+            "NodePort"
+        }
+        None => "ClusterIP",
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": Workload::name(i), "namespace": NAMESPACE},
+        "spec": {"type": kind, "clusterIP": Workload::cluster_ip(i).to_string(),
+                 "ports": [port]}
+    }))
+    .expect("a valid Service")
+}
+
+fn slice(i: usize, ips: &[Ipv4Addr]) -> EndpointSlice {
+    let endpoints: Vec<_> = ips
+        .iter()
+        .map(|ip| {
+            json!({"addresses": [ip.to_string()], "conditions": {"ready": true},
+                         "nodeName": NODE_NAME})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{}-1", Workload::name(i)), "namespace": NAMESPACE,
+                     "labels": {"kubernetes.io/service-name": Workload::name(i),
+                                "endpointslice.kubernetes.io/managed-by": "kpr-bench"}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "http", "port": ECHO_PORT, "protocol": "TCP"}]
+    }))
+    .expect("a valid EndpointSlice")
+}
+
+/// The namespace, the Node (kube-proxy reads its addresses) and every Service and slice, 64
+/// writes in flight.
+async fn load(client: &Client, w: &Workload) -> anyhow::Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .context("creating the bench namespace")?;
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": NODE_NAME},
+        "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP.to_string()}]}
+    }))?;
+    let nodes = Api::<Node>::all(client.clone());
+    nodes.create(&PostParams::default(), &node).await?;
+    nodes
+        .patch_status(
+            NODE_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": node.status})),
+        )
+        .await?;
+    let services = Api::<Service>::namespaced(client.clone(), NAMESPACE);
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), NAMESPACE);
+    futures::stream::iter(0..w.services)
+        .map(|i| {
+            let (services, slices) = (services.clone(), slices.clone());
+            async move {
+                services
+                    .create(&PostParams::default(), &service(i, w.node_port(i)))
+                    .await
+                    .with_context(|| format!("creating Service {}", Workload::name(i)))?;
+                slices
+                    .create(&PostParams::default(), &slice(i, &w.endpoint_ips(i)))
+                    .await
+                    .with_context(|| format!("creating the slice of {}", Workload::name(i)))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect::<()>()
+        .await
+}
+
+/// The Services whose slices the changes rewrite: spread evenly, the last one never (first
+/// programming waits on it).
+fn changed_services(n: usize, changes: usize) -> Vec<usize> {
+    let changes = changes.min(n - 1);
+    let mut picked: Vec<usize> = (0..changes).map(|k| k * (n - 1) / changes).collect();
+    picked.dedup();
+    picked
+}
+
+/// Undoes [`measure`]'s changes: every rewritten slice gets its endpoints back and the added
+/// Services (from index `added_from`, `adds` of them) are deleted with their slices.
+async fn restore(
+    client: &Client,
+    w: &Workload,
+    changes: usize,
+    added_from: usize,
+    adds: usize,
+) -> anyhow::Result<()> {
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), NAMESPACE);
+    let services = Api::<Service>::namespaced(client.clone(), NAMESPACE);
+    for i in changed_services(w.services, changes) {
+        let name = format!("{}-1", Workload::name(i));
+        let current = slices.get(&name).await?;
+        let mut back = slice(i, &w.endpoint_ips(i));
+        back.metadata.resource_version = current.metadata.resource_version;
+        slices.replace(&name, &PostParams::default(), &back).await?;
+    }
+    for i in added_from..added_from + adds {
+        let gone = |r: Result<_, kube::Error>| match r {
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            other => other,
+        };
+        gone(
+            services
+                .delete(&Workload::name(i), &DeleteParams::default())
+                .await
+                .map(drop),
+        )?;
+        gone(
+            slices
+                .delete(
+                    &format!("{}-1", Workload::name(i)),
+                    &DeleteParams::default(),
+                )
+                .await
+                .map(drop),
+        )?;
+    }
+    Ok(())
+}
+
+/// Starts `proxy` in a fresh node namespace and measures it (module doc).
+fn measure(
+    plan: &Plan,
+    cp: &ControlPlane,
+    client: &Client,
+    w: &Workload,
+    proxy: &Proxy,
+    added_from: usize,
+    rt: &tokio::runtime::Runtime,
+    row: &mut Row,
+) -> anyhow::Result<()> {
+    let site = crate::site(plan.endpoints + 1)?;
+    if site.cluster.pod_ips() != w.pods {
+        bail!(
+            "the cluster's pods are at {:?}, the workload expects {:?}",
+            site.cluster.pod_ips(),
+            w.pods
+        );
+    }
+    let in_node = site
+        .cluster
+        .node
+        .run(|| std::net::TcpListener::bind("127.0.0.1:0"))??;
+    let api: SocketAddr = format!("127.0.0.1:{}", cp.ports.apiserver).parse()?;
+    let relay = Relay::start(in_node, api)?;
+    let dir = cp
+        .dir
+        .join(format!("proxy-{}", proxy.name().replace(' ', "-")));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        cp.admin_kubeconfig_for(&format!("https://{}", relay.addr()))?,
+    )?;
+    let cgroup = match proxy {
+        Proxy::Kpr(b) if b == "ebpf" => Some(Cgroup::new("bench-proxies")?),
+        _ => None,
+    };
+    let kernel_before = crate::kernel_memory_kib();
+    let started = Instant::now();
+    let running = Running::start(
+        proxy,
+        &site.cluster.node,
+        &kubeconfig,
+        &dir,
+        cgroup.as_ref(),
+        plan,
+    )?;
+    let _in = cgroup.as_ref().map(InCgroup::enter).transpose()?;
+    let podclient = &site.cluster.podclient;
+    let last = SocketAddr::new(
+        IpAddr::V4(Workload::cluster_ip(w.services - 1)),
+        SERVICE_PORT,
+    );
+    // First full programming: the last Service answers.
+    let answered = podclient.run(|| {
+        let deadline = started + plan.start_limit;
+        while Instant::now() < deadline {
+            if kpr_tests::client::tcp_request_here(last, Duration::from_millis(200)).is_ok() {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    })?;
+    running.check()?;
+    match answered {
+        Some(t) => {
+            row.first_programming_s = Some(t.as_secs_f64());
+            println!("    first full programming: {:.2} s", t.as_secs_f64());
+        }
+        None => {
+            row.reached = Some(format!(
+                "the last Service did not answer within {:?}",
+                plan.start_limit
+            ));
+            println!("    {}", row.reached.as_deref().unwrap_or_default());
+            row.cpu_s = running.cpu_s();
+            row.peak_rss_mib = running.peak_rss_mib();
+            return Ok(());
+        }
+    }
+    row.kernel_mem_kib = kernel_before
+        .zip(crate::kernel_memory_kib())
+        .map(|(before, after)| after - before);
+    // Connect latency at N, against the loopback reference on the same client.
+    row.latency_at_n = Some(traffic::latency(podclient, last, plan.latency_samples)?);
+    row.loopback = Some(traffic::latency(
+        podclient,
+        SocketAddr::from(crate::LOOPBACK_SERVER),
+        plan.latency_samples,
+    )?);
+    // Network programming latency.
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), NAMESPACE);
+    let services = Api::<Service>::namespaced(client.clone(), NAMESPACE);
+    let mut endpoint_samples = Vec::new();
+    for i in changed_services(w.services, plan.endpoint_changes) {
+        let outsider = w.pods[(i + w.endpoints) % w.pods.len()];
+        let want = format!("pod{}", (i + w.endpoints) % w.pods.len());
+        let to = SocketAddr::new(IpAddr::V4(Workload::cluster_ip(i)), SERVICE_PORT);
+        pace();
+        let sent = Instant::now();
+        rt.block_on(slices.replace(
+            &format!("{}-1", Workload::name(i)),
+            &PostParams::default(),
+            &with_version(slice(i, &[outsider]), rt, &slices, i)?,
+        ))
+        .with_context(|| format!("rewriting the slice of {}", Workload::name(i)))?;
+        match observe(podclient, to, Some(&want), sent)? {
+            Some(t) => endpoint_samples.push(t),
+            None => row.changes_missed += 1,
+        }
+    }
+    let mut add_samples = Vec::new();
+    for k in 0..plan.service_adds {
+        let i = added_from + k;
+        let to = SocketAddr::new(IpAddr::V4(Workload::cluster_ip(i)), SERVICE_PORT);
+        let ips = [w.pods[k % w.pods.len()]];
+        // The slice first, untimed: the Service's creation is then the one change, as an
+        // endpoint change is, rather than two writes a minimum sync period apart.
+        rt.block_on(slices.create(&PostParams::default(), &slice(i, &ips)))
+            .with_context(|| format!("adding the slice of {}", Workload::name(i)))?;
+        pace();
+        let sent = Instant::now();
+        rt.block_on(services.create(&PostParams::default(), &service(i, None)))
+            .with_context(|| format!("adding Service {}", Workload::name(i)))?;
+        match observe(podclient, to, None, sent)? {
+            Some(t) => add_samples.push(t),
+            None => row.changes_missed += 1,
+        }
+    }
+    running.check()?;
+    row.endpoint_change =
+        (!endpoint_samples.is_empty()).then(|| traffic::summarize(endpoint_samples));
+    row.service_added = (!add_samples.is_empty()).then(|| traffic::summarize(add_samples));
+    row.cpu_s = running.cpu_s();
+    row.peak_rss_mib = running.peak_rss_mib();
+    println!(
+        "    endpoint change p50/p99 {} ms, Service added p50/p99 {} ms, {} missed; CPU {:.1} s, peak RSS {:.1} MiB",
+        ms_pair(row.endpoint_change.as_ref()),
+        ms_pair(row.service_added.as_ref()),
+        row.changes_missed,
+        row.cpu_s.unwrap_or(f64::NAN),
+        row.peak_rss_mib.unwrap_or(f64::NAN)
+    );
+    drop(relay);
+    Ok(())
+}
+
+/// The slice as it is now, with `new`'s endpoints: a replace needs the current resourceVersion.
+fn with_version(
+    mut new: EndpointSlice,
+    rt: &tokio::runtime::Runtime,
+    slices: &Api<EndpointSlice>,
+    i: usize,
+) -> anyhow::Result<EndpointSlice> {
+    let current = rt.block_on(slices.get(&format!("{}-1", Workload::name(i))))?;
+    new.metadata.resource_version = current.metadata.resource_version;
+    Ok(new)
+}
+
+/// Changes at least a second apart: both kube-proxy and kpr sync at most once per second by
+/// default, and a change right after a sync would measure that wait, not the proxy.
+fn pace() {
+    std::thread::sleep(Duration::from_millis(1_100));
+}
+
+/// Connections to `to` from the pod client until one is answered (by `want`, if given); the time
+/// since `sent`, or `None` after 30 s.
+fn observe(
+    podclient: &Netns,
+    to: SocketAddr,
+    want: Option<&str>,
+    sent: Instant,
+) -> anyhow::Result<Option<Duration>> {
+    let want = want.map(str::to_string);
+    Ok(podclient.run(move || {
+        while sent.elapsed() < Duration::from_secs(30) {
+            if let Ok(reply) = kpr_tests::client::tcp_request_here(to, Duration::from_millis(200)) {
+                if want.as_deref().is_none_or(|w| reply.pod == w) {
+                    return Some(sent.elapsed());
+                }
+            }
+        }
+        None
+    })?)
+}
+
+fn ms_pair(l: Option<&Latency>) -> String {
+    match l {
+        Some(l) => format!("{:.1}/{:.1}", l.p50_us / 1e3, l.p99_us / 1e3),
+        None => "-".into(),
+    }
+}
+
+/// A proxy process in its node namespace: kpr's through the harness's [`Agent`] (which keeps an
+/// eBPF agent on its test cgroup and private pins, and cleans up), kube-proxy as a plain child.
+enum Running<'n> {
+    Kpr(Agent<'n>, &'n Netns),
+    KubeProxy(Child, &'n Netns, PathBuf),
+}
+
+impl<'n> Running<'n> {
+    fn start(
+        proxy: &Proxy,
+        node: &'n Netns,
+        kubeconfig: &Path,
+        dir: &Path,
+        cgroup: Option<&Cgroup>,
+        plan: &Plan,
+    ) -> anyhow::Result<Running<'n>> {
+        match proxy {
+            Proxy::Kpr(backend) => {
+                let (backend, mode) = crate::backend::backend_and_mode(backend);
+                let mut opts = AgentOptions::backend(backend)
+                    .kube(kubeconfig)
+                    .default_min_sync_period()
+                    .binary(crate::kpr_binary("proxy"));
+                opts.ready_timeout = plan.start_limit;
+                if let Some(mode) = mode {
+                    opts = opts.arg("--iptables-mode").arg(mode);
+                }
+                if let Some(cg) = cgroup {
+                    opts = opts.cgroup(cg);
+                }
+                Ok(Running::Kpr(Agent::start(node, &opts, &[])?, node))
+            }
+            Proxy::KubeProxy(mode) => {
+                let bins = controlplane::Binaries::locate()?;
+                let log_path = dir.join("kube-proxy.log");
+                let log = std::fs::File::create(&log_path)?;
+                let mut cmd = node.exec(bins.path("kube-proxy"))?;
+                // Its normal flags for a node like the harness's; the conntrack ones keep it off
+                // machine-wide sysctls (0 leaves a setting alone).
+                cmd.args(["--proxy-mode", mode, "--kubeconfig"])
+                    .arg(kubeconfig)
+                    .args(["--hostname-override", NODE_NAME])
+                    .args(["--cluster-cidr", CLUSTER_CIDR])
+                    .args(["--nodeport-addresses", &format!("{NODE_IP}/32")])
+                    .args(["--metrics-bind-address", "127.0.0.1:10249"])
+                    .args(["--healthz-bind-address", "127.0.0.1:10256"])
+                    .args(["--conntrack-max-per-core", "0"])
+                    .args(["--conntrack-tcp-timeout-established", "0"])
+                    .args(["--conntrack-tcp-timeout-close-wait", "0"])
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log);
+                let child = cmd.spawn().context("starting kube-proxy")?;
+                Ok(Running::KubeProxy(child, node, log_path))
+            }
+        }
+    }
+
+    /// An error with the log if the process has exited.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.pid().is_none() {
+            let log = match self {
+                Running::Kpr(agent, _) => agent.log(),
+                Running::KubeProxy(_, _, path) => std::fs::read_to_string(path).unwrap_or_default(),
+            };
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            bail!(
+                "the proxy exited; its log ends:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        Ok(())
+    }
+
+    fn ns(&self) -> &'n Netns {
+        match self {
+            Running::Kpr(_, ns) | Running::KubeProxy(_, ns, _) => ns,
+        }
+    }
+
+    fn comm(&self) -> &'static str {
+        match self {
+            Running::Kpr(..) => Proxy::Kpr(String::new()).comm(),
+            Running::KubeProxy(..) => Proxy::KubeProxy("").comm(),
+        }
+    }
+
+    /// The process in the node namespace, found by name.
+    fn pid(&self) -> Option<i32> {
+        self.ns().pids().into_iter().find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == self.comm())
+        })
+    }
+
+    /// utime + stime + cutime + cstime.
+    fn cpu_s(&self) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()?)).ok()?;
+        let after = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        // Fields 14-17 of stat(5), counted after the command name: indexes 11-14 here.
+        let ticks: u64 = fields
+            .get(11..15)?
+            .iter()
+            .map(|f| f.parse::<u64>().ok())
+            .sum::<Option<u64>>()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        Some(ticks as f64 / hz.max(1) as f64)
+    }
+
+    fn peak_rss_mib(&self) -> Option<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        Some(kib / 1024.0)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Running::KubeProxy(child, _, _) = self {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The table: one block per size.
+pub fn markdown(b: &ProxiesBench) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    writeln!(
+        s,
+        "Kubernetes {}, kernel {}, {}; command: `{}`\n",
+        b.kubernetes, b.kernel, b.iptables, b.command
+    )
+    .unwrap();
+    for run in &b.runs {
+        writeln!(
+            s,
+            "### {} Services x {} endpoints (written through the API in {:.1} s)\n",
+            run.services, run.endpoints, run.load_s
+        )
+        .unwrap();
+        s.push_str(
+            "| proxy | first full programming (s) | endpoint change p50 / p99 (ms) | Service added p50 / p99 (ms) | missed | CPU (s) | peak RSS (MiB) | kernel mem Δ (KiB) | connect @N p50 / p99 (µs) | @N / loopback p50 |\n\
+             |---|---|---|---|---|---|---|---|---|---|\n",
+        );
+        for r in &run.rows {
+            let first = match (r.first_programming_s, &r.reached, &r.error) {
+                (_, _, Some(e)) => format!("error: {}", e.lines().next().unwrap_or_default()),
+                (Some(t), _, _) => format!("{t:.2}"),
+                (None, Some(why), _) => why.clone(),
+                (None, None, None) => "-".into(),
+            };
+            let us = |l: &Option<Latency>| {
+                l.as_ref()
+                    .map(|l| format!("{:.0} / {:.0}", l.p50_us, l.p99_us))
+                    .unwrap_or_else(|| "-".into())
+            };
+            let ratio = match (&r.latency_at_n, &r.loopback) {
+                (Some(n), Some(l)) if l.p50_us > 0.0 => format!("{:.2}", n.p50_us / l.p50_us),
+                _ => "-".into(),
+            };
+            writeln!(
+                s,
+                "| {} | {first} | {} | {} | {} | {} | {} | {} | {} | {ratio} |",
+                r.proxy,
+                ms_pair(r.endpoint_change.as_ref()).replace('/', " / "),
+                ms_pair(r.service_added.as_ref()).replace('/', " / "),
+                r.changes_missed,
+                r.cpu_s
+                    .map(|c| format!("{c:.1}"))
+                    .unwrap_or_else(|| "-".into()),
+                r.peak_rss_mib
+                    .map(|m| format!("{m:.1}"))
+                    .unwrap_or_else(|| "-".into()),
+                r.kernel_mem_kib
+                    .map(|k| k.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                us(&r.latency_at_n),
+            )
+            .unwrap();
+        }
+        s.push('\n');
+    }
+    s
+}
+
+fn write(b: &ProxiesBench, out_dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out_dir)?;
+    let json = out_dir.join("proxies.json");
+    std::fs::write(&json, serde_json::to_string_pretty(b)?)?;
+    let md = out_dir.join("proxies.md");
+    let text = markdown(b);
+    std::fs::write(&md, &text)?;
+    println!("\n{text}");
+    println!("wrote {}\nwrote {}", json.display(), md.display());
+    Ok(())
+}
