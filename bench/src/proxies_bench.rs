@@ -11,11 +11,12 @@
 //!
 //! - first full programming: from the process's start to the last Service answering a connection
 //!   from the pod client;
-//! - network programming latency, from sending the write to the first connection that shows it:
+//! - network programming latency, from the write's return (the object is in the API server; the
+//!   write's own time is reported apart) to the first connection that shows it:
 //!   a Service's EndpointSlice rewritten to the one pod it did not have (observed when that pod
-//!   answers), and a Service added whose slice was written a second before (observed when it
-//!   answers), spread over the Services and at least a second apart (both proxies' default
-//!   minimum sync period is 1 s);
+//!   answers), a Service added whose slice was written two seconds before (observed when it
+//!   answers), and the last endpoint of a Service removed (observed when it rejects), spread over
+//!   the Services and at least a second apart (both proxies' default minimum sync period is 1 s);
 //! - the process's CPU seconds (its own and its waited-for children's, as kube-proxy runs
 //!   iptables-restore) and peak RSS over the run; kernel memory (machine-wide, Slab + vmalloc +
 //!   per-cpu) before the start and after the first full programming;
@@ -115,6 +116,8 @@ pub struct Plan {
     pub service_adds: usize,
     /// Connections to the last Service (and to the loopback reference) for connect latency.
     pub latency_samples: usize,
+    /// Connections to the last Service whose spread over its endpoints is reported.
+    pub balance_connections: usize,
     /// How long a proxy may take to program everything before it is reported as not finishing.
     pub start_limit: Duration,
 }
@@ -156,6 +159,7 @@ impl Plan {
             endpoint_changes: if args.quick { 6 } else { 100 },
             service_adds: if args.quick { 3 } else { 34 },
             latency_samples: if args.quick { 200 } else { 1_000 },
+            balance_connections: if args.quick { 400 } else { 4_000 },
             start_limit: Duration::from_secs(if args.quick { 180 } else { 900 }),
         })
     }
@@ -172,8 +176,13 @@ pub struct Row {
     pub reached: Option<String>,
     /// EndpointSlice rewritten to another pod, write to first connection answered by it.
     pub endpoint_change: Option<Latency>,
-    /// Service and slice created, write to first connection answered.
+    /// Service created (its slice a second before), write to first connection answered.
     pub service_added: Option<Latency>,
+    /// A Service's last endpoint removed, write to first connection rejected.
+    pub endpoint_removed: Option<Latency>,
+    /// How long the API server took to answer those writes (not part of the latencies above,
+    /// which start when the write returned).
+    pub api_write: Option<Latency>,
     /// Changes that were not observed within 30 s each.
     pub changes_missed: usize,
     pub cpu_s: Option<f64>,
@@ -181,6 +190,9 @@ pub struct Row {
     pub kernel_mem_kib: Option<i64>,
     pub latency_at_n: Option<Latency>,
     pub loopback: Option<Latency>,
+    /// Largest deviation of an endpoint's share of the last Service's connections from an even
+    /// split, in percent.
+    pub balance_max_dev_pct: Option<f64>,
     pub error: Option<String>,
 }
 
@@ -289,7 +301,12 @@ fn size(plan: &Plan, n: usize, rt: &tokio::runtime::Runtime) -> anyhow::Result<S
         // Each proxy adds Services of its own indexes: a clusterIP just released by the previous
         // proxy's clean-up is not reused at once.
         let added_from = n + k * plan.service_adds;
-        if let Err(e) = measure(plan, &cp, &client, &w, proxy, added_from, rt, &mut row) {
+        let api = ApiSide {
+            cp: &cp,
+            client: &client,
+            rt,
+        };
+        if let Err(e) = measure(plan, &api, &w, proxy, added_from, &mut row) {
             println!("  {}: error: {e:#}", proxy.name());
             row.error = Some(format!("{e:#}"));
         }
@@ -451,17 +468,24 @@ async fn restore(
     Ok(())
 }
 
+/// The control plane of one size, a client of it, and the runtime that client runs on.
+#[derive(Clone, Copy)]
+struct ApiSide<'a> {
+    cp: &'a ControlPlane,
+    client: &'a Client,
+    rt: &'a tokio::runtime::Runtime,
+}
+
 /// Starts `proxy` in a fresh node namespace and measures it (module doc).
 fn measure(
     plan: &Plan,
-    cp: &ControlPlane,
-    client: &Client,
+    api: &ApiSide,
     w: &Workload,
     proxy: &Proxy,
     added_from: usize,
-    rt: &tokio::runtime::Runtime,
     row: &mut Row,
 ) -> anyhow::Result<()> {
+    let ApiSide { cp, client, rt } = *api;
     let site = crate::site(plan.endpoints + 1)?;
     if site.cluster.pod_ips() != w.pods {
         bail!(
@@ -543,23 +567,27 @@ fn measure(
         SocketAddr::from(crate::LOOPBACK_SERVER),
         plan.latency_samples,
     )?);
+    // Balance: how evenly the last Service's connections spread over its endpoints (kube-proxy
+    // picks at random; kpr round-robins by default).
+    let counts = traffic::distribution(podclient, last, plan.balance_connections)?;
+    row.balance_max_dev_pct = Some(traffic::max_deviation_pct(&counts, w.endpoints));
     // Network programming latency.
     let slices = Api::<EndpointSlice>::namespaced(client.clone(), NAMESPACE);
     let services = Api::<Service>::namespaced(client.clone(), NAMESPACE);
     let mut endpoint_samples = Vec::new();
+    let mut write_samples = Vec::new();
     for i in changed_services(w.services, plan.endpoint_changes) {
         let outsider = w.pods[(i + w.endpoints) % w.pods.len()];
         let want = format!("pod{}", (i + w.endpoints) % w.pods.len());
         let to = SocketAddr::new(IpAddr::V4(Workload::cluster_ip(i)), SERVICE_PORT);
         pace();
+        let body = with_version(slice(i, &[outsider]), rt, &slices, i)?;
+        let name = format!("{}-1", Workload::name(i));
         let sent = Instant::now();
-        rt.block_on(slices.replace(
-            &format!("{}-1", Workload::name(i)),
-            &PostParams::default(),
-            &with_version(slice(i, &[outsider]), rt, &slices, i)?,
-        ))
-        .with_context(|| format!("rewriting the slice of {}", Workload::name(i)))?;
-        match observe(podclient, to, Some(&want), sent)? {
+        rt.block_on(slices.replace(&name, &PostParams::default(), &body))
+            .with_context(|| format!("rewriting the slice of {}", Workload::name(i)))?;
+        let sent = written(sent, &mut write_samples);
+        match observe(podclient, to, Expect::AnsweredBy(want), sent)? {
             Some(t) => endpoint_samples.push(t),
             None => row.changes_missed += 1,
         }
@@ -573,12 +601,35 @@ fn measure(
         // endpoint change is, rather than two writes a minimum sync period apart.
         rt.block_on(slices.create(&PostParams::default(), &slice(i, &ips)))
             .with_context(|| format!("adding the slice of {}", Workload::name(i)))?;
+        // Two minimum sync periods: the slice's own sync must not hold back the Service's.
+        pace();
         pace();
         let sent = Instant::now();
         rt.block_on(services.create(&PostParams::default(), &service(i, None)))
             .with_context(|| format!("adding Service {}", Workload::name(i)))?;
-        match observe(podclient, to, None, sent)? {
+        let sent = written(sent, &mut write_samples);
+        match observe(podclient, to, Expect::Answered, sent)? {
             Some(t) => add_samples.push(t),
+            None => row.changes_missed += 1,
+        }
+    }
+    // The last endpoint of some of the rewritten Services removed: observed when the Service
+    // rejects connections (both proxies reject a Service without endpoints).
+    let mut removed_samples = Vec::new();
+    for &i in changed_services(w.services, plan.endpoint_changes)
+        .iter()
+        .take(plan.service_adds)
+    {
+        let to = SocketAddr::new(IpAddr::V4(Workload::cluster_ip(i)), SERVICE_PORT);
+        pace();
+        let body = with_version(slice(i, &[]), rt, &slices, i)?;
+        let name = format!("{}-1", Workload::name(i));
+        let sent = Instant::now();
+        rt.block_on(slices.replace(&name, &PostParams::default(), &body))
+            .with_context(|| format!("emptying the slice of {}", Workload::name(i)))?;
+        let sent = written(sent, &mut write_samples);
+        match observe(podclient, to, Expect::Rejected, sent)? {
+            Some(t) => removed_samples.push(t),
             None => row.changes_missed += 1,
         }
     }
@@ -586,18 +637,30 @@ fn measure(
     row.endpoint_change =
         (!endpoint_samples.is_empty()).then(|| traffic::summarize(endpoint_samples));
     row.service_added = (!add_samples.is_empty()).then(|| traffic::summarize(add_samples));
+    row.endpoint_removed =
+        (!removed_samples.is_empty()).then(|| traffic::summarize(removed_samples));
+    row.api_write = (!write_samples.is_empty()).then(|| traffic::summarize(write_samples));
     row.cpu_s = running.cpu_s();
     row.peak_rss_mib = running.peak_rss_mib();
     println!(
-        "    endpoint change p50/p99 {} ms, Service added p50/p99 {} ms, {} missed; CPU {:.1} s, peak RSS {:.1} MiB",
+        "    endpoint change p50/p99 {} ms, Service added {} ms, last endpoint removed {} ms, {} missed; CPU {:.1} s, peak RSS {:.1} MiB",
         ms_pair(row.endpoint_change.as_ref()),
         ms_pair(row.service_added.as_ref()),
+        ms_pair(row.endpoint_removed.as_ref()),
         row.changes_missed,
         row.cpu_s.unwrap_or(f64::NAN),
         row.peak_rss_mib.unwrap_or(f64::NAN)
     );
     drop(relay);
     Ok(())
+}
+
+/// The moment a write returned (the object is in the API server from then on: time zero of a
+/// change), recording how long the write took.
+fn written(sent: Instant, samples: &mut Vec<Duration>) -> Instant {
+    let now = Instant::now();
+    samples.push(now - sent);
+    now
 }
 
 /// The slice as it is now, with `new`'s endpoints: a replace needs the current resourceVersion.
@@ -618,21 +681,40 @@ fn pace() {
     std::thread::sleep(Duration::from_millis(1_100));
 }
 
-/// Connections to `to` from the pod client until one is answered (by `want`, if given); the time
-/// since `sent`, or `None` after 30 s.
+/// A probe's connect and read timeout while a change is awaited. A SYN sent before the proxy
+/// programmed a new Service is dropped, not refused, so a probe's timeout is the resolution of
+/// the measurement; an answered connection here takes well under a millisecond.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(10);
+
+/// What a connection shows once a change is programmed.
+enum Expect {
+    /// Answered by this pod.
+    AnsweredBy(String),
+    /// Answered by any pod.
+    Answered,
+    /// Refused or reset.
+    Rejected,
+}
+
+/// Connections to `to` from the pod client until one shows `expect`; the time since `sent`, or
+/// `None` after 30 s.
 fn observe(
     podclient: &Netns,
     to: SocketAddr,
-    want: Option<&str>,
+    expect: Expect,
     sent: Instant,
 ) -> anyhow::Result<Option<Duration>> {
-    let want = want.map(str::to_string);
     Ok(podclient.run(move || {
         while sent.elapsed() < Duration::from_secs(30) {
-            if let Ok(reply) = kpr_tests::client::tcp_request_here(to, Duration::from_millis(200)) {
-                if want.as_deref().is_none_or(|w| reply.pod == w) {
-                    return Some(sent.elapsed());
-                }
+            let result = kpr_tests::client::tcp_request_here(to, PROBE_TIMEOUT);
+            let shown = match (&expect, &result) {
+                (Expect::AnsweredBy(pod), Ok(reply)) => reply.pod == *pod,
+                (Expect::Answered, Ok(_)) => true,
+                (Expect::Rejected, Err(e)) => e.is_rejection(),
+                _ => false,
+            };
+            if shown {
+                return Some(sent.elapsed());
             }
         }
         None
@@ -649,7 +731,7 @@ fn ms_pair(l: Option<&Latency>) -> String {
 /// A proxy process in its node namespace: kpr's through the harness's [`Agent`] (which keeps an
 /// eBPF agent on its test cgroup and private pins, and cleans up), kube-proxy as a plain child.
 enum Running<'n> {
-    Kpr(Agent<'n>, &'n Netns),
+    Kpr(Box<Agent<'n>>, &'n Netns),
     KubeProxy(Child, &'n Netns, PathBuf),
 }
 
@@ -676,7 +758,10 @@ impl<'n> Running<'n> {
                 if let Some(cg) = cgroup {
                     opts = opts.cgroup(cg);
                 }
-                Ok(Running::Kpr(Agent::start(node, &opts, &[])?, node))
+                Ok(Running::Kpr(
+                    Box::new(Agent::start(node, &opts, &[])?),
+                    node,
+                ))
             }
             Proxy::KubeProxy(mode) => {
                 let bins = controlplane::Binaries::locate()?;
@@ -698,6 +783,15 @@ impl<'n> Running<'n> {
                     .stdin(Stdio::null())
                     .stdout(log.try_clone()?)
                     .stderr(log);
+                // Killed with the benchmark, even one that dies without unwinding: a kube-proxy
+                // left behind keeps a namespace and its rules alive.
+                // SAFETY: prctl(2) is async-signal-safe; nothing is allocated between fork and exec.
+                unsafe {
+                    std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        Ok(())
+                    });
+                }
                 let child = cmd.spawn().context("starting kube-proxy")?;
                 Ok(Running::KubeProxy(child, node, log_path))
             }
@@ -797,8 +891,8 @@ pub fn markdown(b: &ProxiesBench) -> String {
         )
         .unwrap();
         s.push_str(
-            "| proxy | first full programming (s) | endpoint change p50 / p99 (ms) | Service added p50 / p99 (ms) | missed | CPU (s) | peak RSS (MiB) | kernel mem Δ (KiB) | connect @N p50 / p99 (µs) | @N / loopback p50 |\n\
-             |---|---|---|---|---|---|---|---|---|---|\n",
+            "| proxy | first full programming (s) | endpoints replaced p50 / p99 (ms) | Service added p50 / p99 (ms) | last endpoint removed p50 / p99 (ms) | missed | API write p50 / p99 (ms) | CPU (s) | peak RSS (MiB) | kernel mem Δ (KiB) | connect @N p50 / p99 (µs) | @N / loopback p50 | balance: max deviation (%) |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for r in &run.rows {
             let first = match (r.first_programming_s, &r.reached, &r.error) {
@@ -818,11 +912,13 @@ pub fn markdown(b: &ProxiesBench) -> String {
             };
             writeln!(
                 s,
-                "| {} | {first} | {} | {} | {} | {} | {} | {} | {} | {ratio} |",
+                "| {} | {first} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {ratio} | {} |",
                 r.proxy,
                 ms_pair(r.endpoint_change.as_ref()).replace('/', " / "),
                 ms_pair(r.service_added.as_ref()).replace('/', " / "),
+                ms_pair(r.endpoint_removed.as_ref()).replace('/', " / "),
                 r.changes_missed,
+                ms_pair(r.api_write.as_ref()).replace('/', " / "),
                 r.cpu_s
                     .map(|c| format!("{c:.1}"))
                     .unwrap_or_else(|| "-".into()),
@@ -833,6 +929,9 @@ pub fn markdown(b: &ProxiesBench) -> String {
                     .map(|k| k.to_string())
                     .unwrap_or_else(|| "-".into()),
                 us(&r.latency_at_n),
+                r.balance_max_dev_pct
+                    .map(|d| format!("{d:.1}"))
+                    .unwrap_or_else(|| "-".into()),
             )
             .unwrap();
         }
