@@ -209,6 +209,8 @@ pub struct SizeRun {
 #[derive(Debug, Clone, Serialize)]
 pub struct ProxiesBench {
     pub command: String,
+    pub date: String,
+    pub tree: String,
     pub kubernetes: String,
     pub kernel: String,
     pub iptables: String,
@@ -238,6 +240,8 @@ pub fn run(
 ) -> anyhow::Result<(ProxiesBench, Vec<String>)> {
     let mut bench = ProxiesBench {
         command,
+        date: crate::report::now_utc(),
+        tree: crate::report::tree_state(),
         kubernetes: controlplane::kubernetes_version().to_string(),
         kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_string())
@@ -879,8 +883,8 @@ pub fn markdown(b: &ProxiesBench) -> String {
     let mut s = String::new();
     writeln!(
         s,
-        "Kubernetes {}, kernel {}, {}; command: `{}`\n",
-        b.kubernetes, b.kernel, b.iptables, b.command
+        "{}, tree {}, Kubernetes {}, kernel {}, {}; command: `{}`\n",
+        b.date, b.tree, b.kubernetes, b.kernel, b.iptables, b.command
     )
     .unwrap();
     for run in &b.runs {
@@ -947,7 +951,264 @@ fn write(b: &ProxiesBench, out_dir: &Path) -> anyhow::Result<()> {
     let md = out_dir.join("proxies.md");
     let text = markdown(b);
     std::fs::write(&md, &text)?;
+    let svg = out_dir.join("proxies.svg");
+    std::fs::write(&svg, chart(b))?;
     println!("\n{text}");
-    println!("wrote {}\nwrote {}", json.display(), md.display());
+    println!(
+        "wrote {}\nwrote {}\nwrote {}",
+        json.display(),
+        md.display(),
+        svg.display()
+    );
     Ok(())
+}
+
+/// One panel per metric, Services on the x axis (log scale), one line per proxy; the y axes are
+/// logarithmic too, since kube-proxy and kpr differ by orders of magnitude.
+pub fn chart(b: &ProxiesBench) -> String {
+    use std::fmt::Write as _;
+    type Metric = (&'static str, fn(&Row) -> Option<f64>);
+    let metrics: [Metric; 4] = [
+        ("first full programming (s)", |r| r.first_programming_s),
+        ("endpoints replaced p99 (ms)", |r| {
+            r.endpoint_change.map(|l| l.p99_us / 1e3)
+        }),
+        ("CPU over the run (s)", |r| r.cpu_s),
+        ("peak RSS (MiB)", |r| r.peak_rss_mib),
+    ];
+    let colors = [
+        "#c0392b", "#e67e22", "#7f8c8d", "#2980b9", "#16a085", "#8e44ad", "#27ae60",
+    ];
+    let proxies: Vec<String> = {
+        let mut names: Vec<String> = Vec::new();
+        for r in b.runs.iter().flat_map(|run| &run.rows) {
+            if !names.contains(&r.proxy) {
+                names.push(r.proxy.clone());
+            }
+        }
+        names
+    };
+    let sizes: Vec<f64> = b.runs.iter().map(|r| r.services as f64).collect();
+    let (pw, ph, margin) = (420.0, 260.0, 60.0);
+    let width = 2.0 * (pw + margin) + 200.0;
+    let height = 2.0 * (ph + margin) + 40.0;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"11\">\n"
+    );
+    writeln!(
+        s,
+        "<text x=\"10\" y=\"18\" font-size=\"14\">kube-proxy and kpr fed by kube-apiserver {}, \
+         kernel {} (log scales)</text>",
+        b.kubernetes, b.kernel
+    )
+    .unwrap();
+    let log = |v: f64| v.max(1e-6).log10();
+    let (xmin, xmax) = sizes.iter().fold((f64::MAX, f64::MIN), |(a, z), &v| {
+        (a.min(log(v)), z.max(log(v)))
+    });
+    for (m, (title, get)) in metrics.iter().enumerate() {
+        let ox = margin + (m % 2) as f64 * (pw + margin);
+        let oy = 40.0 + (m / 2) as f64 * (ph + margin);
+        writeln!(
+            s,
+            "<text x=\"{ox}\" y=\"{}\" font-size=\"12\">{}</text>",
+            oy + 12.0,
+            xml(title)
+        )
+        .unwrap();
+        let values: Vec<f64> = b
+            .runs
+            .iter()
+            .flat_map(|run| run.rows.iter().filter_map(get))
+            .filter(|v| *v > 0.0)
+            .collect();
+        if values.is_empty() {
+            continue;
+        }
+        let (ymin, ymax) = values.iter().fold((f64::MAX, f64::MIN), |(a, z), &v| {
+            (a.min(log(v)), z.max(log(v)))
+        });
+        let (ymin, ymax) = (ymin.floor(), ymax.ceil().max(ymin.floor() + 1.0));
+        let top = oy + 20.0;
+        let x = |v: f64| {
+            if xmax > xmin {
+                ox + (log(v) - xmin) / (xmax - xmin) * pw
+            } else {
+                ox + pw / 2.0
+            }
+        };
+        let y = |v: f64| top + ph - (log(v) - ymin) / (ymax - ymin) * ph;
+        writeln!(
+            s,
+            "<rect x=\"{ox}\" y=\"{top}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#999\"/>"
+        )
+        .unwrap();
+        let mut decade = ymin;
+        while decade <= ymax {
+            let v = 10f64.powf(decade);
+            writeln!(
+                s,
+                "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                ox - 4.0,
+                y(v) + 4.0,
+                if v >= 1.0 {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v}")
+                }
+            )
+            .unwrap();
+            decade += 1.0;
+        }
+        for &n in &sizes {
+            writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{n:.0}</text>",
+                x(n),
+                top + ph + 14.0
+            )
+            .unwrap();
+        }
+        for (k, proxy) in proxies.iter().enumerate() {
+            let points: Vec<String> = b
+                .runs
+                .iter()
+                .filter_map(|run| {
+                    let row = run.rows.iter().find(|r| &r.proxy == proxy)?;
+                    let v = get(row).filter(|v| *v > 0.0)?;
+                    Some(format!("{:.1},{:.1}", x(run.services as f64), y(v)))
+                })
+                .collect();
+            let color = colors[k % colors.len()];
+            if points.len() > 1 {
+                writeln!(
+                    s,
+                    "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>",
+                    points.join(" ")
+                )
+                .unwrap();
+            }
+            for p in &points {
+                let (px, py) = p.split_once(',').expect("formatted above");
+                writeln!(
+                    s,
+                    "<circle cx=\"{px}\" cy=\"{py}\" r=\"3\" fill=\"{color}\"/>"
+                )
+                .unwrap();
+            }
+        }
+    }
+    for (k, proxy) in proxies.iter().enumerate() {
+        let ly = 60.0 + 18.0 * k as f64;
+        let lx = 2.0 * (pw + margin) + 10.0;
+        writeln!(
+            s,
+            "<rect x=\"{lx}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/>\
+             <text x=\"{}\" y=\"{ly}\">{}</text>",
+            ly - 10.0,
+            colors[k % colors.len()],
+            lx + 16.0,
+            xml(proxy)
+        )
+        .unwrap();
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_names_parse_and_ipvs_says_why_not() {
+        assert_eq!(
+            Proxy::parse("kube-proxy-nftables").unwrap(),
+            Proxy::KubeProxy("nftables")
+        );
+        assert_eq!(
+            Proxy::parse("kpr-iptables-nft").unwrap(),
+            Proxy::Kpr("iptables-nft".into())
+        );
+        let ipvs = Proxy::parse("kube-proxy-ipvs").unwrap_err().to_string();
+        assert!(ipvs.contains("not measured"), "{ipvs}");
+        assert!(Proxy::parse("kpr-bogus").is_err());
+        for name in PROXIES.split(',') {
+            Proxy::parse(name.trim()).unwrap();
+        }
+    }
+
+    #[test]
+    fn changes_are_spread_and_never_touch_the_last_service() {
+        let picked = changed_services(1_000, 100);
+        assert_eq!(picked.len(), 100);
+        assert_eq!(picked[0], 0);
+        assert!(picked.windows(2).all(|w| w[1] - w[0] >= 9));
+        assert!(picked.iter().all(|&i| i < 999));
+        // Fewer Services than changes: each at most once.
+        assert_eq!(changed_services(10, 100), (0..9).collect::<Vec<_>>());
+    }
+
+    fn row(proxy: &str, services: usize, first: f64) -> Row {
+        Row {
+            proxy: proxy.into(),
+            services,
+            first_programming_s: Some(first),
+            endpoint_change: Some(Latency {
+                p50_us: 4_000.0,
+                p99_us: 6_000.0,
+                samples: 100,
+            }),
+            cpu_s: Some(1.5),
+            peak_rss_mib: Some(40.0),
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn the_table_and_the_chart_show_every_proxy_and_size() {
+        let b = ProxiesBench {
+            command: "cargo xtask bench --source kube".into(),
+            date: "2026-11-26 12:00 UTC".into(),
+            tree: "abc1234".into(),
+            kubernetes: "v1.34.4".into(),
+            kernel: "6.18".into(),
+            iptables: "iptables v1.8.9 (nf_tables)".into(),
+            runs: [1_000, 20_000]
+                .iter()
+                .map(|&n| SizeRun {
+                    services: n,
+                    endpoints: 4,
+                    load_s: 1.0,
+                    rows: vec![
+                        row("kube-proxy nftables", n, 10.0),
+                        Row {
+                            reached: Some("the last Service did not answer within 900s".into()),
+                            first_programming_s: None,
+                            ..row("kube-proxy iptables", n, 0.0)
+                        },
+                        row("kpr ebpf", n, 0.5),
+                    ],
+                })
+                .collect(),
+        };
+        let md = markdown(&b);
+        assert_eq!(
+            md.matches("| kpr ebpf | 0.50 | 4.0 / 6.0 |").count(),
+            2,
+            "{md}"
+        );
+        assert!(md.contains("did not answer within 900s"), "{md}");
+        let svg = chart(&b);
+        // Four panels, a line per proxy that has two points in a panel.
+        assert_eq!(svg.matches("<polyline").count(), 4 * 2 + 3, "{svg}");
+        assert!(svg.contains("kube-proxy iptables"));
+    }
 }
