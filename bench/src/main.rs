@@ -186,7 +186,8 @@ pub struct BenchArgs {
     /// target/bench/proxies.{json,md}).
     #[arg(long, default_value = "file", value_parser = ["file", "kube"])]
     pub source: String,
-    /// Proxies of the `--source kube` row, in order: kube-proxy-iptables, kube-proxy-nftables,
+    /// Proxies of the `--source kube` row, in order: kube-proxy-iptables (the host's iptables),
+    /// kube-proxy-iptables-legacy (iptables-legacy first on its PATH), kube-proxy-nftables,
     /// kpr-userspace, kpr-nftables, kpr-iptables-legacy, kpr-iptables-nft, kpr-ebpf (--quick:
     /// kube-proxy-nftables, kpr-nftables, kpr-ebpf).
     #[arg(long, value_delimiter = ',')]

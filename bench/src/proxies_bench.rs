@@ -52,7 +52,8 @@ use crate::workload::{Workload, SERVICE_PORT};
 /// Default sizes of a full run.
 pub const SIZES: &str = "1000,5000,20000";
 /// Default proxies, in the order they run.
-pub const PROXIES: &str = "kube-proxy-iptables,kube-proxy-nftables,kpr-userspace,kpr-nftables,\
+pub const PROXIES: &str = "kube-proxy-iptables,kube-proxy-iptables-legacy,kube-proxy-nftables,\
+                           kpr-userspace,kpr-nftables,\
                            kpr-iptables-legacy,kpr-iptables-nft,kpr-ebpf";
 /// The namespace of the benchmark's Services.
 const NAMESPACE: &str = "bench";
@@ -60,7 +61,9 @@ const NAMESPACE: &str = "bench";
 /// One proxy under test.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Proxy {
-    /// kube-proxy of the reference release in this `--proxy-mode`.
+    /// kube-proxy of the reference release in this `--proxy-mode` (`iptables-legacy`: iptables
+    /// mode with iptables-legacy first on its PATH; plain `iptables` runs whatever the host's
+    /// `iptables` is).
     KubeProxy(&'static str),
     /// kpr's agent with this backend (`iptables-legacy` / `iptables-nft` pick the iptables
     /// flavour).
@@ -71,6 +74,7 @@ impl Proxy {
     pub fn parse(name: &str) -> anyhow::Result<Proxy> {
         match name {
             "kube-proxy-iptables" => Ok(Proxy::KubeProxy("iptables")),
+            "kube-proxy-iptables-legacy" => Ok(Proxy::KubeProxy("iptables-legacy")),
             "kube-proxy-nftables" => Ok(Proxy::KubeProxy("nftables")),
             "kube-proxy-ipvs" => bail!(
                 "--proxies kube-proxy-ipvs: not measured: kube-proxy's ipvs mode is deprecated \
@@ -81,7 +85,8 @@ impl Proxy {
                     b @ ("userspace" | "nftables" | "iptables-legacy" | "iptables-nft" | "ebpf"),
                 ) => Ok(Proxy::Kpr(b.to_string())),
                 _ => bail!(
-                    "--proxies {name}: unknown (kube-proxy-iptables, kube-proxy-nftables, \
+                    "--proxies {name}: unknown (kube-proxy-iptables, kube-proxy-iptables-legacy, \
+                     kube-proxy-nftables, \
                      kpr-userspace, kpr-nftables, kpr-iptables-legacy, kpr-iptables-nft, kpr-ebpf)"
                 ),
             },
@@ -90,6 +95,7 @@ impl Proxy {
 
     pub fn name(&self) -> String {
         match self {
+            Proxy::KubeProxy("iptables-legacy") => "kube-proxy iptables (legacy)".into(),
             Proxy::KubeProxy(mode) => format!("kube-proxy {mode}"),
             Proxy::Kpr(backend) => format!("kpr {backend}"),
         }
@@ -193,6 +199,8 @@ pub struct Row {
     /// Largest deviation of an endpoint's share of the last Service's connections from an even
     /// split, in percent.
     pub balance_max_dev_pct: Option<f64>,
+    /// Measurements that could not be taken, and why (the row's other columns still hold).
+    pub notes: Vec<String>,
     pub error: Option<String>,
 }
 
@@ -537,7 +545,7 @@ fn measure(
     let answered = podclient.run(|| {
         let deadline = started + plan.start_limit;
         while Instant::now() < deadline {
-            if kpr_tests::client::tcp_request_here(last, Duration::from_millis(200)).is_ok() {
+            if kpr_tests::client::tcp_request_here(last, PROBE_TIMEOUT).is_ok() {
                 return Some(started.elapsed());
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -551,8 +559,20 @@ fn measure(
             println!("    first full programming: {:.2} s", t.as_secs_f64());
         }
         None => {
+            // How far it got: a sample of Services spread over the whole range.
+            let sample: Vec<usize> = (0..SAMPLED).map(|k| k * w.services / SAMPLED).collect();
+            let answering = podclient.run(|| {
+                sample
+                    .iter()
+                    .filter(|&&i| {
+                        let to = SocketAddr::new(IpAddr::V4(Workload::cluster_ip(i)), SERVICE_PORT);
+                        kpr_tests::client::tcp_request_here(to, Duration::from_millis(200)).is_ok()
+                    })
+                    .count()
+            })?;
             row.reached = Some(format!(
-                "the last Service did not answer within {:?}",
+                "the last Service did not answer within {:?} ({answering} of {SAMPLED} Services \
+                 sampled over the range did)",
                 plan.start_limit
             ));
             println!("    {}", row.reached.as_deref().unwrap_or_default());
@@ -565,7 +585,12 @@ fn measure(
         .zip(crate::kernel_memory_kib())
         .map(|(before, after)| after - before);
     // Connect latency at N, against the loopback reference on the same client.
-    row.latency_at_n = Some(traffic::latency(podclient, last, plan.latency_samples)?);
+    // A proxy that fails some connections here (kube-proxy reprogramming after its first sync)
+    // gets that written in its row; the rest of the row is still measured.
+    match traffic::latency(podclient, last, plan.latency_samples) {
+        Ok(l) => row.latency_at_n = Some(l),
+        Err(e) => row.notes.push(format!("connect @N: {e:#}")),
+    }
     row.loopback = Some(traffic::latency(
         podclient,
         SocketAddr::from(crate::LOOPBACK_SERVER),
@@ -573,8 +598,12 @@ fn measure(
     )?);
     // Balance: how evenly the last Service's connections spread over its endpoints (kube-proxy
     // picks at random; kpr round-robins by default).
-    let counts = traffic::distribution(podclient, last, plan.balance_connections)?;
-    row.balance_max_dev_pct = Some(traffic::max_deviation_pct(&counts, w.endpoints));
+    match traffic::distribution(podclient, last, plan.balance_connections) {
+        Ok(counts) => {
+            row.balance_max_dev_pct = Some(traffic::max_deviation_pct(&counts, w.endpoints));
+        }
+        Err(e) => row.notes.push(format!("balance: {e:#}")),
+    }
     // Network programming latency.
     let slices = Api::<EndpointSlice>::namespaced(client.clone(), NAMESPACE);
     let services = Api::<Service>::namespaced(client.clone(), NAMESPACE);
@@ -685,6 +714,9 @@ fn pace() {
     std::thread::sleep(Duration::from_millis(1_100));
 }
 
+/// Services probed, spread over the range, when a proxy did not program the last one in time.
+const SAMPLED: usize = 20;
+
 /// A probe's connect and read timeout while a change is awaited. A SYN sent before the proxy
 /// programmed a new Service is dropped, not refused, so a probe's timeout is the resolution of
 /// the measurement; an answered connection here takes well under a millisecond.
@@ -772,6 +804,13 @@ impl<'n> Running<'n> {
                 let log_path = dir.join("kube-proxy.log");
                 let log = std::fs::File::create(&log_path)?;
                 let mut cmd = node.exec(bins.path("kube-proxy"))?;
+                let mode = match *mode {
+                    "iptables-legacy" => {
+                        cmd.env("PATH", legacy_path(dir)?);
+                        "iptables"
+                    }
+                    other => other,
+                };
                 // Its normal flags for a node like the harness's; the conntrack ones keep it off
                 // machine-wide sysctls (0 leaves a setting alone).
                 cmd.args(["--proxy-mode", mode, "--kubeconfig"])
@@ -877,6 +916,35 @@ impl Drop for Running<'_> {
     }
 }
 
+/// A PATH whose `iptables*` and `ip6tables*` are the legacy (xtables) binaries, ahead of the
+/// rest: kube-proxy runs whichever `iptables-restore` its PATH finds.
+fn legacy_path(dir: &Path) -> anyhow::Result<std::ffi::OsString> {
+    let bin = dir.join("iptables-legacy-bin");
+    std::fs::create_dir_all(&bin)?;
+    for family in ["iptables", "ip6tables"] {
+        for suffix in ["", "-save", "-restore"] {
+            let target = which(&format!("{family}-legacy{suffix}")).with_context(|| {
+                format!("kube-proxy-iptables-legacy needs {family}-legacy{suffix} on PATH")
+            })?;
+            let link = bin.join(format!("{family}{suffix}"));
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(target, link)?;
+        }
+    }
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    Ok(std::env::join_paths(
+        std::iter::once(bin).chain(std::env::split_paths(&rest)),
+    )?)
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
 /// The table: one block per size.
 pub fn markdown(b: &ProxiesBench) -> String {
     use std::fmt::Write as _;
@@ -900,9 +968,15 @@ pub fn markdown(b: &ProxiesBench) -> String {
         );
         for r in &run.rows {
             let first = match (r.first_programming_s, &r.reached, &r.error) {
-                (_, _, Some(e)) => format!("error: {}", e.lines().next().unwrap_or_default()),
-                (Some(t), _, _) => format!("{t:.2}"),
-                (None, Some(why), _) => why.clone(),
+                (Some(t), _, Some(e)) => {
+                    format!(
+                        "{t:.2}, then error: {}",
+                        e.lines().next().unwrap_or_default()
+                    )
+                }
+                (None, _, Some(e)) => format!("error: {}", e.lines().next().unwrap_or_default()),
+                (Some(t), _, None) => format!("{t:.2}"),
+                (None, Some(why), None) => why.clone(),
                 (None, None, None) => "-".into(),
             };
             let us = |l: &Option<Latency>| {
@@ -938,6 +1012,9 @@ pub fn markdown(b: &ProxiesBench) -> String {
                     .unwrap_or_else(|| "-".into()),
             )
             .unwrap();
+        }
+        for r in run.rows.iter().filter(|r| !r.notes.is_empty()) {
+            writeln!(s, "\n{}: {}", r.proxy, r.notes.join("; ")).unwrap();
         }
         s.push('\n');
     }
