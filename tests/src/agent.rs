@@ -281,15 +281,23 @@ impl<'n> Agent<'n> {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        args.extend(self.optional_args());
+        args.extend(self.isolation_args()?);
+        args.extend(o.extra_args.iter().cloned());
+        Ok(args)
+    }
+
+    /// Flags only some runs pass: the suites' short minimum sync period, a benchmark's kubeconfig.
+    fn optional_args(&self) -> Vec<String> {
+        let o = &self.opts;
+        let mut args = Vec::new();
         if let Some(period) = &o.min_sync_period {
             args.extend(["--min-sync-period".to_string(), period.clone()]);
         }
         if let Some(kubeconfig) = &o.kubeconfig {
             args.extend(["--kubeconfig".to_string(), kubeconfig.display().to_string()]);
         }
-        args.extend(self.isolation_args()?);
-        args.extend(o.extra_args.iter().cloned());
-        Ok(args)
+        args
     }
 
     /// Flags that keep an eBPF agent off the machine's own cgroup and pins.
