@@ -1,5 +1,5 @@
-//! The proxies row (`cargo xtask bench --proxies`): the real kube-proxy (iptables and nftables
-//! modes, the reference release's binary) next to every kpr backend's agent, each fed by the same
+//! The proxies row (`cargo xtask bench --source kube`): the real kube-proxy (iptables mode with
+//! the host's iptables and with iptables-legacy, nftables mode; the reference release's binary) next to every kpr backend's agent, each fed by the same
 //! real kube-apiserver and measured from outside the same way.
 //!
 //! Per size N: a reference control plane; N Services (clusterIP `Workload::cluster_ip(i)`, the
@@ -20,7 +20,8 @@
 //! - the process's CPU seconds (its own and its waited-for children's, as kube-proxy runs
 //!   iptables-restore) and peak RSS over the run; kernel memory (machine-wide, Slab + vmalloc +
 //!   per-cpu) before the start and after the first full programming;
-//! - connect latency to the last Service against the pod client's loopback.
+//! - connect latency to the last Service against the pod client's loopback, and how evenly its
+//!   connections spread over its endpoints.
 //!
 //! Every change is undone through the API after each proxy's run, so every proxy sees the same
 //! objects. Nothing here reads a proxy's own metrics.
