@@ -467,18 +467,15 @@ fn agent(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
 
 /// VmHWM of the `proxy` process running in `ns`.
 fn agent_vmhwm_kib(ns: &Netns) -> Option<u64> {
+    crate::workload_controllers::vm_hwm_kib(pid_named(ns, "proxy")?).ok()
+}
+
+/// The process called `comm` (as /proc/PID/comm gives it) in `ns`.
+pub fn pid_named(ns: &Netns, comm: &str) -> Option<u32> {
     ns.pids().into_iter().find_map(|pid| {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        if comm.trim() != "proxy" {
-            return None;
-        }
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        (name.trim() == comm)
+            .then(|| u32::try_from(pid).ok())
+            .flatten()
     })
 }

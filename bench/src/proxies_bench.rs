@@ -47,6 +47,7 @@ use kube::{Api, Client};
 use serde::Serialize;
 use serde_json::json;
 
+use crate::report::xml;
 use crate::traffic::{self, InCgroup, Latency};
 use crate::workload::{Workload, SERVICE_PORT};
 
@@ -99,14 +100,6 @@ impl Proxy {
             Proxy::KubeProxy("iptables-legacy") => "kube-proxy iptables (legacy)".into(),
             Proxy::KubeProxy(mode) => format!("kube-proxy {mode}"),
             Proxy::Kpr(backend) => format!("kpr {backend}"),
-        }
-    }
-
-    /// The process name (`/proc/PID/comm`) to find it by in its node namespace.
-    fn comm(&self) -> &'static str {
-        match self {
-            Proxy::KubeProxy(_) => "kube-proxy",
-            Proxy::Kpr(_) => "proxy",
         }
     }
 }
@@ -864,47 +857,26 @@ impl<'n> Running<'n> {
         }
     }
 
+    /// The process name (`/proc/PID/comm`) to find it by in its node namespace.
     fn comm(&self) -> &'static str {
         match self {
-            Running::Kpr(..) => Proxy::Kpr(String::new()).comm(),
-            Running::KubeProxy(..) => Proxy::KubeProxy("").comm(),
+            Running::Kpr(..) => "proxy",
+            Running::KubeProxy(..) => "kube-proxy",
         }
     }
 
     /// The process in the node namespace, found by name.
-    fn pid(&self) -> Option<i32> {
-        self.ns().pids().into_iter().find(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|c| c.trim() == self.comm())
-        })
+    fn pid(&self) -> Option<u32> {
+        crate::backend::pid_named(self.ns(), self.comm())
     }
 
-    /// utime + stime + cutime + cstime.
     fn cpu_s(&self) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()?)).ok()?;
-        let after = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        // Fields 14-17 of stat(5), counted after the command name: indexes 11-14 here.
-        let ticks: u64 = fields
-            .get(11..15)?
-            .iter()
-            .map(|f| f.parse::<u64>().ok())
-            .sum::<Option<u64>>()?;
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        Some(ticks as f64 / hz.max(1) as f64)
+        crate::workload_controllers::cpu_seconds_with_children(self.pid()?).ok()
     }
 
     fn peak_rss_mib(&self) -> Option<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
-        let kib: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()?;
-        Some(kib / 1024.0)
+        let kib = crate::workload_controllers::vm_hwm_kib(self.pid()?).ok()?;
+        Some(kib as f64 / 1024.0)
     }
 }
 
@@ -1193,12 +1165,6 @@ pub fn chart(b: &ProxiesBench) -> String {
     }
     s.push_str("</svg>\n");
     s
-}
-
-fn xml(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 #[cfg(test)]

@@ -354,7 +354,8 @@ fn pair(a: Option<f64>, b: Option<f64>) -> String {
     format!("{} / {}", opt(a, 2), opt(b, 2))
 }
 
-fn xml(s: &str) -> String {
+/// `s` escaped for SVG text and attributes.
+pub(crate) fn xml(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -1113,21 +1113,46 @@ fn count_events(text: &str, [create, update, done]: [Timestamp; 3]) -> anyhow::R
 
 /// utime + stime of process `pid`, in seconds.
 pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
-    parse_cpu_ticks(&stat)
-        .map(|ticks| ticks as f64 / clock_ticks())
-        .with_context(|| format!("no utime/stime in /proc/{pid}/stat: {stat}"))
+    stat_seconds(pid, CpuTimes::Own)
 }
 
-/// Fields 14 and 15 of /proc/PID/stat (counted after the parenthesized command, which may hold
-/// spaces).
-fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+/// utime + stime + cutime + cstime of process `pid` (its own CPU and that of the children it
+/// has waited for, such as kube-proxy's iptables-restore runs), in seconds.
+pub(crate) fn cpu_seconds_with_children(pid: u32) -> anyhow::Result<f64> {
+    stat_seconds(pid, CpuTimes::WithChildren)
+}
+
+/// Which CPU times of /proc/PID/stat to add up.
+#[derive(Clone, Copy)]
+enum CpuTimes {
+    /// utime, stime (fields 14 and 15).
+    Own,
+    /// utime, stime, cutime, cstime (fields 14 to 17).
+    WithChildren,
+}
+
+fn stat_seconds(pid: u32, times: CpuTimes) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    parse_cpu_ticks(&stat, times)
+        .map(|ticks| ticks as f64 / clock_ticks())
+        .with_context(|| format!("no CPU times in /proc/{pid}/stat: {stat}"))
+}
+
+/// The CPU time fields of /proc/PID/stat, added up (counted after the parenthesized command,
+/// which may hold spaces).
+fn parse_cpu_ticks(stat: &str, times: CpuTimes) -> Option<u64> {
     let (_, rest) = stat.rsplit_once(')')?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    let count = match times {
+        CpuTimes::Own => 2,
+        CpuTimes::WithChildren => 4,
+    };
+    fields
+        .get(11..11 + count)?
+        .iter()
+        .map(|f| f.parse::<u64>().ok())
+        .sum()
 }
 
 fn clock_ticks() -> f64 {
@@ -1445,7 +1470,18 @@ mod tests {
     #[test]
     fn cpu_ticks_after_a_command_with_spaces() {
         let stat = "4242 (kube controller) S 1 4242 4242 0 -1 4194560 100 0 0 0 1234 56 0 0 20 0 8 0 10 100 10";
-        assert_eq!(parse_cpu_ticks(stat), Some(1290));
-        assert_eq!(parse_cpu_ticks("4242 (x) S 1"), None);
+        assert_eq!(parse_cpu_ticks(stat, CpuTimes::Own), Some(1290));
+        assert_eq!(parse_cpu_ticks("4242 (x) S 1", CpuTimes::Own), None);
+        // With the waited-for children's cutime and cstime (fields 16 and 17).
+        let stat = "4242 (kube-proxy) S 1 4242 4242 0 -1 4194560 100 0 0 0 1234 56 700 8 20 0 8 0 10 100 10";
+        assert_eq!(parse_cpu_ticks(stat, CpuTimes::Own), Some(1290));
+        assert_eq!(parse_cpu_ticks(stat, CpuTimes::WithChildren), Some(1998));
+        assert_eq!(
+            parse_cpu_ticks(
+                "4242 (x) S 1 2 3 4 5 6 7 8 9 10 11 12",
+                CpuTimes::WithChildren
+            ),
+            None
+        );
     }
 }
