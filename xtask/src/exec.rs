@@ -21,7 +21,7 @@ pub struct Cmd {
 }
 
 /// Whether [`exec`] hands the child's standard output back, lets it through to the terminal, or
-/// both (each line printed as it comes and kept).
+/// both (printed as it comes and kept).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Output {
     Inherit,
@@ -91,7 +91,7 @@ impl Cmd {
         exec(self, Output::Capture)
     }
 
-    /// Runs the command with its standard output going to the terminal line by line and also
+    /// Runs the command with its standard output and error going to the terminal and also
     /// kept: the result and the output, which a caller reads even when the command failed (to
     /// name the failing tests in a summary, say).
     pub fn run_tee(&self) -> (anyhow::Result<()>, String) {
@@ -166,7 +166,7 @@ fn exec(cmd: &Cmd, output: Output) -> anyhow::Result<String> {
 /// [`exec`], with the child's standard output (when captured or teed) written into `out` as it
 /// arrives, so it is there even when the command fails.
 fn exec_into(cmd: &Cmd, output: Output, out: &mut String) -> anyhow::Result<()> {
-    use std::io::{BufRead as _, Read as _, Write as _};
+    use std::io::Read as _;
     if cmd.dry_run {
         println!("$ {cmd}    # dry run: not executed");
         return Ok(());
@@ -194,39 +194,14 @@ fn exec_into(cmd: &Cmd, output: Output, out: &mut String) -> anyhow::Result<()> 
     })?;
     // Standard error of a teed command goes through and is kept too, after standard output
     // (cargo reports a test binary that crashed there).
-    let stderr = child.stderr.take().map(|mut stderr| {
-        std::thread::spawn(move || {
-            let mut kept = Vec::new();
-            let mut chunk = [0u8; 8192];
-            let mut terminal = std::io::stderr();
-            while let Ok(n) = stderr.read(&mut chunk) {
-                if n == 0 {
-                    break;
-                }
-                let _ = terminal.write_all(&chunk[..n]);
-                kept.extend_from_slice(&chunk[..n]);
-            }
-            kept
-        })
-    });
+    let stderr = child
+        .stderr
+        .take()
+        .map(|stderr| std::thread::spawn(move || tee(stderr, std::io::stderr())));
     let mut bytes = Vec::new();
     if let Some(mut stdout) = child.stdout.take() {
         if output == Output::Tee {
-            let mut lines = std::io::BufReader::new(stdout);
-            let mut line = Vec::new();
-            let mut terminal = std::io::stdout();
-            loop {
-                line.clear();
-                let n = lines
-                    .read_until(b'\n', &mut line)
-                    .with_context(|| format!("reading the output of `{cmd}`"))?;
-                if n == 0 {
-                    break;
-                }
-                // The terminal is a convenience; a closed one must not stop the child's run.
-                let _ = terminal.write_all(&line).and_then(|()| terminal.flush());
-                bytes.extend_from_slice(&line);
-            }
+            bytes = tee(stdout, std::io::stdout());
         } else {
             stdout
                 .read_to_end(&mut bytes)
@@ -251,6 +226,23 @@ fn exec_into(cmd: &Cmd, output: Output, out: &mut String) -> anyhow::Result<()> 
         bail!("`{cmd}` failed: {status}");
     }
     Ok(())
+}
+
+/// Copies `from` to `terminal` as it arrives and returns all of it. The terminal is a
+/// convenience: a closed one does not stop the copy (nor the child that writes into `from`).
+fn tee(mut from: impl std::io::Read, mut terminal: impl std::io::Write) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut chunk = [0u8; 8192];
+    while let Ok(n) = from.read(&mut chunk) {
+        if n == 0 {
+            break;
+        }
+        let _ = terminal
+            .write_all(&chunk[..n])
+            .and_then(|()| terminal.flush());
+        kept.extend_from_slice(&chunk[..n]);
+    }
+    kept
 }
 
 #[cfg(test)]
