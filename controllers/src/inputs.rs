@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::cache::{Change, Indexed};
 use crate::podutil;
+use crate::runtime::cached_pod::CachedPod;
 
 /// What a controller over Services and Pods starts from.
 pub struct Inputs {
@@ -27,7 +28,7 @@ pub struct Inputs {
     /// Services indexed by `ns/key=value` of their selector.
     pub services: Arc<Indexed<Service>>,
     /// Pods indexed by `ns/key=value` of their labels.
-    pub pods: Arc<Indexed<Pod>>,
+    pub pods: Arc<Indexed<CachedPod>>,
     /// The Service watch stream (drive it with `Controller::for_stream`).
     pub service_stream: BoxStream<'static, Result<Service, watcher::Error>>,
     /// Services to reconcile because a Pod changed (drive it with `Controller::reconcile_on`).
@@ -45,7 +46,7 @@ fn label_keys(ns: &str, labels: &std::collections::BTreeMap<String, String>) -> 
 }
 
 /// Index of a Pod: one key per label, plus `node:NAME` for its node.
-pub fn pod_index(p: &Pod) -> Vec<String> {
+pub fn pod_index(p: &CachedPod) -> Vec<String> {
     let mut keys = label_keys(&p.namespace().unwrap_or_default(), p.labels());
     if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
         keys.push(format!("node:{node}"));
@@ -61,7 +62,7 @@ pub fn service_index(s: &Service) -> Vec<String> {
 }
 
 /// The Pods a Service selects (through the index of its first selector pair).
-pub fn pods_for(pods: &Indexed<Pod>, svc: &Service) -> Vec<Arc<Pod>> {
+pub fn pods_for(pods: &Indexed<CachedPod>, svc: &Service) -> Vec<Arc<CachedPod>> {
     let Some(sel) = podutil::service_selector(svc) else {
         return Vec::new();
     };
@@ -69,7 +70,7 @@ pub fn pods_for(pods: &Indexed<Pod>, svc: &Service) -> Vec<Arc<Pod>> {
     let Some((k, v)) = sel.iter().next() else {
         return Vec::new();
     };
-    let mut out: Vec<Arc<Pod>> = pods
+    let mut out: Vec<Arc<CachedPod>> = pods
         .by_index(&format!("{ns}/{k}={v}"))
         .into_iter()
         .filter(|p| podutil::selector_matches(sel, Some(p.labels())))
@@ -79,7 +80,7 @@ pub fn pods_for(pods: &Indexed<Pod>, svc: &Service) -> Vec<Arc<Pod>> {
 }
 
 /// The Services selecting a Pod.
-pub fn services_for(services: &Indexed<Service>, pod: &Pod) -> HashSet<ObjectRef<Service>> {
+pub fn services_for(services: &Indexed<Service>, pod: &CachedPod) -> HashSet<ObjectRef<Service>> {
     let mut out = HashSet::new();
     for ix in label_keys(&pod.namespace().unwrap_or_default(), pod.labels()) {
         for svc in services.by_index(&ix) {
@@ -95,7 +96,7 @@ pub fn services_for(services: &Indexed<Service>, pod: &Pod) -> HashSet<ObjectRef
 
 fn pod_change_triggers(
     services: &Indexed<Service>,
-    change: Change<Pod>,
+    change: Change<CachedPod>,
 ) -> Vec<ObjectRef<Service>> {
     match change {
         Change::One { old, new } => {
@@ -138,20 +139,23 @@ pub fn inputs(client: &Client) -> Inputs {
     .touched_objects()
     .boxed();
     let (pod_cache, svc_cache) = (pods.clone(), services.clone());
-    let pod_triggers = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .filter_map(move |ev| {
-            let refs = match ev {
-                Ok(ev) => pod_change_triggers(&svc_cache, pod_cache.apply(&ev)),
-                Err(e) => {
-                    tracing::warn!("pod watch: {e}");
-                    Vec::new()
-                }
-            };
-            futures::future::ready(Some(futures::stream::iter(refs)))
-        })
-        .flatten()
-        .boxed();
+    let pod_triggers = watcher(
+        Api::<CachedPod>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .filter_map(move |ev| {
+        let refs = match ev {
+            Ok(ev) => pod_change_triggers(&svc_cache, pod_cache.apply(&ev)),
+            Err(e) => {
+                tracing::warn!("pod watch: {e}");
+                Vec::new()
+            }
+        };
+        futures::future::ready(Some(futures::stream::iter(refs)))
+    })
+    .flatten()
+    .boxed();
     Inputs {
         reader,
         services,

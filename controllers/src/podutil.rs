@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::{Pod, Service, ServicePort};
+use crate::runtime::cached_pod::CachedPod;
+use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// The three EndpointSlice conditions of one Pod.
@@ -40,7 +41,7 @@ pub fn service_selector(svc: &Service) -> Option<&BTreeMap<String, String>> {
 }
 
 /// The Pod's Ready condition is True.
-pub fn is_pod_ready(pod: &Pod) -> bool {
+pub fn is_pod_ready(pod: &CachedPod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -48,7 +49,7 @@ pub fn is_pod_ready(pod: &Pod) -> bool {
 }
 
 /// The Pod has terminated (Succeeded or Failed): it never belongs in endpoints.
-pub fn is_terminal(pod: &Pod) -> bool {
+pub fn is_terminal(pod: &CachedPod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
@@ -56,7 +57,7 @@ pub fn is_terminal(pod: &Pod) -> bool {
 }
 
 /// The Pod's IPs (status.podIPs, else status.podIP), parsed; unparsable ones are skipped.
-pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+pub fn pod_ips(pod: &CachedPod) -> Vec<IpAddr> {
     let Some(status) = pod.status.as_ref() else {
         return Vec::new();
     };
@@ -79,7 +80,7 @@ pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
 
 /// Whether the Pod goes into endpoints at all: not terminal, has an IP, and, when
 /// `include_terminating` is false, not being deleted.
-pub fn should_be_in_endpoints(pod: &Pod, include_terminating: bool) -> bool {
+pub fn should_be_in_endpoints(pod: &CachedPod, include_terminating: bool) -> bool {
     !is_terminal(pod)
         && !pod_ips(pod).is_empty()
         && (include_terminating || pod.metadata.deletion_timestamp.is_none())
@@ -88,7 +89,7 @@ pub fn should_be_in_endpoints(pod: &Pod, include_terminating: bool) -> bool {
 /// EndpointSlice conditions as kube-controller-manager computes them: serving is the Ready
 /// condition, terminating is a deletionTimestamp, ready is serving and not terminating, or always
 /// true with publishNotReadyAddresses.
-pub fn conditions(pod: &Pod, publish_not_ready: bool) -> Conditions {
+pub fn conditions(pod: &CachedPod, publish_not_ready: bool) -> Conditions {
     let serving = is_pod_ready(pod);
     let terminating = pod.metadata.deletion_timestamp.is_some();
     Conditions {
@@ -111,7 +112,7 @@ pub fn publish_not_ready(svc: &Service) -> bool {
 /// a name is looked up among the ports with the same protocol of the Pod's containers, then of its
 /// sidecars (init containers with `restartPolicy: Always`; plain init containers are not used).
 /// `None` when a name is not found (that port is then left out for this Pod, as upstream does).
-pub fn resolve_target_port(pod: &Pod, port: &ServicePort) -> Option<i32> {
+pub fn resolve_target_port(pod: &CachedPod, port: &ServicePort) -> Option<i32> {
     let protocol = port.protocol.as_deref().unwrap_or("TCP");
     match &port.target_port {
         None => Some(port.port),
@@ -144,11 +145,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pod(v: serde_json::Value) -> Pod {
+    fn pod(v: serde_json::Value) -> CachedPod {
         serde_json::from_value(v).unwrap()
     }
 
-    fn named_port_pod() -> Pod {
+    fn named_port_pod() -> CachedPod {
         pod(json!({"metadata": {"name": "p"}, "spec": {"containers": [
             {"name": "a", "image": "x", "ports": [{"name": "http", "containerPort": 8080},
                                                  {"name": "dns", "containerPort": 5353, "protocol": "UDP"}]},

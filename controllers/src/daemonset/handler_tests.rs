@@ -6,12 +6,13 @@ use super::*;
 use kube::runtime::watcher::Event;
 use serde_json::{json, Value};
 
+use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::Informer;
 
 struct World {
     controller: Arc<Controller>,
     daemon_sets: Arc<Informer<DaemonSet>>,
-    pods: Arc<Informer<Pod>>,
+    pods: Arc<Informer<CachedPod>>,
     revisions: Arc<Informer<ControllerRevision>>,
     nodes: Arc<Informer<Node>>,
     _informers: Arc<Informers>,
@@ -25,7 +26,7 @@ fn world() -> World {
     let w = World {
         controller,
         daemon_sets: informers.get::<DaemonSet>(),
-        pods: informers.get::<Pod>(),
+        pods: informers.get::<CachedPod>(),
         revisions: informers.get::<ControllerRevision>(),
         nodes: informers.get::<Node>(),
         _informers: informers,
@@ -46,7 +47,7 @@ fn world() -> World {
 }
 
 /// A Pod labelled `app`, controlled by DaemonSet `owner` (name, uid) when given, bound to `node`.
-fn pod(name: &str, rv: &str, app: &str, owner: Option<(&str, &str)>, node: &str) -> Pod {
+fn pod(name: &str, rv: &str, app: &str, owner: Option<(&str, &str)>, node: &str) -> CachedPod {
     let mut v = json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
                                     "resourceVersion": rv, "labels": {"app": app}},
                        "spec": {"nodeName": node, "containers": []}});

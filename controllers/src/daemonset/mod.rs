@@ -54,6 +54,7 @@ use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
 
+use crate::runtime::cached_pod::CachedPod;
 use plan::{Clock, Eligibility, FailedPodsBackoff, NodeChanges};
 
 /// The work queue's (and metrics') name, as upstream.
@@ -108,7 +109,7 @@ pub struct Controller {
     config: Config,
     daemon_sets: Arc<Indexed<DaemonSet>>,
     revisions: Arc<Indexed<ControllerRevision>>,
-    pods: Arc<Indexed<Pod>>,
+    pods: Arc<Indexed<CachedPod>>,
     nodes: Arc<Indexed<Node>>,
     queue: Arc<WorkQueue<String>>,
     node_queue: Arc<WorkQueue<String>>,
@@ -125,7 +126,7 @@ fn controller_of(obj: &impl Resource) -> Option<&OwnerReference> {
         .find(|r| r.controller == Some(true))
 }
 
-fn orphan_namespace(p: &Pod) -> Vec<String> {
+fn orphan_namespace(p: &CachedPod) -> Vec<String> {
     if controller_of(p).is_some() {
         Vec::new()
     } else {
@@ -133,7 +134,7 @@ fn orphan_namespace(p: &Pod) -> Vec<String> {
     }
 }
 
-fn daemon_pod_node(p: &Pod) -> Vec<String> {
+fn daemon_pod_node(p: &CachedPod) -> Vec<String> {
     if controller_of(p).is_none_or(|r| r.kind != "DaemonSet") {
         return Vec::new();
     }
@@ -171,7 +172,7 @@ impl Controller {
     pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
         let ds_informer = informers.get::<DaemonSet>();
         let cr_informer = informers.get::<ControllerRevision>();
-        let pod_informer = informers.get::<Pod>();
+        let pod_informer = informers.get::<CachedPod>();
         let node_informer = informers.get::<Node>();
         pod_informer.add_index(ORPHAN_NAMESPACE, orphan_namespace);
         pod_informer.add_index(DAEMON_POD_NODE, daemon_pod_node);
@@ -359,7 +360,7 @@ impl Controller {
         }
     }
 
-    fn on_pod(&self, old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>) {
+    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
         match (old, new) {
             (None, Some(p)) => self.pod_added(p),
             (Some(o), Some(p)) => self.pod_updated(o, p),
@@ -368,7 +369,7 @@ impl Controller {
         }
     }
 
-    fn pod_added(&self, pod: &Pod) {
+    fn pod_added(&self, pod: &CachedPod) {
         if pod.metadata.deletion_timestamp.is_some() {
             // Seen first already terminating (after a restart): a deletion, not a creation.
             self.pod_deleted(pod);
@@ -388,7 +389,7 @@ impl Controller {
         }
     }
 
-    fn pod_updated(&self, old: &Pod, cur: &Pod) {
+    fn pod_updated(&self, old: &CachedPod, cur: &CachedPod) {
         if old.metadata.resource_version == cur.metadata.resource_version {
             return;
         }
@@ -424,7 +425,7 @@ impl Controller {
         }
     }
 
-    fn pod_deleted(&self, pod: &Pod) {
+    fn pod_deleted(&self, pod: &CachedPod) {
         let Some(r) = controller_of(pod) else { return };
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         if let Some(ds) = self.resolve(ns, r) {
@@ -570,7 +571,7 @@ impl Controller {
         selector: &crate::selector::Selector,
         eligibility: &Eligibility,
         nodes: &[Arc<Node>],
-        claimed: &[Arc<Pod>],
+        claimed: &[Arc<CachedPod>],
         hash: &str,
         key: &str,
         old: &[Arc<ControllerRevision>],
@@ -620,7 +621,7 @@ impl Controller {
         &self,
         ds: &Arc<DaemonSet>,
         selector: &crate::selector::Selector,
-    ) -> Result<Vec<Arc<Pod>>> {
+    ) -> Result<Vec<Arc<CachedPod>>> {
         let ns = ds.namespace().unwrap_or_default();
         let uid = ds.uid().unwrap_or_default();
         let mut candidates = self.pods.index(CONTROLLER_UID, &uid);
@@ -628,7 +629,7 @@ impl Controller {
         let plan = claim::claim_plan(&uid, selector, false, candidates);
         let owner = OwnerInfo::of(ds.as_ref());
         let ds_api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &ns);
-        let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let pod_api: Api<CachedPod> = Api::namespaced(self.client.clone(), &ns);
         let name = ds.name_any();
         let recheck = || async {
             let fresh = ds_api
@@ -648,10 +649,10 @@ impl Controller {
         &self,
         ds: &DaemonSet,
         selector: &crate::selector::Selector,
-        claimed: &[Arc<Pod>],
-    ) -> Vec<Arc<Pod>> {
+        claimed: &[Arc<CachedPod>],
+    ) -> Vec<Arc<CachedPod>> {
         let uid = ds.uid().unwrap_or_default();
-        let mut pods: Vec<Arc<Pod>> = self
+        let mut pods: Vec<Arc<CachedPod>> = self
             .pods
             .index(CONTROLLER_UID, &uid)
             .into_iter()
@@ -795,7 +796,7 @@ impl Controller {
         ds: &DaemonSet,
         eligibility: &Eligibility,
         nodes: &[Arc<Node>],
-        pods: &[Arc<Pod>],
+        pods: &[Arc<CachedPod>],
         hash: &str,
         observed: bool,
     ) -> Result<()> {

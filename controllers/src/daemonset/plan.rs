@@ -34,6 +34,7 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::pods;
 use crate::scheduler::plugins::helper::{self, RequiredNodeAffinity};
@@ -361,7 +362,7 @@ pub fn replace_node_name_affinity(affinity: Option<Affinity>, node: &str) -> Aff
 /// `GetTargetNodeName`: the node a daemon Pod is for: its nodeName, or for a Pod not yet bound
 /// the single value of the first `metadata.name` In matchFields requirement of its required node
 /// affinity. None when neither exists (upstream skips such Pods).
-pub fn target_node_name(pod: &Pod) -> Option<String> {
+pub fn target_node_name(pod: &CachedPod) -> Option<String> {
     let spec = pod.spec.as_ref()?;
     if let Some(n) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
         return Some(n.to_string());
@@ -448,23 +449,23 @@ pub fn new_daemon_pod(ds: &DaemonSet, template: &PodTemplateSpec, node: &str) ->
 // ---- Pods per node ----
 
 /// A DaemonSet's Pods by the node they are for, each node's Pods in the cache's order.
-pub type NodePods = BTreeMap<String, Vec<Arc<Pod>>>;
+pub type NodePods = BTreeMap<String, Vec<Arc<CachedPod>>>;
 
-fn phase(pod: &Pod) -> &str {
+fn phase(pod: &CachedPod) -> &str {
     pod.status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .unwrap_or_default()
 }
 
-fn is_terminal(pod: &Pod) -> bool {
+fn is_terminal(pod: &CachedPod) -> bool {
     matches!(phase(pod), "Succeeded" | "Failed")
 }
 
 /// `getNodesToDaemonPods` over claimed Pods: grouped by [`target_node_name`]; a Pod both terminal
 /// and being deleted is left out unless `include_deleted_terminal` (the kubelet or Pod GC is
 /// finishing it); Pods with no target node are skipped.
-pub fn nodes_to_daemon_pods(pods: &[Arc<Pod>], include_deleted_terminal: bool) -> NodePods {
+pub fn nodes_to_daemon_pods(pods: &[Arc<CachedPod>], include_deleted_terminal: bool) -> NodePods {
     let mut out = NodePods::new();
     for p in pods {
         if !include_deleted_terminal && is_terminal(p) && p.metadata.deletion_timestamp.is_some() {
@@ -478,8 +479,8 @@ pub fn nodes_to_daemon_pods(pods: &[Arc<Pod>], include_deleted_terminal: bool) -
 }
 
 /// `podByCreationTimestampAndPhase`: bound Pods first, then older first, then by name.
-pub fn by_creation_and_phase(a: &Arc<Pod>, b: &Arc<Pod>) -> Ordering {
-    let bound = |p: &Pod| {
+pub fn by_creation_and_phase(a: &Arc<CachedPod>, b: &Arc<CachedPod>) -> Ordering {
+    let bound = |p: &CachedPod| {
         p.spec
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
@@ -490,20 +491,20 @@ pub fn by_creation_and_phase(a: &Arc<Pod>, b: &Arc<Pod>) -> Ordering {
         (false, true) => return Ordering::Greater,
         _ => {}
     }
-    let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let created = |p: &CachedPod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
     match created(a).cmp(&created(b)) {
         Ordering::Equal => a.metadata.name.cmp(&b.metadata.name),
         o => o,
     }
 }
 
-fn revision_label(pod: &Pod) -> Option<&str> {
+fn revision_label(pod: &CachedPod) -> Option<&str> {
     pod.labels().get(REVISION_HASH_LABEL).map(String::as_str)
 }
 
 /// `IsPodUpdated`: the Pod carries the current revision's hash, or the current template
 /// generation.
-pub fn is_pod_updated(pod: &Pod, hash: &str, generation: Option<i64>) -> bool {
+pub fn is_pod_updated(pod: &CachedPod, hash: &str, generation: Option<i64>) -> bool {
     let template_matches = generation.is_some_and(|g| {
         pod.labels()
             .get(TEMPLATE_GENERATION_LABEL)
@@ -645,7 +646,7 @@ pub fn pods_should_be_on_node(
     ds: &DaemonSet,
     eligibility: &Eligibility,
     node: &Node,
-    node_pods: Option<&Vec<Arc<Pod>>>,
+    node_pods: Option<&Vec<Arc<CachedPod>>>,
     hash: &str,
     backoff: &mut FailedPodsBackoff,
     clock: Clock,
@@ -654,13 +655,13 @@ pub fn pods_should_be_on_node(
     let node_name = node.metadata.name.clone().unwrap_or_default();
     let (should_run, should_continue) = eligibility.should_run(node);
     let exists = node_pods.is_some();
-    let daemon_pods: &[Arc<Pod>] = node_pods.map(|v| v.as_slice()).unwrap_or_default();
+    let daemon_pods: &[Arc<CachedPod>] = node_pods.map(|v| v.as_slice()).unwrap_or_default();
     if should_run && !exists {
         out.create_on.push(node_name);
         return;
     }
     if should_continue {
-        let mut running: Vec<Arc<Pod>> = Vec::new();
+        let mut running: Vec<Arc<CachedPod>> = Vec::new();
         for p in daemon_pods {
             if p.metadata.deletion_timestamp.is_some() {
                 continue;
@@ -802,10 +803,10 @@ pub fn manage(
 /// deleted; None when there are more of either (manage prunes them first).
 #[allow(clippy::type_complexity)]
 fn updated_pods_on_node(
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     hash: &str,
     generation: Option<i64>,
-) -> Option<(Option<Arc<Pod>>, Option<Arc<Pod>>)> {
+) -> Option<(Option<Arc<CachedPod>>, Option<Arc<CachedPod>>)> {
     let (mut new, mut old) = (None, None);
     for p in pods {
         if p.metadata.deletion_timestamp.is_some() {
@@ -874,7 +875,7 @@ pub fn rolling_update(
         desired_node_counts(ds, eligibility, nodes, &mut node_pods).map_err(invalid)?;
     let min_ready = min_ready_seconds(ds);
     let generation = template_generation(ds);
-    let available = |p: &Pod| pods::is_pod_available(p, min_ready, now);
+    let available = |p: &CachedPod| pods::is_pod_available(p, min_ready, now);
     let mut out = NodeChanges::default();
 
     if max_surge == 0 {
@@ -1189,7 +1190,7 @@ pub fn revision_hash_label(cr: &ControllerRevision) -> String {
 pub fn histories_to_delete(
     ds: &DaemonSet,
     old: &[Arc<ControllerRevision>],
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
 ) -> Vec<String> {
     let to_keep = revision_history_limit(ds).max(0) as usize;
     let mut to_kill = old.len().saturating_sub(to_keep);

@@ -2,6 +2,7 @@
 //! are those of kube-controller-manager v1.34.4's `pkg/controller/daemon` for the same inputs.
 
 use super::*;
+use crate::runtime::cached_pod::CachedPod;
 use serde_json::json;
 
 const NOW: &str = "2026-01-01T12:00:00Z";
@@ -66,7 +67,7 @@ fn pod_full(
     hash: &str,
     ready_since: Option<&str>,
     extra: Value,
-) -> Arc<Pod> {
+) -> Arc<CachedPod> {
     let cond = match ready_since {
         Some(t) => json!({"type": "Ready", "status": "True", "lastTransitionTime": t}),
         None => json!({"type": "Ready", "status": "False"}),
@@ -84,15 +85,15 @@ fn pod_full(
     Arc::new(serde_json::from_value(v).unwrap())
 }
 
-fn ready(name: &str, node: &str, hash: &str) -> Arc<Pod> {
+fn ready(name: &str, node: &str, hash: &str) -> Arc<CachedPod> {
     pod_full(name, node, hash, Some("2026-01-01T00:00:00Z"), json!({}))
 }
 
-fn unready(name: &str, node: &str, hash: &str) -> Arc<Pod> {
+fn unready(name: &str, node: &str, hash: &str) -> Arc<CachedPod> {
     pod_full(name, node, hash, None, json!({}))
 }
 
-fn by_node(pods: &[Arc<Pod>]) -> NodePods {
+fn by_node(pods: &[Arc<CachedPod>]) -> NodePods {
     nodes_to_daemon_pods(pods, false)
 }
 
@@ -334,13 +335,13 @@ fn ds5_node_affinity_pins_the_pod_by_metadata_name() {
 fn ds5_target_node_name() {
     let with_affinity = |values: Value| {
         Arc::new(
-            serde_json::from_value::<Pod>(json!({"spec": {"containers": [], "affinity": {"nodeAffinity": {
+            serde_json::from_value::<CachedPod>(json!({"spec": {"containers": [], "affinity": {"nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                     {"matchFields": [{"key": "metadata.name", "operator": "In", "values": values}]}]}}}}}))
             .unwrap(),
         )
     };
-    let cases: Vec<(&str, Arc<Pod>, Option<&str>)> = vec![
+    let cases: Vec<(&str, Arc<CachedPod>, Option<&str>)> = vec![
         (
             "DS-5 a bound Pod: its nodeName",
             ready("p", "n3", HASH),
@@ -390,7 +391,7 @@ fn ds5_new_pod_carries_labels_tolerations_affinity_and_owner() {
         ("DaemonSet", Some(true))
     );
     assert_eq!(
-        target_node_name(&pod).as_deref(),
+        target_node_name(&CachedPod::from(&pod)).as_deref(),
         Some("n7"),
         "DS-5 pinned to its node"
     );
@@ -442,7 +443,7 @@ fn ds4_manage_per_node() {
     };
     let deleting = json!({"metadata": {"deletionTimestamp": "2026-01-01T11:00:00Z"}});
     let pending_on = |name: &str, node: &str| {
-        Arc::new(serde_json::from_value::<Pod>(json!({
+        Arc::new(serde_json::from_value::<CachedPod>(json!({
             "metadata": {"name": name, "namespace": "ns", "labels": {"app": "agent"}},
             "spec": {"containers": [], "affinity": {"nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -453,7 +454,7 @@ fn ds4_manage_per_node() {
         name: &'static str,
         ds: DaemonSet,
         nodes: Vec<Arc<Node>>,
-        pods: Vec<Arc<Pod>>,
+        pods: Vec<Arc<CachedPod>>,
         want_create: Vec<&'static str>,
         want_delete: Vec<&'static str>,
         want_events: Vec<&'static str>,
@@ -661,7 +662,7 @@ fn ds7_rolling_update_max_unavailable() {
         name: &'static str,
         ds: DaemonSet,
         nodes: Vec<Arc<Node>>,
-        pods: Vec<Arc<Pod>>,
+        pods: Vec<Arc<CachedPod>>,
         want_delete: Vec<&'static str>,
     }
     let three = || vec![node("n1"), node("n2"), node("n3")];
@@ -800,7 +801,7 @@ fn ds7_rolling_update_max_surge() {
         name: &'static str,
         ds: DaemonSet,
         nodes: Vec<Arc<Node>>,
-        pods: Vec<Arc<Pod>>,
+        pods: Vec<Arc<CachedPod>>,
         want_create: Vec<&'static str>,
         want_delete: Vec<&'static str>,
     }
@@ -933,7 +934,7 @@ fn ds9_status_counts() {
         name: &'static str,
         ds: DaemonSet,
         nodes: Vec<Arc<Node>>,
-        pods: Vec<Arc<Pod>>,
+        pods: Vec<Arc<CachedPod>>,
         // desired, current, misscheduled, ready, updated, available, unavailable
         want: (i32, i32, i32, i32, i32, i32, i32),
     }
@@ -1083,7 +1084,7 @@ fn ds3_history_current_old_dedup_and_cleanup() {
     struct Case {
         name: &'static str,
         limit: i32,
-        live: Vec<Arc<Pod>>,
+        live: Vec<Arc<CachedPod>>,
         want: Vec<&'static str>,
     }
     let old: Vec<_> = (1..=4)

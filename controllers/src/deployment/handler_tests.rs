@@ -1,6 +1,7 @@
 //! DEP-2: which informer events queue which Deployment.
 
 use super::*;
+use crate::runtime::cached_pod::CachedPod;
 use kube::runtime::watcher::Event as Watch;
 use serde_json::{json, Value};
 
@@ -29,7 +30,7 @@ fn replica_set(name: &str, app: &str, rv: &str, owner: Option<(&str, &str)>) -> 
     .unwrap()
 }
 
-fn pod(name: &str, app: &str, rs: &str) -> Pod {
+fn pod(name: &str, app: &str, rs: &str) -> CachedPod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "resourceVersion": "1",
                      "labels": {"app": app}, "ownerReferences": controller("ReplicaSet", rs, &format!("uid-{rs}"))}
@@ -42,7 +43,7 @@ struct Fixture {
     ctl: Arc<Controller>,
     d: Arc<informer::Informer<Deployment>>,
     rs: Arc<informer::Informer<ReplicaSet>>,
-    pods: Arc<informer::Informer<Pod>>,
+    pods: Arc<informer::Informer<CachedPod>>,
 }
 
 impl Fixture {
@@ -55,7 +56,7 @@ impl Fixture {
         let f = Fixture {
             d: informers.get::<Deployment>(),
             rs: informers.get::<ReplicaSet>(),
-            pods: informers.get::<Pod>(),
+            pods: informers.get::<CachedPod>(),
             _informers: informers,
             ctl,
         };

@@ -19,7 +19,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
@@ -34,6 +33,7 @@ use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
 use crate::selector::Selector;
 
+use crate::runtime::cached_pod::CachedPod;
 use plan::{Action, Requeue};
 use written::Written;
 
@@ -66,7 +66,7 @@ pub struct Controller {
     config: Config,
     deployments: Arc<Indexed<Deployment>>,
     replica_sets: Arc<Indexed<ReplicaSet>>,
-    pods: Arc<Indexed<Pod>>,
+    pods: Arc<Indexed<CachedPod>>,
     queue: Arc<WorkQueue<String>>,
     events: Recorder,
     /// Our writes the caches have not shown yet.
@@ -136,7 +136,7 @@ impl Controller {
     pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
         let d_inf = informers.get::<Deployment>();
         let rs_inf = informers.get::<ReplicaSet>();
-        let pod_inf = informers.get::<Pod>();
+        let pod_inf = informers.get::<CachedPod>();
         rs_inf.add_index(ORPHAN_REPLICA_SETS, orphan_index);
         let c = Arc::new(Controller {
             events: Recorder::new(client.clone(), COMPONENT),
@@ -289,7 +289,7 @@ impl Controller {
     /// `deletePod`: a Recreate Deployment is synced when its last Pod is gone (it waits for that
     /// before creating the new ReplicaSet's Pods). Upstream lists the ReplicaSets from the API
     /// server here; the cache answers the same question without a request.
-    fn on_pod_deleted(&self, pod: &Pod) {
+    fn on_pod_deleted(&self, pod: &CachedPod) {
         let ns = pod.namespace().unwrap_or_default();
         let Some(r) = controller_ref(pod).filter(|r| r.kind == "ReplicaSet") else {
             return;
@@ -428,7 +428,7 @@ impl Controller {
         d: &Deployment,
         selector: &Selector,
         rss: &[Arc<ReplicaSet>],
-    ) -> HashMap<String, Vec<Arc<Pod>>> {
+    ) -> HashMap<String, Vec<Arc<CachedPod>>> {
         let ns = d.namespace();
         rss.iter()
             .filter_map(|rs| rs.metadata.uid.clone())

@@ -22,13 +22,13 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec,
 };
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde_json::Value;
 
 use super::util::*;
+use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
 
 /// What one sync reads: everything comes from the informers' caches.
@@ -39,7 +39,7 @@ pub struct Input<'a> {
     pub replica_sets: &'a [Arc<ReplicaSet>],
     /// Its Pods by controlling ReplicaSet uid (`getPodMapForDeployment`: every claimed
     /// ReplicaSet has an entry; inactive Pods included, Recreate waits for them).
-    pub pods: &'a HashMap<String, Vec<Arc<Pod>>>,
+    pub pods: &'a HashMap<String, Vec<Arc<CachedPod>>>,
     /// Any ReplicaSet of the namespace by name: a name taken by a ReplicaSet with another
     /// template is a pod-template-hash collision.
     pub replica_set_named: &'a dyn Fn(&str) -> Option<Arc<ReplicaSet>>,

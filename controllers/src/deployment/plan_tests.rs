@@ -4,6 +4,7 @@
 use super::*;
 use std::collections::BTreeMap;
 
+use crate::runtime::cached_pod::CachedPod;
 use serde_json::json;
 
 const T0: i64 = 1_700_000_000;
@@ -98,7 +99,7 @@ fn none(_: &str) -> Option<Arc<ReplicaSet>> {
     None
 }
 
-fn pod(name: &str, phase: &str) -> Arc<Pod> {
+fn pod(name: &str, phase: &str) -> Arc<CachedPod> {
     Arc::new(
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "ns"},
@@ -125,7 +126,7 @@ struct World {
     rss: Vec<ReplicaSet>,
     /// ReplicaSets of the namespace the Deployment does not control.
     others: Vec<ReplicaSet>,
-    pods: HashMap<String, Vec<Arc<Pod>>>,
+    pods: HashMap<String, Vec<Arc<CachedPod>>>,
     now: i64,
     /// Every ReplicaSet size written (created or scaled), in order.
     scaled: Vec<(String, i32)>,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -22,11 +22,12 @@ use kube::{Api, Client, ResourceExt};
 use crate::cache::Indexed;
 use crate::error::{Error, Result};
 use crate::inputs::{self, Inputs};
+use crate::runtime::cached_pod::CachedPod;
 
 /// Shared by every reconcile.
 pub struct Context {
     client: Client,
-    pods: Arc<Indexed<Pod>>,
+    pods: Arc<Indexed<CachedPod>>,
     endpoints: Arc<Indexed<Endpoints>>,
 }
 

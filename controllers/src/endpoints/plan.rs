@@ -13,12 +13,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod, Service,
+    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Service,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use crate::podutil;
+use crate::runtime::cached_pod::CachedPod;
 
 /// Upstream's cap on addresses in one Endpoints object.
 pub const MAX_ADDRESSES: usize = 1000;
@@ -43,7 +44,7 @@ fn port_key(ports: &[EndpointPort]) -> PortKey {
     k
 }
 
-fn address(pod: &Pod, ip: String) -> EndpointAddress {
+fn address(pod: &CachedPod, ip: String) -> EndpointAddress {
     let spec = pod.spec.as_ref();
     EndpointAddress {
         ip,
@@ -59,7 +60,7 @@ fn address(pod: &Pod, ip: String) -> EndpointAddress {
     }
 }
 
-fn ports_for(svc: &Service, pod: &Pod) -> Vec<EndpointPort> {
+fn ports_for(svc: &Service, pod: &CachedPod) -> Vec<EndpointPort> {
     let ports = svc
         .spec
         .as_ref()
@@ -79,7 +80,7 @@ fn ports_for(svc: &Service, pod: &Pod) -> Vec<EndpointPort> {
 }
 
 /// The subsets for a Service and its selected Pods, repacked and sorted.
-pub fn subsets(svc: &Service, pods: &[Arc<Pod>]) -> Vec<EndpointSubset> {
+pub fn subsets(svc: &Service, pods: &[Arc<CachedPod>]) -> Vec<EndpointSubset> {
     let tolerate = podutil::publish_not_ready(svc);
     let mut groups: BTreeMap<PortKey, Group> = BTreeMap::new();
     for pod in pods
@@ -143,7 +144,7 @@ fn truncate(subsets: &mut [EndpointSubset]) -> bool {
 
 /// The desired Endpoints object, or None when the Service is not managed (no selector,
 /// ExternalName).
-pub fn desired(svc: &Service, pods: &[Arc<Pod>]) -> Option<Endpoints> {
+pub fn desired(svc: &Service, pods: &[Arc<CachedPod>]) -> Option<Endpoints> {
     podutil::service_selector(svc)?;
     if svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
         return None;
@@ -202,7 +203,7 @@ mod tests {
         .unwrap()
     }
 
-    fn pod(i: u8, ready: bool, port: i32, terminating: bool) -> Arc<Pod> {
+    fn pod(i: u8, ready: bool, port: i32, terminating: bool) -> Arc<CachedPod> {
         let mut meta =
             json!({"name": format!("p{i}"), "namespace": "ns", "labels": {"app": "web"}});
         if terminating {
@@ -329,7 +330,7 @@ mod tests {
 
     #[test]
     fn more_than_1000_addresses_are_truncated() {
-        let pods: Vec<Arc<Pod>> = (0..1100u32)
+        let pods: Vec<Arc<CachedPod>> = (0..1100u32)
             .map(|i| {
                 let mut p = (*pod(1, true, 8080, false)).clone();
                 p.metadata.name = Some(format!("p{i}"));

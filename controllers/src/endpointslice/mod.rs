@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::controller::{self, Action, Controller};
@@ -34,6 +34,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::cache::{Change, Indexed, Key};
 use crate::error::{Error, Result};
 use crate::inputs::{self, Inputs};
+use crate::runtime::cached_pod::CachedPod;
 
 /// How long the first reconcile waits for the Node listing (zones) before going on without it.
 const NODES_WAIT: Duration = Duration::from_secs(2);
@@ -97,7 +98,7 @@ impl Tracker {
 /// Shared by every reconcile.
 pub struct Context {
     client: Client,
-    pods: Arc<Indexed<Pod>>,
+    pods: Arc<Indexed<CachedPod>>,
     nodes: Arc<Indexed<Node>>,
     slices: Arc<Indexed<EndpointSlice>>,
     tracker: Tracker,
@@ -195,7 +196,7 @@ fn node_info(nodes: &Indexed<Node>, name: &str) -> plan::NodeInfo {
 fn node_triggers(
     client: &Client,
     nodes: Arc<Indexed<Node>>,
-    pods: Arc<Indexed<Pod>>,
+    pods: Arc<Indexed<CachedPod>>,
     services: Arc<Indexed<Service>>,
 ) -> impl futures::Stream<Item = ObjectRef<Service>> + Send + 'static {
     watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::{
     Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
 };
@@ -28,6 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::ResourceExt;
 
 use crate::podutil;
+use crate::runtime::cached_pod::CachedPod;
 
 /// At most this many endpoints go into one slice (kube-controller-manager's default).
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
@@ -128,14 +129,14 @@ fn address_types(svc: &Service) -> Vec<String> {
     out
 }
 
-fn family_ip(pod: &Pod, address_type: &str) -> Option<IpAddr> {
+fn family_ip(pod: &CachedPod, address_type: &str) -> Option<IpAddr> {
     podutil::pod_ips(pod)
         .into_iter()
         .find(|ip| ip.is_ipv4() == (address_type == "IPv4"))
 }
 
 /// The endpoint ports of one Pod: every Service port whose target resolves on it.
-pub fn endpoint_ports(svc: &Service, pod: &Pod) -> Vec<EndpointPort> {
+pub fn endpoint_ports(svc: &Service, pod: &CachedPod) -> Vec<EndpointPort> {
     let ports = svc
         .spec
         .as_ref()
@@ -215,7 +216,7 @@ pub type NodeOf<'a> = &'a dyn Fn(&str) -> NodeInfo;
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 
 /// The endpoint of one Pod; `zone` is its Node's.
-pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr, zone: Option<String>) -> Endpoint {
+pub fn pod_endpoint(svc: &Service, pod: &CachedPod, ip: IpAddr, zone: Option<String>) -> Endpoint {
     let c = podutil::conditions(pod, podutil::publish_not_ready(svc));
     let spec = pod.spec.as_ref();
     let hostname = spec
@@ -247,7 +248,12 @@ pub fn pod_endpoint(svc: &Service, pod: &Pod, ip: IpAddr, zone: Option<String>) 
 /// Desired endpoints of one address type, grouped by port set, keyed by address.
 type Desired = BTreeMap<PortKey, (Vec<EndpointPort>, BTreeMap<String, Endpoint>)>;
 
-fn desired(svc: &Service, pods: &[Arc<Pod>], address_type: &str, node_of: NodeOf<'_>) -> Desired {
+fn desired(
+    svc: &Service,
+    pods: &[Arc<CachedPod>],
+    address_type: &str,
+    node_of: NodeOf<'_>,
+) -> Desired {
     let mut out = Desired::new();
     for pod in pods
         .iter()
@@ -317,7 +323,7 @@ fn with_metadata(svc: &Service, mut slice: EndpointSlice) -> EndpointSlice {
 
 /// Plans the slices of one Service when Nodes cannot be read (see `plan_with_nodes`): every
 /// Pod is kept, no endpoint has a zone.
-pub fn plan(svc: &Service, pods: &[Arc<Pod>], existing: &[Arc<EndpointSlice>]) -> Plan {
+pub fn plan(svc: &Service, pods: &[Arc<CachedPod>], existing: &[Arc<EndpointSlice>]) -> Plan {
     plan_with_nodes(svc, pods, existing, &|_| NodeInfo::Unreadable)
 }
 
@@ -327,7 +333,7 @@ pub fn plan(svc: &Service, pods: &[Arc<Pod>], existing: &[Arc<EndpointSlice>]) -
 /// whose Node is known to be missing is left out (unless publishNotReadyAddresses).
 pub fn plan_with_nodes(
     svc: &Service,
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     existing: &[Arc<EndpointSlice>],
     node_of: NodeOf<'_>,
 ) -> Plan {

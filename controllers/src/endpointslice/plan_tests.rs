@@ -1,6 +1,7 @@
 //! Named cases for the EndpointSlice plan.
 
 use super::*;
+use crate::runtime::cached_pod::CachedPod;
 use serde_json::json;
 
 fn svc_with(extra: serde_json::Value) -> Service {
@@ -16,7 +17,7 @@ fn svc() -> Service {
     svc_with(json!({}))
 }
 
-fn pod_full(i: usize, ready: bool, container_port: i32, terminating: bool) -> Arc<Pod> {
+fn pod_full(i: usize, ready: bool, container_port: i32, terminating: bool) -> Arc<CachedPod> {
     let mut meta = json!({"name": format!("p{i}"), "namespace": "ns", "uid": format!("uid-{i}"), "labels": {"app": "web"}});
     if terminating {
         meta["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
@@ -33,7 +34,7 @@ fn pod_full(i: usize, ready: bool, container_port: i32, terminating: bool) -> Ar
     )
 }
 
-fn pods(n: usize) -> Vec<Arc<Pod>> {
+fn pods(n: usize) -> Vec<Arc<CachedPod>> {
     (0..n).map(|i| pod_full(i, true, 8080, false)).collect()
 }
 
@@ -345,7 +346,7 @@ fn endpoints_carry_the_zone_of_their_node() {
 
 #[test]
 fn pods_on_missing_nodes_follow_what_is_known_of_nodes() {
-    let on = |i: usize, node: Option<&str>| -> Arc<Pod> {
+    let on = |i: usize, node: Option<&str>| -> Arc<CachedPod> {
         let mut p = (*pod_full(i, i.is_multiple_of(2), 8080, false)).clone();
         p.spec.as_mut().unwrap().node_name = node.map(str::to_string);
         Arc::new(p)
@@ -428,7 +429,7 @@ fn pods_on_missing_nodes_follow_what_is_known_of_nodes() {
 
 #[test]
 fn named_ports_resolve_on_sidecars_after_containers() {
-    let with_sidecar = |main: Option<serde_json::Value>| -> Arc<Pod> {
+    let with_sidecar = |main: Option<serde_json::Value>| -> Arc<CachedPod> {
         let mut pod = (*pod_full(0, true, 8080, false)).clone();
         let spec = pod.spec.as_mut().unwrap();
         spec.containers[0].ports = main.map(|p| serde_json::from_value(p).unwrap());
@@ -444,7 +445,7 @@ fn named_ports_resolve_on_sidecars_after_containers() {
         ]);
         Arc::new(pod)
     };
-    let port_of = |pod: Arc<Pod>| {
+    let port_of = |pod: Arc<CachedPod>| {
         let p = plan(&svc(), &[pod], &[]);
         p.create[0].ports.as_ref().unwrap()[0].port
     };

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::runtime::cached_pod::CachedPod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// `DefaultJobPodFailureBackOff`.
@@ -28,7 +28,7 @@ pub struct Record {
 
 /// `getFinishedTime`: the latest container finish time (if every container terminated), else
 /// the Ready=False transition, else the deletion time less the grace period, else creation.
-pub fn finished_time(p: &Pod) -> Timestamp {
+pub fn finished_time(p: &CachedPod) -> Timestamp {
     let status = p.status.as_ref();
     let containers = status.and_then(|s| s.container_statuses.as_ref());
     let mut latest: Option<Timestamp> = None;
@@ -72,7 +72,11 @@ pub fn finished_time(p: &Pod) -> Timestamp {
 }
 
 /// `newBackoffRecord`: the record after this sync's newly finished Pods.
-pub fn next_record(prev: &Record, new_succeeded: &[Arc<Pod>], new_failed: &[Arc<Pod>]) -> Record {
+pub fn next_record(
+    prev: &Record,
+    new_succeeded: &[Arc<CachedPod>],
+    new_failed: &[Arc<CachedPod>],
+) -> Record {
     let mut rec = prev.clone();
     let mut failed: Vec<Timestamp> = new_failed.iter().map(|p| finished_time(p)).collect();
     failed.sort();

@@ -8,12 +8,13 @@ use super::*;
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
+use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::Informer;
 
 struct World {
     controller: Arc<Controller>,
     jobs: Arc<Informer<Job>>,
-    pods: Arc<Informer<Pod>>,
+    pods: Arc<Informer<CachedPod>>,
     _informers: Arc<Informers>,
 }
 
@@ -41,7 +42,7 @@ fn world() -> World {
     let w = World {
         controller,
         jobs: informers.get::<Job>(),
-        pods: informers.get::<Pod>(),
+        pods: informers.get::<CachedPod>(),
         _informers: informers,
     };
     w.jobs.dispatch(&Event::Apply(job("pi", "uid-pi", false)));
@@ -51,7 +52,7 @@ fn world() -> World {
 }
 
 /// A Pod of Job `owner` (name, uid), with or without the tracking finalizer.
-fn pod(name: &str, rv: &str, owner: Option<(&str, &str)>, finalizer: bool) -> Pod {
+fn pod(name: &str, rv: &str, owner: Option<(&str, &str)>, finalizer: bool) -> CachedPod {
     let mut v = json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
                                     "resourceVersion": rv, "labels": {"job": "pi"}}});
     if let Some((n, uid)) = owner {

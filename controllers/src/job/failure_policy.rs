@@ -3,8 +3,8 @@
 //! message of the FailureTarget condition), fails its index (FailIndex), is counted against the
 //! backoff limit (Count) or ignored (Ignore). Pure.
 
+use crate::runtime::cached_pod::{CachedContainerStatus, CachedPod};
 use k8s_openapi::api::batch::v1::{PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
 /// A rule's action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,9 +47,9 @@ fn exit_code_matches(code: i32, req: &PodFailurePolicyOnExitCodesRequirement) ->
 }
 
 fn matching_container<'a>(
-    statuses: Option<&'a Vec<ContainerStatus>>,
+    statuses: Option<&'a Vec<CachedContainerStatus>>,
     req: &PodFailurePolicyOnExitCodesRequirement,
-) -> Option<&'a ContainerStatus> {
+) -> Option<&'a CachedContainerStatus> {
     statuses.into_iter().flatten().find(|cs| {
         let Some(t) = cs.state.as_ref().and_then(|s| s.terminated.as_ref()) else {
             return false;
@@ -61,7 +61,7 @@ fn matching_container<'a>(
 }
 
 /// `matchPodFailurePolicy` for a failed Pod. Without a policy every failure counts.
-pub fn match_policy(policy: Option<&PodFailurePolicy>, pod: &Pod) -> Verdict {
+pub fn match_policy(policy: Option<&PodFailurePolicy>, pod: &CachedPod) -> Verdict {
     let Some(policy) = policy else {
         return Verdict::COUNTED;
     };

@@ -6,8 +6,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+use crate::runtime::cached_pod::CachedPod;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 
 /// The annotation (and, since PodIndexLabel, label) carrying a Pod's completion index.
 pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
@@ -26,13 +26,13 @@ pub fn is_indexed(job: &Job) -> bool {
 }
 
 /// A Pod's completion index from its annotation; `None` when absent, malformed or negative.
-pub fn completion_index(pod: &Pod) -> Option<i32> {
+pub fn completion_index(pod: &CachedPod) -> Option<i32> {
     let v = pod.metadata.annotations.as_ref()?.get(COMPLETION_INDEX)?;
     v.parse::<i32>().ok().filter(|i| *i >= 0)
 }
 
 /// The index if it is valid for `completions`.
-pub fn valid_index(pod: &Pod, completions: i32) -> Option<i32> {
+pub fn valid_index(pod: &CachedPod, completions: i32) -> Option<i32> {
     completion_index(pod).filter(|i| *i < completions)
 }
 
@@ -124,7 +124,7 @@ impl std::fmt::Display for Intervals {
 }
 
 /// The distinct indexes of `pods`.
-pub fn indexes_of<'a>(pods: impl IntoIterator<Item = &'a Arc<Pod>>) -> BTreeSet<i32> {
+pub fn indexes_of<'a>(pods: impl IntoIterator<Item = &'a Arc<CachedPod>>) -> BTreeSet<i32> {
     pods.into_iter()
         .filter_map(|p| completion_index(p))
         .collect()
@@ -154,13 +154,13 @@ pub fn first_pending(
 /// index is missing or out of range, or repeated (all but the last in deletion order stay... as
 /// upstream: the Pods ranked first for deletion go, one per index is kept); and the Pods left.
 pub fn duplicated_for_removal(
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     completions: i32,
-    sort: impl Fn(&mut Vec<Arc<Pod>>),
-) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
+    sort: impl Fn(&mut Vec<Arc<CachedPod>>),
+) -> (Vec<Arc<CachedPod>>, Vec<Arc<CachedPod>>) {
     let mut rm = Vec::new();
     let mut left = Vec::new();
-    let mut by_index: HashMap<i32, Vec<Arc<Pod>>> = HashMap::new();
+    let mut by_index: HashMap<i32, Vec<Arc<CachedPod>>> = HashMap::new();
     let mut order = Vec::new();
     for p in pods {
         match completion_index(p) {
@@ -204,7 +204,7 @@ pub fn generate_name_with_index(job: &str, index: i32) -> String {
     prefix
 }
 
-fn annotation_i32(pod: &Pod, key: &str) -> i32 {
+fn annotation_i32(pod: &CachedPod, key: &str) -> i32 {
     pod.metadata
         .annotations
         .as_ref()
@@ -216,17 +216,17 @@ fn annotation_i32(pod: &Pod, key: &str) -> i32 {
 }
 
 /// The failures counted against the Pod's index so far.
-pub fn index_failure_count(pod: &Pod) -> i32 {
+pub fn index_failure_count(pod: &CachedPod) -> i32 {
     annotation_i32(pod, INDEX_FAILURE_COUNT)
 }
 
 /// Counted plus ignored failures of the Pod's index.
-pub fn index_absolute_failure_count(pod: &Pod) -> i32 {
+pub fn index_absolute_failure_count(pod: &CachedPod) -> i32 {
     annotation_i32(pod, INDEX_FAILURE_COUNT) + annotation_i32(pod, INDEX_IGNORED_FAILURE_COUNT)
 }
 
 /// Counted and ignored failure counts of the Pod's index.
-pub fn index_failure_counts(pod: &Pod) -> (i32, i32) {
+pub fn index_failure_counts(pod: &CachedPod) -> (i32, i32) {
     (
         annotation_i32(pod, INDEX_FAILURE_COUNT),
         annotation_i32(pod, INDEX_IGNORED_FAILURE_COUNT),

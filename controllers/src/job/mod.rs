@@ -53,6 +53,7 @@ use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
 use crate::selector::Selector;
 
+use crate::runtime::cached_pod::CachedPod;
 use plan::{Ctx, Manage, SYNC_JOB_BATCH_PERIOD, TRACKING_FINALIZER};
 
 /// The work queue's (and metrics') name, as upstream.
@@ -106,7 +107,7 @@ pub struct Controller {
     client: Client,
     config: Config,
     jobs: Arc<Indexed<Job>>,
-    pods: Arc<Indexed<Pod>>,
+    pods: Arc<Indexed<CachedPod>>,
     queue: Arc<WorkQueue<String>>,
     orphans: Arc<WorkQueue<OrphanKey>>,
     expectations: Expectations,
@@ -118,7 +119,7 @@ pub struct Controller {
     events: Recorder,
 }
 
-fn orphan_namespace(p: &Pod) -> Vec<String> {
+fn orphan_namespace(p: &CachedPod) -> Vec<String> {
     if informer::controller_uid(p).is_some() {
         Vec::new()
     } else {
@@ -165,7 +166,7 @@ impl Controller {
     /// Registers the controller's indexes and handlers on the shared informers.
     pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
         let job_informer = informers.get::<Job>();
-        let pod_informer = informers.get::<Pod>();
+        let pod_informer = informers.get::<CachedPod>();
         pod_informer.add_index(ORPHANS, orphan_namespace);
         let this = Arc::new(Controller {
             events: Recorder::new(client.clone(), COMPONENT),
@@ -302,7 +303,7 @@ impl Controller {
         self.backoff_forget(&key);
     }
 
-    fn resolve(&self, pod: &Pod) -> Option<Arc<Job>> {
+    fn resolve(&self, pod: &CachedPod) -> Option<Arc<Job>> {
         let r = informer::controller_uid(pod)?;
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         let r = pod
@@ -315,7 +316,7 @@ impl Controller {
     }
 
     /// Jobs whose selector matches an orphan Pod.
-    fn selecting(&self, pod: &Pod) -> Vec<Arc<Job>> {
+    fn selecting(&self, pod: &CachedPod) -> Vec<Arc<Job>> {
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         self.jobs
             .index(NAMESPACE, ns)
@@ -327,14 +328,14 @@ impl Controller {
             .collect()
     }
 
-    fn orphan_pod(&self, pod: &Pod) {
+    fn orphan_pod(&self, pod: &CachedPod) {
         self.orphans.add(OrphanKey::Pod(
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.name_any(),
         ));
     }
 
-    fn on_pod(&self, old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>) {
+    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
         match (old, new) {
             (None, Some(p)) => self.pod_added(p),
             (Some(o), Some(p)) => self.pod_updated(o, p),
@@ -343,7 +344,7 @@ impl Controller {
         }
     }
 
-    fn pod_added(&self, pod: &Pod) {
+    fn pod_added(&self, pod: &CachedPod) {
         if pod.metadata.deletion_timestamp.is_some() {
             self.pod_deleted(pod, false);
             return;
@@ -364,7 +365,7 @@ impl Controller {
         }
     }
 
-    fn pod_updated(&self, old: &Pod, cur: &Pod) {
+    fn pod_updated(&self, old: &CachedPod, cur: &CachedPod) {
         if old.metadata.resource_version == cur.metadata.resource_version {
             return;
         }
@@ -406,7 +407,7 @@ impl Controller {
         }
     }
 
-    fn pod_deleted(&self, pod: &Pod, last: bool) {
+    fn pod_deleted(&self, pod: &CachedPod, last: bool) {
         let has_finalizer = plan::has_tracking_finalizer(pod);
         if informer::controller_uid(pod).is_none() {
             if has_finalizer {
@@ -450,7 +451,7 @@ impl Controller {
         }
     }
 
-    async fn handle_orphan(&self, pod: &Pod) -> Result<()> {
+    async fn handle_orphan(&self, pod: &CachedPod) -> Result<()> {
         if let Some(r) = pod
             .metadata
             .owner_references
@@ -494,7 +495,7 @@ impl Controller {
 
     /// The Pods this Job controls after claiming (`getPodsForJob`): adopted orphans get the
     /// tracking finalizer too.
-    async fn pods_for_job(&self, job: &Arc<Job>) -> Result<Vec<Arc<Pod>>> {
+    async fn pods_for_job(&self, job: &Arc<Job>) -> Result<Vec<Arc<CachedPod>>> {
         let sel = selector(job).map_err(|reason| Error::Invalid {
             object: plan::object_name(job),
             reason: format!("spec.selector: {reason}"),
@@ -515,7 +516,7 @@ impl Controller {
             .iter()
             .filter_map(|p| p.metadata.uid.clone())
             .collect();
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
         let jobs_api: Api<Job> = Api::namespaced(self.client.clone(), ns);
         let name = job.name_any();
         let recheck = || async {
@@ -749,7 +750,7 @@ impl Controller {
         &self,
         job: &Job,
         api: &Api<Pod>,
-        victims: &[Arc<Pod>],
+        victims: &[Arc<CachedPod>],
         remove_finalizer: bool,
         key: Option<&str>,
     ) -> (i32, i32, Option<Error>) {

@@ -36,6 +36,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::backoff::{self, Record};
 use super::failure_policy::{match_policy, Action};
 use super::indexed::{self, Intervals};
+use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::pods;
 
 /// The finalizer that keeps a Job's Pods until their result is counted.
@@ -81,7 +82,7 @@ pub fn object_name(job: &Job) -> String {
 }
 
 /// Whether the Pod carries the tracking finalizer.
-pub fn has_tracking_finalizer(pod: &Pod) -> bool {
+pub fn has_tracking_finalizer(pod: &CachedPod) -> bool {
     pod.metadata
         .finalizers
         .iter()
@@ -89,14 +90,14 @@ pub fn has_tracking_finalizer(pod: &Pod) -> bool {
         .any(|f| f == TRACKING_FINALIZER)
 }
 
-fn phase(pod: &Pod) -> &str {
+fn phase(pod: &CachedPod) -> &str {
     pod.status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .unwrap_or_default()
 }
 
-fn uid(pod: &Pod) -> String {
+fn uid(pod: &CachedPod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
 
@@ -137,7 +138,7 @@ pub fn only_replace_failed(job: &Job) -> bool {
 
 /// `isPodFailed`: Failed, or (unless only failed Pods are replaced) being deleted without having
 /// succeeded: an orphan that never reaches Failed still counts.
-pub fn is_pod_failed(pod: &Pod, job: &Job) -> bool {
+pub fn is_pod_failed(pod: &CachedPod, job: &Job) -> bool {
     if phase(pod) == "Failed" {
         return true;
     }
@@ -202,9 +203,9 @@ pub struct Ctx {
     /// The Job with the status this sync is building.
     pub job: Job,
     /// The Job's Pods (claimed).
-    pub pods: Vec<Arc<Pod>>,
+    pub pods: Vec<Arc<CachedPod>>,
     /// The active ones.
-    pub active: Vec<Arc<Pod>>,
+    pub active: Vec<Arc<CachedPod>>,
     /// Ready active Pods.
     pub ready: i32,
     /// Terminating Pods.
@@ -230,7 +231,7 @@ pub struct Ctx {
     /// UIDs in `status.uncountedTerminatedPods.failed` at the start.
     pub uncounted_failed: HashSet<String>,
     /// backoffLimitPerIndex: per index, the failed Pod whose finalizer waits for its replacement.
-    pub delayed_per_index: BTreeMap<i32, Arc<Pod>>,
+    pub delayed_per_index: BTreeMap<i32, Arc<CachedPod>>,
     /// Re-sync after this long for the active deadline.
     pub deadline_requeue: Option<Duration>,
     /// The Job reached the per-sync limit of uncounted Pods.
@@ -250,8 +251,8 @@ fn has_backoff_limit_per_index(job: &Job) -> bool {
 fn valid_pods(
     ctx: &Ctx,
     uncounted: Option<&HashSet<String>>,
-    filter: impl Fn(&Pod) -> bool,
-) -> Vec<Arc<Pod>> {
+    filter: impl Fn(&CachedPod) -> bool,
+) -> Vec<Arc<CachedPod>> {
     let indexed = indexed::is_indexed(&ctx.job);
     let completions = completions(&ctx.job);
     ctx.pods
@@ -269,7 +270,7 @@ fn valid_pods(
 }
 
 /// Newly finished Pods not yet in the status (`getNewFinishedPods`).
-fn new_finished(ctx: &Ctx) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
+fn new_finished(ctx: &Ctx) -> (Vec<Arc<CachedPod>>, Vec<Arc<CachedPod>>) {
     let succeeded = valid_pods(ctx, Some(&ctx.uncounted_succeeded), |p| {
         phase(p) == "Succeeded"
     });
@@ -279,7 +280,7 @@ fn new_finished(ctx: &Ctx) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
 }
 
 /// `isIndexFailed`.
-fn is_index_failed(job: &Job, pod: &Pod) -> bool {
+fn is_index_failed(job: &Job, pod: &CachedPod) -> bool {
     let s = spec(job);
     let mut counted = false;
     if is_pod_failed(pod, job) {
@@ -298,7 +299,7 @@ fn is_index_failed(job: &Job, pod: &Pod) -> bool {
 
 /// `pastBackoffLimitOnFailure`: with restartPolicy OnFailure, container restarts of running and
 /// pending Pods count as failures.
-fn past_backoff_limit_on_failure(job: &Job, pods: &[Arc<Pod>]) -> bool {
+fn past_backoff_limit_on_failure(job: &Job, pods: &[Arc<CachedPod>]) -> bool {
     let s = spec(job);
     let restart = s
         .template
@@ -376,7 +377,7 @@ fn match_success_policy(job: &Job, succeeded: &Intervals) -> Option<String> {
 }
 
 /// `calculateSucceededIndexes`: (indexes in the status, with newly succeeded Pods added).
-fn succeeded_indexes(job: &Job, pods: &[Arc<Pod>]) -> (Intervals, Intervals) {
+fn succeeded_indexes(job: &Job, pods: &[Arc<CachedPod>]) -> (Intervals, Intervals) {
     let c = completions(job);
     let prev = Intervals::parse(
         job.status
@@ -395,7 +396,7 @@ fn succeeded_indexes(job: &Job, pods: &[Arc<Pod>]) -> (Intervals, Intervals) {
 }
 
 /// `calculateFailedIndexes`.
-fn failed_indexes(job: &Job, pods: &[Arc<Pod>]) -> Intervals {
+fn failed_indexes(job: &Job, pods: &[Arc<CachedPod>]) -> Intervals {
     let c = completions(job);
     let prev = job
         .status
@@ -412,10 +413,10 @@ fn failed_indexes(job: &Job, pods: &[Arc<Pod>]) -> Intervals {
 }
 
 /// `getPodsWithDelayedDeletionPerIndex`.
-fn delayed_per_index(ctx: &Ctx) -> BTreeMap<i32, Arc<Pod>> {
+fn delayed_per_index(ctx: &Ctx) -> BTreeMap<i32, Arc<CachedPod>> {
     let active = indexed::indexes_of(&ctx.active);
     let c = completions(&ctx.job);
-    let mut out: BTreeMap<i32, Arc<Pod>> = BTreeMap::new();
+    let mut out: BTreeMap<i32, Arc<CachedPod>> = BTreeMap::new();
     let job = ctx.job.clone();
     for p in valid_pods(ctx, None, |p| is_pod_failed(p, &job)) {
         let Some(ix) = indexed::valid_index(&p, c) else {
@@ -444,7 +445,7 @@ fn delayed_per_index(ctx: &Ctx) -> BTreeMap<i32, Arc<Pod>> {
 /// `pods` are the claimed Pods; `prev_backoff` the record kept in memory for this Job.
 pub fn evaluate(
     job: &Job,
-    pods: Vec<Arc<Pod>>,
+    pods: Vec<Arc<CachedPod>>,
     expected_rm_finalizers: HashSet<String>,
     prev_backoff: &Record,
     now: Timestamp,
@@ -607,7 +608,7 @@ fn failure_condition(reason: &str, message: &str, now: Timestamp) -> JobConditio
 }
 
 /// `getFailJobMessage`: the FailJob message of the first failed Pod a FailJob rule matches.
-fn fail_job_message(job: &Job, pods: &[Arc<Pod>]) -> Option<String> {
+fn fail_job_message(job: &Job, pods: &[Arc<CachedPod>]) -> Option<String> {
     let policy = spec(job).pod_failure_policy?;
     pods.iter()
         .filter(|p| is_pod_failed(p, job))
@@ -621,9 +622,9 @@ pub enum Manage {
     Nothing,
     /// The Job is finishing: delete these active Pods, keeping their finalizers (their result
     /// is counted when they are gone).
-    DeleteFinished(Vec<Arc<Pod>>),
+    DeleteFinished(Vec<Arc<CachedPod>>),
     /// Suspended, surplus or repeated-index Pods: remove the finalizer, then delete.
-    Delete(Vec<Arc<Pod>>),
+    Delete(Vec<Arc<CachedPod>>),
     /// Replacements must wait out the failure backoff: look again after this long.
     Backoff(Duration),
     /// Create Pods: `count` of them; for an Indexed Job one per index of `indexes`.
@@ -636,8 +637,12 @@ pub enum Manage {
 }
 
 /// `activePodsForRemoval`: repeated or invalid indexes first, then by deletion order.
-pub fn active_pods_for_removal(job: &Job, active: &[Arc<Pod>], at_least: usize) -> Vec<Arc<Pod>> {
-    let sort = |v: &mut Vec<Arc<Pod>>| {
+pub fn active_pods_for_removal(
+    job: &Job,
+    active: &[Arc<CachedPod>],
+    at_least: usize,
+) -> Vec<Arc<CachedPod>> {
+    let sort = |v: &mut Vec<Arc<CachedPod>>| {
         let ranks = vec![0; v.len()];
         pods::sort_for_deletion(v, &ranks, None);
     };
@@ -699,7 +704,7 @@ pub fn manage(ctx: &Ctx, now: Timestamp) -> Manage {
     if indexed::is_indexed(job) {
         let mut other = ctx.failed_indexes.clone().unwrap_or_default();
         if only_replace_failed(job) {
-            let terminating: Vec<Arc<Pod>> = ctx
+            let terminating: Vec<Arc<CachedPod>> = ctx
                 .pods
                 .iter()
                 .filter(|p| pods::is_pod_terminating(p))
@@ -754,7 +759,7 @@ pub fn manage(ctx: &Ctx, now: Timestamp) -> Manage {
 /// for an index: the index annotation and label, hostname `<job>-<index>`, `JOB_COMPLETION_INDEX`
 /// from the label, and with backoffLimitPerIndex the failure-count annotations carried over from
 /// the Pod it replaces).
-pub fn pod_from_template(job: &Job, index: Option<i32>, replaced: Option<&Pod>) -> Pod {
+pub fn pod_from_template(job: &Job, index: Option<i32>, replaced: Option<&CachedPod>) -> Pod {
     let s = spec(job);
     let mut template: PodTemplateSpec = s.template.clone();
     let name = job.metadata.name.clone().unwrap_or_default();
@@ -890,7 +895,7 @@ pub fn complete_or_suspend(
 #[derive(Debug, Clone, Default)]
 pub struct Tracking {
     /// Pods whose tracking finalizer goes now.
-    pub remove_finalizer: Vec<Arc<Pod>>,
+    pub remove_finalizer: Vec<Arc<CachedPod>>,
     /// UIDs of Pods still carrying the finalizer (those not yet un-finalized).
     pub with_finalizer: HashSet<String>,
     /// The status must be written before the finalizers are removed.
@@ -898,7 +903,7 @@ pub struct Tracking {
 }
 
 /// `canRemoveFinalizer`.
-fn can_remove_finalizer(ctx: &Ctx, pod: &Pod, considered_failed: bool) -> bool {
+fn can_remove_finalizer(ctx: &Ctx, pod: &CachedPod, considered_failed: bool) -> bool {
     if ctx.job.metadata.deletion_timestamp.is_some()
         || ctx.finished.is_some()
         || phase(pod) == "Succeeded"
@@ -1123,7 +1128,7 @@ pub fn enact_finished(ctx: &mut Ctx, now: Timestamp) -> bool {
 }
 
 /// Counts the Pods of `pods` that are Ready.
-pub fn count_ready(pods: &[Arc<Pod>]) -> i32 {
+pub fn count_ready(pods: &[Arc<CachedPod>]) -> i32 {
     pods.iter().filter(|p| pods::is_pod_ready(p)).count() as i32
 }
 

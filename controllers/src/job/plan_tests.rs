@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
@@ -14,6 +13,7 @@ use super::backoff::{self, Record};
 use super::failure_policy::{match_policy, Action};
 use super::indexed::{self, Intervals};
 use super::plan::*;
+use crate::runtime::cached_pod::CachedPod;
 
 const NOW: &str = "2026-11-26T10:00:00Z";
 
@@ -78,7 +78,7 @@ fn p(name: &'static str, phase: &'static str) -> P {
     }
 }
 
-fn pod(p: P) -> Arc<Pod> {
+fn pod(p: P) -> Arc<CachedPod> {
     let mut meta = json!({"name": p.name, "namespace": "ns", "uid": format!("uid-{}", p.name),
         "creationTimestamp": "2026-11-26T09:00:00Z",
         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "pi",
@@ -101,13 +101,13 @@ fn pod(p: P) -> Arc<Pod> {
     Arc::new(serde_json::from_value(json!({"metadata": meta, "status": status})).unwrap())
 }
 
-fn names(pods: &[Arc<Pod>]) -> Vec<String> {
+fn names(pods: &[Arc<CachedPod>]) -> Vec<String> {
     pods.iter()
         .map(|p| p.metadata.name.clone().unwrap())
         .collect()
 }
 
-fn eval(job: &Job, pods: Vec<Arc<Pod>>) -> Ctx {
+fn eval(job: &Job, pods: Vec<Arc<CachedPod>>) -> Ctx {
     evaluate(job, pods, HashSet::new(), &Record::default(), now())
 }
 

@@ -70,7 +70,7 @@ impl Ns {
             .unwrap()
             .items
             .into_iter()
-            .filter(pods::is_pod_active)
+            .filter(|p| pods::is_pod_active(&CachedPod::from(p)))
             .collect()
     }
 

@@ -6,12 +6,13 @@ use super::*;
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
+use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::Informer;
 
 struct World {
     controller: Arc<Controller>,
     replica_sets: Arc<Informer<ReplicaSet>>,
-    pods: Arc<Informer<Pod>>,
+    pods: Arc<Informer<CachedPod>>,
     _informers: Arc<Informers>,
 }
 
@@ -23,7 +24,7 @@ fn world() -> World {
     let w = World {
         controller,
         replica_sets: informers.get::<ReplicaSet>(),
-        pods: informers.get::<Pod>(),
+        pods: informers.get::<CachedPod>(),
         _informers: informers,
     };
     for (name, uid, selector) in [
@@ -48,7 +49,7 @@ fn replica_set(name: &str, uid: &str, selector: serde_json::Value, min_ready: i3
 }
 
 /// A Pod: `owner` = (name, uid) of its controlling ReplicaSet.
-fn pod(name: &str, rv: &str, owner: Option<(&str, &str)>, extra: serde_json::Value) -> Pod {
+fn pod(name: &str, rv: &str, owner: Option<(&str, &str)>, extra: serde_json::Value) -> CachedPod {
     let mut v = json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
                                     "resourceVersion": rv, "labels": {"app": "web"}}});
     if let Some((n, uid)) = owner {
@@ -89,8 +90,8 @@ async fn rs2_pod_events_queue_their_replica_sets_and_observe_expectations() {
     let deleting = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}});
     struct Case {
         name: &'static str,
-        before: Vec<Pod>,
-        event: Event<Pod>,
+        before: Vec<CachedPod>,
+        event: Event<CachedPod>,
         expect: fn(&Expectations),
         queued: Vec<&'static str>,
         pending: Option<(i64, i64)>,

@@ -49,6 +49,7 @@ use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
 
+use crate::runtime::cached_pod::CachedPod;
 use plan::Manage;
 
 /// The work queue's (and metrics') name, as upstream.
@@ -108,13 +109,13 @@ pub struct Controller {
     client: Client,
     config: Config,
     replica_sets: Arc<Indexed<ReplicaSet>>,
-    pods: Arc<Indexed<Pod>>,
+    pods: Arc<Indexed<CachedPod>>,
     queue: Arc<WorkQueue<String>>,
     expectations: Expectations,
     events: Recorder,
 }
 
-fn orphan_namespace(p: &Pod) -> Vec<String> {
+fn orphan_namespace(p: &CachedPod) -> Vec<String> {
     if plan::controller_of(p).is_some() {
         Vec::new()
     } else {
@@ -122,7 +123,7 @@ fn orphan_namespace(p: &Pod) -> Vec<String> {
     }
 }
 
-fn template_hash(p: &Pod) -> Vec<String> {
+fn template_hash(p: &CachedPod) -> Vec<String> {
     p.metadata
         .labels
         .as_ref()
@@ -165,7 +166,7 @@ impl Controller {
     /// Registers the controller's indexes and handlers on the shared informers.
     pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
         let rs_informer = informers.get::<ReplicaSet>();
-        let pod_informer = informers.get::<Pod>();
+        let pod_informer = informers.get::<CachedPod>();
         pod_informer.add_index(ORPHAN_NAMESPACE, orphan_namespace);
         pod_informer.add_index(TEMPLATE_HASH, template_hash);
         let this = Arc::new(Controller {
@@ -232,7 +233,7 @@ impl Controller {
         self.queue.add(key);
     }
 
-    fn on_pod(&self, old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>) {
+    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
         match (old, new) {
             (None, Some(p)) => self.pod_added(p),
             (Some(o), Some(p)) => self.pod_updated(o, p),
@@ -247,7 +248,7 @@ impl Controller {
     }
 
     /// The ReplicaSets of the Pod's namespace whose (non-empty, valid) selector matches it.
-    fn selecting(&self, pod: &Pod) -> Vec<Arc<ReplicaSet>> {
+    fn selecting(&self, pod: &CachedPod) -> Vec<Arc<ReplicaSet>> {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         self.replica_sets
             .index(NAMESPACE, &ns)
@@ -259,7 +260,7 @@ impl Controller {
             .collect()
     }
 
-    fn enqueue_selecting(&self, pod: &Pod) {
+    fn enqueue_selecting(&self, pod: &CachedPod) {
         let rss = self.selecting(pod);
         if rss.len() > 1 {
             tracing::warn!(
@@ -272,7 +273,7 @@ impl Controller {
         }
     }
 
-    fn pod_added(&self, pod: &Pod) {
+    fn pod_added(&self, pod: &CachedPod) {
         if pod.metadata.deletion_timestamp.is_some() {
             // Seen first already terminating (after a restart): a deletion, not a creation.
             self.pod_deleted(pod);
@@ -291,7 +292,7 @@ impl Controller {
         self.enqueue_selecting(pod);
     }
 
-    fn pod_updated(&self, old: &Pod, cur: &Pod) {
+    fn pod_updated(&self, old: &CachedPod, cur: &CachedPod) {
         if old.metadata.resource_version == cur.metadata.resource_version {
             return;
         }
@@ -337,7 +338,7 @@ impl Controller {
         }
     }
 
-    fn pod_deleted(&self, pod: &Pod) {
+    fn pod_deleted(&self, pod: &CachedPod) {
         let Some(r) = plan::controller_of(pod) else {
             return;
         };
@@ -354,7 +355,7 @@ impl Controller {
 
     /// Pods related to `rs` for the scale-down ranking (RS-7): those selected by any ReplicaSet
     /// with the same controller; none when `rs` has no controller, as upstream.
-    fn related_pods(&self, rs: &ReplicaSet) -> Vec<Arc<Pod>> {
+    fn related_pods(&self, rs: &ReplicaSet) -> Vec<Arc<CachedPod>> {
         let Some(owner) = plan::controller_of(rs) else {
             return Vec::new();
         };
@@ -400,7 +401,8 @@ impl Controller {
             })?;
             claim::recheck_owner(&owner, fresh.as_ref())
         };
-        let mut active = claim::claim(&pod_api, &owner, plan, recheck).await?;
+        let claim_api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
+        let mut active = claim::claim(&claim_api, &owner, plan, recheck).await?;
         active.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
         let related = if active.len() as i64 > i64::from(plan::desired_replicas(&rs)) {
@@ -499,7 +501,7 @@ impl Controller {
         key: &str,
         rs: &ReplicaSet,
         api: &Api<Pod>,
-        victims: &[Arc<Pod>],
+        victims: &[Arc<CachedPod>],
     ) -> Option<ManageError> {
         let keys: Vec<String> = victims.iter().map(|p| pods::pod_key(p)).collect();
         self.expectations.expect_deletions(key, &keys);

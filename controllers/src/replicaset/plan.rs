@@ -17,6 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::error::{Error, Result};
+use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::pods;
 use crate::selector::Selector;
@@ -65,13 +66,16 @@ pub fn selector(rs: &ReplicaSet) -> Result<Selector> {
 /// controller reference is this ReplicaSet (kind, name and uid) and those without a controller,
 /// in the ReplicaSet's namespace. Sorted by name so that Pods the deletion order cannot tell apart
 /// are taken in a reproducible order.
-pub fn candidates(rs: &ReplicaSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> Vec<Arc<Pod>> {
+pub fn candidates(
+    rs: &ReplicaSet,
+    pods: impl IntoIterator<Item = Arc<CachedPod>>,
+) -> Vec<Arc<CachedPod>> {
     let (ns, name, uid) = (
         rs.namespace().unwrap_or_default(),
         rs.name_any(),
         rs.uid().unwrap_or_default(),
     );
-    let mut out: Vec<Arc<Pod>> = pods
+    let mut out: Vec<Arc<CachedPod>> = pods
         .into_iter()
         .filter(|p| p.metadata.namespace.as_deref().unwrap_or_default() == ns)
         .filter(|p| match controller_of(p.as_ref()) {
@@ -102,8 +106,8 @@ pub fn controller_of(
 /// match nothing.
 pub fn related_pods(
     siblings: &[Arc<ReplicaSet>],
-    pods_for: impl Fn(&ReplicaSet) -> Vec<Arc<Pod>>,
-) -> Vec<Arc<Pod>> {
+    pods_for: impl Fn(&ReplicaSet) -> Vec<Arc<CachedPod>>,
+) -> Vec<Arc<CachedPod>> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for rs in siblings {
@@ -143,7 +147,7 @@ pub enum Manage {
     /// Create this many Pods from the template (expect them first).
     Create(usize),
     /// Delete these Pods (expect their deletions first).
-    Delete(Vec<Arc<Pod>>),
+    Delete(Vec<Arc<CachedPod>>),
 }
 
 /// The replica management step (RS-3 step 7, RS-4, CTL-9): only when expectations are satisfied
@@ -152,8 +156,8 @@ pub enum Manage {
 /// against `related` (RS-5..RS-7) at `now`.
 pub fn manage(
     rs: &ReplicaSet,
-    active: &[Arc<Pod>],
-    related: &[Arc<Pod>],
+    active: &[Arc<CachedPod>],
+    related: &[Arc<CachedPod>],
     expectations_satisfied: bool,
     burst: usize,
     now: Timestamp,
@@ -180,7 +184,7 @@ pub fn manage(
 /// gate is off). observedGeneration is left as it was: [`status_to_write`] sets it.
 pub fn calculate_status(
     rs: &ReplicaSet,
-    active: &[Arc<Pod>],
+    active: &[Arc<CachedPod>],
     manage_error: Option<&str>,
     now: Timestamp,
 ) -> ReplicaSetStatus {
@@ -282,7 +286,7 @@ pub fn status_to_write(rs: &ReplicaSet, mut new: ReplicaSetStatus) -> ReplicaSet
 /// `now`), else after minReadySeconds.
 pub fn requeue_after(
     written: &ReplicaSet,
-    active: &[Arc<Pod>],
+    active: &[Arc<CachedPod>],
     evaluated_at: Timestamp,
     now: Timestamp,
 ) -> Option<Duration> {

@@ -1,6 +1,7 @@
 //! Named cases for the ReplicaSet plan, each after the rule ID it proves.
 
 use super::*;
+use crate::runtime::cached_pod::CachedPod;
 use serde_json::json;
 
 const NOW: &str = "2026-01-01T12:00:00Z";
@@ -29,7 +30,7 @@ fn rs() -> ReplicaSet {
 }
 
 /// A Pod of the ReplicaSet: `ready_since` None = not ready.
-fn pod_with(name: &str, ready_since: Option<&str>, extra: serde_json::Value) -> Arc<Pod> {
+fn pod_with(name: &str, ready_since: Option<&str>, extra: serde_json::Value) -> Arc<CachedPod> {
     let cond = match ready_since {
         Some(t) => json!({"type": "Ready", "status": "True", "lastTransitionTime": t}),
         None => json!({"type": "Ready", "status": "False"}),
@@ -47,11 +48,11 @@ fn pod_with(name: &str, ready_since: Option<&str>, extra: serde_json::Value) -> 
     Arc::new(serde_json::from_value(v).unwrap())
 }
 
-fn ready(name: &str) -> Arc<Pod> {
+fn ready(name: &str) -> Arc<CachedPod> {
     pod_with(name, Some("2026-01-01T00:00:00Z"), json!({}))
 }
 
-fn names(pods: &[Arc<Pod>]) -> Vec<String> {
+fn names(pods: &[Arc<CachedPod>]) -> Vec<String> {
     pods.iter().map(|p| p.name_any()).collect()
 }
 
@@ -62,7 +63,7 @@ fn manage_replicas() {
     struct Case {
         name: &'static str,
         rs: ReplicaSet,
-        active: Vec<Arc<Pod>>,
+        active: Vec<Arc<CachedPod>>,
         satisfied: bool,
         burst: usize,
         want: Result<usize, Vec<&'static str>>,

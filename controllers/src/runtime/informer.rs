@@ -58,8 +58,9 @@ pub fn watcher_config() -> watcher::Config {
 const SERVICE_ACCOUNT_VOLUME_PREFIX: &str = "kube-api-access-";
 
 /// What a cached object keeps. No controller reads managedFields, and they are often the larger
-/// part of an object (kube-controller-manager's informers drop them too). From Pods the
-/// service account token volume the API server injects into nearly every Pod, and its mounts,
+/// part of an object (kube-controller-manager's informers drop them too). From full Pods (the
+/// scheduler's cache: the controller-manager's caches hold a `CachedPod`, which keeps no volume
+/// sources or mounts at all) the service account token volume the API server injects into nearly every Pod, and its mounts,
 /// are dropped as well: no controller reads them, and in k8s-openapi's types a Volume carries
 /// every volume source inline, several KiB per Pod. Volumes a controller may need (claims,
 /// everything else) stay.

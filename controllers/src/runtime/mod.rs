@@ -12,12 +12,14 @@
 //! - [`claim`]: the controller-ref manager (adopt matching orphans, release owned objects that no
 //!   longer match);
 //! - [`events`]: core/v1 Events, correlated as client-go's recorder does;
+//! - [`cached_pod`]: what the caches keep of a Pod (the fields controllers read);
 //! - [`pods`]: which Pods count (active) and which go first on scale-down.
 //!
 //! Nothing here knows a particular controller; controllers never talk to each other through it
 //! except by watching the objects they write.
 
 pub mod batch;
+pub mod cached_pod;
 pub mod claim;
 pub mod events;
 pub mod expectations;

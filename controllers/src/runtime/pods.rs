@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use crate::runtime::cached_pod::CachedPod;
+use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -22,7 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 /// `namespace/name`: the key expectations track deletions by (upstream's `PodKey`).
-pub fn pod_key(pod: &Pod) -> String {
+pub fn pod_key(pod: &CachedPod) -> String {
     format!(
         "{}/{}",
         pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -30,7 +31,7 @@ pub fn pod_key(pod: &Pod) -> String {
     )
 }
 
-fn phase(pod: &Pod) -> &str {
+fn phase(pod: &CachedPod) -> &str {
     pod.status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
@@ -39,22 +40,22 @@ fn phase(pod: &Pod) -> &str {
 
 /// Whether the Pod counts towards replicas (CTL-12): not Succeeded, not Failed and not being
 /// deleted. Upstream's rule includes the deletionTimestamp: a terminating Pod is already replaced.
-pub fn is_pod_active(pod: &Pod) -> bool {
+pub fn is_pod_active(pod: &CachedPod) -> bool {
     !matches!(phase(pod), "Succeeded" | "Failed") && pod.metadata.deletion_timestamp.is_none()
 }
 
 /// Whether the Pod is being deleted but has not terminated (`IsPodTerminating`).
-pub fn is_pod_terminating(pod: &Pod) -> bool {
+pub fn is_pod_terminating(pod: &CachedPod) -> bool {
     !matches!(phase(pod), "Succeeded" | "Failed") && pod.metadata.deletion_timestamp.is_some()
 }
 
 /// The active Pods, in their order (`FilterActivePods`, CTL-12).
-pub fn filter_active_pods(pods: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
+pub fn filter_active_pods(pods: &[Arc<CachedPod>]) -> Vec<Arc<CachedPod>> {
     pods.iter().filter(|p| is_pod_active(p)).cloned().collect()
 }
 
 /// The Pod's first `Ready` condition (upstream reads the first one of that type).
-pub fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
+pub fn ready_condition(pod: &CachedPod) -> Option<&PodCondition> {
     pod.status
         .as_ref()?
         .conditions
@@ -64,14 +65,14 @@ pub fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
 }
 
 /// The Ready condition is True (`IsPodReady`).
-pub fn is_pod_ready(pod: &Pod) -> bool {
+pub fn is_pod_ready(pod: &CachedPod) -> bool {
     ready_condition(pod).is_some_and(|c| c.status == "True")
 }
 
 /// Ready for at least `min_ready_seconds` at `now` (`IsPodAvailable`): with 0 every ready Pod is
 /// available; otherwise the Ready condition's lastTransitionTime must be set and at least that
 /// long ago.
-pub fn is_pod_available(pod: &Pod, min_ready_seconds: i32, now: Timestamp) -> bool {
+pub fn is_pod_available(pod: &CachedPod, min_ready_seconds: i32, now: Timestamp) -> bool {
     if !is_pod_ready(pod) {
         return false;
     }
@@ -91,7 +92,7 @@ fn secs(s: i32) -> k8s_openapi::jiff::SignedDuration {
 /// The `controller.kubernetes.io/pod-deletion-cost` value; missing or invalid is 0, as upstream
 /// (`GetDeletionCostFromPodAnnotations`: a 32-bit decimal integer without a plus sign or leading
 /// zeros).
-pub fn deletion_cost(pod: &Pod) -> i32 {
+pub fn deletion_cost(pod: &CachedPod) -> i32 {
     let Some(v) = pod
         .metadata
         .annotations
@@ -113,7 +114,7 @@ pub fn deletion_cost(pod: &Pod) -> i32 {
 
 /// Highest restart count among the regular containers, then among the sidecars (init containers
 /// with restartPolicy Always), as upstream's `maxContainerRestarts`.
-pub fn max_container_restarts(pod: &Pod) -> (i32, i32) {
+pub fn max_container_restarts(pod: &CachedPod) -> (i32, i32) {
     let Some(status) = pod.status.as_ref() else {
         return (0, 0);
     };
@@ -140,14 +141,14 @@ pub fn max_container_restarts(pod: &Pod) -> (i32, i32) {
     (regular, sidecar)
 }
 
-fn node_name(pod: &Pod) -> &str {
+fn node_name(pod: &CachedPod) -> &str {
     pod.spec
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .unwrap_or_default()
 }
 
-fn phase_ordinal(pod: &Pod) -> u8 {
+fn phase_ordinal(pod: &CachedPod) -> u8 {
     // Upstream's map has Pending 0, Unknown 1, Running 2; any other phase reads as 0.
     match phase(pod) {
         "Unknown" => 1,
@@ -158,7 +159,7 @@ fn phase_ordinal(pod: &Pod) -> u8 {
 
 /// The ready time used by the ranking: the Ready=True condition's lastTransitionTime (None when
 /// not ready or unset: Go's zero time).
-fn ready_time(pod: &Pod) -> Option<&Timestamp> {
+fn ready_time(pod: &CachedPod) -> Option<&Timestamp> {
     if !is_pod_ready(pod) {
         return None;
     }
@@ -168,7 +169,7 @@ fn ready_time(pod: &Pod) -> Option<&Timestamp> {
         .map(|t| &t.0)
 }
 
-fn creation_time(pod: &Pod) -> Option<&Timestamp> {
+fn creation_time(pod: &CachedPod) -> Option<&Timestamp> {
     pod.metadata
         .creation_timestamp
         .as_ref()
@@ -200,7 +201,7 @@ fn logarithmic_rank_diff(t1: &Timestamp, t2: &Timestamp, now: Timestamp) -> i64 
 #[derive(Debug, Clone, Copy)]
 pub struct Ranked<'a> {
     /// The Pod.
-    pub pod: &'a Pod,
+    pub pod: &'a CachedPod,
     /// Active related Pods co-located on its node.
     pub rank: usize,
 }
@@ -266,7 +267,7 @@ pub fn deletion_less(a: Ranked<'_>, b: Ranked<'_>, now: Option<Timestamp>) -> bo
 
 /// For each of `pods`, the number of active `related` Pods on the same node (unassigned Pods
 /// share the empty node name, as upstream's `getPodsRankedByRelatedPodsOnSameNode`).
-pub fn colocation_ranks(pods: &[Arc<Pod>], related: &[Arc<Pod>]) -> Vec<usize> {
+pub fn colocation_ranks(pods: &[Arc<CachedPod>], related: &[Arc<CachedPod>]) -> Vec<usize> {
     let mut on_node: HashMap<&str, usize> = HashMap::new();
     for p in related.iter().filter(|p| is_pod_active(p)) {
         *on_node.entry(node_name(p)).or_default() += 1;
@@ -280,15 +281,15 @@ pub fn colocation_ranks(pods: &[Arc<Pod>], related: &[Arc<Pod>]) -> Vec<usize> {
 /// sort that tolerates the comparison not being a total order (upstream's mixes exact and
 /// bucketed time comparisons); Pods the comparison cannot tell apart keep their input order,
 /// where upstream's unstable sort leaves them in an arbitrary one.
-pub fn sort_for_deletion(pods: &mut [Arc<Pod>], ranks: &[usize], now: Option<Timestamp>) {
-    let mut items: Vec<(Arc<Pod>, usize)> = pods
+pub fn sort_for_deletion(pods: &mut [Arc<CachedPod>], ranks: &[usize], now: Option<Timestamp>) {
+    let mut items: Vec<(Arc<CachedPod>, usize)> = pods
         .iter()
         .cloned()
         .zip(ranks.iter().copied().chain(std::iter::repeat(0)))
         .collect();
     merge_sort(
         &mut items,
-        &|x: &(Arc<Pod>, usize), y: &(Arc<Pod>, usize)| {
+        &|x: &(Arc<CachedPod>, usize), y: &(Arc<CachedPod>, usize)| {
             let rx = Ranked {
                 pod: &x.0,
                 rank: x.1,
@@ -336,11 +337,11 @@ fn merge_sort<T: Clone>(v: &mut [T], cmp: &dyn Fn(&T, &T) -> Ordering) {
 /// The `n` Pods to delete from `active` (RS-5): all of them when `n` covers them (no sort), else
 /// the first `n` in the RS-6 order, ranked against `related` (RS-7).
 pub fn get_pods_to_delete(
-    mut active: Vec<Arc<Pod>>,
-    related: &[Arc<Pod>],
+    mut active: Vec<Arc<CachedPod>>,
+    related: &[Arc<CachedPod>],
     n: usize,
     now: Timestamp,
-) -> Vec<Arc<Pod>> {
+) -> Vec<Arc<CachedPod>> {
     if n < active.len() {
         let ranks = colocation_ranks(&active, related);
         sort_for_deletion(&mut active, &ranks, Some(now));
@@ -351,7 +352,7 @@ pub fn get_pods_to_delete(
 
 /// Time until a ready, not yet available Pod becomes available at `now` (None when it is not
 /// ready, has no ready time, or is available already).
-fn next_check(pod: &Pod, min_ready_seconds: i32, now: Timestamp) -> Option<Duration> {
+fn next_check(pod: &CachedPod, min_ready_seconds: i32, now: Timestamp) -> Option<Duration> {
     if min_ready_seconds <= 0 || !is_pod_ready(pod) {
         return None;
     }
@@ -365,12 +366,12 @@ fn next_check(pod: &Pod, min_ready_seconds: i32, now: Timestamp) -> Option<Durat
 /// closest to availability as of the status evaluation at `evaluated_at`, its remaining time
 /// recomputed at `now` (zero when already past).
 pub fn next_availability_check(
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     min_ready_seconds: i32,
     evaluated_at: Timestamp,
     now: Timestamp,
 ) -> Option<Duration> {
-    let mut best: Option<(Duration, &Pod)> = None;
+    let mut best: Option<(Duration, &CachedPod)> = None;
     for p in pods {
         if let Some(d) = next_check(p, min_ready_seconds, evaluated_at) {
             if best.is_none_or(|(b, _)| d < b) {
@@ -415,7 +416,7 @@ mod tests {
         cost: None,
     };
 
-    fn pod(p: P) -> Arc<Pod> {
+    fn pod(p: P) -> Arc<CachedPod> {
         let mut meta = json!({"name": p.name, "namespace": "ns", "uid": format!("uid-{}", p.name),
                               "creationTimestamp": p.created});
         if let Some(c) = p.cost {
@@ -441,7 +442,7 @@ mod tests {
         )
     }
 
-    fn pod_json(v: serde_json::Value) -> Pod {
+    fn pod_json(v: serde_json::Value) -> CachedPod {
         serde_json::from_value(v).unwrap()
     }
 
@@ -574,7 +575,7 @@ mod tests {
         );
     }
 
-    fn ranked(p: &Arc<Pod>, rank: usize) -> Ranked<'_> {
+    fn ranked(p: &Arc<CachedPod>, rank: usize) -> Ranked<'_> {
         Ranked { pod: p, rank }
     }
 
@@ -810,7 +811,7 @@ mod tests {
         assert!(!deletion_less(ranked(&b, 0), ranked(&a, 0), Some(now())));
     }
 
-    fn names(pods: &[Arc<Pod>]) -> Vec<String> {
+    fn names(pods: &[Arc<CachedPod>]) -> Vec<String> {
         pods.iter()
             .map(|p| p.metadata.name.clone().unwrap())
             .collect()
@@ -914,7 +915,7 @@ mod tests {
             "2026-01-01T11:59:59Z",
         ];
         let names_in = ["e", "d", "c", "b", "a"];
-        let mut pods: Vec<Arc<Pod>> = times
+        let mut pods: Vec<Arc<CachedPod>> = times
             .iter()
             .zip(names_in)
             .enumerate()

@@ -6,12 +6,13 @@ use super::*;
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
+use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::Informer;
 
 struct World {
     controller: Arc<Controller>,
     sets: Arc<Informer<StatefulSet>>,
-    pods: Arc<Informer<Pod>>,
+    pods: Arc<Informer<CachedPod>>,
     _informers: Arc<Informers>,
 }
 
@@ -33,7 +34,7 @@ fn world() -> World {
     let w = World {
         controller,
         sets: informers.get::<StatefulSet>(),
-        pods: informers.get::<Pod>(),
+        pods: informers.get::<CachedPod>(),
         _informers: informers,
     };
     for (name, uid, selector, min_ready) in [
@@ -53,7 +54,7 @@ fn world() -> World {
 }
 
 /// A Pod: `owner` = (name, uid) of its controlling set; `extra` merged into it.
-fn pod(name: &str, rv: &str, owner: Option<(&str, &str)>, extra: Value) -> Pod {
+fn pod(name: &str, rv: &str, owner: Option<(&str, &str)>, extra: Value) -> CachedPod {
     let mut v = json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
                                     "resourceVersion": rv, "labels": {"app": "web"}}});
     if let Some((n, uid)) = owner {

@@ -59,6 +59,7 @@ use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
 use crate::selector::Selector;
 
+use crate::runtime::cached_pod::CachedPod;
 use plan::{Action, DeleteReason, Group, Pass, UpdateRevision};
 
 /// The work queue's (and metrics') name, as upstream.
@@ -89,7 +90,7 @@ pub struct Controller {
     client: Client,
     config: Config,
     sets: Arc<Indexed<StatefulSet>>,
-    pods: Arc<Indexed<Pod>>,
+    pods: Arc<Indexed<CachedPod>>,
     revisions: Arc<Indexed<ControllerRevision>>,
     claims: Arc<Indexed<PersistentVolumeClaim>>,
     queue: Arc<WorkQueue<String>>,
@@ -97,7 +98,7 @@ pub struct Controller {
     events: Recorder,
 }
 
-fn member_index(p: &Pod) -> Vec<String> {
+fn member_index(p: &CachedPod) -> Vec<String> {
     plan::member_key(p).into_iter().collect()
 }
 
@@ -140,7 +141,7 @@ impl Controller {
     /// Registers the controller's index and handlers on the shared informers.
     pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
         let set_informer = informers.get::<StatefulSet>();
-        let pod_informer = informers.get::<Pod>();
+        let pod_informer = informers.get::<CachedPod>();
         let rev_informer = informers.get::<ControllerRevision>();
         let claim_informer = informers.get::<PersistentVolumeClaim>();
         pod_informer.add_index(MEMBER, member_index);
@@ -214,7 +215,7 @@ impl Controller {
     }
 
     /// `getStatefulSetsForPod`: the sets of the Pod's namespace whose non-empty selector matches.
-    fn selecting(&self, pod: &Pod) -> Vec<Arc<StatefulSet>> {
+    fn selecting(&self, pod: &CachedPod) -> Vec<Arc<StatefulSet>> {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         self.sets
             .index(NAMESPACE, &ns)
@@ -227,7 +228,7 @@ impl Controller {
             .collect()
     }
 
-    fn enqueue_selecting(&self, pod: &Pod) {
+    fn enqueue_selecting(&self, pod: &CachedPod) {
         let sets = self.selecting(pod);
         if sets.len() > 1 {
             tracing::warn!(pod = %pod_key(pod), "more than one StatefulSet selects this Pod's labels");
@@ -237,7 +238,7 @@ impl Controller {
         }
     }
 
-    fn on_pod(&self, old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>) {
+    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
         match (old, new) {
             (None, Some(p)) => self.pod_added(p),
             (Some(o), Some(p)) => self.pod_updated(o, p),
@@ -246,7 +247,7 @@ impl Controller {
         }
     }
 
-    fn pod_added(&self, pod: &Pod) {
+    fn pod_added(&self, pod: &CachedPod) {
         if pod.metadata.deletion_timestamp.is_some() {
             self.pod_deleted(pod);
             return;
@@ -263,7 +264,7 @@ impl Controller {
         self.enqueue_selecting(pod);
     }
 
-    fn pod_updated(&self, old: &Pod, cur: &Pod) {
+    fn pod_updated(&self, old: &CachedPod, cur: &CachedPod) {
         if old.metadata.resource_version == cur.metadata.resource_version {
             return;
         }
@@ -300,7 +301,7 @@ impl Controller {
         }
     }
 
-    fn pod_deleted(&self, pod: &Pod) {
+    fn pod_deleted(&self, pod: &CachedPod) {
         let Some(r) = controller_of(pod) else {
             return;
         };
@@ -337,7 +338,7 @@ impl Controller {
         let owner = OwnerInfo::of(set.as_ref());
         let set_api: Api<StatefulSet> = Api::namespaced(self.client.clone(), ns);
         let rev_api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), ns);
-        let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let pod_api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
         let recheck = || async {
             let fresh = set_api.get_opt(name).await.map_err(|e| {
                 Error::kube("re-reading before adoption", plan::object_name(&set), e)
@@ -403,7 +404,7 @@ impl Controller {
         &self,
         key: &str,
         set: &Arc<StatefulSet>,
-        pods: &[Arc<Pod>],
+        pods: &[Arc<CachedPod>],
         revisions: &[Arc<ControllerRevision>],
     ) -> std::result::Result<
         (StatefulSetStatus, String, String),
@@ -482,7 +483,7 @@ impl Controller {
     async fn truncate_history(
         &self,
         set: &StatefulSet,
-        pods: &[Arc<Pod>],
+        pods: &[Arc<CachedPod>],
         sorted: &[Arc<ControllerRevision>],
         current: Option<&str>,
         update: Option<&str>,
@@ -510,7 +511,7 @@ impl Controller {
         let mut deletes = Vec::new();
         for a in passes.iter().flatten().flatten() {
             match a {
-                Action::CreatePod(p) => creates.push(pod_key(p)),
+                Action::CreatePod(p) => creates.push(informer::key_of(p.as_ref())),
                 Action::DeletePod { pod, .. } => deletes.push(pod_key(pod)),
                 _ => {}
             }
@@ -678,7 +679,7 @@ impl Controller {
                         .lock()
                         .expect("applied lock")
                         .attempted
-                        .insert(pod_key(pod));
+                        .insert(informer::key_of(pod.as_ref()));
                     match pod_api.create(&PostParams::default(), pod).await {
                         Ok(_) => self.publish(
                             set,

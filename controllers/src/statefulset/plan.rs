@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 use crate::history;
+use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::pods::{is_pod_available, is_pod_ready};
 
@@ -160,22 +161,22 @@ pub fn parent_and_ordinal(name: &str) -> (&str, i64) {
     }
 }
 
-fn pod_name(p: &Pod) -> &str {
+fn pod_name(p: &CachedPod) -> &str {
     p.metadata.name.as_deref().unwrap_or_default()
 }
 
 /// The ordinal of a Pod, -1 when its name has none.
-pub fn ordinal(p: &Pod) -> i64 {
+pub fn ordinal(p: &CachedPod) -> i64 {
     parent_and_ordinal(pod_name(p)).1
 }
 
 /// `isMemberOf`: the Pod's name is `<set>-<digits>`.
-pub fn is_member(set: &StatefulSet, p: &Pod) -> bool {
+pub fn is_member(set: &StatefulSet, p: &CachedPod) -> bool {
     let (parent, _) = parent_and_ordinal(pod_name(p));
     !parent.is_empty() && parent == set_name(set)
 }
 
-fn in_ordinal_range(p: &Pod, set: &StatefulSet) -> bool {
+fn in_ordinal_range(p: &CachedPod, set: &StatefulSet) -> bool {
     let o = ordinal(p);
     o >= start_ordinal(set) && o <= end_ordinal(set)
 }
@@ -190,21 +191,21 @@ pub fn claim_name(set: &StatefulSet, template: &str, ordinal: i64) -> String {
     format!("{template}-{}-{ordinal}", set_name(set))
 }
 
-fn labels(p: &Pod) -> Option<&BTreeMap<String, String>> {
+fn labels(p: &CachedPod) -> Option<&BTreeMap<String, String>> {
     p.metadata.labels.as_ref()
 }
 
-fn label<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
+fn label<'a>(p: &'a CachedPod, key: &str) -> Option<&'a str> {
     labels(p).and_then(|l| l.get(key)).map(String::as_str)
 }
 
 /// The revision a Pod was built from (its `controller-revision-hash`), empty when unlabelled.
-pub fn pod_revision(p: &Pod) -> &str {
+pub fn pod_revision(p: &CachedPod) -> &str {
     label(p, REVISION_LABEL).unwrap_or_default()
 }
 
 /// `identityMatches`: name, namespace and the pod-name label agree with the set.
-fn identity_matches(set: &StatefulSet, p: &Pod) -> bool {
+fn identity_matches(set: &StatefulSet, p: &CachedPod) -> bool {
     let (parent, ord) = parent_and_ordinal(pod_name(p));
     ord >= 0
         && parent == set_name(set)
@@ -214,7 +215,7 @@ fn identity_matches(set: &StatefulSet, p: &Pod) -> bool {
 }
 
 /// `storageMatches`: every claim template is mounted from this ordinal's claim.
-fn storage_matches(set: &StatefulSet, p: &Pod) -> bool {
+fn storage_matches(set: &StatefulSet, p: &CachedPod) -> bool {
     let ord = ordinal(p);
     if ord < 0 {
         return false;
@@ -373,7 +374,7 @@ fn new_versioned_pod(
 
 // ---- Pod state ----
 
-fn phase(p: &Pod) -> &str {
+fn phase(p: &CachedPod) -> &str {
     p.status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
@@ -381,25 +382,25 @@ fn phase(p: &Pod) -> &str {
 }
 
 /// `isCreated`: the API server gave it a phase.
-fn is_created(p: &Pod) -> bool {
+fn is_created(p: &CachedPod) -> bool {
     !phase(p).is_empty()
 }
 
-fn is_terminating(p: &Pod) -> bool {
+fn is_terminating(p: &CachedPod) -> bool {
     p.metadata.deletion_timestamp.is_some()
 }
 
 /// `isRunningAndReady`.
-pub fn is_running_and_ready(p: &Pod) -> bool {
+pub fn is_running_and_ready(p: &CachedPod) -> bool {
     phase(p) == "Running" && is_pod_ready(p)
 }
 
 /// `isRunningAndAvailable` (upstream checks availability only, not the phase).
-fn is_available(p: &Pod, min_ready: i32, now: Timestamp) -> bool {
+fn is_available(p: &CachedPod, min_ready: i32, now: Timestamp) -> bool {
     is_pod_available(p, min_ready, now)
 }
 
-fn is_healthy(p: &Pod) -> bool {
+fn is_healthy(p: &CachedPod) -> bool {
     is_running_and_ready(p) && !is_terminating(p)
 }
 
@@ -535,7 +536,7 @@ pub fn revisions(set: &StatefulSet, sorted: &[Arc<ControllerRevision>]) -> Resul
 /// limit. Live: the current and update revisions and every Pod's revision.
 pub fn revisions_to_truncate(
     set: &StatefulSet,
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     sorted: &[Arc<ControllerRevision>],
     current: Option<&str>,
     update: Option<&str>,
@@ -566,7 +567,7 @@ fn set_obj(set: &StatefulSet) -> Obj<'_> {
     }
 }
 
-fn pod_obj(p: &Pod) -> Obj<'_> {
+fn pod_obj(p: &CachedPod) -> Obj<'_> {
     Obj {
         api_version: POD_API,
         kind: "Pod",
@@ -598,7 +599,11 @@ fn has_stale_owner_ref(c: &PersistentVolumeClaim, o: &Obj<'_>) -> bool {
 
 /// `hasUnexpectedController`: with a Delete policy, a controller other than the set or the Pod
 /// (or a reference to them with a stale uid).
-fn has_unexpected_controller(c: &PersistentVolumeClaim, set: &StatefulSet, pod: &Pod) -> bool {
+fn has_unexpected_controller(
+    c: &PersistentVolumeClaim,
+    set: &StatefulSet,
+    pod: &CachedPod,
+) -> bool {
     let (when_deleted, when_scaled) = retention(set);
     if when_deleted == RETAIN && when_scaled == RETAIN {
         return false;
@@ -625,7 +630,7 @@ fn has_unexpected_controller(c: &PersistentVolumeClaim, set: &StatefulSet, pod: 
 }
 
 /// `hasNonControllerOwner`.
-fn has_non_controller_owner(c: &PersistentVolumeClaim, set: &StatefulSet, pod: &Pod) -> bool {
+fn has_non_controller_owner(c: &PersistentVolumeClaim, set: &StatefulSet, pod: &CachedPod) -> bool {
     let (s, p) = (set_obj(set), pod_obj(pod));
     refs(c)
         .iter()
@@ -635,7 +640,11 @@ fn has_non_controller_owner(c: &PersistentVolumeClaim, set: &StatefulSet, pod: &
 /// `isClaimOwnerUpToDate`: the claim's references to the set and the Pod are what the retention
 /// policy asks (Retain/Retain none; WhenDeleted=Delete the set; WhenScaled=Delete the Pod once
 /// it is scaled away); a claim with stale references or another controller is left alone.
-pub fn claim_owner_up_to_date(c: &PersistentVolumeClaim, set: &StatefulSet, pod: &Pod) -> bool {
+pub fn claim_owner_up_to_date(
+    c: &PersistentVolumeClaim,
+    set: &StatefulSet,
+    pod: &CachedPod,
+) -> bool {
     let (s, p) = (set_obj(set), pod_obj(pod));
     if has_stale_owner_ref(c, &s) || has_stale_owner_ref(c, &p) {
         return true;
@@ -674,7 +683,7 @@ fn controller_ref(o: &Obj<'_>) -> OwnerReference {
 pub fn claim_owner_refs(
     c: &PersistentVolumeClaim,
     set: &StatefulSet,
-    pod: &Pod,
+    pod: &CachedPod,
 ) -> Vec<OwnerReference> {
     let (s, p) = (set_obj(set), pod_obj(pod));
     let unexpected = has_unexpected_controller(c, set, pod);
@@ -750,14 +759,14 @@ pub enum Action {
     /// Delete the Pod.
     DeletePod {
         /// The cached Pod.
-        pod: Arc<Pod>,
+        pod: Arc<CachedPod>,
         /// Why.
         reason: DeleteReason,
     },
     /// Put the identity labels on the Pod.
     SetIdentity {
         /// The cached Pod.
-        pod: Arc<Pod>,
+        pod: Arc<CachedPod>,
         /// The labels to set.
         labels: BTreeMap<String, String>,
     },
@@ -765,7 +774,7 @@ pub enum Action {
     /// a running Pod, so this fails as upstream's does).
     SetStorage {
         /// The cached Pod.
-        pod: Arc<Pod>,
+        pod: Arc<CachedPod>,
         /// The volumes it must have.
         volumes: Vec<Volume>,
     },
@@ -806,7 +815,7 @@ struct Counts {
 
 /// `computeReplicaStatus` over the Pods (objects not yet created do not count).
 fn counts<'a>(
-    pods: impl IntoIterator<Item = &'a Pod>,
+    pods: impl IntoIterator<Item = &'a CachedPod>,
     min_ready: i32,
     current: &str,
     update: &str,
@@ -841,7 +850,7 @@ pub struct Inputs<'a> {
     /// The set.
     pub set: &'a StatefulSet,
     /// Its claimed Pods.
-    pub pods: &'a [Arc<Pod>],
+    pub pods: &'a [Arc<CachedPod>],
     /// The current revision.
     pub current: &'a ControllerRevision,
     /// The update revision.
@@ -857,15 +866,27 @@ pub struct Inputs<'a> {
 /// A replica slot: a cached Pod, or one to create.
 #[derive(Clone)]
 enum Slot {
-    Cached(Arc<Pod>),
-    New(Box<Pod>),
+    Cached(Arc<CachedPod>),
+    New(Box<NewPod>),
+}
+
+/// A Pod to create, and the view of it the plan reads as it reads cached ones.
+#[derive(Clone)]
+struct NewPod {
+    pod: Pod,
+    view: CachedPod,
 }
 
 impl Slot {
-    fn pod(&self) -> &Pod {
+    fn new(pod: Pod) -> Self {
+        let view = CachedPod::from(&pod);
+        Slot::New(Box::new(NewPod { pod, view }))
+    }
+
+    fn pod(&self) -> &CachedPod {
         match self {
             Slot::Cached(p) => p,
-            Slot::New(p) => p,
+            Slot::New(n) => &n.view,
         }
     }
 }
@@ -884,7 +905,7 @@ impl Planner<'_> {
 
     /// `createPersistentVolumeClaims`: claims not in the cache are created; an existing claim
     /// being deleted fails the group.
-    fn create_claims(&self, set: &StatefulSet, pod: &Pod, out: &mut Group) {
+    fn create_claims(&self, set: &StatefulSet, pod: &CachedPod, out: &mut Group) {
         for (_, c) in pod_claims(set, ordinal(pod)) {
             let name = c.metadata.name.clone().unwrap_or_default();
             match (self.inp.claim)(&name) {
@@ -900,7 +921,7 @@ impl Planner<'_> {
         }
     }
 
-    fn cached_claims(&self, set: &StatefulSet, pod: &Pod) -> Vec<Arc<PersistentVolumeClaim>> {
+    fn cached_claims(&self, set: &StatefulSet, pod: &CachedPod) -> Vec<Arc<PersistentVolumeClaim>> {
         claim_templates(set)
             .iter()
             .filter_map(|t| {
@@ -915,7 +936,7 @@ impl Planner<'_> {
     }
 
     /// `ClaimsMatchRetentionPolicy` (claims not cached yet are picked up later).
-    fn claims_match(&self, set: &StatefulSet, pod: &Pod) -> bool {
+    fn claims_match(&self, set: &StatefulSet, pod: &CachedPod) -> bool {
         self.cached_claims(set, pod)
             .iter()
             .all(|c| claim_owner_up_to_date(c, set, pod))
@@ -923,7 +944,7 @@ impl Planner<'_> {
 
     /// `UpdatePodClaimForRetentionPolicy`; `report`: a failure is recorded as the Pod's
     /// FailedUpdate.
-    fn update_claims(&self, set: &StatefulSet, pod: &Pod, report: bool, out: &mut Group) {
+    fn update_claims(&self, set: &StatefulSet, pod: &CachedPod, report: bool, out: &mut Group) {
         for c in self.cached_claims(set, pod) {
             if has_unexpected_controller(&c, set, pod) {
                 out.push(Action::ConflictingController {
@@ -943,7 +964,7 @@ impl Planner<'_> {
 
     /// `PodClaimIsStale`: with WhenScaled=Delete, a claim still owned by an earlier Pod of this
     /// name blocks the creation until the garbage collector removed it.
-    fn claim_is_stale(&self, pod: &Pod) -> bool {
+    fn claim_is_stale(&self, pod: &CachedPod) -> bool {
         let set = self.set();
         if retention(set).1 == RETAIN {
             return false;
@@ -972,17 +993,20 @@ impl Planner<'_> {
             // The new Pod is built on a later sync, once this one is gone.
             return (g, true);
         }
-        let Slot::Cached(cached) = slot else {
-            if self.claim_is_stale(pod) {
+        let cached = match slot {
+            Slot::Cached(cached) => cached,
+            Slot::New(new) => {
+                if self.claim_is_stale(pod) {
+                    return (g, true);
+                }
+                // CreateStatefulPod: claims first, the Pod, then the retention policy on the
+                // claims that were already cached.
+                self.create_claims(set, pod, &mut g);
+                g.push(Action::CreatePod(Box::new(new.pod.clone())));
+                self.update_claims(set, pod, true, &mut g);
+                // In a Parallel walk the new Pod has nothing more to check this sync.
                 return (g, true);
             }
-            // CreateStatefulPod: claims first, the Pod, then the retention policy on the claims
-            // that were already cached.
-            self.create_claims(set, pod, &mut g);
-            g.push(Action::CreatePod(Box::new(pod.clone())));
-            self.update_claims(set, pod, true, &mut g);
-            // In a Parallel walk the new Pod has nothing more to check this sync.
-            return (g, true);
         };
         if ph == "Pending" {
             self.create_claims(set, pod, &mut g);
@@ -1008,15 +1032,12 @@ impl Planner<'_> {
             });
         }
         if !storage_matches(us, pod) {
-            let volumes = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.volumes.clone())
-                .unwrap_or_default();
             self.create_claims(us, pod, &mut g);
+            // The claim volumes only: the strategic-merge patch that writes them merges volumes
+            // by name, so the Pod's other volumes stay as they are.
             g.push(Action::SetStorage {
                 pod: cached.clone(),
-                volumes: update_storage(us, ordinal(pod), volumes),
+                volumes: update_storage(us, ordinal(pod), Vec::new()),
             });
         }
         if !retention_ok {
@@ -1029,7 +1050,7 @@ impl Planner<'_> {
     }
 
     /// `processCondemned`.
-    fn condemned(&self, pod: &Arc<Pod>, first_unhealthy: Option<&str>) -> (Group, bool) {
+    fn condemned(&self, pod: &Arc<CachedPod>, first_unhealthy: Option<&str>) -> (Group, bool) {
         if is_terminating(pod) {
             return (Group::new(), self.monotonic);
         }
@@ -1092,7 +1113,7 @@ pub fn update(inp: &Inputs<'_>) -> Result<Update> {
     // Partition: replicas by ordinal, condemned (descending), new Pods for the gaps.
     let (start, n) = (start_ordinal(set), replicas(set).max(0) as usize);
     let mut slots: Vec<Option<Slot>> = vec![None; n];
-    let mut condemned: Vec<Arc<Pod>> = Vec::new();
+    let mut condemned: Vec<Arc<CachedPod>> = Vec::new();
     for p in inp.pods {
         if in_ordinal_range(p, set) {
             slots[(ordinal(p) - start) as usize] = Some(Slot::Cached(p.clone()));
@@ -1105,13 +1126,13 @@ pub fn update(inp: &Inputs<'_>) -> Result<Update> {
         .enumerate()
         .map(|(i, s)| {
             s.unwrap_or_else(|| {
-                Slot::New(Box::new(new_versioned_pod(
+                Slot::new(new_versioned_pod(
                     &current_set,
                     &update_set,
                     &current_name,
                     &update_name,
                     start + i as i64,
-                )))
+                ))
             })
         })
         .collect();
@@ -1261,7 +1282,7 @@ pub fn needs_status_update(set: &StatefulSet, status: &StatefulSetStatus) -> boo
 
 /// The first `(namespace, set name)` a Pod's name makes it a member of, for the Pod cache's
 /// member index.
-pub fn member_key(p: &Pod) -> Option<String> {
+pub fn member_key(p: &CachedPod) -> Option<String> {
     let (parent, _) = parent_and_ordinal(pod_name(p));
     (!parent.is_empty()).then(|| {
         format!(

@@ -4,12 +4,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{json, Value};
 
 use super::plan::{self, Action, Inputs, UpdateRevision};
 use crate::history;
+use crate::runtime::cached_pod::CachedPod;
 
 fn merge(base: &mut Value, patch: Value) {
     match (base, patch) {
@@ -85,7 +86,7 @@ enum St {
     Terminating,
 }
 
-fn pod(s: &StatefulSet, ord: i64, revision: &str, st: St) -> Arc<Pod> {
+fn pod(s: &StatefulSet, ord: i64, revision: &str, st: St) -> Arc<CachedPod> {
     let mut p = plan::new_pod(s, ord);
     p.metadata.uid = Some(format!("pod-uid-{ord}"));
     p.metadata.resource_version = Some("1".into());
@@ -116,7 +117,7 @@ fn pod(s: &StatefulSet, ord: i64, revision: &str, st: St) -> Arc<Pod> {
         p.metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
     }
-    Arc::new(p)
+    Arc::new(CachedPod::from(p))
 }
 
 fn claim(name: &str, refs: Value, deleting: bool) -> Arc<PersistentVolumeClaim> {
@@ -150,7 +151,7 @@ fn describe(u: &plan::Update) -> Vec<String> {
             Action::CreatePod(p) => format!(
                 "create {}@{}",
                 p.metadata.name.as_deref().unwrap(),
-                plan::pod_revision(p)
+                plan::pod_revision(&CachedPod::from(p.as_ref()))
             ),
             Action::DeletePod { pod, reason } => {
                 format!(
@@ -171,7 +172,7 @@ fn describe(u: &plan::Update) -> Vec<String> {
 
 struct World {
     set: StatefulSet,
-    pods: Vec<Arc<Pod>>,
+    pods: Vec<Arc<CachedPod>>,
     current: ControllerRevision,
     update: ControllerRevision,
     claims: Vec<Arc<PersistentVolumeClaim>>,
