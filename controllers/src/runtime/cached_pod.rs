@@ -13,7 +13,7 @@
 //! DaemonSet's and StatefulSet's identity, endpoints); the required node affinity (a DaemonSet
 //! Pod's target node); restartPolicy (Jobs); per container its name, ports (named target ports)
 //! and restartPolicy (sidecars); volumes' names and claims (StatefulSet storage); status phase,
-//! reason, conditions, Pod IPs, startTime and per container its name, readiness, restart count
+//! reason, conditions (type, status, reason, lastTransitionTime), Pod IPs, startTime and per container its name, readiness, restart count
 //! and state (ranking, availability, Job failure policies).
 //!
 //! Owns the type and its mapping to the API's `Pod`; no controller logic. Pods the controllers
@@ -21,8 +21,7 @@
 //! leaves out is ever written back.
 
 use k8s_openapi::api::core::v1::{
-    Affinity, ContainerPort, ContainerState, PersistentVolumeClaimVolumeSource, Pod, PodCondition,
-    PodIP,
+    Affinity, ContainerPort, ContainerState, PersistentVolumeClaimVolumeSource, Pod, PodIP,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
@@ -93,7 +92,7 @@ pub struct CachedPodStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conditions: Option<Vec<PodCondition>>,
+    pub conditions: Option<Vec<CachedPodCondition>>,
     #[serde(rename = "podIP", default, skip_serializing_if = "Option::is_none")]
     pub pod_ip: Option<String>,
     #[serde(rename = "podIPs", default, skip_serializing_if = "Option::is_none")]
@@ -104,6 +103,20 @@ pub struct CachedPodStatus {
     pub container_statuses: Option<Vec<CachedContainerStatus>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_container_statuses: Option<Vec<CachedContainerStatus>>,
+}
+
+/// The kept part of a `PodCondition` (its message and probe time are read by no controller).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPodCondition {
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
 }
 
 /// The kept part of a `ContainerStatus`.
@@ -208,6 +221,11 @@ mod tests {
         assert_eq!(status.phase.as_deref(), Some("Running"));
         assert_eq!(status.pod_ip.as_deref(), Some("10.0.0.1"));
         assert_eq!(status.pod_ips.as_ref().unwrap()[0].ip, "10.0.0.1");
+        let ready = &status.conditions.as_ref().unwrap()[0];
+        assert_eq!(
+            (ready.type_.as_str(), ready.status.as_str()),
+            ("Ready", "True")
+        );
         let cs = &status.container_statuses.as_ref().unwrap()[0];
         assert_eq!((cs.ready, cs.restart_count), (true, 2));
         let exit = cs.state.as_ref().unwrap().terminated.as_ref().unwrap();

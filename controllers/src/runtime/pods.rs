@@ -13,8 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::runtime::cached_pod::CachedPod;
-use k8s_openapi::api::core::v1::PodCondition;
+use crate::runtime::cached_pod::{CachedPod, CachedPodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -55,7 +54,7 @@ pub fn filter_active_pods(pods: &[Arc<CachedPod>]) -> Vec<Arc<CachedPod>> {
 }
 
 /// The Pod's first `Ready` condition (upstream reads the first one of that type).
-pub fn ready_condition(pod: &CachedPod) -> Option<&PodCondition> {
+pub fn ready_condition(pod: &CachedPod) -> Option<&CachedPodCondition> {
     pod.status
         .as_ref()?
         .conditions
