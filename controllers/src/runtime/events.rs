@@ -13,8 +13,9 @@
 //!
 //! Owns: writing Events. Best effort, off the caller's path: `publish` only queues (1000 pending
 //! at most, as client-go's broadcaster; more are dropped), one writer task per recorder hands
-//! them to per-object writers (each object's events in order, up to 64 objects at once),
-//! and failures are logged at debug, never returned. Differs from client-go: a
+//! them to per-object writers (each object's events in order; one object at a time for the
+//! controllers, as `tools/record`, up to 64 objects at once for the scheduler, as
+//! `tools/events`), and failures are logged at debug, never returned. Differs from client-go: a
 //! write that fails for a transport error is not retried (client-go retries 12 times, 10 s apart).
 //! Knows no particular controller.
 
@@ -64,16 +65,31 @@ pub const WARNING: &str = "Warning";
 pub struct Recorder {
     client: Client,
     component: &'static str,
+    writers: usize,
     sender: Arc<OnceLock<mpsc::Sender<Event>>>,
 }
 
 impl Recorder {
-    /// A recorder writing Events with `source.component` = `component` through `client`.
+    /// A recorder writing Events with `source.component` = `component` through `client`, one at
+    /// a time, as client-go's `tools/record` that kube-controller-manager's controllers use: its
+    /// rate is bounded by the API server's latency, and what a burst queues beyond
+    /// [`MAX_QUEUED`] is dropped. A mass rollout's Events then cost the API server about what
+    /// they cost it under kube-controller-manager.
     pub fn new(client: Client, component: &'static str) -> Self {
         Self {
             client,
             component,
+            writers: 1,
             sender: Arc::default(),
+        }
+    }
+
+    /// A recorder writing the Events of up to [`WRITERS`] objects at once, as kube-scheduler's
+    /// `tools/events` writes each event in a goroutine of its own.
+    pub fn concurrent(client: Client, component: &'static str) -> Self {
+        Self {
+            writers: WRITERS,
+            ..Self::new(client, component)
         }
     }
 
@@ -97,7 +113,10 @@ impl Recorder {
         let sender = self.sender.get_or_init(|| {
             let (tx, rx) = mpsc::channel(MAX_QUEUED);
             let client = self.client.clone();
-            tokio::spawn(write_all(rx, move |w| write_one(client.clone(), w)));
+            let writers = self.writers;
+            tokio::spawn(write_all(rx, writers, move |w| {
+                write_one(client.clone(), w)
+            }));
             tx
         });
         if let Err(e) = sender.try_send(event) {
@@ -149,7 +168,7 @@ pub fn make_event(
     }
 }
 
-/// Writes in flight at once, each about a different object.
+/// Writes in flight at once, each about a different object, of a [`Recorder::concurrent`].
 ///
 /// One write at a time caps a recorder at 1 / (API server latency) Events a second: under the load
 /// of a scheduler binding a burst of Pods (its own bindings queue in the same API Priority and
@@ -160,12 +179,12 @@ pub fn make_event(
 /// events in order, correlated and written one after the other as `tools/record` does (every
 /// correlation key starts with the source and the object, so per object the counts, aggregation
 /// and spam filter behave exactly as there), and writes up to this many objects' events at once.
-pub(crate) const WRITERS: usize = 64;
+pub const WRITERS: usize = 64;
 
 /// The writer: hands each queued event to the writer of its object (started when the object has
-/// none, at most [`WRITERS`] at once), which correlates it, then creates or patches it through
+/// none, at most `writers` at once), which correlates it, then creates or patches it through
 /// `sink`, then the next event of the same object, until none is left.
-pub(crate) async fn write_all<S, F>(mut rx: mpsc::Receiver<Event>, sink: S)
+pub(crate) async fn write_all<S, F>(mut rx: mpsc::Receiver<Event>, writers: usize, sink: S)
 where
     S: Fn(Write) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Event, kube::Error>> + Send + 'static,
@@ -173,7 +192,7 @@ where
     let correlator = Arc::new(Mutex::new(Correlator::default()));
     // The objects with a writer, and their events waiting for it.
     let pending: Arc<Mutex<HashMap<String, VecDeque<Event>>>> = Arc::default();
-    let writers = Arc::new(Semaphore::new(WRITERS));
+    let writers = Arc::new(Semaphore::new(writers.max(1)));
     while let Some(event) = rx.recv().await {
         let key = join(object_key(&event));
         {

@@ -253,7 +253,7 @@ async fn writes_objects_concurrently_and_each_objects_events_in_order() {
         }
     };
     let (tx, rx) = mpsc::channel(MAX_QUEUED);
-    let writer = tokio::spawn(write_all(rx, sink));
+    let writer = tokio::spawn(write_all(rx, WRITERS, sink));
     let start = Instant::now();
     let at = Timestamp::now();
     for round in 0..2 {
@@ -309,4 +309,65 @@ async fn writes_objects_concurrently_and_each_objects_events_in_order() {
             "{name}: the patch names the created Event"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controllers_recorder_writes_one_event_at_a_time_in_the_order_published() {
+    // tools/record (kube-controller-manager's controllers) has one sink goroutine.
+    const OBJECTS: usize = 20;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let sink = {
+        let seen = seen.clone();
+        move |w: Write| {
+            let seen = seen.clone();
+            async move {
+                let (kind, mut e) = match w {
+                    Write::Create(e) => ("create", e),
+                    Write::Patch(e) => ("patch", e),
+                    Write::Skip => unreachable!("skips are not written"),
+                };
+                {
+                    let mut s = seen.lock().unwrap();
+                    s.writes.push((
+                        e.involved_object.name.clone().unwrap_or_default(),
+                        kind,
+                        e.metadata.name.clone().unwrap_or_default(),
+                        e.count.unwrap_or_default(),
+                    ));
+                    s.in_flight += 1;
+                    s.most = s.most.max(s.in_flight);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                seen.lock().unwrap().in_flight -= 1;
+                e.metadata.resource_version = Some("1".into());
+                Ok(e)
+            }
+        }
+    };
+    let (tx, rx) = mpsc::channel(MAX_QUEUED);
+    let writer = tokio::spawn(write_all(rx, 1, sink));
+    let at = Timestamp::now();
+    for i in 0..OBJECTS {
+        let name = format!("rs-{i}");
+        tx.send(make_event(
+            "replicaset-controller",
+            &rs_ref(&name, &format!("uid-{i}")),
+            NORMAL,
+            "SuccessfulCreate",
+            format!("Created pod: {name}-a"),
+            at,
+        ))
+        .await
+        .unwrap();
+    }
+    drop(tx);
+    writer.await.unwrap();
+    while seen.lock().unwrap().writes.len() < OBJECTS || seen.lock().unwrap().in_flight > 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let s = seen.lock().unwrap();
+    assert_eq!(s.most, 1, "writes at once");
+    let order: Vec<_> = s.writes.iter().map(|w| w.0.clone()).collect();
+    let want: Vec<_> = (0..OBJECTS).map(|i| format!("rs-{i}")).collect();
+    assert_eq!(order, want, "written in the order published");
 }

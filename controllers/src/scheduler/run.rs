@@ -167,7 +167,7 @@ impl Scheduler {
             .map(|p| {
                 // Leaked once per profile for the process's life: Event sources are 'static.
                 let name: &'static str = Box::leak(p.name.clone().into_boxed_str());
-                (p.name.clone(), Recorder::new(client.clone(), name))
+                (p.name.clone(), Recorder::concurrent(client.clone(), name))
             })
             .collect();
         let pods = informers.get::<Pod>();
