@@ -1,6 +1,7 @@
 //! The event correlator: counting, aggregation and the spam filter, with an injected clock.
 
 use super::*;
+use futures::future::BoxFuture;
 
 fn rs_ref(name: &str, uid: &str) -> ObjectReference {
     ObjectReference {
@@ -217,6 +218,41 @@ struct Seen {
     most: usize,
 }
 
+/// A fake API server's write: records the write in `seen`, answers after `latency` with the
+/// Event given a resourceVersion.
+fn recording_sink(
+    seen: &Arc<Mutex<Seen>>,
+    latency: Duration,
+) -> impl Fn(Write) -> BoxFuture<'static, Result<Event, kube::Error>> + Clone + Send + Sync + 'static
+{
+    let seen = seen.clone();
+    move |w: Write| {
+        let seen = seen.clone();
+        Box::pin(async move {
+            let (kind, mut e) = match w {
+                Write::Create(e) => ("create", e),
+                Write::Patch(e) => ("patch", e),
+                Write::Skip => unreachable!("skips are not written"),
+            };
+            {
+                let mut s = seen.lock().unwrap();
+                s.writes.push((
+                    e.involved_object.name.clone().unwrap_or_default(),
+                    kind,
+                    e.metadata.name.clone().unwrap_or_default(),
+                    e.count.unwrap_or_default(),
+                ));
+                s.in_flight += 1;
+                s.most = s.most.max(s.in_flight);
+            }
+            tokio::time::sleep(latency).await;
+            seen.lock().unwrap().in_flight -= 1;
+            e.metadata.resource_version = Some("1".into());
+            Ok(e)
+        })
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_objects_concurrently_and_each_objects_events_in_order() {
     // 100 objects, two identical events each (a create, then a patch counting 2), through an API
@@ -224,34 +260,7 @@ async fn writes_objects_concurrently_and_each_objects_events_in_order() {
     const OBJECTS: usize = 100;
     const LATENCY: Duration = Duration::from_millis(20);
     let seen: Arc<Mutex<Seen>> = Arc::default();
-    let sink = {
-        let seen = seen.clone();
-        move |w: Write| {
-            let seen = seen.clone();
-            async move {
-                let (kind, mut e) = match w {
-                    Write::Create(e) => ("create", e),
-                    Write::Patch(e) => ("patch", e),
-                    Write::Skip => unreachable!("skips are not written"),
-                };
-                {
-                    let mut s = seen.lock().unwrap();
-                    s.writes.push((
-                        e.involved_object.name.clone().unwrap_or_default(),
-                        kind,
-                        e.metadata.name.clone().unwrap_or_default(),
-                        e.count.unwrap_or_default(),
-                    ));
-                    s.in_flight += 1;
-                    s.most = s.most.max(s.in_flight);
-                }
-                tokio::time::sleep(LATENCY).await;
-                seen.lock().unwrap().in_flight -= 1;
-                e.metadata.resource_version = Some("1".into());
-                Ok(e)
-            }
-        }
-    };
+    let sink = recording_sink(&seen, LATENCY);
     let (tx, rx) = mpsc::channel(MAX_QUEUED);
     let writer = tokio::spawn(write_all(rx, WRITERS, sink));
     let start = Instant::now();
@@ -316,34 +325,7 @@ async fn a_controllers_recorder_writes_one_event_at_a_time_in_the_order_publishe
     // tools/record (kube-controller-manager's controllers) has one sink goroutine.
     const OBJECTS: usize = 20;
     let seen: Arc<Mutex<Seen>> = Arc::default();
-    let sink = {
-        let seen = seen.clone();
-        move |w: Write| {
-            let seen = seen.clone();
-            async move {
-                let (kind, mut e) = match w {
-                    Write::Create(e) => ("create", e),
-                    Write::Patch(e) => ("patch", e),
-                    Write::Skip => unreachable!("skips are not written"),
-                };
-                {
-                    let mut s = seen.lock().unwrap();
-                    s.writes.push((
-                        e.involved_object.name.clone().unwrap_or_default(),
-                        kind,
-                        e.metadata.name.clone().unwrap_or_default(),
-                        e.count.unwrap_or_default(),
-                    ));
-                    s.in_flight += 1;
-                    s.most = s.most.max(s.in_flight);
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                seen.lock().unwrap().in_flight -= 1;
-                e.metadata.resource_version = Some("1".into());
-                Ok(e)
-            }
-        }
-    };
+    let sink = recording_sink(&seen, Duration::from_millis(2));
     let (tx, rx) = mpsc::channel(MAX_QUEUED);
     let writer = tokio::spawn(write_all(rx, 1, sink));
     let at = Timestamp::now();

@@ -23,11 +23,7 @@ pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost"
 
 /// `namespace/name`: the key expectations track deletions by (upstream's `PodKey`).
 pub fn pod_key(pod: &CachedPod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
+    super::informer::key_of(pod)
 }
 
 fn phase(pod: &CachedPod) -> &str {
