@@ -65,7 +65,7 @@ impl Workload {
     pub fn port_name(i: usize) -> ServicePortName {
         ServicePortName {
             namespace: "bench".into(),
-            name: Self::name(i),
+            name: Self::name(i).into(),
             port_name: "http".into(),
             protocol: Protocol::Tcp,
         }

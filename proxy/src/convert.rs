@@ -5,7 +5,9 @@
 //! not), the parsing of addresses and ports, and the normalisation of sloppy input (IPv4 with leading
 //! zeros). A bad port of a Service drops that port only; the Service's other ports stay.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -44,6 +46,63 @@ pub struct SliceInfo {
     pub ports: Vec<(String, Protocol, u16)>,
     /// Endpoints without a port: the port comes from `ports`.
     pub endpoints: Vec<Endpoint>,
+}
+
+/// (namespace, name) of an object; a missing namespace is `default`, as the API server defaults it.
+pub type ObjectKey = (String, String);
+
+/// The [`ObjectKey`] of an object's metadata.
+pub fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
+    (
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// A Service reduced, as soon as a source reads it, to what the proxy keeps of it. The source
+/// drops the Kubernetes object right after, so a listing of many Services never exists as whole
+/// objects (a Service with its managedFields is several times the size of its ports).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceEntry {
+    pub key: ObjectKey,
+    /// The proxied ports; empty for a Service the proxy does not handle.
+    pub ports: Vec<ServicePort>,
+    pub errors: Vec<InvalidObject>,
+    /// Why the proxy does not handle it ([`skip_reason`]), for the log.
+    pub skipped: Option<&'static str>,
+}
+
+impl ServiceEntry {
+    /// Converts `svc`; `default_algorithm` is the node's `--balance`.
+    pub fn new(svc: &Service, default_algorithm: Algorithm) -> ServiceEntry {
+        let converted = convert_service(svc, default_algorithm);
+        ServiceEntry {
+            key: key_of(&svc.metadata),
+            ports: converted.ports,
+            errors: converted.errors,
+            skipped: skip_reason(svc),
+        }
+    }
+}
+
+/// An EndpointSlice reduced, as soon as a source reads it, to what the proxy keeps of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SliceEntry {
+    pub key: ObjectKey,
+    /// `None` for a slice that contributes nothing (no Service label, FQDN).
+    pub info: Option<SliceInfo>,
+    pub errors: Vec<InvalidObject>,
+}
+
+impl SliceEntry {
+    pub fn new(slice: &EndpointSlice) -> SliceEntry {
+        let (info, errors) = convert_slice(slice);
+        SliceEntry {
+            key: key_of(&slice.metadata),
+            info,
+            errors,
+        }
+    }
 }
 
 fn invalid(
@@ -88,6 +147,32 @@ pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
         *o = p.parse().ok()?;
     }
     Some(IpAddr::V4(Ipv4Addr::from(octets)))
+}
+
+/// One shared copy of each node and zone name. A cluster's endpoints name few nodes and zones, and
+/// each endpoint is kept in several sets; without this each copy would hold its own string.
+/// Names no endpoint holds any more are dropped whenever the pool has doubled since it was last
+/// pruned, so nodes that come and go do not accumulate.
+fn shared_name(s: &str) -> Arc<str> {
+    struct Pool {
+        names: BTreeSet<Arc<str>>,
+        prune_at: usize,
+    }
+    static POOL: Mutex<Pool> = Mutex::new(Pool {
+        names: BTreeSet::new(),
+        prune_at: 0,
+    });
+    let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(name) = pool.names.get(s) {
+        return name.clone();
+    }
+    if pool.names.len() >= pool.prune_at {
+        pool.names.retain(|n| Arc::strong_count(n) > 1);
+        pool.prune_at = (pool.names.len() * 2).max(1024);
+    }
+    let name: Arc<str> = s.into();
+    pool.names.insert(name.clone());
+    name
 }
 
 fn port_u16(value: i32) -> Option<u16> {
@@ -147,7 +232,7 @@ pub fn convert_service(svc: &Service, default_algorithm: Algorithm) -> Converted
     }
     let common = CommonFields::from_service(&obj, svc, default_algorithm, &mut out.errors);
     for (i, p) in spec.ports.iter().flatten().enumerate() {
-        match convert_port(&obj, i, p, &svc.metadata, &cluster_ips, &common) {
+        match convert_port(&obj, i, p, &cluster_ips, &common) {
             Ok(sp) => out.ports.push(sp),
             Err(e) => out.errors.push(e),
         }
@@ -190,6 +275,9 @@ fn service_ips(
 
 /// Fields shared by every port of a Service.
 struct CommonFields {
+    /// The Service's namespace and name, allocated once for all its ports.
+    namespace: Arc<str>,
+    name: Arc<str>,
     external_ips: Vec<IpAddr>,
     load_balancer_ips: Vec<IpAddr>,
     source_ranges: Vec<IpNet>,
@@ -208,6 +296,13 @@ impl CommonFields {
         errors: &mut Vec<InvalidObject>,
     ) -> Self {
         let spec = svc.spec.as_ref().expect("checked by caller");
+        let namespace = svc
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or("default")
+            .into();
+        let name = svc.metadata.name.as_deref().unwrap_or_default().into();
         let mut external_ips = Vec::new();
         for (i, s) in spec.external_ips.iter().flatten().enumerate() {
             match parse_ip_sloppy(s) {
@@ -297,6 +392,8 @@ impl CommonFields {
             .is_some_and(|t| t == "NodePort" || t == "LoadBalancer")
             || !external_ips.is_empty();
         CommonFields {
+            namespace,
+            name,
             external_ips,
             load_balancer_ips,
             source_ranges,
@@ -314,7 +411,6 @@ fn convert_port(
     obj: &str,
     i: usize,
     p: &k8s_openapi::api::core::v1::ServicePort,
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     cluster_ips: &[IpAddr],
     c: &CommonFields,
 ) -> Result<ServicePort, InvalidObject> {
@@ -350,9 +446,9 @@ fn convert_port(
     };
     Ok(ServicePort {
         name: ServicePortName {
-            namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
-            name: meta.name.clone().unwrap_or_default(),
-            port_name: p.name.clone().unwrap_or_default(),
+            namespace: c.namespace.clone(),
+            name: c.name.clone(),
+            port_name: p.name.as_deref().unwrap_or_default().into(),
             protocol,
         },
         cluster_ips: cluster_ips.to_vec(),
@@ -457,8 +553,8 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
         endpoints.push(Endpoint {
             addr,
             port: 0,
-            node: e.node_name.clone(),
-            zone: e.zone.clone(),
+            node: e.node_name.as_deref().map(shared_name),
+            zone: e.zone.as_deref().map(shared_name),
             ready,
             serving,
             terminating,

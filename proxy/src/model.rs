@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -67,11 +68,14 @@ impl fmt::Display for Protocol {
 }
 
 /// Identifies one port of one Service: the unit the change tracker and the dataplanes work in.
+///
+/// It keys the tracker's state, the change sets and every backend's bookkeeping, so it is cloned
+/// many times per Service port: its names are shared (`Arc<str>`), a clone allocates nothing.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ServicePortName {
-    pub namespace: String,
-    pub name: String,
-    pub port_name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub port_name: Arc<str>,
     pub protocol: Protocol,
 }
 
@@ -164,9 +168,10 @@ impl ServicePort {
 pub struct Endpoint {
     pub addr: IpAddr,
     pub port: u16,
-    /// `nodeName` of the endpoint, if set.
-    pub node: Option<String>,
-    pub zone: Option<String>,
+    /// `nodeName` of the endpoint, if set. Shared: an endpoint is kept in several sets (as listed,
+    /// per kind of traffic), and one node's endpoints share one name (see `convert`).
+    pub node: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
@@ -205,7 +210,7 @@ pub mod fixtures {
             name: ServicePortName {
                 namespace: "default".into(),
                 name: name.into(),
-                port_name: String::new(),
+                port_name: "".into(),
                 protocol: Protocol::Tcp,
             },
             cluster_ips: vec![vip.parse().expect("a clusterIP")],

@@ -148,7 +148,7 @@ pub fn service_views(
                 .flatten()
                 .map(|e| EndpointView {
                     addr: e.socket_addr(),
-                    node: e.node.clone(),
+                    node: e.node.as_deref().map(str::to_string),
                     ready: e.ready,
                     serving: e.serving,
                     terminating: e.terminating,

@@ -1,30 +1,23 @@
 //! The change tracker: Kubernetes objects in, [`ProxyState`] and [`ChangeSet`] out.
 //!
-//! Owns the raw per-object view (Services and EndpointSlices by namespace/name), the set of Services
-//! touched since the last sync, and the state last handed to the dataplane. Sources call the
-//! `apply_*`/`delete_*`/`replace_all` methods; the sync runner calls [`Tracker::take_changes`]. Work per
+//! Owns the per-object view (Services and EndpointSlices by namespace/name, as the sources
+//! converted them), the set of Services touched since the last sync, and the state last handed to
+//! the dataplane. Sources send [`ServiceEntry`] / [`SliceEntry`] values, which the
+//! `apply_*_entry`/`delete_*`/`replace_*` methods take (the `apply_service` / `apply_slice` forms
+//! converting a Kubernetes object are for callers that hold one); the sync runner calls [`Tracker::take_changes`]. Work per
 //! sync is proportional to the Services touched, not to the cluster size.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::convert::{convert_service, convert_slice, SliceInfo};
+pub use crate::convert::ObjectKey;
+use crate::convert::{ServiceEntry, SliceEntry, SliceInfo};
 use crate::dataplane::{ChangeSet, ProxyState};
 use crate::error::InvalidObject;
 use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
 use crate::selection::{select, NodeContext};
-
-/// (namespace, name) of an object.
-pub type ObjectKey = (String, String);
-
-fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
-    (
-        meta.namespace.clone().unwrap_or_else(|| "default".into()),
-        meta.name.clone().unwrap_or_default(),
-    )
-}
 
 /// Tracks Services and EndpointSlices and computes what changed between syncs.
 #[derive(Debug)]
@@ -98,15 +91,25 @@ impl Tracker {
         self.set_errors(format!("source {source_key}"), errs);
     }
 
+    /// Converts and applies one Service.
     pub fn apply_service(&mut self, svc: &Service) {
-        let key = key_of(&svc.metadata);
-        let converted = convert_service(svc, self.default_algorithm);
-        self.set_errors(format!("Service {}/{}", key.0, key.1), converted.errors);
-        if let Some(why) = crate::convert::skip_reason(svc) {
+        self.apply_service_entry(ServiceEntry::new(svc, self.default_algorithm));
+    }
+
+    /// Applies one Service as a source converted it.
+    pub fn apply_service_entry(&mut self, entry: ServiceEntry) {
+        let ServiceEntry {
+            key,
+            ports,
+            errors,
+            skipped,
+        } = entry;
+        self.set_errors(format!("Service {}/{}", key.0, key.1), errors);
+        if let Some(why) = skipped {
             tracing::debug!(service = %format!("{}/{}", key.0, key.1), "not proxied: {why}");
         }
-        if self.services.get(&key) != Some(&converted.ports) {
-            self.services.insert(key.clone(), converted.ports);
+        if self.services.get(&key) != Some(&ports) {
+            self.services.insert(key.clone(), ports);
             self.dirty.insert(key);
         }
     }
@@ -119,10 +122,15 @@ impl Tracker {
         }
     }
 
+    /// Converts and applies one EndpointSlice.
     pub fn apply_slice(&mut self, slice: &EndpointSlice) {
-        let key = key_of(&slice.metadata);
-        let (info, errs) = convert_slice(slice);
-        self.set_errors(format!("EndpointSlice {}/{}", key.0, key.1), errs);
+        self.apply_slice_entry(SliceEntry::new(slice));
+    }
+
+    /// Applies one EndpointSlice as a source converted it.
+    pub fn apply_slice_entry(&mut self, entry: SliceEntry) {
+        let SliceEntry { key, info, errors } = entry;
+        self.set_errors(format!("EndpointSlice {}/{}", key.0, key.1), errors);
         match info {
             Some(info) => {
                 if self.slices.get(&key) == Some(&info) {
@@ -164,41 +172,44 @@ impl Tracker {
     /// Replaces everything with a complete listing (a relist or a reloaded directory): objects not
     /// in it are deleted, so deletes missed during a watch outage are not lost.
     pub fn replace_all(&mut self, services: &[Service], slices: &[EndpointSlice]) {
-        self.replace_services(services);
-        self.replace_slices(slices);
+        let alg = self.default_algorithm;
+        self.replace_services(services.iter().map(|s| ServiceEntry::new(s, alg)).collect());
+        self.replace_slices(slices.iter().map(SliceEntry::new).collect());
     }
 
     /// Replaces all Services with a complete listing, deleting those it lacks.
-    pub fn replace_services(&mut self, services: &[Service]) {
-        let keep: BTreeSet<ObjectKey> = services.iter().map(|s| key_of(&s.metadata)).collect();
+    pub fn replace_services(&mut self, services: Vec<ServiceEntry>) {
+        let keep: HashSet<&ObjectKey> = services.iter().map(|s| &s.key).collect();
         let gone: Vec<ObjectKey> = self
             .services
             .keys()
-            .filter(|k| !keep.contains(*k))
+            .filter(|k| !keep.contains(k))
             .cloned()
             .collect();
+        drop(keep);
         for (ns, name) in gone {
             self.delete_service(&ns, &name);
         }
         for s in services {
-            self.apply_service(s);
+            self.apply_service_entry(s);
         }
     }
 
     /// Replaces all EndpointSlices with a complete listing, deleting those it lacks.
-    pub fn replace_slices(&mut self, slices: &[EndpointSlice]) {
-        let keep: BTreeSet<ObjectKey> = slices.iter().map(|s| key_of(&s.metadata)).collect();
+    pub fn replace_slices(&mut self, slices: Vec<SliceEntry>) {
+        let keep: HashSet<&ObjectKey> = slices.iter().map(|s| &s.key).collect();
         let gone: Vec<ObjectKey> = self
             .slices
             .keys()
-            .filter(|k| !keep.contains(*k))
+            .filter(|k| !keep.contains(k))
             .cloned()
             .collect();
+        drop(keep);
         for (ns, name) in gone {
             self.delete_slice(&ns, &name);
         }
         for s in slices {
-            self.apply_slice(s);
+            self.apply_slice_entry(s);
         }
     }
 
@@ -210,7 +221,7 @@ impl Tracker {
                 continue;
             };
             for &(ref pname, proto, port) in &slice.ports {
-                if *pname != sp.name.port_name || proto != sp.protocol {
+                if pname.as_str() != &*sp.name.port_name || proto != sp.protocol {
                     continue;
                 }
                 for e in slice.endpoints.iter().filter(|e| {

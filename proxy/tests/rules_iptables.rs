@@ -123,7 +123,7 @@ fn partial_restore_touches_only_the_changed_service_and_stale_chains_wait() {
     let spn = state2
         .services
         .keys()
-        .find(|s| s.name == format!("s{CHANGED}"))
+        .find(|s| *s.name == format!("s{CHANGED}"))
         .unwrap()
         .clone();
     let (full_time, inc_time, restore, stale, after_grace) = cluster

@@ -121,7 +121,7 @@ fn one_endpoint_change_among_20000_services_touches_only_that_service() {
             let spn = state
                 .services
                 .keys()
-                .find(|s| s.name == format!("s{CHANGED}"))
+                .find(|s| *s.name == format!("s{CHANGED}"))
                 .unwrap()
                 .clone();
             let svc = state.services[&spn].clone();

@@ -87,6 +87,15 @@ impl Fixture {
     /// `n` Services `svc-i` with one slice of two endpoints each in a fresh namespace of `cp`,
     /// then the source started with `source_kubeconfig` (the admin's, or one through a relay).
     async fn with_services(cp: &ControlPlane, n: usize, source_client: Option<Client>) -> Fixture {
+        // The source's warnings (watch failures, backoff) and kube's request log, captured per
+        // test and shown when it fails.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "proxy=debug,kube=debug,kube_runtime=debug".into()),
+            )
+            .with_test_writer()
+            .try_init();
         let ns = cp.test_namespace("kube-source").unwrap();
         let client = cp.client().await.unwrap();
         for i in 0..n {
@@ -100,7 +109,7 @@ impl Fixture {
         }
         let (tx, rx) = mpsc::channel(1024);
         let source_client = source_client.unwrap_or_else(|| client.clone());
-        let task = tokio::spawn(source::kube::run(source_client, tx));
+        let task = tokio::spawn(source::kube::run(source_client, tx, Algorithm::RoundRobin));
         let node = NodeContext {
             node_name: "node".into(),
             cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
@@ -157,15 +166,17 @@ impl Fixture {
         self.changes.full |= c.full;
         self.changes
             .changed
-            .extend(c.changed.into_iter().filter(|n| n.namespace == ns));
+            .extend(c.changed.into_iter().filter(|n| *n.namespace == *ns));
         self.changes.removed_endpoints.extend(
             c.removed_endpoints
                 .into_iter()
-                .filter(|(n, _)| n.namespace == ns),
+                .filter(|(n, _)| *n.namespace == *ns),
         );
-        self.changes
-            .became_reachable
-            .extend(c.became_reachable.into_iter().filter(|n| n.namespace == ns));
+        self.changes.became_reachable.extend(
+            c.became_reachable
+                .into_iter()
+                .filter(|n| *n.namespace == *ns),
+        );
     }
 
     /// What changed since the last call.
@@ -179,7 +190,7 @@ impl Fixture {
             .state()
             .endpoints
             .iter()
-            .find(|(n, _)| n.namespace == self.ns && n.name == service)?;
+            .find(|(n, _)| *n.namespace == *self.ns && &*n.name == service)?;
         Some(eps.iter().map(|e| e.addr.to_string()).collect())
     }
 
@@ -188,7 +199,7 @@ impl Fixture {
             .state()
             .services
             .keys()
-            .any(|n| n.namespace == self.ns && n.name == service)
+            .any(|n| *n.namespace == *self.ns && &*n.name == service)
     }
 
     fn service_count(&self) -> usize {
@@ -196,13 +207,13 @@ impl Fixture {
             .state()
             .services
             .keys()
-            .filter(|n| n.namespace == self.ns)
+            .filter(|n| *n.namespace == *self.ns)
             .count()
     }
 
     /// The service names in a change set.
     fn changed(changes: &ChangeSet) -> BTreeSet<String> {
-        changes.changed.iter().map(|n| n.name.clone()).collect()
+        changes.changed.iter().map(|n| n.name.to_string()).collect()
     }
 }
 

@@ -63,14 +63,14 @@ fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
 async fn start_source(args: &RunArgs, tx: mpsc::Sender<source::SourceEvent>) -> anyhow::Result<()> {
     match &args.source {
         SourceArg::File(dir) => {
+            let balance = args.balance;
             if !dir.is_dir() {
                 bail!("--source file:{}: not a directory", dir.display());
             }
             let dir = dir.clone();
             tokio::spawn(async move {
-                if let Err(e) =
-                    source::file::run(dir.clone(), tx, std::time::Duration::from_secs(5)).await
-                {
+                let rescan = std::time::Duration::from_secs(5);
+                if let Err(e) = source::file::run(dir.clone(), tx, rescan, balance).await {
                     tracing::error!("file source {}: {e}", dir.display());
                 }
             });
@@ -79,7 +79,7 @@ async fn start_source(args: &RunArgs, tx: mpsc::Sender<source::SourceEvent>) -> 
             let client = source::kube::client(args.kubeconfig.as_deref())
                 .await
                 .context("building the Kubernetes client")?;
-            tokio::spawn(source::kube::run(client, tx));
+            tokio::spawn(source::kube::run(client, tx, args.balance));
         }
     }
     Ok(())

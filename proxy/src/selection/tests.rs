@@ -16,7 +16,7 @@ fn svc(internal_local: bool, external_local: bool) -> ServicePort {
         name: ServicePortName {
             namespace: "default".into(),
             name: "web".into(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol: Protocol::Tcp,
         },
         cluster_ips: vec![ip("10.96.0.10")],
@@ -46,7 +46,7 @@ fn ep(last_octet: u8, node: &str, state: &str) -> Endpoint {
     Endpoint {
         addr: IpAddr::V4(Ipv4Addr::new(10, 244, 0, last_octet)),
         port: 8080,
-        node: Some(node.to_string()),
+        node: Some(node.into()),
         zone: None,
         ready,
         serving,

@@ -37,7 +37,9 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 use super::SourceEvent;
+use crate::convert::{ServiceEntry, SliceEntry};
 use crate::error::InvalidObject;
+use crate::model::Algorithm;
 
 /// The largest manifest file read, in bytes (256 MiB); a larger one is reported without being
 /// read. `kubectl get services,endpointslices -A -o yaml` of a cluster with 20,000 Services (one
@@ -667,18 +669,49 @@ fn entry(path: &Path) -> Entry {
     }
 }
 
+/// What the directory serves: every file's objects, converted, and every problem.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Listing {
+    pub services: Vec<ServiceEntry>,
+    pub slices: Vec<SliceEntry>,
+    pub errors: Vec<InvalidObject>,
+}
+
+impl Listing {
+    /// Converts a parsed file's objects, dropping the Kubernetes objects.
+    fn convert(parsed: ParsedFile, default_algorithm: Algorithm) -> Listing {
+        Listing {
+            services: parsed
+                .services
+                .iter()
+                .map(|s| ServiceEntry::new(s, default_algorithm))
+                .collect(),
+            slices: parsed.slices.iter().map(SliceEntry::new).collect(),
+            errors: parsed.errors,
+        }
+    }
+}
+
 /// Reads a directory of manifests, re-parsing only the files that changed since the last call.
-#[derive(Debug, Default)]
+/// What it keeps of a file is its converted listing, not the Kubernetes objects.
+#[derive(Debug)]
 pub struct ManifestDir {
     dir: PathBuf,
-    cache: HashMap<PathBuf, (Option<SystemTime>, u64, ParsedFile)>,
+    default_algorithm: Algorithm,
+    cache: HashMap<PathBuf, (Option<SystemTime>, u64, Listing)>,
+    /// The files and the problems outside any file of the last load, to tell a load that found
+    /// nothing new.
+    last: Option<(Vec<PathBuf>, Vec<InvalidObject>)>,
 }
 
 impl ManifestDir {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
+    /// `default_algorithm` is the node's `--balance`, for Services that do not choose their own.
+    pub fn new(dir: impl Into<PathBuf>, default_algorithm: Algorithm) -> Self {
         ManifestDir {
             dir: dir.into(),
+            default_algorithm,
             cache: HashMap::new(),
+            last: None,
         }
     }
 
@@ -698,23 +731,30 @@ impl ManifestDir {
     }
 
     /// Loads the directory: every Service, every EndpointSlice, every problem.
-    pub fn load(&mut self) -> ParsedFile {
-        let mut all = ParsedFile::default();
+    pub fn load(&mut self) -> Listing {
+        self.load_changed()
+            .unwrap_or_else(|| self.listing(&self.last.clone().unwrap_or_default()))
+    }
+
+    /// Loads the directory, or returns `None` when no file and no problem changed since the last
+    /// load: a periodic rescan of an unchanged directory costs a `stat` per file, not a listing.
+    pub fn load_changed(&mut self) -> Option<Listing> {
         let names = match self.manifest_names() {
             Ok(f) => f,
             Err(e) => {
-                all.errors.push(InvalidObject {
+                let error = InvalidObject {
                     file: Some(self.dir.clone()),
                     kind: "directory".into(),
                     object: self.dir.display().to_string(),
                     field: "<directory>".into(),
                     message: e.to_string(),
-                });
-                return all;
+                };
+                return self.changed_to((Vec::new(), vec![error]), true);
             }
         };
         let mut files = Vec::new();
         let mut changed = Vec::new();
+        let mut outside = Vec::new();
         for path in names {
             match entry(&path) {
                 Entry::File(mtime, len) => {
@@ -727,24 +767,43 @@ impl ManifestDir {
                     }
                     files.push(path);
                 }
-                Entry::Unusable(e) => all.errors.push(e),
+                Entry::Unusable(e) => outside.push(e),
             }
         }
         self.cache.retain(|p, _| files.contains(p));
-        for (path, mtime, len, parsed) in parse_all(changed) {
+        let reparsed = !changed.is_empty();
+        for (path, mtime, len, parsed) in parse_all(changed, self.default_algorithm) {
             self.cache.insert(path, (mtime, len, parsed));
         }
-        self.listing(&files, all)
+        self.changed_to((files, outside), reparsed)
     }
 
-    /// Copies every cached file's objects (in file order) into `all`, sized exactly: growing the
-    /// vectors by doubling cost ~40 MiB of spare capacity at 20,000 Services.
-    fn listing(&self, files: &[PathBuf], mut all: ParsedFile) -> ParsedFile {
-        let cached: Vec<&ParsedFile> = files
+    /// Records `now` as the last load; the listing when it or a file differs from the last.
+    fn changed_to(
+        &mut self,
+        now: (Vec<PathBuf>, Vec<InvalidObject>),
+        reparsed: bool,
+    ) -> Option<Listing> {
+        if !reparsed && self.last.as_ref() == Some(&now) {
+            return None;
+        }
+        let listing = self.listing(&now);
+        self.last = Some(now);
+        Some(listing)
+    }
+
+    /// The problems outside any file, then every cached file's objects (in file order), sized
+    /// exactly: growing the vectors by doubling costs spare capacity at 20,000 Services.
+    fn listing(&self, (files, outside): &(Vec<PathBuf>, Vec<InvalidObject>)) -> Listing {
+        let cached: Vec<&Listing> = files
             .iter()
             .filter_map(|p| self.cache.get(p))
             .map(|c| &c.2)
             .collect();
+        let mut all = Listing {
+            errors: outside.clone(),
+            ..Listing::default()
+        };
         all.services
             .reserve_exact(cached.iter().map(|p| p.services.len()).sum());
         all.slices
@@ -763,9 +822,12 @@ type Changed = (PathBuf, Option<SystemTime>, u64);
 /// Reads and parses the changed files, on up to one thread per core, so that a large file does
 /// not hold up the small ones more than it must. A file whose size is over the bound is reported
 /// without being opened.
-fn parse_all(changed: Vec<Changed>) -> Vec<(PathBuf, Option<SystemTime>, u64, ParsedFile)> {
+fn parse_all(
+    changed: Vec<Changed>,
+    default_algorithm: Algorithm,
+) -> Vec<(PathBuf, Option<SystemTime>, u64, Listing)> {
     let parse = |(path, mtime, len): &Changed| {
-        let mut parsed = if *len > MAX_FILE_BYTES {
+        let parsed = if *len > MAX_FILE_BYTES {
             ParsedFile {
                 errors: vec![too_large(path, *len)],
                 ..ParsedFile::default()
@@ -773,11 +835,11 @@ fn parse_all(changed: Vec<Changed>) -> Vec<(PathBuf, Option<SystemTime>, u64, Pa
         } else {
             read_and_parse(path)
         };
-        // The cache lives as long as the source: no spare capacity (k8s objects are large, ~1 KiB
-        // each before their strings).
-        parsed.services.shrink_to_fit();
-        parsed.slices.shrink_to_fit();
-        (path.clone(), *mtime, *len, parsed)
+        let mut listing = Listing::convert(parsed, default_algorithm);
+        // The cache lives as long as the source: no spare capacity.
+        listing.services.shrink_to_fit();
+        listing.slices.shrink_to_fit();
+        (path.clone(), *mtime, *len, listing)
     };
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -800,33 +862,37 @@ fn parse_all(changed: Vec<Changed>) -> Vec<(PathBuf, Option<SystemTime>, u64, Pa
     done.into_inner().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Loads the directory on a blocking thread and sends the listing. False when the receiver is gone.
+/// Loads the directory on a blocking thread and sends the listing if anything changed since the
+/// last. `None` when the receiver is gone.
 async fn send_listing(dir: ManifestDir, tx: &mpsc::Sender<SourceEvent>) -> Option<ManifestDir> {
     let loaded = tokio::task::spawn_blocking(move || {
         let mut dir = dir;
-        let parsed = dir.load();
-        (dir, parsed)
+        let listing = dir.load_changed();
+        (dir, listing)
     })
     .await;
-    let (dir, parsed) = match loaded {
+    let (dir, listing) = match loaded {
         Ok(l) => l,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(_) => return None,
+    };
+    let Some(listing) = listing else {
+        return Some(dir);
     };
     let source = format!("file:{}", dir.dir.display());
     let sent = tx
         .send(SourceEvent::SourceErrors {
             source,
-            errors: parsed.errors,
+            errors: listing.errors,
         })
         .await
         .is_ok()
         && tx
-            .send(SourceEvent::ReplaceServices(parsed.services))
+            .send(SourceEvent::ReplaceServices(listing.services))
             .await
             .is_ok()
         && tx
-            .send(SourceEvent::ReplaceSlices(parsed.slices))
+            .send(SourceEvent::ReplaceSlices(listing.slices))
             .await
             .is_ok();
     sent.then_some(dir)
@@ -834,17 +900,20 @@ async fn send_listing(dir: ManifestDir, tx: &mpsc::Sender<SourceEvent>) -> Optio
 
 /// Runs the file source until the receiver goes away: an initial listing, `Synced`, then a new
 /// listing whenever the directory changes (inotify, with a periodic rescan as a safety net).
+/// `default_algorithm` is the node's `--balance`.
 pub async fn run(
     dir: PathBuf,
     tx: mpsc::Sender<SourceEvent>,
     rescan: Duration,
+    default_algorithm: Algorithm,
 ) -> Result<(), notify::Error> {
     let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
     let mut watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
         let _ = wake_tx.try_send(());
     })?;
     watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
-    let Some(mut manifests) = send_listing(ManifestDir::new(&dir), &tx).await else {
+    let Some(mut manifests) = send_listing(ManifestDir::new(&dir, default_algorithm), &tx).await
+    else {
         return Ok(());
     };
     if tx.send(SourceEvent::Synced).await.is_err() {

@@ -1,7 +1,9 @@
 //! The `kube` source: kube-rs watchers on Services and EndpointSlices.
 //!
 //! Each watcher's (re)list is forwarded as one complete listing (`Replace*`), so objects deleted while
-//! the watch was down are deleted here too; single events are forwarded as they come. When the API
+//! the watch was down are deleted here too; single events are forwarded as they come. Objects are
+//! converted as they arrive: a listing is buffered as [`ServiceEntry`] / [`SliceEntry`] values,
+//! while the watcher holds at most one page of whole objects. When the API
 //! server goes away the watchers back off and retry; nothing is torn down meanwhile: the last
 //! programmed state keeps serving.
 
@@ -14,6 +16,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 
 use super::SourceEvent;
+use crate::convert::{ServiceEntry, SliceEntry};
+use crate::model::Algorithm;
 
 /// Builds a client from a kubeconfig path, or the in-cluster / default configuration.
 pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, kube::Error> {
@@ -33,45 +37,60 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, kube
 }
 
 /// What a watcher stream's events become.
-trait Forward: Resource + Clone + Send + 'static {
-    fn apply(obj: Self) -> SourceEvent;
+trait Forward: Resource + Send + 'static {
+    /// The converted form a listing buffers.
+    type Entry: Send + 'static;
+    fn convert(obj: &Self, default_algorithm: Algorithm) -> Self::Entry;
+    fn apply(entry: Self::Entry) -> SourceEvent;
     fn delete(namespace: String, name: String) -> SourceEvent;
-    fn replace(all: Vec<Self>) -> SourceEvent;
+    fn replace(all: Vec<Self::Entry>) -> SourceEvent;
 }
 
 impl Forward for Service {
-    fn apply(obj: Self) -> SourceEvent {
-        SourceEvent::ApplyService(Box::new(obj))
+    type Entry = ServiceEntry;
+    fn convert(obj: &Self, default_algorithm: Algorithm) -> ServiceEntry {
+        ServiceEntry::new(obj, default_algorithm)
+    }
+    fn apply(entry: ServiceEntry) -> SourceEvent {
+        SourceEvent::ApplyService(Box::new(entry))
     }
     fn delete(namespace: String, name: String) -> SourceEvent {
         SourceEvent::DeleteService { namespace, name }
     }
-    fn replace(all: Vec<Self>) -> SourceEvent {
+    fn replace(all: Vec<ServiceEntry>) -> SourceEvent {
         SourceEvent::ReplaceServices(all)
     }
 }
 
 impl Forward for EndpointSlice {
-    fn apply(obj: Self) -> SourceEvent {
-        SourceEvent::ApplySlice(Box::new(obj))
+    type Entry = SliceEntry;
+    fn convert(obj: &Self, _: Algorithm) -> SliceEntry {
+        SliceEntry::new(obj)
+    }
+    fn apply(entry: SliceEntry) -> SourceEvent {
+        SourceEvent::ApplySlice(Box::new(entry))
     }
     fn delete(namespace: String, name: String) -> SourceEvent {
         SourceEvent::DeleteSlice { namespace, name }
     }
-    fn replace(all: Vec<Self>) -> SourceEvent {
+    fn replace(all: Vec<SliceEntry>) -> SourceEvent {
         SourceEvent::ReplaceSlices(all)
     }
 }
 
 /// Forwards one watcher stream; sends `()` on `listed` after its first complete listing.
-async fn forward<K, S>(stream: S, tx: mpsc::Sender<SourceEvent>, listed: mpsc::Sender<()>)
-where
+async fn forward<K, S>(
+    stream: S,
+    tx: mpsc::Sender<SourceEvent>,
+    listed: mpsc::Sender<()>,
+    default_algorithm: Algorithm,
+) where
     K: Forward + ResourceExt,
     K::DynamicType: Default,
     S: Stream<Item = Result<Event<K>, watcher::Error>>,
 {
     let mut stream = std::pin::pin!(stream);
-    let mut buffer: Option<Vec<K>> = None;
+    let mut buffer: Option<Vec<K::Entry>> = None;
     let mut first = true;
     while let Some(ev) = stream.next().await {
         let out = match ev {
@@ -80,11 +99,17 @@ where
                 None
             }
             Ok(Event::InitApply(obj)) => {
-                buffer.get_or_insert_with(Vec::new).push(obj);
+                buffer
+                    .get_or_insert_with(Vec::new)
+                    .push(K::convert(&obj, default_algorithm));
                 None
             }
-            Ok(Event::InitDone) => Some(K::replace(buffer.take().unwrap_or_default())),
-            Ok(Event::Apply(obj)) => Some(K::apply(obj)),
+            Ok(Event::InitDone) => {
+                let mut all = buffer.take().unwrap_or_default();
+                all.shrink_to_fit();
+                Some(K::replace(all))
+            }
+            Ok(Event::Apply(obj)) => Some(K::apply(K::convert(&obj, default_algorithm))),
             Ok(Event::Delete(obj)) => Some(K::delete(
                 obj.namespace().unwrap_or_default(),
                 obj.name_any(),
@@ -110,12 +135,18 @@ where
 }
 
 /// Runs both watchers until the receiver goes away. `Synced` is sent once both have listed.
-pub async fn run(client: Client, tx: mpsc::Sender<SourceEvent>) {
+/// `default_algorithm` is the node's `--balance`, for Services that do not choose their own.
+pub async fn run(client: Client, tx: mpsc::Sender<SourceEvent>, default_algorithm: Algorithm) {
     let (listed_tx, mut listed_rx) = mpsc::channel(2);
     let services = watcher(Api::<Service>::all(client.clone()));
     let slices = watcher(Api::<EndpointSlice>::all(client));
-    let svc_task = tokio::spawn(forward(services, tx.clone(), listed_tx.clone()));
-    let slice_task = tokio::spawn(forward(slices, tx.clone(), listed_tx));
+    let svc_task = tokio::spawn(forward(
+        services,
+        tx.clone(),
+        listed_tx.clone(),
+        default_algorithm,
+    ));
+    let slice_task = tokio::spawn(forward(slices, tx.clone(), listed_tx, default_algorithm));
     if listed_rx.recv().await.is_some() && listed_rx.recv().await.is_some() {
         let _ = tx.send(SourceEvent::Synced).await;
     }

@@ -318,7 +318,7 @@ pub fn name(svc: &str, proto: Protocol) -> ServicePortName {
     ServicePortName {
         namespace: "default".into(),
         name: svc.into(),
-        port_name: String::new(),
+        port_name: "".into(),
         protocol: proto,
     }
 }

@@ -176,7 +176,7 @@ pub fn service(name: &str, ip: &str, port: u16, protocol: Protocol) -> ServicePo
         name: ServicePortName {
             namespace: "default".into(),
             name: name.into(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol,
         },
         cluster_ips: vec![ip.parse().unwrap()],

@@ -431,9 +431,9 @@ fn masq_set(prefix: &str, class: usize) -> &'static str {
 pub fn clusterip_masq(ctx: &NodeContext, reps: &Representatives) -> [bool; 3] {
     let svc = ServicePort {
         name: ServicePortName {
-            namespace: String::new(),
-            name: String::new(),
-            port_name: String::new(),
+            namespace: "".into(),
+            name: "".into(),
+            port_name: "".into(),
             protocol: Protocol::Tcp,
         },
         cluster_ips: Vec::new(),
@@ -469,7 +469,7 @@ mod tests {
         ServicePortName {
             namespace: "ns".into(),
             name: name.into(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol: Protocol::Tcp,
         }
     }

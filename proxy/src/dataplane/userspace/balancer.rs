@@ -150,7 +150,7 @@ mod tests {
             name: ServicePortName {
                 namespace: "d".into(),
                 name: "s".into(),
-                port_name: String::new(),
+                port_name: "".into(),
                 protocol: Protocol::Tcp,
             },
             cluster_ips: vec![],

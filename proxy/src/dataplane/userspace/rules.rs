@@ -201,7 +201,7 @@ mod tests {
             name: ServicePortName {
                 namespace: "d".into(),
                 name: "s".into(),
-                port_name: String::new(),
+                port_name: "".into(),
                 protocol,
             },
             cluster_ips: vec!["10.96.0.10".parse().unwrap()],

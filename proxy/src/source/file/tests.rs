@@ -1,4 +1,5 @@
 use super::*;
+use crate::model::Algorithm;
 
 /// `kubectl get services,endpointslices -A -o yaml` of a small kind cluster (Kubernetes 1.34):
 /// the `kubernetes` Service, a NodePort, an eTP=Local LoadBalancer with status, a headless and an
@@ -30,6 +31,14 @@ fn names<
     objects
         .iter()
         .map(|o| crate::convert::object_name(o.metadata()))
+        .collect()
+}
+
+/// `namespace/name` of converted Services.
+fn keys(entries: &[crate::convert::ServiceEntry]) -> Vec<String> {
+    entries
+        .iter()
+        .map(|e| format!("{}/{}", e.key.0, e.key.1))
         .collect()
 }
 
@@ -474,9 +483,9 @@ fn entries_that_are_not_files_are_reported() {
     nix::unistd::mkfifo(&dir.0.join("pipe.json"), nix::sys::stat::Mode::S_IRWXU).unwrap();
     std::os::unix::fs::symlink(dir.0.join("a.yaml"), dir.0.join("link.yaml")).unwrap();
     dir.write("notes.txt", "not a manifest");
-    let p = ManifestDir::new(&dir.0).load();
+    let p = ManifestDir::new(&dir.0, Algorithm::RoundRobin).load();
     // The symbolic link to a.yaml is a file like any other.
-    assert_eq!(names(&p.services), ["default/a", "default/a"]);
+    assert_eq!(keys(&p.services), ["default/a", "default/a"]);
     let mut msgs: Vec<String> = p
         .errors
         .iter()
@@ -509,10 +518,10 @@ fn a_file_over_the_size_limit_is_reported_unread_and_the_others_are_served() {
     // Sparse: nothing of it is ever read.
     let big = std::fs::File::create(dir.0.join("big.yaml")).unwrap();
     big.set_len(MAX_FILE_BYTES + 1).unwrap();
-    let p = ManifestDir::new(&dir.0).load();
-    assert_eq!(names(&p.services), ["default/a"]);
+    let p = ManifestDir::new(&dir.0, Algorithm::RoundRobin).load();
+    assert_eq!(keys(&p.services), ["default/a"]);
     assert_eq!(
-        messages(&p),
+        p.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
         [format!(
             "{}: file big.yaml: size: {} bytes, over the file source's limit of {MAX_FILE_BYTES} \
              bytes: not read (split it into several files)",
@@ -533,9 +542,9 @@ fn a_hostile_file_is_reported_and_the_others_are_served() {
         b"kind: Service\nmetadata: {name: caf\xe9}\n",
     )
     .unwrap();
-    let p = ManifestDir::new(&dir.0).load();
-    assert_eq!(names(&p.services), ["default/a"]);
-    let msgs = messages(&p);
+    let p = ManifestDir::new(&dir.0, Algorithm::RoundRobin).load();
+    assert_eq!(keys(&p.services), ["default/a"]);
+    let msgs = p.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>();
     assert_eq!(msgs.len(), 3, "{msgs:#?}");
     assert!(
         msgs.iter().any(|m| m.contains("bin.yaml: document #0")),
@@ -558,8 +567,8 @@ fn a_hostile_file_is_reported_and_the_others_are_served() {
 fn files_are_reread_only_when_they_change() {
     let dir = Scratch::new("reread");
     let path = dir.write("a.yaml", ONE_SERVICE);
-    let mut manifests = ManifestDir::new(&dir.0);
-    assert_eq!(names(&manifests.load().services), ["default/a"]);
+    let mut manifests = ManifestDir::new(&dir.0, Algorithm::RoundRobin);
+    assert_eq!(keys(&manifests.load().services), ["default/a"]);
     // Same size and modification time: the cached parse is used.
     let meta = std::fs::metadata(&path).unwrap();
     std::fs::write(&path, ONE_SERVICE.replace("name: a", "name: b")).unwrap();
@@ -570,10 +579,35 @@ fn files_are_reread_only_when_they_change() {
         .unwrap()
         .set_times(times)
         .unwrap();
-    assert_eq!(names(&manifests.load().services), ["default/a"]);
+    assert_eq!(keys(&manifests.load().services), ["default/a"]);
     // A change of size is seen.
     std::fs::write(&path, ONE_SERVICE.replace("name: a", "name: abc")).unwrap();
-    assert_eq!(names(&manifests.load().services), ["default/abc"]);
+    assert_eq!(keys(&manifests.load().services), ["default/abc"]);
     std::fs::remove_file(&path).unwrap();
     assert!(manifests.load().services.is_empty());
+}
+
+#[test]
+fn an_unchanged_directory_sends_no_listing() {
+    let dir = Scratch::new("unchanged");
+    let path = dir.write("a.yaml", ONE_SERVICE);
+    dir.write("b.txt", "not a manifest");
+    std::fs::create_dir(dir.0.join("sub.yaml")).unwrap();
+    let mut manifests = ManifestDir::new(&dir.0, Algorithm::RoundRobin);
+    let first = manifests
+        .load_changed()
+        .expect("the first load is a listing");
+    assert_eq!(keys(&first.services), ["default/a"]);
+    assert_eq!(first.errors.len(), 1, "{:?}", first.errors);
+    assert_eq!(manifests.load_changed(), None, "nothing changed");
+    // A problem going away is a change, as is a file changing.
+    std::fs::remove_dir(dir.0.join("sub.yaml")).unwrap();
+    let fixed = manifests.load_changed().expect("a problem went away");
+    assert!(fixed.errors.is_empty());
+    assert_eq!(manifests.load_changed(), None);
+    std::fs::write(&path, ONE_SERVICE.replace("name: a", "name: abc")).unwrap();
+    let changed = manifests.load_changed().expect("a file changed");
+    assert_eq!(keys(&changed.services), ["default/abc"]);
+    // `load` always answers with the whole listing.
+    assert_eq!(manifests.load(), changed);
 }
