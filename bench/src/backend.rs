@@ -138,7 +138,7 @@ impl StateUpdate {
 struct PortPatch {
     spn: ServicePortName,
     service: Option<ServicePort>,
-    endpoints: Option<Vec<Endpoint>>,
+    endpoints: Option<std::sync::Arc<[Endpoint]>>,
     selected: Option<SelectedEndpoints>,
 }
 

@@ -49,7 +49,7 @@ use serde_json::json;
 
 use crate::report::xml;
 use crate::traffic::{self, InCgroup, Latency};
-use crate::workload::{Workload, SERVICE_PORT};
+use crate::workload::{service_cidrs, Workload, MAX_SERVICES, SERVICE_PORT};
 
 /// Default sizes of a full run.
 pub const SIZES: &str = "1000,5000,20000";
@@ -129,11 +129,11 @@ impl Plan {
         } else {
             args.proxy_sizes.clone()
         };
-        let services_room = 60_000;
+        let services_room = MAX_SERVICES - 1_000;
         if let Some(&n) = sizes.iter().find(|&&n| !(10..=services_room).contains(&n)) {
             bail!(
-                "--proxy-sizes {n}: must be 10..={services_room} (the reference API server's \
-                 service range, 10.96.0.0/16, holds the clusterIPs and the added Services)"
+                "--proxy-sizes {n}: must be 10..={services_room} (the address plan holds the \
+                 clusterIPs and the added Services)"
             );
         }
         let names: Vec<String> = if let Some(names) = &args.proxies {
@@ -282,10 +282,26 @@ pub fn run(
     Ok((bench, failed))
 }
 
+/// How many clusterIPs a size uses: its Services and every proxy's added ones.
+fn clusterips_used(plan: &Plan, n: usize) -> usize {
+    n + plan.proxies.len() * plan.service_adds
+}
+
+/// The API server's service range for a size: the harness's 10.96.0.0/16 while the clusterIPs
+/// fit in it (with room for the API server's own `kubernetes` Service), else 10.96.0.0/12.
+fn api_service_cidr(clusterips: usize) -> String {
+    if service_cidrs(clusterips).len() == 1 && clusterips < 65_000 {
+        controlplane::SERVICE_CIDR.to_string()
+    } else {
+        "10.96.0.0/12".to_string()
+    }
+}
+
 fn size(plan: &Plan, n: usize, rt: &tokio::runtime::Runtime) -> anyhow::Result<SizeRun> {
-    let cp = ControlPlane::start(Options::minimal(controlplane::run_dir(&format!(
-        "bench-proxies-{n}"
-    ))))?;
+    let cp = ControlPlane::start(Options {
+        service_cidr: api_service_cidr(clusterips_used(plan, n)),
+        ..Options::minimal(controlplane::run_dir(&format!("bench-proxies-{n}")))
+    })?;
     let client = rt.block_on(cp.client())?;
     let w = Workload {
         services: n,
@@ -528,6 +544,7 @@ fn measure(
         &dir,
         cgroup.as_ref(),
         plan,
+        clusterips_used(plan, w.services),
     )?;
     let _in = cgroup.as_ref().map(InCgroup::enter).transpose()?;
     let podclient = &site.cluster.podclient;
@@ -773,6 +790,7 @@ impl<'n> Running<'n> {
         dir: &Path,
         cgroup: Option<&Cgroup>,
         plan: &Plan,
+        clusterips: usize,
     ) -> anyhow::Result<Running<'n>> {
         match proxy {
             Proxy::Kpr(backend) => {
@@ -781,6 +799,10 @@ impl<'n> Running<'n> {
                     .kube(kubeconfig)
                     .default_min_sync_period()
                     .binary(crate::kpr_binary("proxy"));
+                // The harness passes 10.96.0.0/16; the /16s past it that the clusterIPs reach.
+                for cidr in service_cidrs(clusterips).into_iter().skip(1) {
+                    opts = opts.arg("--service-cluster-ip-range").arg(cidr);
+                }
                 opts.ready_timeout = plan.start_limit;
                 if let Some(mode) = mode {
                     opts = opts.arg("--iptables-mode").arg(mode);

@@ -129,7 +129,11 @@ impl Workload {
     /// ready again; returns the ChangeSet a tracker would produce.
     pub fn flip_endpoint(&self, state: &mut ProxyState, i: usize, ready: bool) -> ChangeSet {
         let name = Self::port_name(i);
-        let mut eps = state.endpoints.get(&name).cloned().unwrap_or_default();
+        let mut eps = state
+            .endpoints
+            .get(&name)
+            .map(|e| e.to_vec())
+            .unwrap_or_default();
         let removed: Vec<Endpoint> = if ready { Vec::new() } else { eps[..1].to_vec() };
         eps[0] = Self::endpoint(self.endpoint_ips(i)[0], ready);
         let svc = state.services[&name].clone();
@@ -153,7 +157,7 @@ impl Workload {
         algorithm: Algorithm,
     ) -> ChangeSet {
         let name = Self::port_name(i);
-        let eps = state.endpoints[&name].clone();
+        let eps = state.endpoints[&name].to_vec();
         set_service(state, self.service_port(i, algorithm), eps);
         ChangeSet {
             changed: [name].into(),
@@ -194,7 +198,7 @@ impl Workload {
 fn set_service(state: &mut ProxyState, svc: ServicePort, eps: Vec<Endpoint>) {
     let selected = selection::select(&svc, &eps, NODE_NAME);
     state.selected.insert(svc.name.clone(), selected);
-    state.endpoints.insert(svc.name.clone(), eps);
+    state.endpoints.insert(svc.name.clone(), eps.into());
     state.services.insert(svc.name.clone(), svc);
 }
 

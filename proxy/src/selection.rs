@@ -5,6 +5,7 @@
 //! time); no backend re-decides which endpoint is usable.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -78,9 +79,11 @@ pub enum EmptyVerdict {
 pub struct SelectedEndpoints {
     /// For cluster traffic (clusterIP, and external destinations reached from pod or node sources
     /// when the short-circuit applies). Honours internalTrafficPolicy.
-    pub cluster: Vec<Endpoint>,
+    /// Shared with `external` (and with the tracker's list of all endpoints) when equal, which is
+    /// the common case: a Service port's endpoints are kept once, not once per kind of traffic.
+    pub cluster: Arc<[Endpoint]>,
     /// For external traffic from external sources. Honours externalTrafficPolicy.
-    pub external: Vec<Endpoint>,
+    pub external: Arc<[Endpoint]>,
     /// Ready endpoints on this node (the healthCheckNodePort answer).
     pub local_ready: usize,
     /// Whether any endpoint anywhere is usable (ready, or serving and terminating).
@@ -113,13 +116,13 @@ pub fn usable(endpoints: &[Endpoint]) -> Vec<Endpoint> {
 
 /// Splits a Service port's endpoints into the sets each kind of traffic may use.
 pub fn select(svc: &ServicePort, endpoints: &[Endpoint], node_name: &str) -> SelectedEndpoints {
-    let all = usable(endpoints);
+    let all: Arc<[Endpoint]> = usable(endpoints).into();
     let local_eps: Vec<Endpoint> = endpoints
         .iter()
         .filter(|e| e.is_local(node_name))
         .cloned()
         .collect();
-    let local = usable(&local_eps);
+    let local: Arc<[Endpoint]> = usable(&local_eps).into();
     let cluster = if svc.internal_local {
         local.clone()
     } else {

@@ -138,22 +138,22 @@ pub fn service_views(
         .iter()
         .map(|(name, sp)| {
             let sel = state.selected.get(name);
-            let in_set = |set: Option<&Vec<crate::model::Endpoint>>, a: SocketAddr| {
+            let in_set = |set: Option<&[crate::model::Endpoint]>, a: SocketAddr| {
                 set.is_some_and(|s| s.iter().any(|e| e.socket_addr() == a))
             };
             let endpoints = state
                 .endpoints
                 .get(name)
                 .into_iter()
-                .flatten()
+                .flat_map(|e| e.iter())
                 .map(|e| EndpointView {
                     addr: e.socket_addr(),
                     node: e.node.as_deref().map(str::to_string),
                     ready: e.ready,
                     serving: e.serving,
                     terminating: e.terminating,
-                    cluster: in_set(sel.map(|s| &s.cluster), e.socket_addr()),
-                    external: in_set(sel.map(|s| &s.external), e.socket_addr()),
+                    cluster: in_set(sel.map(|s| &*s.cluster), e.socket_addr()),
+                    external: in_set(sel.map(|s| &*s.external), e.socket_addr()),
                     active: counts.then(|| active.get(&e.socket_addr()).copied().unwrap_or(0)),
                 })
                 .collect();

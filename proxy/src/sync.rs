@@ -215,7 +215,7 @@ impl Runner {
         self.metrics.service_ports.set(state.services.len() as i64);
         self.metrics
             .endpoints
-            .set(state.endpoints.values().map(Vec::len).sum::<usize>() as i64);
+            .set(state.endpoints.values().map(|e| e.len()).sum::<usize>() as i64);
         self.metrics
             .invalid_objects
             .set(self.tracker.errors().count() as i64);
@@ -237,18 +237,18 @@ impl Runner {
         }
         for name in names {
             let (sp, sel) = (state.services.get(&name), state.selected.get(&name));
-            let lacks = |local: bool, set: Option<&Vec<crate::model::Endpoint>>| {
+            let lacks = |local: bool, set: Option<&[crate::model::Endpoint]>| {
                 local && set.is_none_or(|s| s.is_empty())
             };
             set_member(
                 &mut self.no_local_internal,
                 &name,
-                sp.is_some_and(|sp| lacks(sp.internal_local, sel.map(|s| &s.cluster))),
+                sp.is_some_and(|sp| lacks(sp.internal_local, sel.map(|s| &*s.cluster))),
             );
             set_member(
                 &mut self.no_local_external,
                 &name,
-                sp.is_some_and(|sp| lacks(sp.external_local, sel.map(|s| &s.external))),
+                sp.is_some_and(|sp| lacks(sp.external_local, sel.map(|s| &*s.external))),
             );
         }
         for (policy, set) in [

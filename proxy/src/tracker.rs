@@ -8,6 +8,7 @@
 //! sync is proportional to the Services touched, not to the cluster size.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -25,7 +26,9 @@ pub struct Tracker {
     default_algorithm: Algorithm,
     services: HashMap<ObjectKey, Vec<ServicePort>>,
     slices: HashMap<ObjectKey, SliceInfo>,
-    slices_by_service: HashMap<ObjectKey, BTreeSet<String>>,
+    /// Each Service's slice names, sorted (a sorted Vec: most Services have one slice, and an
+    /// ordered set costs a whole tree node for it).
+    slices_by_service: HashMap<ObjectKey, Vec<String>>,
     /// Problems per object (`Service ns/name`, `EndpointSlice ns/name`, or a source's own key).
     errors: BTreeMap<String, Vec<InvalidObject>>,
     dirty: BTreeSet<ObjectKey>,
@@ -138,10 +141,10 @@ impl Tracker {
                 }
                 self.unlink_slice(&key);
                 let svc_key = (info.namespace.clone(), info.service.clone());
-                self.slices_by_service
-                    .entry(svc_key.clone())
-                    .or_default()
-                    .insert(key.1.clone());
+                let names = self.slices_by_service.entry(svc_key.clone()).or_default();
+                if let Err(at) = names.binary_search(&key.1) {
+                    names.insert(at, key.1.clone());
+                }
                 self.slices.insert(key, info);
                 self.dirty.insert(svc_key);
             }
@@ -159,9 +162,11 @@ impl Tracker {
     fn unlink_slice(&mut self, key: &ObjectKey) {
         if let Some(old) = self.slices.remove(key) {
             let svc_key = (old.namespace, old.service);
-            if let Some(set) = self.slices_by_service.get_mut(&svc_key) {
-                set.remove(&key.1);
-                if set.is_empty() {
+            if let Some(names) = self.slices_by_service.get_mut(&svc_key) {
+                if let Ok(at) = names.binary_search(&key.1) {
+                    names.remove(at);
+                }
+                if names.is_empty() {
                     self.slices_by_service.remove(&svc_key);
                 }
             }
@@ -263,8 +268,12 @@ impl Tracker {
             self.state.services.remove(name);
             self.state.endpoints.remove(name);
             if let Some(old) = old_sel {
-                let gone: Vec<Endpoint> =
-                    old.cluster.iter().chain(&old.external).cloned().collect();
+                let gone: Vec<Endpoint> = old
+                    .cluster
+                    .iter()
+                    .chain(old.external.iter())
+                    .cloned()
+                    .collect();
                 record_removed(changes, name, gone);
             }
             changes.changed.insert(name.clone());
@@ -281,7 +290,7 @@ impl Tracker {
     fn update_port(&mut self, sp: ServicePort, eps: Vec<Endpoint>, changes: &mut ChangeSet) {
         let name = sp.name.clone();
         if self.state.services.get(&name) == Some(&sp)
-            && self.state.endpoints.get(&name) == Some(&eps)
+            && self.state.endpoints.get(&name).map(|e| &**e) == Some(eps.as_slice())
         {
             return;
         }
@@ -292,13 +301,13 @@ impl Tracker {
             let now: BTreeSet<_> = sel
                 .cluster
                 .iter()
-                .chain(&sel.external)
+                .chain(sel.external.iter())
                 .map(Endpoint::socket_addr)
                 .collect();
             let gone: Vec<Endpoint> = old
                 .cluster
                 .iter()
-                .chain(&old.external)
+                .chain(old.external.iter())
                 .filter(|e| !now.contains(&e.socket_addr()))
                 .cloned()
                 .collect();
@@ -307,6 +316,11 @@ impl Tracker {
         if !was_reachable && sel.any_usable {
             changes.became_reachable.insert(name.clone());
         }
+        let eps: Arc<[Endpoint]> = if *sel.cluster == *eps {
+            sel.cluster.clone()
+        } else {
+            eps.into()
+        };
         self.state.selected.insert(name.clone(), sel);
         self.state.services.insert(name.clone(), sp);
         self.state.endpoints.insert(name.clone(), eps);

@@ -36,7 +36,7 @@ fn one_service(fx: &Fixture, idx: &[usize], algorithm: Algorithm) -> ProxyState 
     svc.algorithm = algorithm;
     let mut state = ProxyState::default();
     state.services.insert(n.clone(), svc);
-    state.endpoints.insert(n, fx.endpoints(idx));
+    state.endpoints.insert(n, fx.endpoints(idx).into());
     state
 }
 
@@ -172,8 +172,12 @@ fn one_changed_endpoint_rewrites_only_that_service() {
     let mut state = ProxyState::default();
     state.services.insert(a.clone(), service(&a, VIP, 80));
     state.services.insert(b.clone(), service(&b, vip_b, 80));
-    state.endpoints.insert(a.clone(), fx.endpoints(&[0, 1]));
-    state.endpoints.insert(b.clone(), fx.endpoints(&[2, 3]));
+    state
+        .endpoints
+        .insert(a.clone(), fx.endpoints(&[0, 1]).into());
+    state
+        .endpoints
+        .insert(b.clone(), fx.endpoints(&[2, 3]).into());
     fx.sync(&mut state, &full());
     let maps = maps_dir(fx.dp().bpffs_path());
     let services: Table<ServiceKey, ServiceValue> = Table::from_pin(&maps, SERVICES).unwrap();
@@ -189,7 +193,9 @@ fn one_changed_endpoint_rewrites_only_that_service() {
     let slots_before = slots.entries().unwrap();
 
     // Pod 1 of service a is replaced by pod 2 (a new endpoint for a, shared with b).
-    state.endpoints.insert(a.clone(), fx.endpoints(&[0, 2]));
+    state
+        .endpoints
+        .insert(a.clone(), fx.endpoints(&[0, 2]).into());
     let stats = fx.sync(&mut state, &changed(&[&a]));
     assert_eq!(stats.touched, 1);
     // slot 1 of a's set rewritten, pod 1's backend and counters deleted; pod 2's backend is
@@ -234,7 +240,7 @@ fn unconnected_udp_replies_come_from_the_service_address() {
     for e in &mut eps {
         e.port = kpr_tests::cluster::ECHO_PORT;
     }
-    state.endpoints.insert(n, eps);
+    state.endpoints.insert(n, eps.into());
     fx.sync(&mut state, &full());
     let lines = fx.client_lines(&format!("udp {} 6", vip(53)));
     assert_eq!(lines.len(), 6, "{lines:?}");
@@ -322,7 +328,7 @@ fn a_full_map_is_an_error_naming_the_service() {
             n.clone(),
             service(&n, std::net::Ipv4Addr::new(10, 96, 1, i), 80),
         );
-        state.endpoints.insert(n, fx.endpoints(&[0]));
+        state.endpoints.insert(n, fx.endpoints(&[0]).into());
     }
     state.node = fx.cfg.node.clone();
     let err = fx
@@ -353,7 +359,7 @@ fn bulk_state(fx: &Fixture, n: usize) -> ProxyState {
             .services
             .insert(svc_name.clone(), service(&svc_name, ip, 80));
         let pods: &[usize] = if i % 7 == 0 { &[0, 1, 2] } else { &[0, 1] };
-        state.endpoints.insert(svc_name, fx.endpoints(pods));
+        state.endpoints.insert(svc_name, fx.endpoints(pods).into());
     }
     state
 }
@@ -450,7 +456,7 @@ fn an_incremental_change_after_a_batched_full_sync_touches_only_its_entries() {
     let set = fx.dp().set_ids(&changed_name)[0];
     state
         .endpoints
-        .insert(changed_name.clone(), fx.endpoints(&[0, 1, 2]));
+        .insert(changed_name.clone(), fx.endpoints(&[0, 1, 2]).into());
     let stats = fx.sync(&mut state, &changed(&[&changed_name]));
     assert_eq!(stats.touched, 1);
     assert_eq!(stats.operations, 2, "{stats:?}");
@@ -493,12 +499,16 @@ fn an_address_freed_and_taken_in_one_full_sync_keeps_the_new_owner() {
     let new = name("b-new", Protocol::Tcp);
     let mut state = ProxyState::default();
     state.services.insert(old.clone(), service(&old, VIP, 80));
-    state.endpoints.insert(old.clone(), fx.endpoints(&[0]));
+    state
+        .endpoints
+        .insert(old.clone(), fx.endpoints(&[0]).into());
     fx.sync(&mut state, &full());
     state.services.remove(&old);
     state.endpoints.remove(&old);
     state.services.insert(new.clone(), service(&new, VIP, 80));
-    state.endpoints.insert(new.clone(), fx.endpoints(&[1]));
+    state
+        .endpoints
+        .insert(new.clone(), fx.endpoints(&[1]).into());
     let stats = fx.sync(&mut state, &full());
     assert_eq!((stats.service_ports, stats.touched), (1, 2), "{stats:?}");
     let maps = maps_dir(fx.dp().bpffs_path());

@@ -53,7 +53,7 @@ fn node_port_service(
     }
     let mut state = ProxyState::default();
     state.services.insert(n.clone(), svc);
-    state.endpoints.insert(n, eps);
+    state.endpoints.insert(n, eps.into());
     state
 }
 
@@ -206,7 +206,9 @@ fn udp_flow_to_a_removed_endpoint_is_rebalanced() {
         .position(|p| p.name != first)
         .unwrap();
     let n = name("web", Protocol::Udp);
-    state.endpoints.insert(n.clone(), fx.endpoints(&[keep]));
+    state
+        .endpoints
+        .insert(n.clone(), fx.endpoints(&[keep]).into());
     fx.sync(&mut state, &changed(&[&n]));
     assert_eq!(ask(&sock), fx.cluster.pods[keep].name);
 }
@@ -267,7 +269,7 @@ fn source_ranges_follow_the_service_in_the_maps_and_are_swept_after_a_restart() 
         svc.source_ranges = ranges.iter().map(|r| r.parse().unwrap()).collect();
         let mut state = ProxyState::default();
         state.services.insert(n.clone(), svc);
-        state.endpoints.insert(n.clone(), fx.endpoints(&[0]));
+        state.endpoints.insert(n.clone(), fx.endpoints(&[0]).into());
         state
     };
     let allowed = |fx: &Fixture| -> Vec<String> {

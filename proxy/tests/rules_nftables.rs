@@ -90,7 +90,7 @@ fn big_state(cluster: &Cluster) -> ProxyState {
         state
             .selected
             .insert(spn.clone(), selection::select(&svc, &eps, "node"));
-        state.endpoints.insert(spn.clone(), eps);
+        state.endpoints.insert(spn.clone(), eps.into());
         state.services.insert(spn, svc);
     }
     state
@@ -132,7 +132,7 @@ fn one_endpoint_change_among_20000_services_touches_only_that_service() {
             state
                 .selected
                 .insert(spn.clone(), selection::select(&svc, &eps, "node"));
-            state.endpoints.insert(spn.clone(), eps);
+            state.endpoints.insert(spn.clone(), eps.into());
             let changes = ChangeSet {
                 changed: BTreeSet::from([spn.clone()]),
                 ..Default::default()
@@ -156,7 +156,7 @@ fn one_endpoint_change_among_20000_services_touches_only_that_service() {
                 state
                     .selected
                     .insert(spn.clone(), selection::select(&svc, &eps, "node"));
-                state.endpoints.insert(spn.clone(), eps);
+                state.endpoints.insert(spn.clone(), eps.into());
                 let t = Instant::now();
                 dp.sync(&state, &changes).expect("incremental sync");
                 times.push(t.elapsed());
@@ -211,7 +211,7 @@ fn a_new_instance_takes_over_a_crashed_runs_table_and_cleanup_removes_it() {
     state
         .selected
         .insert(spn.clone(), selection::select(&svc, &eps, "node"));
-    state.endpoints.insert(spn.clone(), eps);
+    state.endpoints.insert(spn.clone(), eps.into());
     state.services.insert(spn, svc);
     let full = ChangeSet {
         full: true,
@@ -267,7 +267,7 @@ fn an_incompatible_leftover_table_is_replaced() {
     state
         .selected
         .insert(spn.clone(), selection::select(&svc, &eps, "node"));
-    state.endpoints.insert(spn.clone(), eps);
+    state.endpoints.insert(spn.clone(), eps.into());
     state.services.insert(spn, svc);
     cluster
         .node

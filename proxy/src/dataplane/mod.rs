@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -26,8 +27,9 @@ pub mod userspace;
 #[derive(Debug, Clone, Default)]
 pub struct ProxyState {
     pub services: BTreeMap<ServicePortName, ServicePort>,
-    /// Every endpoint of a service port, as the slices list them (deduplicated).
-    pub endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
+    /// Every endpoint of a service port, as the slices list them (deduplicated). Shared with
+    /// `selected` when the selection keeps them all.
+    pub endpoints: BTreeMap<ServicePortName, Arc<[Endpoint]>>,
     /// The endpoints each kind of traffic may use, computed once by `selection::select`.
     pub selected: BTreeMap<ServicePortName, SelectedEndpoints>,
     pub node: NodeContext,

@@ -170,7 +170,7 @@ impl Fixture {
             .services
             .iter()
             .map(|(n, svc)| {
-                let eps = state.endpoints.get(n).map(Vec::as_slice).unwrap_or(&[]);
+                let eps = state.endpoints.get(n).map(|e| &**e).unwrap_or(&[]);
                 (n.clone(), selection::select(svc, eps, NODE))
             })
             .collect();

@@ -101,7 +101,7 @@ impl Rig {
             Some((svc, eps)) => {
                 let sel = selection::select(&svc, &eps, NODE_NAME);
                 self.state.services.insert(spn.clone(), svc);
-                self.state.endpoints.insert(spn.clone(), eps);
+                self.state.endpoints.insert(spn.clone(), eps.into());
                 self.state.selected.insert(spn.clone(), sel);
             }
             None => {
@@ -118,12 +118,12 @@ impl Rig {
         let gone: Vec<Endpoint> = before
             .cluster
             .iter()
-            .chain(&before.external)
+            .chain(before.external.iter())
             .filter(|e| {
                 !after
                     .cluster
                     .iter()
-                    .chain(&after.external)
+                    .chain(after.external.iter())
                     .any(|a| a.socket_addr() == e.socket_addr())
             })
             .cloned()

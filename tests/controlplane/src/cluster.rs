@@ -45,6 +45,9 @@ pub struct Options {
     /// Run the control plane inside a network namespace, reachable by nodes there (see
     /// [`Network`]); `None`: on this machine's loopback.
     pub network: Option<Network>,
+    /// `--service-cluster-ip-range` of kube-apiserver and kube-controller-manager
+    /// ([`SERVICE_CIDR`] unless a test needs more clusterIPs than it holds).
+    pub service_cidr: String,
 }
 
 /// The network namespace a control plane runs in when real nodes must reach it (and it them:
@@ -71,6 +74,7 @@ impl Options {
             kwok_nodes: 0,
             apiserver_flags: Vec::new(),
             network: None,
+            service_cidr: SERVICE_CIDR.to_string(),
         }
     }
 }
@@ -336,7 +340,7 @@ impl ControlPlane {
                 pki.sa_key.display()
             ),
             format!("--service-account-issuer={SA_ISSUER}"),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={}", self.opts.service_cidr),
             "--authorization-mode=Node,RBAC".into(),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
@@ -495,7 +499,7 @@ impl ControlPlane {
             ),
             format!("--root-ca-file={}", self.pki.ca_cert.display()),
             "--use-service-account-credentials=true".into(),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={}", self.opts.service_cidr),
             format!("--cluster-cidr={CLUSTER_CIDR}"),
             format!("--cluster-signing-cert-file={}", self.pki.ca_cert.display()),
             format!("--cluster-signing-key-file={}", self.pki.ca_key.display()),

@@ -235,7 +235,7 @@ impl EbpfDataplane {
             let sel: &SelectedEndpoints = match state.selected.get(name) {
                 Some(sel) => sel,
                 None => {
-                    let eps = state.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[]);
+                    let eps = state.endpoints.get(name).map(|e| &**e).unwrap_or(&[]);
                     computed = selection::select(svc, eps, &state.node.node_name);
                     &computed
                 }

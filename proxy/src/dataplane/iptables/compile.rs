@@ -298,7 +298,7 @@ impl<'a> Builder<'a> {
             };
             let r = route(self.svc, self.sel, &self.state.node, src, dest);
             let local = r.empty == EmptyVerdict::Drop;
-            let tag = if r.endpoints == self.sel.cluster.as_slice() {
+            let tag = if r.endpoints == &*self.sel.cluster {
                 Tag::Cluster(local)
             } else {
                 Tag::External(local)

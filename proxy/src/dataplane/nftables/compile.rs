@@ -249,7 +249,7 @@ impl Builder<'_> {
         let src = self.reps.0[class]?;
         let r = route(self.svc, self.sel, self.ctx, src, dest);
         let local = r.empty == EmptyVerdict::Drop;
-        let tag = if r.endpoints == self.sel.cluster.as_slice() {
+        let tag = if r.endpoints == &*self.sel.cluster {
             Tag::Cluster(local)
         } else {
             Tag::External(local)
@@ -492,7 +492,7 @@ mod tests {
         s.node.node_ips = vec!["192.0.2.1".parse().unwrap()];
         let n = svc.name.clone();
         s.selected.insert(n.clone(), select(&svc, &eps, "me"));
-        s.endpoints.insert(n.clone(), eps);
+        s.endpoints.insert(n.clone(), eps.into());
         s.services.insert(n, svc);
         s
     }

@@ -34,7 +34,7 @@ fn state(ports: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
     for (svc, eps) in ports {
         let spn = svc.name.clone();
         state.selected.insert(spn.clone(), select(&svc, &eps, NODE));
-        state.endpoints.insert(spn.clone(), eps);
+        state.endpoints.insert(spn.clone(), eps.into());
         state.services.insert(spn, svc);
     }
     state
