@@ -7,7 +7,7 @@
 //! from the pinned maps (same endpoint, same id: least-connection counts survive), and the first
 //! full sync sweeps whatever no desired service claimed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use proxy_common::{Backend, BackendCounters, ServiceKey, ServiceValue, SlotKey, SVC_F_VIP};
@@ -26,11 +26,49 @@ struct SetState {
     addrs: Vec<BackendAddr>,
 }
 
+/// A service port's backend sets by kind, inline: there are two kinds, and an ordered map would
+/// allocate a whole tree node per service port for one or two entries.
+#[derive(Debug, Clone, Default)]
+struct Sets([Option<SetState>; 2]);
+
+impl Sets {
+    fn slot(kind: SetKind) -> usize {
+        match kind {
+            SetKind::Cluster => 0,
+            SetKind::External => 1,
+        }
+    }
+
+    fn get(&self, kind: &SetKind) -> Option<&SetState> {
+        self.0[Self::slot(*kind)].as_ref()
+    }
+
+    fn get_mut(&mut self, kind: &SetKind) -> Option<&mut SetState> {
+        self.0[Self::slot(*kind)].as_mut()
+    }
+
+    fn insert(&mut self, kind: SetKind, set: SetState) {
+        self.0[Self::slot(kind)] = Some(set);
+    }
+
+    /// The sets in kind order (cluster, then external).
+    fn iter(&self) -> impl Iterator<Item = (SetKind, &SetState)> {
+        [SetKind::Cluster, SetKind::External]
+            .into_iter()
+            .zip(&self.0)
+            .filter_map(|(k, s)| s.as_ref().map(|s| (k, s)))
+    }
+
+    fn values(&self) -> impl Iterator<Item = &SetState> {
+        self.0.iter().flatten()
+    }
+}
+
 /// One service port as programmed.
 #[derive(Debug, Clone, Default)]
 struct SvcState {
     frontends: HashMap<ServiceKey, ServiceValue>,
-    sets: BTreeMap<SetKind, SetState>,
+    sets: Sets,
     /// clusterIP marker keys this service port holds a reference on.
     vips: Vec<ServiceKey>,
     /// Allowed sources of its guarded LB IP frontends.
@@ -174,7 +212,10 @@ impl Programmed {
             }
         }
         for f in &desired.frontends {
-            let set = &new.sets[&f.set];
+            let set = new
+                .sets
+                .get(&f.set)
+                .expect("every frontend's set is registered");
             let value = ServiceValue {
                 set_id: set.id,
                 count: set.addrs.len() as u32,
@@ -287,8 +328,8 @@ impl Programmed {
                 maps.src_ranges.del(&r.key(), ops)?;
             }
         }
-        for (kind, set) in &old.sets {
-            let kept = new.sets.get(kind).filter(|n| n.id == set.id);
+        for (kind, set) in old.sets.iter() {
+            let kept = new.sets.get(&kind).filter(|n| n.id == set.id);
             let from = kept.map_or(0, |n| n.addrs.len());
             for slot in from..set.addrs.len() {
                 maps.slots.del(&slot_key(set.id, slot), object, ops)?;

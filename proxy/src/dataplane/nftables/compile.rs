@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
 
 use crate::dataplane::ProxyState;
 use crate::model::{Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
@@ -15,12 +16,13 @@ use crate::selection::{route, DestKind, EmptyVerdict, NodeContext, SelectedEndpo
 
 use super::ruleset::{rr_count_set, CLASSES, RR_COUNTS};
 
-/// One element of one set or map.
+/// One element of one set or map. Its strings are shared: the element table and the compiled
+/// service port that programmed it hold the same ones.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Element {
     pub set: &'static str,
-    pub key: String,
-    pub value: Option<String>,
+    pub key: Arc<str>,
+    pub value: Option<Arc<str>>,
 }
 
 /// Round-robin counters per endpoint count. A `numgen inc` counter belongs to its rule, so all
@@ -74,7 +76,9 @@ pub enum Tag {
 #[derive(Debug, Clone)]
 pub struct TargetIds {
     next: u32,
-    by_port: HashMap<ServicePortName, BTreeMap<Tag, (u32, Vec<SocketAddrV4>)>>,
+    /// Per service port, its routes' (tag, id, endpoints): one to four, so a Vec (an ordered map
+    /// allocates a whole node for one entry).
+    by_port: HashMap<ServicePortName, Vec<(Tag, u32, Vec<SocketAddrV4>)>>,
 }
 
 impl Default for TargetIds {
@@ -96,26 +100,34 @@ impl TargetIds {
         endpoints: &[SocketAddrV4],
         affinity: bool,
     ) -> u32 {
-        if let Some((id, old)) = self.by_port.get_mut(spn).and_then(|m| m.get_mut(&tag)) {
+        let routes = self.by_port.entry(spn.clone()).or_default();
+        let at = routes.iter().position(|r| r.0 == tag);
+        if let Some((_, id, old)) = at.map(|i| &mut routes[i]) {
             let lost_one = old.iter().any(|e| !endpoints.contains(e));
             if !(affinity && lost_one) {
-                *old = endpoints.to_vec();
+                if old.as_slice() != endpoints {
+                    *old = endpoints.to_vec();
+                }
                 return *id;
             }
         }
         let id = self.next;
         self.next = self.next.wrapping_add(1).max(1);
-        self.by_port
-            .entry(spn.clone())
-            .or_default()
-            .insert(tag, (id, endpoints.to_vec()));
+        let route = (tag, id, endpoints.to_vec());
+        match at {
+            Some(i) => routes[i] = route,
+            None => {
+                routes.push(route);
+                routes.shrink_to_fit();
+            }
+        }
         id
     }
 
     /// Forgets the ids of a service port's routes that are not in `keep`.
     pub fn retain(&mut self, spn: &ServicePortName, keep: &[Tag]) {
         if let Some(m) = self.by_port.get_mut(spn) {
-            m.retain(|tag, _| keep.contains(tag));
+            m.retain(|(tag, _, _)| keep.contains(tag));
             if m.is_empty() {
                 self.by_port.remove(spn);
             }
@@ -241,7 +253,11 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn element(&mut self, set: &'static str, key: String, value: Option<String>) {
-        self.out.elements.push(Element { set, key, value });
+        self.out.elements.push(Element {
+            set,
+            key: key.into(),
+            value: value.map(Into::into),
+        });
     }
 
     /// The target id a source class gets for a destination, and whether it is masqueraded.
@@ -500,7 +516,13 @@ mod tests {
     fn sets(c: &Compiled) -> Vec<(&'static str, String, Option<String>)> {
         c.elements
             .iter()
-            .map(|e| (e.set, e.key.clone(), e.value.clone()))
+            .map(|e| {
+                (
+                    e.set,
+                    e.key.to_string(),
+                    e.value.as_deref().map(str::to_string),
+                )
+            })
             .collect()
     }
 

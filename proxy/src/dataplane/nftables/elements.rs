@@ -7,18 +7,19 @@
 //! goes. This is what lets a sync touch only the changed service ports without listing the table.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use super::compile::Element;
 use super::ops::Op;
 
 /// Owners of one key and the values they want; the first is programmed.
 #[derive(Debug, Clone, Default)]
-struct Owners(Vec<(u32, Option<String>)>);
+struct Owners(Vec<(u32, Option<Arc<str>>)>);
 
 /// What is programmed, keyed by (set, key).
 #[derive(Debug, Clone, Default)]
 pub struct ElementTable {
-    keys: HashMap<(&'static str, String), Owners>,
+    keys: HashMap<(&'static str, Arc<str>), Owners>,
 }
 
 /// Operations collected by a diff: deletions are applied before additions so that a key whose
@@ -76,7 +77,7 @@ impl ElementTable {
         let owners = self.keys.entry((e.set, e.key.clone())).or_default();
         owners.0.push((owner, e.value.clone()));
         if owners.0.len() == 1 {
-            delta.adds.push(add_op(e.set, &e.key, e.value.clone()));
+            delta.adds.push(add_op(e.set, &e.key, e.value.as_deref()));
         }
     }
 
@@ -99,26 +100,26 @@ impl ElementTable {
                 self.keys.remove(&k);
                 delta.deletes.push(Op::DeleteElement {
                     set: e.set.to_string(),
-                    key: e.key.clone(),
+                    key: e.key.to_string(),
                 });
             }
             Some((_, v)) if pos == 0 && *v != active_before => {
                 delta.deletes.push(Op::DeleteElement {
                     set: e.set.to_string(),
-                    key: e.key.clone(),
+                    key: e.key.to_string(),
                 });
-                delta.adds.push(add_op(e.set, &e.key, v.clone()));
+                delta.adds.push(add_op(e.set, &e.key, v.as_deref()));
             }
             Some(_) => {}
         }
     }
 }
 
-fn add_op(set: &str, key: &str, value: Option<String>) -> Op {
+fn add_op(set: &str, key: &str, value: Option<&str>) -> Op {
     Op::AddElement {
         set: set.to_string(),
         key: key.to_string(),
-        value,
+        value: value.map(str::to_string),
     }
 }
 
@@ -162,10 +163,7 @@ mod tests {
         let mut d = Delta::default();
         t.replace(1, std::slice::from_ref(&a), &[], &mut d);
         assert_eq!(d.deletes.len(), 1);
-        assert_eq!(
-            d.adds,
-            vec![add_op("fe", "1.2.3.4 . tcp . 80", Some("9".into()))]
-        );
+        assert_eq!(d.adds, vec![add_op("fe", "1.2.3.4 . tcp . 80", Some("9"))]);
     }
 
     #[test]
