@@ -77,7 +77,7 @@ impl ElementTable {
         let owners = self.keys.entry((e.set, e.key.clone())).or_default();
         owners.0.push((owner, e.value.clone()));
         if owners.0.len() == 1 {
-            delta.adds.push(add_op(e.set, &e.key, e.value.as_deref()));
+            delta.adds.push(add_op(e.set, &e.key, e.value.clone()));
         }
     }
 
@@ -99,27 +99,27 @@ impl ElementTable {
             None => {
                 self.keys.remove(&k);
                 delta.deletes.push(Op::DeleteElement {
-                    set: e.set.to_string(),
-                    key: e.key.to_string(),
+                    set: e.set,
+                    key: e.key.clone(),
                 });
             }
             Some((_, v)) if pos == 0 && *v != active_before => {
                 delta.deletes.push(Op::DeleteElement {
-                    set: e.set.to_string(),
-                    key: e.key.to_string(),
+                    set: e.set,
+                    key: e.key.clone(),
                 });
-                delta.adds.push(add_op(e.set, &e.key, v.as_deref()));
+                delta.adds.push(add_op(e.set, &e.key, v.clone()));
             }
             Some(_) => {}
         }
     }
 }
 
-fn add_op(set: &str, key: &str, value: Option<&str>) -> Op {
+fn add_op(set: &'static str, key: &Arc<str>, value: Option<Arc<str>>) -> Op {
     Op::AddElement {
-        set: set.to_string(),
-        key: key.to_string(),
-        value: value.map(str::to_string),
+        set,
+        key: key.clone(),
+        value,
     }
 }
 
@@ -163,7 +163,10 @@ mod tests {
         let mut d = Delta::default();
         t.replace(1, std::slice::from_ref(&a), &[], &mut d);
         assert_eq!(d.deletes.len(), 1);
-        assert_eq!(d.adds, vec![add_op("fe", "1.2.3.4 . tcp . 80", Some("9"))]);
+        assert_eq!(
+            d.adds,
+            vec![add_op("fe", &"1.2.3.4 . tcp . 80".into(), Some("9".into()))]
+        );
     }
 
     #[test]

@@ -215,15 +215,15 @@ fn pick_ops(c: &PickChange) -> Vec<Op> {
     let mut ops = Vec::new();
     if c.old.is_some() {
         ops.push(Op::DeleteElement {
-            set: "lc_pick".into(),
-            key: c.id.to_string(),
+            set: "lc_pick",
+            key: c.id.to_string().into(),
         });
     }
     if let Some(new) = c.new {
         ops.push(Op::AddElement {
-            set: "lc_pick".into(),
-            key: c.id.to_string(),
-            value: Some(format!("{} . {}", new.ip(), new.port())),
+            set: "lc_pick",
+            key: c.id.to_string().into(),
+            value: Some(format!("{} . {}", new.ip(), new.port()).into()),
         });
     }
     ops
