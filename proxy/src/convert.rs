@@ -231,6 +231,10 @@ pub fn convert_service(svc: &Service, default_algorithm: Algorithm) -> Converted
         return out;
     }
     let common = CommonFields::from_service(&obj, svc, default_algorithm, &mut out.errors);
+    // Kept for the Service's lifetime: exactly as many as it has (a growing Vec of one
+    // 184-byte port reserves four).
+    out.ports
+        .reserve_exact(spec.ports.as_ref().map_or(0, Vec::len));
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         match convert_port(&obj, i, p, &cluster_ips, &common) {
             Ok(sp) => out.ports.push(sp),

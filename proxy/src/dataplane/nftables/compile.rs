@@ -357,6 +357,9 @@ impl Builder<'_> {
         self.out.chains.dedup();
         self.out.elements.sort();
         self.out.elements.dedup();
+        // Kept until the service port changes again: no spare capacity.
+        self.out.elements.shrink_to_fit();
+        self.out.chains.shrink_to_fit();
         self.out
     }
 

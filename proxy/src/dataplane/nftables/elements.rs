@@ -6,15 +6,56 @@
 //! every owner, programs the first owner's value, and deletes the key only when its last owner
 //! goes. This is what lets a sync touch only the changed service ports without listing the table.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::compile::Element;
 use super::ops::Op;
 
-/// Owners of one key and the values they want; the first is programmed.
-#[derive(Debug, Clone, Default)]
-struct Owners(Vec<(u32, Option<Arc<str>>)>);
+/// An owner of a key and the value it wants.
+type Owner = (u32, Option<Arc<str>>);
+
+/// Owners of one key and the values they want; the first is programmed. Almost every key has
+/// one owner, kept inline: a Vec would allocate room for four per element.
+#[derive(Debug, Clone)]
+enum Owners {
+    One(Owner),
+    Many(Vec<Owner>),
+}
+
+impl Owners {
+    fn as_slice(&self) -> &[Owner] {
+        match self {
+            Owners::One(o) => std::slice::from_ref(o),
+            Owners::Many(v) => v,
+        }
+    }
+
+    fn push(&mut self, owner: Owner) {
+        match self {
+            Owners::One(first) => {
+                let first = first.clone();
+                *self = Owners::Many(vec![first, owner]);
+            }
+            Owners::Many(v) => v.push(owner),
+        }
+    }
+
+    /// Removes the owner at `pos`; false when none is left.
+    fn remove(&mut self, pos: usize) -> bool {
+        match self {
+            Owners::One(_) => false,
+            Owners::Many(v) => {
+                v.remove(pos);
+                if let [only] = v.as_slice() {
+                    *self = Owners::One(only.clone());
+                }
+                true
+            }
+        }
+    }
+}
 
 /// What is programmed, keyed by (set, key).
 #[derive(Debug, Clone, Default)]
@@ -36,6 +77,10 @@ impl Delta {
     pub fn into_ops(mut self) -> Vec<Op> {
         self.deletes.sort_by(|a, b| a.set().cmp(&b.set()));
         self.adds.sort_by(|a, b| a.set().cmp(&b.set()));
+        if self.deletes.is_empty() {
+            // A full sync: only additions, kept as they are rather than copied.
+            return self.adds;
+        }
         let mut ops = self.deletes;
         ops.extend(self.adds);
         ops
@@ -74,10 +119,12 @@ impl ElementTable {
     }
 
     fn add(&mut self, owner: u32, e: &Element, delta: &mut Delta) {
-        let owners = self.keys.entry((e.set, e.key.clone())).or_default();
-        owners.0.push((owner, e.value.clone()));
-        if owners.0.len() == 1 {
-            delta.adds.push(add_op(e.set, &e.key, e.value.clone()));
+        match self.keys.entry((e.set, e.key.clone())) {
+            Entry::Occupied(mut o) => o.get_mut().push((owner, e.value.clone())),
+            Entry::Vacant(v) => {
+                v.insert(Owners::One((owner, e.value.clone())));
+                delta.adds.push(add_op(e.set, &e.key, e.value.clone()));
+            }
         }
     }
 
@@ -87,15 +134,15 @@ impl ElementTable {
             return;
         };
         let Some(pos) = owners
-            .0
+            .as_slice()
             .iter()
             .position(|(o, v)| *o == owner && *v == e.value)
         else {
             return;
         };
-        let active_before = owners.0[0].1.clone();
-        owners.0.remove(pos);
-        match owners.0.first() {
+        let active_before = owners.as_slice()[0].1.clone();
+        let left = owners.remove(pos);
+        match owners.as_slice().first().filter(|_| left) {
             None => {
                 self.keys.remove(&k);
                 delta.deletes.push(Op::DeleteElement {

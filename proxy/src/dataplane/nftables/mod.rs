@@ -124,8 +124,12 @@ impl NftablesDataplane {
             self.apply_compiled(spn, new, &mut delta, &mut head);
         }
         let touched = spns.len();
-        head.extend(delta.into_ops());
-        (full, head, touched)
+        let mut ops = delta.into_ops();
+        if !head.is_empty() {
+            // Skeleton and chains first; `ops` is the long part (every element of a full sync).
+            ops.splice(0..0, head);
+        }
+        (full, ops, touched)
     }
 
     fn skeleton_for(&self, state: &ProxyState, reps: &Representatives) -> Skeleton {
