@@ -38,6 +38,8 @@ pub struct Runner {
     health: Arc<Health>,
     healthchecks: HealthCheckServers,
     synced: bool,
+    /// When the initial listing completed, until the first sync after it succeeds.
+    listed_at: Option<Instant>,
     last_sync: Option<Instant>,
     last_full: Option<Instant>,
     pending_since: Option<Instant>,
@@ -64,6 +66,7 @@ impl Runner {
             health,
             healthchecks: HealthCheckServers::default(),
             synced: false,
+            listed_at: None,
             last_sync: None,
             last_full: None,
             pending_since: None,
@@ -110,6 +113,7 @@ impl Runner {
         if ev.apply(&mut self.tracker) && !self.synced {
             tracing::info!("initial listing complete; programming the dataplane");
             self.synced = true;
+            self.listed_at = Some(Instant::now());
             self.health.set_synced();
         }
         if self.tracker.has_changes() && self.pending_since.is_none() {
@@ -161,6 +165,14 @@ impl Runner {
                 last.operations = stats.operations;
                 self.failures = 0;
                 self.record_success(&changes, took);
+                if let Some(listed) = self.listed_at.take() {
+                    tracing::info!(
+                        service_ports = stats.service_ports,
+                        sync_ms = took.as_secs_f64() * 1e3,
+                        "initial listing programmed {:.0} ms after it completed",
+                        listed.elapsed().as_secs_f64() * 1e3
+                    );
+                }
                 tracing::debug!(
                     full = changes.full,
                     touched = stats.touched,
