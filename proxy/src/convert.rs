@@ -39,9 +39,9 @@ pub struct ConvertedService {
 /// The endpoints an EndpointSlice contributes, per port of its Service.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SliceInfo {
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// The Service this slice belongs to (`kubernetes.io/service-name`).
-    pub service: String,
+    pub service: Arc<str>,
     /// (port name, protocol, port number) as the slice lists them.
     pub ports: Vec<(String, Protocol, u16)>,
     /// Endpoints without a port: the port comes from `ports`.
@@ -49,13 +49,15 @@ pub struct SliceInfo {
 }
 
 /// (namespace, name) of an object; a missing namespace is `default`, as the API server defaults it.
-pub type ObjectKey = (String, String);
+/// Shared strings: a namespace is one pooled string for all its objects, and a Service's name is
+/// the same string in its key and in each of its ports' [`ServicePortName`].
+pub type ObjectKey = (Arc<str>, Arc<str>);
 
 /// The [`ObjectKey`] of an object's metadata.
 pub fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
     (
-        meta.namespace.clone().unwrap_or_else(|| "default".into()),
-        meta.name.clone().unwrap_or_default(),
+        shared_name(meta.namespace.as_deref().unwrap_or("default")),
+        meta.name.as_deref().unwrap_or_default().into(),
     )
 }
 
@@ -75,9 +77,10 @@ pub struct ServiceEntry {
 impl ServiceEntry {
     /// Converts `svc`; `default_algorithm` is the node's `--balance`.
     pub fn new(svc: &Service, default_algorithm: Algorithm) -> ServiceEntry {
-        let converted = convert_service(svc, default_algorithm);
+        let key = key_of(&svc.metadata);
+        let converted = convert_keyed(svc, &key, default_algorithm);
         ServiceEntry {
-            key: key_of(&svc.metadata),
+            key,
             ports: converted.ports,
             errors: converted.errors,
             skipped: skip_reason(svc),
@@ -217,6 +220,11 @@ pub fn skip_reason(svc: &Service) -> Option<&'static str> {
 
 /// Converts a Service into its proxied ports. `default_algorithm` is the node's `--balance`.
 pub fn convert_service(svc: &Service, default_algorithm: Algorithm) -> ConvertedService {
+    convert_keyed(svc, &key_of(&svc.metadata), default_algorithm)
+}
+
+/// [`convert_service`] with the Service's key, whose strings its ports' names share.
+fn convert_keyed(svc: &Service, key: &ObjectKey, default_algorithm: Algorithm) -> ConvertedService {
     let mut out = ConvertedService::default();
     let obj = object_name(&svc.metadata);
     let Some(spec) = svc.spec.as_ref() else {
@@ -230,7 +238,7 @@ pub fn convert_service(svc: &Service, default_algorithm: Algorithm) -> Converted
     if cluster_ips.is_empty() {
         return out;
     }
-    let common = CommonFields::from_service(&obj, svc, default_algorithm, &mut out.errors);
+    let common = CommonFields::from_service(&obj, svc, key, default_algorithm, &mut out.errors);
     // Kept for the Service's lifetime: exactly as many as it has (a growing Vec of one
     // 184-byte port reserves four).
     out.ports
@@ -296,17 +304,12 @@ impl CommonFields {
     fn from_service(
         obj: &str,
         svc: &Service,
+        key: &ObjectKey,
         default_algorithm: Algorithm,
         errors: &mut Vec<InvalidObject>,
     ) -> Self {
         let spec = svc.spec.as_ref().expect("checked by caller");
-        let namespace = svc
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or("default")
-            .into();
-        let name = svc.metadata.name.as_deref().unwrap_or_default().into();
+        let (namespace, name) = key.clone();
         let mut external_ips = Vec::new();
         for (i, s) in spec.external_ips.iter().flatten().enumerate() {
             match parse_ip_sloppy(s) {
@@ -564,15 +567,11 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
             terminating,
         });
     }
-    let namespace = slice
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
+    let namespace = shared_name(slice.metadata.namespace.as_deref().unwrap_or("default"));
     (
         Some(SliceInfo {
             namespace,
-            service,
+            service: service.into(),
             ports,
             endpoints,
         }),

@@ -28,7 +28,7 @@ pub struct Tracker {
     slices: HashMap<ObjectKey, SliceInfo>,
     /// Each Service's slice names, sorted (a sorted Vec: most Services have one slice, and an
     /// ordered set costs a whole tree node for it).
-    slices_by_service: HashMap<ObjectKey, Vec<String>>,
+    slices_by_service: HashMap<ObjectKey, Vec<Arc<str>>>,
     /// Problems per object (`Service ns/name`, `EndpointSlice ns/name`, or a source's own key).
     errors: BTreeMap<String, Vec<InvalidObject>>,
     dirty: BTreeSet<ObjectKey>,
@@ -118,7 +118,7 @@ impl Tracker {
     }
 
     pub fn delete_service(&mut self, namespace: &str, name: &str) {
-        let key = (namespace.to_string(), name.to_string());
+        let key: ObjectKey = (namespace.into(), name.into());
         self.errors.remove(&format!("Service {namespace}/{name}"));
         if self.services.remove(&key).is_some() {
             self.dirty.insert(key);
@@ -153,7 +153,7 @@ impl Tracker {
     }
 
     pub fn delete_slice(&mut self, namespace: &str, name: &str) {
-        let key = (namespace.to_string(), name.to_string());
+        let key: ObjectKey = (namespace.into(), name.into());
         self.errors
             .remove(&format!("EndpointSlice {namespace}/{name}"));
         self.unlink_slice(&key);

@@ -160,7 +160,7 @@ endpoints:
     let slice: EndpointSlice = serde_saphyr::from_str(yaml).unwrap();
     let (info, errs) = convert_slice(&slice);
     let info = info.unwrap();
-    assert_eq!(info.service, "web");
+    assert_eq!(&*info.service, "web");
     assert_eq!(info.ports, vec![("http".to_string(), Protocol::Tcp, 8080)]);
     assert_eq!(info.endpoints.len(), 2);
     assert!(info.endpoints[0].ready && info.endpoints[0].serving && !info.endpoints[0].terminating);
@@ -169,4 +169,23 @@ endpoints:
     assert_eq!(msgs.len(), 2, "{msgs:?}");
     assert!(msgs[0].starts_with("EndpointSlice shop/web-abc: endpoints[2].addresses[0]"));
     assert!(msgs[1].contains("does not match addressType IPv4"));
+}
+
+#[test]
+fn a_services_key_and_its_port_names_share_their_strings() {
+    let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 10.96.0.7\n  ports: [{name: http, port: 80}, {name: https, port: 443}]\n";
+    let svc: Service = serde_saphyr::from_str(yaml).unwrap();
+    let entry = ServiceEntry::new(&svc, Algorithm::RoundRobin);
+    assert_eq!(entry.ports.len(), 2);
+    assert_eq!(entry.ports.capacity(), 2, "no spare capacity is kept");
+    for p in &entry.ports {
+        assert!(std::sync::Arc::ptr_eq(&p.name.namespace, &entry.key.0));
+        assert!(std::sync::Arc::ptr_eq(&p.name.name, &entry.key.1));
+    }
+    // Namespaces and node names are pooled: another object of the namespace gets the same one.
+    let other = ServiceEntry::new(
+        &serde_saphyr::from_str(&yaml.replace("name: web", "name: api")).unwrap(),
+        Algorithm::RoundRobin,
+    );
+    assert!(std::sync::Arc::ptr_eq(&other.key.0, &entry.key.0));
 }
