@@ -137,7 +137,7 @@ impl StateUpdate {
 /// One service port as the caller's state has it (`None`: absent there).
 struct PortPatch {
     spn: ServicePortName,
-    service: Option<ServicePort>,
+    service: Option<std::sync::Arc<ServicePort>>,
     endpoints: Option<std::sync::Arc<[Endpoint]>>,
     selected: Option<SelectedEndpoints>,
 }

@@ -408,6 +408,41 @@ fn slice(i: usize, ips: &[Ipv4Addr]) -> EndpointSlice {
     .expect("a valid EndpointSlice")
 }
 
+/// Whether a failed write is the API server being overloaded (a timeout, 429, 5xx), which a
+/// client retries, rather than a refusal of the object.
+fn overloaded(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => {
+            matches!(s.code, 429 | 500 | 503 | 504)
+                || s.message.contains("Timeout: request did not complete")
+        }
+        _ => false,
+    }
+}
+
+/// Runs a create, retrying (up to 5 times, 1 s apart) while the API server is overloaded: at
+/// 100,000 Services it can time out allocating a clusterIP under load, and one such write must
+/// not end the whole run. A Service created by an attempt that timed out is a 409 on the retry,
+/// which counts as done.
+async fn retrying<T, F, Fut>(mut create: F) -> Result<(), kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut attempt = 0;
+    loop {
+        match create().await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if attempt > 0 && s.code == 409 => return Ok(()),
+            Err(e) if overloaded(&e) && attempt < 5 => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The namespace, the Node (kube-proxy reads its addresses) and every Service and slice, 64
 /// writes in flight.
 async fn load(client: &Client, w: &Workload) -> anyhow::Result<()> {
@@ -435,12 +470,12 @@ async fn load(client: &Client, w: &Workload) -> anyhow::Result<()> {
         .map(|i| {
             let (services, slices) = (services.clone(), slices.clone());
             async move {
-                services
-                    .create(&PostParams::default(), &service(i, w.node_port(i)))
+                let (svc, pp) = (service(i, w.node_port(i)), PostParams::default());
+                retrying(|| services.create(&pp, &svc))
                     .await
                     .with_context(|| format!("creating Service {}", Workload::name(i)))?;
-                slices
-                    .create(&PostParams::default(), &slice(i, &w.endpoint_ips(i)))
+                let sl = slice(i, &w.endpoint_ips(i));
+                retrying(|| slices.create(&pp, &sl))
                     .await
                     .with_context(|| format!("creating the slice of {}", Workload::name(i)))?;
                 anyhow::Ok(())

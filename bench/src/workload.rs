@@ -136,7 +136,7 @@ impl Workload {
             .unwrap_or_default();
         let removed: Vec<Endpoint> = if ready { Vec::new() } else { eps[..1].to_vec() };
         eps[0] = Self::endpoint(self.endpoint_ips(i)[0], ready);
-        let svc = state.services[&name].clone();
+        let svc = (*state.services[&name]).clone();
         set_service(state, svc, eps);
         ChangeSet {
             changed: [name.clone()].into(),
@@ -199,7 +199,7 @@ fn set_service(state: &mut ProxyState, svc: ServicePort, eps: Vec<Endpoint>) {
     let selected = selection::select(&svc, &eps, NODE_NAME);
     state.selected.insert(svc.name.clone(), selected);
     state.endpoints.insert(svc.name.clone(), eps.into());
-    state.services.insert(svc.name.clone(), svc);
+    state.services.insert(svc.name.clone(), svc.into());
 }
 
 /// The node as the harness's agent flags describe it.

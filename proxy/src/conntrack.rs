@@ -87,7 +87,11 @@ pub fn stale_filters(state: &ProxyState, changes: &ChangeSet) -> Vec<CtFilter> {
     let mut out = Vec::new();
     for (spn, eps) in &changes.removed_endpoints {
         if cleaned(spn.protocol) {
-            out.extend(removed_endpoint_filters(state.services.get(spn), spn, eps));
+            out.extend(removed_endpoint_filters(
+                state.services.get(spn).map(|s| &**s),
+                spn,
+                eps,
+            ));
         }
     }
     for spn in &changes.became_reachable {
@@ -232,7 +236,7 @@ mod tests {
     fn removed_udp_endpoint_is_cleaned_per_frontend_and_tcp_never() {
         let mut state = ProxyState::default();
         for p in [Protocol::Udp, Protocol::Tcp] {
-            state.services.insert(spn(p), svc(p));
+            state.services.insert(spn(p), svc(p).into());
         }
         let mut changes = ChangeSet::default();
         changes
@@ -274,7 +278,7 @@ mod tests {
         let mut state = ProxyState::default();
         state
             .services
-            .insert(spn(Protocol::Udp), svc(Protocol::Udp));
+            .insert(spn(Protocol::Udp), svc(Protocol::Udp).into());
         let changes = ChangeSet {
             became_reachable: BTreeSet::from([spn(Protocol::Udp)]),
             ..Default::default()

@@ -24,7 +24,8 @@ use crate::selection::{select, NodeContext};
 #[derive(Debug)]
 pub struct Tracker {
     default_algorithm: Algorithm,
-    services: HashMap<ObjectKey, Vec<ServicePort>>,
+    /// Each Service's proxied ports, shared with the state.
+    services: HashMap<ObjectKey, Box<[Arc<ServicePort>]>>,
     slices: HashMap<ObjectKey, SliceInfo>,
     /// Each Service's slice names, sorted (a sorted Vec: most Services have one slice, and an
     /// ordered set costs a whole tree node for it).
@@ -111,8 +112,12 @@ impl Tracker {
         if let Some(why) = skipped {
             tracing::debug!(service = %format!("{}/{}", key.0, key.1), "not proxied: {why}");
         }
-        if self.services.get(&key) != Some(&ports) {
-            self.services.insert(key.clone(), ports);
+        let same = self.services.get(&key).is_some_and(|old| {
+            old.len() == ports.len() && old.iter().zip(&ports).all(|(a, b)| **a == *b)
+        });
+        if !same {
+            self.services
+                .insert(key.clone(), ports.into_iter().map(Arc::new).collect());
             self.dirty.insert(key);
         }
     }
@@ -260,7 +265,11 @@ impl Tracker {
     }
 
     fn refresh_service(&mut self, svc_key: &ObjectKey, changes: &mut ChangeSet) {
-        let new_ports = self.services.get(svc_key).cloned().unwrap_or_default();
+        let new_ports: Vec<Arc<ServicePort>> = self
+            .services
+            .get(svc_key)
+            .map(|p| p.to_vec())
+            .unwrap_or_default();
         let old_names = self.ports_by_service.remove(svc_key).unwrap_or_default();
         let new_names: Vec<ServicePortName> = new_ports.iter().map(|p| p.name.clone()).collect();
         for name in old_names.iter().filter(|n| !new_names.contains(n)) {
@@ -287,7 +296,7 @@ impl Tracker {
         }
     }
 
-    fn update_port(&mut self, sp: ServicePort, eps: Vec<Endpoint>, changes: &mut ChangeSet) {
+    fn update_port(&mut self, sp: Arc<ServicePort>, eps: Vec<Endpoint>, changes: &mut ChangeSet) {
         let name = sp.name.clone();
         if self.state.services.get(&name) == Some(&sp)
             && self.state.endpoints.get(&name).map(|e| &**e) == Some(eps.as_slice())

@@ -35,7 +35,7 @@ fn one_service(fx: &Fixture, idx: &[usize], algorithm: Algorithm) -> ProxyState 
     let mut svc = service(&n, VIP, 80);
     svc.algorithm = algorithm;
     let mut state = ProxyState::default();
-    state.services.insert(n.clone(), svc);
+    state.services.insert(n.clone(), svc.into());
     state.endpoints.insert(n, fx.endpoints(idx).into());
     state
 }
@@ -116,7 +116,8 @@ fn session_affinity_sticks_to_one_endpoint() {
     let mut fx = Fixture::new("aff", 4);
     let mut state = one_service(&fx, &[0, 1, 2, 3], Algorithm::RoundRobin);
     let n = name("web", Protocol::Tcp);
-    state.services.get_mut(&n).unwrap().affinity = Some(Duration::from_secs(10800));
+    std::sync::Arc::make_mut(state.services.get_mut(&n).unwrap()).affinity =
+        Some(Duration::from_secs(10800));
     fx.sync(&mut state, &full());
     let lines = fx.client_lines(&format!("tcp {} 40", vip(80)));
     let counts = pod_counts(&lines);
@@ -127,7 +128,7 @@ fn session_affinity_sticks_to_one_endpoint() {
     );
     assert_eq!(counts.values().sum::<usize>(), 40);
     // Without affinity the same client spreads again.
-    state.services.get_mut(&n).unwrap().affinity = None;
+    std::sync::Arc::make_mut(state.services.get_mut(&n).unwrap()).affinity = None;
     fx.sync(&mut state, &changed(&[&n]));
     let counts = pod_counts(&fx.client_lines(&format!("tcp {} 40", vip(80))));
     assert_eq!(counts.len(), 4, "{counts:?}");
@@ -170,8 +171,12 @@ fn one_changed_endpoint_rewrites_only_that_service() {
     let b = name("b", Protocol::Tcp);
     let vip_b = std::net::Ipv4Addr::new(10, 96, 0, 11);
     let mut state = ProxyState::default();
-    state.services.insert(a.clone(), service(&a, VIP, 80));
-    state.services.insert(b.clone(), service(&b, vip_b, 80));
+    state
+        .services
+        .insert(a.clone(), service(&a, VIP, 80).into());
+    state
+        .services
+        .insert(b.clone(), service(&b, vip_b, 80).into());
     state
         .endpoints
         .insert(a.clone(), fx.endpoints(&[0, 1]).into());
@@ -235,7 +240,9 @@ fn unconnected_udp_replies_come_from_the_service_address() {
     let mut fx = Fixture::new("udp", 2);
     let n = name("dns", Protocol::Udp);
     let mut state = ProxyState::default();
-    state.services.insert(n.clone(), service(&n, VIP, 53));
+    state
+        .services
+        .insert(n.clone(), service(&n, VIP, 53).into());
     let mut eps = fx.endpoints(&[0, 1]);
     for e in &mut eps {
         e.port = kpr_tests::cluster::ECHO_PORT;
@@ -326,7 +333,7 @@ fn a_full_map_is_an_error_naming_the_service() {
         let n = name(&format!("s{i}"), Protocol::Tcp);
         state.services.insert(
             n.clone(),
-            service(&n, std::net::Ipv4Addr::new(10, 96, 1, i), 80),
+            service(&n, std::net::Ipv4Addr::new(10, 96, 1, i), 80).into(),
         );
         state.endpoints.insert(n, fx.endpoints(&[0]).into());
     }
@@ -357,7 +364,7 @@ fn bulk_state(fx: &Fixture, n: usize) -> ProxyState {
         let ip = std::net::Ipv4Addr::new(10, 97, (i / 250) as u8, (i % 250 + 1) as u8);
         state
             .services
-            .insert(svc_name.clone(), service(&svc_name, ip, 80));
+            .insert(svc_name.clone(), service(&svc_name, ip, 80).into());
         let pods: &[usize] = if i % 7 == 0 { &[0, 1, 2] } else { &[0, 1] };
         state.endpoints.insert(svc_name, fx.endpoints(pods).into());
     }
@@ -498,14 +505,18 @@ fn an_address_freed_and_taken_in_one_full_sync_keeps_the_new_owner() {
     let old = name("z-old", Protocol::Tcp);
     let new = name("b-new", Protocol::Tcp);
     let mut state = ProxyState::default();
-    state.services.insert(old.clone(), service(&old, VIP, 80));
+    state
+        .services
+        .insert(old.clone(), service(&old, VIP, 80).into());
     state
         .endpoints
         .insert(old.clone(), fx.endpoints(&[0]).into());
     fx.sync(&mut state, &full());
     state.services.remove(&old);
     state.endpoints.remove(&old);
-    state.services.insert(new.clone(), service(&new, VIP, 80));
+    state
+        .services
+        .insert(new.clone(), service(&new, VIP, 80).into());
     state
         .endpoints
         .insert(new.clone(), fx.endpoints(&[1]).into());

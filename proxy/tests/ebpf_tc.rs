@@ -52,7 +52,7 @@ fn node_port_service(
         }
     }
     let mut state = ProxyState::default();
-    state.services.insert(n.clone(), svc);
+    state.services.insert(n.clone(), svc.into());
     state.endpoints.insert(n, eps.into());
     state
 }
@@ -268,7 +268,7 @@ fn source_ranges_follow_the_service_in_the_maps_and_are_swept_after_a_restart() 
         svc.load_balancer_ips = vec![IpAddr::V4(lb)];
         svc.source_ranges = ranges.iter().map(|r| r.parse().unwrap()).collect();
         let mut state = ProxyState::default();
-        state.services.insert(n.clone(), svc);
+        state.services.insert(n.clone(), svc.into());
         state.endpoints.insert(n.clone(), fx.endpoints(&[0]).into());
         state
     };

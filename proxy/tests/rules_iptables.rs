@@ -83,7 +83,7 @@ fn state_with(services: &[(String, String, Vec<proxy::model::Endpoint>)]) -> Pro
             .selected
             .insert(spn.clone(), selection::select(&svc, eps, "node"));
         state.endpoints.insert(spn.clone(), eps.clone().into());
-        state.services.insert(spn, svc);
+        state.services.insert(spn, svc.into());
     }
     state
 }

@@ -91,7 +91,7 @@ fn big_state(cluster: &Cluster) -> ProxyState {
             .selected
             .insert(spn.clone(), selection::select(&svc, &eps, "node"));
         state.endpoints.insert(spn.clone(), eps.into());
-        state.services.insert(spn, svc);
+        state.services.insert(spn, svc.into());
     }
     state
 }
@@ -212,7 +212,7 @@ fn a_new_instance_takes_over_a_crashed_runs_table_and_cleanup_removes_it() {
         .selected
         .insert(spn.clone(), selection::select(&svc, &eps, "node"));
     state.endpoints.insert(spn.clone(), eps.into());
-    state.services.insert(spn, svc);
+    state.services.insert(spn, svc.into());
     let full = ChangeSet {
         full: true,
         ..Default::default()
@@ -268,7 +268,7 @@ fn an_incompatible_leftover_table_is_replaced() {
         .selected
         .insert(spn.clone(), selection::select(&svc, &eps, "node"));
     state.endpoints.insert(spn.clone(), eps.into());
-    state.services.insert(spn, svc);
+    state.services.insert(spn, svc.into());
     cluster
         .node
         .run(|| {

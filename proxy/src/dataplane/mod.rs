@@ -26,7 +26,8 @@ pub mod userspace;
 /// The complete desired state, as the core hands it to a backend.
 #[derive(Debug, Clone, Default)]
 pub struct ProxyState {
-    pub services: BTreeMap<ServicePortName, ServicePort>,
+    /// Shared with the tracker's per-Service view: one copy of each port.
+    pub services: BTreeMap<ServicePortName, Arc<ServicePort>>,
     /// Every endpoint of a service port, as the slices list them (deduplicated). Shared with
     /// `selected` when the selection keeps them all.
     pub endpoints: BTreeMap<ServicePortName, Arc<[Endpoint]>>,

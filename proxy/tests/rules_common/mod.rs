@@ -100,7 +100,7 @@ impl Rig {
         match new {
             Some((svc, eps)) => {
                 let sel = selection::select(&svc, &eps, NODE_NAME);
-                self.state.services.insert(spn.clone(), svc);
+                self.state.services.insert(spn.clone(), svc.into());
                 self.state.endpoints.insert(spn.clone(), eps.into());
                 self.state.selected.insert(spn.clone(), sel);
             }

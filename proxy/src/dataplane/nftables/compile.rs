@@ -512,7 +512,7 @@ mod tests {
         let n = svc.name.clone();
         s.selected.insert(n.clone(), select(&svc, &eps, "me"));
         s.endpoints.insert(n.clone(), eps.into());
-        s.services.insert(n, svc);
+        s.services.insert(n, svc.into());
         s
     }
 

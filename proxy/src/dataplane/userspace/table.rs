@@ -12,7 +12,7 @@ use crate::selection::{DestKind, SelectedEndpoints};
 /// One service port as the listeners need it.
 #[derive(Debug)]
 pub struct Entry {
-    pub svc: ServicePort,
+    pub svc: Arc<ServicePort>,
     pub sel: SelectedEndpoints,
 }
 

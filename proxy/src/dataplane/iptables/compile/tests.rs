@@ -35,7 +35,7 @@ fn state(ports: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
         let spn = svc.name.clone();
         state.selected.insert(spn.clone(), select(&svc, &eps, NODE));
         state.endpoints.insert(spn.clone(), eps.into());
-        state.services.insert(spn, svc);
+        state.services.insert(spn, svc.into());
     }
     state
 }
