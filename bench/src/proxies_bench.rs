@@ -946,12 +946,21 @@ impl<'n> Running<'n> {
         crate::backend::pid_named(self.ns(), self.comm())
     }
 
-    /// The agent's own account of its first sync after the initial listing (kpr only).
+    /// The agent's own account of its first sync after the initial listing (kpr only). The line
+    /// comes at the end of that sync, which may be after the Services already answer (stale
+    /// conntrack cleanup runs last): waits a few seconds for it.
     fn programmed_after_listing_s(&self) -> Option<f64> {
         let Running::Kpr(agent, _) = self else {
             return None;
         };
-        programmed_after_listing(&agent.log())
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = programmed_after_listing(&agent.log());
+            if found.is_some() || Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     fn cpu_s(&self) -> Option<f64> {
