@@ -34,6 +34,8 @@ pub const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(10800);
 pub struct ConvertedService {
     pub ports: Vec<ServicePort>,
     pub errors: Vec<InvalidObject>,
+    /// Why the proxy does not handle it ([`skip_reason`]), if it does not.
+    pub skipped: Option<&'static str>,
 }
 
 /// The endpoints an EndpointSlice contributes, per port of its Service.
@@ -83,7 +85,7 @@ impl ServiceEntry {
             key,
             ports: converted.ports,
             errors: converted.errors,
-            skipped: skip_reason(svc),
+            skipped: converted.skipped,
         }
     }
 }
@@ -152,10 +154,10 @@ pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
     Some(IpAddr::V4(Ipv4Addr::from(octets)))
 }
 
-/// One shared copy of each node and zone name. A cluster's endpoints name few nodes and zones, and
-/// each endpoint is kept in several sets; without this each copy would hold its own string.
-/// Names no endpoint holds any more are dropped whenever the pool has doubled since it was last
-/// pruned, so nodes that come and go do not accumulate.
+/// One shared copy of each namespace, node and zone name. A cluster has few of each, while every
+/// object names its namespace and every endpoint (kept in several sets) its node and zone;
+/// without this each would hold its own string. Names nothing holds any more are dropped whenever
+/// the pool has doubled since it was last pruned, so names that come and go do not accumulate.
 fn shared_name(s: &str) -> Arc<str> {
     struct Pool {
         names: BTreeSet<Arc<str>>,
@@ -231,7 +233,8 @@ fn convert_keyed(svc: &Service, key: &ObjectKey, default_algorithm: Algorithm) -
         out.errors.push(invalid("Service", &obj, "spec", "missing"));
         return out;
     };
-    if skip_reason(svc).is_some() {
+    out.skipped = skip_reason(svc);
+    if out.skipped.is_some() {
         return out;
     }
     let cluster_ips = service_ips(&obj, spec, &mut out.errors);

@@ -4,8 +4,9 @@
 //! converted them), the set of Services touched since the last sync, and the state last handed to
 //! the dataplane. Sources send [`ServiceEntry`] / [`SliceEntry`] values, which the
 //! `apply_*_entry`/`delete_*`/`replace_*` methods take (the `apply_service` / `apply_slice` forms
-//! converting a Kubernetes object are for callers that hold one); the sync runner calls [`Tracker::take_changes`]. Work per
-//! sync is proportional to the Services touched, not to the cluster size.
+//! converting a Kubernetes object are for callers that hold one); the sync runner calls
+//! [`Tracker::take_changes`]. Work per sync is proportional to the Services touched, not to the
+//! cluster size.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;

@@ -43,7 +43,11 @@ fn keys(entries: &[crate::convert::ServiceEntry]) -> Vec<String> {
 }
 
 fn messages(p: &ParsedFile) -> Vec<String> {
-    p.errors.iter().map(|e| e.to_string()).collect()
+    error_messages(&p.errors)
+}
+
+fn error_messages(errors: &[InvalidObject]) -> Vec<String> {
+    errors.iter().map(|e| e.to_string()).collect()
 }
 
 #[test]
@@ -521,7 +525,7 @@ fn a_file_over_the_size_limit_is_reported_unread_and_the_others_are_served() {
     let p = ManifestDir::new(&dir.0, Algorithm::RoundRobin).load();
     assert_eq!(keys(&p.services), ["default/a"]);
     assert_eq!(
-        p.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+        error_messages(&p.errors),
         [format!(
             "{}: file big.yaml: size: {} bytes, over the file source's limit of {MAX_FILE_BYTES} \
              bytes: not read (split it into several files)",
@@ -544,7 +548,7 @@ fn a_hostile_file_is_reported_and_the_others_are_served() {
     .unwrap();
     let p = ManifestDir::new(&dir.0, Algorithm::RoundRobin).load();
     assert_eq!(keys(&p.services), ["default/a"]);
-    let msgs = p.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>();
+    let msgs = error_messages(&p.errors);
     assert_eq!(msgs.len(), 3, "{msgs:#?}");
     assert!(
         msgs.iter().any(|m| m.contains("bin.yaml: document #0")),
