@@ -101,8 +101,9 @@ fn ensure_bpf_linker() -> anyhow::Result<()> {
     }
     Err(anyhow!(
         "bpf-linker was not found on PATH; it is needed to build the eBPF programs. Install it \
-         (see DESIGN.md: LLVM_PREFIX=/usr/lib/llvm-22 cargo install bpf-linker --no-default-features \
-         --features llvm-22) or set {SKIP_ENV}=1 to build an agent without the ebpf backend"
+         (`cargo xtask setup` does, or by hand: LLVM_PREFIX=/usr/lib/llvm-22 cargo install \
+         bpf-linker --no-default-features --features llvm-22) or set {SKIP_ENV}=1 to build an \
+         agent without the ebpf backend"
     ))
 }
 

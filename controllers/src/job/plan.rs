@@ -21,8 +21,9 @@
 //! JobSuccessPolicy, JobBackoffLimitPerIndex, PodIndexLabel): terminal conditions are delayed
 //! behind FailureTarget / SuccessCriteriaMet and terminating Pods are counted.
 //!
-//! Beyond the seeds (JOB-3/4 describe a 2019 controller counting from Pod phases), v1.34 counts
-//! through finalizers so that no Pod result is lost when Pods are deleted: this follows v1.34.
+//! The 2019 controller (the one JOB-3/4 were first written for) counted results from Pod phases;
+//! v1.34 counts through finalizers so that no Pod result is lost when Pods are deleted: this
+//! follows v1.34.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

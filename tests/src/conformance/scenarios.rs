@@ -1,6 +1,6 @@
-//! The scenario table: every rule of SERVICE-SEMANTICS.md as Services + EndpointSlices, then steps
-//! (connections from a pod, the node, an endpoint or an external client) with the expected outcome.
-//! Pod `i` is `pod<i>` at `10.244.(i+1).2`, its echo server on 8080; the node is `node`.
+//! The scenario table: every rule of docs/SERVICE-SEMANTICS.md as Services + EndpointSlices, then
+//! steps (connections from a pod, the node, an endpoint or an external client) with the expected
+//! outcome. Pod `i` is `pod<i>` at `10.244.(i+1).2`, its echo server on 8080; the node is `node`.
 
 use super::{Expect, From, Probe, Proto, Scenario, Src, Step, UdpFlow};
 use crate::manifest::{yaml, Endpoint, EndpointSlice, Service};
@@ -101,7 +101,7 @@ fn dns() -> Service {
         .named("dns")
 }
 
-/// The table. Each entry names the SERVICE-SEMANTICS.md rule(s) it checks.
+/// The table. Each entry names the docs/SERVICE-SEMANTICS.md rule(s) it checks.
 pub fn all() -> Vec<Scenario> {
     let mut v = destinations();
     v.extend(selection());
