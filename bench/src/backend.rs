@@ -3,7 +3,6 @@
 //! client measurements run from the pod-client namespace; then the real `proxy` agent is started
 //! with the same Services from files, for its first-sync time and peak RSS.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -11,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
 use kpr_tests::{Agent, AgentOptions, Cgroup, Netns};
-use proxy::dataplane::{BackendConfig, ChangeSet, Dataplane, ProxyState, SyncStats};
-use proxy::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
-use proxy::selection::SelectedEndpoints;
+use proxy::dataplane::{BackendConfig, Dataplane};
+use proxy::model::{Algorithm, ServicePortName};
+use proxy::state::{ChangeSet, PortState, ProxyState, SyncStats};
 use serde::Serialize;
 
 use super::traffic::{self, InCgroup, Latency};
@@ -137,35 +136,25 @@ impl StateUpdate {
 /// One service port as the caller's state has it (`None`: absent there).
 struct PortPatch {
     spn: ServicePortName,
-    service: Option<std::sync::Arc<ServicePort>>,
-    endpoints: Option<std::sync::Arc<[Endpoint]>>,
-    selected: Option<SelectedEndpoints>,
+    port: Option<PortState>,
 }
 
 impl PortPatch {
     fn from_state(state: &ProxyState, spn: &ServicePortName) -> PortPatch {
         PortPatch {
             spn: spn.clone(),
-            service: state.services.get(spn).cloned(),
-            endpoints: state.endpoints.get(spn).cloned(),
-            selected: state.selected.get(spn).cloned(),
+            port: state.get(spn).cloned(),
         }
     }
 
     fn apply(self, state: &mut ProxyState) {
-        put(&mut state.services, &self.spn, self.service);
-        put(&mut state.endpoints, &self.spn, self.endpoints);
-        put(&mut state.selected, &self.spn, self.selected);
-    }
-}
-
-fn put<V>(map: &mut BTreeMap<ServicePortName, V>, key: &ServicePortName, value: Option<V>) {
-    match value {
-        Some(v) => {
-            map.insert(key.clone(), v);
-        }
-        None => {
-            map.remove(key);
+        match self.port {
+            Some(port) => {
+                state.insert(port);
+            }
+            None => {
+                state.remove(&self.spn);
+            }
         }
     }
 }

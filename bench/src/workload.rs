@@ -12,9 +12,10 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use kpr_tests::cluster::{CLUSTER_CIDR, ECHO_PORT, NODE_IP, NODE_NAME, SERVICE_CIDR};
-use proxy::dataplane::{BackendConfig, ChangeSet, ProxyState};
+use proxy::dataplane::BackendConfig;
 use proxy::model::{Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
-use proxy::selection::{self, NodeContext};
+use proxy::selection::NodeContext;
+use proxy::state::{ChangeSet, ProxyState};
 
 /// How many of the last Services also get a node port.
 pub const NODE_PORTS: usize = 2_500;
@@ -110,17 +111,14 @@ impl Workload {
 
     /// The whole state: every Service with all its endpoints ready.
     pub fn state(&self) -> ProxyState {
-        let mut state = ProxyState {
-            node: node_context(),
-            ..ProxyState::default()
-        };
+        let mut state = ProxyState::new(node_context());
         for i in 0..self.services {
             let eps = self
                 .endpoint_ips(i)
                 .into_iter()
                 .map(|ip| Self::endpoint(ip, true))
                 .collect();
-            set_service(&mut state, self.service_port(i, Algorithm::RoundRobin), eps);
+            state.set_port(self.service_port(i, Algorithm::RoundRobin), eps);
         }
         state
     }
@@ -130,14 +128,17 @@ impl Workload {
     pub fn flip_endpoint(&self, state: &mut ProxyState, i: usize, ready: bool) -> ChangeSet {
         let name = Self::port_name(i);
         let mut eps = state
-            .endpoints
             .get(&name)
-            .map(|e| e.to_vec())
+            .map(|p| p.endpoints.to_vec())
             .unwrap_or_default();
         let removed: Vec<Endpoint> = if ready { Vec::new() } else { eps[..1].to_vec() };
         eps[0] = Self::endpoint(self.endpoint_ips(i)[0], ready);
-        let svc = (*state.services[&name]).clone();
-        set_service(state, svc, eps);
+        let svc = state
+            .get(&name)
+            .expect("a Service of the workload")
+            .service
+            .clone();
+        state.set_port(svc, eps);
         ChangeSet {
             changed: [name.clone()].into(),
             removed_endpoints: if removed.is_empty() {
@@ -157,8 +158,12 @@ impl Workload {
         algorithm: Algorithm,
     ) -> ChangeSet {
         let name = Self::port_name(i);
-        let eps = state.endpoints[&name].to_vec();
-        set_service(state, self.service_port(i, algorithm), eps);
+        let eps = state
+            .get(&name)
+            .expect("a Service of the workload")
+            .endpoints
+            .to_vec();
+        state.set_port(self.service_port(i, algorithm), eps);
         ChangeSet {
             changed: [name].into(),
             ..ChangeSet::default()
@@ -193,13 +198,6 @@ impl Workload {
         let slice = kpr_tests::EndpointSlice::for_service(&svc).ready_all(self.endpoint_ips(i));
         format!("---\n{}", kpr_tests::yaml(&[&svc, &slice]))
     }
-}
-
-fn set_service(state: &mut ProxyState, svc: ServicePort, eps: Vec<Endpoint>) {
-    let selected = selection::select(&svc, &eps, NODE_NAME);
-    state.selected.insert(svc.name.clone(), selected);
-    state.endpoints.insert(svc.name.clone(), eps.into());
-    state.services.insert(svc.name.clone(), svc.into());
 }
 
 /// The node as the harness's agent flags describe it.
@@ -273,14 +271,14 @@ mod tests {
     fn flipping_an_endpoint_changes_only_that_service() {
         let w = workload(10);
         let mut state = w.state();
-        assert_eq!(state.services.len(), 10);
+        assert_eq!(state.len(), 10);
         let changes = w.flip_endpoint(&mut state, 3, false);
         let name = Workload::port_name(3);
         assert_eq!(changes.changed.len(), 1);
-        assert_eq!(state.selected[&name].cluster.len(), 3);
+        assert_eq!(state.get(&name).unwrap().selected.cluster.len(), 3);
         assert_eq!(changes.removed_endpoints[&name].len(), 1);
         w.flip_endpoint(&mut state, 3, true);
-        assert_eq!(state.selected[&name].cluster.len(), 4);
+        assert_eq!(state.get(&name).unwrap().selected.cluster.len(), 4);
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! Conntrack housekeeping shared by the rule backends (iptables, nftables).
 //!
-//! Owns: removal of stale UDP/SCTP conntrack entries (SERVICE-SEMANTICS.md: entries pointing at
-//! an endpoint that went away, and entries of a Service that went from no endpoint to some,
+//! Owns: removal of stale UDP/SCTP conntrack entries (docs/SERVICE-SEMANTICS.md: entries pointing
+//! at an endpoint that went away, and entries of a Service that went from no endpoint to some,
 //! which hold cached rejects), plus the conntrack event stream ([`events`]) and the
-//! least-connection controller built on it ([`leastconn`]). TCP entries are never touched.
-//! Runs the `conntrack` CLI in the calling thread's network namespace.
+//! least-connection controller built on it ([`leastconn`]). TCP entries are never touched. Runs the
+//! `conntrack` CLI in the calling thread's network namespace.
 
 pub mod events;
 pub mod leastconn;
@@ -12,9 +12,9 @@ pub mod leastconn;
 use std::net::IpAddr;
 use std::process::Command;
 
-use crate::dataplane::{ChangeSet, ProxyState};
 use crate::error::DataplaneError;
 use crate::model::{Endpoint, Protocol, ServicePort, ServicePortName};
+use crate::state::{ChangeSet, ProxyState};
 
 /// A `conntrack -D` filter.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -87,15 +87,11 @@ pub fn stale_filters(state: &ProxyState, changes: &ChangeSet) -> Vec<CtFilter> {
     let mut out = Vec::new();
     for (spn, eps) in &changes.removed_endpoints {
         if cleaned(spn.protocol) {
-            out.extend(removed_endpoint_filters(
-                state.services.get(spn).map(|s| &**s),
-                spn,
-                eps,
-            ));
+            out.extend(removed_endpoint_filters(state.service(spn), spn, eps));
         }
     }
     for spn in &changes.became_reachable {
-        let Some(svc) = state.services.get(spn) else {
+        let Some(svc) = state.service(spn) else {
             continue;
         };
         if !cleaned(svc.protocol) {
@@ -236,7 +232,7 @@ mod tests {
     fn removed_udp_endpoint_is_cleaned_per_frontend_and_tcp_never() {
         let mut state = ProxyState::default();
         for p in [Protocol::Udp, Protocol::Tcp] {
-            state.services.insert(spn(p), svc(p).into());
+            state.set_port(svc(p), Vec::new());
         }
         let mut changes = ChangeSet::default();
         changes
@@ -276,9 +272,7 @@ mod tests {
     #[test]
     fn became_reachable_cleans_the_service_addresses() {
         let mut state = ProxyState::default();
-        state
-            .services
-            .insert(spn(Protocol::Udp), svc(Protocol::Udp).into());
+        state.set_port(svc(Protocol::Udp), Vec::new());
         let changes = ChangeSet {
             became_reachable: BTreeSet::from([spn(Protocol::Udp)]),
             ..Default::default()

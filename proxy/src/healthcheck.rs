@@ -12,7 +12,7 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 
-use crate::dataplane::ProxyState;
+use crate::state::ProxyState;
 
 struct Listener {
     service: String,
@@ -38,12 +38,11 @@ impl HealthCheckServers {
     /// Brings listeners and counts in line with the state (cheap: O(service ports with a hcnp)).
     pub fn update(&mut self, state: &ProxyState) {
         let mut wanted: HashMap<u16, (String, usize)> = HashMap::new();
-        for (name, sp) in state
-            .services
+        for (name, port) in state
             .iter()
-            .filter(|(_, sp)| sp.health_check_node_port != 0 && sp.external_local)
+            .filter(|(_, p)| p.service.health_check_node_port != 0 && p.service.external_local)
         {
-            let local = state.selected.get(name).map_or(0, |s| s.local_ready);
+            let (sp, local) = (&port.service, port.selected.local_ready);
             let e = wanted
                 .entry(sp.health_check_node_port)
                 .or_insert((format!("{}/{}", name.namespace, name.name), 0));

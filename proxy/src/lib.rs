@@ -17,6 +17,7 @@ pub mod nft;
 pub mod selection;
 pub mod server;
 pub mod source;
+pub mod state;
 pub mod status;
 pub mod sync;
 pub mod tracker;

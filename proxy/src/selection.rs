@@ -1,8 +1,9 @@
 //! Endpoint selection: the one place that decides which endpoints a connection may use.
 //!
-//! Implements "Choosing endpoints" and the masquerade rules of SERVICE-SEMANTICS.md. Every backend
-//! compiles the output of [`select`] (and asks [`route`] per connection where it decides at connect
-//! time); no backend re-decides which endpoint is usable.
+//! Implements "Choosing endpoints" and the masquerade rules of docs/SERVICE-SEMANTICS.md. Every
+//! backend compiles the output of [`select`] and asks [`route`] per connection where it decides at
+//! connect time, or [`route_for`] per class of source where it programs rules for each class; no
+//! backend re-decides which endpoint is usable.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -36,9 +37,17 @@ impl NodeContext {
             SourceKind::External
         }
     }
+
+    /// The source classes this node tells apart: node and external always, pod sources only when
+    /// `--cluster-cidr` names the pod network.
+    pub fn source_kinds(&self) -> impl Iterator<Item = SourceKind> + '_ {
+        [SourceKind::Node, SourceKind::Pod, SourceKind::External]
+            .into_iter()
+            .filter(|k| *k != SourceKind::Pod || !self.cluster_cidrs.is_empty())
+    }
 }
 
-/// Where a connection comes from (SERVICE-SEMANTICS.md vocabulary).
+/// Where a connection comes from (docs/SERVICE-SEMANTICS.md vocabulary).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
@@ -151,12 +160,12 @@ pub struct Route<'a> {
 
 /// Decides the endpoint set and masquerade for a connection from `src` to a `dest` of `svc`.
 ///
-/// SERVICE-SEMANTICS.md: external destinations under eTP Local serve external sources from local
-/// endpoints only and keep the client address; pod and node sources are short-circuited to the
-/// cluster endpoints. Traffic to external destinations under eTP Cluster and node-originated traffic
-/// to external destinations are masqueraded, as is traffic from outside the cluster CIDR to a
-/// clusterIP when `--cluster-cidr` is known (kube-proxy's rule); hairpin is decided per endpoint by
-/// [`is_hairpin`].
+/// docs/SERVICE-SEMANTICS.md: external destinations under eTP Local serve external sources from
+/// local endpoints only and keep the client address; pod and node sources are short-circuited to
+/// the cluster endpoints. Traffic to external destinations under eTP Cluster and node-originated
+/// traffic to external destinations are masqueraded, as is traffic from outside the cluster CIDR to
+/// a clusterIP when `--cluster-cidr` is known (kube-proxy's rule); hairpin is decided per endpoint
+/// by [`is_hairpin`].
 pub fn route<'a>(
     svc: &ServicePort,
     sel: &'a SelectedEndpoints,
@@ -164,7 +173,18 @@ pub fn route<'a>(
     src: IpAddr,
     dest: DestKind,
 ) -> Route<'a> {
-    let source = ctx.source_kind(src);
+    route_for(svc, sel, ctx, ctx.source_kind(src), dest)
+}
+
+/// [`route`] for a whole class of sources: what the rule backends program per class, without a
+/// source address to classify.
+pub fn route_for<'a>(
+    svc: &ServicePort,
+    sel: &'a SelectedEndpoints,
+    ctx: &NodeContext,
+    source: SourceKind,
+    dest: DestKind,
+) -> Route<'a> {
     let (endpoints, local_policy) = if !dest.is_external() {
         (&sel.cluster, svc.internal_local)
     } else if svc.external_local && source == SourceKind::External {
@@ -174,14 +194,22 @@ pub fn route<'a>(
     } else {
         (&sel.external, false)
     };
-    let masquerade = ctx.masquerade_all
-        || (dest.is_external() && (!svc.external_local || source == SourceKind::Node))
-        || (!dest.is_external() && source == SourceKind::External && !ctx.cluster_cidrs.is_empty());
+    let masquerade = if dest.is_external() {
+        ctx.masquerade_all || !svc.external_local || source == SourceKind::Node
+    } else {
+        cluster_ip_masquerade(ctx, source)
+    };
     Route {
         endpoints,
         empty: sel.empty_verdict(local_policy),
         masquerade,
     }
+}
+
+/// Whether a connection from `source` to a clusterIP is masqueraded. It depends on the node and
+/// the source class only, never on the Service, so a rule backend can decide it once for all.
+pub fn cluster_ip_masquerade(ctx: &NodeContext, source: SourceKind) -> bool {
+    ctx.masquerade_all || (source == SourceKind::External && !ctx.cluster_cidrs.is_empty())
 }
 
 /// An endpoint reaching itself through its own Service must be masqueraded.

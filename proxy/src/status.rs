@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::dataplane::ProxyState;
+use crate::state::ProxyState;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -134,26 +134,23 @@ pub fn service_views(
     counts: bool,
 ) -> Vec<ServiceView> {
     state
-        .services
         .iter()
-        .map(|(name, sp)| {
-            let sel = state.selected.get(name);
-            let in_set = |set: Option<&[crate::model::Endpoint]>, a: SocketAddr| {
-                set.is_some_and(|s| s.iter().any(|e| e.socket_addr() == a))
+        .map(|(name, port)| {
+            let (sp, sel) = (&port.service, &port.selected);
+            let in_set = |set: &[crate::model::Endpoint], a: SocketAddr| {
+                set.iter().any(|e| e.socket_addr() == a)
             };
-            let endpoints = state
+            let endpoints = port
                 .endpoints
-                .get(name)
-                .into_iter()
-                .flat_map(|e| e.iter())
+                .iter()
                 .map(|e| EndpointView {
                     addr: e.socket_addr(),
                     node: e.node.as_deref().map(str::to_string),
                     ready: e.ready,
                     serving: e.serving,
                     terminating: e.terminating,
-                    cluster: in_set(sel.map(|s| &*s.cluster), e.socket_addr()),
-                    external: in_set(sel.map(|s| &*s.external), e.socket_addr()),
+                    cluster: in_set(&sel.cluster, e.socket_addr()),
+                    external: in_set(&sel.external, e.socket_addr()),
                     active: counts.then(|| active.get(&e.socket_addr()).copied().unwrap_or(0)),
                 })
                 .collect();

@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::dataplane::{ChangeSet, Dataplane};
+use crate::dataplane::Dataplane;
+
 use crate::healthcheck::HealthCheckServers;
 use crate::metrics::{Metrics, TrafficPolicyLabel};
 use crate::model::ServicePortName;
 use crate::source::SourceEvent;
+use crate::state::ChangeSet;
 use crate::status::{service_views, Health, LastSync, StateView};
 use crate::tracker::Tracker;
 
@@ -224,10 +226,10 @@ impl Runner {
                 .map(Vec::len)
                 .sum::<usize>() as u64,
         );
-        self.metrics.service_ports.set(state.services.len() as i64);
+        self.metrics.service_ports.set(state.len() as i64);
         self.metrics
             .endpoints
-            .set(state.endpoints.values().map(|e| e.len()).sum::<usize>() as i64);
+            .set(state.iter().map(|(_, p)| p.endpoints.len()).sum::<usize>() as i64);
         self.metrics
             .invalid_objects
             .set(self.tracker.errors().count() as i64);
@@ -239,7 +241,7 @@ impl Runner {
     fn update_no_local(&mut self, changes: &ChangeSet) {
         let state = self.tracker.state();
         let names: Vec<ServicePortName> = if changes.full {
-            state.services.keys().cloned().collect()
+            state.names().cloned().collect()
         } else {
             changes.changed.iter().cloned().collect()
         };
@@ -248,19 +250,16 @@ impl Runner {
             self.no_local_external.clear();
         }
         for name in names {
-            let (sp, sel) = (state.services.get(&name), state.selected.get(&name));
-            let lacks = |local: bool, set: Option<&[crate::model::Endpoint]>| {
-                local && set.is_none_or(|s| s.is_empty())
-            };
+            let port = state.get(&name);
             set_member(
                 &mut self.no_local_internal,
                 &name,
-                sp.is_some_and(|sp| lacks(sp.internal_local, sel.map(|s| &*s.cluster))),
+                port.is_some_and(|p| p.service.internal_local && p.selected.cluster.is_empty()),
             );
             set_member(
                 &mut self.no_local_external,
                 &name,
-                sp.is_some_and(|sp| lacks(sp.external_local, sel.map(|s| &*s.external))),
+                port.is_some_and(|p| p.service.external_local && p.selected.external.is_empty()),
             );
         }
         for (policy, set) in [

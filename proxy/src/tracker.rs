@@ -16,10 +16,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 pub use crate::convert::ObjectKey;
 use crate::convert::{ServiceEntry, SliceEntry, SliceInfo};
-use crate::dataplane::{ChangeSet, ProxyState};
 use crate::error::InvalidObject;
 use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
-use crate::selection::{select, NodeContext};
+use crate::selection::NodeContext;
+use crate::state::{ChangeSet, PortState, ProxyState};
 
 /// Tracks Services and EndpointSlices and computes what changed between syncs.
 #[derive(Debug)]
@@ -49,10 +49,7 @@ impl Tracker {
             errors: BTreeMap::new(),
             dirty: BTreeSet::new(),
             ports_by_service: HashMap::new(),
-            state: ProxyState {
-                node,
-                ..ProxyState::default()
-            },
+            state: ProxyState::new(node),
             needs_full: true,
         }
     }
@@ -274,14 +271,12 @@ impl Tracker {
         let old_names = self.ports_by_service.remove(svc_key).unwrap_or_default();
         let new_names: Vec<ServicePortName> = new_ports.iter().map(|p| p.name.clone()).collect();
         for name in old_names.iter().filter(|n| !new_names.contains(n)) {
-            let old_sel = self.state.selected.remove(name);
-            self.state.services.remove(name);
-            self.state.endpoints.remove(name);
-            if let Some(old) = old_sel {
+            if let Some(old) = self.state.remove(name) {
                 let gone: Vec<Endpoint> = old
+                    .selected
                     .cluster
                     .iter()
-                    .chain(old.external.iter())
+                    .chain(old.selected.external.iter())
                     .cloned()
                     .collect();
                 record_removed(changes, name, gone);
@@ -299,41 +294,34 @@ impl Tracker {
 
     fn update_port(&mut self, sp: Arc<ServicePort>, eps: Vec<Endpoint>, changes: &mut ChangeSet) {
         let name = sp.name.clone();
-        if self.state.services.get(&name) == Some(&sp)
-            && self.state.endpoints.get(&name).map(|e| &**e) == Some(eps.as_slice())
-        {
+        let old = self.state.get(&name);
+        if old.is_some_and(|o| o.service == sp && *o.endpoints == *eps) {
             return;
         }
-        let sel = select(&sp, &eps, &self.state.node.node_name);
-        let old = self.state.selected.get(&name);
-        let was_reachable = old.is_some_and(|o| o.any_usable);
+        let port = PortState::new(sp, eps, &self.state.node.node_name);
+        let was_reachable = old.is_some_and(|o| o.selected.any_usable);
         if let Some(old) = old {
-            let now: BTreeSet<_> = sel
+            let now: BTreeSet<_> = port
+                .selected
                 .cluster
                 .iter()
-                .chain(sel.external.iter())
+                .chain(port.selected.external.iter())
                 .map(Endpoint::socket_addr)
                 .collect();
             let gone: Vec<Endpoint> = old
+                .selected
                 .cluster
                 .iter()
-                .chain(old.external.iter())
+                .chain(old.selected.external.iter())
                 .filter(|e| !now.contains(&e.socket_addr()))
                 .cloned()
                 .collect();
             record_removed(changes, &name, gone);
         }
-        if !was_reachable && sel.any_usable {
+        if !was_reachable && port.selected.any_usable {
             changes.became_reachable.insert(name.clone());
         }
-        let eps: Arc<[Endpoint]> = if *sel.cluster == *eps {
-            sel.cluster.clone()
-        } else {
-            eps.into()
-        };
-        self.state.selected.insert(name.clone(), sel);
-        self.state.services.insert(name.clone(), sp);
-        self.state.endpoints.insert(name.clone(), eps);
+        self.state.insert(port);
         changes.changed.insert(name);
     }
 }

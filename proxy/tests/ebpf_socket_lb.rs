@@ -12,9 +12,10 @@ use std::time::Duration;
 use ebpf_support::*;
 use proxy::dataplane::ebpf::maps::{Table, SERVICES, SLOTS};
 use proxy::dataplane::ebpf::MapSizes;
-use proxy::dataplane::{Dataplane, ProxyState};
+use proxy::dataplane::Dataplane;
 use proxy::error::DataplaneError;
 use proxy::model::{Algorithm, Protocol};
+use proxy::state::ProxyState;
 use proxy_common::{ServiceKey, ServiceValue, SlotKey};
 
 /// Not a test: the body of the client processes the tests spawn (see `ebpf_support::run_client`).
@@ -35,8 +36,7 @@ fn one_service(fx: &Fixture, idx: &[usize], algorithm: Algorithm) -> ProxyState 
     let mut svc = service(&n, VIP, 80);
     svc.algorithm = algorithm;
     let mut state = ProxyState::default();
-    state.services.insert(n.clone(), svc.into());
-    state.endpoints.insert(n, fx.endpoints(idx).into());
+    state.set_port(svc, fx.endpoints(idx));
     state
 }
 
@@ -116,8 +116,9 @@ fn session_affinity_sticks_to_one_endpoint() {
     let mut fx = Fixture::new("aff", 4);
     let mut state = one_service(&fx, &[0, 1, 2, 3], Algorithm::RoundRobin);
     let n = name("web", Protocol::Tcp);
-    std::sync::Arc::make_mut(state.services.get_mut(&n).unwrap()).affinity =
-        Some(Duration::from_secs(10800));
+    edit_service(&mut state, &n, |svc| {
+        svc.affinity = Some(Duration::from_secs(10800))
+    });
     fx.sync(&mut state, &full());
     let lines = fx.client_lines(&format!("tcp {} 40", vip(80)));
     let counts = pod_counts(&lines);
@@ -128,7 +129,7 @@ fn session_affinity_sticks_to_one_endpoint() {
     );
     assert_eq!(counts.values().sum::<usize>(), 40);
     // Without affinity the same client spreads again.
-    std::sync::Arc::make_mut(state.services.get_mut(&n).unwrap()).affinity = None;
+    edit_service(&mut state, &n, |svc| svc.affinity = None);
     fx.sync(&mut state, &changed(&[&n]));
     let counts = pod_counts(&fx.client_lines(&format!("tcp {} 40", vip(80))));
     assert_eq!(counts.len(), 4, "{counts:?}");
@@ -171,18 +172,8 @@ fn one_changed_endpoint_rewrites_only_that_service() {
     let b = name("b", Protocol::Tcp);
     let vip_b = std::net::Ipv4Addr::new(10, 96, 0, 11);
     let mut state = ProxyState::default();
-    state
-        .services
-        .insert(a.clone(), service(&a, VIP, 80).into());
-    state
-        .services
-        .insert(b.clone(), service(&b, vip_b, 80).into());
-    state
-        .endpoints
-        .insert(a.clone(), fx.endpoints(&[0, 1]).into());
-    state
-        .endpoints
-        .insert(b.clone(), fx.endpoints(&[2, 3]).into());
+    state.set_port(service(&a, VIP, 80), fx.endpoints(&[0, 1]));
+    state.set_port(service(&b, vip_b, 80), fx.endpoints(&[2, 3]));
     fx.sync(&mut state, &full());
     let maps = maps_dir(fx.dp().bpffs_path());
     let services: Table<ServiceKey, ServiceValue> = Table::from_pin(&maps, SERVICES).unwrap();
@@ -198,9 +189,7 @@ fn one_changed_endpoint_rewrites_only_that_service() {
     let slots_before = slots.entries().unwrap();
 
     // Pod 1 of service a is replaced by pod 2 (a new endpoint for a, shared with b).
-    state
-        .endpoints
-        .insert(a.clone(), fx.endpoints(&[0, 2]).into());
+    set_endpoints(&mut state, &a, fx.endpoints(&[0, 2]));
     let stats = fx.sync(&mut state, &changed(&[&a]));
     assert_eq!(stats.touched, 1);
     // slot 1 of a's set rewritten, pod 1's backend and counters deleted; pod 2's backend is
@@ -240,14 +229,11 @@ fn unconnected_udp_replies_come_from_the_service_address() {
     let mut fx = Fixture::new("udp", 2);
     let n = name("dns", Protocol::Udp);
     let mut state = ProxyState::default();
-    state
-        .services
-        .insert(n.clone(), service(&n, VIP, 53).into());
     let mut eps = fx.endpoints(&[0, 1]);
     for e in &mut eps {
         e.port = kpr_tests::cluster::ECHO_PORT;
     }
-    state.endpoints.insert(n, eps.into());
+    state.set_port(service(&n, VIP, 53), eps);
     fx.sync(&mut state, &full());
     let lines = fx.client_lines(&format!("udp {} 6", vip(53)));
     assert_eq!(lines.len(), 6, "{lines:?}");
@@ -331,11 +317,10 @@ fn a_full_map_is_an_error_naming_the_service() {
     let mut state = ProxyState::default();
     for i in 0..3u8 {
         let n = name(&format!("s{i}"), Protocol::Tcp);
-        state.services.insert(
-            n.clone(),
-            service(&n, std::net::Ipv4Addr::new(10, 96, 1, i), 80).into(),
+        state.set_port(
+            service(&n, std::net::Ipv4Addr::new(10, 96, 1, i), 80),
+            fx.endpoints(&[0]),
         );
-        state.endpoints.insert(n, fx.endpoints(&[0]).into());
     }
     state.node = fx.cfg.node.clone();
     let err = fx
@@ -362,11 +347,8 @@ fn bulk_state(fx: &Fixture, n: usize) -> ProxyState {
     for i in 0..n {
         let svc_name = name(&format!("bulk-{i}"), Protocol::Tcp);
         let ip = std::net::Ipv4Addr::new(10, 97, (i / 250) as u8, (i % 250 + 1) as u8);
-        state
-            .services
-            .insert(svc_name.clone(), service(&svc_name, ip, 80).into());
         let pods: &[usize] = if i % 7 == 0 { &[0, 1, 2] } else { &[0, 1] };
-        state.endpoints.insert(svc_name, fx.endpoints(pods).into());
+        state.set_port(service(&svc_name, ip, 80), fx.endpoints(pods));
     }
     state
 }
@@ -461,9 +443,7 @@ fn an_incremental_change_after_a_batched_full_sync_touches_only_its_entries() {
     // bulk-5 (pods 0, 1) gets pod 2 as well: one new slot, then its frontend's count.
     let changed_name = name("bulk-5", Protocol::Tcp);
     let set = fx.dp().set_ids(&changed_name)[0];
-    state
-        .endpoints
-        .insert(changed_name.clone(), fx.endpoints(&[0, 1, 2]).into());
+    set_endpoints(&mut state, &changed_name, fx.endpoints(&[0, 1, 2]));
     let stats = fx.sync(&mut state, &changed(&[&changed_name]));
     assert_eq!(stats.touched, 1);
     assert_eq!(stats.operations, 2, "{stats:?}");
@@ -505,21 +485,10 @@ fn an_address_freed_and_taken_in_one_full_sync_keeps_the_new_owner() {
     let old = name("z-old", Protocol::Tcp);
     let new = name("b-new", Protocol::Tcp);
     let mut state = ProxyState::default();
-    state
-        .services
-        .insert(old.clone(), service(&old, VIP, 80).into());
-    state
-        .endpoints
-        .insert(old.clone(), fx.endpoints(&[0]).into());
+    state.set_port(service(&old, VIP, 80), fx.endpoints(&[0]));
     fx.sync(&mut state, &full());
-    state.services.remove(&old);
-    state.endpoints.remove(&old);
-    state
-        .services
-        .insert(new.clone(), service(&new, VIP, 80).into());
-    state
-        .endpoints
-        .insert(new.clone(), fx.endpoints(&[1]).into());
+    state.remove(&old);
+    state.set_port(service(&new, VIP, 80), fx.endpoints(&[1]));
     let stats = fx.sync(&mut state, &full());
     assert_eq!((stats.service_ports, stats.touched), (1, 2), "{stats:?}");
     let maps = maps_dir(fx.dp().bpffs_path());

@@ -15,8 +15,8 @@ use std::time::Duration;
 use ebpf_support::*;
 use kpr_tests::cluster::{CLIENT_IP, NODE_IP};
 use kpr_tests::ClientError;
-use proxy::dataplane::ProxyState;
 use proxy::model::Protocol;
+use proxy::state::ProxyState;
 
 /// Not a test: the body of the client processes the shared fixture can spawn.
 #[test]
@@ -52,8 +52,7 @@ fn node_port_service(
         }
     }
     let mut state = ProxyState::default();
-    state.services.insert(n.clone(), svc.into());
-    state.endpoints.insert(n, eps.into());
+    state.set_port(svc, eps);
     state
 }
 
@@ -206,9 +205,7 @@ fn udp_flow_to_a_removed_endpoint_is_rebalanced() {
         .position(|p| p.name != first)
         .unwrap();
     let n = name("web", Protocol::Udp);
-    state
-        .endpoints
-        .insert(n.clone(), fx.endpoints(&[keep]).into());
+    set_endpoints(&mut state, &n, fx.endpoints(&[keep]));
     fx.sync(&mut state, &changed(&[&n]));
     assert_eq!(ask(&sock), fx.cluster.pods[keep].name);
 }
@@ -268,8 +265,7 @@ fn source_ranges_follow_the_service_in_the_maps_and_are_swept_after_a_restart() 
         svc.load_balancer_ips = vec![IpAddr::V4(lb)];
         svc.source_ranges = ranges.iter().map(|r| r.parse().unwrap()).collect();
         let mut state = ProxyState::default();
-        state.services.insert(n.clone(), svc.into());
-        state.endpoints.insert(n.clone(), fx.endpoints(&[0]).into());
+        state.set_port(svc, fx.endpoints(&[0]));
         state
     };
     let allowed = |fx: &Fixture| -> Vec<String> {

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use kpr_tests::{tcp_request, Cluster, ClusterSpec};
 use proxy::dataplane::iptables::IptablesDataplane;
-use proxy::dataplane::{BackendConfig, ChangeSet, Dataplane, ProxyState};
+use proxy::dataplane::{BackendConfig, Dataplane};
 use proxy::error::DataplaneError;
 use proxy::model::Protocol;
-use proxy::selection;
+use proxy::state::{ChangeSet, ProxyState};
 use rules_common::scenarios::SCENARIOS;
 use rules_common::{addr, backend_config, endpoint, node_context, service, tally, Rig, TIMEOUT};
 
@@ -72,18 +72,9 @@ scenario_tests!(
 );
 
 fn state_with(services: &[(String, String, Vec<proxy::model::Endpoint>)]) -> ProxyState {
-    let mut state = ProxyState {
-        node: node_context(),
-        ..ProxyState::default()
-    };
+    let mut state = ProxyState::new(node_context());
     for (name, ip, eps) in services {
-        let svc = service(name, ip, 80, Protocol::Tcp);
-        let spn = svc.name.clone();
-        state
-            .selected
-            .insert(spn.clone(), selection::select(&svc, eps, "node"));
-        state.endpoints.insert(spn.clone(), eps.clone().into());
-        state.services.insert(spn, svc.into());
+        state.set_port(service(name, ip, 80, Protocol::Tcp), eps.clone());
     }
     state
 }
@@ -121,8 +112,7 @@ fn partial_restore_touches_only_the_changed_service_and_stale_chains_wait() {
     ];
     let state2 = state_with(&services);
     let spn = state2
-        .services
-        .keys()
+        .names()
         .find(|s| *s.name == format!("s{CHANGED}"))
         .unwrap()
         .clone();

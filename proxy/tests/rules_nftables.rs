@@ -11,9 +11,9 @@ use std::time::Instant;
 
 use kpr_tests::{tcp_request, Cluster, ClusterSpec};
 use proxy::dataplane::nftables::{NftablesDataplane, Op};
-use proxy::dataplane::{ChangeSet, Dataplane, ProxyState};
+use proxy::dataplane::Dataplane;
 use proxy::model::Protocol;
-use proxy::selection;
+use proxy::state::{ChangeSet, ProxyState};
 use rules_common::scenarios::SCENARIOS;
 use rules_common::{addr, backend_config, endpoint, node_context, service, tally, Rig, TIMEOUT};
 
@@ -64,10 +64,7 @@ fn cluster_ip(i: usize) -> String {
 
 /// 20,000 Services with 2 endpoints each; service CHANGED uses real pods 0 and 1.
 fn big_state(cluster: &Cluster) -> ProxyState {
-    let mut state = ProxyState {
-        node: node_context(),
-        ..ProxyState::default()
-    };
+    let mut state = ProxyState::new(node_context());
     for i in 0..SERVICES {
         let svc = service(&format!("s{i}"), &cluster_ip(i), 80, Protocol::Tcp);
         let eps = if i == CHANGED {
@@ -86,12 +83,7 @@ fn big_state(cluster: &Cluster) -> ProxyState {
                 })
                 .collect()
         };
-        let spn = svc.name.clone();
-        state
-            .selected
-            .insert(spn.clone(), selection::select(&svc, &eps, "node"));
-        state.endpoints.insert(spn.clone(), eps.into());
-        state.services.insert(spn, svc.into());
+        state.set_port(svc, eps);
     }
     state
 }
@@ -119,20 +111,16 @@ fn one_endpoint_change_among_20000_services_touches_only_that_service() {
             assert_eq!(stats.service_ports, SERVICES);
 
             let spn = state
-                .services
-                .keys()
+                .names()
                 .find(|s| *s.name == format!("s{CHANGED}"))
                 .unwrap()
                 .clone();
-            let svc = state.services[&spn].clone();
+            let svc = state.get(&spn).unwrap().service.clone();
             let eps = vec![
                 endpoint(cluster.pods[0].ip, false),
                 endpoint(cluster.pods[2].ip, false),
             ];
-            state
-                .selected
-                .insert(spn.clone(), selection::select(&svc, &eps, "node"));
-            state.endpoints.insert(spn.clone(), eps.into());
+            state.set_port(svc.clone(), eps);
             let changes = ChangeSet {
                 changed: BTreeSet::from([spn.clone()]),
                 ..Default::default()
@@ -153,10 +141,7 @@ fn one_endpoint_change_among_20000_services_touches_only_that_service() {
                     endpoint(cluster.pods[0].ip, false),
                     endpoint(cluster.pods[pod].ip, false),
                 ];
-                state
-                    .selected
-                    .insert(spn.clone(), selection::select(&svc, &eps, "node"));
-                state.endpoints.insert(spn.clone(), eps.into());
+                state.set_port(svc.clone(), eps);
                 let t = Instant::now();
                 dp.sync(&state, &changes).expect("incremental sync");
                 times.push(t.elapsed());
@@ -201,18 +186,10 @@ fn one_endpoint_change_among_20000_services_touches_only_that_service() {
 #[test]
 fn a_new_instance_takes_over_a_crashed_runs_table_and_cleanup_removes_it() {
     let cluster = Cluster::new(ClusterSpec::pods(1)).expect("cluster");
-    let mut state = ProxyState {
-        node: node_context(),
-        ..ProxyState::default()
-    };
+    let mut state = ProxyState::new(node_context());
     let svc = service("x", "10.96.0.90", 80, Protocol::Tcp);
     let eps = vec![endpoint(cluster.pods[0].ip, false)];
-    let spn = svc.name.clone();
-    state
-        .selected
-        .insert(spn.clone(), selection::select(&svc, &eps, "node"));
-    state.endpoints.insert(spn.clone(), eps.into());
-    state.services.insert(spn, svc.into());
+    state.set_port(svc, eps);
     let full = ChangeSet {
         full: true,
         ..Default::default()
@@ -257,18 +234,10 @@ fn a_new_instance_takes_over_a_crashed_runs_table_and_cleanup_removes_it() {
 #[test]
 fn an_incompatible_leftover_table_is_replaced() {
     let cluster = Cluster::new(ClusterSpec::pods(1)).expect("cluster");
-    let mut state = ProxyState {
-        node: node_context(),
-        ..ProxyState::default()
-    };
+    let mut state = ProxyState::new(node_context());
     let svc = service("y", "10.96.0.91", 80, Protocol::Tcp);
     let eps = vec![endpoint(cluster.pods[0].ip, false)];
-    let spn = svc.name.clone();
-    state
-        .selected
-        .insert(spn.clone(), selection::select(&svc, &eps, "node"));
-    state.endpoints.insert(spn.clone(), eps.into());
-    state.services.insert(spn, svc.into());
+    state.set_port(svc, eps);
     cluster
         .node
         .run(|| {

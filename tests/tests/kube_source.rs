@@ -22,10 +22,10 @@ use kube::api::{
     DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::{Api, Client};
-use proxy::dataplane::ChangeSet;
 use proxy::model::Algorithm;
 use proxy::selection::NodeContext;
 use proxy::source::{self, SourceEvent};
+use proxy::state::ChangeSet;
 use proxy::tracker::Tracker;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -188,25 +188,22 @@ impl Fixture {
         let (_, eps) = self
             .tracker
             .state()
-            .endpoints
             .iter()
             .find(|(n, _)| *n.namespace == *self.ns && &*n.name == service)?;
-        Some(eps.iter().map(|e| e.addr.to_string()).collect())
+        Some(eps.endpoints.iter().map(|e| e.addr.to_string()).collect())
     }
 
     fn has_service(&self, service: &str) -> bool {
         self.tracker
             .state()
-            .services
-            .keys()
+            .names()
             .any(|n| *n.namespace == *self.ns && &*n.name == service)
     }
 
     fn service_count(&self) -> usize {
         self.tracker
             .state()
-            .services
-            .keys()
+            .names()
             .filter(|n| *n.namespace == *self.ns)
             .count()
     }

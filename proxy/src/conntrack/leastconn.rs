@@ -22,8 +22,8 @@ use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::dataplane::LiveView;
 use crate::error::DataplaneError;
+use crate::state::LiveView;
 
 use super::events::{CtEvent, CtEventKind, EventStream};
 

@@ -4,37 +4,21 @@
 //! endpoint is usable (that is `selection`'s job) and it touches only the service ports named in the
 //! [`ChangeSet`], except on a full sync.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
 
 use crate::error::DataplaneError;
-use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
-use crate::selection::{NodeContext, SelectedEndpoints};
+use crate::model::Algorithm;
+use crate::selection::NodeContext;
+use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
 
 pub mod ebpf;
 pub mod iptables;
 pub mod nftables;
+pub mod rules;
 pub mod userspace;
-
-/// The complete desired state, as the core hands it to a backend.
-#[derive(Debug, Clone, Default)]
-pub struct ProxyState {
-    /// Shared with the tracker's per-Service view: one copy of each port.
-    pub services: BTreeMap<ServicePortName, Arc<ServicePort>>,
-    /// Every endpoint of a service port, as the slices list them (deduplicated). Shared with
-    /// `selected` when the selection keeps them all.
-    pub endpoints: BTreeMap<ServicePortName, Arc<[Endpoint]>>,
-    /// The endpoints each kind of traffic may use, computed once by `selection::select`.
-    pub selected: BTreeMap<ServicePortName, SelectedEndpoints>,
-    pub node: NodeContext,
-}
 
 /// Node-wide settings every backend is built from (the agent fills it from its flags).
 ///
@@ -73,46 +57,6 @@ impl Default for BackendConfig {
             iptables_mode: None,
         }
     }
-}
-
-/// What changed since the previous sync.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChangeSet {
-    /// Service ports whose ServicePort or endpoints differ from the previous sync (added, changed
-    /// or removed: a removed one is absent from `ProxyState::services`).
-    pub changed: BTreeSet<ServicePortName>,
-    /// Rebuild everything (start-up, recovery after an error, periodic full resync).
-    pub full: bool,
-    /// Endpoints that were usable in the previous sync and are not any more, per service port.
-    /// UDP/SCTP conntrack entries towards them must be removed.
-    pub removed_endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
-    /// Service ports that went from no usable endpoint to some: stale UDP conntrack entries towards
-    /// their service addresses (cached rejects) must be removed.
-    pub became_reachable: BTreeSet<ServicePortName>,
-}
-
-impl ChangeSet {
-    pub fn is_empty(&self) -> bool {
-        self.changed.is_empty() && !self.full
-    }
-}
-
-/// What one sync did, for logs, metrics and tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SyncStats {
-    pub full: bool,
-    /// Service ports programmed in total after the sync.
-    pub service_ports: usize,
-    /// Service ports touched by this sync.
-    pub touched: usize,
-    /// Backend-specific count of dataplane operations (rules, map elements, map updates).
-    pub operations: usize,
-}
-
-/// Live per-endpoint numbers a backend can report (least-connection counters).
-pub trait LiveView: Send + Sync {
-    /// Active connections per endpoint address, as this node's dataplane counts them.
-    fn active_connections(&self) -> BTreeMap<SocketAddr, u64>;
 }
 
 /// A dataplane backend.

@@ -1,4 +1,4 @@
-//! Case-by-case tests of SERVICE-SEMANTICS.md "Choosing endpoints" and masquerade rules.
+//! Case-by-case tests of docs/SERVICE-SEMANTICS.md "Choosing endpoints" and masquerade rules.
 
 use std::net::{IpAddr, Ipv4Addr};
 

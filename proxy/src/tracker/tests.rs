@@ -43,7 +43,11 @@ fn first_sync_is_full_then_only_touched_services() {
     assert_eq!(names(&c), vec!["default/a:http/TCP", "default/b:http/TCP"]);
     assert_eq!(c.became_reachable.len(), 1);
     assert_eq!(
-        t.state().endpoints[&c.changed.iter().next().unwrap().clone()][0].port,
+        t.state()
+            .get(c.changed.iter().next().unwrap())
+            .unwrap()
+            .endpoints[0]
+            .port,
         8080
     );
 
@@ -86,7 +90,7 @@ fn removed_endpoints_and_deleted_services_are_reported() {
     t.delete_service("default", "a");
     let c = t.take_changes();
     assert_eq!(names(&c), vec!["default/a:http/UDP"]);
-    assert!(t.state().services.is_empty() && t.state().selected.is_empty());
+    assert!(t.state().is_empty());
     assert_eq!(c.removed_endpoints.values().flatten().count(), 1);
 }
 
@@ -116,7 +120,7 @@ fn replace_all_deletes_what_the_listing_lacks() {
         vec!["default/a:http/TCP"],
         "b unchanged, a deleted"
     );
-    assert_eq!(t.state().services.len(), 1);
+    assert_eq!(t.state().len(), 1);
 }
 
 #[test]
@@ -126,9 +130,9 @@ fn slices_of_one_service_merge_and_deduplicate() {
     t.apply_slice(&slice("a-1", "a", &["10.244.1.2", "10.244.2.2"]));
     t.apply_slice(&slice("a-2", "a", &["10.244.2.2", "10.244.3.2"]));
     t.take_changes();
-    let eps = t.state().endpoints.values().next().unwrap();
+    let eps = &t.state().iter().next().unwrap().1.endpoints;
     assert_eq!(eps.len(), 3);
     t.delete_slice("default", "a-2");
     t.take_changes();
-    assert_eq!(t.state().endpoints.values().next().unwrap().len(), 2);
+    assert_eq!(t.state().iter().next().unwrap().1.endpoints.len(), 2);
 }

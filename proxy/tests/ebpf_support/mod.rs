@@ -22,9 +22,10 @@ use std::time::{Duration, Instant};
 
 use kpr_tests::{Cgroup, Cluster, ClusterSpec};
 use proxy::dataplane::ebpf::{EbpfDataplane, EbpfOptions, MapSizes, TcInterfaces};
-use proxy::dataplane::{BackendConfig, ChangeSet, Dataplane, ProxyState, SyncStats};
+use proxy::dataplane::{BackendConfig, Dataplane};
 use proxy::model::{Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
-use proxy::selection::{self, NodeContext};
+use proxy::selection::NodeContext;
+use proxy::state::{ChangeSet, ProxyState, SyncStats};
 
 pub const NODE: &str = "node";
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -165,15 +166,12 @@ impl Fixture {
 
     /// Syncs `state` (recomputing the selection) with the given change set.
     pub fn sync(&mut self, state: &mut ProxyState, changes: &ChangeSet) -> SyncStats {
-        state.node = self.cfg.node.clone();
-        state.selected = state
-            .services
-            .iter()
-            .map(|(n, svc)| {
-                let eps = state.endpoints.get(n).map(|e| &**e).unwrap_or(&[]);
-                (n.clone(), selection::select(svc, eps, NODE))
-            })
-            .collect();
+        // The tests build their state before they know the node: select again for it.
+        let mut on_node = ProxyState::new(self.cfg.node.clone());
+        for (_, port) in state.iter() {
+            on_node.set_port(port.service.clone(), port.endpoints.to_vec());
+        }
+        *state = on_node;
         self.dp().sync(state, changes).expect("sync")
     }
 
@@ -186,6 +184,29 @@ impl Fixture {
     pub fn client_lines(&self, spec: &str) -> Vec<String> {
         client_lines(&self.cluster.podclient, &self.cgroup, spec)
     }
+}
+
+/// Replaces the endpoints of service port `n` (which must be in `state`).
+pub fn set_endpoints(state: &mut ProxyState, n: &ServicePortName, eps: Vec<Endpoint>) {
+    let svc = state
+        .get(n)
+        .expect("the service port is set")
+        .service
+        .clone();
+    state.set_port(svc, eps);
+}
+
+/// Changes the Service definition of service port `n` (which must be in `state`).
+pub fn edit_service(
+    state: &mut ProxyState,
+    n: &ServicePortName,
+    edit: impl FnOnce(&mut ServicePort),
+) {
+    let port = state.get(n).expect("the service port is set");
+    let mut svc = (*port.service).clone();
+    let eps = port.endpoints.to_vec();
+    edit(&mut svc);
+    state.set_port(svc, eps);
 }
 
 /// Runs this test binary as a client process (`client_process_entry`) in `ns`, inside `cgroup`.

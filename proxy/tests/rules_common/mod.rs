@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use kpr_tests::cluster::{CLUSTER_CIDR, ECHO_PORT, NODE_IP, NODE_NAME, SERVICE_CIDR};
 use kpr_tests::{Cluster, ClusterSpec};
-use proxy::dataplane::{BackendConfig, ChangeSet, Dataplane, ProxyState, SyncStats};
+use proxy::dataplane::{BackendConfig, Dataplane};
 use proxy::error::DataplaneError;
 use proxy::model::{Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
-use proxy::selection::{self, NodeContext};
+use proxy::selection::NodeContext;
+use proxy::state::{ChangeSet, ProxyState, SyncStats};
 
 /// Makes the backend under test.
 pub type MakeBackend = fn(&BackendConfig) -> Result<Box<dyn Dataplane>, DataplaneError>;
@@ -62,10 +63,7 @@ impl Rig {
             .run(|| make(&cfg))
             .expect("enter node netns")
             .expect("backend");
-        let state = ProxyState {
-            node: node_context(),
-            ..ProxyState::default()
-        };
+        let state = ProxyState::new(node_context());
         Rig {
             dp,
             state,
@@ -96,21 +94,22 @@ impl Rig {
         spn: &ServicePortName,
         new: Option<(ServicePort, Vec<Endpoint>)>,
     ) -> ChangeSet {
-        let before = self.state.selected.get(spn).cloned().unwrap_or_default();
+        let selected = |state: &ProxyState| {
+            state
+                .get(spn)
+                .map(|p| p.selected.clone())
+                .unwrap_or_default()
+        };
+        let before = selected(&self.state);
         match new {
             Some((svc, eps)) => {
-                let sel = selection::select(&svc, &eps, NODE_NAME);
-                self.state.services.insert(spn.clone(), svc.into());
-                self.state.endpoints.insert(spn.clone(), eps.into());
-                self.state.selected.insert(spn.clone(), sel);
+                self.state.set_port(svc, eps);
             }
             None => {
-                self.state.services.remove(spn);
-                self.state.endpoints.remove(spn);
-                self.state.selected.remove(spn);
+                self.state.remove(spn);
             }
         }
-        let after = self.state.selected.get(spn).cloned().unwrap_or_default();
+        let after = selected(&self.state);
         let mut changes = ChangeSet {
             changed: BTreeSet::from([spn.clone()]),
             ..ChangeSet::default()

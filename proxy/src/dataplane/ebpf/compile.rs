@@ -1,11 +1,11 @@
 //! Compiles one service port and its selected endpoints into the map entries the programs need,
 //! without ids (ids are assigned by `programmed`). Pure: no maps, no I/O.
 //!
-//! The socket programs serve local clients (node processes and pods), so per SERVICE-SEMANTICS.md
-//! (and `selection::route`): the clusterIP uses the cluster endpoints; nodePort, externalIPs and LB
-//! IPs use the cluster endpoints when eTP is Local (pod/node sources are short-circuited) and the
-//! external endpoints otherwise. Address translation at the socket keeps the client's own source,
-//! so no masquerade is involved on this path.
+//! The socket programs serve local clients (node processes and pods), so per
+//! docs/SERVICE-SEMANTICS.md (and `selection::route`): the clusterIP uses the cluster endpoints;
+//! nodePort, externalIPs and LB IPs use the cluster endpoints when eTP is Local (pod/node sources
+//! are short-circuited) and the external endpoints otherwise. Address translation at the socket
+//! keeps the client's own source, so no masquerade is involved on this path.
 //!
 //! With the tc path attached, every external frontend also gets a `SCOPE_EXTERNAL` entry for
 //! traffic from outside the node: the external endpoints (eTP), masqueraded unless eTP is Local

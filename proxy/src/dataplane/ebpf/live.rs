@@ -8,8 +8,8 @@ use proxy_common::{Backend, BackendCounters};
 
 use super::maps::{Table, BACKENDS, COUNTERS};
 use super::programmed::backend_addr;
-use crate::dataplane::LiveView;
 use crate::error::DataplaneError;
+use crate::state::LiveView;
 
 /// Reads `KPR_BACKENDS` and `KPR_COUNTERS` from their pins on every call.
 #[derive(Debug, Clone)]

@@ -40,10 +40,11 @@ use std::time::{Duration, Instant};
 use aya::Ebpf;
 use proxy_common::NodeConfig;
 
-use crate::dataplane::{BackendConfig, ChangeSet, Dataplane, LiveView, ProxyState, SyncStats};
+use crate::dataplane::{BackendConfig, Dataplane};
+
 use crate::error::DataplaneError;
 use crate::model::ServicePortName;
-use crate::selection::{self, SelectedEndpoints};
+use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
 
 pub mod attach;
 mod batch;
@@ -230,23 +231,9 @@ impl EbpfDataplane {
         name: &ServicePortName,
         ops: &mut usize,
     ) -> Result<(), DataplaneError> {
-        let desired = state.services.get(name).map(|svc| {
-            let computed;
-            let sel: &SelectedEndpoints = match state.selected.get(name) {
-                Some(sel) => sel,
-                None => {
-                    let eps = state.endpoints.get(name).map(|e| &**e).unwrap_or(&[]);
-                    computed = selection::select(svc, eps, &state.node.node_name);
-                    &computed
-                }
-            };
-            compile::compile(svc, sel, &self.compile_ctx)
-        });
-        if state
-            .services
-            .get(name)
-            .is_some_and(|s| s.protocol == crate::model::Protocol::Sctp)
-        {
+        let port = state.get(name);
+        let desired = port.map(|p| compile::compile(&p.service, &p.selected, &self.compile_ctx));
+        if port.is_some_and(|p| p.service.protocol == crate::model::Protocol::Sctp) {
             tracing::warn!(
                 "ebpf: Service port {name} is SCTP, which the ebpf backend does not translate \
                  (the kernel runs no socket program for SCTP connect(); the tc path is TCP/UDP)"
@@ -285,16 +272,16 @@ impl Dataplane for EbpfDataplane {
         };
         let removed: Vec<ServicePortName> = candidates
             .into_iter()
-            .filter(|name| !state.services.contains_key(*name))
+            .filter(|name| !state.contains(name))
             .cloned()
             .collect();
         let present: Vec<&ServicePortName> = if changes.full {
-            state.services.keys().collect()
+            state.names().collect()
         } else {
             changes
                 .changed
                 .iter()
-                .filter(|name| state.services.contains_key(*name))
+                .filter(|name| state.contains(name))
                 .collect()
         };
         let touched = removed.len() + present.len();

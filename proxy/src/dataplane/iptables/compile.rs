@@ -31,12 +31,12 @@
 //! restarts and never collide with kube-proxy's `KUBE-` chains.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddrV4};
 
-use crate::dataplane::nftables::compile::{Representatives, Tag, TargetIds};
-use crate::dataplane::ProxyState;
+use crate::dataplane::rules::{class_routes, v4, v4_endpoints, ClassRoute, Tag, TargetIds};
 use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
-use crate::selection::{route, DestKind, EmptyVerdict, SelectedEndpoints};
+use crate::selection::{DestKind, EmptyVerdict, SelectedEndpoints};
+use crate::state::ProxyState;
 
 pub const SERVICES: &str = "KPR-SERVICES";
 pub const NODEPORTS: &str = "KPR-NODEPORTS";
@@ -143,46 +143,23 @@ pub struct Compiled {
     pub lc: Vec<LcTarget>,
 }
 
+/// Indices into `rules::SOURCE_CLASSES`.
 const CLASS_NODE: usize = 0;
 const CLASS_POD: usize = 1;
 const CLASS_EXTERNAL: usize = 2;
 
-fn v4(addrs: &[IpAddr]) -> Vec<Ipv4Addr> {
-    addrs
-        .iter()
-        .filter_map(|a| match a {
-            IpAddr::V4(a) => Some(*a),
-            IpAddr::V6(_) => None,
-        })
-        .collect()
-}
-
-fn v4_endpoints(eps: &[Endpoint]) -> Vec<SocketAddrV4> {
-    eps.iter()
-        .filter_map(|e| match e.addr {
-            IpAddr::V4(a) => Some(SocketAddrV4::new(a, e.port)),
-            IpAddr::V6(_) => None,
-        })
-        .collect()
-}
-
 /// Compiles one service port; `ids` keeps least-connection conntrack marks stable.
-pub fn compile(
-    state: &ProxyState,
-    spn: &ServicePortName,
-    reps: &Representatives,
-    ids: &mut TargetIds,
-) -> Compiled {
-    let (Some(svc), Some(sel)) = (state.services.get(spn), state.selected.get(spn)) else {
+pub fn compile(state: &ProxyState, spn: &ServicePortName, ids: &mut TargetIds) -> Compiled {
+    let Some(port) = state.get(spn) else {
         ids.retain(spn, &[]);
         return Compiled::default();
     };
+    let (svc, sel) = (&*port.service, &port.selected);
     let name = spn.to_string();
     let mut b = Builder {
         svc,
         sel,
         state,
-        reps,
         ids,
         spn,
         name: &name,
@@ -195,20 +172,10 @@ pub fn compile(
     b.out
 }
 
-/// What one class of source gets at one kind of destination.
-struct ClassRoute<'a> {
-    class: usize,
-    tag: Tag,
-    endpoints: &'a [Endpoint],
-    empty: EmptyVerdict,
-    masquerade: bool,
-}
-
 struct Builder<'a> {
     svc: &'a ServicePort,
     sel: &'a SelectedEndpoints,
     state: &'a ProxyState,
-    reps: &'a Representatives,
     ids: &'a mut TargetIds,
     spn: &'a ServicePortName,
     name: &'a str,
@@ -218,9 +185,9 @@ struct Builder<'a> {
 
 impl<'a> Builder<'a> {
     fn build(&mut self) {
-        let ext_ips = v4(&self.svc.external_ips);
-        let lb_ips = v4(&self.svc.load_balancer_ips);
-        let cips = v4(&self.svc.cluster_ips);
+        let ext_ips: Vec<Ipv4Addr> = v4(&self.svc.external_ips).collect();
+        let lb_ips: Vec<Ipv4Addr> = v4(&self.svc.load_balancer_ips).collect();
+        let cips: Vec<Ipv4Addr> = v4(&self.svc.cluster_ips).collect();
         let has_v4 = !cips.is_empty() || !ext_ips.is_empty() || !lb_ips.is_empty();
         let node_port = self.svc.node_port != 0 && has_v4;
         let external = !ext_ips.is_empty() || !lb_ips.is_empty() || node_port;
@@ -289,29 +256,9 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// What each class of source gets at `dest` (classes without a representative left out).
+    /// What each class of source this node tells apart gets at `dest`.
     fn routes(&self, dest: DestKind) -> Vec<ClassRoute<'a>> {
-        let mut routes = Vec::new();
-        for class in [CLASS_NODE, CLASS_POD, CLASS_EXTERNAL] {
-            let Some(src) = self.reps.0[class] else {
-                continue;
-            };
-            let r = route(self.svc, self.sel, &self.state.node, src, dest);
-            let local = r.empty == EmptyVerdict::Drop;
-            let tag = if r.endpoints == &*self.sel.cluster {
-                Tag::Cluster(local)
-            } else {
-                Tag::External(local)
-            };
-            routes.push(ClassRoute {
-                class,
-                tag,
-                endpoints: r.endpoints,
-                empty: r.empty,
-                masquerade: r.masquerade,
-            });
-        }
-        routes
+        class_routes(self.svc, self.sel, &self.state.node, dest)
     }
 
     /// The clusterIP frontends: every source class gets the same endpoints there, only the

@@ -23,10 +23,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::conntrack::leastconn::{LcTable, LeastConn, PickChange, Steer};
-use crate::dataplane::nftables::compile::{Representatives, TargetIds};
-use crate::dataplane::{BackendConfig, ChangeSet, Dataplane, LiveView, ProxyState, SyncStats};
+use crate::dataplane::rules::{self, TargetIds};
+use crate::dataplane::{BackendConfig, Dataplane};
 use crate::error::DataplaneError;
 use crate::model::ServicePortName;
+use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
 
 use buckets::Buckets;
 use compile::{
@@ -275,11 +276,10 @@ impl IptablesDataplane {
         changes: &ChangeSet,
         lc: Option<&mut LcTable>,
     ) -> Result<(bool, String, usize), DataplaneError> {
-        let reps = Representatives::new(&state.node);
         let key = self.statics_key(state);
         let full = changes.full || self.needs_full || self.statics.as_deref() != Some(&key);
         let spns: Vec<ServicePortName> = if full {
-            state.services.keys().cloned().collect()
+            state.names().cloned().collect()
         } else {
             changes.changed.iter().cloned().collect()
         };
@@ -291,12 +291,12 @@ impl IptablesDataplane {
         }
         let mut lc_targets = Vec::new();
         for spn in &spns {
-            if let Some(svc) = state.services.get(spn) {
-                if !crate::dataplane::nftables::compile::is_ipv4(svc) {
+            if let Some(svc) = state.service(spn) {
+                if !rules::is_ipv4(svc) {
                     tracing::warn!("iptables: Service port {spn} has no IPv4 address; IPv6 is not implemented by this backend");
                 }
             }
-            let new = compile::compile(state, spn, &reps, &mut self.ids);
+            let new = compile::compile(state, spn, &mut self.ids);
             let old = self.programmed.remove(spn).unwrap_or_default();
             self.diff(&old, &new, full, &mut p);
             self.buckets
@@ -672,9 +672,8 @@ impl Dataplane for IptablesDataplane {
     ) -> Result<SyncStats, DataplaneError> {
         let needs_lc = self.wants_lc()
             || state
-                .services
-                .values()
-                .any(|s| s.algorithm == crate::model::Algorithm::LeastConn);
+                .iter()
+                .any(|(_, p)| p.service.algorithm == crate::model::Algorithm::LeastConn);
         if needs_lc && self.lc.is_none() {
             self.lc = Some(LeastConn::start(Box::new(IptSteer {
                 mode: self.mode,

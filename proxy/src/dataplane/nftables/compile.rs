@@ -1,20 +1,25 @@
 //! Compiles one service port into the map elements of the `ip kpr` table (pure, no I/O).
 //!
-//! Owns: [`compile`], the target-id allocator [`TargetIds`] and the representative sources used to
-//! ask `selection::route` what each source class gets. A *target* is one endpoint set with its
-//! empty verdict, algorithm and affinity; a service port has one target per distinct route
-//! (usually one; two when externalTrafficPolicy Local splits external sources from the rest).
-//! The backend never re-decides endpoints: it compiles the routes `selection` returns.
+//! Owns: [`compile`], the elements one service port contributes. A *target* is one endpoint set
+//! with its empty verdict, algorithm and affinity; a service port has one target per distinct
+//! route (usually one; two when externalTrafficPolicy Local splits external sources from the
+//! rest). The routes per source class and the target ids come from `dataplane::rules`; the
+//! backend never re-decides endpoints.
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 
-use crate::dataplane::ProxyState;
-use crate::model::{Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
-use crate::selection::{route, DestKind, EmptyVerdict, NodeContext, SelectedEndpoints, SourceKind};
+use crate::dataplane::rules::{
+    class_routes, is_ipv4, v4, v4_endpoints, ClassRoute, Tag, TargetIds, SOURCE_CLASSES,
+};
+use crate::model::{Algorithm, Protocol, ServicePort, ServicePortName};
+use crate::selection::{
+    cluster_ip_masquerade, DestKind, EmptyVerdict, NodeContext, SelectedEndpoints,
+};
+use crate::state::ProxyState;
 
-use super::ruleset::{rr_count_set, CLASSES, RR_COUNTS};
+use super::ruleset::{rr_count_set, RR_COUNTS};
 
 /// One element of one set or map. Its strings are shared: the element table and the compiled
 /// service port that programmed it hold the same ones.
@@ -60,117 +65,6 @@ pub struct Compiled {
     pub chains: Vec<ChainNeed>,
 }
 
-/// Which route a target serves; with the endpoint content it identifies a target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Tag {
-    Cluster(bool),
-    External(bool),
-}
-
-/// Hands out conntrack-mark target ids, stable across syncs for an unchanged route.
-///
-/// Ids are never reused: affinity map entries are keyed by id, so a reused id could send a
-/// client to another Service's endpoint. A target with affinity that loses an endpoint gets a
-/// new id, which orphans its affinity entries (they expire) instead of pinning clients to an
-/// endpoint that is gone.
-#[derive(Debug, Clone)]
-pub struct TargetIds {
-    next: u32,
-    /// Per service port, its routes' (tag, id, endpoints): one to four, so a Vec (an ordered map
-    /// allocates a whole node for one entry).
-    by_port: HashMap<ServicePortName, Vec<(Tag, u32, Vec<SocketAddrV4>)>>,
-}
-
-impl Default for TargetIds {
-    fn default() -> Self {
-        TargetIds {
-            next: 1,
-            by_port: HashMap::new(),
-        }
-    }
-}
-
-impl TargetIds {
-    /// The id of route `tag` of `spn`: the previous one unless the route is new, or it has
-    /// affinity and lost an endpoint.
-    pub fn get(
-        &mut self,
-        spn: &ServicePortName,
-        tag: Tag,
-        endpoints: &[SocketAddrV4],
-        affinity: bool,
-    ) -> u32 {
-        let routes = self.by_port.entry(spn.clone()).or_default();
-        let at = routes.iter().position(|r| r.0 == tag);
-        if let Some((_, id, old)) = at.map(|i| &mut routes[i]) {
-            let lost_one = old.iter().any(|e| !endpoints.contains(e));
-            if !(affinity && lost_one) {
-                if old.as_slice() != endpoints {
-                    *old = endpoints.to_vec();
-                }
-                return *id;
-            }
-        }
-        let id = self.next;
-        self.next = self.next.wrapping_add(1).max(1);
-        let route = (tag, id, endpoints.to_vec());
-        match at {
-            Some(i) => routes[i] = route,
-            None => {
-                routes.push(route);
-                routes.shrink_to_fit();
-            }
-        }
-        id
-    }
-
-    /// Forgets the ids of a service port's routes that are not in `keep`.
-    pub fn retain(&mut self, spn: &ServicePortName, keep: &[Tag]) {
-        if let Some(m) = self.by_port.get_mut(spn) {
-            m.retain(|(tag, _, _)| keep.contains(tag));
-            if m.is_empty() {
-                self.by_port.remove(spn);
-            }
-        }
-    }
-}
-
-/// One source address per class, to ask `route` what that class of source gets.
-#[derive(Debug, Clone)]
-pub struct Representatives(pub [Option<IpAddr>; 3]);
-
-impl Representatives {
-    /// Picks addresses that `NodeContext::source_kind` classifies as node, pod and external.
-    pub fn new(ctx: &NodeContext) -> Representatives {
-        let want = [SourceKind::Node, SourceKind::Pod, SourceKind::External];
-        let mut candidates: Vec<IpAddr> = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
-        for net in &ctx.cluster_cidrs {
-            if let ipnet::IpNet::V4(n) = net {
-                candidates.extend(n.hosts().next().map(IpAddr::V4));
-            }
-        }
-        candidates.extend(
-            [
-                "192.0.2.1",
-                "198.51.100.1",
-                "203.0.113.1",
-                "100.64.0.1",
-                "8.8.8.8",
-            ]
-            .iter()
-            .filter_map(|s| s.parse::<IpAddr>().ok()),
-        );
-        let mut reps = [None; 3];
-        for (i, kind) in want.iter().enumerate() {
-            reps[i] = candidates
-                .iter()
-                .copied()
-                .find(|c| ctx.source_kind(*c) == *kind);
-        }
-        Representatives(reps)
-    }
-}
-
 /// A destination of the service port.
 #[derive(Debug, Clone, Copy)]
 enum Frontend {
@@ -178,45 +72,17 @@ enum Frontend {
     NodePort,
 }
 
-fn v4_endpoints(eps: &[Endpoint]) -> Vec<SocketAddrV4> {
-    eps.iter()
-        .filter_map(|e| match e.addr {
-            IpAddr::V4(a) => Some(SocketAddrV4::new(a, e.port)),
-            IpAddr::V6(_) => None,
-        })
-        .collect()
-}
-
-fn v4(addrs: &[IpAddr]) -> impl Iterator<Item = Ipv4Addr> + '_ {
-    addrs.iter().filter_map(|a| match a {
-        IpAddr::V4(a) => Some(*a),
-        IpAddr::V6(_) => None,
-    })
-}
-
-/// Whether the port has an IPv4 address to program (IPv6 is not implemented by this backend).
-pub fn is_ipv4(svc: &ServicePort) -> bool {
-    v4(&svc.cluster_ips).next().is_some()
-        || v4(&svc.external_ips).next().is_some()
-        || v4(&svc.load_balancer_ips).next().is_some()
-}
-
 /// Compiles one service port. `ids` keeps target ids stable across syncs.
-pub fn compile(
-    state: &ProxyState,
-    spn: &ServicePortName,
-    reps: &Representatives,
-    ids: &mut TargetIds,
-) -> Compiled {
-    let (Some(svc), Some(sel)) = (state.services.get(spn), state.selected.get(spn)) else {
+pub fn compile(state: &ProxyState, spn: &ServicePortName, ids: &mut TargetIds) -> Compiled {
+    let Some(port) = state.get(spn) else {
         ids.retain(spn, &[]);
         return Compiled::default();
     };
+    let (svc, sel) = (&*port.service, &port.selected);
     let mut b = Builder {
         svc,
         sel,
         ctx: &state.node,
-        reps,
         ids,
         spn,
         out: Compiled::default(),
@@ -244,7 +110,6 @@ struct Builder<'a> {
     svc: &'a ServicePort,
     sel: &'a SelectedEndpoints,
     ctx: &'a NodeContext,
-    reps: &'a Representatives,
     ids: &'a mut TargetIds,
     spn: &'a ServicePortName,
     out: Compiled,
@@ -260,26 +125,18 @@ impl Builder<'_> {
         });
     }
 
-    /// The target id a source class gets for a destination, and whether it is masqueraded.
-    fn route_for(&mut self, class: usize, dest: DestKind) -> Option<(u32, bool)> {
-        let src = self.reps.0[class]?;
-        let r = route(self.svc, self.sel, self.ctx, src, dest);
-        let local = r.empty == EmptyVerdict::Drop;
-        let tag = if r.endpoints == &*self.sel.cluster {
-            Tag::Cluster(local)
-        } else {
-            Tag::External(local)
-        };
-        if let Some(t) = self.targets.get(&tag) {
-            return Some((t.id, r.masquerade));
+    /// The id of the target a route names, created on first use.
+    fn target_of(&mut self, r: &ClassRoute<'_>) -> u32 {
+        if let Some(t) = self.targets.get(&r.tag) {
+            return t.id;
         }
         let endpoints = v4_endpoints(r.endpoints);
         let affinity_secs = self.svc.affinity.map(|d| d.as_secs().max(1));
         let id = self
             .ids
-            .get(self.spn, tag, &endpoints, affinity_secs.is_some());
+            .get(self.spn, r.tag, &endpoints, affinity_secs.is_some());
         self.targets.insert(
-            tag,
+            r.tag,
             Target {
                 id,
                 endpoints,
@@ -288,7 +145,7 @@ impl Builder<'_> {
                 affinity_secs,
             },
         );
-        Some((id, r.masquerade))
+        id
     }
 
     fn frontend(&mut self, fe: Frontend, proto: Protocol, port: u16) {
@@ -300,8 +157,10 @@ impl Builder<'_> {
                 "np",
             ),
         };
-        let routes: Vec<(usize, u32, bool)> = (0..CLASSES.len())
-            .filter_map(|c| self.route_for(c, dest).map(|(id, m)| (c, id, m)))
+        let (svc, sel, ctx) = (self.svc, self.sel, self.ctx);
+        let routes: Vec<(usize, u32, bool)> = class_routes(svc, sel, ctx, dest)
+            .iter()
+            .map(|r| (r.class, self.target_of(r), r.masquerade))
             .collect();
         // The common map holds the pod class's target (or the first class that exists); the
         // per-class maps hold only the classes that differ from it.
@@ -443,37 +302,17 @@ fn masq_set(prefix: &str, class: usize) -> &'static str {
     }
 }
 
-/// Whether traffic from each class (node, pod, ext) to a clusterIP is masqueraded.
-///
-/// `route` decides clusterIP masquerade from the node context and source class only, so it is
-/// compiled once into the base rules instead of once per Service.
-pub fn clusterip_masq(ctx: &NodeContext, reps: &Representatives) -> [bool; 3] {
-    let svc = ServicePort {
-        name: ServicePortName {
-            namespace: "".into(),
-            name: "".into(),
-            port_name: "".into(),
-            protocol: Protocol::Tcp,
-        },
-        cluster_ips: Vec::new(),
-        port: 1,
-        protocol: Protocol::Tcp,
-        node_port: 0,
-        external_ips: Vec::new(),
-        load_balancer_ips: Vec::new(),
-        source_ranges: Vec::new(),
-        affinity: None,
-        external_local: false,
-        internal_local: false,
-        health_check_node_port: 0,
-        algorithm: Algorithm::RoundRobin,
-    };
-    let sel = SelectedEndpoints::default();
+/// Whether traffic from each class (node, pod, ext) to a clusterIP is masqueraded: decided by
+/// the node context and the source class only, so it is compiled once into the base rules
+/// instead of once per Service.
+pub fn clusterip_masq(ctx: &NodeContext) -> [bool; 3] {
     let mut out = [false; 3];
-    for (i, o) in out.iter_mut().enumerate() {
-        if let Some(src) = reps.0[i] {
-            *o = route(&svc, &sel, ctx, src, DestKind::ClusterIp).masquerade;
-        }
+    for source in ctx.source_kinds() {
+        let i = SOURCE_CLASSES
+            .iter()
+            .position(|k| *k == source)
+            .expect("every source kind is a class");
+        out[i] = cluster_ip_masquerade(ctx, source);
     }
     out
 }
@@ -482,7 +321,7 @@ pub fn clusterip_masq(ctx: &NodeContext, reps: &Representatives) -> [bool; 3] {
 mod tests {
     use super::*;
     use crate::model::fixtures;
-    use crate::selection::select;
+    use crate::model::Endpoint;
 
     fn spn(name: &str) -> ServicePortName {
         ServicePortName {
@@ -509,10 +348,7 @@ mod tests {
         s.node.node_name = "me".into();
         s.node.cluster_cidrs = vec!["10.244.0.0/16".parse().unwrap()];
         s.node.node_ips = vec!["192.0.2.1".parse().unwrap()];
-        let n = svc.name.clone();
-        s.selected.insert(n.clone(), select(&svc, &eps, "me"));
-        s.endpoints.insert(n.clone(), eps.into());
-        s.services.insert(n, svc.into());
+        s.set_port(svc, eps);
         s
     }
 
@@ -532,8 +368,7 @@ mod tests {
     #[test]
     fn cluster_ip_compiles_to_one_target_with_slots_and_no_per_service_masquerade() {
         let st = state(svc("a"), vec![ep(1, "me"), ep(2, "other")]);
-        let reps = Representatives::new(&st.node);
-        let c = compile(&st, &spn("a"), &reps, &mut TargetIds::default());
+        let c = compile(&st, &spn("a"), &mut TargetIds::default());
         assert_eq!(c.targets.len(), 1);
         let id = c.targets[0].id;
         let e = sets(&c);
@@ -559,8 +394,7 @@ mod tests {
         let mut ids = TargetIds::default();
         let compiled = |eps: &[Endpoint], ids: &mut TargetIds| {
             let st = state(svc("a"), eps.to_vec());
-            let reps = Representatives::new(&st.node);
-            compile(&st, &spn("a"), &reps, ids)
+            compile(&st, &spn("a"), ids)
         };
         let three = compiled(&eps, &mut ids);
         let two = compiled(&eps[..2], &mut ids);
@@ -586,8 +420,7 @@ mod tests {
     fn many_endpoints_get_a_chain_of_their_own_count() {
         let eps: Vec<Endpoint> = (1..=(RR_COUNTS as u8 + 1)).map(|n| ep(n, "me")).collect();
         let st = state(svc("a"), eps);
-        let reps = Representatives::new(&st.node);
-        let c = compile(&st, &spn("a"), &reps, &mut TargetIds::default());
+        let c = compile(&st, &spn("a"), &mut TargetIds::default());
         let id = c.targets[0].id;
         let n = RR_COUNTS + 1;
         assert_eq!(c.chains, vec![ChainNeed::RoundRobin(n, id % RR_BUCKETS)]);
@@ -604,8 +437,7 @@ mod tests {
         s.node_port = 30080;
         s.external_local = true;
         let st = state(s, vec![ep(1, "me"), ep(2, "other")]);
-        let reps = Representatives::new(&st.node);
-        let c = compile(&st, &spn("b"), &reps, &mut TargetIds::default());
+        let c = compile(&st, &spn("b"), &mut TargetIds::default());
         assert_eq!(c.targets.len(), 2, "cluster and external routes");
         let local = c.targets.iter().find(|t| t.endpoints.len() == 1).unwrap();
         let e = sets(&c);
@@ -625,8 +457,7 @@ mod tests {
     #[test]
     fn no_endpoints_rejects_and_local_policy_elsewhere_drops() {
         let st = state(svc("c"), vec![]);
-        let reps = Representatives::new(&st.node);
-        let c = compile(&st, &spn("c"), &reps, &mut TargetIds::default());
+        let c = compile(&st, &spn("c"), &mut TargetIds::default());
         assert_eq!(c.targets[0].empty, EmptyVerdict::Reject);
         assert!(sets(&c)
             .iter()
@@ -635,7 +466,7 @@ mod tests {
         let mut s = svc("d");
         s.internal_local = true;
         let st = state(s, vec![ep(2, "other")]);
-        let c = compile(&st, &spn("d"), &reps, &mut TargetIds::default());
+        let c = compile(&st, &spn("d"), &mut TargetIds::default());
         assert!(sets(&c)
             .iter()
             .any(|(_, _, v)| v.as_deref() == Some("goto empty_drop")));
@@ -647,8 +478,7 @@ mod tests {
         s.load_balancer_ips = vec!["203.0.113.10".parse().unwrap()];
         s.source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
         let st = state(s, vec![ep(1, "me")]);
-        let reps = Representatives::new(&st.node);
-        let e = sets(&compile(&st, &spn("e"), &reps, &mut TargetIds::default()));
+        let e = sets(&compile(&st, &spn("e"), &mut TargetIds::default()));
         let key = "203.0.113.10 . tcp . 80";
         assert!(e.contains(&("fw_protected", key.into(), None)));
         assert!(e.contains(&("fw_allowed", format!("{key} . 198.51.100.0/24"), None)));
@@ -662,8 +492,7 @@ mod tests {
         let mut ids = TargetIds::default();
         let id = |eps: Vec<Endpoint>, ids: &mut TargetIds| {
             let st = state(s.clone(), eps);
-            let reps = Representatives::new(&st.node);
-            compile(&st, &spn("f"), &reps, ids).targets[0].id
+            compile(&st, &spn("f"), ids).targets[0].id
         };
         let a = id(vec![ep(1, "me")], &mut ids);
         let b = id(vec![ep(1, "me"), ep(2, "me")], &mut ids);

@@ -24,11 +24,13 @@ use std::net::SocketAddrV4;
 use std::sync::Arc;
 
 use crate::conntrack::leastconn::{LcTable, LeastConn, PickChange, Steer};
-use crate::dataplane::{BackendConfig, ChangeSet, Dataplane, LiveView, ProxyState, SyncStats};
+use crate::dataplane::{BackendConfig, Dataplane};
 use crate::error::DataplaneError;
 use crate::model::{Algorithm, ServicePortName};
+use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
 
-use compile::{ChainNeed, Compiled, Representatives, TargetIds};
+use crate::dataplane::rules::{self, TargetIds};
+use compile::{ChainNeed, Compiled};
 use elements::{Delta, ElementTable};
 pub use ops::Op;
 use ruleset::Skeleton;
@@ -98,8 +100,7 @@ impl NftablesDataplane {
     /// Pure with respect to the kernel: nothing runs. `sync` applies the result; a test can call
     /// this directly to see which operations a change causes.
     pub fn plan(&mut self, state: &ProxyState, changes: &ChangeSet) -> (bool, Vec<Op>, usize) {
-        let reps = Representatives::new(&state.node);
-        let skel = self.skeleton_for(state, &reps);
+        let skel = self.skeleton_for(state);
         let full = changes.full || self.needs_full || self.skeleton.as_ref() != Some(&skel);
         let mut head = Vec::new();
         let spns: Vec<ServicePortName> = if full {
@@ -109,18 +110,18 @@ impl NftablesDataplane {
             self.lc_ports.clear();
             self.chains.clear();
             self.skeleton = Some(skel);
-            state.services.keys().cloned().collect()
+            state.names().cloned().collect()
         } else {
             changes.changed.iter().cloned().collect()
         };
         let mut delta = Delta::default();
         for spn in &spns {
-            if let Some(svc) = state.services.get(spn) {
-                if !compile::is_ipv4(svc) {
+            if let Some(svc) = state.service(spn) {
+                if !rules::is_ipv4(svc) {
                     tracing::warn!("nftables: Service port {spn} has no IPv4 address; IPv6 is not implemented by this backend");
                 }
             }
-            let new = compile::compile(state, spn, &reps, &mut self.ids);
+            let new = compile::compile(state, spn, &mut self.ids);
             self.apply_compiled(spn, new, &mut delta, &mut head);
         }
         let touched = spns.len();
@@ -132,13 +133,13 @@ impl NftablesDataplane {
         (full, ops, touched)
     }
 
-    fn skeleton_for(&self, state: &ProxyState, reps: &Representatives) -> Skeleton {
+    fn skeleton_for(&self, state: &ProxyState) -> Skeleton {
         Skeleton::from_config(
             &state.node.cluster_cidrs,
             &state.node.node_ips,
             &self.cfg.nodeport_addresses,
             &self.cfg.service_cidrs,
-            compile::clusterip_masq(&state.node, reps),
+            compile::clusterip_masq(&state.node),
         )
     }
 

@@ -1,7 +1,8 @@
 //! The fixed part of the `ip kpr` table: sets, maps, base chains and their rules.
 //!
 //! Owns the table layout. Packets are dispatched through data maps, never through one chain per
-//! Service (that layout is quadratic in the kernel, see DESIGN.md):
+//! Service: loading that layout grows with the square of the chain count (kube-proxy's nftables
+//! mode, which has it, took 480 s to program 20,000 Services in docs/BENCHMARKS.md):
 //!
 //! ```text
 //! nat prerouting: source class by set (node / pod / external) -> from_<class>
@@ -42,7 +43,7 @@ pub const MARK_DROP: u32 = 0x8000;
 /// Packet mark bit: reject in the filter chains (no usable endpoint).
 pub const MARK_REJECT: u32 = 0x10000;
 
-/// Source classes of SERVICE-SEMANTICS.md, each with its own chain and override maps.
+/// Source classes of docs/SERVICE-SEMANTICS.md, each with its own chain and override maps.
 pub const CLASSES: [&str; 3] = ["node", "pod", "ext"];
 
 /// Node-wide inputs of the skeleton (from `BackendConfig`).

@@ -7,8 +7,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::dataplane::LiveView;
 use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
+use crate::state::LiveView;
 
 /// Balancing state shared by every listener.
 #[derive(Debug, Default)]

@@ -2,20 +2,23 @@
 //!
 //! nftables (table `ip kpr-userspace`, see `rules`) redirects Service traffic to one TCP listener
 //! (`tcp`) and to per-service-port UDP sockets (`udp`); the listeners look the original destination
-//! up in `table` and pick an endpoint with `balancer`. It honours SERVICE-SEMANTICS.md with these
-//! documented exceptions, inherent to a proxy that opens its own connections: the endpoint always
-//! sees the node as the source (no client-IP preservation under eTP Local); a TCP connection that
-//! must be dropped is closed instead (the handshake has completed by then); IPv4 only; no SCTP.
+//! up in `table` and pick an endpoint with `balancer`. It honours docs/SERVICE-SEMANTICS.md with
+//! these documented exceptions, inherent to a proxy that opens its own connections: the endpoint
+//! always sees the node as the source (no client-IP preservation under eTP Local); a TCP connection
+//! that must be dropped is closed instead (the handshake has completed by then); IPv4 only; no
+//! SCTP.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, RwLock};
 
-use crate::dataplane::{BackendConfig, ChangeSet, Dataplane, LiveView, ProxyState, SyncStats};
+use crate::dataplane::{BackendConfig, Dataplane};
+
 use crate::error::DataplaneError;
 use crate::model::{Protocol, ServicePortName};
 use crate::nft;
 use crate::selection::DestKind;
+use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
 
 mod balancer;
 mod rules;
@@ -110,9 +113,10 @@ impl UserspaceDataplane {
         state: &ProxyState,
         name: &ServicePortName,
     ) -> Result<Vec<Element>, DataplaneError> {
-        let (Some(sp), Some(sel)) = (state.services.get(name), state.selected.get(name)) else {
+        let Some(port) = state.get(name) else {
             return Ok(Vec::new());
         };
+        let (sp, sel) = (&*port.service, &port.selected);
         if sp.protocol == Protocol::Sctp {
             tracing::error!(service = %name, "the userspace backend does not support SCTP; this port is not proxied");
             return Ok(Vec::new());
@@ -140,10 +144,10 @@ impl UserspaceDataplane {
 
     fn full_sync(&mut self, state: &ProxyState) -> Result<SyncStats, DataplaneError> {
         let mut all: HashMap<ServicePortName, Vec<Element>> = HashMap::new();
-        for name in state.services.keys() {
+        for name in state.names() {
             all.insert(name.clone(), self.port_elements(state, name)?);
         }
-        let refs = cluster_ip_refs(state, state.services.keys());
+        let refs = cluster_ip_refs(state, state.names());
         let ips: BTreeSet<Ipv4Addr> = refs.keys().copied().collect();
         let mut script = format!("table ip {t}\ndelete table ip {t}\n", t = rules::TABLE);
         script.push_str(&rules::base_table(self.tcp_port));
@@ -154,14 +158,13 @@ impl UserspaceDataplane {
         nft::apply(&script)?;
         let mut table = self.shared.table.write().expect("table lock");
         table.clear();
-        for name in state.services.keys() {
+        for name in state.names() {
             table.update(state, name);
         }
         drop(table);
         self.udp.retain(|(n, _)| {
             state
-                .services
-                .get(n)
+                .service(n)
                 .is_some_and(|sp| sp.protocol == Protocol::Udp)
         });
         self.programmed = all;
@@ -169,8 +172,8 @@ impl UserspaceDataplane {
         self.installed = true;
         Ok(SyncStats {
             full: true,
-            service_ports: state.services.len(),
-            touched: state.services.len(),
+            service_ports: state.len(),
+            touched: state.len(),
             operations: elems.len() + node.len(),
         })
     }
@@ -209,7 +212,7 @@ impl UserspaceDataplane {
             }
         }
         for (name, elems) in new_programmed {
-            if state.services.contains_key(&name) {
+            if state.contains(&name) {
                 self.programmed.insert(name, elems);
             } else {
                 self.programmed.remove(&name);
@@ -218,15 +221,14 @@ impl UserspaceDataplane {
         }
         let udp_now = |n: &ServicePortName| {
             state
-                .services
-                .get(n)
+                .service(n)
                 .is_some_and(|sp| sp.protocol == Protocol::Udp)
         };
         self.udp
             .retain(|(n, _)| !changes.changed.contains(n) || udp_now(n));
         Ok(SyncStats {
             full: false,
-            service_ports: state.services.len(),
+            service_ports: state.len(),
             touched: changes.changed.len(),
             operations: adds.len() + dels.len(),
         })
@@ -294,8 +296,7 @@ fn cluster_ip_refs<'a>(
     let mut refs = BTreeMap::new();
     for name in names {
         let Some(sp) = state
-            .services
-            .get(name)
+            .service(name)
             .filter(|sp| sp.protocol != Protocol::Sctp)
         else {
             continue;
@@ -326,7 +327,7 @@ impl Dataplane for UserspaceDataplane {
         };
         self.shared
             .balancer
-            .expire_affinity(|n| state.services.get(n).and_then(|sp| sp.affinity));
+            .expire_affinity(|n| state.service(n).and_then(|sp| sp.affinity));
         Ok(stats)
     }
 

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use crate::dataplane::ProxyState;
 use crate::model::{Protocol, ServicePort, ServicePortName};
 use crate::selection::{DestKind, SelectedEndpoints};
+use crate::state::ProxyState;
 
 /// One service port as the listeners need it.
 #[derive(Debug)]
@@ -59,9 +59,10 @@ impl Table {
             }
         }
         self.entries.remove(name);
-        let (Some(sp), Some(sel)) = (state.services.get(name), state.selected.get(name)) else {
+        let Some(port) = state.get(name) else {
             return;
         };
+        let (sp, sel) = (&port.service, &port.selected);
         let mut keys = Vec::new();
         for (ip, kind) in destinations(sp) {
             let key = (ip, sp.port, sp.protocol);

@@ -163,12 +163,7 @@ fn check_kubectl_dump(p: &ParsedFile) {
         "{:?}",
         tracker.errors().collect::<Vec<_>>()
     );
-    let mut ports: Vec<String> = tracker
-        .state()
-        .services
-        .keys()
-        .map(|k| k.to_string())
-        .collect();
+    let mut ports: Vec<String> = tracker.state().names().map(|k| k.to_string()).collect();
     ports.sort();
     assert_eq!(
         ports,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::model::fixtures;
-use crate::selection::{select, NodeContext};
+use crate::selection::NodeContext;
 
 const NODE: &str = "node-a";
 
@@ -27,15 +27,9 @@ fn node() -> NodeContext {
 }
 
 fn state(ports: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
-    let mut state = ProxyState {
-        node: node(),
-        ..ProxyState::default()
-    };
+    let mut state = ProxyState::new(node());
     for (svc, eps) in ports {
-        let spn = svc.name.clone();
-        state.selected.insert(spn.clone(), select(&svc, &eps, NODE));
-        state.endpoints.insert(spn.clone(), eps.into());
-        state.services.insert(spn, svc.into());
+        state.set_port(svc, eps);
     }
     state
 }
@@ -43,8 +37,7 @@ fn state(ports: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
 fn run(svc: ServicePort, eps: Vec<Endpoint>) -> Compiled {
     let spn = svc.name.clone();
     let state = state(vec![(svc, eps)]);
-    let reps = Representatives::new(&state.node);
-    compile(&state, &spn, &reps, &mut TargetIds::default())
+    compile(&state, &spn, &mut TargetIds::default())
 }
 
 const M: &str = "-d 10.96.0.10/32 -p tcp -m tcp --dport 80 ";
@@ -94,11 +87,10 @@ fn twenty_thousand_cluster_ip_ports_use_at_most_the_bucket_chains() {
         })
         .collect();
     let state = state(ports);
-    let reps = Representatives::new(&state.node);
     let mut ids = TargetIds::default();
     let mut chains = BTreeSet::new();
-    for spn in state.services.keys() {
-        let c = compile(&state, spn, &reps, &mut ids);
+    for spn in state.names() {
+        let c = compile(&state, spn, &mut ids);
         assert!(c.chains.is_empty(), "{spn}: {:?}", c.chains);
         chains.insert(c.bucket.expect("bucketed").bucket);
     }
@@ -278,8 +270,7 @@ fn masquerade_all_marks_every_source_in_the_bucket() {
     let spn = s.name.clone();
     let mut st = state(vec![(s, vec![ep(1, NODE)])]);
     st.node.masquerade_all = true;
-    let reps = Representatives::new(&st.node);
-    let c = compile(&st, &spn, &reps, &mut TargetIds::default());
+    let c = compile(&st, &spn, &mut TargetIds::default());
     assert_eq!(
         c.bucket.expect("bucketed").rules[0],
         format!("{M}-j {MARK_MASQ_CHAIN}")

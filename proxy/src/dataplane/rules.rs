@@ -1,0 +1,161 @@
+//! What the two rule backends (nftables and iptables) share about one service port: the route
+//! each class of source gets at each kind of destination, the targets those routes name and the
+//! stable ids that mark them in conntrack, and the IPv4 addresses they program.
+//!
+//! Owns [`class_routes`], [`Tag`], [`TargetIds`] and the IPv4 filters. Both backends render what
+//! this module describes, each in its own syntax; neither imports the other. It must not know
+//! about either backend's layout (chains, sets, maps).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+
+use crate::model::{Endpoint, ServicePort, ServicePortName};
+use crate::selection::SourceKind;
+use crate::selection::{route_for, DestKind, EmptyVerdict, NodeContext, SelectedEndpoints};
+
+/// The source classes in the order both backends index their per-class rules by.
+pub const SOURCE_CLASSES: [SourceKind; 3] =
+    [SourceKind::Node, SourceKind::Pod, SourceKind::External];
+
+/// Which route a target serves (cluster or external endpoint set, and whether an empty set
+/// drops rather than rejects); with the endpoints it identifies a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tag {
+    Cluster(bool),
+    External(bool),
+}
+
+/// What one class of source gets at one kind of destination of a service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassRoute<'a> {
+    /// Index into [`SOURCE_CLASSES`].
+    pub class: usize,
+    pub tag: Tag,
+    pub endpoints: &'a [Endpoint],
+    pub empty: EmptyVerdict,
+    pub masquerade: bool,
+}
+
+/// The route of every source class this node tells apart, for connections to `dest`.
+pub fn class_routes<'a>(
+    svc: &ServicePort,
+    sel: &'a SelectedEndpoints,
+    ctx: &NodeContext,
+    dest: DestKind,
+) -> Vec<ClassRoute<'a>> {
+    ctx.source_kinds()
+        .map(|source| {
+            let r = route_for(svc, sel, ctx, source, dest);
+            let local = r.empty == EmptyVerdict::Drop;
+            let tag = if std::ptr::eq(r.endpoints, &*sel.cluster) || r.endpoints == &*sel.cluster {
+                Tag::Cluster(local)
+            } else {
+                Tag::External(local)
+            };
+            ClassRoute {
+                class: SOURCE_CLASSES
+                    .iter()
+                    .position(|k| *k == source)
+                    .expect("every source kind is a class"),
+                tag,
+                endpoints: r.endpoints,
+                empty: r.empty,
+                masquerade: r.masquerade,
+            }
+        })
+        .collect()
+}
+
+/// Hands out conntrack-mark target ids, stable across syncs for an unchanged route.
+///
+/// Ids are never reused: affinity entries are keyed by id, so a reused id could send a client to
+/// another Service's endpoint. A target with affinity that loses an endpoint gets a new id, which
+/// orphans its affinity entries (they expire) instead of pinning clients to an endpoint that is
+/// gone.
+#[derive(Debug, Clone)]
+pub struct TargetIds {
+    next: u32,
+    /// Per service port, its routes' (tag, id, endpoints): one to four, so a Vec (an ordered map
+    /// allocates a whole node for one entry).
+    by_port: HashMap<ServicePortName, Vec<(Tag, u32, Vec<SocketAddrV4>)>>,
+}
+
+impl Default for TargetIds {
+    fn default() -> Self {
+        TargetIds {
+            next: 1,
+            by_port: HashMap::new(),
+        }
+    }
+}
+
+impl TargetIds {
+    /// The id of route `tag` of `spn`: the previous one unless the route is new, or it has
+    /// affinity and lost an endpoint.
+    pub fn get(
+        &mut self,
+        spn: &ServicePortName,
+        tag: Tag,
+        endpoints: &[SocketAddrV4],
+        affinity: bool,
+    ) -> u32 {
+        let routes = self.by_port.entry(spn.clone()).or_default();
+        let at = routes.iter().position(|r| r.0 == tag);
+        if let Some((_, id, old)) = at.map(|i| &mut routes[i]) {
+            let lost_one = old.iter().any(|e| !endpoints.contains(e));
+            if !(affinity && lost_one) {
+                if old.as_slice() != endpoints {
+                    *old = endpoints.to_vec();
+                }
+                return *id;
+            }
+        }
+        let id = self.next;
+        self.next = self.next.wrapping_add(1).max(1);
+        let route = (tag, id, endpoints.to_vec());
+        match at {
+            Some(i) => routes[i] = route,
+            None => {
+                routes.push(route);
+                routes.shrink_to_fit();
+            }
+        }
+        id
+    }
+
+    /// Forgets the ids of a service port's routes that are not in `keep`.
+    pub fn retain(&mut self, spn: &ServicePortName, keep: &[Tag]) {
+        if let Some(m) = self.by_port.get_mut(spn) {
+            m.retain(|(tag, _, _)| keep.contains(tag));
+            if m.is_empty() {
+                self.by_port.remove(spn);
+            }
+        }
+    }
+}
+
+/// The IPv4 addresses among `addrs` (the rule backends program IPv4 only).
+pub fn v4(addrs: &[IpAddr]) -> impl Iterator<Item = Ipv4Addr> + '_ {
+    addrs.iter().filter_map(|a| match a {
+        IpAddr::V4(a) => Some(*a),
+        IpAddr::V6(_) => None,
+    })
+}
+
+/// The IPv4 endpoints among `eps`, as the addresses a rule translates to.
+pub fn v4_endpoints(eps: &[Endpoint]) -> Vec<SocketAddrV4> {
+    eps.iter()
+        .filter_map(|e| match e.addr {
+            IpAddr::V4(a) => Some(SocketAddrV4::new(a, e.port)),
+            IpAddr::V6(_) => None,
+        })
+        .collect()
+}
+
+/// Whether the port has an IPv4 address to program (IPv6 is not implemented by the rule
+/// backends).
+pub fn is_ipv4(svc: &ServicePort) -> bool {
+    v4(&svc.cluster_ips).next().is_some()
+        || v4(&svc.external_ips).next().is_some()
+        || v4(&svc.load_balancer_ips).next().is_some()
+}

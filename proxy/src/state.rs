@@ -1,0 +1,154 @@
+//! The desired state the core hands every dataplane, and what changed since the last sync.
+//!
+//! Owns [`ProxyState`] (one [`PortState`] per service port: the port, its endpoints and their
+//! selection, kept together so no backend joins parallel maps), [`ChangeSet`], [`SyncStats`] and
+//! the [`LiveView`] a backend reports. It sits between `selection` (which it calls when a port is
+//! set) and everything that consumes the state: the tracker builds it; sync, status, health
+//! checks, conntrack cleanup and the dataplanes read it. It must not import any of them.
+
+use std::collections::{btree_map, BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Endpoint, ServicePort, ServicePortName};
+use crate::selection::{select, NodeContext, SelectedEndpoints};
+
+/// One service port as the dataplanes program it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortState {
+    /// The port as its Service defines it; shared with the tracker's per-Service view.
+    pub service: Arc<ServicePort>,
+    /// Every endpoint of the port, as the slices list them (deduplicated, sorted). Shared with
+    /// `selected.cluster` when the selection keeps them all, the common case.
+    pub endpoints: Arc<[Endpoint]>,
+    /// The endpoints each kind of traffic may use, computed once by `selection::select`.
+    pub selected: SelectedEndpoints,
+}
+
+impl PortState {
+    /// The port with its endpoints, selected for the node named `node_name`.
+    pub fn new(service: Arc<ServicePort>, endpoints: Vec<Endpoint>, node_name: &str) -> Self {
+        let selected = select(&service, &endpoints, node_name);
+        let endpoints = if *selected.cluster == *endpoints {
+            selected.cluster.clone()
+        } else {
+            endpoints.into()
+        };
+        PortState {
+            service,
+            endpoints,
+            selected,
+        }
+    }
+}
+
+/// The complete desired state, as the core hands it to a backend.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyState {
+    ports: BTreeMap<ServicePortName, PortState>,
+    pub node: NodeContext,
+}
+
+impl ProxyState {
+    /// An empty state for this node.
+    pub fn new(node: NodeContext) -> Self {
+        ProxyState {
+            ports: BTreeMap::new(),
+            node,
+        }
+    }
+
+    /// One service port, if it is proxied.
+    pub fn get(&self, name: &ServicePortName) -> Option<&PortState> {
+        self.ports.get(name)
+    }
+
+    /// The port's Service definition, if it is proxied.
+    pub fn service(&self, name: &ServicePortName) -> Option<&ServicePort> {
+        self.ports.get(name).map(|p| &*p.service)
+    }
+
+    pub fn contains(&self, name: &ServicePortName) -> bool {
+        self.ports.contains_key(name)
+    }
+
+    /// Every service port, in name order.
+    pub fn iter(&self) -> btree_map::Iter<'_, ServicePortName, PortState> {
+        self.ports.iter()
+    }
+
+    /// Every service port's name, in order.
+    pub fn names(&self) -> impl Iterator<Item = &ServicePortName> {
+        self.ports.keys()
+    }
+
+    /// The number of service ports.
+    pub fn len(&self) -> usize {
+        self.ports.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ports.is_empty()
+    }
+
+    /// Sets one service port (its name is the port's own), replacing what it had.
+    pub fn insert(&mut self, port: PortState) -> Option<PortState> {
+        self.ports.insert(port.service.name.clone(), port)
+    }
+
+    /// Sets a service port and its endpoints, selected for this state's node.
+    pub fn set_port(
+        &mut self,
+        service: impl Into<Arc<ServicePort>>,
+        endpoints: Vec<Endpoint>,
+    ) -> Option<PortState> {
+        let port = PortState::new(service.into(), endpoints, &self.node.node_name);
+        self.insert(port)
+    }
+
+    pub fn remove(&mut self, name: &ServicePortName) -> Option<PortState> {
+        self.ports.remove(name)
+    }
+}
+
+/// What changed since the previous sync.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeSet {
+    /// Service ports whose ServicePort or endpoints differ from the previous sync (added, changed
+    /// or removed: a removed one is absent from the [`ProxyState`]).
+    pub changed: BTreeSet<ServicePortName>,
+    /// Rebuild everything (start-up, recovery after an error, periodic full resync).
+    pub full: bool,
+    /// Endpoints that were usable in the previous sync and are not any more, per service port.
+    /// UDP/SCTP conntrack entries towards them must be removed.
+    pub removed_endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
+    /// Service ports that went from no usable endpoint to some: stale UDP conntrack entries towards
+    /// their service addresses (cached rejects) must be removed.
+    pub became_reachable: BTreeSet<ServicePortName>,
+}
+
+impl ChangeSet {
+    pub fn is_empty(&self) -> bool {
+        self.changed.is_empty() && !self.full
+    }
+}
+
+/// What one sync did, for logs, metrics and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncStats {
+    pub full: bool,
+    /// Service ports programmed in total after the sync.
+    pub service_ports: usize,
+    /// Service ports touched by this sync.
+    pub touched: usize,
+    /// Backend-specific count of dataplane operations (rules, map elements, map updates).
+    pub operations: usize,
+}
+
+/// Live per-endpoint numbers a backend can report (least-connection counters).
+pub trait LiveView: Send + Sync {
+    /// Active connections per endpoint address, as this node's dataplane counts them.
+    fn active_connections(&self) -> BTreeMap<SocketAddr, u64>;
+}
