@@ -47,6 +47,10 @@ struct LcTarget {
     programmed: Option<SocketAddrV4>,
 }
 
+/// A least-connection target a backend has programmed: (id, label, endpoints). The label is
+/// the backend's name for it (e.g. its iptables chain), for logs and steering.
+pub type LcWanted = (u32, String, Vec<SocketAddrV4>);
+
 /// Counts and picks; everything here is pure bookkeeping.
 #[derive(Debug, Default)]
 pub struct LcTable {
@@ -57,6 +61,30 @@ pub struct LcTable {
 }
 
 impl LcTable {
+    /// Makes the targets exactly `wanted`: registers or updates those, removes the others. After
+    /// a rebuild of the dataplane (`rebuilt`) no pick is programmed any more. Returns the pick
+    /// changes to program, in the same transaction as the targets themselves.
+    pub fn reconcile(&mut self, wanted: &[LcWanted], rebuilt: bool) -> Vec<PickChange> {
+        if rebuilt {
+            self.forget_programmed();
+        }
+        let keep: std::collections::HashSet<u32> = wanted.iter().map(|w| w.0).collect();
+        let gone: Vec<u32> = self
+            .targets
+            .keys()
+            .copied()
+            .filter(|id| !keep.contains(id))
+            .collect();
+        let mut changes: Vec<PickChange> = gone
+            .into_iter()
+            .filter_map(|id| self.remove_target(id))
+            .collect();
+        for (id, label, eps) in wanted {
+            changes.extend(self.set_target(*id, label, eps));
+        }
+        changes
+    }
+
     /// Registers or updates a target; returns the pick change to program, if any.
     pub fn set_target(
         &mut self,

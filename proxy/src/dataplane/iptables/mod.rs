@@ -22,12 +22,13 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::conntrack::leastconn::{LcTable, LeastConn, PickChange, Steer};
-use crate::dataplane::rules::{self, TargetIds};
+use crate::conntrack::leastconn::{LcTable, LcWanted, PickChange, Steer};
+use crate::dataplane::rules::driver::Planned;
+use crate::dataplane::rules::{self, RuleBackend, RuleDataplane, TargetIds};
 use crate::dataplane::{BackendConfig, Dataplane};
 use crate::error::DataplaneError;
 use crate::model::ServicePortName;
-use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
+use crate::state::{ChangeSet, ProxyState};
 
 use buckets::Buckets;
 use compile::{
@@ -91,8 +92,11 @@ pub fn cleanup(cfg: &BackendConfig) -> Result<(), DataplaneError> {
     Ok(())
 }
 
-/// The iptables backend.
-pub struct IptablesDataplane {
+/// The iptables dataplane: the shared rule driver around [`Iptables`].
+pub type IptablesDataplane = RuleDataplane<Iptables>;
+
+/// The iptables backend's plan and apply.
+pub struct Iptables {
     cfg: BackendConfig,
     mode: Mode,
     ids: TargetIds,
@@ -107,9 +111,7 @@ pub struct IptablesDataplane {
     grace: Duration,
     /// The node-wide inputs of the static rules at the last full sync.
     statics: Option<String>,
-    needs_full: bool,
     last_restore: String,
-    lc: Option<LeastConn>,
     /// Our chains (nat, filter) as of the last successful restore; `None` until a full sync
     /// listed them, and again after a failed restore or cleanup. Full syncs use it instead of
     /// listing the whole table with `iptables-save`.
@@ -118,9 +120,9 @@ pub struct IptablesDataplane {
     pending: Option<[BTreeSet<String>; 2]>,
 }
 
-impl IptablesDataplane {
+impl Iptables {
     /// Picks the iptables mode (`cfg.iptables_mode` or detected) and checks the tools run.
-    pub fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
+    fn start(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
         let mode = match cfg.iptables_mode.as_deref() {
             Some(m) => Mode::parse(m)?,
             None => Mode::detect(),
@@ -131,7 +133,7 @@ impl IptablesDataplane {
                 mode.binary("")
             )));
         }
-        Ok(IptablesDataplane {
+        Ok(Iptables {
             cfg: cfg.clone(),
             mode,
             ids: TargetIds::default(),
@@ -143,9 +145,7 @@ impl IptablesDataplane {
             stale: BTreeMap::new(),
             grace: DEFAULT_STALE_GRACE,
             statics: None,
-            needs_full: true,
             last_restore: String::new(),
-            lc: None,
             existing: None,
             pending: None,
         })
@@ -270,14 +270,15 @@ impl IptablesDataplane {
     }
 
     /// Builds the restore input of a sync and updates the bookkeeping as if it was applied.
-    fn plan(
+    fn plan_restore(
         &mut self,
         state: &ProxyState,
         changes: &ChangeSet,
+        full: bool,
         lc: Option<&mut LcTable>,
     ) -> Result<(bool, String, usize), DataplaneError> {
         let key = self.statics_key(state);
-        let full = changes.full || self.needs_full || self.statics.as_deref() != Some(&key);
+        let full = full || self.statics.as_deref() != Some(&key);
         let spns: Vec<ServicePortName> = if full {
             state.names().cloned().collect()
         } else {
@@ -451,35 +452,38 @@ impl IptablesDataplane {
         p.nat_declare.insert(chain);
     }
 
-    /// Least-connection chains of the compiled service ports, each pointing at its current pick.
+    /// Least-connection chains: those of the service ports compiled in this sync, and of any
+    /// other target whose pick moved, each pointing at its current pick.
     fn lc_chains(
         &self,
         table: &mut LcTable,
-        targets: &[compile::LcTarget],
+        compiled: &[compile::LcTarget],
         full: bool,
         p: &mut Plan,
     ) {
-        if full {
-            table.forget_programmed();
-        }
-        let wanted: BTreeSet<u32> = self
+        let all: HashMap<u32, &LcTarget> = self
             .programmed
             .values()
-            .flat_map(|c| c.lc.iter().map(|t| t.id))
+            .flat_map(|c| c.lc.iter().map(|t| (t.id, t)))
             .collect();
-        for id in table.target_ids() {
-            if !wanted.contains(&id) {
-                let _ = table.remove_target(id);
-            }
-        }
+        let wanted: Vec<LcWanted> = all
+            .values()
+            .map(|t| (t.id, lc_label(t), t.endpoints.clone()))
+            .collect();
+        let moved = table.reconcile(&wanted, full);
         let mut shared = self
             .lc_targets
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        shared.retain(|id, _| wanted.contains(id));
-        for t in targets {
+        shared.retain(|id, _| all.contains_key(id));
+        let mut write: BTreeMap<u32, &LcTarget> = compiled.iter().map(|t| (t.id, t)).collect();
+        write.extend(
+            moved
+                .iter()
+                .filter_map(|c| all.get(&c.id).map(|t| (c.id, *t))),
+        );
+        for t in write.into_values() {
             shared.insert(t.id, t.clone());
-            let _ = table.set_target(t.id, &lc_label(t), &t.endpoints);
             p.nat_declare.insert(t.chain.clone());
             if let Some(pick) = table.pick(t.id) {
                 p.nat_rules.push(t.pick_rule(pick));
@@ -629,7 +633,7 @@ impl Steer for IptSteer {
     }
 }
 
-impl IptablesDataplane {
+impl Iptables {
     /// Full syncs: the jumps from the built-in chains to ours that are missing go into the
     /// restore (`-I CHAIN 1`). Checked before the restore, while a starting agent's table is
     /// still empty: on iptables-legacy every `iptables -C`/`-I` reads (and `-I` rewrites) the
@@ -650,80 +654,61 @@ impl IptablesDataplane {
         }
         Ok(())
     }
-
-    fn wants_lc(&self) -> bool {
-        self.programmed.values().any(|c| !c.lc.is_empty())
-    }
 }
 
 fn split_rule(rule: &str) -> Vec<&str> {
     rule.split_whitespace().collect()
 }
 
-impl Dataplane for IptablesDataplane {
-    fn name(&self) -> &'static str {
-        "iptables"
+impl RuleBackend for Iptables {
+    const NAME: &'static str = "iptables";
+    type Transaction = String;
+
+    fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
+        Iptables::start(cfg)
     }
 
-    fn sync(
+    fn plan(
         &mut self,
         state: &ProxyState,
         changes: &ChangeSet,
-    ) -> Result<SyncStats, DataplaneError> {
-        let needs_lc = self.wants_lc()
-            || state
-                .iter()
-                .any(|(_, p)| p.service.algorithm == crate::model::Algorithm::LeastConn);
-        if needs_lc && self.lc.is_none() {
-            self.lc = Some(LeastConn::start(Box::new(IptSteer {
-                mode: self.mode,
-                targets: Arc::clone(&self.lc_targets),
-            }))?);
-        }
-        let lc = self.lc.take();
-        let result = {
-            let mut guard = lc.as_ref().map(LeastConn::lock);
-            let planned = self.plan(state, changes, guard.as_deref_mut());
-            let applied = planned.and_then(|(full, script, touched)| {
-                let r = if script.is_empty() {
-                    Ok(())
-                } else {
-                    exec::restore(self.mode, &script)
-                };
-                self.last_restore = script;
-                let pending = self.pending.take();
-                self.existing = if r.is_ok() { pending } else { None };
-                r.map(|()| (full, touched))
-            });
-            if applied.is_err() {
-                if let Some(t) = guard.as_mut() {
-                    t.forget_programmed();
-                }
-            }
-            applied
-        };
-        self.lc = lc;
-        let (full, touched) = match result {
-            Ok(v) => v,
-            Err(e) => {
-                self.needs_full = true;
-                return Err(e);
-            }
-        };
-        self.needs_full = false;
-        if let Err(e) = crate::conntrack::cleanup_stale(state, changes) {
-            tracing::warn!("iptables: stale conntrack cleanup failed: {e}");
-        }
-        Ok(SyncStats {
+        full: bool,
+        lc: Option<&mut LcTable>,
+    ) -> Result<Planned<String>, DataplaneError> {
+        let (full, script, touched) = self.plan_restore(state, changes, full, lc)?;
+        Ok(Planned {
             full,
-            service_ports: self.programmed.len(),
             touched,
-            operations: count_ops(&self.last_restore),
+            transaction: script,
         })
     }
 
+    fn apply(&mut self, planned: Planned<String>) -> Result<usize, DataplaneError> {
+        let script = planned.transaction;
+        let result = if script.is_empty() {
+            Ok(())
+        } else {
+            exec::restore(self.mode, &script)
+        };
+        let pending = self.pending.take();
+        self.existing = if result.is_ok() { pending } else { None };
+        let operations = count_ops(&script);
+        self.last_restore = script;
+        result.map(|()| operations)
+    }
+
+    fn steer(&self) -> Box<dyn Steer> {
+        Box::new(IptSteer {
+            mode: self.mode,
+            targets: Arc::clone(&self.lc_targets),
+        })
+    }
+
+    fn service_ports(&self) -> usize {
+        self.programmed.len()
+    }
+
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
-        self.lc = None;
         for (table, chain, rule) in HOOKS {
             let mut del = vec!["-t", table, "-D", chain];
             del.extend(split_rule(rule));
@@ -758,13 +743,8 @@ impl Dataplane for IptablesDataplane {
         self.hairpin = Hairpin::default();
         self.stale.clear();
         self.statics = None;
-        self.needs_full = true;
         self.existing = None;
         Ok(())
-    }
-
-    fn live_view(&self) -> Option<Arc<dyn LiveView>> {
-        self.lc.as_ref().map(LeastConn::live_view)
     }
 }
 

@@ -20,16 +20,15 @@ pub mod ops;
 pub mod ruleset;
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddrV4;
-use std::sync::Arc;
 
-use crate::conntrack::leastconn::{LcTable, LeastConn, PickChange, Steer};
+use crate::conntrack::leastconn::{LcTable, LcWanted, PickChange, Steer};
+use crate::dataplane::rules::driver::Planned;
+use crate::dataplane::rules::{self, RuleBackend, RuleDataplane, TargetIds};
 use crate::dataplane::{BackendConfig, Dataplane};
 use crate::error::DataplaneError;
 use crate::model::{Algorithm, ServicePortName};
-use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
+use crate::state::{ChangeSet, ProxyState};
 
-use crate::dataplane::rules::{self, TargetIds};
 use compile::{ChainNeed, Compiled};
 use elements::{Delta, ElementTable};
 pub use ops::Op;
@@ -41,8 +40,11 @@ pub fn cleanup(cfg: &BackendConfig) -> Result<(), DataplaneError> {
     NftablesDataplane::new(cfg)?.cleanup()
 }
 
-/// The nftables backend.
-pub struct NftablesDataplane {
+/// The nftables dataplane: the shared rule driver around [`Nftables`].
+pub type NftablesDataplane = RuleDataplane<Nftables>;
+
+/// The nftables backend's plan and apply.
+pub struct Nftables {
     cfg: BackendConfig,
     ids: TargetIds,
     table: ElementTable,
@@ -55,17 +57,12 @@ pub struct NftablesDataplane {
     chains: BTreeSet<ChainNeed>,
     /// The skeleton the table was last built from; `None` before the first full sync.
     skeleton: Option<Skeleton>,
-    /// Set after a failed transaction: the kernel state is unknown, the next sync is full.
-    needs_full: bool,
     last_ops: Vec<Op>,
-    lc: Option<LeastConn>,
 }
 
-impl NftablesDataplane {
-    /// Checks that `nft` runs; nothing is programmed until the first sync.
-    pub fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
-        exec::query(&["--version"])?;
-        Ok(NftablesDataplane {
+impl Nftables {
+    fn empty(cfg: &BackendConfig) -> Self {
+        Nftables {
             cfg: cfg.clone(),
             ids: TargetIds::default(),
             table: ElementTable::default(),
@@ -74,15 +71,13 @@ impl NftablesDataplane {
             next_owner: 1,
             chains: BTreeSet::new(),
             skeleton: None,
-            needs_full: true,
             last_ops: Vec::new(),
-            lc: None,
-        })
+        }
     }
 
     /// The operations of the last incremental transaction that was applied (or attempted);
     /// empty after a full sync, whose operations are not kept (150,000 of them at 20,000
-    /// Services: dropping them took 35 ms, which the next one-endpoint change used to pay).
+    /// Services: dropping them takes 35 ms, which the next one-endpoint change would pay).
     pub fn last_transaction_ops(&self) -> &[Op] {
         &self.last_ops
     }
@@ -95,13 +90,19 @@ impl NftablesDataplane {
             .unwrap_or_default()
     }
 
-    /// Computes the transaction for `changes` and updates the bookkeeping as if it was applied.
+    /// Computes the element operations for `changes` (everything when `full`, or when the
+    /// skeleton changed) and updates the bookkeeping as if they were applied.
     ///
-    /// Pure with respect to the kernel: nothing runs. `sync` applies the result; a test can call
-    /// this directly to see which operations a change causes.
-    pub fn plan(&mut self, state: &ProxyState, changes: &ChangeSet) -> (bool, Vec<Op>, usize) {
+    /// Pure with respect to the kernel: nothing runs. A test can call this directly to see which
+    /// operations a change causes.
+    pub fn plan_ops(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSet,
+        full: bool,
+    ) -> (bool, Vec<Op>, usize) {
         let skel = self.skeleton_for(state);
-        let full = changes.full || self.needs_full || self.skeleton.as_ref() != Some(&skel);
+        let full = full || self.skeleton.as_ref() != Some(&skel);
         let mut head = Vec::new();
         let spns: Vec<ServicePortName> = if full {
             head.push(Op::Skeleton(ruleset::skeleton(&skel)));
@@ -168,7 +169,7 @@ impl NftablesDataplane {
         };
         self.table
             .replace(owner, &old.elements, &new.elements, delta);
-        // Targets that disappeared are dropped from least-connection bookkeeping by `sync`.
+        // Targets that disappeared leave the least-connection table at `LcTable::reconcile`.
         if new
             .targets
             .iter()
@@ -196,23 +197,6 @@ impl NftablesDataplane {
             })
             .collect()
     }
-}
-
-type LcWanted = (u32, String, Vec<SocketAddrV4>);
-
-/// Registers `wanted` targets and removes the others; returns the pick changes.
-fn lc_changes(table: &mut LcTable, wanted: &[LcWanted]) -> Vec<PickChange> {
-    let keep: BTreeSet<u32> = wanted.iter().map(|w| w.0).collect();
-    let mut changes: Vec<PickChange> = table
-        .target_ids()
-        .into_iter()
-        .filter(|id| !keep.contains(id))
-        .filter_map(|id| table.remove_target(id))
-        .collect();
-    for (id, label, eps) in wanted {
-        changes.extend(table.set_target(*id, label, eps));
-    }
-    changes
 }
 
 /// The `lc_pick` element operations that move one pick.
@@ -244,68 +228,62 @@ impl Steer for NftSteer {
     }
 }
 
-impl Dataplane for NftablesDataplane {
-    fn name(&self) -> &'static str {
-        "nftables"
+impl RuleBackend for Nftables {
+    const NAME: &'static str = "nftables";
+    type Transaction = Vec<Op>;
+
+    /// Checks that `nft` runs; nothing is programmed until the first sync.
+    fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
+        exec::query(&["--version"])?;
+        Ok(Nftables::empty(cfg))
     }
 
-    fn sync(
+    fn plan(
         &mut self,
         state: &ProxyState,
         changes: &ChangeSet,
-    ) -> Result<SyncStats, DataplaneError> {
-        let (full, mut ops, touched) = self.plan(state, changes);
-        let wanted = self.lc_wanted();
-        if !wanted.is_empty() && self.lc.is_none() {
-            match LeastConn::start(Box::new(NftSteer)) {
-                Ok(lc) => self.lc = Some(lc),
-                Err(e) => {
-                    self.needs_full = true;
-                    return Err(e);
-                }
-            }
+        full: bool,
+        lc: Option<&mut LcTable>,
+    ) -> Result<Planned<Vec<Op>>, DataplaneError> {
+        let (full, mut ops, touched) = self.plan_ops(state, changes, full);
+        if let Some(table) = lc {
+            let picks = table.reconcile(&self.lc_wanted(), full);
+            ops.extend(picks.iter().flat_map(pick_ops));
         }
-        // The least-connection table stays locked until the transaction is applied, so that the
-        // controller never moves a pick this transaction also writes.
-        let mut lc_table = self.lc.as_ref().map(LeastConn::lock);
-        if let Some(t) = lc_table.as_mut() {
-            if full {
-                t.forget_programmed();
-            }
-            ops.extend(lc_changes(t, &wanted).iter().flat_map(pick_ops));
-        }
-        let script = ops::render(&ops);
+        Ok(Planned {
+            full,
+            touched,
+            transaction: ops,
+        })
+    }
+
+    fn apply(&mut self, planned: Planned<Vec<Op>>) -> Result<usize, DataplaneError> {
+        let script = ops::render(&planned.transaction);
         let mut result = exec::apply(&script);
-        if let (true, Err(e)) = (full, &result) {
+        if let (true, Err(e)) = (planned.full, &result) {
             // The table in the kernel does not fit the skeleton (another version, a broken
             // leftover): replace it whole, still in one transaction.
             tracing::warn!("nftables: in-place reload failed ({e}); replacing the table");
             result = exec::apply(&format!("{}{script}", ruleset::delete_table()));
         }
-        if let (Err(_), Some(t)) = (&result, lc_table.as_mut()) {
-            t.forget_programmed();
-        }
-        drop(lc_table);
-        let operations = ops.len();
-        self.last_ops = if full { Vec::new() } else { ops };
-        if let Err(e) = result {
-            self.needs_full = true;
-            return Err(e);
-        }
-        self.needs_full = false;
-        if let Err(e) = crate::conntrack::cleanup_stale(state, changes) {
-            tracing::warn!("nftables: stale conntrack cleanup failed: {e}");
-        }
-        Ok(SyncStats {
-            full,
-            service_ports: self.programmed.len(),
-            touched,
-            operations,
-        })
+        let operations = planned.transaction.len();
+        self.last_ops = if planned.full {
+            Vec::new()
+        } else {
+            planned.transaction
+        };
+        result.map(|()| operations)
+    }
+
+    fn steer(&self) -> Box<dyn Steer> {
+        Box::new(NftSteer)
+    }
+
+    fn service_ports(&self) -> usize {
+        self.programmed.len()
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
-        self.lc = None;
         let mut batch = ::nftables::batch::Batch::new();
         let table = ::nftables::schema::Table {
             family: ::nftables::types::NfFamily::IP,
@@ -325,11 +303,6 @@ impl Dataplane for NftablesDataplane {
         self.lc_ports.clear();
         self.chains.clear();
         self.skeleton = None;
-        self.needs_full = true;
         Ok(())
-    }
-
-    fn live_view(&self) -> Option<Arc<dyn LiveView>> {
-        self.lc.as_ref().map(LeastConn::live_view)
     }
 }

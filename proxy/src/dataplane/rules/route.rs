@@ -1,10 +1,9 @@
-//! What the two rule backends (nftables and iptables) share about one service port: the route
-//! each class of source gets at each kind of destination, the targets those routes name and the
+//! The route description of one service port that both rule backends render: the route each
+//! class of source gets at each kind of destination, the targets those routes name and the
 //! stable ids that mark them in conntrack, and the IPv4 addresses they program.
 //!
-//! Owns [`class_routes`], [`Tag`], [`TargetIds`] and the IPv4 filters. Both backends render what
-//! this module describes, each in its own syntax; neither imports the other. It must not know
-//! about either backend's layout (chains, sets, maps).
+//! Owns [`class_routes`], [`Tag`], [`TargetIds`] and the IPv4 filters. It must not know about
+//! either backend's layout (chains, sets, maps).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
