@@ -27,6 +27,23 @@ pub const HEALTHZ_ADDR: &str = "127.0.0.1:10256";
 /// Where the agent serves metrics and `/state` (inside the node namespace).
 pub const METRICS_ADDR: &str = "127.0.0.1:10249";
 
+/// The flags every harness run gives `proxy run`, in order, each with its value (`run_args`);
+/// optional flags come from the options. deploy/'s DaemonSet must pass each of these too (its
+/// test reads this list).
+pub const HARNESS_FLAGS: [&str; 11] = [
+    "--backend",
+    "--source",
+    "--balance",
+    "--hostname-override",
+    "--cluster-cidr",
+    "--service-cluster-ip-range",
+    "--nodeport-addresses",
+    "--sync-period",
+    "--udp-idle-timeout",
+    "--metrics-bind-address",
+    "--healthz-bind-address",
+];
+
 /// How the agent is started.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
@@ -253,34 +270,23 @@ impl<'n> Agent<'n> {
                 format!("{NODE_IP}/32"),
             )
         };
-        let mut args: Vec<String> = [
-            "run",
-            "--backend",
-            &o.backend,
-            "--source",
-            &source,
-            "--balance",
-            &o.balance,
-            "--hostname-override",
-            NODE_NAME,
-            "--cluster-cidr",
-            &cluster,
-            "--service-cluster-ip-range",
-            &services,
-            "--nodeport-addresses",
-            &nodeport,
-            "--sync-period",
-            "30s",
-            "--udp-idle-timeout",
-            "60s",
-            "--metrics-bind-address",
-            METRICS_ADDR,
-            "--healthz-bind-address",
-            "0.0.0.0:10256",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let values: [String; HARNESS_FLAGS.len()] = [
+            o.backend.clone(),
+            source,
+            o.balance.clone(),
+            NODE_NAME.into(),
+            cluster,
+            services,
+            nodeport,
+            "30s".into(),
+            "60s".into(),
+            METRICS_ADDR.into(),
+            "0.0.0.0:10256".into(),
+        ];
+        let mut args = vec!["run".to_string()];
+        for (flag, value) in HARNESS_FLAGS.iter().zip(values) {
+            args.extend([flag.to_string(), value]);
+        }
         args.extend(self.optional_args());
         args.extend(self.isolation_args()?);
         args.extend(o.extra_args.iter().cloned());

@@ -285,8 +285,8 @@ async fn api_objects_become_connections_through_controller_and_agent() {
 
 /// Every manifest of deploy/ is accepted by the real API server's validation and admission
 /// (`kubectl apply --dry-run=server`); kind-config.yaml is kind's own configuration, not an API
-/// object, and is parsed by deploy_manifests.rs instead. A dry run creates nothing, so the
-/// namespace smoke.yaml declares for its other objects is created first.
+/// object, and is parsed by xtask/tests/deploy_manifests.rs instead. A dry run creates nothing, so
+/// the namespace smoke.yaml declares for its other objects is created first.
 #[test]
 fn every_deploy_manifest_passes_a_server_side_dry_run() {
     let cp = controlplane::shared().unwrap();
