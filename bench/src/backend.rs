@@ -166,7 +166,10 @@ fn serve(
     rx: &mpsc::Receiver<Job>,
     ready: &mpsc::Sender<Result<(), String>>,
 ) {
-    match proxy::dataplane::build(name, cfg) {
+    match name
+        .parse()
+        .and_then(|backend| proxy::dataplane::build(backend, cfg))
+    {
         Ok(mut dp) => {
             let _ = ready.send(Ok(()));
             let mut state = ProxyState::default();

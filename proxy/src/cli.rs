@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
 
 use crate::model::Algorithm;
@@ -30,26 +30,32 @@ pub enum Command {
     Cleanup(CleanupArgs),
 }
 
-/// Which dataplane programs the Services.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Backend {
-    /// A proxy in this process that owns every connection (nftables redirect).
-    Userspace,
-    /// kube-proxy-style NAT rules written with iptables-restore.
-    Iptables,
-    /// NAT through nftables maps, changed incrementally.
-    Nftables,
-    /// eBPF socket-level and tc load balancing with hash maps.
-    Ebpf,
+pub use crate::dataplane::Backend;
+
+/// What `proxy cleanup --backend` removes: one backend's leftovers, or (`all`) every backend's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CleanupTarget {
+    All,
+    One(Backend),
 }
 
-impl Backend {
-    pub fn as_str(self) -> &'static str {
+impl CleanupTarget {
+    /// The backends to clean, in order.
+    pub fn backends(self) -> Vec<Backend> {
         match self {
-            Backend::Userspace => "userspace",
-            Backend::Iptables => "iptables",
-            Backend::Nftables => "nftables",
-            Backend::Ebpf => "ebpf",
+            CleanupTarget::All => Backend::ALL.to_vec(),
+            CleanupTarget::One(b) => vec![b],
+        }
+    }
+}
+
+impl std::str::FromStr for CleanupTarget {
+    type Err = crate::error::DataplaneError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "all" => Ok(CleanupTarget::All),
+            one => one.parse().map(CleanupTarget::One),
         }
     }
 }
@@ -211,8 +217,8 @@ pub struct TraceArgs {
 #[derive(Debug, Clone, Args)]
 pub struct CleanupArgs {
     /// Which backend's leftovers to remove; `all` removes every backend's.
-    #[arg(long, value_parser = ["userspace", "iptables", "nftables", "ebpf", "all"], default_value = "all")]
-    pub backend: String,
+    #[arg(long, default_value = "all")]
+    pub backend: CleanupTarget,
     /// bpffs directory of the eBPF backend's pins.
     #[arg(long, default_value = "/sys/fs/bpf/kpr")]
     pub bpffs_path: PathBuf,

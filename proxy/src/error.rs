@@ -41,6 +41,15 @@ pub enum DataplaneError {
         #[source]
         source: std::io::Error,
     },
+    /// A `--backend` value that names no backend.
+    #[error("unknown backend {0:?}: the backends are userspace, nftables, iptables and ebpf")]
+    UnknownBackend(String),
+    /// A flag's value the backend cannot use.
+    #[error("{flag}: {detail}")]
+    InvalidFlag { flag: &'static str, detail: String },
+    /// A tool the backend runs is missing or does not work (the agent may try another backend).
+    #[error("{tool} is not usable: {detail}")]
+    ToolUnavailable { tool: String, detail: String },
     #[error("{0}")]
     Other(String),
 }

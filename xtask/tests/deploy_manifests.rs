@@ -447,7 +447,7 @@ fn rollback_daemonset_cleans_up_every_backend() {
     let Command::Cleanup(args) = cli.command else {
         panic!("{argv:?} is not `proxy cleanup`")
     };
-    assert_eq!(args.backend, "all");
+    assert_eq!(args.backend, proxy::cli::CleanupTarget::All);
     assert_eq!(args.bpffs_path, Path::new("/run/kpr/bpffs/kpr"));
     assert_eq!(
         spec.automount_service_account_token,

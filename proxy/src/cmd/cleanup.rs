@@ -3,7 +3,7 @@
 use anyhow::Context;
 use proxy::cli::CleanupArgs;
 use proxy::dataplane::ebpf::inspect::cgroup_programs;
-use proxy::dataplane::{self, BackendConfig};
+use proxy::dataplane::{self, Backend, BackendConfig};
 use proxy::error::DataplaneError;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -56,13 +56,9 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<()> {
         iptables_mode: args.iptables_mode.clone(),
         ..BackendConfig::default()
     };
-    let backends: Vec<&str> = match args.backend.as_str() {
-        "all" => dataplane::BACKENDS.to_vec(),
-        one => vec![one],
-    };
     let mut failed = Vec::new();
-    for b in backends {
-        let target = (b == "ebpf").then(|| detach_target(args)).flatten();
+    for b in args.backend.backends() {
+        let target = (b == Backend::Ebpf).then(|| detach_target(args)).flatten();
         let done = dataplane::cleanup(b, &cfg).and_then(|()| match &target {
             Some((cgroup, target)) => wait_detached(cgroup, target),
             None => Ok(()),
@@ -71,7 +67,7 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<()> {
             Ok(()) => println!("{b}: cleaned up"),
             Err(e) => {
                 eprintln!("{b}: {e}");
-                failed.push(b);
+                failed.push(b.as_str());
             }
         }
     }

@@ -126,7 +126,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.backend == proxy::cli::Backend::Ebpf {
         log_pins(&cfg.bpffs_path);
     }
-    let dp = dataplane::build(args.backend.as_str(), &cfg)
+    let dp = dataplane::build(args.backend, &cfg)
         .map_err(|e| explain_ebpf_failure(args.backend, e.into()))
         .with_context(|| format!("starting the {} backend", args.backend.as_str()))?;
     let metrics = Arc::new(Metrics::default());

@@ -20,6 +20,19 @@ pub mod nftables;
 pub mod rules;
 pub mod userspace;
 
+/// Which dataplane programs the Services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Backend {
+    /// A proxy in this process that owns every connection (nftables redirect).
+    Userspace,
+    /// kube-proxy-style NAT rules written with iptables-restore.
+    Iptables,
+    /// NAT through nftables maps, changed incrementally.
+    Nftables,
+    /// eBPF socket-level and tc load balancing with hash maps.
+    Ebpf,
+}
+
 /// Node-wide settings every backend is built from (the agent fills it from its flags).
 ///
 /// Backends may add fields they need; keep each one documented with the flag that sets it.
@@ -80,33 +93,59 @@ pub trait Dataplane: Send {
     }
 }
 
-/// Every backend `--backend` accepts, in the order `proxy cleanup --backend all` cleans them.
-pub const BACKENDS: [&str; 4] = ["userspace", "nftables", "iptables", "ebpf"];
+impl Backend {
+    /// Every backend, in the order `proxy cleanup --backend all` cleans them.
+    pub const ALL: [Backend; 4] = [
+        Backend::Userspace,
+        Backend::Nftables,
+        Backend::Iptables,
+        Backend::Ebpf,
+    ];
 
-/// Builds the backend named by `--backend`.
-pub fn build(backend: &str, cfg: &BackendConfig) -> Result<Box<dyn Dataplane>, DataplaneError> {
-    match backend {
-        "userspace" => Ok(Box::new(userspace::UserspaceDataplane::new(cfg)?)),
-        "nftables" => Ok(Box::new(nftables::NftablesDataplane::new(cfg)?)),
-        "iptables" => Ok(Box::new(iptables::IptablesDataplane::new(cfg)?)),
-        "ebpf" => Ok(Box::new(ebpf::EbpfDataplane::new(cfg)?)),
-        other => Err(DataplaneError::Unsupported {
-            backend: "agent",
-            feature: format!("backend {other} (not built into this agent yet)"),
-        }),
+    /// The name `--backend` spells.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Userspace => "userspace",
+            Backend::Iptables => "iptables",
+            Backend::Nftables => "nftables",
+            Backend::Ebpf => "ebpf",
+        }
     }
 }
 
-/// Removes whatever the named backend installed, whether or not an agent is running.
-pub fn cleanup(backend: &str, cfg: &BackendConfig) -> Result<(), DataplaneError> {
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = DataplaneError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.as_str() == s)
+            .ok_or_else(|| DataplaneError::UnknownBackend(s.to_string()))
+    }
+}
+
+/// Builds a backend.
+pub fn build(backend: Backend, cfg: &BackendConfig) -> Result<Box<dyn Dataplane>, DataplaneError> {
+    Ok(match backend {
+        Backend::Userspace => Box::new(userspace::UserspaceDataplane::new(cfg)?),
+        Backend::Nftables => Box::new(nftables::NftablesDataplane::new(cfg)?),
+        Backend::Iptables => Box::new(iptables::IptablesDataplane::new(cfg)?),
+        Backend::Ebpf => Box::new(ebpf::EbpfDataplane::new(cfg)?),
+    })
+}
+
+/// Removes whatever a backend installed, whether or not an agent is running.
+pub fn cleanup(backend: Backend, cfg: &BackendConfig) -> Result<(), DataplaneError> {
     match backend {
-        "userspace" => userspace::cleanup(cfg),
-        "nftables" => nftables::cleanup(cfg),
-        "iptables" => iptables::cleanup(cfg),
-        "ebpf" => ebpf::cleanup(cfg),
-        other => Err(DataplaneError::Unsupported {
-            backend: "agent",
-            feature: format!("cleanup of backend {other} (not built into this agent yet)"),
-        }),
+        Backend::Userspace => userspace::cleanup(cfg),
+        Backend::Nftables => nftables::cleanup(cfg),
+        Backend::Iptables => iptables::cleanup(cfg),
+        Backend::Ebpf => ebpf::cleanup(cfg),
     }
 }

@@ -22,9 +22,10 @@ impl Mode {
         match s {
             "legacy" => Ok(Mode::Legacy),
             "nft" => Ok(Mode::Nft),
-            other => Err(DataplaneError::Other(format!(
-                "--iptables-mode: expected `legacy` or `nft`, found `{other}`"
-            ))),
+            other => Err(DataplaneError::InvalidFlag {
+                flag: "--iptables-mode",
+                detail: format!("expected `legacy` or `nft`, found `{other}`"),
+            }),
         }
     }
 

@@ -105,10 +105,10 @@ impl Iptables {
             None => Mode::detect(),
         };
         if !exec::iptables(mode, &["--version"])? {
-            return Err(DataplaneError::Other(format!(
-                "{} --version failed: iptables ({mode:?}) is not usable",
-                mode.binary("")
-            )));
+            return Err(DataplaneError::ToolUnavailable {
+                tool: mode.binary(""),
+                detail: format!("`--version` failed (iptables mode {mode:?})"),
+            });
         }
         Ok(Iptables {
             cfg: cfg.clone(),
