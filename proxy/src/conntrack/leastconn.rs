@@ -188,10 +188,10 @@ impl LcTable {
 
     /// The least-loaded endpoint, scanning from the cursor so that ties go round-robin.
     fn best(&self, t: &LcTarget) -> Option<SocketAddrV4> {
-        let n = t.endpoints.len();
-        (0..n)
-            .map(|k| t.endpoints[(t.cursor + k) % n])
-            .min_by_key(|e| self.counts.get(e).copied().unwrap_or(0))
+        crate::balance::least_loaded(
+            crate::balance::from_cursor(t.endpoints.len(), t.cursor).map(|i| t.endpoints[i]),
+            |e| self.counts.get(e).copied().unwrap_or(0),
+        )
     }
 
     fn repick(&mut self, id: u32) -> Option<PickChange> {

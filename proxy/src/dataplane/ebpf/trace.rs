@@ -154,16 +154,12 @@ fn slot(f: &FrontendView, n: u32) -> Option<&SlotView> {
 
 /// Fewest active connections; ties go to the first slot at or after the cursor.
 fn least_conn(f: &FrontendView, cursor: u32) -> Option<&SlotView> {
+    // The program's own scan: u32 arithmetic from the cursor, at most MAX_LC_SCAN slots.
     let count = f.value.count;
-    let mut best: Option<&SlotView> = None;
-    for i in 0..count.min(MAX_LC_SCAN) {
-        if let Some(s) = slot(f, cursor.wrapping_add(i) % count) {
-            if best.is_none_or(|b| s.active < b.active) {
-                best = Some(s);
-            }
-        }
-    }
-    best
+    crate::balance::least_loaded(
+        (0..count.min(MAX_LC_SCAN)).filter_map(|i| slot(f, cursor.wrapping_add(i) % count)),
+        |s| s.active,
+    )
 }
 
 /// The client's live affinity entry: by address on the tc path, by netns cookie on the socket path.

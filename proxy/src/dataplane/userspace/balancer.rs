@@ -85,11 +85,11 @@ impl Balancer {
             Algorithm::RoundRobin => usable[start],
             Algorithm::LeastConn => {
                 let active = self.active.lock().expect("active counters lock");
-                // Ties go round-robin: scan from the cursor, keep the first minimum.
-                (0..usable.len())
-                    .map(|i| usable[(start + i) % usable.len()])
-                    .min_by_key(|a| active.get(a).copied().unwrap_or(0))
-                    .expect("usable is not empty")
+                crate::balance::least_loaded(
+                    crate::balance::from_cursor(usable.len(), start).map(|i| usable[i]),
+                    |a| active.get(a).copied().unwrap_or(0),
+                )
+                .expect("usable is not empty")
             }
         }
     }
