@@ -57,6 +57,22 @@ pub struct BackendConfig {
     pub iptables_mode: Option<String>,
 }
 
+impl BackendConfig {
+    /// The node addresses that accept nodePort traffic: those inside `--nodeport-addresses`, or
+    /// all node IPs when it is not given.
+    pub fn nodeport_ips(&self) -> Vec<std::net::IpAddr> {
+        self.node
+            .node_ips
+            .iter()
+            .copied()
+            .filter(|ip| {
+                self.nodeport_addresses.is_empty()
+                    || self.nodeport_addresses.iter().any(|n| n.contains(ip))
+            })
+            .collect()
+    }
+}
+
 impl Default for BackendConfig {
     fn default() -> Self {
         BackendConfig {

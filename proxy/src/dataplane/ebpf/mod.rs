@@ -144,7 +144,7 @@ impl EbpfDataplane {
         let logs = logs::LogDrain::start(&mut ebpf);
         let mut maps = Maps::take(&mut ebpf)?;
         let programmed = Programmed::recover(&maps)?;
-        let nodeport_ips = nodeport_ips(cfg);
+        let nodeport_ips = cfg.nodeport_ips();
         let (svc_net, svc_mask) = service_range(cfg);
         maps.set_config(NodeConfig {
             masq_addr: [masquerade_addr(cfg, &nodeport_ips), 0, 0, 0],
@@ -392,17 +392,4 @@ fn own_netns_cookie() -> u64 {
         );
         0
     })
-}
-
-/// The node addresses that accept nodePort traffic: `--nodeport-addresses`, or all node IPs.
-fn nodeport_ips(cfg: &BackendConfig) -> Vec<IpAddr> {
-    cfg.node
-        .node_ips
-        .iter()
-        .copied()
-        .filter(|ip| {
-            cfg.nodeport_addresses.is_empty()
-                || cfg.nodeport_addresses.iter().any(|n| n.contains(ip))
-        })
-        .collect()
 }

@@ -35,19 +35,6 @@ pub fn cleanup(_cfg: &BackendConfig) -> Result<(), DataplaneError> {
     nft::delete_table("ip", rules::TABLE)
 }
 
-/// The node addresses that accept nodePort traffic: `--nodeport-addresses`, or all node IPs.
-pub fn nodeport_ips(cfg: &BackendConfig) -> Vec<IpAddr> {
-    cfg.node
-        .node_ips
-        .iter()
-        .copied()
-        .filter(|ip| {
-            cfg.nodeport_addresses.is_empty()
-                || cfg.nodeport_addresses.iter().any(|n| n.contains(ip))
-        })
-        .collect()
-}
-
 pub struct UserspaceDataplane {
     cfg: BackendConfig,
     shared: tcp::Shared,
@@ -82,7 +69,7 @@ impl UserspaceDataplane {
             .map_err(|e| DataplaneError::io("reading the TCP listener's port", e))?
             .port();
         let mut table = Table::default();
-        table.nodeport_ips = nodeport_ips(cfg);
+        table.nodeport_ips = cfg.nodeport_ips();
         let shared = tcp::Shared {
             table: Arc::new(RwLock::new(table)),
             balancer: Arc::new(Balancer::default()),
@@ -151,7 +138,7 @@ impl UserspaceDataplane {
         let ips: BTreeSet<Ipv4Addr> = refs.keys().copied().collect();
         let mut script = format!("table ip {t}\ndelete table ip {t}\n", t = rules::TABLE);
         script.push_str(&rules::base_table(self.tcp_port));
-        let node = rules::node_elements(&nodeport_ips(&self.cfg), &self.cfg.service_cidrs, &ips);
+        let node = rules::node_elements(&self.cfg.nodeport_ips(), &self.cfg.service_cidrs, &ips);
         rules::element_commands(&mut script, "add", &node);
         let elems: Vec<Element> = all.values().flatten().cloned().collect();
         rules::element_commands(&mut script, "add", &elems);

@@ -1,14 +1,60 @@
-//! Runs an `nft -f -` transaction: the only place this backend executes `nft`.
-//!
-//! One call is one netlink batch, so a sync is applied atomically or not at all. `nft` runs in
-//! the network namespace of the calling thread. Small transactions (incremental syncs) go through
-//! the thread's long-lived libnftables context ([`super::libnft`]); large ones (full syncs) and
-//! hosts without libnftables run `nft -f -`, whose memory is returned when it exits.
+//! Running `nft`, the one place the agent executes it: a script is one transaction (one netlink
+//! batch, applied atomically or not at all), the version check that tells a user clearly when the
+//! installed nft is too old, small queries, and deleting a table. `nft` runs in the network
+//! namespace of the calling thread. Small transactions (incremental syncs) go through the thread's
+//! long-lived libnftables context ([`libnft`]); large ones (full syncs) and hosts without
+//! libnftables run `nft -f -`, whose memory is returned when it exits.
 
-use std::io::Write as _;
+mod libnft;
+
+use std::io::Write;
 use std::process::{Command, Stdio};
 
 use crate::error::DataplaneError;
+
+/// The oldest nft whose syntax every backend's scripts use (concatenations with `th dport`, map
+/// lookups in `redirect to`).
+pub const MIN_NFT_VERSION: (u32, u32, u32) = (0, 9, 6);
+
+/// Parses `nftables v1.0.6 (Lester Gooch #5)` into (1, 0, 6).
+pub fn parse_version(s: &str) -> Option<(u32, u32, u32)> {
+    let v = s
+        .split_whitespace()
+        .find(|w| w.starts_with('v'))?
+        .trim_start_matches('v');
+    let mut it = v.split('.').map(|p| p.parse::<u32>().ok());
+    Some((it.next()??, it.next()??, it.next().flatten().unwrap_or(0)))
+}
+
+/// Checks that `nft` exists and is new enough; says what is needed when it is not.
+pub fn check_version() -> Result<(u32, u32, u32), DataplaneError> {
+    let out =
+        Command::new("nft")
+            .arg("--version")
+            .output()
+            .map_err(|e| DataplaneError::Command {
+                command: "nft --version".into(),
+                detail: format!(
+                    "{e}: install the nftables package (nft {}.{}.{} or newer)",
+                    MIN_NFT_VERSION.0, MIN_NFT_VERSION.1, MIN_NFT_VERSION.2
+                ),
+            })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = parse_version(&text).ok_or_else(|| DataplaneError::Command {
+        command: "nft --version".into(),
+        detail: format!("unrecognised output {text:?}"),
+    })?;
+    if v < MIN_NFT_VERSION {
+        return Err(DataplaneError::Command {
+            command: "nft --version".into(),
+            detail: format!(
+                "nft {}.{}.{} is too old: {}.{}.{} or newer is needed",
+                v.0, v.1, v.2, MIN_NFT_VERSION.0, MIN_NFT_VERSION.1, MIN_NFT_VERSION.2
+            ),
+        });
+    }
+    Ok(v)
+}
 
 /// Lines of the failing script quoted in an error, around the line nft complains about.
 const CONTEXT_LINES: usize = 2;
@@ -30,7 +76,7 @@ pub fn apply(script: &str) -> Result<(), DataplaneError> {
         );
     }
     if script.len() <= SMALL_SCRIPT {
-        match super::libnft::run(script) {
+        match libnft::run(script) {
             Some(Ok(())) => return Ok(()),
             // The long-lived context is only a shortcut: a transaction is atomic, so one it
             // refused is retried by the nft binary, whose answer is the one reported (seen on
@@ -115,4 +161,24 @@ pub fn query(args: &[&str]) -> Result<String, DataplaneError> {
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Deletes a table if it exists (`destroy` needs nft 1.0.8; emulate it with add-then-delete).
+pub fn delete_table(family: &str, name: &str) -> Result<(), DataplaneError> {
+    apply(&format!(
+        "add table {family} {name}\ndelete table {family} {name}\n"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn version_strings() {
+        assert_eq!(
+            super::parse_version("nftables v1.0.6 (Lester Gooch #5)"),
+            Some((1, 0, 6))
+        );
+        assert_eq!(super::parse_version("nftables v0.9"), Some((0, 9, 0)));
+        assert_eq!(super::parse_version("garbage"), None);
+    }
 }
