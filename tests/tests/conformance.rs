@@ -83,6 +83,8 @@ suite!(
     protocol_matched_exactly,
     round_robin,
     least_connection,
+    least_connection_burst,
+    least_connection_short_connections,
     session_affinity,
     udp,
     hairpin_is_masqueraded,

@@ -105,6 +105,10 @@ pub struct EventStream {
     child: Child,
 }
 
+/// `conntrack -E -b`: the event socket's receive buffer (the kernel caps it at
+/// `net.core.rmem_max` unless the process may raise it, which the agent, with NET_ADMIN, may).
+const EVENT_BUFFER_BYTES: &str = "16777216";
+
 impl EventStream {
     /// Starts the stream; `on_event` runs on a reader thread for every parsed event. The thread
     /// ends when the process does (on drop).
@@ -113,9 +117,12 @@ impl EventStream {
         F: FnMut(CtEvent) + Send + 'static,
     {
         let mut child = Command::new("conntrack")
+            // A large socket buffer: a burst of short connections produces events faster than
+            // one read loop drains them, and an overrun loses events (counts then drift).
             .args(["-E", "-e", "NEW,UPDATE,DESTROY", "-o", "id", "-f", "ipv4"])
+            .args(["-b", EVENT_BUFFER_BYTES])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| {
                 DataplaneError::io(
@@ -124,6 +131,20 @@ impl EventStream {
                 )
             })?;
         let stdout = child.stdout.take().expect("stdout was piped");
+        let stderr = child.stderr.take().expect("stderr was piped");
+        std::thread::Builder::new()
+            .name("kpr-ct-stderr".into())
+            .spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if line.starts_with("NOTICE") {
+                        tracing::debug!("least-connection: conntrack -E: {line}");
+                    } else {
+                        // e.g. "WARNING: We have hit ENOBUFS! We are losing events."
+                        tracing::warn!("least-connection: conntrack -E: {line}");
+                    }
+                }
+            })
+            .map_err(|e| DataplaneError::io("spawning the conntrack stderr reader", e))?;
         std::thread::Builder::new()
             .name("kpr-ct-events".into())
             .spawn(move || {

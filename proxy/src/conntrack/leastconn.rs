@@ -1,21 +1,21 @@
 //! Least-connection for the rule backends, driven by conntrack events.
 //!
-//! Owns [`LcTable`] (per-endpoint active connection counts and the endpoint each target currently
-//! sends new connections to) and [`LeastConn`] (the event-driven controller). The rule backends
-//! mark every connection with its target id (ct mark) and send a least-connection target's new
-//! connections to one endpoint, the *pick*. Each conntrack NEW event counts a connection on the
-//! endpoint of its reply tuple; a TCP state past ESTABLISHED or a DESTROY uncounts it. After every
-//! batch of events the controller moves each affected target's pick to its least-loaded endpoint
-//! (ties in round-robin order) through the backend's [`Steer`].
+//! Owns [`LcTable`] (per-endpoint active connection counts and, per target, the endpoints it
+//! currently spreads new connections over) and [`LeastConn`] (the event-driven controller). The
+//! rule backends mark every connection with its target id (ct mark) and spread a least-connection
+//! target's new connections round-robin over its *picks*: the endpoints tied for the fewest
+//! connections. Each conntrack NEW event counts a connection on the endpoint of its reply tuple; a
+//! TCP state past ESTABLISHED or a DESTROY uncounts it. After every batch of events the
+//! controller moves each affected target's picks through the backend's [`Steer`].
 //!
-//! How exact: a pick is one dataplane update behind the events. Connections opened faster than
-//! one event round trip plus one `nft`/`iptables-restore` run (a few milliseconds) all go to the
-//! same pick; sequential connections are exact. Measured in the node namespace of the kernel
-//! tests (3 endpoints): 30 connections opened back to back by one client ended 10/9/11 (nftables)
-//! and 10/10/10 (iptables-legacy); six more, 50 ms apart, each went to the least-loaded endpoint
-//! (12/12/12 afterwards). Connections that existed before the controller started are not counted.
-//! A TCP connection stops counting at its first FIN or RST, a UDP flow when its conntrack entry
-//! is destroyed (after the UDP timeout). Counts are per endpoint across all Services on this node.
+//! How exact: the picks are one dataplane update behind the events. Connections opened faster
+//! than one event round trip plus one `nft`/`iptables-restore` run (a few milliseconds) see the
+//! picks of before them; since those are every endpoint tied for least, such a burst spreads
+//! round-robin over them instead of piling onto one, so least-connection is never less even than
+//! round-robin. Sequential connections are exact. Connections that existed before the
+//! controller started are not counted. A TCP connection stops counting at its first FIN or RST,
+//! a UDP flow when its conntrack entry is destroyed (after the UDP timeout). Counts are per
+//! endpoint across all Services on this node.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, SocketAddrV4};
@@ -27,14 +27,18 @@ use crate::state::LiveView;
 
 use super::events::{CtEvent, CtEventKind, EventStream};
 
-/// A target's pick moved from `old` to `new` (`None`: not programmed / to be removed).
+/// A target's picks moved from `old` to `new` (empty: not programmed / to be removed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PickChange {
     pub id: u32,
     /// Backend-defined name of the target (e.g. the iptables chain).
     pub label: String,
-    pub old: Option<SocketAddrV4>,
-    pub new: Option<SocketAddrV4>,
+    pub old: Vec<SocketAddrV4>,
+    pub new: Vec<SocketAddrV4>,
+    /// All the target's endpoints, in its order (empty when the target is removed): a dataplane
+    /// that walks fixed slots gives each endpoint its own slots, so that its round-robin runs
+    /// on unchanged while the tie set changes.
+    pub endpoints: Vec<SocketAddrV4>,
 }
 
 #[derive(Debug, Clone)]
@@ -43,8 +47,9 @@ struct LcTarget {
     endpoints: Vec<SocketAddrV4>,
     /// Where the round-robin among equally loaded endpoints continues.
     cursor: usize,
-    /// What the dataplane currently sends new connections to.
-    programmed: Option<SocketAddrV4>,
+    /// What the dataplane currently spreads new connections over: the endpoints tied for the
+    /// least connections, in round-robin order from the cursor.
+    programmed: Vec<SocketAddrV4>,
 }
 
 /// A least-connection target a backend has programmed: (id, label, endpoints). The label is
@@ -96,7 +101,7 @@ impl LcTable {
             label: label.to_string(),
             endpoints: Vec::new(),
             cursor: 0,
-            programmed: None,
+            programmed: Vec::new(),
         });
         t.label = label.to_string();
         if t.endpoints != endpoints {
@@ -109,24 +114,25 @@ impl LcTable {
     /// Forgets a target; returns the change that removes its pick, if one was programmed.
     pub fn remove_target(&mut self, id: u32) -> Option<PickChange> {
         let t = self.targets.remove(&id)?;
-        t.programmed.map(|old| PickChange {
+        (!t.programmed.is_empty()).then(|| PickChange {
             id,
             label: t.label,
-            old: Some(old),
-            new: None,
+            old: t.programmed,
+            new: Vec::new(),
+            endpoints: Vec::new(),
         })
     }
 
     /// The dataplane was rebuilt without picks: every target needs its pick programmed again.
     pub fn forget_programmed(&mut self) {
         for t in self.targets.values_mut() {
-            t.programmed = None;
+            t.programmed.clear();
         }
     }
 
-    /// The endpoint target `id` currently sends new connections to.
-    pub fn pick(&self, id: u32) -> Option<SocketAddrV4> {
-        self.targets.get(&id).and_then(|t| t.programmed)
+    /// The endpoints target `id` currently spreads new connections over.
+    pub fn picks(&self, id: u32) -> &[SocketAddrV4] {
+        self.targets.get(&id).map_or(&[], |t| &t.programmed)
     }
 
     /// The targets currently known, by id.
@@ -186,27 +192,27 @@ impl LcTable {
             .collect()
     }
 
-    /// The least-loaded endpoint, scanning from the cursor so that ties go round-robin.
-    fn best(&self, t: &LcTarget) -> Option<SocketAddrV4> {
-        crate::balance::least_loaded(
+    /// The endpoints tied for the least connections, in round-robin order from the cursor.
+    fn ties(&self, t: &LcTarget) -> Vec<SocketAddrV4> {
+        crate::balance::least_loaded_ties(
             crate::balance::from_cursor(t.endpoints.len(), t.cursor).map(|i| t.endpoints[i]),
             |e| self.counts.get(e).copied().unwrap_or(0),
         )
     }
 
     fn repick(&mut self, id: u32) -> Option<PickChange> {
-        let best = self.best(self.targets.get(&id)?);
+        let ties = self.ties(self.targets.get(&id)?);
         let t = self.targets.get_mut(&id)?;
-        if best == t.programmed {
+        if ties == t.programmed {
             return None;
         }
         let change = PickChange {
             id,
             label: t.label.clone(),
-            old: t.programmed,
-            new: best,
+            old: std::mem::replace(&mut t.programmed, ties.clone()),
+            new: ties,
+            endpoints: t.endpoints.clone(),
         };
-        t.programmed = best;
         Some(change)
     }
 }
@@ -274,7 +280,7 @@ fn run_worker(table: &Mutex<LcTable>, rx: Receiver<CtEvent>, mut steer: Box<dyn 
             for c in t.on_event(&ev) {
                 changes
                     .entry(c.id)
-                    .and_modify(|prev| prev.new = c.new)
+                    .and_modify(|prev| prev.new = c.new.clone())
                     .or_insert(c);
             }
         }
@@ -326,19 +332,25 @@ mod tests {
     }
 
     #[test]
-    fn ties_go_round_robin_and_load_is_avoided() {
+    fn picks_are_every_endpoint_tied_for_least_and_load_is_avoided() {
         let mut t = LcTable::default();
         let first = t.set_target(1, "svc", &[ep(1), ep(2), ep(3)]).unwrap();
-        assert_eq!(first.new, Some(ep(1)));
+        assert_eq!(
+            first.new,
+            [ep(1), ep(2), ep(3)],
+            "idle: a burst spreads over all"
+        );
         let c = t.on_event(&new(100, 1, ep(1)));
-        assert_eq!(c[0].new, Some(ep(2)));
+        assert_eq!(c[0].new, [ep(2), ep(3)]);
         let c = t.on_event(&new(101, 1, ep(2)));
-        assert_eq!(c[0].new, Some(ep(3)));
-        // Connection 100 closes: ep(1) is free again, ep(3) still next in round-robin order.
-        assert!(t.on_event(&destroy(100, ep(1))).is_empty());
+        assert_eq!(c[0].new, [ep(3)]);
+        // Connection 100 closes: ep(1) is free again, after ep(3) in round-robin order.
+        let c = t.on_event(&destroy(100, ep(1)));
+        assert_eq!(c[0].new, [ep(3), ep(1)]);
         let c = t.on_event(&new(102, 1, ep(3)));
-        assert_eq!(c[0].new, Some(ep(1)));
+        assert_eq!(c[0].new, [ep(1)]);
         assert_eq!(t.counts().values().sum::<u64>(), 2);
+        assert_eq!(t.picks(1), [ep(1)]);
     }
 
     #[test]
@@ -354,6 +366,6 @@ mod tests {
         let mut t = LcTable::default();
         t.set_target(4, "svc", &[ep(1)]);
         let c = t.remove_target(4).unwrap();
-        assert_eq!((c.old, c.new), (Some(ep(1)), None));
+        assert_eq!((c.old, c.new), (vec![ep(1)], vec![]));
     }
 }

@@ -114,6 +114,13 @@ pub enum Expect {
     },
     /// Every request answered; each of `pods` answers count/len (+-1) of them.
     Exact(&'static [&'static str]),
+    /// Every request answered by one of `pods`, each answering between `min` and `max` of them
+    /// (how even a balancer stays when it is not paced).
+    Spread {
+        pods: &'static [&'static str],
+        min: usize,
+        max: usize,
+    },
     /// Every request answered, all by one endpoint.
     Sticky,
     /// Actively rejected (refused, reset or unreachable), never answered.
@@ -170,6 +177,16 @@ pub enum Step {
         to: &'static str,
         count: usize,
         pods: &'static [&'static str],
+    },
+    /// Opens `count` TCP connections back to back, with no pause, and holds them until the
+    /// scenario ends; each of `pods` must hold between `min` and `max` of them.
+    Burst {
+        from: From,
+        to: &'static str,
+        count: usize,
+        pods: &'static [&'static str],
+        min: usize,
+        max: usize,
     },
     /// Replaces the manifests and waits until `/state` shows `endpoints` endpoints for `service`.
     Update {

@@ -86,7 +86,24 @@ impl<'c> Rig<'c> {
                 to,
                 count,
                 pods,
-            } => self.hold(from, to, count, pods),
+            } => self.hold(
+                from,
+                to,
+                count,
+                Expect::Served {
+                    pods: leak(pods),
+                    all_seen: false,
+                    src: Src::Any,
+                },
+            ),
+            Step::Burst {
+                from,
+                to,
+                count,
+                pods,
+                min,
+                max,
+            } => self.hold(from, to, count, Expect::Spread { pods, min, max }),
             Step::Update {
                 manifests,
                 service,
@@ -190,7 +207,7 @@ impl<'c> Rig<'c> {
         check(&p.expect, &out.lines, client).map_err(|e| format!("{e}; probe {args:?}"))
     }
 
-    fn hold(&self, from: From, to: &str, count: usize, pods: &[&str]) -> Result<(), String> {
+    fn hold(&self, from: From, to: &str, count: usize, expect: Expect) -> Result<(), String> {
         let (ns, cg, _) = self.source(from);
         let n = count.to_string();
         let (child, stdout) = spawn_piped(ns, cg, &["tcp", to, "--count", &n, "--hold", "60"])?;
@@ -204,11 +221,6 @@ impl<'c> Rig<'c> {
             text.push('\n');
         }
         let lines = parse_probe_output(&text).map_err(|e| e.to_string())?;
-        let expect = Expect::Served {
-            pods: leak(pods),
-            all_seen: false,
-            src: Src::Any,
-        };
         check(&expect, &lines, None)?;
         if lines.len() != count {
             return Err(format!(
@@ -356,6 +368,19 @@ pub fn check(expect: &Expect, lines: &[ProbeLine], client: Option<IpAddr>) -> Re
             if counts.len() != pods.len() || !counts.values().all(|&c| fair(c)) {
                 return Err(format!(
                     "{n} connections over {pods:?} should give {share} +-1 each: {summary}"
+                ));
+            }
+            Ok(())
+        }
+        Expect::Spread { pods, min, max } => {
+            all_answered()?;
+            let outside: Vec<&&str> = counts.keys().filter(|p| !pods.contains(p)).collect();
+            let within = pods
+                .iter()
+                .all(|p| (min..=max).contains(&counts.get(*p).copied().unwrap_or(0)));
+            if !outside.is_empty() || !within {
+                return Err(format!(
+                    "{n} connections over {pods:?} should give each {min}..={max}: {summary}"
                 ));
             }
             Ok(())

@@ -400,6 +400,36 @@ fn balancing() -> Vec<Scenario> {
                 )
             }),
         ]),
+        // Balancing: least-connection under a burst. Eight connections opened back to back and
+        // held, faster than conntrack events reach the rule backends: they must spread over the
+        // four idle endpoints (round-robin gives two each), never pile onto one.
+        Scenario::new("least_connection_burst", || {
+            with_ready(lc_web(), &[0, 1, 2, 3])
+        })
+        .steps(vec![Step::Burst {
+            from: From::Pod,
+            to: VIP,
+            count: 8,
+            pods: ALL,
+            min: 1,
+            max: 3,
+        }]),
+        // Balancing: least-connection with short connections, unpaced: each closes before the
+        // next opens, so every endpoint is always tied for least and the spread must stay close
+        // to round-robin's (100 each).
+        Scenario::new("least_connection_short_connections", || {
+            with_ready(lc_web(), &[0, 1, 2, 3])
+        })
+        .steps(vec![probe(
+            From::Pod,
+            VIP,
+            400,
+            Expect::Spread {
+                pods: ALL,
+                min: 70,
+                max: 130,
+            },
+        )]),
         // Balancing: session affinity ClientIP sticks per client.
         Scenario::new("session_affinity", || {
             with_ready(web().affinity(60), &[0, 1, 2, 3])

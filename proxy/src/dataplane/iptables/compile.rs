@@ -102,17 +102,33 @@ pub struct LcTarget {
 }
 
 impl LcTarget {
-    /// The chain's one rule: new connections go to `pick`.
-    pub fn pick_rule(&self, pick: SocketAddrV4) -> String {
-        let record = if self.affinity {
-            format!("-m recent --name {} --set ", affinity_list(&self.spn, pick))
-        } else {
-            String::new()
-        };
-        format!(
-            "-A {} -p {} {record}-j DNAT --to-destination {pick}",
-            self.chain, self.protocol
-        )
+    /// The chain's rules: new connections go round-robin over `picks` (the endpoints tied for
+    /// the fewest connections), kube-proxy's `statistic --mode nth` pattern.
+    pub fn pick_rules(&self, picks: &[SocketAddrV4]) -> Vec<String> {
+        picks
+            .iter()
+            .enumerate()
+            .map(|(i, pick)| {
+                let left = picks.len() - i;
+                let nth = if left > 1 {
+                    format!("-m statistic --mode nth --every {left} --packet 0 ")
+                } else {
+                    String::new()
+                };
+                let record = if self.affinity {
+                    format!(
+                        "-m recent --name {} --set ",
+                        affinity_list(&self.spn, *pick)
+                    )
+                } else {
+                    String::new()
+                };
+                format!(
+                    "-A {} -p {} {nth}{record}-j DNAT --to-destination {pick}",
+                    self.chain, self.protocol
+                )
+            })
+            .collect()
     }
 }
 

@@ -221,9 +221,7 @@ impl Iptables {
         for t in write.into_values() {
             shared.insert(t.id, t.clone());
             p.nat_declare.insert(t.chain.clone());
-            if let Some(pick) = table.pick(t.id) {
-                p.nat_rules.push(t.pick_rule(pick));
-            }
+            p.nat_rules.extend(t.pick_rules(table.picks(t.id)));
         }
     }
 }

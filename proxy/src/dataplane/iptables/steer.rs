@@ -22,8 +22,8 @@ impl Steer for IptSteer {
                 continue;
             };
             let _ = writeln!(script, ":{} - [0:0]", t.chain);
-            if let Some(pick) = c.new {
-                rules.push_str(&t.pick_rule(pick));
+            for rule in t.pick_rules(&c.new) {
+                rules.push_str(&rule);
                 rules.push('\n');
             }
         }

@@ -19,6 +19,7 @@ pub mod ops;
 pub mod ruleset;
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use crate::conntrack::leastconn::{LcTable, LcWanted, PickChange, Steer};
 use crate::dataplane::rules::driver::Planned;
@@ -199,21 +200,40 @@ impl Nftables {
     }
 }
 
-/// The `lc_pick` element operations that move one pick.
+/// The `lc_pick` element operations that move one target's picks: its `LC_SLOTS` slots hold
+/// the picks in turn, and the `lc` chain's `numgen` walks the slots.
 fn pick_ops(c: &PickChange) -> Vec<Op> {
+    let slot_key = |slot: usize| -> Arc<str> { format!("{} . {slot}", c.id).into() };
     let mut ops = Vec::new();
-    if c.old.is_some() {
-        ops.push(Op::DeleteElement {
+    if !c.old.is_empty() {
+        ops.extend((0..ruleset::LC_SLOTS).map(|slot| Op::DeleteElement {
             set: "lc_pick",
-            key: c.id.to_string().into(),
-        });
+            key: slot_key(slot),
+        }));
     }
-    if let Some(new) = c.new {
-        ops.push(Op::AddElement {
-            set: "lc_pick",
-            key: c.id.to_string().into(),
-            value: Some(format!("{} . {}", new.ip(), new.port()).into()),
-        });
+    if !c.new.is_empty() {
+        // The `numgen` counter keeps its place across updates, so each endpoint owns fixed slots
+        // (slot s: endpoint s mod n) and keeps them while it is tied for least; only the slots
+        // of the others go to the ties. New connections then walk the ties round-robin even
+        // while every update excludes the endpoint that just took one.
+        let owners = if c.endpoints.is_empty() {
+            &c.new
+        } else {
+            &c.endpoints
+        };
+        ops.extend((0..ruleset::LC_SLOTS).map(|slot| {
+            let owner = owners[slot % owners.len()];
+            let pick = if c.new.contains(&owner) {
+                owner
+            } else {
+                c.new[slot % c.new.len()]
+            };
+            Op::AddElement {
+                set: "lc_pick",
+                key: slot_key(slot),
+                value: Some(format!("{} . {}", pick.ip(), pick.port()).into()),
+            }
+        }));
     }
     ops
 }

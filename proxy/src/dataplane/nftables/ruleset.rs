@@ -16,7 +16,8 @@
 //! rrb_B:          per protocol and N in 1..=16: ct mark @rr_nN
 //!                 dnat to ct mark . numgen inc mod N map @slots_<protocol>_B
 //! rr_N_B:         the same for one N > 16, created when a target first needs it
-//! lc:             dnat to ct mark map @lc_pick (kept by the least-connection controller)
+//! lc:             dnat to ct mark . numgen inc mod LC_SLOTS map @lc_pick (the endpoints tied
+//!                 for least, kept by the least-connection controller)
 //! nat postrouting: record affinity (ct mark vmap @aff_record), masquerade marked and hairpin
 //! filter input/forward/output (new): drop/reject marks, reject unexposed clusterIP ports,
 //!                 drop unallocated service CIDR addresses
@@ -36,6 +37,11 @@ use super::compile::RR_BUCKETS;
 
 /// The table every command addresses.
 pub const TABLE: &str = "ip kpr";
+
+/// Slots of a least-connection target in `lc_pick`: its picks (the endpoints tied for the fewest
+/// connections) fill them in turn and new connections walk them. 12 spreads evenly over 1, 2, 3,
+/// 4 and 6 picks and within one connection per 12 otherwise.
+pub const LC_SLOTS: usize = 12;
 /// Packet mark bit: masquerade in postrouting (kube-proxy's value).
 pub const MARK_MASQ: u32 = 0x4000;
 /// Packet mark bit: drop in the filter chains (Local policy with endpoints elsewhere only).
@@ -156,7 +162,11 @@ const MANAGED_SETS: &[(&str, &str, &str)] = &[
     ("set", "npmasq_pod", "type inet_proto . inet_service;"),
     ("set", "npmasq_ext", "type inet_proto . inet_service;"),
     ("map", "targets", "type mark : verdict;"),
-    ("map", "lc_pick", "type mark : ipv4_addr . inet_service;"),
+    (
+        "map",
+        "lc_pick",
+        "typeof ct mark . numgen inc mod 2 : ip daddr . th dport;",
+    ),
     ("map", "aff_lookup", "type mark : verdict;"),
     ("map", "aff_record", "type mark : verdict;"),
     (
@@ -348,7 +358,9 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
         ("dispatch", bucket_dispatch()),
         (
             "lc",
-            "meta l4proto { tcp, udp, sctp } dnat ip to ct mark map @lc_pick".to_string(),
+            format!(
+                "meta l4proto {{ tcp, udp, sctp }} dnat ip to ct mark . numgen inc mod {LC_SLOTS} map @lc_pick"
+            ),
         ),
         (
             "empty_reject",

@@ -255,12 +255,32 @@ fn least_connection_marks_the_target_and_jumps_to_its_pick_chain() {
         ]
     );
     assert_eq!(c.chains[&t.chain], Vec::<String>::new());
+    let picks = [1, 2, 3].map(|n| SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, n), 8080));
     assert_eq!(
-        t.pick_rule(SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, 2), 8080)),
-        format!(
-            "-A {} -p tcp -j DNAT --to-destination 10.244.1.2:8080",
+        t.pick_rules(&picks[..1]),
+        [format!(
+            "-A {} -p tcp -j DNAT --to-destination 10.244.1.1:8080",
             t.chain
-        )
+        )]
+    );
+    assert_eq!(
+        t.pick_rules(&picks),
+        [
+            format!(
+                "-A {} -p tcp -m statistic --mode nth --every 3 --packet 0 -j DNAT \
+                 --to-destination 10.244.1.1:8080",
+                t.chain
+            ),
+            format!(
+                "-A {} -p tcp -m statistic --mode nth --every 2 --packet 0 -j DNAT \
+                 --to-destination 10.244.1.2:8080",
+                t.chain
+            ),
+            format!(
+                "-A {} -p tcp -j DNAT --to-destination 10.244.1.3:8080",
+                t.chain
+            ),
+        ]
     );
 }
 
