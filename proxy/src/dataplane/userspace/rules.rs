@@ -19,6 +19,9 @@ pub const TABLE: &str = "kpr-userspace";
 pub type Element = (&'static str, String);
 
 /// The table with its sets, maps and chains, redirecting TCP to `tcp_port`.
+/// TCP is refused with a reset, the rest with ICMP port unreachable: the kernel sends at most
+/// about one ICMP error per second to a destination (`net.ipv4.icmp_ratelimit`), so a TCP client
+/// that retried within that second would see its SYN vanish instead of a refusal.
 pub fn base_table(tcp_port: u16) -> String {
     let l4 = "meta l4proto { tcp, udp, sctp }";
     format!(
@@ -44,10 +47,13 @@ pub fn base_table(tcp_port: u16) -> String {
     jump filter_services
   }}
   chain filter_services {{
+    meta l4proto tcp ip daddr . meta l4proto . th dport @svc_reject reject with tcp reset
     {l4} ip daddr . meta l4proto . th dport @svc_reject reject
     {l4} ip daddr . meta l4proto . th dport @svc_drop drop
+    meta l4proto tcp ip daddr @np_ips meta l4proto . th dport @np_reject reject with tcp reset
     {l4} ip daddr @np_ips meta l4proto . th dport @np_reject reject
     {l4} ip daddr @np_ips meta l4proto . th dport @np_drop drop
+    meta l4proto tcp ip daddr @cluster_ips ip daddr . meta l4proto . th dport != @svc_ports reject with tcp reset
     {l4} ip daddr @cluster_ips ip daddr . meta l4proto . th dport != @svc_ports reject
     ip daddr @service_cidrs ip daddr != @cluster_ips drop
   }}
