@@ -106,6 +106,7 @@ impl Workload {
             ready,
             serving: ready,
             terminating: false,
+            hints: None,
         }
     }
 
@@ -207,6 +208,7 @@ pub fn node_context() -> NodeContext {
         cluster_cidrs: vec![CLUSTER_CIDR.parse().expect("constant")],
         node_ips: vec![IpAddr::V4(NODE_IP)],
         masquerade_all: false,
+        zone: None,
     }
 }
 

@@ -225,6 +225,7 @@ mod tests {
             ready: true,
             serving: true,
             terminating: false,
+            hints: None,
         }
     }
 

@@ -16,7 +16,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::error::InvalidObject;
 use crate::model::{
-    Algorithm, Endpoint, Protocol, ServicePort, ServicePortName, ALGORITHM_ANNOTATION,
+    Algorithm, Endpoint, Hints, Protocol, ServicePort, ServicePortName, ALGORITHM_ANNOTATION,
 };
 
 /// Services carrying this label belong to another proxy.
@@ -568,6 +568,7 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
             ready,
             serving,
             terminating,
+            hints: hints_of(e.hints.as_ref()),
         });
     }
     let namespace = shared_name(slice.metadata.namespace.as_deref().unwrap_or("default"));
@@ -580,6 +581,24 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
         }),
         errors,
     )
+}
+
+/// An endpoint's topology hints, `None` when it has neither zone nor node hints.
+fn hints_of(h: Option<&k8s_openapi::api::discovery::v1::EndpointHints>) -> Option<Arc<Hints>> {
+    let h = h?;
+    let zones: Box<[Arc<str>]> = h
+        .for_zones
+        .iter()
+        .flatten()
+        .map(|z| shared_name(&z.name))
+        .collect();
+    let nodes: Box<[Arc<str>]> = h
+        .for_nodes
+        .iter()
+        .flatten()
+        .map(|n| shared_name(&n.name))
+        .collect();
+    (!zones.is_empty() || !nodes.is_empty()).then(|| Arc::new(Hints { zones, nodes }))
 }
 
 #[cfg(test)]

@@ -175,6 +175,29 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
+    /// Topology hints (EndpointSlice `hints`), when the slice has any: one allocation, kept
+    /// apart so that an endpoint without hints costs one pointer.
+    pub hints: Option<Arc<Hints>>,
+}
+
+/// Where an endpoint should serve from, as the EndpointSlice controller hints it
+/// (`hints.forZones`, `hints.forNodes`). Names are shared like node and zone names.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Hints {
+    pub zones: Box<[Arc<str>]>,
+    pub nodes: Box<[Arc<str>]>,
+}
+
+impl Endpoint {
+    /// The zones this endpoint is hinted for (empty: no zone hint).
+    pub fn zone_hints(&self) -> &[Arc<str>] {
+        self.hints.as_deref().map_or(&[], |h| &h.zones)
+    }
+
+    /// The nodes this endpoint is hinted for (empty: no node hint).
+    pub fn node_hints(&self) -> &[Arc<str>] {
+        self.hints.as_deref().map_or(&[], |h| &h.nodes)
+    }
 }
 
 impl Endpoint {
@@ -238,6 +261,7 @@ pub mod fixtures {
             ready: true,
             serving: true,
             terminating: false,
+            hints: None,
         }
     }
 }

@@ -24,6 +24,8 @@ pub struct NodeContext {
     pub node_ips: Vec<IpAddr>,
     /// `--masquerade-all`.
     pub masquerade_all: bool,
+    /// The node's `topology.kubernetes.io/zone` label, for endpoints hinted by zone.
+    pub zone: Option<String>,
 }
 
 impl NodeContext {
@@ -123,9 +125,65 @@ pub fn usable(endpoints: &[Endpoint]) -> Vec<Endpoint> {
         .collect()
 }
 
-/// Splits a Service port's endpoints into the sets each kind of traffic may use.
+/// Splits a Service port's endpoints into the sets each kind of traffic may use, without
+/// topology (see [`select_in`]).
 pub fn select(svc: &ServicePort, endpoints: &[Endpoint], node_name: &str) -> SelectedEndpoints {
-    let all: Arc<[Endpoint]> = usable(endpoints).into();
+    select_in(svc, endpoints, node_name, None)
+}
+
+/// How topology hints narrow the cluster endpoints on this node, as kube-proxy decides it from
+/// the hints alone (the EndpointSlice controller writes them only for Services that ask).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Topology {
+    SameNode,
+    SameZone,
+}
+
+/// Hints are used only when every ready endpoint has one of the kind and at least one is for
+/// here (this node, else this node's zone); otherwise all of them are ignored.
+fn topology(endpoints: &[Endpoint], node_name: &str, zone: Option<&str>) -> Option<Topology> {
+    let ready = || endpoints.iter().filter(|e| e.ready);
+    ready().next()?;
+    let for_here = |hints: &[Arc<str>], here: &str| hints.iter().any(|h| &**h == here);
+    if ready().all(|e| !e.node_hints().is_empty())
+        && ready().any(|e| for_here(e.node_hints(), node_name))
+    {
+        return Some(Topology::SameNode);
+    }
+    let zone = zone?;
+    if ready().all(|e| !e.zone_hints().is_empty())
+        && ready().any(|e| for_here(e.zone_hints(), zone))
+    {
+        return Some(Topology::SameZone);
+    }
+    None
+}
+
+/// Splits a Service port's endpoints into the sets each kind of traffic may use, on the node
+/// `node_name` in `zone`. Topology hints narrow the cluster endpoints (those cluster traffic and
+/// eTP Cluster external traffic use); Local traffic policies use local endpoints whatever the
+/// hints say.
+pub fn select_in(
+    svc: &ServicePort,
+    endpoints: &[Endpoint],
+    node_name: &str,
+    zone: Option<&str>,
+) -> SelectedEndpoints {
+    let usable_anywhere: Arc<[Endpoint]> = usable(endpoints).into();
+    let all: Arc<[Endpoint]> = match topology(endpoints, node_name, zone) {
+        None => usable_anywhere.clone(),
+        Some(t) => endpoints
+            .iter()
+            .filter(|e| {
+                e.ready
+                    && match t {
+                        Topology::SameNode => e.node_hints().iter().any(|h| &**h == node_name),
+                        Topology::SameZone => e.zone_hints().iter().any(|h| Some(&**h) == zone),
+                    }
+            })
+            .cloned()
+            .collect(),
+    };
     let local_eps: Vec<Endpoint> = endpoints
         .iter()
         .filter(|e| e.is_local(node_name))
@@ -137,16 +195,12 @@ pub fn select(svc: &ServicePort, endpoints: &[Endpoint], node_name: &str) -> Sel
     } else {
         all.clone()
     };
-    let external = if svc.external_local {
-        local
-    } else {
-        all.clone()
-    };
+    let external = if svc.external_local { local } else { all };
     SelectedEndpoints {
         cluster,
         external,
         local_ready: local_eps.iter().filter(|e| e.ready).count(),
-        any_usable: !all.is_empty(),
+        any_usable: !usable_anywhere.is_empty(),
     }
 }
 

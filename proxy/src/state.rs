@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Endpoint, ServicePort, ServicePortName};
-use crate::selection::{select, NodeContext, SelectedEndpoints};
+use crate::selection::{select_in, NodeContext, SelectedEndpoints};
 
 /// One service port as the dataplanes program it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,9 +28,9 @@ pub struct PortState {
 }
 
 impl PortState {
-    /// The port with its endpoints, selected for the node named `node_name`.
-    pub fn new(service: Arc<ServicePort>, endpoints: Vec<Endpoint>, node_name: &str) -> Self {
-        let selected = select(&service, &endpoints, node_name);
+    /// The port with its endpoints, selected for `node`.
+    pub fn new(service: Arc<ServicePort>, endpoints: Vec<Endpoint>, node: &NodeContext) -> Self {
+        let selected = select_in(&service, &endpoints, &node.node_name, node.zone.as_deref());
         let endpoints = if *selected.cluster == *endpoints {
             selected.cluster.clone()
         } else {
@@ -104,7 +104,7 @@ impl ProxyState {
         service: impl Into<Arc<ServicePort>>,
         endpoints: Vec<Endpoint>,
     ) -> Option<PortState> {
-        let port = PortState::new(service.into(), endpoints, &self.node.node_name);
+        let port = PortState::new(service.into(), endpoints, &self.node);
         self.insert(port)
     }
 

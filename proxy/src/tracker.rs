@@ -37,6 +37,8 @@ pub struct Tracker {
     ports_by_service: HashMap<ObjectKey, Vec<ServicePortName>>,
     state: ProxyState,
     needs_full: bool,
+    /// The node's zone changed: every port's selection is made again at the next sync.
+    node_changed: bool,
 }
 
 impl Tracker {
@@ -51,6 +53,7 @@ impl Tracker {
             ports_by_service: HashMap::new(),
             state: ProxyState::new(node),
             needs_full: true,
+            node_changed: false,
         }
     }
 
@@ -66,7 +69,17 @@ impl Tracker {
 
     /// Whether anything changed since the last sync.
     pub fn has_changes(&self) -> bool {
-        !self.dirty.is_empty() || self.needs_full
+        !self.dirty.is_empty() || self.needs_full || self.node_changed
+    }
+
+    /// The node's zone (its `topology.kubernetes.io/zone` label), which topology hints are
+    /// matched against.
+    pub fn set_node_zone(&mut self, zone: Option<String>) {
+        if self.state.node.zone != zone {
+            tracing::info!(zone = ?zone, "node zone changed; selecting endpoints again");
+            self.state.node.zone = zone;
+            self.node_changed = true;
+        }
     }
 
     /// Asks for a full resync at the next sync (start-up, after a failed sync).
@@ -255,14 +268,20 @@ impl Tracker {
             full: std::mem::take(&mut self.needs_full),
             ..ChangeSet::default()
         };
-        let dirty = std::mem::take(&mut self.dirty);
+        let mut dirty = std::mem::take(&mut self.dirty);
+        let reselect = std::mem::take(&mut self.node_changed);
+        if reselect {
+            dirty.extend(self.services.keys().cloned());
+        }
         for svc_key in dirty {
-            self.refresh_service(&svc_key, &mut changes);
+            self.refresh_service(&svc_key, &mut changes, reselect);
         }
         changes
     }
 
-    fn refresh_service(&mut self, svc_key: &ObjectKey, changes: &mut ChangeSet) {
+    /// With `reselect`, ports whose Service and endpoints are unchanged are selected again too
+    /// (the node changed).
+    fn refresh_service(&mut self, svc_key: &ObjectKey, changes: &mut ChangeSet, reselect: bool) {
         let new_ports: Vec<Arc<ServicePort>> = self
             .services
             .get(svc_key)
@@ -285,20 +304,29 @@ impl Tracker {
         }
         for sp in new_ports {
             let eps = self.endpoints_for(svc_key, &sp);
-            self.update_port(sp, eps, changes);
+            self.update_port(sp, eps, changes, reselect);
         }
         if !new_names.is_empty() {
             self.ports_by_service.insert(svc_key.clone(), new_names);
         }
     }
 
-    fn update_port(&mut self, sp: Arc<ServicePort>, eps: Vec<Endpoint>, changes: &mut ChangeSet) {
+    fn update_port(
+        &mut self,
+        sp: Arc<ServicePort>,
+        eps: Vec<Endpoint>,
+        changes: &mut ChangeSet,
+        reselect: bool,
+    ) {
         let name = sp.name.clone();
         let old = self.state.get(&name);
-        if old.is_some_and(|o| o.service == sp && *o.endpoints == *eps) {
+        if !reselect && old.is_some_and(|o| o.service == sp && *o.endpoints == *eps) {
             return;
         }
-        let port = PortState::new(sp, eps, &self.state.node.node_name);
+        let port = PortState::new(sp, eps, &self.state.node);
+        if reselect && old.is_some_and(|o| *o == port) {
+            return;
+        }
         let was_reachable = old.is_some_and(|o| o.selected.any_usable);
         if let Some(old) = old {
             let now: BTreeSet<_> = port

@@ -109,12 +109,18 @@ impl Fixture {
         }
         let (tx, rx) = mpsc::channel(1024);
         let source_client = source_client.unwrap_or_else(|| client.clone());
-        let task = tokio::spawn(source::kube::run(source_client, tx, Algorithm::RoundRobin));
+        let task = tokio::spawn(source::kube::run(
+            source_client,
+            tx,
+            Algorithm::RoundRobin,
+            "node-a".into(),
+        ));
         let node = NodeContext {
             node_name: "node".into(),
             cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
             node_ips: vec!["192.0.2.1".parse().unwrap()],
             masquerade_all: false,
+            zone: None,
         };
         Fixture {
             ns,

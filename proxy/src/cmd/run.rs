@@ -47,6 +47,7 @@ fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
         cluster_cidrs: args.cluster_cidr.clone(),
         node_ips: node_addresses()?,
         masquerade_all: args.masquerade_all,
+        zone: None,
     };
     Ok(BackendConfig {
         node,
@@ -60,7 +61,11 @@ fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
     })
 }
 
-async fn start_source(args: &RunArgs, tx: mpsc::Sender<source::SourceEvent>) -> anyhow::Result<()> {
+async fn start_source(
+    args: &RunArgs,
+    node_name: &str,
+    tx: mpsc::Sender<source::SourceEvent>,
+) -> anyhow::Result<()> {
     match &args.source {
         SourceArg::File(dir) => {
             let balance = args.balance;
@@ -79,7 +84,12 @@ async fn start_source(args: &RunArgs, tx: mpsc::Sender<source::SourceEvent>) -> 
             let client = source::kube::client(args.kubeconfig.as_deref())
                 .await
                 .context("building the Kubernetes client")?;
-            tokio::spawn(source::kube::run(client, tx, args.balance));
+            tokio::spawn(source::kube::run(
+                client,
+                tx,
+                args.balance,
+                node_name.to_string(),
+            ));
         }
     }
     Ok(())
@@ -149,7 +159,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             args.metrics_bind_address, args.healthz_bind_address
         )
     })?;
-    start_source(&args, ev_tx).await?;
+    start_source(&args, &cfg.node.node_name, ev_tx).await?;
     let timing = SyncTiming {
         min_sync_period: args.min_sync_period,
         sync_period: args.sync_period,

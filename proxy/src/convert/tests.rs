@@ -189,3 +189,33 @@ fn a_services_key_and_its_port_names_share_their_strings() {
     );
     assert!(std::sync::Arc::ptr_eq(&other.key.0, &entry.key.0));
 }
+
+#[test]
+fn topology_hints_are_kept_and_shared() {
+    let yaml = r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-abc, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.2]
+  zone: z1
+  hints: {forZones: [{name: z1}], forNodes: [{name: node-a}]}
+- addresses: [10.244.1.3]
+  hints: {}
+- addresses: [10.244.1.4]
+"#;
+    let slice: EndpointSlice = serde_saphyr::from_str(yaml).unwrap();
+    let (info, errs) = convert_slice(&slice);
+    assert!(errs.is_empty(), "{errs:?}");
+    let eps = info.unwrap().endpoints;
+    assert_eq!(eps[0].zone_hints(), [Arc::from("z1")]);
+    assert_eq!(eps[0].node_hints(), [Arc::from("node-a")]);
+    assert!(
+        Arc::ptr_eq(&eps[0].zone_hints()[0], eps[0].zone.as_ref().unwrap()),
+        "the hint and the zone share one name"
+    );
+    assert!(eps[1].hints.is_none(), "empty hints are no hints");
+    assert!(eps[2].hints.is_none());
+}

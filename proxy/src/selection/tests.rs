@@ -51,6 +51,7 @@ fn ep(last_octet: u8, node: &str, state: &str) -> Endpoint {
         ready,
         serving,
         terminating,
+        hints: None,
     }
 }
 
@@ -69,6 +70,7 @@ fn ctx() -> NodeContext {
         cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
         node_ips: vec![ip("192.0.2.10")],
         masquerade_all: false,
+        zone: None,
     }
 }
 
@@ -360,4 +362,93 @@ fn source_classification() {
     assert_eq!(c.source_kind(ip("192.0.2.10")), SourceKind::Node);
     assert_eq!(c.source_kind(ip("127.0.0.1")), SourceKind::Node);
     assert_eq!(c.source_kind(ip("198.51.100.1")), SourceKind::External);
+}
+
+/// `ep` with topology hints.
+fn hinted(last_octet: u8, node: &str, state: &str, zones: &[&str], nodes: &[&str]) -> Endpoint {
+    Endpoint {
+        hints: Some(Arc::new(crate::model::Hints {
+            zones: zones.iter().map(|z| Arc::from(*z)).collect(),
+            nodes: nodes.iter().map(|n| Arc::from(*n)).collect(),
+        })),
+        ..ep(last_octet, node, state)
+    }
+}
+
+#[test]
+fn zone_hints_keep_cluster_traffic_in_the_nodes_zone() {
+    let s = svc(false, false);
+    let eps = [
+        hinted(1, "b", "ready", &["z1"], &[]),
+        hinted(2, "c", "ready", &["z2"], &[]),
+        hinted(3, "d", "ready", &["z1"], &[]),
+    ];
+    let sel = select_in(&s, &eps, NODE, Some("z1"));
+    assert_eq!(octets(&sel.cluster), [1, 3]);
+    assert_eq!(
+        octets(&sel.external),
+        [1, 3],
+        "eTP Cluster uses the same set"
+    );
+    // No endpoint for this zone, or no zone label on the node: hints are ignored.
+    assert_eq!(
+        octets(&select_in(&s, &eps, NODE, Some("z3")).cluster),
+        [1, 2, 3]
+    );
+    assert_eq!(octets(&select_in(&s, &eps, NODE, None).cluster), [1, 2, 3]);
+}
+
+#[test]
+fn one_ready_endpoint_without_hints_disables_them() {
+    let s = svc(false, false);
+    let eps = [
+        hinted(1, "b", "ready", &["z1"], &[]),
+        ep(2, "c", "ready"),
+        // Not ready: its missing hint does not count.
+        ep(3, "c", "notready"),
+    ];
+    assert_eq!(
+        octets(&select_in(&s, &eps, NODE, Some("z1")).cluster),
+        [1, 2]
+    );
+    let eps = [
+        hinted(1, "b", "ready", &["z1"], &[]),
+        ep(3, "c", "notready"),
+    ];
+    assert_eq!(octets(&select_in(&s, &eps, NODE, Some("z1")).cluster), [1]);
+}
+
+#[test]
+fn node_hints_win_over_zone_hints_and_local_policies_over_both() {
+    let eps = [
+        hinted(1, NODE, "ready", &["z1"], &[NODE]),
+        hinted(2, "b", "ready", &["z1"], &["b"]),
+    ];
+    let sel = select_in(&svc(false, false), &eps, NODE, Some("z1"));
+    assert_eq!(octets(&sel.cluster), [1]);
+    // Hinted for another node only: the zone hints decide.
+    let sel = select_in(&svc(false, false), &eps, "c", Some("z1"));
+    assert_eq!(octets(&sel.cluster), [1, 2]);
+    // internalTrafficPolicy Local: local endpoints, whatever the hints.
+    let eps = [
+        hinted(1, NODE, "ready", &["z2"], &[]),
+        hinted(2, "b", "ready", &["z1"], &[]),
+    ];
+    let sel = select_in(&svc(true, false), &eps, NODE, Some("z1"));
+    assert_eq!(octets(&sel.cluster), [1]);
+    assert_eq!(
+        octets(&sel.external),
+        [2],
+        "eTP Cluster: the zone's endpoints"
+    );
+}
+
+#[test]
+fn hints_never_hide_that_endpoints_exist_elsewhere() {
+    // Only terminating endpoints: hints are about ready ones, the fallback ignores them.
+    let s = svc(false, false);
+    let eps = [hinted(1, "b", "terminating-serving", &["z2"], &[])];
+    let sel = select_in(&s, &eps, NODE, Some("z1"));
+    assert_eq!(octets(&sel.cluster), [1]);
+    assert!(sel.any_usable);
 }

@@ -1,4 +1,5 @@
-//! The `kube` source: kube-rs watchers on Services and EndpointSlices.
+//! The `kube` source: kube-rs watchers on Services and EndpointSlices, and on this node's Node
+//! object for its zone label (topology hints).
 //!
 //! Each watcher's (re)list is forwarded as one complete listing (`Replace*`), so objects deleted while
 //! the watch was down are deleted here too; single events are forwarded as they come. Objects are
@@ -8,7 +9,7 @@
 //! programmed state keeps serving.
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -134,9 +135,64 @@ async fn forward<K, S>(
     }
 }
 
-/// Runs both watchers until the receiver goes away. `Synced` is sent once both have listed.
-/// `default_algorithm` is the node's `--balance`, for Services that do not choose their own.
-pub async fn run(client: Client, tx: mpsc::Sender<SourceEvent>, default_algorithm: Algorithm) {
+/// The label topology hints are matched against.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// Forwards the zone label of the Node called `node_name` whenever it changes. A node the agent
+/// may not read (no RBAC for nodes) or that does not exist has no zone: hints are then ignored,
+/// as kube-proxy ignores them on an unlabelled node. Never holds back the first sync.
+async fn forward_zone(client: Client, node_name: String, tx: mpsc::Sender<SourceEvent>) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    let stream = watcher::watcher(Api::<Node>::all(client), config).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let zone_of = |n: &Node| n.labels().get(ZONE_LABEL).cloned();
+    let mut sent: Option<Option<String>> = None;
+    let mut listed: Option<Option<String>> = None;
+    let mut warned = false;
+    while let Some(ev) = stream.next().await {
+        let zone = match ev {
+            Ok(Event::Init) => {
+                listed = Some(None);
+                continue;
+            }
+            Ok(Event::InitApply(n)) => {
+                listed = Some(zone_of(&n));
+                continue;
+            }
+            Ok(Event::InitDone) => listed.take().flatten(),
+            Ok(Event::Apply(n)) => zone_of(&n),
+            Ok(Event::Delete(_)) => None,
+            Err(e) => {
+                if !warned {
+                    warned = true;
+                    tracing::warn!(
+                        node = %node_name,
+                        "cannot watch this node's Node object, so topology hints are ignored \
+                         (retrying): {e}"
+                    );
+                }
+                continue;
+            }
+        };
+        if sent.as_ref() != Some(&zone) {
+            sent = Some(zone.clone());
+            if tx.send(SourceEvent::NodeZone(zone)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Runs the watchers until the receiver goes away. `Synced` is sent once Services and
+/// EndpointSlices have listed. `default_algorithm` is the node's `--balance`, for Services that
+/// do not choose their own; `node_name` the node whose zone topology hints are matched against.
+pub async fn run(
+    client: Client,
+    tx: mpsc::Sender<SourceEvent>,
+    default_algorithm: Algorithm,
+    node_name: String,
+) {
+    tokio::spawn(forward_zone(client.clone(), node_name, tx.clone()));
     let (listed_tx, mut listed_rx) = mpsc::channel(2);
     let services = watcher(Api::<Service>::all(client.clone()));
     let slices = watcher(Api::<EndpointSlice>::all(client));

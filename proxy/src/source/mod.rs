@@ -34,6 +34,9 @@ pub enum SourceEvent {
         source: String,
         errors: Vec<InvalidObject>,
     },
+    /// The node's `topology.kubernetes.io/zone` label (`None`: not labelled, or no Node object
+    /// for this node), for topology hints.
+    NodeZone(Option<String>),
     /// The initial listing is complete: programming may start.
     Synced,
 }
@@ -53,6 +56,7 @@ impl SourceEvent {
             SourceEvent::SourceErrors { source, errors } => {
                 tracker.set_source_errors(&source, errors)
             }
+            SourceEvent::NodeZone(zone) => tracker.set_node_zone(zone),
             SourceEvent::Synced => return true,
         }
         false

@@ -109,6 +109,7 @@ impl Fixture {
                 cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
                 node_ips: vec![IpAddr::V4(kpr_tests::cluster::NODE_IP)],
                 masquerade_all: false,
+                zone: None,
             },
             service_cidrs: vec!["10.96.0.0/16".parse().unwrap()],
             cgroup_path: Some(cgroup.path().to_path_buf()),
@@ -160,6 +161,7 @@ impl Fixture {
                 ready: true,
                 serving: true,
                 terminating: false,
+                hints: None,
             })
             .collect()
     }

@@ -42,6 +42,7 @@ pub fn node_context() -> NodeContext {
         cluster_cidrs: vec![CLUSTER_CIDR.parse().unwrap()],
         node_ips: vec![IpAddr::V4(NODE_IP)],
         masquerade_all: false,
+        zone: None,
     }
 }
 
@@ -166,6 +167,7 @@ pub fn endpoint(ip: Ipv4Addr, remote: bool) -> Endpoint {
         ready: true,
         serving: true,
         terminating: false,
+        hints: None,
     }
 }
 

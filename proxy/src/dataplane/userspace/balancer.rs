@@ -178,6 +178,7 @@ mod tests {
                 ready: true,
                 serving: true,
                 terminating: false,
+                hints: None,
             })
             .collect()
     }

@@ -234,6 +234,7 @@ mod tests {
             ready: true,
             serving: true,
             terminating: false,
+            hints: None,
         }
     }
 

@@ -23,6 +23,7 @@ fn node() -> NodeContext {
         cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
         node_ips: vec!["192.0.2.1".parse().unwrap()],
         masquerade_all: false,
+        zone: None,
     }
 }
 
