@@ -46,7 +46,7 @@ pub fn shared() -> anyhow::Result<&'static ControlPlane> {
     }
 }
 
-/// A directory for one control plane of this process: `<target>/controlplane/<exe>-<pid>-<tag>`.
+/// A directory for one control plane of this process: `<target>/controlplane/<exe>-<tag>.pid<pid>`.
 /// Directories of processes that no longer run are removed on the way.
 pub fn run_dir(tag: &str) -> PathBuf {
     let base = binaries::target_dir().join("controlplane");
@@ -55,7 +55,14 @@ pub fn run_dir(tag: &str) -> PathBuf {
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "process".into());
-    base.join(format!("{exe}-{}-{tag}", std::process::id()))
+    base.join(format!("{exe}-{tag}.pid{}", std::process::id()))
+}
+
+/// The process a run directory belongs to: the number after its last `.pid`. Only that: the
+/// executable's name and the tag may hold numbers too (`kpr-bench-bench-proxies-20000`), and
+/// taking one of those for the owner would delete a live control plane's etcd data.
+fn owner_pid(dir_name: &str) -> Option<u32> {
+    dir_name.rsplit_once(".pid")?.1.parse().ok()
 }
 
 fn remove_stale(base: &std::path::Path) {
@@ -64,13 +71,22 @@ fn remove_stale(base: &std::path::Path) {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .split('-')
-            .filter_map(|part| part.parse::<u32>().ok())
-            .next_back();
-        if pid.is_some_and(|pid| !process::alive(pid)) {
+        if owner_pid(&name).is_some_and(|pid| !process::alive(pid)) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod run_dir_tests {
+    use super::owner_pid;
+
+    #[test]
+    fn only_the_pid_marker_names_the_owner() {
+        assert_eq!(owner_pid("kpr-bench-bench-proxies-20000.pid5187"), Some(5187));
+        assert_eq!(owner_pid("topology-400a609307f1a547-shared.pid14105"), Some(14105));
+        assert_eq!(owner_pid("kpr-bench-5187-bench-proxies-20000"), None);
+        assert_eq!(owner_pid("x.pid12ab"), None);
     }
 }
 
