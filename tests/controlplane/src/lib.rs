@@ -83,8 +83,14 @@ mod run_dir_tests {
 
     #[test]
     fn only_the_pid_marker_names_the_owner() {
-        assert_eq!(owner_pid("kpr-bench-bench-proxies-20000.pid5187"), Some(5187));
-        assert_eq!(owner_pid("topology-400a609307f1a547-shared.pid14105"), Some(14105));
+        assert_eq!(
+            owner_pid("kpr-bench-bench-proxies-20000.pid5187"),
+            Some(5187)
+        );
+        assert_eq!(
+            owner_pid("topology-400a609307f1a547-shared.pid14105"),
+            Some(14105)
+        );
         assert_eq!(owner_pid("kpr-bench-5187-bench-proxies-20000"), None);
         assert_eq!(owner_pid("x.pid12ab"), None);
     }

@@ -158,7 +158,7 @@ pub(super) fn with_ignored(suite: &str, mut args: Vec<String>) -> Vec<String> {
 pub fn is_kernel_facing(suite: &str) -> bool {
     suite.starts_with("rules_")
         || suite.starts_with("ebpf_")
-        || ["userspace", "conformance", "controlplane_e2e"].contains(&suite)
+        || ["userspace", "conformance", "controlplane_e2e", "topology"].contains(&suite)
 }
 
 pub(super) fn kernels(args: &VmArgs) -> Vec<String> {
