@@ -120,6 +120,9 @@ pub struct Plan {
     pub balance_connections: usize,
     /// How long a proxy may take to program everything before it is reported as not finishing.
     pub start_limit: Duration,
+    /// How long one proxy's changes may take in all: a proxy whose every sync takes tens of
+    /// seconds at a size is stopped there, its row reporting the changes it got through.
+    pub churn_limit: Duration,
 }
 
 impl Plan {
@@ -161,6 +164,7 @@ impl Plan {
             latency_samples: if args.quick { 200 } else { 1_000 },
             balance_connections: if args.quick { 400 } else { 4_000 },
             start_limit: Duration::from_secs(if args.quick { 180 } else { 900 }),
+            churn_limit: Duration::from_secs(if args.quick { 180 } else { 600 }),
         })
     }
 }
@@ -353,6 +357,10 @@ fn size(plan: &Plan, n: usize, rt: &tokio::runtime::Runtime) -> anyhow::Result<S
             plan.service_adds,
         ))
         .context("undoing the changes through the API")?;
+        // A run stopped later keeps this row in its log.
+        if let Ok(json) = serde_json::to_string(&row) {
+            println!("    row: {json}");
+        }
         rows.push(row);
     }
     Ok(SizeRun {
@@ -674,7 +682,24 @@ fn measure(
     let services = Api::<Service>::namespaced(client.clone(), NAMESPACE);
     let mut endpoint_samples = Vec::new();
     let mut write_samples = Vec::new();
+    let churn_started = Instant::now();
+    let planned = plan.endpoint_changes + 2 * plan.service_adds;
+    let mut done = 0usize;
+    let over = |done: usize| {
+        let over = churn_started.elapsed() > plan.churn_limit;
+        if over {
+            println!(
+                "    changes stopped after {done} of {planned}: the {} s limit",
+                plan.churn_limit.as_secs()
+            );
+        }
+        over
+    };
     for i in changed_services(w.services, plan.endpoint_changes) {
+        if over(done) {
+            break;
+        }
+        done += 1;
         let outsider = w.pods[(i + w.endpoints) % w.pods.len()];
         let want = format!("pod{}", (i + w.endpoints) % w.pods.len());
         let to = SocketAddr::new(IpAddr::V4(Workload::cluster_ip(i)), SERVICE_PORT);
@@ -692,6 +717,10 @@ fn measure(
     }
     let mut add_samples = Vec::new();
     for k in 0..plan.service_adds {
+        if churn_started.elapsed() > plan.churn_limit {
+            break;
+        }
+        done += 1;
         let i = added_from + k;
         let to = SocketAddr::new(IpAddr::V4(Workload::cluster_ip(i)), SERVICE_PORT);
         let ips = [w.pods[k % w.pods.len()]];
@@ -718,6 +747,10 @@ fn measure(
         .iter()
         .take(plan.service_adds)
     {
+        if churn_started.elapsed() > plan.churn_limit {
+            break;
+        }
+        done += 1;
         let to = SocketAddr::new(IpAddr::V4(Workload::cluster_ip(i)), SERVICE_PORT);
         pace();
         let body = with_version(slice(i, &[]), rt, &slices, i)?;
@@ -730,6 +763,12 @@ fn measure(
             Some(t) => removed_samples.push(t),
             None => row.changes_missed += 1,
         }
+    }
+    if done < planned {
+        row.notes.push(format!(
+            "changes stopped after {done} of {planned}: the {} s limit for one proxy's changes",
+            plan.churn_limit.as_secs()
+        ));
     }
     running.check()?;
     row.endpoint_change =
