@@ -77,6 +77,16 @@ fn remove_stale(base: &std::path::Path) {
     }
 }
 
+impl ControlPlane {
+    /// A fresh namespace `<tag>-<n>` (with its `default` ServiceAccount) for one test.
+    pub fn test_namespace(&self, tag: &str) -> anyhow::Result<String> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!("{tag}-{}", NEXT.fetch_add(1, Ordering::SeqCst));
+        self.create_namespace(&name)?;
+        Ok(name)
+    }
+}
+
 #[cfg(test)]
 mod run_dir_tests {
     use super::owner_pid;
@@ -93,15 +103,5 @@ mod run_dir_tests {
         );
         assert_eq!(owner_pid("kpr-bench-5187-bench-proxies-20000"), None);
         assert_eq!(owner_pid("x.pid12ab"), None);
-    }
-}
-
-impl ControlPlane {
-    /// A fresh namespace `<tag>-<n>` (with its `default` ServiceAccount) for one test.
-    pub fn test_namespace(&self, tag: &str) -> anyhow::Result<String> {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let name = format!("{tag}-{}", NEXT.fetch_add(1, Ordering::SeqCst));
-        self.create_namespace(&name)?;
-        Ok(name)
     }
 }
