@@ -41,7 +41,7 @@ pub fn least_loaded_ties<T>(
 
 /// Indices `0..n` in round-robin order starting at `cursor`.
 pub fn from_cursor(n: usize, cursor: usize) -> impl Iterator<Item = usize> {
-    (0..n).map(move |k| (cursor + k) % n.max(1))
+    (0..n).map(move |k| (cursor + k) % n)
 }
 
 #[cfg(test)]

@@ -139,24 +139,39 @@ enum Topology {
     SameZone,
 }
 
+impl Topology {
+    /// The hints of this kind an endpoint carries.
+    fn hints(self, e: &Endpoint) -> &[Arc<str>] {
+        match self {
+            Topology::SameNode => e.node_hints(),
+            Topology::SameZone => e.zone_hints(),
+        }
+    }
+}
+
 /// Hints are used only when every ready endpoint has one of the kind and at least one is for
-/// here (this node, else this node's zone); otherwise all of them are ignored.
-fn topology(endpoints: &[Endpoint], node_name: &str, zone: Option<&str>) -> Option<Topology> {
+/// here (this node, else this node's zone); otherwise all of them are ignored. Returns the mode
+/// and the name (node or zone) endpoints must be hinted for.
+fn topology<'a>(
+    endpoints: &[Endpoint],
+    node_name: &'a str,
+    zone: Option<&'a str>,
+) -> Option<(Topology, &'a str)> {
     let ready = || endpoints.iter().filter(|e| e.ready);
     ready().next()?;
-    let for_here = |hints: &[Arc<str>], here: &str| hints.iter().any(|h| &**h == here);
-    if ready().all(|e| !e.node_hints().is_empty())
-        && ready().any(|e| for_here(e.node_hints(), node_name))
-    {
-        return Some(Topology::SameNode);
-    }
-    let zone = zone?;
-    if ready().all(|e| !e.zone_hints().is_empty())
-        && ready().any(|e| for_here(e.zone_hints(), zone))
-    {
-        return Some(Topology::SameZone);
-    }
-    None
+    let candidates = [
+        (Topology::SameNode, Some(node_name)),
+        (Topology::SameZone, zone),
+    ];
+    candidates.into_iter().find_map(|(t, here)| {
+        let here = here?;
+        (ready().all(|e| !t.hints(e).is_empty()) && ready().any(|e| hinted_for(t.hints(e), here)))
+            .then_some((t, here))
+    })
+}
+
+fn hinted_for(hints: &[Arc<str>], here: &str) -> bool {
+    hints.iter().any(|h| &**h == here)
 }
 
 /// Splits a Service port's endpoints into the sets each kind of traffic may use, on the node
@@ -172,15 +187,9 @@ pub fn select_in(
     let usable_anywhere: Arc<[Endpoint]> = usable(endpoints).into();
     let all: Arc<[Endpoint]> = match topology(endpoints, node_name, zone) {
         None => usable_anywhere.clone(),
-        Some(t) => endpoints
+        Some((t, here)) => endpoints
             .iter()
-            .filter(|e| {
-                e.ready
-                    && match t {
-                        Topology::SameNode => e.node_hints().iter().any(|h| &**h == node_name),
-                        Topology::SameZone => e.zone_hints().iter().any(|h| Some(&**h) == zone),
-                    }
-            })
+            .filter(|e| e.ready && hinted_for(t.hints(e), here))
             .cloned()
             .collect(),
     };

@@ -28,11 +28,7 @@ impl Iptables {
         }
         let mut lc_targets = Vec::new();
         for spn in &spns {
-            if let Some(svc) = state.service(spn) {
-                if !rules::is_ipv4(svc) {
-                    tracing::warn!("iptables: Service port {spn} has no IPv4 address; IPv6 is not implemented by this backend");
-                }
-            }
+            rules::warn_unless_ipv4(Self::NAME, spn, state.service(spn));
             let new = compile::compile(state, spn, &mut self.ids);
             let old = self.programmed.remove(spn).unwrap_or_default();
             self.diff(&old, &new, full, &mut p);

@@ -11,7 +11,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 
 use crate::dataplane::rules::{
-    class_routes, is_ipv4, v4, v4_endpoints, ClassRoute, Tag, TargetIds, SOURCE_CLASSES,
+    class_index, class_routes, is_ipv4, v4, v4_endpoints, ClassRoute, Tag, TargetIds,
 };
 use crate::model::{Algorithm, Protocol, ServicePort, ServicePortName};
 use crate::selection::{
@@ -308,11 +308,7 @@ fn masq_set(prefix: &str, class: usize) -> &'static str {
 pub fn clusterip_masq(ctx: &NodeContext) -> [bool; 3] {
     let mut out = [false; 3];
     for source in ctx.source_kinds() {
-        let i = SOURCE_CLASSES
-            .iter()
-            .position(|k| *k == source)
-            .expect("every source kind is a class");
-        out[i] = cluster_ip_masquerade(ctx, source);
+        out[class_index(source)] = cluster_ip_masquerade(ctx, source);
     }
     out
 }

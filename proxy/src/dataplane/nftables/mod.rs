@@ -118,11 +118,7 @@ impl Nftables {
         };
         let mut delta = Delta::default();
         for spn in &spns {
-            if let Some(svc) = state.service(spn) {
-                if !rules::is_ipv4(svc) {
-                    tracing::warn!("nftables: Service port {spn} has no IPv4 address; IPv6 is not implemented by this backend");
-                }
-            }
+            rules::warn_unless_ipv4(Self::NAME, spn, state.service(spn));
             let new = compile::compile(state, spn, &mut self.ids);
             self.apply_compiled(spn, new, &mut delta, &mut head);
         }
@@ -216,13 +212,9 @@ fn pick_ops(c: &PickChange) -> Vec<Op> {
         // (slot s: endpoint s mod n) and keeps them while it is tied for least; only the slots
         // of the others go to the ties. New connections then walk the ties round-robin even
         // while every update excludes the endpoint that just took one.
-        let owners = if c.endpoints.is_empty() {
-            &c.new
-        } else {
-            &c.endpoints
-        };
+        // (A change with picks always carries its target's endpoints, of which they are part.)
         ops.extend((0..ruleset::LC_SLOTS).map(|slot| {
-            let owner = owners[slot % owners.len()];
+            let owner = c.endpoints[slot % c.endpoints.len()];
             let pick = if c.new.contains(&owner) {
                 owner
             } else {

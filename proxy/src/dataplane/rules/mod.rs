@@ -11,5 +11,6 @@ pub mod route;
 
 pub use driver::{RuleBackend, RuleDataplane};
 pub use route::{
-    class_routes, is_ipv4, v4, v4_endpoints, ClassRoute, Tag, TargetIds, SOURCE_CLASSES,
+    class_index, class_routes, is_ipv4, v4, v4_endpoints, warn_unless_ipv4, ClassRoute, Tag,
+    TargetIds, SOURCE_CLASSES,
 };

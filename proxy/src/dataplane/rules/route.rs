@@ -16,6 +16,14 @@ use crate::selection::{route_for, DestKind, EmptyVerdict, NodeContext, SelectedE
 pub const SOURCE_CLASSES: [SourceKind; 3] =
     [SourceKind::Node, SourceKind::Pod, SourceKind::External];
 
+/// The index of `source` in [`SOURCE_CLASSES`].
+pub fn class_index(source: SourceKind) -> usize {
+    SOURCE_CLASSES
+        .iter()
+        .position(|k| *k == source)
+        .expect("every source kind is a class")
+}
+
 /// Which route a target serves (cluster or external endpoint set, and whether an empty set
 /// drops rather than rejects); with the endpoints it identifies a target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -52,10 +60,7 @@ pub fn class_routes<'a>(
                 Tag::External(local)
             };
             ClassRoute {
-                class: SOURCE_CLASSES
-                    .iter()
-                    .position(|k| *k == source)
-                    .expect("every source kind is a class"),
+                class: class_index(source),
                 tag,
                 endpoints: r.endpoints,
                 empty: r.empty,
@@ -157,4 +162,14 @@ pub fn is_ipv4(svc: &ServicePort) -> bool {
     v4(&svc.cluster_ips).next().is_some()
         || v4(&svc.external_ips).next().is_some()
         || v4(&svc.load_balancer_ips).next().is_some()
+}
+
+/// Says in the log that `backend` programs nothing of a Service port with IPv6 addresses only.
+pub fn warn_unless_ipv4(backend: &str, spn: &ServicePortName, svc: Option<&ServicePort>) {
+    if svc.is_some_and(|svc| !is_ipv4(svc)) {
+        tracing::warn!(
+            "{backend}: Service port {spn} has no IPv4 address; IPv6 is not implemented by this \
+             backend"
+        );
+    }
 }
