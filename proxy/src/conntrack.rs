@@ -3,20 +3,23 @@
 //! Owns: removal of stale UDP/SCTP conntrack entries (docs/SERVICE-SEMANTICS.md: entries pointing
 //! at an endpoint that went away, and entries of a Service that went from no endpoint to some,
 //! which hold cached rejects), plus the conntrack event stream ([`events`]) and the
-//! least-connection controller built on it ([`leastconn`]). TCP entries are never touched. Runs the
-//! `conntrack` CLI in the calling thread's network namespace.
+//! least-connection controller built on it ([`leastconn`]). TCP entries are never touched. Talks to
+//! the kernel over ctnetlink ([`netlink`]) in the calling thread's network namespace.
 
 pub mod events;
 pub mod leastconn;
+pub mod netlink;
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::process::Command;
+
+use netlink::{CtEntry, CtSocket, Family};
 
 use crate::error::DataplaneError;
 use crate::model::{Endpoint, Protocol, ServicePort, ServicePortName};
 use crate::state::{ChangeSet, ProxyState};
 
-/// A `conntrack -D` filter.
+/// Which entries to delete: every field that is set must match.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct CtFilter {
     pub protocol: Protocol,
@@ -32,33 +35,30 @@ pub struct CtFilter {
 }
 
 impl CtFilter {
-    /// The `conntrack -D` arguments of this filter.
-    pub fn args(&self) -> Vec<String> {
-        let v6 = [self.orig_dst, self.reply_src]
+    /// The table this filter looks in.
+    pub fn family(&self) -> Family {
+        if [self.orig_dst, self.reply_src]
             .iter()
             .flatten()
-            .any(IpAddr::is_ipv6);
-        let mut a = vec![
-            "-D".to_string(),
-            "-f".into(),
-            if v6 { "ipv6" } else { "ipv4" }.into(),
-            "-p".into(),
-            self.protocol.lower().into(),
-        ];
-        let mut push = |flag: &str, v: Option<String>| {
-            if let Some(v) = v {
-                a.push(flag.to_string());
-                a.push(v);
-            }
-        };
-        push("--orig-dst", self.orig_dst.map(|x| x.to_string()));
-        push("--dport", self.orig_dport.map(|x| x.to_string()));
-        push("--reply-src", self.reply_src.map(|x| x.to_string()));
-        push("--reply-port-src", self.reply_sport.map(|x| x.to_string()));
-        if self.dst_nat {
-            a.push("--dst-nat".into());
+            .any(IpAddr::is_ipv6)
+        {
+            Family::V6
+        } else {
+            Family::V4
         }
-        a
+    }
+
+    /// Whether `e` is one of the entries this filter names.
+    pub fn matches(&self, e: &CtEntry) -> bool {
+        let (Some(orig), Some(reply)) = (e.orig, e.reply) else {
+            return false;
+        };
+        e.protocol == self.protocol.number()
+            && self.orig_dst.is_none_or(|ip| ip == orig.dst)
+            && self.orig_dport.is_none_or(|p| p == orig.dport)
+            && self.reply_src.is_none_or(|ip| ip == reply.src)
+            && self.reply_sport.is_none_or(|p| p == reply.sport)
+            && (!self.dst_nat || e.dst_nat())
     }
 }
 
@@ -142,52 +142,45 @@ fn removed_endpoint_filters(
     out
 }
 
-/// Runs one `conntrack -D`; returns how many entries it deleted.
-pub fn delete(filter: &CtFilter) -> Result<usize, DataplaneError> {
-    let args = filter.args();
-    let out = Command::new("conntrack")
-        .args(&args)
-        .output()
-        .map_err(|e| DataplaneError::io("running conntrack -D (is conntrack installed?)", e))?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    // "conntrack v1.4.7 (conntrack-tools): 3 flow entries have been deleted." (exit 1 for 0)
-    let deleted = stderr
-        .split(": ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse::<usize>().ok());
-    match deleted {
-        Some(n) if stderr.contains("have been deleted") => Ok(n),
-        _ => Err(DataplaneError::Command {
-            command: format!("conntrack {}", args.join(" ")),
-            detail: stderr.trim().to_string(),
-        }),
+/// Deletes every entry that one of `filters` names (one dump per address family); returns how
+/// many were deleted. Entries that vanish meanwhile are not errors.
+pub fn delete_matching(filters: &[CtFilter]) -> Result<usize, DataplaneError> {
+    if filters.is_empty() {
+        return Ok(0);
     }
+    let families: BTreeSet<Family> = filters.iter().map(CtFilter::family).collect();
+    let mut socket = CtSocket::open()
+        .map_err(|e| DataplaneError::io("opening a conntrack netlink socket", e))?;
+    let mut deleted = 0;
+    for family in families {
+        let entries = socket
+            .dump(family)
+            .map_err(|e| DataplaneError::io("dumping the conntrack table", e))?;
+        for entry in entries {
+            if filters
+                .iter()
+                .any(|f| f.family() == family && f.matches(&entry))
+                && socket
+                    .delete(&entry)
+                    .map_err(|e| DataplaneError::io("deleting a conntrack entry", e))?
+            {
+                deleted += 1;
+            }
+        }
+    }
+    Ok(deleted)
 }
 
 /// Removes the stale UDP/SCTP entries a sync left behind; returns how many were deleted.
 pub fn cleanup_stale(state: &ProxyState, changes: &ChangeSet) -> Result<usize, DataplaneError> {
-    let mut total = 0;
-    let mut first_err = None;
-    for f in stale_filters(state, changes) {
-        match delete(&f) {
-            Ok(n) => total += n,
-            Err(e) => {
-                tracing::warn!("conntrack cleanup: {e}");
-                first_err.get_or_insert(e);
-            }
-        }
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(total),
-    }
+    let filters = stale_filters(state, changes);
+    delete_matching(&filters).inspect_err(|e| tracing::warn!("conntrack cleanup: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::netlink::Flow;
     use super::*;
-    use std::collections::BTreeSet;
 
     fn spn(p: Protocol) -> ServicePortName {
         ServicePortName {
@@ -245,17 +238,44 @@ mod tests {
         let f = stale_filters(&state, &changes);
         assert_eq!(f.len(), 2, "clusterIP and nodePort: {f:?}");
         assert!(f.iter().all(|f| f.protocol == Protocol::Udp));
-        let args = f
-            .iter()
-            .find(|f| f.orig_dst.is_some())
-            .unwrap()
-            .args()
-            .join(" ");
-        assert_eq!(
-            args,
-            "-D -f ipv4 -p udp --orig-dst 10.96.0.10 --dport 53 --reply-src 10.244.1.5 \
-             --reply-port-src 5353 --dst-nat"
+        let to_vip = f.iter().find(|f| f.orig_dst.is_some()).unwrap();
+        let entry = |dst: &str, dport: u16, ep: &str, status: u32| CtEntry {
+            protocol: 17,
+            orig: Some(Flow {
+                src: "10.244.9.9".parse().unwrap(),
+                dst: dst.parse().unwrap(),
+                sport: 40000,
+                dport,
+            }),
+            reply: Some(Flow {
+                src: ep.parse().unwrap(),
+                dst: "10.244.9.9".parse().unwrap(),
+                sport: 5353,
+                dport: 40000,
+            }),
+            status,
+            ..CtEntry::default()
+        };
+        let nat = CtEntry::DST_NAT;
+        assert!(to_vip.matches(&entry("10.96.0.10", 53, "10.244.1.5", nat)));
+        assert!(
+            !to_vip.matches(&entry("10.96.0.10", 53, "10.244.1.5", 0)),
+            "not translated"
         );
+        assert!(
+            !to_vip.matches(&entry("10.96.0.10", 53, "10.244.1.6", nat)),
+            "other endpoint"
+        );
+        assert!(
+            !to_vip.matches(&entry("10.96.0.11", 53, "10.244.1.5", nat)),
+            "other Service"
+        );
+        let tcp = CtEntry {
+            protocol: 6,
+            ..entry("10.96.0.10", 53, "10.244.1.5", nat)
+        };
+        assert!(!to_vip.matches(&tcp));
+        assert_eq!(to_vip.family(), Family::V4);
     }
 
     #[test]

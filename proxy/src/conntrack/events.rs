@@ -1,12 +1,17 @@
-//! Conntrack events as the `conntrack -E -o id` stream prints them, parsed into [`CtEvent`].
+//! Conntrack events for connection accounting: the kernel's event multicast read over ctnetlink
+//! ([`super::netlink`]), reduced to [`CtEvent`], on a reader thread ([`EventStream`]).
 //!
-//! Owns the event line format and the event stream process. The stream is the kernel's netlink
-//! event multicast (NF_CONNTRACK_EVENTS), relayed by the conntrack CLI: nothing is polled.
+//! Owns what an event means for a connection count (opened, still open, closing) and recovery
+//! from lost events: when the socket overflows, the reader dumps the table and hands over a
+//! [`CtUpdate::Snapshot`] of every entry instead, so counts are rebuilt, never left drifting.
 
-use std::io::{BufRead, BufReader};
-use std::net::{Ipv4Addr, SocketAddrV4};
-use std::process::{Child, Command, Stdio};
+use std::net::{IpAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
+use super::netlink::{CtEntry, CtSocket, EventKind, Family};
 use crate::error::DataplaneError;
 
 /// What happened to a conntrack entry.
@@ -17,153 +22,158 @@ pub enum CtEventKind {
     Destroy,
 }
 
-/// One conntrack event, reduced to what connection accounting needs.
+/// `TCP_CONNTRACK_*` states from FIN_WAIT to CLOSE: the connection started closing.
+const TCP_CLOSING: std::ops::RangeInclusive<u8> = 4..=8;
+
+/// One conntrack event (or, in a snapshot, one live entry), reduced to what connection
+/// accounting needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CtEvent {
     pub kind: CtEventKind,
     /// The kernel's conntrack id (stable for the life of the entry).
-    pub id: u64,
+    pub id: u32,
     /// The conntrack mark (the target id the rule backends set).
     pub mark: u32,
-    /// `tcp`, `udp`, `sctp`, ...
-    pub proto: String,
+    /// IP protocol number.
+    pub protocol: u8,
     /// The reply tuple's source: the endpoint the connection was translated to.
     pub endpoint: Option<SocketAddrV4>,
-    /// The TCP state, when the event names one (`ESTABLISHED`, `TIME_WAIT`, ...).
-    pub tcp_state: Option<String>,
+    /// `TCP_CONNTRACK_*`, when the entry is TCP.
+    pub tcp_state: Option<u8>,
 }
 
 impl CtEvent {
+    /// The event of an entry; `None` without an id (nothing to track it by) or for IPv6.
+    pub fn from_entry(kind: CtEventKind, e: &CtEntry) -> Option<CtEvent> {
+        let endpoint = match e.reply {
+            Some(r) => match r.src {
+                IpAddr::V4(ip) => Some(SocketAddrV4::new(ip, r.sport)),
+                IpAddr::V6(_) => return None,
+            },
+            None => None,
+        };
+        Some(CtEvent {
+            kind,
+            id: e.id?,
+            mark: e.mark,
+            protocol: e.protocol,
+            endpoint,
+            tcp_state: e.tcp_state,
+        })
+    }
+
     /// Whether the connection no longer counts as active after this event: destroyed, or a TCP
     /// connection that started closing (FIN seen, or reset).
     pub fn closes(&self) -> bool {
         match self.kind {
             CtEventKind::Destroy => true,
-            CtEventKind::New => false,
-            CtEventKind::Update => matches!(
-                self.tcp_state.as_deref(),
-                Some("FIN_WAIT" | "CLOSE_WAIT" | "LAST_ACK" | "TIME_WAIT" | "CLOSE")
-            ),
-        }
-    }
-}
-
-const TCP_STATES: &[&str] = &[
-    "NONE",
-    "SYN_SENT",
-    "SYN_RECV",
-    "ESTABLISHED",
-    "FIN_WAIT",
-    "CLOSE_WAIT",
-    "LAST_ACK",
-    "TIME_WAIT",
-    "CLOSE",
-    "SYN_SENT2",
-];
-
-/// Parses one line of `conntrack -E -o id` output; `None` for lines that are not IPv4 events.
-pub fn parse_line(line: &str) -> Option<CtEvent> {
-    let mut words = line.split_whitespace();
-    let kind = match words.next()? {
-        "[NEW]" => CtEventKind::New,
-        "[UPDATE]" => CtEventKind::Update,
-        "[DESTROY]" => CtEventKind::Destroy,
-        _ => return None,
-    };
-    let proto = words.next()?.to_string();
-    let (mut id, mut mark, mut tcp_state) = (None, 0u32, None);
-    let (mut srcs, mut sports) = (Vec::new(), Vec::new());
-    for w in words {
-        if let Some((k, v)) = w.split_once('=') {
-            match k {
-                "src" => srcs.push(v.parse::<Ipv4Addr>().ok()),
-                "sport" => sports.push(v.parse::<u16>().ok()),
-                "mark" => mark = v.parse().unwrap_or(0),
-                "id" => id = v.parse::<u64>().ok(),
-                _ => {}
+            CtEventKind::New | CtEventKind::Update => {
+                self.tcp_state.is_some_and(|s| TCP_CLOSING.contains(&s))
             }
-        } else if TCP_STATES.contains(&w) {
-            tcp_state = Some(w.to_string());
         }
     }
-    let endpoint = match (srcs.get(1), sports.get(1)) {
-        (Some(Some(ip)), Some(Some(port))) => Some(SocketAddrV4::new(*ip, *port)),
-        _ => None,
-    };
-    Some(CtEvent {
-        kind,
-        id: id?,
-        mark,
-        proto,
-        endpoint,
-        tcp_state,
-    })
 }
 
-/// A running `conntrack -E` process in the calling thread's network namespace.
+/// What the reader hands over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CtUpdate {
+    Event(CtEvent),
+    /// Events were lost (the socket buffer overflowed): every entry in the table now, each as a
+    /// `New` event with its current TCP state. Replaces what the events had built.
+    Snapshot(Vec<CtEvent>),
+}
+
+/// The event socket's receive buffer: a burst of short connections produces events faster than
+/// one read loop drains them.
+const EVENT_BUFFER_BYTES: usize = 16 << 20;
+/// How often a waiting reader checks whether it should stop.
+const TICK: Duration = Duration::from_millis(200);
+
+/// A reader thread on the conntrack event multicast of the network namespace it was started in.
 pub struct EventStream {
-    child: Child,
+    stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<()>>,
 }
-
-/// `conntrack -E -b`: the event socket's receive buffer (the kernel caps it at
-/// `net.core.rmem_max` unless the process may raise it, which the agent, with NET_ADMIN, may).
-const EVENT_BUFFER_BYTES: &str = "16777216";
 
 impl EventStream {
-    /// Starts the stream; `on_event` runs on a reader thread for every parsed event. The thread
-    /// ends when the process does (on drop).
-    pub fn start<F>(mut on_event: F) -> Result<EventStream, DataplaneError>
+    /// Subscribes in the calling thread's network namespace; `on_update` runs on the reader
+    /// thread for every event (and for every snapshot after lost events). The thread ends
+    /// when the stream is dropped.
+    pub fn start<F>(mut on_update: F) -> Result<EventStream, DataplaneError>
     where
-        F: FnMut(CtEvent) + Send + 'static,
+        F: FnMut(CtUpdate) + Send + 'static,
     {
-        let mut child = Command::new("conntrack")
-            // A large socket buffer: a burst of short connections produces events faster than
-            // one read loop drains them, and an overrun loses events (counts then drift).
-            .args(["-E", "-e", "NEW,UPDATE,DESTROY", "-o", "id", "-f", "ipv4"])
-            .args(["-b", EVENT_BUFFER_BYTES])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                DataplaneError::io(
-                    "starting `conntrack -E` for least-connection accounting (is conntrack installed?)",
-                    e,
-                )
-            })?;
-        let stdout = child.stdout.take().expect("stdout was piped");
-        let stderr = child.stderr.take().expect("stderr was piped");
-        std::thread::Builder::new()
-            .name("kpr-ct-stderr".into())
-            .spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    if line.starts_with("NOTICE") {
-                        tracing::debug!("least-connection: conntrack -E: {line}");
-                    } else {
-                        // e.g. "WARNING: We have hit ENOBUFS! We are losing events."
-                        tracing::warn!("least-connection: conntrack -E: {line}");
-                    }
-                }
-            })
-            .map_err(|e| DataplaneError::io("spawning the conntrack stderr reader", e))?;
-        std::thread::Builder::new()
+        let mut events = CtSocket::subscribe(EVENT_BUFFER_BYTES, TICK)
+            .map_err(|e| DataplaneError::io("subscribing to conntrack events over netlink", e))?;
+        let mut requests = CtSocket::open().map_err(|e| {
+            DataplaneError::io("opening a conntrack netlink socket for table dumps", e)
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let reader = std::thread::Builder::new()
             .name("kpr-ct-events".into())
             .spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if let Some(ev) = parse_line(&line) {
-                        on_event(ev);
+                while !stopping.load(Ordering::Relaxed) {
+                    let read = events.recv_events(|kind, entry| {
+                        let kind = match kind {
+                            EventKind::New => CtEventKind::New,
+                            EventKind::Update => CtEventKind::Update,
+                            EventKind::Destroy => CtEventKind::Destroy,
+                        };
+                        if let Some(ev) = CtEvent::from_entry(kind, &entry) {
+                            on_update(CtUpdate::Event(ev));
+                        }
+                    });
+                    match read {
+                        Ok(()) => {}
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock
+                                    | std::io::ErrorKind::TimedOut
+                                    | std::io::ErrorKind::Interrupted
+                            ) => {}
+                        Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                            tracing::warn!(
+                                "least-connection: conntrack events were lost (socket buffer \
+                                 full); recounting from a table dump"
+                            );
+                            match requests.dump(Family::V4) {
+                                Ok(entries) => on_update(CtUpdate::Snapshot(
+                                    entries
+                                        .iter()
+                                        .filter_map(|e| CtEvent::from_entry(CtEventKind::New, e))
+                                        .collect(),
+                                )),
+                                Err(e) => tracing::error!(
+                                    "least-connection: dumping the conntrack table failed: {e}"
+                                ),
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(
+                                "least-connection: reading conntrack events failed, counts stop \
+                                 following connections: {e}"
+                            );
+                            return;
+                        }
                     }
                 }
             })
             .map_err(|e| DataplaneError::io("spawning the conntrack event reader", e))?;
-        Ok(EventStream { child })
+        Ok(EventStream {
+            stop,
+            reader: Some(reader),
+        })
     }
 }
 
 impl Drop for EventStream {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
     }
 }
 
@@ -171,44 +181,28 @@ impl Drop for EventStream {
 mod tests {
     use super::*;
 
-    #[test]
-    fn parses_a_new_tcp_event_with_reply_endpoint_and_mark() {
-        let ev = parse_line(
-            "    [NEW] tcp      6 120 SYN_SENT src=10.0.0.1 dst=10.96.0.10 sport=40000 dport=80 \
-             [UNREPLIED] src=10.244.1.2 dst=10.0.0.1 sport=8080 dport=40000 mark=5 id=123456",
-        )
-        .expect("an event");
-        assert_eq!(ev.kind, CtEventKind::New);
-        assert_eq!(ev.id, 123456);
-        assert_eq!(ev.mark, 5);
-        assert_eq!(ev.endpoint, Some("10.244.1.2:8080".parse().unwrap()));
-        assert_eq!(ev.tcp_state.as_deref(), Some("SYN_SENT"));
-        assert!(!ev.closes());
+    fn ev(kind: CtEventKind, tcp_state: Option<u8>) -> CtEvent {
+        CtEvent {
+            kind,
+            id: 9,
+            mark: 7,
+            protocol: 6,
+            endpoint: Some("10.244.1.2:8080".parse().unwrap()),
+            tcp_state,
+        }
     }
 
     #[test]
-    fn time_wait_update_and_destroy_close() {
-        let tw = parse_line(
-            " [UPDATE] tcp      6 120 TIME_WAIT src=1.1.1.1 dst=2.2.2.2 sport=1 dport=2 \
-             src=3.3.3.3 dst=1.1.1.1 sport=2 dport=1 [ASSURED] mark=7 id=9",
-        )
-        .unwrap();
-        assert!(tw.closes());
-        let d = parse_line(
-            "[DESTROY] udp      17 src=1.1.1.1 dst=2.2.2.2 sport=1 dport=2 \
-             src=3.3.3.3 dst=1.1.1.1 sport=2 dport=1 mark=7 id=10",
-        )
-        .unwrap();
-        assert!(d.closes());
-        assert_eq!(d.proto, "udp");
-    }
-
-    #[test]
-    fn other_lines_are_ignored() {
-        assert_eq!(
-            parse_line("conntrack v1.4.7 (conntrack-tools): 3 flow events"),
-            None
-        );
-        assert_eq!(parse_line(""), None);
+    fn closing_tcp_states_and_destroy_close_and_the_rest_do_not() {
+        // SYN_SENT, ESTABLISHED
+        assert!(!ev(CtEventKind::New, Some(1)).closes());
+        assert!(!ev(CtEventKind::Update, Some(3)).closes());
+        // FIN_WAIT, TIME_WAIT, CLOSE
+        for s in [4, 7, 8] {
+            assert!(ev(CtEventKind::Update, Some(s)).closes(), "state {s}");
+        }
+        assert!(ev(CtEventKind::Destroy, None).closes());
+        // UDP updates carry no TCP state and keep the flow open.
+        assert!(!ev(CtEventKind::Update, None).closes());
     }
 }

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::DataplaneError;
 use crate::state::LiveView;
 
-use super::events::{CtEvent, CtEventKind, EventStream};
+use super::events::{CtEvent, CtEventKind, CtUpdate, EventStream};
 
 /// A target's picks moved from `old` to `new` (empty: not programmed / to be removed).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +62,7 @@ pub struct LcTable {
     targets: HashMap<u32, LcTarget>,
     counts: HashMap<SocketAddrV4, u64>,
     /// Counted connections: conntrack id -> endpoint.
-    open: HashMap<u64, SocketAddrV4>,
+    open: HashMap<u32, SocketAddrV4>,
 }
 
 impl LcTable {
@@ -176,6 +176,24 @@ impl LcTable {
             .collect()
     }
 
+    /// Events were lost: recounts from `entries`, every live entry of the table, and returns the
+    /// targets whose picks must move. Round-robin cursors are kept.
+    pub fn recount(&mut self, entries: &[CtEvent]) -> Vec<PickChange> {
+        self.open.clear();
+        self.counts.clear();
+        for e in entries {
+            let Some(ep) = e.endpoint else { continue };
+            if e.closes() || !self.targets.contains_key(&e.mark) {
+                continue;
+            }
+            if self.open.insert(e.id, ep).is_none() {
+                *self.counts.entry(ep).or_default() += 1;
+            }
+        }
+        let ids: Vec<u32> = self.targets.keys().copied().collect();
+        ids.into_iter().filter_map(|id| self.repick(id)).collect()
+    }
+
     /// Active connections per endpoint.
     pub fn counts(&self) -> BTreeMap<SocketAddr, u64> {
         self.counts
@@ -229,10 +247,11 @@ pub struct LeastConn {
 }
 
 impl LeastConn {
-    /// Starts `conntrack -E` and the worker. Both run in the calling thread's network namespace.
+    /// Subscribes to conntrack events and starts the worker, both in the calling thread's network
+    /// namespace.
     pub fn start(steer: Box<dyn Steer>) -> Result<LeastConn, DataplaneError> {
         let table = Arc::new(Mutex::new(LcTable::default()));
-        let (tx, rx) = mpsc::channel::<CtEvent>();
+        let (tx, rx) = mpsc::channel::<CtUpdate>();
         let netns = std::fs::File::open("/proc/thread-self/ns/net")
             .map_err(|e| DataplaneError::io("opening /proc/thread-self/ns/net", e))?;
         let worker_table = Arc::clone(&table);
@@ -248,9 +267,10 @@ impl LeastConn {
                 run_worker(&worker_table, rx, steer);
             })
             .map_err(|e| DataplaneError::io("spawning the least-connection worker", e))?;
-        let events = EventStream::start(move |ev| {
-            if ev.mark != 0 {
-                let _ = tx.send(ev);
+        let events = EventStream::start(move |update| {
+            // Unmarked connections are not a least-connection target's.
+            if !matches!(&update, CtUpdate::Event(ev) if ev.mark == 0) {
+                let _ = tx.send(update);
             }
         })?;
         Ok(LeastConn {
@@ -272,12 +292,16 @@ impl LeastConn {
 
 /// Applies picks after each batch of events (events are drained first, so a burst costs one
 /// dataplane update).
-fn run_worker(table: &Mutex<LcTable>, rx: Receiver<CtEvent>, mut steer: Box<dyn Steer>) {
+fn run_worker(table: &Mutex<LcTable>, rx: Receiver<CtUpdate>, mut steer: Box<dyn Steer>) {
     while let Ok(first) = rx.recv() {
         let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
         let mut changes: BTreeMap<u32, PickChange> = BTreeMap::new();
-        for ev in std::iter::once(first).chain(rx.try_iter()) {
-            for c in t.on_event(&ev) {
+        for update in std::iter::once(first).chain(rx.try_iter()) {
+            let moved = match &update {
+                CtUpdate::Event(ev) => t.on_event(ev),
+                CtUpdate::Snapshot(entries) => t.recount(entries),
+            };
+            for c in moved {
                 changes
                     .entry(c.id)
                     .and_modify(|prev| prev.new = c.new.clone())
@@ -312,18 +336,18 @@ mod tests {
         SocketAddrV4::new([10, 244, n, 2].into(), 8080)
     }
 
-    fn new(id: u64, mark: u32, e: SocketAddrV4) -> CtEvent {
+    fn new(id: u32, mark: u32, e: SocketAddrV4) -> CtEvent {
         CtEvent {
             kind: CtEventKind::New,
             id,
             mark,
-            proto: "tcp".into(),
+            protocol: 6,
             endpoint: Some(e),
-            tcp_state: Some("SYN_SENT".into()),
+            tcp_state: Some(1),
         }
     }
 
-    fn destroy(id: u64, e: SocketAddrV4) -> CtEvent {
+    fn destroy(id: u32, e: SocketAddrV4) -> CtEvent {
         CtEvent {
             kind: CtEventKind::Destroy,
             tcp_state: None,
@@ -351,6 +375,28 @@ mod tests {
         assert_eq!(c[0].new, [ep(1)]);
         assert_eq!(t.counts().values().sum::<u64>(), 2);
         assert_eq!(t.picks(1), [ep(1)]);
+    }
+
+    #[test]
+    fn a_snapshot_after_lost_events_replaces_the_counts() {
+        let mut t = LcTable::default();
+        t.set_target(1, "svc", &[ep(1), ep(2)]);
+        t.on_event(&new(100, 1, ep(1)));
+        t.on_event(&new(101, 1, ep(1)));
+        // The close of 100 and the open of 102 were lost; the table holds 101 and 102.
+        let c = t.recount(&[new(101, 1, ep(1)), new(102, 1, ep(2)), new(103, 9, ep(2))]);
+        assert_eq!(
+            c[0].new,
+            [ep(2), ep(1)],
+            "one each: tied, round-robin from after ep(1)"
+        );
+        assert_eq!(
+            t.counts().values().sum::<u64>(),
+            2,
+            "the unknown target's 103 is not counted"
+        );
+        let c = t.recount(&[new(102, 1, ep(2))]);
+        assert_eq!(c[0].new, [ep(1)]);
     }
 
     #[test]

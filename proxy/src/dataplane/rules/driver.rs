@@ -144,8 +144,10 @@ impl<B: RuleBackend> Dataplane for RuleDataplane<B> {
             }
         };
         self.needs_full = false;
-        if let Err(e) = crate::conntrack::cleanup_stale(state, changes) {
-            tracing::warn!("{}: stale conntrack cleanup failed: {e}", B::NAME);
+        match crate::conntrack::cleanup_stale(state, changes) {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!("{}: deleted {n} stale conntrack entries", B::NAME),
+            Err(e) => tracing::warn!("{}: stale conntrack cleanup failed: {e}", B::NAME),
         }
         Ok(SyncStats {
             full,
