@@ -182,43 +182,28 @@ mod tests {
     use super::netlink::Flow;
     use super::*;
 
+    use crate::model::fixtures;
+
     fn spn(p: Protocol) -> ServicePortName {
-        ServicePortName {
-            namespace: "ns".into(),
-            name: "dns".into(),
-            port_name: "".into(),
-            protocol: p,
-        }
+        svc(p).name
     }
 
-    fn svc(p: Protocol) -> ServicePort {
+    fn svc(protocol: Protocol) -> ServicePort {
+        let mut svc = fixtures::service_port("dns", "10.96.0.10");
+        svc.name.protocol = protocol;
         ServicePort {
-            name: spn(p),
-            cluster_ips: vec!["10.96.0.10".parse().unwrap()],
             port: 53,
-            protocol: p,
+            protocol,
             node_port: 30053,
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            source_ranges: vec![],
-            affinity: None,
-            external_local: false,
-            internal_local: false,
-            health_check_node_port: 0,
-            algorithm: Default::default(),
+            ..svc
         }
     }
 
     fn ep() -> Endpoint {
         Endpoint {
-            addr: "10.244.1.5".parse().unwrap(),
             port: 5353,
             node: None,
-            zone: None,
-            ready: true,
-            serving: true,
-            terminating: false,
-            hints: None,
+            ..fixtures::endpoint([10, 244, 1, 5].into(), "")
         }
     }
 

@@ -143,42 +143,23 @@ impl LiveView for Balancer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Protocol;
+    use crate::model::fixtures;
 
     fn svc(algorithm: Algorithm, affinity: bool) -> ServicePort {
         ServicePort {
-            name: ServicePortName {
-                namespace: "d".into(),
-                name: "s".into(),
-                port_name: "".into(),
-                protocol: Protocol::Tcp,
-            },
             cluster_ips: vec![],
-            port: 80,
-            protocol: Protocol::Tcp,
-            node_port: 0,
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            source_ranges: vec![],
             affinity: affinity.then(|| std::time::Duration::from_secs(60)),
-            external_local: false,
-            internal_local: false,
-            health_check_node_port: 0,
             algorithm,
+            ..fixtures::service_port("s", "10.96.0.10")
         }
     }
 
     fn eps(n: u8) -> Vec<Endpoint> {
         (1..=n)
             .map(|i| Endpoint {
-                addr: IpAddr::from([10, 0, 0, i]),
                 port: 80,
                 node: None,
-                zone: None,
-                ready: true,
-                serving: true,
-                terminating: false,
-                hints: None,
+                ..fixtures::endpoint([10, 0, 0, i].into(), "")
             })
             .collect()
     }

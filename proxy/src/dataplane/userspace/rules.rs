@@ -199,42 +199,26 @@ pub fn node_elements(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Algorithm, Endpoint, ServicePortName};
+    use crate::model::{fixtures, Endpoint};
     use crate::selection::select;
 
     fn sp(protocol: Protocol, node_port: u16) -> ServicePort {
+        let mut svc = fixtures::service_port("s", "10.96.0.10");
+        svc.name.protocol = protocol;
         ServicePort {
-            name: ServicePortName {
-                namespace: "d".into(),
-                name: "s".into(),
-                port_name: "".into(),
-                protocol,
-            },
-            cluster_ips: vec!["10.96.0.10".parse().unwrap()],
             port: 53,
             protocol,
             node_port,
             external_ips: vec!["192.0.2.50".parse().unwrap()],
-            load_balancer_ips: vec![],
-            source_ranges: vec![],
-            affinity: None,
-            external_local: false,
-            internal_local: false,
-            health_check_node_port: 0,
-            algorithm: Algorithm::RoundRobin,
+            ..svc
         }
     }
 
     fn ep() -> Endpoint {
         Endpoint {
-            addr: "10.244.1.2".parse().unwrap(),
             port: 53,
             node: None,
-            zone: None,
-            ready: true,
-            serving: true,
-            terminating: false,
-            hints: None,
+            ..fixtures::endpoint([10, 244, 1, 2].into(), "")
         }
     }
 
