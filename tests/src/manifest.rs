@@ -328,6 +328,9 @@ pub struct Endpoint {
     pub terminating: bool,
     pub node_name: Option<String>,
     pub zone: Option<String>,
+    /// `hints.forZones`, as the EndpointSlice controller writes them for
+    /// `trafficDistribution: PreferClose`.
+    pub hint_zones: Vec<String>,
 }
 
 impl Endpoint {
@@ -340,6 +343,7 @@ impl Endpoint {
             terminating: false,
             node_name: Some(crate::cluster::NODE_NAME.into()),
             zone: None,
+            hint_zones: Vec::new(),
         }
     }
 
@@ -372,6 +376,12 @@ impl Endpoint {
         self
     }
 
+    /// Adds `zone` to the endpoint's `hints.forZones`.
+    pub fn hint_zone(mut self, zone: &str) -> Self {
+        self.hint_zones.push(zone.into());
+        self
+    }
+
     fn to_value(&self) -> Value {
         let mut v = json!({
             "addresses": [self.ip],
@@ -382,6 +392,10 @@ impl Endpoint {
         }
         if let Some(z) = &self.zone {
             v["zone"] = json!(z);
+        }
+        if !self.hint_zones.is_empty() {
+            let zones: Vec<Value> = self.hint_zones.iter().map(|z| json!({"name": z})).collect();
+            v["hints"] = json!({"forZones": zones});
         }
         v
     }

@@ -85,6 +85,7 @@ suite!(
     least_connection,
     least_connection_burst,
     least_connection_short_connections,
+    topology_zone_hints,
     session_affinity,
     udp,
     hairpin_is_masqueraded,

@@ -525,8 +525,8 @@ fn wanted_problems(file: &Path, listed: &Value) -> Vec<String> {
         let kind = item["kind"].as_str().unwrap();
         let meta = &item["metadata"];
         wanted.push(format!(
-            "{file}: {kind} {}/{}: items[{}].kind: the file source uses only Service and \
-             EndpointSlice objects (and Lists of them); a {kind} is not used",
+            "{file}: {kind} {}/{}: items[{}].kind: the file source uses only Service, \
+             EndpointSlice and Node objects (and Lists of them); a {kind} is not used",
             meta["namespace"].as_str().unwrap(),
             meta["name"].as_str().unwrap(),
             i + 1

@@ -420,8 +420,8 @@ fn a_kubectl_list_is_served_and_what_cannot_be_used_is_listed_by_inspect() {
         .unwrap_or_else(|| panic!("no input problems in:\n{printed}"))
         .1;
     for wanted in [
-        "dump.json: Pod default/web-0: items[1].kind: the file source uses only Service and \
-         EndpointSlice objects",
+        "dump.json: Pod default/web-0: items[1].kind: the file source uses only Service, \
+         EndpointSlice and Node objects",
         "dump.json: Service default/my-service: items[3].spec.clusterIP: missing: the file \
          source has no IP allocator",
         "deep.yaml: document #0: line 3: recursion limit exceeded",

@@ -73,9 +73,11 @@ async fn start_source(
                 bail!("--source file:{}: not a directory", dir.display());
             }
             let dir = dir.clone();
+            let node_name = node_name.to_string();
             tokio::spawn(async move {
                 let rescan = std::time::Duration::from_secs(5);
-                if let Err(e) = source::file::run(dir.clone(), tx, rescan, balance).await {
+                if let Err(e) = source::file::run(dir.clone(), tx, rescan, balance, node_name).await
+                {
                     tracing::error!("file source {}: {e}", dir.display());
                 }
             });

@@ -1,4 +1,6 @@
 //! The `file:DIR` source: a directory of Service and EndpointSlice manifests, reloaded on change.
+//! A Node manifest named like the agent's node gives the node its zone (the
+//! `topology.kubernetes.io/zone` label) for topology hints, as the Node object does through the API.
 //!
 //! Every `*.yaml`, `*.yml` and `*.json` entry of the directory is read: multi-document YAML, one
 //! object per document, or what `kubectl get services,endpointslices -A -o yaml|json` writes (a
@@ -28,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use notify::Watcher;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -64,13 +66,21 @@ pub const MAX_ALIAS_EXPANSION: usize = 100_000;
 
 /// The kinds of object the file source serves.
 const SERVED_KINDS: &str =
-    "the file source uses only Service and EndpointSlice objects (and Lists of them)";
+    "the file source uses only Service, EndpointSlice and Node objects (and Lists of them)";
+
+/// A Node manifest: its name and the zone it is labelled with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEntry {
+    pub name: String,
+    pub zone: Option<String>,
+}
 
 /// What one manifest file holds.
 #[derive(Debug, Default, Clone)]
 pub struct ParsedFile {
     pub services: Vec<Service>,
     pub slices: Vec<EndpointSlice>,
+    pub nodes: Vec<NodeEntry>,
     pub errors: Vec<InvalidObject>,
 }
 
@@ -104,6 +114,7 @@ impl Problem {
 struct Found {
     services: Vec<Service>,
     slices: Vec<EndpointSlice>,
+    nodes: Vec<NodeEntry>,
     problems: Vec<Problem>,
 }
 
@@ -113,6 +124,7 @@ fn item_kind_of(list_kind: &str) -> Option<&'static str> {
     match list_kind {
         "ServiceList" => Some("Service"),
         "EndpointSliceList" => Some("EndpointSlice"),
+        "NodeList" => Some("Node"),
         _ => None,
     }
 }
@@ -180,6 +192,22 @@ fn use_object(value: Value, kind: &str, item: Option<usize>, found: &mut Found) 
         },
         "EndpointSlice" => match typed::<EndpointSlice>(value, prefix) {
             Ok(slice) => found.slices.push(slice),
+            Err((field, message)) => found.problems.push(problem(field, message)),
+        },
+        "Node" => match typed::<Node>(value, prefix) {
+            Ok(node) => match node.metadata.name {
+                Some(name) => found.nodes.push(NodeEntry {
+                    name,
+                    zone: node
+                        .metadata
+                        .labels
+                        .and_then(|mut l| l.remove(super::kube::ZONE_LABEL)),
+                }),
+                None => found.problems.push(problem(
+                    field_at(prefix, "metadata.name"),
+                    "missing: a Node is matched to the agent's node by its name".into(),
+                )),
+            },
             Err((field, message)) => found.problems.push(problem(field, message)),
         },
         other => found.problems.push(problem(
@@ -521,6 +549,7 @@ pub fn parse_manifests(file: &Path, text: &str) -> ParsedFile {
     let add = |out: &mut ParsedFile, doc: usize, found: Found| {
         out.services.extend(found.services);
         out.slices.extend(found.slices);
+        out.nodes.extend(found.nodes);
         out.errors.extend(
             found
                 .problems
@@ -674,10 +703,19 @@ fn entry(path: &Path) -> Entry {
 pub struct Listing {
     pub services: Vec<ServiceEntry>,
     pub slices: Vec<SliceEntry>,
+    pub nodes: Vec<NodeEntry>,
     pub errors: Vec<InvalidObject>,
 }
 
 impl Listing {
+    /// The zone of the Node named `node` (the first such manifest); `None` without one.
+    pub fn zone_of(&self, node: &str) -> Option<String> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == node)
+            .and_then(|n| n.zone.clone())
+    }
+
     /// Converts a parsed file's objects, dropping the Kubernetes objects.
     fn convert(parsed: ParsedFile, default_algorithm: Algorithm) -> Listing {
         Listing {
@@ -687,6 +725,7 @@ impl Listing {
                 .map(|s| ServiceEntry::new(s, default_algorithm))
                 .collect(),
             slices: parsed.slices.iter().map(SliceEntry::new).collect(),
+            nodes: parsed.nodes,
             errors: parsed.errors,
         }
     }
@@ -811,6 +850,7 @@ impl ManifestDir {
         for parsed in cached {
             all.services.extend(parsed.services.iter().cloned());
             all.slices.extend(parsed.slices.iter().cloned());
+            all.nodes.extend(parsed.nodes.iter().cloned());
             all.errors.extend(parsed.errors.iter().cloned());
         }
         all
@@ -862,9 +902,20 @@ fn parse_all(
     done.into_inner().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What the source last told the tracker about the node's zone (`None`: nothing yet).
+#[derive(Debug, Default)]
+struct NodeZone {
+    node_name: String,
+    sent: Option<Option<String>>,
+}
+
 /// Loads the directory on a blocking thread and sends the listing if anything changed since the
-/// last. `None` when the receiver is gone.
-async fn send_listing(dir: ManifestDir, tx: &mpsc::Sender<SourceEvent>) -> Option<ManifestDir> {
+/// last, the node's zone first when that changed. `None` when the receiver is gone.
+async fn send_listing(
+    dir: ManifestDir,
+    zone: &mut NodeZone,
+    tx: &mpsc::Sender<SourceEvent>,
+) -> Option<ManifestDir> {
     let loaded = tokio::task::spawn_blocking(move || {
         let mut dir = dir;
         let listing = dir.load_changed();
@@ -879,6 +930,13 @@ async fn send_listing(dir: ManifestDir, tx: &mpsc::Sender<SourceEvent>) -> Optio
     let Some(listing) = listing else {
         return Some(dir);
     };
+    let node_zone = listing.zone_of(&zone.node_name);
+    if zone.sent.as_ref() != Some(&node_zone) {
+        zone.sent = Some(node_zone.clone());
+        if tx.send(SourceEvent::NodeZone(node_zone)).await.is_err() {
+            return None;
+        }
+    }
     let source = format!("file:{}", dir.dir.display());
     let sent = tx
         .send(SourceEvent::SourceErrors {
@@ -900,19 +958,26 @@ async fn send_listing(dir: ManifestDir, tx: &mpsc::Sender<SourceEvent>) -> Optio
 
 /// Runs the file source until the receiver goes away: an initial listing, `Synced`, then a new
 /// listing whenever the directory changes (inotify, with a periodic rescan as a safety net).
-/// `default_algorithm` is the node's `--balance`.
+/// `default_algorithm` is the node's `--balance`; `node_name` picks the Node manifest that gives
+/// the node its zone.
 pub async fn run(
     dir: PathBuf,
     tx: mpsc::Sender<SourceEvent>,
     rescan: Duration,
     default_algorithm: Algorithm,
+    node_name: String,
 ) -> Result<(), notify::Error> {
+    let mut zone = NodeZone {
+        node_name,
+        sent: None,
+    };
     let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
     let mut watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
         let _ = wake_tx.try_send(());
     })?;
     watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
-    let Some(mut manifests) = send_listing(ManifestDir::new(&dir, default_algorithm), &tx).await
+    let Some(mut manifests) =
+        send_listing(ManifestDir::new(&dir, default_algorithm), &mut zone, &tx).await
     else {
         return Ok(());
     };
@@ -929,7 +994,7 @@ pub async fn run(
             }
             _ = tokio::time::sleep(rescan) => {}
         }
-        match send_listing(manifests, &tx).await {
+        match send_listing(manifests, &mut zone, &tx).await {
             Some(m) => manifests = m,
             None => return Ok(()),
         }

@@ -366,6 +366,22 @@ fn lc_web() -> Service {
     web().balance("least-conn")
 }
 
+/// `web` over the pods `pods`, each in zone-a (pods 0 and 1) or zone-b and hinted for it, and the
+/// node's own Node object in `node_zone`.
+fn zoned(pods: &[usize], node_zone: &str) -> String {
+    let svc = web();
+    let slice = pods.iter().fold(EndpointSlice::for_service(&svc), |s, &i| {
+        let zone = if i < 2 { "zone-a" } else { "zone-b" };
+        s.endpoint(Endpoint::ready(pod_ip(i)).zone(zone).hint_zone(zone))
+    });
+    let node = serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": crate::cluster::NODE_NAME,
+                     "labels": {"topology.kubernetes.io/zone": node_zone}},
+    });
+    yaml(&[&svc, &slice, &node])
+}
+
 fn balancing() -> Vec<Scenario> {
     vec![
         // Balancing: round-robin, 400 connections over 4 endpoints = 100 +-1 each.
@@ -430,6 +446,30 @@ fn balancing() -> Vec<Scenario> {
                 max: 130,
             },
         )]),
+        // Balancing, topology: zone hints (trafficDistribution PreferClose) keep the node's
+        // traffic in its zone (its Node manifest's label) while the zone has endpoints, then
+        // every endpoint serves it; a relabelled node follows its new zone.
+        Scenario::new("topology_zone_hints", || zoned(&[0, 1, 2, 3], "zone-a")).steps(vec![
+            probe(From::Pod, VIP, 20, served(&["pod0", "pod1"], Src::Any)),
+            probe(
+                From::External,
+                NODE_PORT,
+                20,
+                served(&["pod0", "pod1"], Src::Any),
+            ),
+            Step::Update {
+                manifests: || zoned(&[2, 3], "zone-a"),
+                service: WEB,
+                endpoints: 2,
+            },
+            probe(From::Pod, VIP, 20, served(&["pod2", "pod3"], Src::Any)),
+            Step::Update {
+                manifests: || zoned(&[0, 1, 2, 3], "zone-b"),
+                service: WEB,
+                endpoints: 4,
+            },
+            probe(From::Pod, VIP, 20, served(&["pod2", "pod3"], Src::Any)),
+        ]),
         // Balancing: session affinity ClientIP sticks per client.
         Scenario::new("session_affinity", || {
             with_ready(web().affinity(60), &[0, 1, 2, 3])

@@ -97,8 +97,8 @@ fn missing_kind_and_unusable_kinds_are_reported() {
     );
     assert_eq!(messages(&p), [
         "/m/y.yaml: document default/a: kind: missing",
-        "/m/y.yaml: ConfigMap shop/b: kind: the file source uses only Service and EndpointSlice \
-         objects (and Lists of them); a ConfigMap is not used",
+        "/m/y.yaml: ConfigMap shop/b: kind: the file source uses only Service, EndpointSlice and \
+         Node objects (and Lists of them); a ConfigMap is not used",
     ]);
 }
 
@@ -257,8 +257,8 @@ metadata:
     assert_eq!(msgs.len(), 5, "{msgs:#?}");
     assert_eq!(
         msgs[0],
-        "/m/dump.yaml: Pod x/web-0: items[1].kind: the file source uses only Service and \
-         EndpointSlice objects (and Lists of them); a Pod is not used"
+        "/m/dump.yaml: Pod x/web-0: items[1].kind: the file source uses only Service, \
+         EndpointSlice and Node objects (and Lists of them); a Pod is not used"
     );
     // In item order, although the kind-less item could only be looked at after the List's kind.
     assert_eq!(
@@ -609,4 +609,46 @@ fn an_unchanged_directory_sends_no_listing() {
     assert_eq!(keys(&changed.services), ["default/abc"]);
     // `load` always answers with the whole listing.
     assert_eq!(manifests.load(), changed);
+}
+
+#[test]
+fn node_manifests_give_their_zone_and_are_checked() {
+    let text = "apiVersion: v1
+kind: NodeList
+items:
+  - metadata:
+      name: node-a
+      labels:
+        topology.kubernetes.io/zone: zone-a
+  - metadata:
+      name: node-b
+---
+apiVersion: v1
+kind: Node
+metadata:
+  labels:
+    topology.kubernetes.io/zone: zone-c
+";
+    let parsed = parse_manifests(Path::new("nodes.yaml"), text);
+    assert_eq!(
+        parsed.nodes,
+        [
+            NodeEntry {
+                name: "node-a".into(),
+                zone: Some("zone-a".into())
+            },
+            NodeEntry {
+                name: "node-b".into(),
+                zone: None
+            },
+        ]
+    );
+    assert_eq!(parsed.errors.len(), 1, "{:?}", parsed.errors);
+    let e = &parsed.errors[0];
+    assert_eq!((e.kind.as_str(), e.object.as_str()), ("Node", "#1"));
+    assert_eq!(e.field, "metadata.name");
+    let listing = Listing::convert(parsed, Algorithm::RoundRobin);
+    assert_eq!(listing.zone_of("node-a").as_deref(), Some("zone-a"));
+    assert_eq!(listing.zone_of("node-b"), None, "unlabelled");
+    assert_eq!(listing.zone_of("node-x"), None, "no manifest");
 }
