@@ -1,8 +1,9 @@
 //! The healthCheckNodePort servers of eTP Local LoadBalancer Services.
 //!
 //! Answers 200 with the count of local ready endpoints when there is at least one, 503 otherwise
-//! (also when every local endpoint is terminating), as kube-proxy does. One listener per port,
-//! opened and closed as Services come and go; the count is updated in place on every sync.
+//! (also when every local endpoint is terminating), as kube-proxy does. One listener per port, on
+//! both address families, opened and closed as Services come and go; the count is updated in
+//! place on every sync.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -65,8 +66,7 @@ impl HealthCheckServers {
 
     fn open(&mut self, port: u16, service: String, local: usize) {
         let count = Arc::new(AtomicUsize::new(local));
-        let std_listener = match std::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))
-        {
+        let std_listener = match bind_any(port) {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(%service, port, "cannot open healthCheckNodePort: {e}");
@@ -94,6 +94,21 @@ impl HealthCheckServers {
             },
         );
     }
+}
+
+/// A listener on `port` of every address of both families (`[::]` taking IPv4 as mapped
+/// addresses), or of every IPv4 address where the node has no IPv6.
+fn bind_any(port: u16) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let dual = || -> std::io::Result<std::net::TcpListener> {
+        let socket = Socket::new(Domain::IPV6, Type::STREAM, None)?;
+        socket.set_only_v6(false)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())?;
+        socket.listen(128)?;
+        Ok(socket.into())
+    };
+    dual().or_else(|_| std::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))))
 }
 
 fn respond(service: &str, local: usize) -> impl IntoResponse {

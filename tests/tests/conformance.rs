@@ -4,7 +4,7 @@
 //! `... ::round_robin` one scenario everywhere. Exceptions: `kpr_tests::conformance::EXCEPTIONS`.
 //! Needs root and the `proxy` and `probe` binaries (`cargo build -p proxy -p kpr-tests --bins`).
 
-use kpr_tests::conformance::{needs_sctp, run, scenarios, Backend};
+use kpr_tests::conformance::{needs_sctp, run, run_v6, scenarios, Backend};
 
 /// One module per backend, one test per scenario; the scenarios after `sctp:` need SCTP in the
 /// kernel (this machine kind's has none) and are ignored unless `--include-ignored` (which
@@ -30,6 +30,22 @@ macro_rules! backend {
     };
 }
 
+/// The same scenarios in IPv6 (`kpr_tests::conformance::family`), for the backends that serve
+/// IPv6; the SCTP rows are left to the VM runs.
+macro_rules! backend_v6 {
+    ($module:ident, $backend:expr; $($scenario:ident),*) => {
+        mod $module {
+            use super::*;
+            $(
+                #[test]
+                fn $scenario() {
+                    run_v6($backend, stringify!($scenario));
+                }
+            )*
+        }
+    };
+}
+
 macro_rules! suite {
     ($($scenario:ident),* $(,)?; sctp: $($sctp:ident),* $(,)?) => {
         backend!(userspace, Backend::Userspace; $($scenario),*; sctp: $($sctp),*);
@@ -37,6 +53,7 @@ macro_rules! suite {
         backend!(iptables_nft, Backend::IptablesNft; $($scenario),*; sctp: $($sctp),*);
         backend!(iptables_legacy, Backend::IptablesLegacy; $($scenario),*; sctp: $($sctp),*);
         backend!(ebpf, Backend::Ebpf; $($scenario),*; sctp: $($sctp),*);
+        backend_v6!(nftables_v6, Backend::Nftables; $($scenario),*);
 
         /// Every row of the table has its tests (and nothing else does); exactly the SCTP rows
         /// are the ignored ones.

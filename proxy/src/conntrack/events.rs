@@ -5,7 +5,7 @@
 //! from lost events: when the socket overflows, the reader dumps the table and hands over a
 //! [`CtUpdate::Snapshot`] of every entry instead, so counts are rebuilt, never left drifting.
 
-use std::net::{IpAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -37,21 +37,15 @@ pub struct CtEvent {
     /// IP protocol number.
     pub protocol: u8,
     /// The reply tuple's source: the endpoint the connection was translated to.
-    pub endpoint: Option<SocketAddrV4>,
+    pub endpoint: Option<SocketAddr>,
     /// `TCP_CONNTRACK_*`, when the entry is TCP.
     pub tcp_state: Option<u8>,
 }
 
 impl CtEvent {
-    /// The event of an entry; `None` without an id (nothing to track it by) or for IPv6.
+    /// The event of an entry; `None` without an id (nothing to track it by).
     pub fn from_entry(kind: CtEventKind, e: &CtEntry) -> Option<CtEvent> {
-        let endpoint = match e.reply {
-            Some(r) => match r.src {
-                IpAddr::V4(ip) => Some(SocketAddrV4::new(ip, r.sport)),
-                IpAddr::V6(_) => return None,
-            },
-            None => None,
-        };
+        let endpoint = e.reply.map(|r| SocketAddr::new(r.src, r.sport));
         Some(CtEvent {
             kind,
             id: e.id?,
@@ -138,13 +132,18 @@ impl EventStream {
                                 "least-connection: conntrack events were lost (socket buffer \
                                  full); recounting from a table dump"
                             );
-                            match requests.dump(Family::V4) {
-                                Ok(entries) => on_update(CtUpdate::Snapshot(
-                                    entries
-                                        .iter()
-                                        .filter_map(|e| CtEvent::from_entry(CtEventKind::New, e))
-                                        .collect(),
-                                )),
+                            let dumped: std::io::Result<Vec<CtEvent>> =
+                                [Family::V4, Family::V6]
+                                    .into_iter()
+                                    .map(|f| requests.dump(f))
+                                    .try_fold(Vec::new(), |mut all, entries| {
+                                        all.extend(entries?.iter().filter_map(|e| {
+                                            CtEvent::from_entry(CtEventKind::New, e)
+                                        }));
+                                        Ok(all)
+                                    });
+                            match dumped {
+                                Ok(all) => on_update(CtUpdate::Snapshot(all)),
                                 Err(e) => tracing::error!(
                                     "least-connection: dumping the conntrack table failed: {e}"
                                 ),

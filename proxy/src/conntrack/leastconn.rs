@@ -18,7 +18,7 @@
 //! endpoint across all Services on this node.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -33,36 +33,36 @@ pub struct PickChange {
     pub id: u32,
     /// Backend-defined name of the target (e.g. the iptables chain).
     pub label: String,
-    pub old: Vec<SocketAddrV4>,
-    pub new: Vec<SocketAddrV4>,
+    pub old: Vec<SocketAddr>,
+    pub new: Vec<SocketAddr>,
     /// All the target's endpoints, in its order (empty when the target is removed): a dataplane
     /// that walks fixed slots gives each endpoint its own slots, so that its round-robin runs
     /// on unchanged while the tie set changes.
-    pub endpoints: Vec<SocketAddrV4>,
+    pub endpoints: Vec<SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
 struct LcTarget {
     label: String,
-    endpoints: Vec<SocketAddrV4>,
+    endpoints: Vec<SocketAddr>,
     /// Where the round-robin among equally loaded endpoints continues.
     cursor: usize,
     /// What the dataplane currently spreads new connections over: the endpoints tied for the
     /// least connections, in round-robin order from the cursor.
-    programmed: Vec<SocketAddrV4>,
+    programmed: Vec<SocketAddr>,
 }
 
 /// A least-connection target a backend has programmed: (id, label, endpoints). The label is
 /// the backend's name for it (e.g. its iptables chain), for logs and steering.
-pub type LcWanted = (u32, String, Vec<SocketAddrV4>);
+pub type LcWanted = (u32, String, Vec<SocketAddr>);
 
 /// Counts and picks; everything here is pure bookkeeping.
 #[derive(Debug, Default)]
 pub struct LcTable {
     targets: HashMap<u32, LcTarget>,
-    counts: HashMap<SocketAddrV4, u64>,
+    counts: HashMap<SocketAddr, u64>,
     /// Counted connections: conntrack id -> endpoint.
-    open: HashMap<u32, SocketAddrV4>,
+    open: HashMap<u32, SocketAddr>,
 }
 
 impl LcTable {
@@ -95,7 +95,7 @@ impl LcTable {
         &mut self,
         id: u32,
         label: &str,
-        endpoints: &[SocketAddrV4],
+        endpoints: &[SocketAddr],
     ) -> Option<PickChange> {
         let t = self.targets.entry(id).or_insert_with(|| LcTarget {
             label: label.to_string(),
@@ -131,7 +131,7 @@ impl LcTable {
     }
 
     /// The endpoints target `id` currently spreads new connections over.
-    pub fn picks(&self, id: u32) -> &[SocketAddrV4] {
+    pub fn picks(&self, id: u32) -> &[SocketAddr] {
         self.targets.get(&id).map_or(&[], |t| &t.programmed)
     }
 
@@ -196,13 +196,10 @@ impl LcTable {
 
     /// Active connections per endpoint.
     pub fn counts(&self) -> BTreeMap<SocketAddr, u64> {
-        self.counts
-            .iter()
-            .map(|(e, c)| (SocketAddr::V4(*e), *c))
-            .collect()
+        self.counts.iter().map(|(e, c)| (*e, *c)).collect()
     }
 
-    fn targets_with(&self, ep: SocketAddrV4) -> Vec<u32> {
+    fn targets_with(&self, ep: SocketAddr) -> Vec<u32> {
         self.targets
             .iter()
             .filter(|(_, t)| t.endpoints.contains(&ep))
@@ -211,7 +208,7 @@ impl LcTable {
     }
 
     /// The endpoints tied for the least connections, in round-robin order from the cursor.
-    fn ties(&self, t: &LcTarget) -> Vec<SocketAddrV4> {
+    fn ties(&self, t: &LcTarget) -> Vec<SocketAddr> {
         crate::balance::least_loaded_ties(
             crate::balance::from_cursor(t.endpoints.len(), t.cursor).map(|i| t.endpoints[i]),
             |e| self.counts.get(e).copied().unwrap_or(0),
@@ -332,11 +329,11 @@ impl LiveView for LcView {
 mod tests {
     use super::*;
 
-    fn ep(n: u8) -> SocketAddrV4 {
-        SocketAddrV4::new([10, 244, n, 2].into(), 8080)
+    fn ep(n: u8) -> SocketAddr {
+        SocketAddr::new([10, 244, n, 2].into(), 8080)
     }
 
-    fn new(id: u32, mark: u32, e: SocketAddrV4) -> CtEvent {
+    fn new(id: u32, mark: u32, e: SocketAddr) -> CtEvent {
         CtEvent {
             kind: CtEventKind::New,
             id,
@@ -347,7 +344,7 @@ mod tests {
         }
     }
 
-    fn destroy(id: u32, e: SocketAddrV4) -> CtEvent {
+    fn destroy(id: u32, e: SocketAddr) -> CtEvent {
         CtEvent {
             kind: CtEventKind::Destroy,
             tcp_state: None,

@@ -31,12 +31,14 @@
 //! runs them in the Debian kernels (`--include-ignored`); on a kernel without SCTP they fail.
 
 pub mod exceptions;
+pub mod family;
 mod rig;
 pub mod scenarios;
 
 use std::fmt;
 
 pub use exceptions::{Exception, Instead, EXCEPTIONS};
+pub use family::Family;
 pub use rig::Rig;
 
 /// A backend under test: the agent's `--backend` (and `--iptables-mode`).
@@ -258,37 +260,48 @@ pub fn needs_sctp(sc: &Scenario) -> bool {
         .any(|s| matches!(s, Step::Probe(p) if p.proto == Proto::Sctp))
 }
 
-/// Runs `scenario` on `backend`, honouring the exception list; panics with what went wrong.
+/// Runs `scenario` on `backend` in IPv4, honouring the exception list; panics with what went
+/// wrong.
 pub fn run(backend: Backend, name: &str) {
+    run_in(backend, Family::V4, name)
+}
+
+/// The same in IPv6: the table's addresses mapped onto the dual-stack cluster's IPv6 plan
+/// ([`family`]).
+pub fn run_v6(backend: Backend, name: &str) {
+    run_in(backend, Family::V6, name)
+}
+
+fn run_in(backend: Backend, family: Family, name: &str) {
+    let case = match family {
+        Family::V4 => format!("{backend}::{name}"),
+        Family::V6 => format!("{backend}_v6::{name}"),
+    };
     let Some(mut sc) = scenario(name) else {
         panic!("no conformance scenario named {name}");
     };
     if needs_sctp(&sc) && !crate::client::sctp_supported() {
         panic!(
-            "{backend}::{name} sends SCTP, which this kernel does not have (socket(IPPROTO_SCTP) \
+            "{case} sends SCTP, which this kernel does not have (socket(IPPROTO_SCTP) \
              fails): run it in a VM (`cargo xtask vm --suite conformance -- sctp`)"
         );
     }
     let found = exceptions::find(backend, name);
     for e in &found {
-        eprintln!("conformance exception {backend}::{name}: {}", e.reason);
+        eprintln!("conformance exception {case}: {}", e.reason);
         apply(&mut sc, e);
     }
     let must_fail = found.iter().any(|e| e.instead == Instead::Fails);
-    let cluster = rig::cluster().unwrap_or_else(|e| panic!("{backend}::{name}: cluster: {e}"));
-    let rig =
-        Rig::start(&cluster, backend, &sc).unwrap_or_else(|e| panic!("{backend}::{name}: {e}"));
+    let cluster = rig::cluster(family).unwrap_or_else(|e| panic!("{case}: cluster: {e}"));
+    let rig = Rig::start(&cluster, backend, family, &sc).unwrap_or_else(|e| panic!("{case}: {e}"));
     let result = rig.run(&sc);
     match (must_fail, result) {
         (true, Ok(())) => {
-            panic!("{backend}::{name} now passes: remove it from the conformance exception list")
+            panic!("{case} now passes: remove it from the conformance exception list")
         }
-        (true, Err(e)) => eprintln!("{backend}::{name} fails as documented: {e}"),
+        (true, Err(e)) => eprintln!("{case} fails as documented: {e}"),
         (false, Ok(())) => {}
-        (false, Err(e)) => panic!(
-            "{backend}::{name}: {e}\n--- agent log (tail) ---\n{}",
-            rig.log_tail()
-        ),
+        (false, Err(e)) => panic!("{case}: {e}\n--- agent log (tail) ---\n{}", rig.log_tail()),
     }
 }
 

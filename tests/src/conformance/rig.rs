@@ -7,8 +7,9 @@ use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use super::family::{is_node_address, Family};
 use super::{Backend, Expect, From, Probe, Scenario, Src, Step, UdpFlow};
-use crate::cluster::{ClusterSpec, CLIENT_IP, NODE_IP, PODCLIENT_IP};
+use crate::cluster::{ClusterSpec, CLIENT_IP, PODCLIENT_IP};
 use crate::probe::{parse_probe_output, probe_command, run_probe, ProbeLine};
 use crate::{Agent, AgentOptions, Cgroup, Cluster, HarnessError, Netns};
 
@@ -18,9 +19,12 @@ const CHANGE: Duration = Duration::from_secs(10);
 /// Pause after `/state` shows a change, for the dataplane sync that follows it.
 const SETTLE: Duration = Duration::from_millis(500);
 
-/// The cluster every scenario runs in: 4 pods with echo servers.
-pub fn cluster() -> Result<Cluster, HarnessError> {
-    Cluster::new(ClusterSpec::pods(4))
+/// The cluster every scenario runs in: 4 pods with echo servers (dual-stack for IPv6 runs).
+pub fn cluster(family: Family) -> Result<Cluster, HarnessError> {
+    match family {
+        Family::V4 => Cluster::new(ClusterSpec::pods(4)),
+        Family::V6 => Cluster::new(ClusterSpec::pods(4).dual_stack()),
+    }
 }
 
 /// A running backend for one scenario. Field order is drop order: held clients, agent, cgroup.
@@ -30,6 +34,7 @@ pub struct Rig<'c> {
     cgroup: Option<Cgroup>,
     cluster: &'c Cluster,
     backend: Backend,
+    family: Family,
 }
 
 impl<'c> Rig<'c> {
@@ -37,6 +42,7 @@ impl<'c> Rig<'c> {
     pub fn start(
         cluster: &'c Cluster,
         backend: Backend,
+        family: Family,
         sc: &Scenario,
     ) -> Result<Rig<'c>, HarnessError> {
         let cgroup = match backend {
@@ -50,7 +56,11 @@ impl<'c> Rig<'c> {
         if let Some(cg) = &cgroup {
             opts = opts.cgroup(cg);
         }
-        let agent = Agent::start(&cluster.node, &opts, &[(MANIFEST, (sc.manifests)())])?;
+        if family == Family::V6 {
+            opts = opts.dual_stack();
+        }
+        let manifests = family.text(&(sc.manifests)());
+        let agent = Agent::start(&cluster.node, &opts, &[(MANIFEST, manifests)])?;
         // The first sync has happened once /healthz is up; give the dataplane a moment.
         std::thread::sleep(SETTLE);
         Ok(Rig {
@@ -59,14 +69,19 @@ impl<'c> Rig<'c> {
             cgroup,
             cluster,
             backend,
+            family,
         })
     }
 
     /// Runs every step; the error names the step and what was seen.
     pub fn run(&self, sc: &Scenario) -> Result<(), String> {
         for (i, step) in sc.steps.iter().enumerate() {
-            self.step(step)
-                .map_err(|e| format!("step {i} ({step:?}) on {}: {e}", self.backend))?;
+            self.step(step).map_err(|e| {
+                format!(
+                    "step {i} ({step:?}) on {} in {}: {e}",
+                    self.backend, self.family
+                )
+            })?;
         }
         Ok(())
     }
@@ -122,7 +137,8 @@ impl<'c> Rig<'c> {
 
     fn http(&self, from: From, to: &str, status: u16, body: &str) -> Result<(), String> {
         let (ns, cg, _) = self.source(from);
-        let args = ["http", to, "--timeout", "2"];
+        let to = self.family.text(to);
+        let args = ["http", &to, "--timeout", "2"];
         let out = run_probe(ns, cg, &args).map_err(|e| e.to_string())?;
         match out.lines.as_slice() {
             [ProbeLine::Http { status: s, body: b }] if *s == status && b.contains(body) => Ok(()),
@@ -139,10 +155,11 @@ impl<'c> Rig<'c> {
 
     fn udp_flow(&self, f: &UdpFlow) -> Result<(), String> {
         let (ns, cg, client) = self.source(f.from);
+        let to = self.family.text(f.to);
         // 30 requests, 200 ms apart: about 6 s, long enough for the update to land in the middle.
         let args = [
             "udp",
-            f.to,
+            &to,
             "--session",
             "--count",
             "30",
@@ -179,11 +196,12 @@ impl<'c> Rig<'c> {
     fn source(&self, from: From) -> (&Netns, Option<&Cgroup>, Option<IpAddr>) {
         let c = self.cluster;
         let cg = self.cgroup.as_ref();
+        let f = self.family;
         match from {
-            From::Pod => (&c.podclient, cg, Some(PODCLIENT_IP.into())),
+            From::Pod => (&c.podclient, cg, Some(f.addr(PODCLIENT_IP))),
             From::Node => (&c.node, cg, None),
-            From::External => (&c.client, None, Some(CLIENT_IP.into())),
-            From::Endpoint(i) => (&c.pods[i].ns, cg, Some(c.pods[i].ip.into())),
+            From::External => (&c.client, None, Some(f.addr(CLIENT_IP))),
+            From::Endpoint(i) => (&c.pods[i].ns, cg, Some(f.addr(c.pods[i].ip))),
         }
     }
 
@@ -196,7 +214,8 @@ impl<'c> Rig<'c> {
             _ => "2",
         };
         let every = p.every_ms.to_string();
-        let mut args = vec![proto, p.to, "--count", &count, "--timeout", timeout];
+        let to = self.family.text(p.to);
+        let mut args = vec![proto, &to, "--count", &count, "--timeout", timeout];
         if p.every_ms > 0 {
             args.extend(["--every", &every]);
         }
@@ -210,7 +229,8 @@ impl<'c> Rig<'c> {
     fn hold(&self, from: From, to: &str, count: usize, expect: Expect) -> Result<(), String> {
         let (ns, cg, _) = self.source(from);
         let n = count.to_string();
-        let (child, stdout) = spawn_piped(ns, cg, &["tcp", to, "--count", &n, "--hold", "60"])?;
+        let to = self.family.text(to);
+        let (child, stdout) = spawn_piped(ns, cg, &["tcp", &to, "--count", &n, "--hold", "60"])?;
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -235,7 +255,7 @@ impl<'c> Rig<'c> {
 
     fn update(&self, manifests: fn() -> String, service: &str, n: usize) -> Result<(), String> {
         self.agent
-            .write_manifest(MANIFEST, &manifests())
+            .write_manifest(MANIFEST, &self.family.text(&manifests()))
             .map_err(|e| e.to_string())?;
         self.agent
             .wait_for(&format!("{n} endpoints for {service}"), CHANGE, |s| {
@@ -260,7 +280,7 @@ impl<'c> Rig<'c> {
         let want: BTreeMap<String, Vec<String>> = expected
             .iter()
             .map(|(name, eps)| {
-                let mut eps: Vec<String> = eps.iter().map(|e| e.to_string()).collect();
+                let mut eps: Vec<String> = eps.iter().map(|e| self.family.text(e)).collect();
                 eps.sort();
                 (name.to_string(), eps)
             })
@@ -312,14 +332,6 @@ fn leak(pods: &[&str]) -> &'static [&'static str] {
             .collect::<Vec<&'static str>>()
             .into_boxed_slice(),
     )
-}
-
-/// Whether `ip` is one of the node's addresses (192.0.2.1 or a 10.244.x.1 link address).
-fn is_node_address(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4 == NODE_IP || (v4.octets()[..2] == [10, 244] && v4.octets()[3] == 1),
-        IpAddr::V6(_) => false,
-    }
 }
 
 /// Checks probe output against `expect`; `client` is the source address for [`Src::Preserved`].

@@ -31,9 +31,10 @@
 //! restarts and never collide with kube-proxy's `KUBE-` chains.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use crate::dataplane::rules::{class_routes, v4, v4_endpoints, ClassRoute, Tag, TargetIds};
+use crate::dataplane::rules::{class_routes, family_endpoints, v4, ClassRoute, Tag, TargetIds};
+use crate::model::IpFamily;
 use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
 use crate::selection::{DestKind, EmptyVerdict, SelectedEndpoints};
 use crate::state::ProxyState;
@@ -85,7 +86,7 @@ pub fn bucket_chain(b: u16) -> String {
 }
 
 /// The `recent` list remembering which clients went to `ep` (session affinity).
-pub fn affinity_list(spn: &str, ep: SocketAddrV4) -> String {
+pub fn affinity_list(spn: &str, ep: SocketAddr) -> String {
     format!("KPR-AFF-{}", hash(&[spn, &ep.to_string()]))
 }
 
@@ -98,13 +99,13 @@ pub struct LcTarget {
     pub protocol: &'static str,
     /// Session affinity: the pick also records the client in its `recent` list.
     pub affinity: bool,
-    pub endpoints: Vec<SocketAddrV4>,
+    pub endpoints: Vec<SocketAddr>,
 }
 
 impl LcTarget {
     /// The chain's rules: new connections go round-robin over `picks` (the endpoints tied for
     /// the fewest connections), kube-proxy's `statistic --mode nth` pattern.
-    pub fn pick_rules(&self, picks: &[SocketAddrV4]) -> Vec<String> {
+    pub fn pick_rules(&self, picks: &[SocketAddr]) -> Vec<String> {
         picks
             .iter()
             .enumerate()
@@ -196,7 +197,7 @@ struct Builder<'a> {
     spn: &'a ServicePortName,
     name: &'a str,
     out: Compiled,
-    tags: Vec<Tag>,
+    tags: Vec<(Tag, IpFamily)>,
 }
 
 impl<'a> Builder<'a> {
@@ -428,7 +429,7 @@ impl<'a> Builder<'a> {
         endpoints: &[Endpoint],
         empty: EmptyVerdict,
     ) -> Vec<String> {
-        let eps = v4_endpoints(endpoints);
+        let eps = family_endpoints(endpoints, IpFamily::V4);
         if eps.is_empty() {
             let bit = match empty {
                 EmptyVerdict::Reject => MARK_REJECT,
@@ -441,12 +442,18 @@ impl<'a> Builder<'a> {
                 format!("{m}-j ACCEPT"),
             ];
         }
-        self.out.endpoint_ips.extend(eps.iter().map(|e| *e.ip()));
+        self.out
+            .endpoint_ips
+            .extend(eps.iter().filter_map(|e| match e.ip() {
+                IpAddr::V4(ip) => Some(ip),
+                IpAddr::V6(_) => None,
+            }));
         let mut rules = Vec::new();
         let affinity = self.svc.affinity.map(|t| t.as_secs().max(1));
         let lc_id = (self.svc.algorithm == Algorithm::LeastConn).then(|| {
-            self.tags.push(tag);
-            self.ids.get(self.spn, tag, &eps, affinity.is_some())
+            self.tags.push((tag, IpFamily::V4));
+            self.ids
+                .get(self.spn, (tag, IpFamily::V4), &eps, affinity.is_some())
         });
         if let Some(id) = lc_id {
             rules.push(format!("{m}-j CONNMARK --set-xmark {id:#x}/0xffffffff"));
@@ -489,7 +496,7 @@ impl<'a> Builder<'a> {
         &mut self,
         tag: Tag,
         id: u32,
-        endpoints: Vec<SocketAddrV4>,
+        endpoints: Vec<SocketAddr>,
         affinity: bool,
     ) -> String {
         let chain = format!("KPR-LC-{}", hash(&[self.name, &format!("{tag:?}")]));

@@ -267,7 +267,7 @@ impl RuleBackend for Iptables {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::SocketAddrV4;
+    use std::net::SocketAddr;
 
     #[test]
     fn restore_declares_chains_before_rules_and_deletes_last() {
@@ -320,7 +320,7 @@ mod tests {
     fn affinity_list_names_are_stable_and_short() {
         let a = compile::affinity_list(
             "default/web/TCP",
-            "10.244.1.2:8080".parse::<SocketAddrV4>().unwrap(),
+            "10.244.1.2:8080".parse::<SocketAddr>().unwrap(),
         );
         assert_eq!(
             a,

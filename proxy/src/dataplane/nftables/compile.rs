@@ -1,19 +1,23 @@
-//! Compiles one service port into the map elements of the `ip kpr` table (pure, no I/O).
+//! Compiles one service port into the map elements of the `ip kpr` and `ip6 kpr` tables (pure,
+//! no I/O).
 //!
 //! Owns: [`compile`], the elements one service port contributes. A *target* is one endpoint set
-//! with its empty verdict, algorithm and affinity; a service port has one target per distinct
-//! route (usually one; two when externalTrafficPolicy Local splits external sources from the
-//! rest). The routes per source class and the target ids come from `dataplane::rules`; the
-//! backend never re-decides endpoints.
+//! of one family with its empty verdict, algorithm and affinity; a service port has one target
+//! per distinct route and family (usually one; two when externalTrafficPolicy Local splits
+//! external sources from the rest, twice that for a dual-stack Service). Each family's addresses
+//! of the port go to that family's table and translate to that family's endpoints only. The
+//! routes per source class and the target ids come from `dataplane::rules`; the backend never
+//! re-decides endpoints.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::dataplane::rules::{
-    class_index, class_routes, is_ipv4, v4, v4_endpoints, ClassRoute, Tag, TargetIds,
+    class_index, class_routes, family_addrs, family_endpoints, has_family, ClassRoute, Tag,
+    TargetIds,
 };
-use crate::model::{Algorithm, Protocol, ServicePort, ServicePortName};
+use crate::model::{Algorithm, IpFamily, Protocol, ServicePort, ServicePortName};
 use crate::selection::{
     cluster_ip_masquerade, DestKind, EmptyVerdict, NodeContext, SelectedEndpoints,
 };
@@ -25,6 +29,7 @@ use super::ruleset::{rr_count_set, RR_COUNTS};
 /// service port that programmed it hold the same ones.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Element {
+    pub family: IpFamily,
     pub set: &'static str,
     pub key: Arc<str>,
     pub value: Option<Arc<str>>,
@@ -41,9 +46,9 @@ pub const RR_BUCKETS: u32 = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ChainNeed {
     /// `rr_N_B`: round-robin over N slots, counter bucket B (see [`RR_BUCKETS`]).
-    RoundRobin(usize, u32),
+    RoundRobin(IpFamily, usize, u32),
     /// `aff_T` / `rec_T`: session affinity with a timeout of T seconds.
-    Affinity(u64),
+    Affinity(IpFamily, u64),
 }
 
 /// One endpoint set as the dataplane balances over it.
@@ -51,7 +56,8 @@ pub enum ChainNeed {
 pub struct Target {
     /// The conntrack mark that names this target.
     pub id: u32,
-    pub endpoints: Vec<SocketAddrV4>,
+    pub family: IpFamily,
+    pub endpoints: Vec<SocketAddr>,
     pub empty: EmptyVerdict,
     pub algorithm: Algorithm,
     pub affinity_secs: Option<u64>,
@@ -68,7 +74,7 @@ pub struct Compiled {
 /// A destination of the service port.
 #[derive(Debug, Clone, Copy)]
 enum Frontend {
-    Ip(Ipv4Addr, DestKind),
+    Ip(IpAddr, DestKind),
     NodePort,
 }
 
@@ -85,23 +91,28 @@ pub fn compile(state: &ProxyState, spn: &ServicePortName, ids: &mut TargetIds) -
         ctx: &state.node,
         ids,
         spn,
+        family: IpFamily::V4,
         out: Compiled::default(),
         targets: BTreeMap::new(),
     };
     let proto = svc.protocol;
-    for ip in v4(&svc.cluster_ips) {
-        b.element("cluster_ips", ip.to_string(), None);
-        b.frontend(Frontend::Ip(ip, DestKind::ClusterIp), proto, svc.port);
-    }
-    for ip in v4(&svc.external_ips) {
-        b.frontend(Frontend::Ip(ip, DestKind::ExternalIp), proto, svc.port);
-    }
-    for ip in v4(&svc.load_balancer_ips) {
-        b.frontend(Frontend::Ip(ip, DestKind::LoadBalancer), proto, svc.port);
-        b.firewall(ip, proto, svc.port);
-    }
-    if svc.node_port != 0 && is_ipv4(svc) {
-        b.frontend(Frontend::NodePort, proto, svc.node_port);
+    for family in IpFamily::ALL {
+        b.family = family;
+        for ip in family_addrs(&svc.cluster_ips, family) {
+            b.element("cluster_ips", ip.to_string(), None);
+            b.frontend(Frontend::Ip(ip, DestKind::ClusterIp), proto, svc.port);
+        }
+        for ip in family_addrs(&svc.external_ips, family) {
+            b.frontend(Frontend::Ip(ip, DestKind::ExternalIp), proto, svc.port);
+        }
+        for ip in family_addrs(&svc.load_balancer_ips, family) {
+            b.frontend(Frontend::Ip(ip, DestKind::LoadBalancer), proto, svc.port);
+            b.firewall(ip, proto, svc.port);
+        }
+        // The nodePort serves the families the Service has addresses of.
+        if svc.node_port != 0 && has_family(svc, family) {
+            b.frontend(Frontend::NodePort, proto, svc.node_port);
+        }
     }
     b.finish()
 }
@@ -112,13 +123,16 @@ struct Builder<'a> {
     ctx: &'a NodeContext,
     ids: &'a mut TargetIds,
     spn: &'a ServicePortName,
+    /// The family being compiled: its elements go to its table.
+    family: IpFamily,
     out: Compiled,
-    targets: BTreeMap<Tag, Target>,
+    targets: BTreeMap<(Tag, IpFamily), Target>,
 }
 
 impl Builder<'_> {
     fn element(&mut self, set: &'static str, key: String, value: Option<String>) {
         self.out.elements.push(Element {
+            family: self.family,
             set,
             key: key.into(),
             value: value.map(Into::into),
@@ -127,18 +141,20 @@ impl Builder<'_> {
 
     /// The id of the target a route names, created on first use.
     fn target_of(&mut self, r: &ClassRoute<'_>) -> u32 {
-        if let Some(t) = self.targets.get(&r.tag) {
+        let key = (r.tag, self.family);
+        if let Some(t) = self.targets.get(&key) {
             return t.id;
         }
-        let endpoints = v4_endpoints(r.endpoints);
+        let endpoints = family_endpoints(r.endpoints, self.family);
         let affinity_secs = self.svc.affinity.map(|d| d.as_secs().max(1));
         let id = self
             .ids
-            .get(self.spn, r.tag, &endpoints, affinity_secs.is_some());
+            .get(self.spn, key, &endpoints, affinity_secs.is_some());
         self.targets.insert(
-            r.tag,
+            key,
             Target {
                 id,
+                family: self.family,
                 endpoints,
                 empty: r.empty,
                 algorithm: self.svc.algorithm,
@@ -183,15 +199,13 @@ impl Builder<'_> {
         }
     }
 
-    fn firewall(&mut self, ip: Ipv4Addr, proto: Protocol, port: u16) {
+    fn firewall(&mut self, ip: IpAddr, proto: Protocol, port: u16) {
         let ranges: Vec<String> = self
             .svc
             .source_ranges
             .iter()
-            .filter_map(|n| match n {
-                ipnet::IpNet::V4(n) => Some(n.trunc().to_string()),
-                ipnet::IpNet::V6(_) => None,
-            })
+            .filter(|n| IpFamily::of(&n.addr()) == self.family)
+            .map(|n| n.trunc().to_string())
             .collect();
         if self.svc.source_ranges.is_empty() {
             return;
@@ -205,10 +219,11 @@ impl Builder<'_> {
     }
 
     fn finish(mut self) -> Compiled {
-        let tags: Vec<Tag> = self.targets.keys().copied().collect();
-        self.ids.retain(self.spn, &tags);
+        let keys: Vec<(Tag, IpFamily)> = self.targets.keys().copied().collect();
+        self.ids.retain(self.spn, &keys);
         let targets: Vec<Target> = std::mem::take(&mut self.targets).into_values().collect();
         for t in &targets {
+            self.family = t.family;
             self.target_elements(t);
         }
         self.out.targets = targets;
@@ -239,7 +254,9 @@ impl Builder<'_> {
             self.element(rr_count_set(n), id.to_string(), None);
             return None;
         }
-        self.out.chains.push(ChainNeed::RoundRobin(n, bucket));
+        self.out
+            .chains
+            .push(ChainNeed::RoundRobin(self.family, n, bucket));
         Some(format!("goto rr_{n}_{bucket}"))
     }
 
@@ -262,7 +279,7 @@ impl Builder<'_> {
             self.element("hairpin", format!("{0} . {0}", ep.ip()), None);
         }
         if let (Some(secs), false) = (t.affinity_secs, t.endpoints.is_empty()) {
-            self.out.chains.push(ChainNeed::Affinity(secs));
+            self.out.chains.push(ChainNeed::Affinity(self.family, secs));
             self.element(
                 "aff_lookup",
                 id.to_string(),
@@ -336,7 +353,7 @@ mod tests {
     }
 
     fn ep(last: u8, node: &str) -> Endpoint {
-        fixtures::endpoint(Ipv4Addr::new(10, 244, last, 2), node)
+        fixtures::endpoint(std::net::Ipv4Addr::new(10, 244, last, 2), node)
     }
 
     fn state(svc: ServicePort, eps: Vec<Endpoint>) -> ProxyState {
@@ -419,7 +436,10 @@ mod tests {
         let c = compile(&st, &spn("a"), &mut TargetIds::default());
         let id = c.targets[0].id;
         let n = RR_COUNTS + 1;
-        assert_eq!(c.chains, vec![ChainNeed::RoundRobin(n, id % RR_BUCKETS)]);
+        assert_eq!(
+            c.chains,
+            vec![ChainNeed::RoundRobin(IpFamily::V4, n, id % RR_BUCKETS)]
+        );
         assert!(sets(&c).contains(&(
             "targets",
             id.to_string(),

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use super::compile::Element;
 use super::ops::Op;
+use crate::model::IpFamily;
 
 /// An owner of a key and the value it wants.
 type Owner = (u32, Option<Arc<str>>);
@@ -57,10 +58,10 @@ impl Owners {
     }
 }
 
-/// What is programmed, keyed by (set, key).
+/// What is programmed, keyed by (family, set, key).
 #[derive(Debug, Clone, Default)]
 pub struct ElementTable {
-    keys: HashMap<(&'static str, Arc<str>), Owners>,
+    keys: HashMap<(IpFamily, &'static str, Arc<str>), Owners>,
 }
 
 /// Operations collected by a diff: deletions are applied before additions so that a key whose
@@ -75,8 +76,8 @@ impl Delta {
     /// Deletions, then additions, each grouped by set (stable) so that `ops::render` batches
     /// them into few commands.
     pub fn into_ops(mut self) -> Vec<Op> {
-        self.deletes.sort_by(|a, b| a.set().cmp(&b.set()));
-        self.adds.sort_by(|a, b| a.set().cmp(&b.set()));
+        self.deletes.sort_by(|a, b| a.target().cmp(&b.target()));
+        self.adds.sort_by(|a, b| a.target().cmp(&b.target()));
         if self.deletes.is_empty() {
             // A full sync: only additions, kept as they are rather than copied.
             return self.adds;
@@ -119,17 +120,17 @@ impl ElementTable {
     }
 
     fn add(&mut self, owner: u32, e: &Element, delta: &mut Delta) {
-        match self.keys.entry((e.set, e.key.clone())) {
+        match self.keys.entry((e.family, e.set, e.key.clone())) {
             Entry::Occupied(mut o) => o.get_mut().push((owner, e.value.clone())),
             Entry::Vacant(v) => {
                 v.insert(Owners::One((owner, e.value.clone())));
-                delta.adds.push(add_op(e.set, &e.key, e.value.clone()));
+                delta.adds.push(add_op(e, e.value.clone()));
             }
         }
     }
 
     fn remove(&mut self, owner: u32, e: &Element, delta: &mut Delta) {
-        let k = (e.set, e.key.clone());
+        let k = (e.family, e.set, e.key.clone());
         let Some(owners) = self.keys.get_mut(&k) else {
             return;
         };
@@ -145,28 +146,32 @@ impl ElementTable {
         match owners.as_slice().first().filter(|_| left) {
             None => {
                 self.keys.remove(&k);
-                delta.deletes.push(Op::DeleteElement {
-                    set: e.set,
-                    key: e.key.clone(),
-                });
+                delta.deletes.push(delete_op(e));
             }
             Some((_, v)) if pos == 0 && *v != active_before => {
-                delta.deletes.push(Op::DeleteElement {
-                    set: e.set,
-                    key: e.key.clone(),
-                });
-                delta.adds.push(add_op(e.set, &e.key, v.clone()));
+                delta.deletes.push(delete_op(e));
+                delta.adds.push(add_op(e, v.clone()));
             }
             Some(_) => {}
         }
     }
 }
 
-fn add_op(set: &'static str, key: &Arc<str>, value: Option<Arc<str>>) -> Op {
+/// Adds `e`'s key with `value` (the programmed owner's, which may not be `e`'s).
+fn add_op(e: &Element, value: Option<Arc<str>>) -> Op {
     Op::AddElement {
-        set,
-        key: key.clone(),
+        family: e.family,
+        set: e.set,
+        key: e.key.clone(),
         value,
+    }
+}
+
+fn delete_op(e: &Element) -> Op {
+    Op::DeleteElement {
+        family: e.family,
+        set: e.set,
+        key: e.key.clone(),
     }
 }
 
@@ -176,6 +181,7 @@ mod tests {
 
     fn el(set: &'static str, key: &str, value: Option<&str>) -> Element {
         Element {
+            family: IpFamily::V4,
             set,
             key: key.into(),
             value: value.map(Into::into),
@@ -210,10 +216,7 @@ mod tests {
         let mut d = Delta::default();
         t.replace(1, std::slice::from_ref(&a), &[], &mut d);
         assert_eq!(d.deletes.len(), 1);
-        assert_eq!(
-            d.adds,
-            vec![add_op("fe", &"1.2.3.4 . tcp . 80".into(), Some("9".into()))]
-        );
+        assert_eq!(d.adds, vec![add_op(&a, Some("9".into()))]);
     }
 
     #[test]

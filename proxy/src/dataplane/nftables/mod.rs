@@ -1,7 +1,8 @@
-//! The nftables dataplane: kernel NAT through data maps in one table of our own, `ip kpr`.
+//! The nftables dataplane: kernel NAT through data maps in two tables of our own, `ip kpr` for
+//! IPv4 and `ip6 kpr` for IPv6, with the same layout.
 //!
-//! Owns the `ip kpr` table and nothing else (it never lists or changes other tables). A full sync
-//! re-creates the skeleton in place and reloads every element in one `nft -f` transaction; an
+//! Owns those two tables and nothing else (it never lists or changes other tables). A full sync
+//! re-creates both skeletons in place and reloads every element in one `nft -f` transaction; an
 //! incremental sync recompiles only the service ports of the [`ChangeSet`] and applies the element
 //! difference in one transaction, without listing anything. See `ruleset` for the layout.
 //!
@@ -11,7 +12,8 @@
 //! transaction cannot mix both formats. Every script runs through `crate::nft`, which the
 //! userspace backend's table uses too.
 //!
-//! IPv4 only: IPv6 addresses of a Service are skipped with a warning (not implemented).
+//! Each address family of a Service is served by its table, with the endpoints of that family:
+//! a dual-stack Service is two independent sets of targets (each with its own conntrack id).
 
 pub mod compile;
 pub mod elements;
@@ -23,10 +25,10 @@ use std::sync::Arc;
 
 use crate::conntrack::leastconn::{LcTable, LcWanted, PickChange, Steer};
 use crate::dataplane::rules::driver::Planned;
-use crate::dataplane::rules::{self, RuleBackend, RuleDataplane, TargetIds};
+use crate::dataplane::rules::{RuleBackend, RuleDataplane, TargetIds};
 use crate::dataplane::{BackendConfig, Dataplane};
 use crate::error::DataplaneError;
-use crate::model::{Algorithm, ServicePortName};
+use crate::model::{Algorithm, IpFamily, ServicePortName};
 use crate::nft;
 use crate::state::{ChangeSet, ProxyState};
 
@@ -56,8 +58,9 @@ pub struct Nftables {
     next_owner: u32,
     /// Chains created on demand since the last skeleton.
     chains: BTreeSet<ChainNeed>,
-    /// The skeleton the table was last built from; `None` before the first full sync.
-    skeleton: Option<Skeleton>,
+    /// The skeletons (IPv4, IPv6) the tables were last built from; `None` before the first full
+    /// sync.
+    skeleton: Option<[Skeleton; 2]>,
     last_ops: Vec<Op>,
 }
 
@@ -102,11 +105,11 @@ impl Nftables {
         changes: &ChangeSet,
         full: bool,
     ) -> (bool, Vec<Op>, usize) {
-        let skel = self.skeleton_for(state);
+        let skel = self.skeletons_for(state);
         let full = full || self.skeleton.as_ref() != Some(&skel);
         let mut head = Vec::new();
         let spns: Vec<ServicePortName> = if full {
-            head.push(Op::Skeleton(ruleset::skeleton(&skel)));
+            head.extend(skel.iter().map(|s| Op::Skeleton(ruleset::skeleton(s))));
             self.table.clear();
             self.programmed.clear();
             self.lc_ports.clear();
@@ -118,7 +121,6 @@ impl Nftables {
         };
         let mut delta = Delta::default();
         for spn in &spns {
-            rules::warn_unless_ipv4(Self::NAME, spn, state.service(spn));
             let new = compile::compile(state, spn, &mut self.ids);
             self.apply_compiled(spn, new, &mut delta, &mut head);
         }
@@ -131,14 +133,17 @@ impl Nftables {
         (full, ops, touched)
     }
 
-    fn skeleton_for(&self, state: &ProxyState) -> Skeleton {
-        Skeleton::from_config(
-            &state.node.cluster_cidrs,
-            &state.node.node_ips,
-            &self.cfg.nodeport_addresses,
-            &self.cfg.service_cidrs,
-            compile::clusterip_masq(&state.node),
-        )
+    fn skeletons_for(&self, state: &ProxyState) -> [Skeleton; 2] {
+        IpFamily::ALL.map(|family| {
+            Skeleton::from_config(
+                family,
+                &state.node.cluster_cidrs,
+                &state.node.node_ips,
+                &self.cfg.nodeport_addresses,
+                &self.cfg.service_cidrs,
+                compile::clusterip_masq(&state.node),
+            )
+        })
     }
 
     fn apply_compiled(
@@ -151,8 +156,10 @@ impl Nftables {
         for need in &new.chains {
             if self.chains.insert(*need) {
                 let (name, commands) = match need {
-                    ChainNeed::RoundRobin(n, b) => ruleset::rr_chain(*n, *b),
-                    ChainNeed::Affinity(secs) => ruleset::affinity_chains(*secs),
+                    ChainNeed::RoundRobin(f, n, b) => ruleset::rr_chain(*n, *b, &ruleset::fam(*f)),
+                    ChainNeed::Affinity(f, secs) => {
+                        ruleset::affinity_chains(*secs, &ruleset::fam(*f))
+                    }
                 };
                 chain_ops.push(Op::EnsureChain { name, commands });
             }
@@ -200,9 +207,17 @@ impl Nftables {
 /// the picks in turn, and the `lc` chain's `numgen` walks the slots.
 fn pick_ops(c: &PickChange) -> Vec<Op> {
     let slot_key = |slot: usize| -> Arc<str> { format!("{} . {slot}", c.id).into() };
+    // A target's endpoints are all of its table's family.
+    let family = c
+        .old
+        .iter()
+        .chain(&c.new)
+        .next()
+        .map_or(IpFamily::V4, |e| IpFamily::of(&e.ip()));
     let mut ops = Vec::new();
     if !c.old.is_empty() {
         ops.extend((0..ruleset::LC_SLOTS).map(|slot| Op::DeleteElement {
+            family,
             set: "lc_pick",
             key: slot_key(slot),
         }));
@@ -221,6 +236,7 @@ fn pick_ops(c: &PickChange) -> Vec<Op> {
                 c.new[slot % c.new.len()]
             };
             Op::AddElement {
+                family,
                 set: "lc_pick",
                 key: slot_key(slot),
                 value: Some(format!("{} . {}", pick.ip(), pick.port()).into()),
@@ -276,7 +292,7 @@ impl RuleBackend for Nftables {
             // The table in the kernel does not fit the skeleton (another version, a broken
             // leftover): replace it whole, still in one transaction.
             tracing::warn!("nftables: in-place reload failed ({e}); replacing the table");
-            result = nft::apply(&format!("{}{script}", ruleset::delete_table()));
+            result = nft::apply(&format!("{}{script}", ruleset::delete_tables()));
         }
         let operations = planned.transaction.len();
         self.last_ops = if planned.full {
@@ -296,7 +312,7 @@ impl RuleBackend for Nftables {
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
-        nft::apply(&ruleset::delete_table())?;
+        nft::apply(&ruleset::delete_tables())?;
         self.table.clear();
         self.programmed.clear();
         self.lc_ports.clear();

@@ -7,7 +7,8 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use super::ruleset::TABLE;
+use super::ruleset::fam;
+use crate::model::IpFamily;
 
 /// One operation of a transaction, in the order it is applied.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -18,12 +19,17 @@ pub enum Op {
     /// Creates a chain that dispatch jumps to (`rr_N`, `aff_T`, `rec_T`) with its rules, and the
     /// affinity map it needs, if any. Idempotent: the chain is flushed before its rules are added.
     EnsureChain { name: String, commands: Vec<String> },
-    /// Removes one element (maps: the key alone identifies it).
-    DeleteElement { set: &'static str, key: Arc<str> },
+    /// Removes one element (maps: the key alone identifies it) from `family`'s table.
+    DeleteElement {
+        family: IpFamily,
+        set: &'static str,
+        key: Arc<str>,
+    },
     /// Adds one element; `value` is the map data for maps, `None` for sets. Key and value are
     /// the element table's own strings, shared: a full sync at 100,000 Services is 700,000 of
     /// these, and copies of their strings were a large part of the agent's peak memory.
     AddElement {
+        family: IpFamily,
         set: &'static str,
         key: Arc<str>,
         value: Option<Arc<str>>,
@@ -35,6 +41,16 @@ impl Op {
     pub fn set(&self) -> Option<&str> {
         match self {
             Op::DeleteElement { set, .. } | Op::AddElement { set, .. } => Some(set),
+            _ => None,
+        }
+    }
+
+    /// The family's table and the set this operation changes, if it is an element operation.
+    pub fn target(&self) -> Option<(IpFamily, &str)> {
+        match self {
+            Op::DeleteElement { family, set, .. } | Op::AddElement { family, set, .. } => {
+                Some((*family, set))
+            }
             _ => None,
         }
     }
@@ -85,16 +101,18 @@ fn render_element_run(ops: &[Op], start: usize, out: &mut String) -> usize {
         Op::AddElement { .. } => "add",
         _ => "delete",
     };
-    let set = ops[start].set().unwrap_or_default();
+    let Some((family, set)) = ops[start].target() else {
+        return start + 1;
+    };
     let mut end = start;
     while end < ops.len()
         && end - start < ELEMENTS_PER_COMMAND
-        && ops[end].set() == Some(set)
+        && ops[end].target() == Some((family, set))
         && std::mem::discriminant(&ops[end]) == std::mem::discriminant(&ops[start])
     {
         end += 1;
     }
-    let _ = write!(out, "{verb} element {TABLE} {set} {{ ");
+    let _ = write!(out, "{verb} element {} {set} {{ ", fam(family).table);
     for (n, op) in ops[start..end].iter().enumerate() {
         if n > 0 {
             out.push_str(", ");
@@ -121,6 +139,7 @@ mod tests {
 
     fn add(set: &'static str, key: &str, value: Option<&str>) -> Op {
         Op::AddElement {
+            family: IpFamily::V4,
             set,
             key: key.into(),
             value: value.map(Into::into),
@@ -131,18 +150,26 @@ mod tests {
     fn consecutive_elements_of_one_set_share_one_command() {
         let ops = vec![
             Op::DeleteElement {
+                family: IpFamily::V4,
                 set: "fe",
                 key: "10.0.0.1 . tcp . 80".into(),
             },
             add("fe", "10.0.0.1 . tcp . 80", Some("7")),
             add("fe", "10.0.0.2 . udp . 53", Some("8")),
             add("cluster_ips", "10.0.0.2", None),
+            Op::AddElement {
+                family: IpFamily::V6,
+                set: "cluster_ips",
+                key: "fd00::2".into(),
+                value: None,
+            },
         ];
         assert_eq!(
             render(&ops),
             "delete element ip kpr fe { 10.0.0.1 . tcp . 80 }\n\
              add element ip kpr fe { 10.0.0.1 . tcp . 80 : 7, 10.0.0.2 . udp . 53 : 8 }\n\
-             add element ip kpr cluster_ips { 10.0.0.2 }\n"
+             add element ip kpr cluster_ips { 10.0.0.2 }\n\
+             add element ip6 kpr cluster_ips { fd00::2 }\n"
         );
     }
 

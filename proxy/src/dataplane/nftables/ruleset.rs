@@ -1,4 +1,6 @@
-//! The fixed part of the `ip kpr` table: sets, maps, base chains and their rules.
+//! The fixed part of the `ip kpr` and `ip6 kpr` tables: sets, maps, base chains and their rules.
+//! Both families have the same layout; [`Fam`] holds what differs (the table, the address type,
+//! the header expressions), and every function here takes the family it renders.
 //!
 //! Owns the table layout. Packets are dispatched through data maps, never through one chain per
 //! Service: loading that layout grows with the square of the chain count (kube-proxy's nftables
@@ -25,18 +27,78 @@
 //! ```
 //!
 //! The target id lives in the conntrack mark so that conntrack events name the target
-//! (least-connection accounting). Must not touch anything outside the `ip kpr` table.
+//! (least-connection accounting). Must not touch anything outside the two `kpr` tables.
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::OnceLock;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 
 use super::compile::RR_BUCKETS;
+use crate::model::IpFamily;
 
-/// The table every command addresses.
-pub const TABLE: &str = "ip kpr";
+/// What differs between the IPv4 and the IPv6 table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fam {
+    pub family: IpFamily,
+    /// The table every command of the family addresses.
+    pub table: &'static str,
+    /// The header of addresses in expressions (`ip saddr`, `dnat ip to`).
+    pub ip: &'static str,
+    /// The address type of sets and maps.
+    pub addr: &'static str,
+    /// The transport protocol as a payload load (see `base_rules` on why not `meta l4proto`).
+    pub protocol: &'static str,
+    /// The node's own loopback sources.
+    pub loopback: &'static str,
+    /// The client part of a session-affinity key, and the types of the two affinity maps
+    /// (endpoint address, endpoint port) keyed by `ct mark . <client>`.
+    pub affinity_client: &'static str,
+    pub affinity_types: (&'static str, &'static str),
+}
+
+pub const V4: Fam = Fam {
+    family: IpFamily::V4,
+    table: "ip kpr",
+    ip: "ip",
+    addr: "ipv4_addr",
+    protocol: "ip protocol",
+    loopback: "127.0.0.0/8",
+    affinity_client: "ip saddr",
+    affinity_types: (
+        "type mark . ipv4_addr : ipv4_addr",
+        "type mark . ipv4_addr : inet_service",
+    ),
+};
+
+pub const V6: Fam = Fam {
+    family: IpFamily::V6,
+    table: "ip6 kpr",
+    ip: "ip6",
+    addr: "ipv6_addr",
+    // The next header of the fixed header: extension headers before the transport header (rare
+    // on Service traffic) make such a packet miss the loadBalancerSourceRanges check's key.
+    protocol: "ip6 nexthdr",
+    loopback: "::1/128",
+    // A 32-bit hash of the client address, not the address: nft 1.0.6 builds the key of a
+    // dynamic-map `update` wrongly past 16 bytes (the data overwrites the end of `mark . ipv6`,
+    // so entries never match). Two clients of one target whose hashes collide share an
+    // affinity entry, i.e. an endpoint of that same target: affinity is then shared, never wrong.
+    affinity_client: "jhash ip6 saddr mod 4294967295 seed 0x6b7072",
+    affinity_types: (
+        "typeof ct mark . jhash ip6 saddr mod 4294967295 seed 0x6b7072 : ip6 daddr",
+        "typeof ct mark . jhash ip6 saddr mod 4294967295 seed 0x6b7072 : tcp dport",
+    ),
+};
+
+/// The rendering of `family`.
+pub fn fam(family: IpFamily) -> Fam {
+    match family {
+        IpFamily::V4 => V4,
+        IpFamily::V6 => V6,
+    }
+}
 
 /// Slots of a least-connection target in `lc_pick`: its picks (the endpoints tied for the fewest
 /// connections) fill them in turn and new connections walk them. 12 spreads evenly over 1, 2, 3,
@@ -52,92 +114,101 @@ pub const MARK_REJECT: u32 = 0x10000;
 /// Source classes of docs/SERVICE-SEMANTICS.md, each with its own chain and override maps.
 pub const CLASSES: [&str; 3] = ["node", "pod", "ext"];
 
-/// Node-wide inputs of the skeleton (from `BackendConfig`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Node-wide inputs of one family's skeleton (from `BackendConfig`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skeleton {
-    pub cluster_cidrs: Vec<Ipv4Net>,
-    /// Node addresses; 127.0.0.0/8 is always added.
-    pub node_ips: Vec<Ipv4Addr>,
+    pub fam: Fam,
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Node addresses; the family's loopback is always added.
+    pub node_ips: Vec<IpAddr>,
     /// Addresses that accept nodePort traffic.
-    pub nodeport_nets: Vec<Ipv4Net>,
-    pub service_cidrs: Vec<Ipv4Net>,
+    pub nodeport_nets: Vec<IpNet>,
+    pub service_cidrs: Vec<IpNet>,
     /// Per class (node, pod, ext): whether traffic to a clusterIP is masqueraded.
     pub clusterip_masq: [bool; 3],
 }
 
 impl Skeleton {
-    /// The IPv4 part of the configured addresses; nodePort addresses default to the node's
+    /// An empty skeleton of `family` (tests, and a family the node has nothing of).
+    pub fn empty(family: IpFamily) -> Skeleton {
+        Skeleton {
+            fam: fam(family),
+            cluster_cidrs: Vec::new(),
+            node_ips: Vec::new(),
+            nodeport_nets: Vec::new(),
+            service_cidrs: Vec::new(),
+            clusterip_masq: [false; 3],
+        }
+    }
+
+    /// The `family` part of the configured addresses; nodePort addresses default to the node's
     /// addresses and never include loopback (nodePorts on localhost are not supported).
     pub fn from_config(
+        family: IpFamily,
         cluster_cidrs: &[IpNet],
         node_ips: &[IpAddr],
         nodeport_addresses: &[IpNet],
         service_cidrs: &[IpNet],
         clusterip_masq: [bool; 3],
     ) -> Skeleton {
-        let v4nets = |nets: &[IpNet]| -> Vec<Ipv4Net> {
+        let nets = |nets: &[IpNet]| -> Vec<IpNet> {
             nets.iter()
-                .filter_map(|n| match n {
-                    IpNet::V4(n) => Some(n.trunc()),
-                    IpNet::V6(_) => None,
-                })
+                .filter(|n| IpFamily::of(&n.addr()) == family)
+                .map(IpNet::trunc)
                 .collect()
         };
-        let node_v4: Vec<Ipv4Addr> = node_ips
+        let node: Vec<IpAddr> = node_ips
             .iter()
-            .filter_map(|a| match a {
-                IpAddr::V4(a) if !a.is_loopback() => Some(*a),
-                _ => None,
-            })
+            .filter(|a| IpFamily::of(a) == family && !a.is_loopback())
+            .copied()
             .collect();
         let nodeport_nets = if nodeport_addresses.is_empty() {
-            node_v4
-                .iter()
-                .map(|a| Ipv4Net::new(*a, 32).expect("32 is a valid prefix"))
-                .collect()
+            node.iter().map(|a| IpNet::from(*a)).collect()
         } else {
-            v4nets(nodeport_addresses)
+            nets(nodeport_addresses)
                 .into_iter()
                 .filter(|n| !n.network().is_loopback())
                 .collect()
         };
         Skeleton {
-            cluster_cidrs: v4nets(cluster_cidrs),
-            node_ips: node_v4,
+            fam: fam(family),
+            cluster_cidrs: nets(cluster_cidrs),
+            node_ips: node,
             nodeport_nets,
-            service_cidrs: v4nets(service_cidrs),
+            service_cidrs: nets(service_cidrs),
             clusterip_masq,
         }
     }
 }
 
-/// Sets and maps whose elements the backend manages (flushed and refilled by a full sync).
+/// Sets and maps whose elements the backend manages (flushed and refilled by a full sync); in
+/// the specs `{addr}` is the family's address type and `{ip}` its address header.
 const MANAGED_SETS: &[(&str, &str, &str)] = &[
-    ("set", "cluster_cidrs", "type ipv4_addr; flags interval;"),
-    ("set", "node_srcs", "type ipv4_addr; flags interval;"),
-    ("set", "nodeport_ips", "type ipv4_addr; flags interval;"),
-    ("set", "service_cidrs", "type ipv4_addr; flags interval;"),
-    ("set", "cluster_ips", "type ipv4_addr;"),
-    ("set", "hairpin", "type ipv4_addr . ipv4_addr;"),
+    ("set", "cluster_cidrs", "type {addr}; flags interval;"),
+    ("set", "node_srcs", "type {addr}; flags interval;"),
+    ("set", "nodeport_ips", "type {addr}; flags interval;"),
+    ("set", "service_cidrs", "type {addr}; flags interval;"),
+    ("set", "cluster_ips", "type {addr};"),
+    ("set", "hairpin", "type {addr} . {addr};"),
     (
         "map",
         "fe",
-        "type ipv4_addr . inet_proto . inet_service : mark;",
+        "type {addr} . inet_proto . inet_service : mark;",
     ),
     (
         "map",
         "fe_node",
-        "type ipv4_addr . inet_proto . inet_service : mark;",
+        "type {addr} . inet_proto . inet_service : mark;",
     ),
     (
         "map",
         "fe_pod",
-        "type ipv4_addr . inet_proto . inet_service : mark;",
+        "type {addr} . inet_proto . inet_service : mark;",
     ),
     (
         "map",
         "fe_ext",
-        "type ipv4_addr . inet_proto . inet_service : mark;",
+        "type {addr} . inet_proto . inet_service : mark;",
     ),
     ("map", "np", "type inet_proto . inet_service : mark;"),
     ("map", "np_node", "type inet_proto . inet_service : mark;"),
@@ -146,17 +217,17 @@ const MANAGED_SETS: &[(&str, &str, &str)] = &[
     (
         "set",
         "masq_node",
-        "type ipv4_addr . inet_proto . inet_service;",
+        "type {addr} . inet_proto . inet_service;",
     ),
     (
         "set",
         "masq_pod",
-        "type ipv4_addr . inet_proto . inet_service;",
+        "type {addr} . inet_proto . inet_service;",
     ),
     (
         "set",
         "masq_ext",
-        "type ipv4_addr . inet_proto . inet_service;",
+        "type {addr} . inet_proto . inet_service;",
     ),
     ("set", "npmasq_node", "type inet_proto . inet_service;"),
     ("set", "npmasq_pod", "type inet_proto . inet_service;"),
@@ -165,19 +236,19 @@ const MANAGED_SETS: &[(&str, &str, &str)] = &[
     (
         "map",
         "lc_pick",
-        "typeof ct mark . numgen inc mod 2 : ip daddr . th dport;",
+        "typeof ct mark . numgen inc mod 2 : {ip} daddr . th dport;",
     ),
     ("map", "aff_lookup", "type mark : verdict;"),
     ("map", "aff_record", "type mark : verdict;"),
     (
         "set",
         "fw_protected",
-        "type ipv4_addr . inet_proto . inet_service;",
+        "type {addr} . inet_proto . inet_service;",
     ),
     (
         "set",
         "fw_allowed",
-        "type ipv4_addr . inet_proto . inet_service . ipv4_addr; flags interval;",
+        "type {addr} . inet_proto . inet_service . {addr}; flags interval;",
     ),
 ];
 
@@ -222,56 +293,67 @@ const CHAINS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Commands that delete the table if it exists (a crashed run's leftovers included).
-pub fn delete_table() -> String {
-    format!("add table {TABLE}\ndelete table {TABLE}\n")
+/// Commands that delete both tables if they exist (a crashed run's leftovers included).
+pub fn delete_tables() -> String {
+    [V4, V6]
+        .iter()
+        .map(|f| format!("add table {t}\ndelete table {t}\n", t = f.table))
+        .collect()
+}
+
+/// A managed set's spec in family `f`.
+fn spec(f: &Fam, spec: &str) -> String {
+    spec.replace("{addr}", f.addr).replace("{ip}", f.ip)
 }
 
 /// Commands that create (or re-create in place) the skeleton and refill its configuration sets.
 ///
 /// Idempotent on an existing table: sets are flushed, chains flushed and refilled. Affinity maps
-/// (`aff_T`) are left alone so that a periodic full resync keeps session affinity.
+/// (`aff_T`, `affp_T`) are left alone so that a periodic full resync keeps session affinity.
 pub fn skeleton(s: &Skeleton) -> String {
-    let mut out = format!("add table {TABLE}\n");
-    for (kind, name, spec) in MANAGED_SETS {
-        let _ = writeln!(out, "add {kind} {TABLE} {name} {{ {spec} }}");
-        let _ = writeln!(out, "flush {kind} {TABLE} {name}");
+    let f = &s.fam;
+    let (table, ip) = (f.table, f.ip);
+    let mut out = format!("add table {table}\n");
+    for (kind, name, sp) in MANAGED_SETS {
+        let _ = writeln!(out, "add {kind} {table} {name} {{ {} }}", spec(f, sp));
+        let _ = writeln!(out, "flush {kind} {table} {name}");
     }
     for protocol in SLOT_PROTOCOLS {
         for bucket in 0..RR_BUCKETS {
             let name = slots_map(protocol, bucket);
             let _ = writeln!(
                 out,
-                "add map {TABLE} {name} {{ typeof ct mark . numgen inc mod 2 : ip daddr . {protocol} dport; }}"
+                "add map {table} {name} {{ typeof ct mark . numgen inc mod 2 : {ip} daddr . {protocol} dport; }}"
             );
-            let _ = writeln!(out, "flush map {TABLE} {name}");
+            let _ = writeln!(out, "flush map {table} {name}");
         }
     }
     for n in 1..=RR_COUNTS {
         let name = rr_count_set(n);
-        let _ = writeln!(out, "add set {TABLE} {name} {{ type mark; }}");
-        let _ = writeln!(out, "flush set {TABLE} {name}");
+        let _ = writeln!(out, "add set {table} {name} {{ type mark; }}");
+        let _ = writeln!(out, "flush set {table} {name}");
     }
     for (name, hook) in CHAINS {
-        let _ = writeln!(out, "add chain {TABLE} {name} {{ {hook} }}");
-        let _ = writeln!(out, "flush chain {TABLE} {name}");
+        let _ = writeln!(out, "add chain {table} {name} {{ {hook} }}");
+        let _ = writeln!(out, "flush chain {table} {name}");
     }
     for bucket in 0..RR_BUCKETS {
         let name = bucket_chain(bucket);
-        let _ = writeln!(out, "add chain {TABLE} {name}");
-        let _ = writeln!(out, "flush chain {TABLE} {name}");
+        let _ = writeln!(out, "add chain {table} {name}");
+        let _ = writeln!(out, "flush chain {table} {name}");
     }
     for (chain, rule) in base_rules(s) {
-        let _ = writeln!(out, "add rule {TABLE} {chain} {rule}");
+        let _ = writeln!(out, "add rule {table} {chain} {rule}");
     }
-    for (chain, rule) in round_robin_rules() {
-        let _ = writeln!(out, "add rule {TABLE} {chain} {rule}");
+    for (chain, rule) in round_robin_rules(f) {
+        let _ = writeln!(out, "add rule {table} {chain} {rule}");
     }
     config_elements(s, &mut out);
     out
 }
 
 fn config_elements(s: &Skeleton, out: &mut String) {
+    let table = s.fam.table;
     let mut sets: Vec<(&str, Vec<String>)> = vec![
         (
             "cluster_cidrs",
@@ -279,7 +361,7 @@ fn config_elements(s: &Skeleton, out: &mut String) {
         ),
         ("node_srcs", {
             let mut v: Vec<String> = s.node_ips.iter().map(ToString::to_string).collect();
-            v.push("127.0.0.0/8".into());
+            v.push(s.fam.loopback.into());
             v
         }),
         (
@@ -293,14 +375,15 @@ fn config_elements(s: &Skeleton, out: &mut String) {
     ];
     for (name, elems) in sets.iter_mut() {
         if !elems.is_empty() {
-            let _ = writeln!(out, "add element {TABLE} {name} {{ {} }}", elems.join(", "));
+            let _ = writeln!(out, "add element {table} {name} {{ {} }}", elems.join(", "));
         }
     }
 }
 
 /// The rules of the base chains, in order.
 fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
-    let fe_key = "ip daddr . meta l4proto . th dport";
+    let ip = s.fam.ip;
+    let fe_key = format!("{ip} daddr . meta l4proto . th dport");
     let np_key = "meta l4proto . th dport";
     // The loadBalancerSourceRanges key takes the protocol from the IPv4 header, not from
     // `meta l4proto`: `fw_allowed` is an interval set with a concatenated key, and for a
@@ -310,16 +393,16 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
     // len differs from its size with EOPNOTSUPP, so the whole ruleset failed to load. `ip
     // protocol` is a big-endian payload load (no byteorder) of the same byte: in an `ip` table
     // meta l4proto is the IPv4 protocol field, and the elements are encoded the same.
-    let fw_key = "ip daddr . ip protocol . th dport";
+    let fw_key = format!("{ip} daddr . {} . th dport", s.fam.protocol);
     let masq = format!("meta mark set meta mark | {MARK_MASQ:#x}");
     let mut rules: Vec<(&'static str, String)> = vec![
         (
             "nat_prerouting",
-            "ip saddr @node_srcs goto from_node".into(),
+            format!("{ip} saddr @node_srcs goto from_node"),
         ),
         (
             "nat_prerouting",
-            "ip saddr @cluster_cidrs goto from_pod".into(),
+            format!("{ip} saddr @cluster_cidrs goto from_pod"),
         ),
         ("nat_prerouting", "goto from_ext".into()),
         ("nat_output", "goto from_node".into()),
@@ -332,7 +415,7 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
         };
         rules.push((chain, format!("{fe_key} @masq_{class} {masq}")));
         if s.clusterip_masq[i] {
-            rules.push((chain, format!("ip daddr @cluster_ips {masq}")));
+            rules.push((chain, format!("{ip} daddr @cluster_ips {masq}")));
         }
         rules.push((
             chain,
@@ -341,15 +424,15 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
         rules.push((chain, format!("ct mark set {fe_key} map @fe goto dispatch")));
         rules.push((
             chain,
-            format!("ip daddr @nodeport_ips {np_key} @npmasq_{class} {masq}"),
+            format!("{ip} daddr @nodeport_ips {np_key} @npmasq_{class} {masq}"),
         ));
         rules.push((
             chain,
-            format!("ip daddr @nodeport_ips ct mark set {np_key} map @np_{class} goto dispatch"),
+            format!("{ip} daddr @nodeport_ips ct mark set {np_key} map @np_{class} goto dispatch"),
         ));
         rules.push((
             chain,
-            format!("ip daddr @nodeport_ips ct mark set {np_key} map @np goto dispatch"),
+            format!("{ip} daddr @nodeport_ips ct mark set {np_key} map @np goto dispatch"),
         ));
     }
     rules.extend([
@@ -359,7 +442,7 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
         (
             "lc",
             format!(
-                "meta l4proto {{ tcp, udp, sctp }} dnat ip to ct mark . numgen inc mod {LC_SLOTS} map @lc_pick"
+                "meta l4proto {{ tcp, udp, sctp }} dnat {ip} to ct mark . numgen inc mod {LC_SLOTS} map @lc_pick"
             ),
         ),
         (
@@ -379,16 +462,16 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
         ),
         (
             "nat_postrouting",
-            "ct status dnat ip saddr . ip daddr @hairpin masquerade".to_string(),
+            format!("ct status dnat {ip} saddr . {ip} daddr @hairpin masquerade"),
         ),
         (
             "firewall",
             format!("ct state new {fw_key} @fw_protected jump fw_check"),
         ),
-        ("fw_check", "ip saddr @node_srcs return".to_string()),
+        ("fw_check", format!("{ip} saddr @node_srcs return")),
         (
             "fw_check",
-            format!("{fw_key} . ip saddr @fw_allowed return"),
+            format!("{fw_key} . {ip} saddr @fw_allowed return"),
         ),
         ("fw_check", "drop".to_string()),
         (
@@ -405,10 +488,10 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
         ),
         (
             "checks",
-            "ip daddr @cluster_ips meta l4proto tcp reject with tcp reset".to_string(),
+            format!("{ip} daddr @cluster_ips meta l4proto tcp reject with tcp reset"),
         ),
-        ("checks", "ip daddr @cluster_ips reject".to_string()),
-        ("checks", "ip daddr @service_cidrs drop".to_string()),
+        ("checks", format!("{ip} daddr @cluster_ips reject")),
+        ("checks", format!("{ip} daddr @service_cidrs drop")),
         ("filter_input", "ct state new jump checks".to_string()),
         ("filter_forward", "ct state new jump checks".to_string()),
         ("filter_output", "ct state new jump checks".to_string()),
@@ -462,7 +545,7 @@ fn bucket_dispatch() -> String {
 
 /// The rules of the bucket chains: per protocol, one rule per endpoint count, each with its own
 /// `numgen` counter (shared only by the targets of one bucket with one count).
-fn round_robin_rules() -> Vec<(&'static str, String)> {
+fn round_robin_rules(f: &Fam) -> Vec<(&'static str, String)> {
     let mut rules = Vec::new();
     for bucket in 0..RR_BUCKETS {
         for p in SLOT_PROTOCOLS {
@@ -470,8 +553,9 @@ fn round_robin_rules() -> Vec<(&'static str, String)> {
                 rules.push((
                     bucket_chain(bucket),
                     format!(
-                        "meta l4proto {p} ct mark @{} dnat ip to ct mark . numgen inc mod {n} map @{}",
+                        "meta l4proto {p} ct mark @{} dnat {} to ct mark . numgen inc mod {n} map @{}",
                         rr_count_set(n),
+                        f.ip,
                         slots_map(p, bucket)
                     ),
                 ));
@@ -482,15 +566,16 @@ fn round_robin_rules() -> Vec<(&'static str, String)> {
 }
 
 /// The round-robin chain over `n` slots for counter bucket `bucket`.
-pub fn rr_chain(n: usize, bucket: u32) -> (String, Vec<String>) {
+pub fn rr_chain(n: usize, bucket: u32, f: &Fam) -> (String, Vec<String>) {
+    let (table, ip) = (f.table, f.ip);
     let name = format!("rr_{n}_{bucket}");
     let mut commands = vec![
-        format!("add chain {TABLE} {name}"),
-        format!("flush chain {TABLE} {name}"),
+        format!("add chain {table} {name}"),
+        format!("flush chain {table} {name}"),
     ];
     for p in SLOT_PROTOCOLS {
         commands.push(format!(
-            "add rule {TABLE} {name} meta l4proto {p} dnat ip to ct mark . numgen inc mod {n} map @{}",
+            "add rule {table} {name} meta l4proto {p} dnat {ip} to ct mark . numgen inc mod {n} map @{}",
             slots_map(p, bucket)
         ));
     }
@@ -537,26 +622,37 @@ pub fn affinity_record_name(secs: u64) -> String {
     format!("rec_{secs}")
 }
 
-/// The affinity map for one timeout, its lookup chain and its record chain.
+/// The affinity maps for one timeout, its lookup chain and its record chain.
 ///
-/// The map is keyed by (target id, client address) and holds the endpoint the client used last;
-/// it is created with `add` (kept when it exists) so that a resync does not forget clients.
-pub fn affinity_chains(secs: u64) -> (String, Vec<String>) {
+/// Keyed by (target id, client address; [`Fam::affinity_client`]), `aff_T` holds the address of the endpoint the client
+/// used last and `affp_T` its port. Two maps rather than one with `address . port` data: nft
+/// 1.0.6 aborts on an `update` whose data concatenates an IPv6 address and a port ("Assertion
+/// `dreg < ctx->reg_low' failed"), and both families keep one layout. Both are written together
+/// with the same timeout; a lookup that misses either falls through to the normal balancing.
+/// They are created with `add` (kept when they exist) so that a resync does not forget clients.
+pub fn affinity_chains(secs: u64, f: &Fam) -> (String, Vec<String>) {
+    let (table, ip) = (f.table, f.ip);
     let name = affinity_name(secs);
+    let ports = format!("affp_{secs}");
     let rec = affinity_record_name(secs);
+    let map = |name: &str, ty: &str| {
+        format!(
+            "add map {table} {name} {{ {ty}; size 1048576; timeout {secs}s; flags dynamic,timeout; }}"
+        )
+    };
+    let key = format!("ct mark . {}", f.affinity_client);
     let commands = vec![
+        map(&name, f.affinity_types.0),
+        map(&ports, f.affinity_types.1),
+        format!("add chain {table} {name}"),
+        format!("flush chain {table} {name}"),
         format!(
-            "add map {TABLE} {name} {{ type mark . ipv4_addr : ipv4_addr . inet_service; size 1048576; timeout {secs}s; flags dynamic,timeout; }}"
+            "add rule {table} {name} meta l4proto {{ tcp, udp, sctp }} dnat {ip} to {key} map @{name} : {key} map @{ports}"
         ),
-        format!("add chain {TABLE} {name}"),
-        format!("flush chain {TABLE} {name}"),
+        format!("add chain {table} {rec}"),
+        format!("flush chain {table} {rec}"),
         format!(
-            "add rule {TABLE} {name} meta l4proto {{ tcp, udp, sctp }} dnat ip to ct mark . ip saddr map @{name}"
-        ),
-        format!("add chain {TABLE} {rec}"),
-        format!("flush chain {TABLE} {rec}"),
-        format!(
-            "add rule {TABLE} {rec} update @{name} {{ ct mark . ip saddr : ip daddr . th dport }}"
+            "add rule {table} {rec} update @{name} {{ {key} : {ip} daddr }} update @{ports} {{ {key} : th dport }}"
         ),
     ];
     (name, commands)
@@ -570,7 +666,7 @@ mod tests {
     /// slot map, and dispatch reaches every bucket through one static verdict map.
     #[test]
     fn bucket_chains_cover_every_protocol_and_count() {
-        let rules = round_robin_rules();
+        let rules = round_robin_rules(&V4);
         assert_eq!(
             rules.len(),
             RR_BUCKETS as usize * SLOT_PROTOCOLS.len() * RR_COUNTS
@@ -584,9 +680,9 @@ mod tests {
         let dispatch = bucket_dispatch();
         assert!(dispatch.starts_with("ct mark & 0xf vmap { 0 : goto rrb_0, "));
         assert!(dispatch.ends_with("15 : goto rrb_15 }"));
-        let skel = skeleton(&Skeleton::default());
+        let skel = skeleton(&Skeleton::empty(IpFamily::V4));
         for n in 1..=RR_COUNTS {
-            assert!(skel.contains(&format!("add set {TABLE} rr_n{n} {{ type mark; }}")));
+            assert!(skel.contains(&format!("add set ip kpr rr_n{n} {{ type mark; }}")));
         }
     }
 
@@ -594,17 +690,17 @@ mod tests {
     /// and the skeleton creates every bucket's maps for every protocol.
     #[test]
     fn round_robin_chains_bind_their_own_buckets_slot_maps() {
-        let (name, commands) = rr_chain(3, 5);
+        let (name, commands) = rr_chain(3, 5, &V6);
         assert_eq!(name, "rr_3_5");
         let rules: Vec<&String> = commands.iter().filter(|c| c.contains("map @")).collect();
         assert_eq!(rules.len(), SLOT_PROTOCOLS.len());
         for (rule, p) in rules.iter().zip(SLOT_PROTOCOLS) {
             assert!(rule.ends_with(&format!("map @slots_{p}_5")), "{rule}");
         }
-        let skel = skeleton(&Skeleton::default());
+        let skel = skeleton(&Skeleton::empty(IpFamily::V4));
         for p in SLOT_PROTOCOLS {
             for b in 0..RR_BUCKETS {
-                assert!(skel.contains(&format!("add map {TABLE} slots_{p}_{b} {{")));
+                assert!(skel.contains(&format!("add map ip kpr slots_{p}_{b} {{")));
             }
         }
         assert_eq!(slots_map("udp", RR_BUCKETS + 2), "slots_udp_2");
@@ -621,7 +717,10 @@ mod tests {
             .map(|(_, name, _)| *name)
             .collect();
         assert!(concat_intervals.contains(&"fw_allowed"));
-        for (chain, rule) in base_rules(&Skeleton::default()) {
+        for (chain, rule) in IpFamily::ALL
+            .into_iter()
+            .flat_map(|f| base_rules(&Skeleton::empty(f)))
+        {
             for name in &concat_intervals {
                 if rule.contains(&format!("@{name} ")) || rule.ends_with(&format!("@{name}")) {
                     assert!(

@@ -2,7 +2,7 @@
 //! neither imports the other:
 //!
 //! - [`route`]: the per-port route description both render (routes per source class, targets
-//!   and their conntrack ids, the IPv4 addresses);
+//!   and their conntrack ids, the addresses of one family);
 //! - [`driver`]: the `Dataplane` both are, around a backend's plan and apply (least-connection
 //!   start and bookkeeping, recovery after a failed apply, stale conntrack cleanup, stats).
 
@@ -11,6 +11,6 @@ pub mod route;
 
 pub use driver::{RuleBackend, RuleDataplane};
 pub use route::{
-    class_index, class_routes, is_ipv4, v4, v4_endpoints, warn_unless_ipv4, ClassRoute, Tag,
-    TargetIds, SOURCE_CLASSES,
+    class_index, class_routes, family_addrs, family_endpoints, has_family, is_ipv4, v4,
+    warn_unless_ipv4, ClassRoute, Tag, TargetIds, SOURCE_CLASSES,
 };

@@ -1,14 +1,14 @@
 //! The route description of one service port that both rule backends render: the route each
 //! class of source gets at each kind of destination, the targets those routes name and the
-//! stable ids that mark them in conntrack, and the IPv4 addresses they program.
+//! stable ids that mark them in conntrack, and the addresses of one family they program.
 //!
-//! Owns [`class_routes`], [`Tag`], [`TargetIds`] and the IPv4 filters. It must not know about
+//! Owns [`class_routes`], [`Tag`], [`TargetIds`] and the family filters. It must not know about
 //! either backend's layout (chains, sets, maps).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use crate::model::{Endpoint, ServicePort, ServicePortName};
+use crate::model::{Endpoint, IpFamily, ServicePort, ServicePortName};
 use crate::selection::SourceKind;
 use crate::selection::{route_for, DestKind, EmptyVerdict, NodeContext, SelectedEndpoints};
 
@@ -70,6 +70,9 @@ pub fn class_routes<'a>(
         .collect()
 }
 
+/// One route's target: (tag, family), its id and its endpoints.
+type TargetRoute = ((Tag, IpFamily), u32, Vec<SocketAddr>);
+
 /// Hands out conntrack-mark target ids, stable across syncs for an unchanged route.
 ///
 /// Ids are never reused: affinity entries are keyed by id, so a reused id could send a client to
@@ -79,9 +82,9 @@ pub fn class_routes<'a>(
 #[derive(Debug, Clone)]
 pub struct TargetIds {
     next: u32,
-    /// Per service port, its routes' (tag, id, endpoints): one to four, so a Vec (an ordered map
-    /// allocates a whole node for one entry).
-    by_port: HashMap<ServicePortName, Vec<(Tag, u32, Vec<SocketAddrV4>)>>,
+    /// Per service port, its routes' ((tag, family), id, endpoints): one to four per family, so a
+    /// Vec (an ordered map allocates a whole node for one entry).
+    by_port: HashMap<ServicePortName, Vec<TargetRoute>>,
 }
 
 impl Default for TargetIds {
@@ -94,15 +97,16 @@ impl Default for TargetIds {
 }
 
 impl TargetIds {
-    /// The id of route `tag` of `spn`: the previous one unless the route is new, or it has
-    /// affinity and lost an endpoint.
+    /// The id of route `tag` of `spn` in `family`: the previous one unless the route is new, or
+    /// it has affinity and lost an endpoint. Ids are unique across families.
     pub fn get(
         &mut self,
         spn: &ServicePortName,
-        tag: Tag,
-        endpoints: &[SocketAddrV4],
+        (tag, family): (Tag, IpFamily),
+        endpoints: &[SocketAddr],
         affinity: bool,
     ) -> u32 {
+        let tag = (tag, family);
         let routes = self.by_port.entry(spn.clone()).or_default();
         let at = routes.iter().position(|r| r.0 == tag);
         if let Some((_, id, old)) = at.map(|i| &mut routes[i]) {
@@ -128,7 +132,7 @@ impl TargetIds {
     }
 
     /// Forgets the ids of a service port's routes that are not in `keep`.
-    pub fn retain(&mut self, spn: &ServicePortName, keep: &[Tag]) {
+    pub fn retain(&mut self, spn: &ServicePortName, keep: &[(Tag, IpFamily)]) {
         if let Some(m) = self.by_port.get_mut(spn) {
             m.retain(|(tag, _, _)| keep.contains(tag));
             if m.is_empty() {
@@ -146,22 +150,33 @@ pub fn v4(addrs: &[IpAddr]) -> impl Iterator<Item = Ipv4Addr> + '_ {
     })
 }
 
-/// The IPv4 endpoints among `eps`, as the addresses a rule translates to.
-pub fn v4_endpoints(eps: &[Endpoint]) -> Vec<SocketAddrV4> {
+/// The endpoints of `family` among `eps`, as the addresses a rule translates to.
+pub fn family_endpoints(eps: &[Endpoint], family: IpFamily) -> Vec<SocketAddr> {
     eps.iter()
-        .filter_map(|e| match e.addr {
-            IpAddr::V4(a) => Some(SocketAddrV4::new(a, e.port)),
-            IpAddr::V6(_) => None,
-        })
+        .filter(|e| IpFamily::of(&e.addr) == family)
+        .map(|e| SocketAddr::new(e.addr, e.port))
         .collect()
 }
 
-/// Whether the port has an IPv4 address to program (IPv6 is not implemented by the rule
-/// backends).
+/// The addresses of `family` among `addrs`.
+pub fn family_addrs(addrs: &[IpAddr], family: IpFamily) -> impl Iterator<Item = IpAddr> + '_ {
+    addrs
+        .iter()
+        .copied()
+        .filter(move |a| IpFamily::of(a) == family)
+}
+
+/// Whether the port has an address of `family` to program (a clusterIP, externalIP or
+/// load-balancer IP; its nodePort follows its families).
+pub fn has_family(svc: &ServicePort, family: IpFamily) -> bool {
+    [&svc.cluster_ips, &svc.external_ips, &svc.load_balancer_ips]
+        .iter()
+        .any(|a| family_addrs(a, family).next().is_some())
+}
+
+/// Whether the port has an IPv4 address to program.
 pub fn is_ipv4(svc: &ServicePort) -> bool {
-    v4(&svc.cluster_ips).next().is_some()
-        || v4(&svc.external_ips).next().is_some()
-        || v4(&svc.load_balancer_ips).next().is_some()
+    has_family(svc, IpFamily::V4)
 }
 
 /// Says in the log that `backend` programs nothing of a Service port with IPv6 addresses only.

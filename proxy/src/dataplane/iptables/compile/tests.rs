@@ -121,7 +121,7 @@ fn affinity_checks_every_endpoint_before_round_robin_records_the_choice() {
     let list = |last: u8| {
         affinity_list(
             "default/web/TCP",
-            SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, last), 8080),
+            SocketAddr::new(Ipv4Addr::new(10, 244, 1, last).into(), 8080),
         )
     };
     assert_eq!(
@@ -256,7 +256,7 @@ fn least_connection_marks_the_target_and_jumps_to_its_pick_chain() {
         ]
     );
     assert_eq!(c.chains[&t.chain], Vec::<String>::new());
-    let picks = [1, 2, 3].map(|n| SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, n), 8080));
+    let picks = [1, 2, 3].map(|n| SocketAddr::new(Ipv4Addr::new(10, 244, 1, n).into(), 8080));
     assert_eq!(
         t.pick_rules(&picks[..1]),
         [format!(
