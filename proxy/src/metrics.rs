@@ -21,6 +21,11 @@ pub struct MapLabel {
     pub map: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabel {
+    pub family: String,
+}
+
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
@@ -31,6 +36,7 @@ pub struct Metrics {
     pub last_sync_timestamp: Gauge<f64, AtomicU64>,
     pub last_queued_timestamp: Gauge<f64, AtomicU64>,
     pub no_local_endpoints: Family<TrafficPolicyLabel, Gauge>,
+    pub unserved: Family<FamilyLabel, Gauge>,
     pub endpoint_changes_total: Counter,
     pub service_changes_total: Counter,
     pub sync_errors_total: Counter,
@@ -55,6 +61,7 @@ impl Default for Metrics {
             last_sync_timestamp: Gauge::default(),
             last_queued_timestamp: Gauge::default(),
             no_local_endpoints: Family::default(),
+            unserved: Family::default(),
             endpoint_changes_total: Counter::default(),
             service_changes_total: Counter::default(),
             sync_errors_total: Counter::default(),
@@ -138,6 +145,11 @@ impl Metrics {
             self.service_ports.clone(),
         );
         kpr.register("endpoints", "Endpoints known", self.endpoints.clone());
+        kpr.register(
+            "service_ports_unserved",
+            "Service ports with addresses of a family this backend or node does not program, by family",
+            self.unserved.clone(),
+        );
     }
 
     /// The Prometheus text exposition of every metric.

@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::{IpFamily, ServicePort};
+use crate::selection::NodeContext;
 use crate::state::ProxyState;
 
 fn now_ms() -> u64 {
@@ -114,6 +116,48 @@ pub struct ServiceView {
     pub external_local: bool,
     pub internal_local: bool,
     pub endpoints: Vec<EndpointView>,
+    /// Address families of the port's addresses that are not programmed, each with why
+    /// (`IPv6: the iptables backend programs IPv4 only`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unserved: Vec<String>,
+}
+
+/// The families this node does not serve with this backend, each with the reason.
+pub fn unserved_families(
+    backend: &str,
+    programmed: &[IpFamily],
+    node: &NodeContext,
+) -> Vec<(IpFamily, String)> {
+    IpFamily::ALL
+        .into_iter()
+        .filter_map(|f| {
+            if !programmed.contains(&f) {
+                let only: Vec<String> = programmed.iter().map(ToString::to_string).collect();
+                return Some((
+                    f,
+                    format!("the {backend} backend programs {} only", only.join(" and ")),
+                ));
+            }
+            let has = node
+                .node_ips
+                .iter()
+                .any(|ip| IpFamily::of(ip) == f && !ip.is_loopback());
+            (!has).then(|| (f, format!("the node has no {f} address")))
+        })
+        .collect()
+}
+
+/// The families of `sp`'s addresses among `unserved`.
+pub fn unserved_of<'a>(
+    sp: &ServicePort,
+    unserved: &'a [(IpFamily, String)],
+) -> impl Iterator<Item = &'a (IpFamily, String)> + 'a {
+    let has: Vec<IpFamily> = [&sp.cluster_ips, &sp.external_ips, &sp.load_balancer_ips]
+        .into_iter()
+        .flatten()
+        .map(IpFamily::of)
+        .collect();
+    unserved.iter().filter(move |(f, _)| has.contains(f))
 }
 
 /// Everything `GET /state` returns.
@@ -132,6 +176,7 @@ pub fn service_views(
     state: &ProxyState,
     active: &BTreeMap<SocketAddr, u64>,
     counts: bool,
+    unserved: &[(IpFamily, String)],
 ) -> Vec<ServiceView> {
     state
         .iter()
@@ -167,7 +212,40 @@ pub fn service_views(
                 external_local: sp.external_local,
                 internal_local: sp.internal_local,
                 endpoints,
+                unserved: unserved_of(sp, unserved)
+                    .map(|(f, why)| format!("{f}: {why}"))
+                    .collect(),
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_unserved_by_the_backend_or_by_the_node() {
+        let node = |ips: &[&str]| NodeContext {
+            node_ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
+            ..NodeContext::default()
+        };
+        let dual = node(&["192.0.2.1", "2001:db8::1", "::1"]);
+        assert_eq!(unserved_families("nftables", &IpFamily::ALL, &dual), []);
+        assert_eq!(
+            unserved_families("iptables", &[IpFamily::V4], &dual),
+            [(IpFamily::V6, "the iptables backend programs IPv4 only".into())]
+        );
+        // Loopback is no address to serve from.
+        let v4 = node(&["192.0.2.1", "::1"]);
+        let unserved = unserved_families("nftables", &IpFamily::ALL, &v4);
+        assert_eq!(
+            unserved,
+            [(IpFamily::V6, "the node has no IPv6 address".into())]
+        );
+        let mut sp = crate::model::fixtures::service_port("web", "10.96.0.10");
+        assert_eq!(unserved_of(&sp, &unserved).count(), 0);
+        sp.external_ips.push("2001:db8::10".parse().unwrap());
+        assert_eq!(unserved_of(&sp, &unserved).count(), 1);
+    }
 }

@@ -2,7 +2,7 @@
 //! dataplane at most every `min_sync_period` and at least every `sync_period`, never before the
 //! first complete listing.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,11 +11,11 @@ use tokio::sync::{mpsc, oneshot};
 use crate::dataplane::Dataplane;
 
 use crate::healthcheck::HealthCheckServers;
-use crate::metrics::{Metrics, TrafficPolicyLabel};
-use crate::model::ServicePortName;
+use crate::metrics::{FamilyLabel, Metrics, TrafficPolicyLabel};
+use crate::model::{IpFamily, ServicePortName};
 use crate::source::SourceEvent;
 use crate::state::ChangeSet;
-use crate::status::{service_views, Health, LastSync, StateView};
+use crate::status::{service_views, unserved_families, unserved_of, Health, LastSync, StateView};
 use crate::tracker::Tracker;
 
 /// Timing of syncs.
@@ -50,6 +50,9 @@ pub struct Runner {
     last_result: Option<LastSync>,
     no_local_internal: BTreeSet<ServicePortName>,
     no_local_external: BTreeSet<ServicePortName>,
+    /// The families not served (backend or node), and per family the ports with addresses of it.
+    unserved: Vec<(IpFamily, String)>,
+    unserved_ports: BTreeMap<IpFamily, BTreeSet<ServicePortName>>,
 }
 
 impl Runner {
@@ -76,6 +79,8 @@ impl Runner {
             last_result: None,
             no_local_internal: BTreeSet::new(),
             no_local_external: BTreeSet::new(),
+            unserved: Vec::new(),
+            unserved_ports: BTreeMap::new(),
         }
     }
 
@@ -234,7 +239,55 @@ impl Runner {
             .invalid_objects
             .set(self.tracker.errors().count() as i64);
         self.update_no_local(changes);
+        self.update_unserved(changes);
         self.healthchecks.update(self.tracker.state());
+    }
+
+    /// Keeps the unserved-family gauges (and the warning naming each newly unserved port),
+    /// touching only the changed service ports unless the node itself changed.
+    fn update_unserved(&mut self, changes: &ChangeSet) {
+        let state = self.tracker.state();
+        let unserved = unserved_families(
+            self.dataplane.name(),
+            self.dataplane.families(),
+            &state.node,
+        );
+        let all = changes.full || unserved != self.unserved;
+        if all {
+            self.unserved = unserved;
+            self.unserved_ports.clear();
+        }
+        let names: Vec<ServicePortName> = if all {
+            state.names().cloned().collect()
+        } else {
+            changes.changed.iter().cloned().collect()
+        };
+        for name in names {
+            let families: Vec<&(IpFamily, String)> = state
+                .service(&name)
+                .map(|sp| unserved_of(sp, &self.unserved).collect())
+                .unwrap_or_default();
+            for (family, why) in &self.unserved {
+                let member = families.iter().any(|(f, _)| f == family);
+                let set = self.unserved_ports.entry(*family).or_default();
+                if member && set.insert(name.clone()) {
+                    tracing::warn!(
+                        "Service port {name}: its {family} addresses are not served: {why}"
+                    );
+                } else if !member {
+                    set.remove(&name);
+                }
+            }
+        }
+        for family in IpFamily::ALL {
+            let n = self.unserved_ports.get(&family).map_or(0, BTreeSet::len);
+            self.metrics
+                .unserved
+                .get_or_create(&FamilyLabel {
+                    family: family.to_string(),
+                })
+                .set(n as i64);
+        }
     }
 
     /// Keeps kube-proxy's "no local endpoints" gauges, touching only the changed service ports.
@@ -285,7 +338,12 @@ impl Runner {
             backend: self.dataplane.name().to_string(),
             synced: self.synced,
             last_sync: self.last_result.clone(),
-            services: service_views(self.tracker.state(), &active, live.is_some()),
+            services: service_views(
+                self.tracker.state(),
+                &active,
+                live.is_some(),
+                &self.unserved,
+            ),
             errors: self.tracker.errors().map(|e| e.to_string()).collect(),
         }
     }

@@ -562,6 +562,8 @@ pub struct ServiceState {
     pub node_port: u16,
     pub algorithm: String,
     pub endpoints: Vec<EndpointState>,
+    /// Families of its addresses that are not programmed, each with the reason.
+    pub unserved: Vec<String>,
 }
 
 impl ServiceState {

@@ -924,4 +924,23 @@ fn dual_stack_ipv4_side_is_served_and_ipv6_is_a_reported_limitation() {
             .any(|l| l.contains("IPv4 only") && l.contains("default/v6only")),
         "the IPv6-only Service is named in the log:\n{log}"
     );
+    // ... and in /state (what `proxy inspect` prints) and the metrics, the dual-stack one too.
+    let state = agent.state().unwrap();
+    for name in ["default/ds:http/TCP", "default/v6only:http/TCP"] {
+        let s = state.service(name).unwrap_or_else(|| panic!("{name} in {state:?}"));
+        assert_eq!(
+            s.unserved,
+            ["IPv6: the userspace backend programs IPv4 only"],
+            "{name}"
+        );
+    }
+    let metrics = agent.metrics().unwrap();
+    assert!(
+        metrics.contains("kpr_service_ports_unserved{family=\"IPv6\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kpr_service_ports_unserved{family=\"IPv4\"} 0"),
+        "{metrics}"
+    );
 }

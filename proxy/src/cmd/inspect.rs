@@ -35,6 +35,9 @@ fn print_service(s: &ServiceView) {
         flags.push("eTP=Local".into());
     }
     println!("{}  {}  [{}]", s.name, dests.join("  "), flags.join(", "));
+    for u in &s.unserved {
+        println!("    not served: {u}");
+    }
     if s.endpoints.is_empty() {
         println!("    (no endpoints: connections are rejected)");
     }

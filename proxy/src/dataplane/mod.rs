@@ -107,6 +107,12 @@ pub trait Dataplane: Send {
     fn live_view(&self) -> Option<std::sync::Arc<dyn LiveView>> {
         None
     }
+
+    /// The address families the backend programs; a Service's addresses of another family
+    /// are reported as not served (`proxy inspect`, `kpr_service_ports_unserved`).
+    fn families(&self) -> &'static [crate::model::IpFamily] {
+        &[crate::model::IpFamily::V4]
+    }
 }
 
 impl Backend {

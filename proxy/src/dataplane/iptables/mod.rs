@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use crate::conntrack::leastconn::{LcTable, LcWanted, PickChange, Steer};
 use crate::dataplane::rules::driver::Planned;
-use crate::dataplane::rules::{self, RuleBackend, RuleDataplane, TargetIds};
+use crate::dataplane::rules::{RuleBackend, RuleDataplane, TargetIds};
 use crate::dataplane::{BackendConfig, Dataplane};
 use crate::error::DataplaneError;
 use crate::model::ServicePortName;

@@ -28,7 +28,6 @@ impl Iptables {
         }
         let mut lc_targets = Vec::new();
         for spn in &spns {
-            rules::warn_unless_ipv4(Self::NAME, spn, state.service(spn));
             let new = compile::compile(state, spn, &mut self.ids);
             let old = self.programmed.remove(spn).unwrap_or_default();
             self.diff(&old, &new, full, &mut p);

@@ -258,6 +258,7 @@ impl Steer for NftSteer {
 
 impl RuleBackend for Nftables {
     const NAME: &'static str = "nftables";
+    const FAMILIES: &'static [IpFamily] = &IpFamily::ALL;
     type Transaction = Vec<Op>;
 
     /// Checks that `nft` runs; nothing is programmed until the first sync.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::conntrack::leastconn::{LcTable, LeastConn, Steer};
 use crate::dataplane::{BackendConfig, Dataplane};
 use crate::error::DataplaneError;
-use crate::model::Algorithm;
+use crate::model::{Algorithm, IpFamily};
 use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
 
 /// One planned transaction and what it will do.
@@ -30,6 +30,8 @@ pub struct Planned<T> {
 pub trait RuleBackend: Send + Sized + 'static {
     /// The backend's name as `--backend` spells it.
     const NAME: &'static str;
+    /// The address families it programs.
+    const FAMILIES: &'static [IpFamily] = &[IpFamily::V4];
     /// One planned transaction (an nft script's operations, an iptables-restore input).
     type Transaction;
 
@@ -103,6 +105,10 @@ fn wants_least_conn(state: &ProxyState) -> bool {
 impl<B: RuleBackend> Dataplane for RuleDataplane<B> {
     fn name(&self) -> &'static str {
         B::NAME
+    }
+
+    fn families(&self) -> &'static [IpFamily] {
+        B::FAMILIES
     }
 
     fn sync(

@@ -178,13 +178,3 @@ pub fn has_family(svc: &ServicePort, family: IpFamily) -> bool {
 pub fn is_ipv4(svc: &ServicePort) -> bool {
     has_family(svc, IpFamily::V4)
 }
-
-/// Says in the log that `backend` programs nothing of a Service port with IPv6 addresses only.
-pub fn warn_unless_ipv4(backend: &str, spn: &ServicePortName, svc: Option<&ServicePort>) {
-    if svc.is_some_and(|svc| !is_ipv4(svc)) {
-        tracing::warn!(
-            "{backend}: Service port {spn} has no IPv4 address; IPv6 is not implemented by this \
-             backend"
-        );
-    }
-}

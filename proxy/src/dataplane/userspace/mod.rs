@@ -108,9 +108,6 @@ impl UserspaceDataplane {
             tracing::error!(service = %name, "the userspace backend does not support SCTP; this port is not proxied");
             return Ok(Vec::new());
         }
-        if sp.cluster_ips.iter().all(|ip| ip.is_ipv6()) {
-            tracing::error!(service = %name, "the userspace backend is IPv4 only; this IPv6 Service is not proxied");
-        }
         let mut udp_ports: HashMap<DestKind, u16> = HashMap::new();
         if sp.protocol == Protocol::Udp {
             let mut kinds: Vec<DestKind> = table::destinations(sp)
