@@ -234,7 +234,10 @@ mod tests {
         assert_eq!(unserved_families("nftables", &IpFamily::ALL, &dual), []);
         assert_eq!(
             unserved_families("iptables", &[IpFamily::V4], &dual),
-            [(IpFamily::V6, "the iptables backend programs IPv4 only".into())]
+            [(
+                IpFamily::V6,
+                "the iptables backend programs IPv4 only".into()
+            )]
         );
         // Loopback is no address to serve from.
         let v4 = node(&["192.0.2.1", "::1"]);

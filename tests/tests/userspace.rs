@@ -927,7 +927,9 @@ fn dual_stack_ipv4_side_is_served_and_ipv6_is_a_reported_limitation() {
     // ... and in /state (what `proxy inspect` prints) and the metrics, the dual-stack one too.
     let state = agent.state().unwrap();
     for name in ["default/ds:http/TCP", "default/v6only:http/TCP"] {
-        let s = state.service(name).unwrap_or_else(|| panic!("{name} in {state:?}"));
+        let s = state
+            .service(name)
+            .unwrap_or_else(|| panic!("{name} in {state:?}"));
         assert_eq!(
             s.unserved,
             ["IPv6: the userspace backend programs IPv4 only"],

@@ -20,6 +20,8 @@ pub const DEFAULT_BACKEND: &str = "nftables";
 pub const DEFAULT_CLUSTER: &str = "kpr";
 
 pub const KIND_CONFIG: &str = "kind-config.yaml";
+/// The dual-stack cluster (`--ip-family dual`).
+pub const KIND_CONFIG_DUAL: &str = "kind-config-dual.yaml";
 pub const DOCKERFILE: &str = "Dockerfile";
 /// The agent: ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet.
 pub const AGENT_MANIFEST: &str = "proxy.yaml";
@@ -62,11 +64,43 @@ pub fn deploy_dir() -> PathBuf {
     workspace_root().join("deploy")
 }
 
+/// The address families of the cluster (kind's `networking.ipFamily`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum IpFamilies {
+    /// IPv4 only (deploy/kind-config.yaml, the committed manifests as they are).
+    #[default]
+    Ipv4,
+    /// IPv4 and IPv6 (deploy/kind-config-dual.yaml): pods and Services get both.
+    Dual,
+}
+
+/// The backends that serve IPv6 (the others report IPv6 Services as not served).
+pub const IPV6_BACKENDS: &[&str] = &["nftables"];
+
+/// The agent arguments a dual-stack rendering rewrites: (committed, dual-stack). Without
+/// `--nodeport-addresses` the agent takes nodePorts on every address of the node, of both
+/// families (the downward API has no field for the node's IPv6 address).
+const DUAL_STACK_ARGS: &[(&str, &str)] = &[
+    (
+        "- --cluster-cidr=10.244.0.0/16\n",
+        "- --cluster-cidr=10.244.0.0/16,fd00:10:244::/56\n",
+    ),
+    (
+        "- --service-cluster-ip-range=10.96.0.0/16\n",
+        "- --service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112\n",
+    ),
+    ("            - --nodeport-addresses=$(NODE_IP)/32\n", ""),
+];
+
+/// How the smoke Services ask for both families in a dual-stack rendering.
+const SMOKE_SERVICE_SPECS: &[&str] = &["spec:\n  type: ClusterIP\n", "spec:\n  type: NodePort\n"];
+
 /// What a rendering substitutes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Render {
     pub backend: String,
     pub cluster: String,
+    pub ip_families: IpFamilies,
 }
 
 impl Default for Render {
@@ -74,11 +108,20 @@ impl Default for Render {
         Render {
             backend: DEFAULT_BACKEND.to_owned(),
             cluster: DEFAULT_CLUSTER.to_owned(),
+            ip_families: IpFamilies::Ipv4,
         }
     }
 }
 
 impl Render {
+    /// The kind configuration of the cluster's families.
+    pub fn kind_config(&self) -> &'static str {
+        match self.ip_families {
+            IpFamilies::Ipv4 => KIND_CONFIG,
+            IpFamilies::Dual => KIND_CONFIG_DUAL,
+        }
+    }
+
     /// The host the agent reaches the API server at: kind's control-plane container, resolved by
     /// Docker's DNS, because the agent is what makes the `kubernetes` Service address work.
     pub fn api_server_host(&self) -> String {
@@ -104,18 +147,43 @@ pub fn render_text(file: &str, text: &str, render: &Render) -> anyhow::Result<St
             BACKENDS.join(", ")
         );
     }
+    if render.ip_families == IpFamilies::Dual && !IPV6_BACKENDS.contains(&render.backend.as_str()) {
+        bail!(
+            "--ip-family dual: the {} backend programs IPv4 only (its IPv6 Services would be \
+             reported as not served); backends that serve both families: {}",
+            render.backend,
+            IPV6_BACKENDS.join(", ")
+        );
+    }
     let default_host = Render::default().api_server_host();
+    let mut tokens = Vec::new();
     if file == AGENT_MANIFEST {
-        for token in [BACKEND_VALUE, default_host.as_str()] {
-            if !text.contains(token) {
-                bail!("deploy/{file}: expected {token:?} (the text xtask substitutes), found none");
-            }
+        tokens.extend([BACKEND_VALUE, default_host.as_str()]);
+        if render.ip_families == IpFamilies::Dual {
+            tokens.extend(DUAL_STACK_ARGS.iter().map(|(from, _)| *from));
+        }
+    }
+    if file == SMOKE_MANIFEST && render.ip_families == IpFamilies::Dual {
+        tokens.extend(SMOKE_SERVICE_SPECS);
+    }
+    for token in tokens {
+        if !text.contains(token) {
+            bail!("deploy/{file}: expected {token:?} (the text xtask substitutes), found none");
         }
     }
     let backend_value = BACKEND_VALUE.replace(DEFAULT_BACKEND, &render.backend);
-    Ok(text
+    let mut out = text
         .replace(BACKEND_VALUE, &backend_value)
-        .replace(&default_host, &render.api_server_host()))
+        .replace(&default_host, &render.api_server_host());
+    if render.ip_families == IpFamilies::Dual {
+        for (from, to) in DUAL_STACK_ARGS {
+            out = out.replace(from, to);
+        }
+        for spec in SMOKE_SERVICE_SPECS {
+            out = out.replace(spec, &format!("{spec}  ipFamilyPolicy: PreferDualStack\n"));
+        }
+    }
+    Ok(out)
 }
 
 /// How the committed agent manifest sets the API server's port (kind's).
@@ -201,6 +269,7 @@ mod tests {
             let render = Render {
                 backend: backend.to_string(),
                 cluster: "dev".into(),
+                ..Render::default()
             };
             let text = render_file(AGENT_MANIFEST, &render).unwrap();
             let value = format!("value: {backend} # backend");

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, ensure, Context as _};
 use clap::Args;
 
-use crate::deploy::{self, Render};
+use crate::deploy::{self, IpFamilies, Render};
 use crate::exec::Cmd;
 use crate::setup::find_on_path;
 use crate::{target_dir, workspace_root};
@@ -29,6 +29,11 @@ pub struct KindArgs {
     /// Print every step and the rendered manifests; run nothing (works without Docker).
     #[arg(long)]
     pub dry_run: bool,
+    /// The cluster's address families: `dual` creates it from deploy/kind-config-dual.yaml,
+    /// renders the agent for both families and smoke-tests the Services over IPv6 too (needs a
+    /// backend that serves IPv6: nftables).
+    #[arg(long, value_enum, default_value_t = IpFamilies::Ipv4)]
+    pub ip_family: IpFamilies,
 }
 
 /// How many requests each smoke check sends.
@@ -110,6 +115,7 @@ impl Kind {
             render: Render {
                 backend: args.backend.clone(),
                 cluster: args.cluster.clone(),
+                ip_families: args.ip_family,
             },
             context: format!("kind-{}", args.cluster),
             dry_run: args.dry_run,
@@ -127,13 +133,16 @@ impl Kind {
 
     /// Creates the cluster unless it exists; returns whether it existed.
     fn create_cluster(&self) -> anyhow::Result<bool> {
-        step("create the cluster (kube-proxy disabled)");
+        step(&format!(
+            "create the cluster (kube-proxy disabled, {})",
+            self.render.kind_config()
+        ));
         let clusters = self.cmd("kind").args(["get", "clusters"]).read()?;
         if clusters.lines().any(|c| c.trim() == self.render.cluster) {
             println!("[ok] kind cluster {:?} already exists", self.render.cluster);
             return Ok(true);
         }
-        let config = deploy::deploy_dir().join(deploy::KIND_CONFIG);
+        let config = deploy::deploy_dir().join(self.render.kind_config());
         self.cmd("kind")
             .args([
                 "create",
@@ -227,7 +236,7 @@ impl Kind {
     }
 
     fn smoke_test(&self, dir: &Path) -> anyhow::Result<()> {
-        step("smoke test: ClusterIP from a pod, ClusterIP and NodePort from a node");
+        step("smoke test: ClusterIP from a pod, ClusterIP and NodePort from a node (and over IPv6 on a dual-stack cluster)");
         let ns = ["-n", deploy::SMOKE_NAMESPACE];
         self.kubectl()
             .args(["apply", "-f"])
@@ -247,18 +256,53 @@ impl Kind {
             "ECHO_CLUSTER_IP",
         )?;
         let node = self.render.api_server_host();
-        let node_ip = self.jsonpath(
+        // One InternalIP per family on a dual-stack node.
+        let node_ips = self.jsonpath(
             &["get", "node", &node],
             r#"{.status.addresses[?(@.type=="InternalIP")].address}"#,
             "NODE_IP",
         )?;
+        let node_ip = of_family(&node_ips, false).unwrap_or("NODE_IP").to_owned();
+        let dual = self.render.ip_families == IpFamilies::Dual;
         let by_name = format!(
             "http://echo.{}.svc.cluster.local/hostname",
             deploy::SMOKE_NAMESPACE
         );
         let in_pod = self.kubectl().args(["exec", "client"]).args(ns).arg("--");
         let on_node = self.cmd("docker").args(["exec", &node]);
-        let checks = [
+        let mut checks = vec![];
+        if dual {
+            let cluster_ip6 = self.jsonpath(
+                &["get", "service", "echo", "-n", deploy::SMOKE_NAMESPACE],
+                "{.spec.clusterIPs[1]}",
+                "ECHO_CLUSTER_IP6",
+            )?;
+            let node_ip6 = of_family(&node_ips, true)
+                .map(str::to_owned)
+                .or_else(|| self.dry_run.then(|| "NODE_IP6".to_owned()))
+                .context("the dual-stack node has no IPv6 InternalIP")?;
+            checks.extend([
+                (
+                    "pod -> ClusterIP over IPv6",
+                    in_pod.clone(),
+                    format!("-6 http://[{cluster_ip6}]/hostname"),
+                ),
+                (
+                    "node -> ClusterIP over IPv6",
+                    on_node.clone(),
+                    format!("-6 http://[{cluster_ip6}]/hostname"),
+                ),
+                (
+                    "node -> NodePort over IPv6",
+                    on_node.clone(),
+                    format!(
+                        "-6 http://[{node_ip6}]:{}/hostname",
+                        deploy::SMOKE_NODE_PORT
+                    ),
+                ),
+            ]);
+        }
+        checks.extend([
             ("pod -> ClusterIP (by DNS name)", in_pod, by_name),
             (
                 "node -> ClusterIP",
@@ -270,7 +314,7 @@ impl Kind {
                 on_node,
                 format!("http://{node_ip}:{}/hostname", deploy::SMOKE_NODE_PORT),
             ),
-        ];
+        ]);
         let mut results = Vec::new();
         for (what, prefix, url) in checks {
             let out = prefix.args(["sh", "-c", &curl_loop(&url)]).read()?;
@@ -310,8 +354,19 @@ impl Kind {
 }
 
 /// A shell loop that fails on the first request that gets no answer.
+/// `url` may start with curl flags (`-6 http://[..]/`); `-g` keeps IPv6 brackets literal.
 pub(crate) fn curl_loop(url: &str) -> String {
-    format!("set -e; for i in $(seq {SMOKE_REQUESTS}); do curl -sS --max-time 5 {url}; echo; done")
+    format!(
+        "set -e; for i in $(seq {SMOKE_REQUESTS}); do curl -g -sS --max-time 5 {url}; echo; done"
+    )
+}
+
+/// The first address of one family among space-separated `addrs`.
+fn of_family(addrs: &str, v6: bool) -> Option<&str> {
+    addrs.split_whitespace().find(|a| {
+        a.parse::<std::net::IpAddr>()
+            .map_or(a.contains(':') == v6, |ip| ip.is_ipv6() == v6)
+    })
 }
 
 /// Prints which echo pods answered each check; every request must have been answered.
@@ -357,7 +412,7 @@ mod tests {
         let script = curl_loop("http://10.96.0.10/hostname");
         assert!(script.starts_with("set -e;"));
         assert!(script.contains("seq 6"));
-        assert!(script.contains("curl -sS --max-time 5 http://10.96.0.10/hostname"));
+        assert!(script.contains("curl -g -sS --max-time 5 http://10.96.0.10/hostname"));
     }
 
     #[test]
@@ -368,6 +423,7 @@ mod tests {
             cluster: cluster.clone(),
             down: false,
             dry_run: true,
+            ip_family: IpFamilies::Ipv4,
         };
         run(&args).unwrap();
         let dir = target_dir().join("kind").join(&cluster);
@@ -377,6 +433,37 @@ mod tests {
         assert_eq!(agent.matches("value: ebpf # backend").count(), 2, "{agent}");
         assert!(agent.contains(&format!("value: {cluster}-control-plane")));
         assert!(smoke.contains("nodePort: 30080"));
+    }
+
+    #[test]
+    fn dry_run_dual_stack_renders_both_families_and_refuses_ipv4_only_backends() {
+        let cluster = format!("xtask-test-dual-{}", std::process::id());
+        let args = KindArgs {
+            backend: "nftables".into(),
+            cluster: cluster.clone(),
+            down: false,
+            dry_run: true,
+            ip_family: IpFamilies::Dual,
+        };
+        run(&args).unwrap();
+        let dir = target_dir().join("kind").join(&cluster);
+        let agent = fs::read_to_string(dir.join(deploy::AGENT_MANIFEST)).unwrap();
+        let smoke = fs::read_to_string(dir.join(deploy::SMOKE_MANIFEST)).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(agent.contains("--cluster-cidr=10.244.0.0/16,fd00:10:244::/56"));
+        assert!(agent.contains("--service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112"));
+        assert!(!agent.contains("--nodeport-addresses"), "{agent}");
+        assert_eq!(smoke.matches("ipFamilyPolicy: PreferDualStack").count(), 2);
+        let err = run(&KindArgs {
+            backend: "iptables".into(),
+            ..args
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("the iptables backend programs IPv4 only"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::net::SocketAddr;
 use std::path::Path;
-use xtask::deploy::{self, Render};
+use xtask::deploy::{self, IpFamilies, Render};
 
 use deploy_common::*;
 
@@ -24,6 +24,7 @@ fn every_yaml_file_in_deploy_is_checked() {
     let dir = deploy::deploy_dir();
     let mut checked: BTreeSet<&str> = deploy::MANIFESTS.iter().copied().collect();
     checked.insert(deploy::KIND_CONFIG);
+    checked.insert(deploy::KIND_CONFIG_DUAL);
     for entry in fs::read_dir(&dir).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
         if Path::new(&name)
@@ -664,6 +665,39 @@ fn every_kpr_container_runs_the_image_xtask_builds() {
     );
 }
 
+/// The dual-stack cluster and the agent rendered for it name the same subnets, of both families.
+#[test]
+fn dual_stack_kind_config_matches_the_dual_stack_agent() {
+    let kind = kind_config_file(deploy::KIND_CONFIG_DUAL);
+    let net = &kind["networking"];
+    assert_eq!(net["ipFamily"], "dual");
+    assert_eq!(net["kubeProxyMode"], "none");
+    let render = Render {
+        ip_families: IpFamilies::Dual,
+        ..Render::default()
+    };
+    let args = run_args(&agent_argv(&agent_container(&objects(&render))));
+    let joined = |v: &[ipnet::IpNet]| {
+        v.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    assert_eq!(
+        joined(&args.cluster_cidr),
+        net["podSubnet"].as_str().unwrap()
+    );
+    assert_eq!(
+        joined(&args.service_cluster_ip_range),
+        net["serviceSubnet"].as_str().unwrap()
+    );
+    assert!(
+        args.nodeport_addresses.is_empty(),
+        "nodePorts on every node address, of both families"
+    );
+    assert!(args.cluster_cidr.iter().any(|n| n.addr().is_ipv6()));
+}
+
 #[test]
 fn agent_arguments_parse_with_the_agent_cli_for_every_backend() {
     let kind = kind_config();
@@ -680,6 +714,7 @@ fn agent_arguments_parse_with_the_agent_cli_for_every_backend() {
         let render = Render {
             backend: name.into(),
             cluster: "dev".into(),
+            ..Render::default()
         };
         let objects = objects(&render);
         let container = agent_container(&objects);

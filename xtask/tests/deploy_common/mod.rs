@@ -216,14 +216,14 @@ pub fn run_args(argv: &[String]) -> RunArgs {
 
 /// The kind cluster config, as generic YAML (kind's types are not Kubernetes API types).
 pub fn kind_config() -> serde_json::Value {
-    let text = deploy_file(deploy::KIND_CONFIG);
-    let docs = documents(deploy::KIND_CONFIG, &text);
-    assert_eq!(
-        docs.len(),
-        1,
-        "deploy/{} holds one document",
-        deploy::KIND_CONFIG
-    );
+    kind_config_file(deploy::KIND_CONFIG)
+}
+
+/// One of deploy/'s kind configs.
+pub fn kind_config_file(file: &str) -> serde_json::Value {
+    let text = deploy_file(file);
+    let docs = documents(file, &text);
+    assert_eq!(docs.len(), 1, "deploy/{file} holds one document");
     docs[0].clone()
 }
 
