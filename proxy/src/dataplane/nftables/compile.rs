@@ -78,8 +78,13 @@ enum Frontend {
     NodePort,
 }
 
-/// Compiles one service port. `ids` keeps target ids stable across syncs.
-pub fn compile(state: &ProxyState, spn: &ServicePortName, ids: &mut TargetIds) -> Compiled {
+/// Compiles one service port for `families`. `ids` keeps target ids stable across syncs.
+pub fn compile(
+    state: &ProxyState,
+    spn: &ServicePortName,
+    ids: &mut TargetIds,
+    families: &[IpFamily],
+) -> Compiled {
     let Some(port) = state.get(spn) else {
         ids.retain(spn, &[]);
         return Compiled::default();
@@ -96,7 +101,7 @@ pub fn compile(state: &ProxyState, spn: &ServicePortName, ids: &mut TargetIds) -
         targets: BTreeMap::new(),
     };
     let proto = svc.protocol;
-    for family in IpFamily::ALL {
+    for &family in families {
         b.family = family;
         for ip in family_addrs(&svc.cluster_ips, family) {
             b.element("cluster_ips", ip.to_string(), None);
@@ -381,7 +386,7 @@ mod tests {
     #[test]
     fn cluster_ip_compiles_to_one_target_with_slots_and_no_per_service_masquerade() {
         let st = state(svc("a"), vec![ep(1, "me"), ep(2, "other")]);
-        let c = compile(&st, &spn("a"), &mut TargetIds::default());
+        let c = compile(&st, &spn("a"), &mut TargetIds::default(), &IpFamily::ALL);
         assert_eq!(c.targets.len(), 1);
         let id = c.targets[0].id;
         let e = sets(&c);
@@ -407,7 +412,7 @@ mod tests {
         let mut ids = TargetIds::default();
         let compiled = |eps: &[Endpoint], ids: &mut TargetIds| {
             let st = state(svc("a"), eps.to_vec());
-            compile(&st, &spn("a"), ids)
+            compile(&st, &spn("a"), ids, &IpFamily::ALL)
         };
         let three = compiled(&eps, &mut ids);
         let two = compiled(&eps[..2], &mut ids);
@@ -433,7 +438,7 @@ mod tests {
     fn many_endpoints_get_a_chain_of_their_own_count() {
         let eps: Vec<Endpoint> = (1..=(RR_COUNTS as u8 + 1)).map(|n| ep(n, "me")).collect();
         let st = state(svc("a"), eps);
-        let c = compile(&st, &spn("a"), &mut TargetIds::default());
+        let c = compile(&st, &spn("a"), &mut TargetIds::default(), &IpFamily::ALL);
         let id = c.targets[0].id;
         let n = RR_COUNTS + 1;
         assert_eq!(
@@ -453,7 +458,7 @@ mod tests {
         s.node_port = 30080;
         s.external_local = true;
         let st = state(s, vec![ep(1, "me"), ep(2, "other")]);
-        let c = compile(&st, &spn("b"), &mut TargetIds::default());
+        let c = compile(&st, &spn("b"), &mut TargetIds::default(), &IpFamily::ALL);
         assert_eq!(c.targets.len(), 2, "cluster and external routes");
         let local = c.targets.iter().find(|t| t.endpoints.len() == 1).unwrap();
         let e = sets(&c);
@@ -473,7 +478,7 @@ mod tests {
     #[test]
     fn no_endpoints_rejects_and_local_policy_elsewhere_drops() {
         let st = state(svc("c"), vec![]);
-        let c = compile(&st, &spn("c"), &mut TargetIds::default());
+        let c = compile(&st, &spn("c"), &mut TargetIds::default(), &IpFamily::ALL);
         assert_eq!(c.targets[0].empty, EmptyVerdict::Reject);
         assert!(sets(&c)
             .iter()
@@ -482,7 +487,7 @@ mod tests {
         let mut s = svc("d");
         s.internal_local = true;
         let st = state(s, vec![ep(2, "other")]);
-        let c = compile(&st, &spn("d"), &mut TargetIds::default());
+        let c = compile(&st, &spn("d"), &mut TargetIds::default(), &IpFamily::ALL);
         assert!(sets(&c)
             .iter()
             .any(|(_, _, v)| v.as_deref() == Some("goto empty_drop")));
@@ -494,7 +499,12 @@ mod tests {
         s.load_balancer_ips = vec!["203.0.113.10".parse().unwrap()];
         s.source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
         let st = state(s, vec![ep(1, "me")]);
-        let e = sets(&compile(&st, &spn("e"), &mut TargetIds::default()));
+        let e = sets(&compile(
+            &st,
+            &spn("e"),
+            &mut TargetIds::default(),
+            &IpFamily::ALL,
+        ));
         let key = "203.0.113.10 . tcp . 80";
         assert!(e.contains(&("fw_protected", key.into(), None)));
         assert!(e.contains(&("fw_allowed", format!("{key} . 198.51.100.0/24"), None)));
@@ -508,7 +518,7 @@ mod tests {
         let mut ids = TargetIds::default();
         let id = |eps: Vec<Endpoint>, ids: &mut TargetIds| {
             let st = state(s.clone(), eps);
-            compile(&st, &spn("f"), ids).targets[0].id
+            compile(&st, &spn("f"), ids, &IpFamily::ALL).targets[0].id
         };
         let a = id(vec![ep(1, "me")], &mut ids);
         let b = id(vec![ep(1, "me"), ep(2, "me")], &mut ids);

@@ -58,9 +58,13 @@ pub struct Nftables {
     next_owner: u32,
     /// Chains created on demand since the last skeleton.
     chains: BTreeSet<ChainNeed>,
-    /// The skeletons (IPv4, IPv6) the tables were last built from; `None` before the first full
-    /// sync.
-    skeleton: Option<[Skeleton; 2]>,
+    /// The families programmed: both, or IPv4 alone where the kernel has no IPv6 (booted with
+    /// `ipv6.disable=1`), whose nf_tables would refuse an `ip6` table and with it the whole
+    /// transaction.
+    families: &'static [IpFamily],
+    /// The skeletons (one per programmed family) the tables were last built from; `None` before
+    /// the first full sync.
+    skeleton: Option<Vec<Skeleton>>,
     last_ops: Vec<Op>,
 }
 
@@ -74,6 +78,11 @@ impl Nftables {
             lc_ports: BTreeSet::new(),
             next_owner: 1,
             chains: BTreeSet::new(),
+            families: if kernel_has_ipv6() {
+                &IpFamily::ALL
+            } else {
+                &[IpFamily::V4]
+            },
             skeleton: None,
             last_ops: Vec::new(),
         }
@@ -121,7 +130,7 @@ impl Nftables {
         };
         let mut delta = Delta::default();
         for spn in &spns {
-            let new = compile::compile(state, spn, &mut self.ids);
+            let new = compile::compile(state, spn, &mut self.ids, self.families);
             self.apply_compiled(spn, new, &mut delta, &mut head);
         }
         let touched = spns.len();
@@ -133,17 +142,20 @@ impl Nftables {
         (full, ops, touched)
     }
 
-    fn skeletons_for(&self, state: &ProxyState) -> [Skeleton; 2] {
-        IpFamily::ALL.map(|family| {
-            Skeleton::from_config(
-                family,
-                &state.node.cluster_cidrs,
-                &state.node.node_ips,
-                &self.cfg.nodeport_addresses,
-                &self.cfg.service_cidrs,
-                compile::clusterip_masq(&state.node),
-            )
-        })
+    fn skeletons_for(&self, state: &ProxyState) -> Vec<Skeleton> {
+        self.families
+            .iter()
+            .map(|&family| {
+                Skeleton::from_config(
+                    family,
+                    &state.node.cluster_cidrs,
+                    &state.node.node_ips,
+                    &self.cfg.nodeport_addresses,
+                    &self.cfg.service_cidrs,
+                    compile::clusterip_masq(&state.node),
+                )
+            })
+            .collect()
     }
 
     fn apply_compiled(
@@ -203,6 +215,12 @@ impl Nftables {
     }
 }
 
+/// Whether the calling thread's network namespace has IPv6 (no `/proc/sys/net/ipv6` when the
+/// kernel was booted with `ipv6.disable=1`).
+fn kernel_has_ipv6() -> bool {
+    std::path::Path::new("/proc/sys/net/ipv6").exists()
+}
+
 /// The `lc_pick` element operations that move one target's picks: its `LC_SLOTS` slots hold
 /// the picks in turn, and the `lc` chain's `numgen` walks the slots.
 fn pick_ops(c: &PickChange) -> Vec<Op> {
@@ -258,7 +276,6 @@ impl Steer for NftSteer {
 
 impl RuleBackend for Nftables {
     const NAME: &'static str = "nftables";
-    const FAMILIES: &'static [IpFamily] = &IpFamily::ALL;
     type Transaction = Vec<Op>;
 
     /// Checks that `nft` runs; nothing is programmed until the first sync.
@@ -293,7 +310,10 @@ impl RuleBackend for Nftables {
             // The table in the kernel does not fit the skeleton (another version, a broken
             // leftover): replace it whole, still in one transaction.
             tracing::warn!("nftables: in-place reload failed ({e}); replacing the table");
-            result = nft::apply(&format!("{}{script}", ruleset::delete_tables()));
+            result = nft::apply(&format!(
+                "{}{script}",
+                ruleset::delete_tables(self.families)
+            ));
         }
         let operations = planned.transaction.len();
         self.last_ops = if planned.full {
@@ -312,13 +332,48 @@ impl RuleBackend for Nftables {
         self.programmed.len()
     }
 
+    fn families(&self) -> &'static [IpFamily] {
+        self.families
+    }
+
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
-        nft::apply(&ruleset::delete_tables())?;
+        nft::apply(&ruleset::delete_tables(self.families))?;
         self.table.clear();
         self.programmed.clear();
         self.lc_ports.clear();
         self.chains.clear();
         self.skeleton = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures;
+
+    /// Where the kernel has no IPv6 the `ip6` table is never named: nf_tables would refuse it
+    /// and with it the whole transaction.
+    #[test]
+    fn without_kernel_ipv6_only_the_ip_table_is_programmed() {
+        let mut state = ProxyState::default();
+        let mut svc = fixtures::service_port("web", "10.96.0.10");
+        svc.cluster_ips.push("fd00:10:96::10".parse().unwrap());
+        state.set_port(
+            svc,
+            vec![fixtures::endpoint([10, 244, 1, 2].into(), "node")],
+        );
+        let mut v4 = Nftables::empty(&BackendConfig::default());
+        v4.families = &[IpFamily::V4];
+        let (_, ops, _) = v4.plan_ops(&state, &ChangeSet::default(), true);
+        let script = ops::render(&ops);
+        assert!(script.contains("add table ip kpr"));
+        assert!(!script.contains("ip6"), "{script}");
+        assert!(!ruleset::delete_tables(v4.families).contains("ip6"));
+        let mut both = Nftables::empty(&BackendConfig::default());
+        both.families = &IpFamily::ALL;
+        let (_, ops, _) = both.plan_ops(&state, &ChangeSet::default(), true);
+        let script = ops::render(&ops);
+        assert!(script.contains("add element ip6 kpr cluster_ips { fd00:10:96::10 }"));
     }
 }

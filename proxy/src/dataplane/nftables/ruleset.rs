@@ -293,11 +293,12 @@ const CHAINS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Commands that delete both tables if they exist (a crashed run's leftovers included).
-pub fn delete_tables() -> String {
-    [V4, V6]
+/// Commands that delete the tables of `families` if they exist (a crashed run's leftovers
+/// included).
+pub fn delete_tables(families: &[IpFamily]) -> String {
+    families
         .iter()
-        .map(|f| format!("add table {t}\ndelete table {t}\n", t = f.table))
+        .map(|f| format!("add table {t}\ndelete table {t}\n", t = fam(*f).table))
         .collect()
 }
 

@@ -30,8 +30,6 @@ pub struct Planned<T> {
 pub trait RuleBackend: Send + Sized + 'static {
     /// The backend's name as `--backend` spells it.
     const NAME: &'static str;
-    /// The address families it programs.
-    const FAMILIES: &'static [IpFamily] = &[IpFamily::V4];
     /// One planned transaction (an nft script's operations, an iptables-restore input).
     type Transaction;
 
@@ -58,6 +56,11 @@ pub trait RuleBackend: Send + Sized + 'static {
 
     /// Service ports programmed.
     fn service_ports(&self) -> usize;
+
+    /// The address families it programs.
+    fn families(&self) -> &'static [IpFamily] {
+        &[IpFamily::V4]
+    }
 
     /// Removes everything this backend installed.
     fn cleanup(&mut self) -> Result<(), DataplaneError>;
@@ -108,7 +111,7 @@ impl<B: RuleBackend> Dataplane for RuleDataplane<B> {
     }
 
     fn families(&self) -> &'static [IpFamily] {
-        B::FAMILIES
+        self.backend.families()
     }
 
     fn sync(
