@@ -18,11 +18,11 @@ use kpr_tests::client::tcp_hold_here;
 use kpr_tests::{yaml, Agent, AgentOptions, Cluster, ClusterSpec, EndpointSlice, Service};
 
 const VIP: &str = "10.96.0.10:80";
-const SAMPLES: usize = 40;
+const SAMPLES: usize = 25;
 /// How long a pick may take to move before the sample counts as "never moved".
 const MOVE_LIMIT: Duration = Duration::from_secs(5);
 /// Quiet time that ends a settle (no more ruleset changes).
-const QUIET: Duration = Duration::from_millis(300);
+const QUIET: Duration = Duration::from_millis(200);
 
 /// `nft monitor` in a namespace; every line it prints arrives with the instant it was read.
 struct Monitor {
