@@ -1,6 +1,7 @@
 //! The healthCheckNodePort servers of eTP Local LoadBalancer Services.
 //!
-//! Answers 200 with the count of local ready endpoints when there is at least one, 503 otherwise
+//! Answers 200 with the count of local ready endpoints (of the family the request came over, as
+//! kube-proxy's per-family servers do) when there is at least one, 503 otherwise
 //! (also when every local endpoint is terminating), as kube-proxy does. One listener per port, on
 //! both address families, opened and closed as Services come and go; the count is updated in
 //! place on every sync.
@@ -15,9 +16,12 @@ use axum::response::IntoResponse;
 
 use crate::state::ProxyState;
 
+/// Local ready endpoints per family (IPv4, IPv6).
+type Counts = Arc<[AtomicUsize; 2]>;
+
 struct Listener {
     service: String,
-    local: Arc<AtomicUsize>,
+    local: Counts,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -38,7 +42,7 @@ impl Drop for HealthCheckServers {
 impl HealthCheckServers {
     /// Brings listeners and counts in line with the state (cheap: O(service ports with a hcnp)).
     pub fn update(&mut self, state: &ProxyState) {
-        let mut wanted: HashMap<u16, (String, usize)> = HashMap::new();
+        let mut wanted: HashMap<u16, (String, [u32; 2])> = HashMap::new();
         for (name, port) in state
             .iter()
             .filter(|(_, p)| p.service.health_check_node_port != 0 && p.service.external_local)
@@ -46,8 +50,10 @@ impl HealthCheckServers {
             let (sp, local) = (&port.service, port.selected.local_ready);
             let e = wanted
                 .entry(sp.health_check_node_port)
-                .or_insert((format!("{}/{}", name.namespace, name.name), 0));
-            e.1 = e.1.max(local);
+                .or_insert((format!("{}/{}", name.namespace, name.name), [0; 2]));
+            for (have, n) in e.1.iter_mut().zip(local) {
+                *have = (*have).max(n);
+            }
         }
         self.listeners.retain(|port, l| {
             let keep = wanted.get(port).is_some_and(|(svc, _)| *svc == l.service);
@@ -58,14 +64,18 @@ impl HealthCheckServers {
         });
         for (port, (service, local)) in wanted {
             match self.listeners.get(&port) {
-                Some(l) => l.local.store(local, Ordering::Relaxed),
+                Some(l) => {
+                    for (count, n) in l.local.iter().zip(local) {
+                        count.store(n as usize, Ordering::Relaxed);
+                    }
+                }
                 None => self.open(port, service, local),
             }
         }
     }
 
-    fn open(&mut self, port: u16, service: String, local: usize) {
-        let count = Arc::new(AtomicUsize::new(local));
+    fn open(&mut self, port: u16, service: String, local: [u32; 2]) {
+        let count: Counts = Arc::new(local.map(|n| AtomicUsize::new(n as usize)));
         let std_listener = match bind_any(port) {
             Ok(l) => l,
             Err(e) => {
@@ -79,11 +89,20 @@ impl HealthCheckServers {
             let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
                 return;
             };
-            let app = axum::Router::new().fallback(move || {
-                let (svc, c) = (svc.clone(), c.clone());
-                async move { respond(&svc, c.load(Ordering::Relaxed)) }
-            });
-            let _ = axum::serve(listener, app).await;
+            // The answer is the count of the family the request came over (a v4-mapped peer is
+            // IPv4).
+            let app = axum::Router::new().fallback(
+                move |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>| {
+                    let (svc, c) = (svc.clone(), c.clone());
+                    let family = usize::from(peer.ip().to_canonical().is_ipv6());
+                    async move { respond(&svc, c[family].load(Ordering::Relaxed)) }
+                },
+            );
+            let _ = axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await;
         });
         self.listeners.insert(
             port,

@@ -95,8 +95,9 @@ pub struct SelectedEndpoints {
     pub cluster: Arc<[Endpoint]>,
     /// For external traffic from external sources. Honours externalTrafficPolicy.
     pub external: Arc<[Endpoint]>,
-    /// Ready endpoints on this node (the healthCheckNodePort answer).
-    pub local_ready: usize,
+    /// Ready endpoints on this node per family (IPv4, IPv6): the healthCheckNodePort answer,
+    /// which each family gives for its own endpoints as kube-proxy's per-family servers do.
+    pub local_ready: [u32; 2],
     /// Whether any endpoint anywhere is usable (ready, or serving and terminating).
     pub any_usable: bool,
 }
@@ -208,7 +209,12 @@ pub fn select_in(
     SelectedEndpoints {
         cluster,
         external,
-        local_ready: local_eps.iter().filter(|e| e.ready).count(),
+        local_ready: [false, true].map(|v6| {
+            local_eps
+                .iter()
+                .filter(|e| e.ready && e.addr.is_ipv6() == v6)
+                .count() as u32
+        }),
         any_usable: !usable_anywhere.is_empty(),
     }
 }

@@ -4,7 +4,7 @@
 //! `... ::round_robin` one scenario everywhere. Exceptions: `kpr_tests::conformance::EXCEPTIONS`.
 //! Needs root and the `proxy` and `probe` binaries (`cargo build -p proxy -p kpr-tests --bins`).
 
-use kpr_tests::conformance::{needs_sctp, run, run_v6, scenarios, Backend};
+use kpr_tests::conformance::{needs_sctp, run, run_dual, run_v6, scenarios, Backend};
 
 /// One module per backend, one test per scenario; the scenarios after `sctp:` need SCTP in the
 /// kernel (this machine kind's has none) and are ignored unless `--include-ignored` (which
@@ -30,16 +30,16 @@ macro_rules! backend {
     };
 }
 
-/// The same scenarios in IPv6 (`kpr_tests::conformance::family`), for the backends that serve
-/// IPv6; the SCTP rows are left to the VM runs.
+/// The same scenarios in IPv6 and with dual-stack Services (`kpr_tests::conformance::family`),
+/// for the backends that serve IPv6; the SCTP rows are left to the VM runs.
 macro_rules! backend_v6 {
-    ($module:ident, $backend:expr; $($scenario:ident),*) => {
+    ($module:ident, $run:ident, $backend:expr; $($scenario:ident),*) => {
         mod $module {
             use super::*;
             $(
                 #[test]
                 fn $scenario() {
-                    run_v6($backend, stringify!($scenario));
+                    $run($backend, stringify!($scenario));
                 }
             )*
         }
@@ -53,7 +53,8 @@ macro_rules! suite {
         backend!(iptables_nft, Backend::IptablesNft; $($scenario),*; sctp: $($sctp),*);
         backend!(iptables_legacy, Backend::IptablesLegacy; $($scenario),*; sctp: $($sctp),*);
         backend!(ebpf, Backend::Ebpf; $($scenario),*; sctp: $($sctp),*);
-        backend_v6!(nftables_v6, Backend::Nftables; $($scenario),*);
+        backend_v6!(nftables_v6, run_v6, Backend::Nftables; $($scenario),*);
+        backend_v6!(nftables_dual, run_dual, Backend::Nftables; $($scenario),*);
 
         /// Every row of the table has its tests (and nothing else does); exactly the SCTP rows
         /// are the ignored ones.

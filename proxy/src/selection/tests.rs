@@ -347,10 +347,11 @@ fn health_check_counts_local_ready_only() {
         ],
         NODE,
     );
-    assert_eq!(sel.local_ready, 1);
+    assert_eq!(sel.local_ready, [1, 0]);
     let sel = select(&s, &[ep(2, NODE, "terminating-serving")], NODE);
     assert_eq!(
-        sel.local_ready, 0,
+        sel.local_ready,
+        [0, 0],
         "all local endpoints terminating: health check says 503"
     );
 }

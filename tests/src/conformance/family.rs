@@ -12,8 +12,15 @@
 //! The last group of digits is kept as written (so `192.0.2.100` is `2001:db8:2::100`, the
 //! client's address). Only well-formed IPv4 literals are mapped: a scenario's deliberately invalid
 //! address stays invalid. `addressType: IPv4` slices become `IPv6` ones.
+//!
+//! Dual-stack runs keep the IPv4 table and add the IPv6 side to it: every Service with an IPv4
+//! clusterIP becomes `RequireDualStack` with both clusterIPs (and both families of externalIPs,
+//! load-balancer IPs and source ranges), every IPv4 EndpointSlice gets an IPv6 twin, and every
+//! connection step runs once per family.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde_json::{json, Value};
 
 use crate::cluster::NODE_IP6;
 
@@ -22,33 +29,146 @@ use crate::cluster::NODE_IP6;
 pub enum Family {
     V4,
     V6,
+    /// Dual-stack Services, reached over both families.
+    Dual,
 }
 
 impl Family {
-    /// `text` (manifests, an `ip:port`, an address) in this family.
+    /// The families a connection step of this run goes over, one after the other.
+    pub fn connections(self) -> &'static [Family] {
+        match self {
+            Family::V4 => &[Family::V4],
+            Family::V6 => &[Family::V6],
+            Family::Dual => &[Family::V4, Family::V6],
+        }
+    }
+
+    /// The scenario's manifests for this run.
+    pub fn manifests(self, text: &str) -> String {
+        match self {
+            Family::V4 => text.to_string(),
+            Family::V6 => to_v6_text(text),
+            Family::Dual => to_dual_text(text),
+        }
+    }
+
+    /// The endpoints `/state` lists for a port the table gives `n` (each twice in dual-stack).
+    pub fn endpoint_count(self, n: usize) -> usize {
+        match self {
+            Family::Dual => 2 * n,
+            _ => n,
+        }
+    }
+
+    /// The `/state` endpoint addresses for the table's `ip:port` list.
+    pub fn state_endpoints(self, eps: &[&str]) -> Vec<String> {
+        match self {
+            Family::Dual => eps
+                .iter()
+                .map(|e| e.to_string())
+                .chain(eps.iter().map(|e| to_v6_text(e)))
+                .collect(),
+            f => eps.iter().map(|e| f.text(e)).collect(),
+        }
+    }
+
+    /// An `ip:port` or address of the table as one connection family reaches it (a dual-stack
+    /// run connects over each family in turn: see [`Family::connections`]).
     pub fn text(self, text: &str) -> String {
         match self {
             Family::V4 => text.to_string(),
             Family::V6 => to_v6_text(text),
+            Family::Dual => panic!("a connection is IPv4 or IPv6: use Family::connections"),
         }
     }
 
-    /// A `&'static str` in this family (probe targets are static in the table).
-    pub fn leak(self, text: &'static str) -> &'static str {
-        match self {
-            Family::V4 => text,
-            Family::V6 => Box::leak(to_v6_text(text).into_boxed_str()),
-        }
-    }
-
-    /// An address of the table in this family.
+    /// An address of the table as one connection family has it.
     pub fn addr(self, ip: Ipv4Addr) -> IpAddr {
         match self {
             Family::V4 => ip.into(),
             Family::V6 => map_addr(ip)
                 .unwrap_or_else(|| panic!("no IPv6 counterpart for {ip} in the conformance plan"))
                 .into(),
+            Family::Dual => panic!("a connection is IPv4 or IPv6: use Family::connections"),
         }
+    }
+}
+
+/// The dual-stack form of a scenario's manifests (documents that do not parse are kept as they
+/// are: the bad-input scenarios' own).
+fn to_dual_text(text: &str) -> String {
+    text.split("---\n")
+        .flat_map(|doc| match serde_saphyr::from_str::<Value>(doc) {
+            Ok(v) => dual_objects(v)
+                .iter()
+                .map(|o| serde_saphyr::to_string(o).expect("JSON values always render as YAML"))
+                .collect(),
+            Err(_) => vec![doc.to_string()],
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// One object in dual-stack form: a Service with both families' addresses, an IPv4 slice and its
+/// IPv6 twin, anything else as it is.
+fn dual_objects(mut v: Value) -> Vec<Value> {
+    let v6 = |s: &str| to_v6_text(s);
+    let mapped = |arr: &Value| -> Vec<Value> {
+        arr.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .filter(|s| {
+                s.split('/')
+                    .next()
+                    .is_some_and(|a| a.parse::<Ipv4Addr>().is_ok())
+            })
+            .map(|s| json!(v6(s)))
+            .collect()
+    };
+    match v["kind"].as_str() {
+        Some("Service") => {
+            let spec = &mut v["spec"];
+            if let Some(ip) = spec["clusterIP"]
+                .as_str()
+                .filter(|s| s.parse::<Ipv4Addr>().is_ok())
+            {
+                let ip = ip.to_string();
+                spec["clusterIPs"] = json!([ip, v6(&ip)]);
+                spec["ipFamilies"] = json!(["IPv4", "IPv6"]);
+                spec["ipFamilyPolicy"] = json!("RequireDualStack");
+            }
+            for field in ["externalIPs", "loadBalancerSourceRanges"] {
+                let extra = mapped(&spec[field]);
+                if let Some(a) = spec[field].as_array_mut() {
+                    a.extend(extra);
+                }
+            }
+            let ingress = &mut v["status"]["loadBalancer"]["ingress"];
+            let extra: Vec<Value> = ingress
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i["ip"].as_str())
+                .map(|ip| json!({"ip": v6(ip)}))
+                .collect();
+            if let Some(a) = ingress.as_array_mut() {
+                a.extend(extra);
+            }
+            vec![v]
+        }
+        Some("EndpointSlice") if v["addressType"] == "IPv4" => {
+            let mut twin = v.clone();
+            twin["addressType"] = json!("IPv6");
+            if let Some(name) = v["metadata"]["name"].as_str() {
+                twin["metadata"]["name"] = json!(format!("{name}-v6"));
+            }
+            for ep in twin["endpoints"].as_array_mut().into_iter().flatten() {
+                ep["addresses"] = json!(mapped(&ep["addresses"]));
+            }
+            vec![v, twin]
+        }
+        _ => vec![v],
     }
 }
 
@@ -71,6 +191,7 @@ impl std::fmt::Display for Family {
         f.write_str(match self {
             Family::V4 => "IPv4",
             Family::V6 => "IPv6",
+            Family::Dual => "dual-stack",
         })
     }
 }
@@ -182,6 +303,41 @@ mod tests {
             "addressType: IPv6\nendpoints:\n- addresses: [fd00:10:244:3::2]"
         );
         assert_eq!(Family::V4.text("10.96.0.10:80"), "10.96.0.10:80");
+    }
+
+    #[test]
+    fn dual_stack_manifests_carry_both_families() {
+        use crate::manifest::{yaml, EndpointSlice, Service};
+        let svc = Service::new("web")
+            .cluster_ip("10.96.0.10")
+            .tcp(80, 8080)
+            .load_balancer("198.51.100.10")
+            .lb_source_range("203.0.113.0/24");
+        let slice = EndpointSlice::for_service(&svc).ready("10.244.1.2");
+        let text = Family::Dual.manifests(&yaml(&[&svc, &slice]));
+        let docs: Vec<Value> = text
+            .split("---\n")
+            .map(|d| serde_saphyr::from_str(d).unwrap())
+            .collect();
+        assert_eq!(docs.len(), 3, "{text}");
+        let spec = &docs[0]["spec"];
+        assert_eq!(spec["clusterIPs"], json!(["10.96.0.10", "fd00:10:96::10"]));
+        assert_eq!(spec["ipFamilyPolicy"], "RequireDualStack");
+        assert_eq!(
+            spec["loadBalancerSourceRanges"],
+            json!(["203.0.113.0/24", "2001:db8:113::/112"])
+        );
+        assert_eq!(
+            docs[0]["status"]["loadBalancer"]["ingress"][1]["ip"],
+            "2001:db8:51::10"
+        );
+        assert_eq!(docs[1]["addressType"], "IPv4");
+        assert_eq!(docs[2]["addressType"], "IPv6");
+        assert_eq!(
+            docs[2]["endpoints"][0]["addresses"],
+            json!(["fd00:10:244:1::2"])
+        );
+        assert_eq!(Family::Dual.endpoint_count(4), 8);
     }
 
     #[test]

@@ -272,10 +272,16 @@ pub fn run_v6(backend: Backend, name: &str) {
     run_in(backend, Family::V6, name)
 }
 
+/// The same with dual-stack Services, every connection step over both families.
+pub fn run_dual(backend: Backend, name: &str) {
+    run_in(backend, Family::Dual, name)
+}
+
 fn run_in(backend: Backend, family: Family, name: &str) {
     let case = match family {
         Family::V4 => format!("{backend}::{name}"),
         Family::V6 => format!("{backend}_v6::{name}"),
+        Family::Dual => format!("{backend}_dual::{name}"),
     };
     let Some(mut sc) = scenario(name) else {
         panic!("no conformance scenario named {name}");

@@ -23,7 +23,7 @@ const SETTLE: Duration = Duration::from_millis(500);
 pub fn cluster(family: Family) -> Result<Cluster, HarnessError> {
     match family {
         Family::V4 => Cluster::new(ClusterSpec::pods(4)),
-        Family::V6 => Cluster::new(ClusterSpec::pods(4).dual_stack()),
+        Family::V6 | Family::Dual => Cluster::new(ClusterSpec::pods(4).dual_stack()),
     }
 }
 
@@ -56,10 +56,10 @@ impl<'c> Rig<'c> {
         if let Some(cg) = &cgroup {
             opts = opts.cgroup(cg);
         }
-        if family == Family::V6 {
+        if family != Family::V4 {
             opts = opts.dual_stack();
         }
-        let manifests = family.text(&(sc.manifests)());
+        let manifests = family.manifests(&(sc.manifests)());
         let agent = Agent::start(&cluster.node, &opts, &[(MANIFEST, manifests)])?;
         // The first sync has happened once /healthz is up; give the dataplane a moment.
         std::thread::sleep(SETTLE);
@@ -94,23 +94,28 @@ impl<'c> Rig<'c> {
     }
 
     fn step(&self, step: &Step) -> Result<(), String> {
+        // A connection step runs once per family of the run (twice for dual-stack Services).
+        let each = |run: &dyn Fn(Family) -> Result<(), String>| {
+            self.family
+                .connections()
+                .iter()
+                .try_for_each(|&f| run(f).map_err(|e| format!("over {f}: {e}")))
+        };
         match *step {
-            Step::Probe(p) => self.probe(&p),
+            Step::Probe(p) => each(&|f| self.probe(&p, f)),
             Step::Hold {
                 from,
                 to,
                 count,
                 pods,
-            } => self.hold(
-                from,
-                to,
-                count,
-                Expect::Served {
+            } => each(&|f| {
+                let expect = Expect::Served {
                     pods: leak(pods),
                     all_seen: false,
                     src: Src::Any,
-                },
-            ),
+                };
+                self.hold(from, to, count, expect, f)
+            }),
             Step::Burst {
                 from,
                 to,
@@ -118,7 +123,7 @@ impl<'c> Rig<'c> {
                 pods,
                 min,
                 max,
-            } => self.hold(from, to, count, Expect::Spread { pods, min, max }),
+            } => each(&|f| self.hold(from, to, count, Expect::Spread { pods, min, max }, f)),
             Step::Update {
                 manifests,
                 service,
@@ -130,14 +135,14 @@ impl<'c> Rig<'c> {
                 to,
                 status,
                 body,
-            } => self.http(from, to, status, body),
-            Step::UdpFlow(f) => self.udp_flow(&f),
+            } => each(&|f| self.http(from, to, status, body, f)),
+            Step::UdpFlow(flow) => self.udp_flow(&flow),
         }
     }
 
-    fn http(&self, from: From, to: &str, status: u16, body: &str) -> Result<(), String> {
-        let (ns, cg, _) = self.source(from);
-        let to = self.family.text(to);
+    fn http(&self, from: From, to: &str, status: u16, body: &str, f: Family) -> Result<(), String> {
+        let (ns, cg, _) = self.source(from, f);
+        let to = f.text(to);
         let args = ["http", &to, "--timeout", "2"];
         let out = run_probe(ns, cg, &args).map_err(|e| e.to_string())?;
         match out.lines.as_slice() {
@@ -153,50 +158,59 @@ impl<'c> Rig<'c> {
     const FLOW_BEFORE: usize = 4;
     const FLOW_AFTER: usize = 5;
 
-    fn udp_flow(&self, f: &UdpFlow) -> Result<(), String> {
-        let (ns, cg, client) = self.source(f.from);
-        let to = self.family.text(f.to);
-        // 30 requests, 200 ms apart: about 6 s, long enough for the update to land in the middle.
-        let args = [
-            "udp",
-            &to,
-            "--session",
-            "--count",
-            "30",
-            "--every",
-            "200",
-            "--timeout",
-            "1",
-        ];
-        let (mut child, stdout) = spawn_piped(ns, cg, &args)?;
-        let mut lines = BufReader::new(stdout).lines();
-        let mut text = String::new();
-        for line in lines.by_ref().take(Self::FLOW_BEFORE) {
-            text.push_str(&line.map_err(|e| e.to_string())?);
-            text.push('\n');
-        }
+    /// One flow per family of the run, all started before the update and checked after it.
+    fn udp_flow(&self, flow: &UdpFlow) -> Result<(), String> {
         let parse = |t: &str| parse_probe_output(t).map_err(|e| e.to_string());
-        check(&f.before, &parse(&text)?, client).map_err(|e| format!("before the update: {e}"))?;
-        self.update(f.update, f.service, f.endpoints)?;
-        let rest: Vec<String> = lines.map_while(Result::ok).collect();
-        let _ = child.wait();
-        let tail = rest[rest.len().saturating_sub(Self::FLOW_AFTER)..].join("\n");
-        if rest.len() < Self::FLOW_AFTER {
-            return Err(format!("the flow ended early: {rest:?}"));
+        let mut running = Vec::new();
+        for &f in self.family.connections() {
+            let (ns, cg, client) = self.source(flow.from, f);
+            let to = f.text(flow.to);
+            // 30 requests, 200 ms apart: about 6 s, long enough for the update to land in the
+            // middle.
+            let args = [
+                "udp",
+                &to,
+                "--session",
+                "--count",
+                "30",
+                "--every",
+                "200",
+                "--timeout",
+                "1",
+            ];
+            let (child, stdout) = spawn_piped(ns, cg, &args)?;
+            let mut lines = BufReader::new(stdout).lines();
+            let mut text = String::new();
+            for line in lines.by_ref().take(Self::FLOW_BEFORE) {
+                text.push_str(&line.map_err(|e| e.to_string())?);
+                text.push('\n');
+            }
+            check(&flow.before, &parse(&text)?, client)
+                .map_err(|e| format!("over {f}, before the update: {e}"))?;
+            running.push((f, child, lines, client));
         }
-        check(&f.after, &parse(&tail)?, client).map_err(|e| {
-            format!(
-                "the flow's last {} requests after the update: {e}; after the update it saw \
-                 {rest:?}",
-                Self::FLOW_AFTER
-            )
-        })
+        self.update(flow.update, flow.service, flow.endpoints)?;
+        for (f, mut child, lines, client) in running {
+            let rest: Vec<String> = lines.map_while(Result::ok).collect();
+            let _ = child.wait();
+            let tail = rest[rest.len().saturating_sub(Self::FLOW_AFTER)..].join("\n");
+            if rest.len() < Self::FLOW_AFTER {
+                return Err(format!("over {f}: the flow ended early: {rest:?}"));
+            }
+            check(&flow.after, &parse(&tail)?, client).map_err(|e| {
+                format!(
+                    "over {f}: the flow's last {} requests after the update: {e}; after the \
+                     update it saw {rest:?}",
+                    Self::FLOW_AFTER
+                )
+            })?;
+        }
+        Ok(())
     }
 
-    fn source(&self, from: From) -> (&Netns, Option<&Cgroup>, Option<IpAddr>) {
+    fn source(&self, from: From, f: Family) -> (&Netns, Option<&Cgroup>, Option<IpAddr>) {
         let c = self.cluster;
         let cg = self.cgroup.as_ref();
-        let f = self.family;
         match from {
             From::Pod => (&c.podclient, cg, Some(f.addr(PODCLIENT_IP))),
             From::Node => (&c.node, cg, None),
@@ -205,8 +219,8 @@ impl<'c> Rig<'c> {
         }
     }
 
-    fn probe(&self, p: &Probe) -> Result<(), String> {
-        let (ns, cg, client) = self.source(p.from);
+    fn probe(&self, p: &Probe, f: Family) -> Result<(), String> {
+        let (ns, cg, client) = self.source(p.from, f);
         let count = p.count.to_string();
         let proto = p.proto.as_str();
         let timeout = match p.expect {
@@ -214,7 +228,7 @@ impl<'c> Rig<'c> {
             _ => "2",
         };
         let every = p.every_ms.to_string();
-        let to = self.family.text(p.to);
+        let to = f.text(p.to);
         let mut args = vec![proto, &to, "--count", &count, "--timeout", timeout];
         if p.every_ms > 0 {
             args.extend(["--every", &every]);
@@ -226,10 +240,17 @@ impl<'c> Rig<'c> {
         check(&p.expect, &out.lines, client).map_err(|e| format!("{e}; probe {args:?}"))
     }
 
-    fn hold(&self, from: From, to: &str, count: usize, expect: Expect) -> Result<(), String> {
-        let (ns, cg, _) = self.source(from);
+    fn hold(
+        &self,
+        from: From,
+        to: &str,
+        count: usize,
+        expect: Expect,
+        f: Family,
+    ) -> Result<(), String> {
+        let (ns, cg, _) = self.source(from, f);
         let n = count.to_string();
-        let to = self.family.text(to);
+        let to = f.text(to);
         let (child, stdout) = spawn_piped(ns, cg, &["tcp", &to, "--count", &n, "--hold", "60"])?;
         self.held
             .lock()
@@ -255,8 +276,9 @@ impl<'c> Rig<'c> {
 
     fn update(&self, manifests: fn() -> String, service: &str, n: usize) -> Result<(), String> {
         self.agent
-            .write_manifest(MANIFEST, &self.family.text(&manifests()))
+            .write_manifest(MANIFEST, &self.family.manifests(&manifests()))
             .map_err(|e| e.to_string())?;
+        let n = self.family.endpoint_count(n);
         self.agent
             .wait_for(&format!("{n} endpoints for {service}"), CHANGE, |s| {
                 s.service(service).is_some_and(|p| p.endpoints.len() == n)
@@ -280,7 +302,7 @@ impl<'c> Rig<'c> {
         let want: BTreeMap<String, Vec<String>> = expected
             .iter()
             .map(|(name, eps)| {
-                let mut eps: Vec<String> = eps.iter().map(|e| self.family.text(e)).collect();
+                let mut eps = self.family.state_endpoints(eps);
                 eps.sort();
                 (name.to_string(), eps)
             })
