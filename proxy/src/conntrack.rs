@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use netlink::{CtEntry, CtSocket, Family};
 
 use crate::error::DataplaneError;
-use crate::model::{Endpoint, Protocol, ServicePort, ServicePortName};
+use crate::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
 use crate::state::{ChangeSet, ProxyState};
 
 /// Which entries to delete: every field that is set must match.
@@ -171,9 +171,20 @@ pub fn delete_matching(filters: &[CtFilter]) -> Result<usize, DataplaneError> {
     Ok(deleted)
 }
 
-/// Removes the stale UDP/SCTP entries a sync left behind; returns how many were deleted.
-pub fn cleanup_stale(state: &ProxyState, changes: &ChangeSet) -> Result<usize, DataplaneError> {
-    let filters = stale_filters(state, changes);
+/// Removes the stale UDP/SCTP entries of `families` a sync left behind; returns how many were
+/// deleted.
+pub fn cleanup_stale(
+    state: &ProxyState,
+    changes: &ChangeSet,
+    families: &[IpFamily],
+) -> Result<usize, DataplaneError> {
+    let mut filters = stale_filters(state, changes);
+    filters.retain(|f| {
+        families.contains(&match f.family() {
+            Family::V4 => IpFamily::V4,
+            Family::V6 => IpFamily::V6,
+        })
+    });
     delete_matching(&filters).inspect_err(|e| tracing::warn!("conntrack cleanup: {e}"))
 }
 

@@ -154,7 +154,7 @@ fn partial_restore_touches_only_the_changed_service_and_stale_chains_wait() {
         "iptables-nft: full sync of {N} Services {full_time:?}, one change {inc_time:?}:\n{restore}"
     );
     let slash24 = |a: std::net::Ipv4Addr| {
-        hairpin::chain(std::net::Ipv4Addr::from(u32::from(a) & 0xffff_ff00))
+        hairpin::chain(std::net::Ipv4Addr::from(u32::from(a) & 0xffff_ff00).into())
     };
     let bucket = compile::bucket_chain(compile::bucket_of(&spn.to_string()));
     let gone = slash24(cluster.pods[1].ip);

@@ -152,12 +152,18 @@ impl std::str::FromStr for Backend {
     }
 }
 
+/// Whether the calling thread's network namespace has IPv6 (no `/proc/sys/net/ipv6` when the
+/// kernel was booted with `ipv6.disable=1`).
+pub fn kernel_has_ipv6() -> bool {
+    std::path::Path::new("/proc/sys/net/ipv6").exists()
+}
+
 /// Builds a backend.
 pub fn build(backend: Backend, cfg: &BackendConfig) -> Result<Box<dyn Dataplane>, DataplaneError> {
     Ok(match backend {
         Backend::Userspace => Box::new(userspace::UserspaceDataplane::new(cfg)?),
         Backend::Nftables => Box::new(nftables::NftablesDataplane::new(cfg)?),
-        Backend::Iptables => Box::new(iptables::IptablesDataplane::new(cfg)?),
+        Backend::Iptables => Box::new(iptables::IptablesFamilies::new(cfg)?),
         Backend::Ebpf => Box::new(ebpf::EbpfDataplane::new(cfg)?),
     })
 }

@@ -31,9 +31,11 @@
 //! restarts and never collide with kube-proxy's `KUBE-` chains.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
-use crate::dataplane::rules::{class_routes, family_endpoints, v4, ClassRoute, Tag, TargetIds};
+use crate::dataplane::rules::{
+    class_routes, family_addrs, family_endpoints, ClassRoute, Tag, TargetIds,
+};
 use crate::model::IpFamily;
 use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
 use crate::selection::{DestKind, EmptyVerdict, SelectedEndpoints};
@@ -153,9 +155,9 @@ pub struct Compiled {
     /// Its rules in a bucket chain (ClusterIP-only ports).
     pub bucket: Option<Bucketed>,
     /// clusterIPs (filter table reject of unexposed ports).
-    pub cluster_ips: Vec<Ipv4Addr>,
+    pub cluster_ips: Vec<IpAddr>,
     /// Addresses of the endpoints it may DNAT to (hairpin masquerade).
-    pub endpoint_ips: BTreeSet<Ipv4Addr>,
+    pub endpoint_ips: BTreeSet<IpAddr>,
     /// Least-connection targets (their chains are written from the controller's pick).
     pub lc: Vec<LcTarget>,
 }
@@ -165,8 +167,14 @@ const CLASS_NODE: usize = 0;
 const CLASS_POD: usize = 1;
 const CLASS_EXTERNAL: usize = 2;
 
-/// Compiles one service port; `ids` keeps least-connection conntrack marks stable.
-pub fn compile(state: &ProxyState, spn: &ServicePortName, ids: &mut TargetIds) -> Compiled {
+/// Compiles one service port's `family` side (its addresses and endpoints of that family);
+/// `ids` keeps least-connection conntrack marks stable.
+pub fn compile(
+    state: &ProxyState,
+    spn: &ServicePortName,
+    ids: &mut TargetIds,
+    family: IpFamily,
+) -> Compiled {
     let Some(port) = state.get(spn) else {
         ids.retain(spn, &[]);
         return Compiled::default();
@@ -180,6 +188,7 @@ pub fn compile(state: &ProxyState, spn: &ServicePortName, ids: &mut TargetIds) -
         ids,
         spn,
         name: &name,
+        family,
         out: Compiled::default(),
         tags: Vec::new(),
     };
@@ -196,17 +205,27 @@ struct Builder<'a> {
     ids: &'a mut TargetIds,
     spn: &'a ServicePortName,
     name: &'a str,
+    family: IpFamily,
     out: Compiled,
     tags: Vec<(Tag, IpFamily)>,
 }
 
+/// One address as a host match (`/32`, `/128`).
+pub fn host(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(_) => format!("{ip}/32"),
+        IpAddr::V6(_) => format!("{ip}/128"),
+    }
+}
+
 impl<'a> Builder<'a> {
     fn build(&mut self) {
-        let ext_ips: Vec<Ipv4Addr> = v4(&self.svc.external_ips).collect();
-        let lb_ips: Vec<Ipv4Addr> = v4(&self.svc.load_balancer_ips).collect();
-        let cips: Vec<Ipv4Addr> = v4(&self.svc.cluster_ips).collect();
-        let has_v4 = !cips.is_empty() || !ext_ips.is_empty() || !lb_ips.is_empty();
-        let node_port = self.svc.node_port != 0 && has_v4;
+        let f = self.family;
+        let ext_ips: Vec<IpAddr> = family_addrs(&self.svc.external_ips, f).collect();
+        let lb_ips: Vec<IpAddr> = family_addrs(&self.svc.load_balancer_ips, f).collect();
+        let cips: Vec<IpAddr> = family_addrs(&self.svc.cluster_ips, f).collect();
+        let has_family = !cips.is_empty() || !ext_ips.is_empty() || !lb_ips.is_empty();
+        let node_port = self.svc.node_port != 0 && has_family;
         let external = !ext_ips.is_empty() || !lb_ips.is_empty() || node_port;
         if !cips.is_empty() {
             self.cluster_frontends(&cips, external);
@@ -238,10 +257,11 @@ impl<'a> Builder<'a> {
     }
 
     /// `-d IP -p P -m P --dport N ` (ends with a space).
-    fn ip_match(&self, ip: Ipv4Addr) -> String {
+    fn ip_match(&self, ip: IpAddr) -> String {
         let proto = self.svc.protocol.lower();
         format!(
-            "-d {ip}/32 -p {proto} -m {proto} --dport {} ",
+            "-d {} -p {proto} -m {proto} --dport {} ",
+            host(ip),
             self.svc.port
         )
     }
@@ -281,7 +301,7 @@ impl<'a> Builder<'a> {
     /// The clusterIP frontends: every source class gets the same endpoints there, only the
     /// masquerade decision differs. A port with no other frontend (and not least-connection)
     /// goes into its bucket; others jump to the chain of the cluster route.
-    fn cluster_frontends(&mut self, cips: &[Ipv4Addr], external: bool) {
+    fn cluster_frontends(&mut self, cips: &[IpAddr], external: bool) {
         let routes = self.routes(DestKind::ClusterIp);
         let Some(first) = routes.first() else {
             return;
@@ -373,16 +393,16 @@ impl<'a> Builder<'a> {
 
     /// KPR-FW-h: loadBalancerSourceRanges. Returns for allowed sources (the ranges, the LB IPs
     /// themselves, the node), marks anything else for drop and stops NAT.
-    fn firewall_chain(&mut self, lb_ips: &[Ipv4Addr]) -> String {
+    fn firewall_chain(&mut self, lb_ips: &[IpAddr]) -> String {
         let chain = format!("KPR-FW-{}", hash(&[self.name, "fw"]));
         let mut rules = Vec::new();
         for r in &self.svc.source_ranges {
-            if let ipnet::IpNet::V4(n) = r {
-                rules.push(format!("-s {} -j RETURN", n.trunc()));
+            if IpFamily::of(&r.addr()) == self.family {
+                rules.push(format!("-s {} -j RETURN", r.trunc()));
             }
         }
         for ip in lb_ips {
-            rules.push(format!("-s {ip}/32 -j RETURN"));
+            rules.push(format!("-s {} -j RETURN", host(*ip)));
         }
         rules.push("-m addrtype --src-type LOCAL -j RETURN".to_string());
         rules.push(format!("-j MARK --or-mark {MARK_DROP:#x}"));
@@ -400,10 +420,8 @@ impl<'a> Builder<'a> {
                 .node
                 .cluster_cidrs
                 .iter()
-                .filter_map(|c| match c {
-                    ipnet::IpNet::V4(n) => Some(format!("-s {} ", n.trunc())),
-                    ipnet::IpNet::V6(_) => None,
-                })
+                .filter(|c| IpFamily::of(&c.addr()) == self.family)
+                .map(|c| format!("-s {} ", c.trunc()))
                 .collect(),
             _ => vec![String::new()],
         }
@@ -429,7 +447,7 @@ impl<'a> Builder<'a> {
         endpoints: &[Endpoint],
         empty: EmptyVerdict,
     ) -> Vec<String> {
-        let eps = family_endpoints(endpoints, IpFamily::V4);
+        let eps = family_endpoints(endpoints, self.family);
         if eps.is_empty() {
             let bit = match empty {
                 EmptyVerdict::Reject => MARK_REJECT,
@@ -442,18 +460,13 @@ impl<'a> Builder<'a> {
                 format!("{m}-j ACCEPT"),
             ];
         }
-        self.out
-            .endpoint_ips
-            .extend(eps.iter().filter_map(|e| match e.ip() {
-                IpAddr::V4(ip) => Some(ip),
-                IpAddr::V6(_) => None,
-            }));
+        self.out.endpoint_ips.extend(eps.iter().map(|e| e.ip()));
         let mut rules = Vec::new();
         let affinity = self.svc.affinity.map(|t| t.as_secs().max(1));
         let lc_id = (self.svc.algorithm == Algorithm::LeastConn).then(|| {
-            self.tags.push((tag, IpFamily::V4));
+            self.tags.push((tag, self.family));
             self.ids
-                .get(self.spn, (tag, IpFamily::V4), &eps, affinity.is_some())
+                .get(self.spn, (tag, self.family), &eps, affinity.is_some())
         });
         if let Some(id) = lc_id {
             rules.push(format!("{m}-j CONNMARK --set-xmark {id:#x}/0xffffffff"));

@@ -8,6 +8,7 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use crate::error::DataplaneError;
+use crate::model::IpFamily;
 
 /// Which iptables implementation programs the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +48,11 @@ impl Mode {
 
     /// Picks the mode whose tables already hold rules (as kube-proxy's iptables-wrapper does);
     /// with no rules anywhere, nft (the Debian default).
+    /// The tools of this mode for `family` (`ip6tables-<mode>` for IPv6).
+    pub fn tool(self, family: IpFamily) -> Tool {
+        Tool { mode: self, family }
+    }
+
     pub fn detect() -> Mode {
         let count = |m: Mode| -> usize {
             Command::new(m.binary("save"))
@@ -99,8 +105,26 @@ fn command_error(
 }
 
 /// Applies `script` with `iptables-restore --noflush` (one atomic commit per table).
-pub fn restore(mode: Mode, script: &str) -> Result<(), DataplaneError> {
-    let bin = mode.binary("restore");
+/// One family's tools of one mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tool {
+    pub mode: Mode,
+    pub family: IpFamily,
+}
+
+impl Tool {
+    /// `iptables-<mode>[-tool]`, or `ip6tables-...` for IPv6.
+    pub fn binary(self, tool: &str) -> String {
+        let v4 = self.mode.binary(tool);
+        match self.family {
+            IpFamily::V4 => v4,
+            IpFamily::V6 => format!("ip6{v4}"),
+        }
+    }
+}
+
+pub fn restore(tool: Tool, script: &str) -> Result<(), DataplaneError> {
+    let bin = tool.binary("restore");
     let mut child = Command::new(&bin)
         .args(["-w", "5", "--noflush"])
         .stdin(Stdio::piped())
@@ -129,8 +153,8 @@ pub fn restore(mode: Mode, script: &str) -> Result<(), DataplaneError> {
 
 /// Runs `iptables-<mode> args`; returns whether it succeeded (for `-C` checks) or an error when
 /// the tool could not run at all.
-pub fn iptables(mode: Mode, args: &[&str]) -> Result<bool, DataplaneError> {
-    let bin = mode.binary("");
+pub fn iptables(tool: Tool, args: &[&str]) -> Result<bool, DataplaneError> {
+    let bin = tool.binary("");
     let out = Command::new(&bin)
         .arg("-w")
         .args(args)
@@ -142,8 +166,8 @@ pub fn iptables(mode: Mode, args: &[&str]) -> Result<bool, DataplaneError> {
 /// The chains of `table` whose names start with `prefix` (one `iptables-save`; only the first
 /// full sync, the first after a failed restore, and cleanup: later syncs use the chains the
 /// backend knows it wrote).
-pub fn chains(mode: Mode, table: &str, prefix: &str) -> Result<Vec<String>, DataplaneError> {
-    let bin = mode.binary("save");
+pub fn chains(tool: Tool, table: &str, prefix: &str) -> Result<Vec<String>, DataplaneError> {
+    let bin = tool.binary("save");
     let out = Command::new(&bin)
         .args(["-t", table])
         .output()

@@ -1,15 +1,15 @@
 //! Hairpin masquerade of the iptables backend: an endpoint reaching itself through its own
 //! Service must be masqueraded. kube-proxy marks that in every per-endpoint chain; this layout
 //! has none, so KPR-POSTROUTING sends DNATed connections to KPR-HAIRPIN, which dispatches on the
-//! destination's /24 to `KPR-HP-<prefix>`, where `-s EP -d EP` (source and destination both the
-//! endpoint) masquerades. A new connection walks at most one rule per /24 of endpoints plus one
-//! per endpoint address in that /24.
+//! destination's /24 (IPv6: /120) to `KPR-HP-<prefix>`, where `-s EP -d EP` (source and
+//! destination both the endpoint) masquerades. A new connection walks at most one rule per /24 of
+//! endpoints plus one per endpoint address in that /24.
 //!
 //! Pure bookkeeping (no I/O): reference counts of endpoint addresses over all service ports, and
 //! the /24 chains a sync must rewrite.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 pub const HAIRPIN: &str = "KPR-HAIRPIN";
 
@@ -28,20 +28,36 @@ pub struct PrefixChange {
 /// Endpoint addresses by /24, with how many service ports use each.
 #[derive(Debug, Default)]
 pub struct Hairpin {
-    refs: HashMap<Ipv4Addr, usize>,
-    by_prefix: BTreeMap<Ipv4Addr, BTreeSet<Ipv4Addr>>,
+    refs: HashMap<IpAddr, usize>,
+    by_prefix: BTreeMap<IpAddr, BTreeSet<IpAddr>>,
     /// /24s whose dispatch rule is programmed.
-    dispatched: BTreeSet<Ipv4Addr>,
-    dirty: BTreeSet<Ipv4Addr>,
+    dispatched: BTreeSet<IpAddr>,
+    dirty: BTreeSet<IpAddr>,
 }
 
-fn prefix(ip: Ipv4Addr) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(ip) & 0xffff_ff00)
+/// The address with its last 8 bits cleared, and the prefix length that leaves.
+fn prefix(ip: IpAddr) -> (IpAddr, u8) {
+    match ip {
+        IpAddr::V4(v4) => (Ipv4Addr::from(u32::from(v4) & 0xffff_ff00).into(), 24),
+        IpAddr::V6(v6) => (Ipv6Addr::from(u128::from(v6) & !0xff).into(), 120),
+    }
 }
 
-/// The chain of the /24 `prefix`, e.g. `KPR-HP-0AF40100` for 10.244.1.0/24.
-pub fn chain(prefix: Ipv4Addr) -> String {
-    format!("KPR-HP-{:08X}", u32::from(prefix))
+/// One address as a host match (`/32`, `/128`).
+fn host(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(_) => format!("{ip}/32"),
+        IpAddr::V6(_) => format!("{ip}/128"),
+    }
+}
+
+/// The chain of the /24 `prefix`, e.g. `KPR-HP-0AF40100` for 10.244.1.0/24; an IPv6 /120 is
+/// named by a hash of it (chain names are at most 28 characters).
+pub fn chain(prefix: IpAddr) -> String {
+    match prefix {
+        IpAddr::V4(v4) => format!("KPR-HP-{:08X}", u32::from(v4)),
+        IpAddr::V6(_) => format!("KPR-HP6-{}", super::compile::hash(&[&prefix.to_string()])),
+    }
 }
 
 impl Hairpin {
@@ -54,7 +70,7 @@ impl Hairpin {
     }
 
     /// A service port stopped using `old` and uses `new` now.
-    pub fn update(&mut self, old: &BTreeSet<Ipv4Addr>, new: &BTreeSet<Ipv4Addr>) {
+    pub fn update(&mut self, old: &BTreeSet<IpAddr>, new: &BTreeSet<IpAddr>) {
         for &ip in old.difference(new) {
             let Some(n) = self.refs.get_mut(&ip) else {
                 continue;
@@ -62,7 +78,7 @@ impl Hairpin {
             *n -= 1;
             if *n == 0 {
                 self.refs.remove(&ip);
-                let p = prefix(ip);
+                let p = prefix(ip).0;
                 if let Some(set) = self.by_prefix.get_mut(&p) {
                     set.remove(&ip);
                     if set.is_empty() {
@@ -76,7 +92,7 @@ impl Hairpin {
             let n = self.refs.entry(ip).or_default();
             *n += 1;
             if *n == 1 {
-                let p = prefix(ip);
+                let p = prefix(ip).0;
                 self.by_prefix.entry(p).or_default().insert(ip);
                 self.dirty.insert(p);
             }
@@ -93,7 +109,7 @@ impl Hairpin {
                 .get(&p)
                 .into_iter()
                 .flatten()
-                .map(|ip| format!("-s {ip}/32 -d {ip}/32 -j MASQUERADE"))
+                .map(|&ip| format!("-s {h} -d {h} -j MASQUERADE", h = host(ip)))
                 .collect();
             let dispatched = if rules.is_empty() {
                 self.dispatched.remove(&p)
@@ -101,7 +117,7 @@ impl Hairpin {
                 !self.dispatched.insert(p)
             };
             changes.push(PrefixChange {
-                dispatch: format!("-d {p}/24 -j {c}"),
+                dispatch: format!("-d {p}/{} -j {c}", prefix(p).1),
                 chain: c,
                 rules,
                 dispatched,
@@ -115,7 +131,7 @@ impl Hairpin {
 mod tests {
     use super::*;
 
-    fn set(ips: &[&str]) -> BTreeSet<Ipv4Addr> {
+    fn set(ips: &[&str]) -> BTreeSet<IpAddr> {
         ips.iter().map(|s| s.parse().unwrap()).collect()
     }
 

@@ -8,8 +8,9 @@
 //! service ports (their own chains, their bucket, the hairpin chains of endpoint addresses that
 //! came or went) and adds or deletes their single rules in the shared chains. Chains that are no
 //! longer referenced are flushed at once and deleted after a grace period. Works with
-//! iptables-legacy and iptables-nft (`--iptables-mode`, or detected). The layout and why it has
-//! so few chains: [`compile`]. IPv4 only.
+//! iptables-legacy and iptables-nft (`--iptables-mode`, or detected), and both address families:
+//! IPv6 is the same layout written with `ip6tables-restore` by a second instance
+//! ([`IptablesFamilies`]). The layout and why it has so few chains: [`compile`].
 //!
 //! Files: `compile` (the rules of one service port), `plan` (one sync's restore input and how it
 //! renders), `ruleset` (the hooks and the node-wide rules), `steer` (moving a least-connection
@@ -26,7 +27,7 @@ mod steer;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,7 @@ use crate::dataplane::rules::driver::Planned;
 use crate::dataplane::rules::{RuleBackend, RuleDataplane, TargetIds};
 use crate::dataplane::{BackendConfig, Dataplane};
 use crate::error::DataplaneError;
-use crate::model::ServicePortName;
+use crate::model::{IpFamily, ServicePortName};
 use crate::state::{ChangeSet, ProxyState};
 
 use buckets::Buckets;
@@ -49,6 +50,9 @@ use plan::{count_ops, Plan};
 use ruleset::HOOKS;
 use steer::IptSteer;
 
+/// Where the IPv6 instance's target ids start.
+const V6_TARGET_IDS: u32 = 1 << 30;
+
 /// How long an unreferenced chain is kept (flushed) before it is deleted.
 pub const DEFAULT_STALE_GRACE: Duration = Duration::from_secs(30);
 
@@ -57,28 +61,116 @@ pub const DEFAULT_STALE_GRACE: Duration = Duration::from_secs(30);
 /// Without `--iptables-mode`, both modes are cleaned: a crashed run may have used either.
 pub fn cleanup(cfg: &BackendConfig) -> Result<(), DataplaneError> {
     if cfg.iptables_mode.is_some() {
-        return IptablesDataplane::new(cfg)?.cleanup();
+        return IptablesFamilies::new(cfg)?.cleanup();
     }
     for mode in ["nft", "legacy"] {
         let cfg = BackendConfig {
             iptables_mode: Some(mode.into()),
             ..cfg.clone()
         };
-        IptablesDataplane::new(&cfg)?.cleanup()?;
+        IptablesFamilies::new(&cfg)?.cleanup()?;
     }
     Ok(())
 }
 
-/// The iptables dataplane: the shared rule driver around [`Iptables`].
+/// One family's iptables dataplane: the shared rule driver around [`Iptables`] (IPv4 when built
+/// with `new`).
 pub type IptablesDataplane = RuleDataplane<Iptables>;
+
+/// The iptables backend as the agent runs it: one [`IptablesDataplane`] per family, IPv4 always
+/// and IPv6 where the kernel has it and `ip6tables-<mode>` runs. Each family has its own
+/// restores, least-connection controller and conntrack cleanup; a dual-stack Service is a target
+/// in each.
+pub struct IptablesFamilies {
+    v4: IptablesDataplane,
+    v6: Option<IptablesDataplane>,
+}
+
+impl IptablesFamilies {
+    pub fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
+        let v4 = IptablesDataplane::new(cfg)?;
+        let v6 = if crate::dataplane::kernel_has_ipv6() {
+            match Iptables::start(cfg, IpFamily::V6) {
+                Ok(b) => Some(RuleDataplane::from_backend(b)),
+                Err(e) => {
+                    tracing::warn!("iptables: IPv6 Services are not programmed: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(IptablesFamilies { v4, v6 })
+    }
+}
+
+impl Dataplane for IptablesFamilies {
+    fn name(&self) -> &'static str {
+        "iptables"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &ChangeSet,
+    ) -> Result<crate::state::SyncStats, DataplaneError> {
+        let mut stats = self.v4.sync(state, changes)?;
+        if let Some(v6) = &mut self.v6 {
+            let s6 = v6.sync(state, changes)?;
+            stats.full |= s6.full;
+            // A dual-stack port is programmed in both: count it once.
+            stats.service_ports = stats.service_ports.max(s6.service_ports);
+            stats.touched = stats.touched.max(s6.touched);
+            stats.operations += s6.operations;
+        }
+        Ok(stats)
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        self.v4.cleanup()?;
+        if let Some(v6) = &mut self.v6 {
+            v6.cleanup()?;
+        }
+        Ok(())
+    }
+
+    fn live_view(&self) -> Option<Arc<dyn crate::state::LiveView>> {
+        let views: Vec<Arc<dyn crate::state::LiveView>> = [Some(&self.v4), self.v6.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.live_view())
+            .collect();
+        (!views.is_empty()).then(|| Arc::new(Views(views)) as Arc<dyn crate::state::LiveView>)
+    }
+
+    fn families(&self) -> &'static [IpFamily] {
+        if self.v6.is_some() {
+            &IpFamily::ALL
+        } else {
+            &[IpFamily::V4]
+        }
+    }
+}
+
+/// Both families' live counters as one (their endpoints never overlap).
+struct Views(Vec<Arc<dyn crate::state::LiveView>>);
+
+impl crate::state::LiveView for Views {
+    fn active_connections(&self) -> std::collections::BTreeMap<std::net::SocketAddr, u64> {
+        self.0.iter().flat_map(|v| v.active_connections()).collect()
+    }
+}
 
 /// The iptables backend's plan and apply.
 pub struct Iptables {
     cfg: BackendConfig,
     mode: Mode,
+    /// The family this instance programs (`ip6tables` for IPv6; a dual-stack node runs one
+    /// instance per family, see [`IptablesDataplane`]).
+    family: IpFamily,
     ids: TargetIds,
     programmed: HashMap<ServicePortName, Compiled>,
-    cluster_ip_refs: HashMap<Ipv4Addr, usize>,
+    cluster_ip_refs: HashMap<IpAddr, usize>,
     buckets: Buckets,
     hairpin: Hairpin,
     /// Least-connection targets by id, for [`IptSteer`] to write a moved pick.
@@ -98,22 +190,30 @@ pub struct Iptables {
 }
 
 impl Iptables {
-    /// Picks the iptables mode (`cfg.iptables_mode` or detected) and checks the tools run.
-    fn start(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
+    /// Picks the iptables mode (`cfg.iptables_mode` or detected) and checks that `family`'s tools
+    /// run.
+    fn start(cfg: &BackendConfig, family: IpFamily) -> Result<Self, DataplaneError> {
         let mode = match cfg.iptables_mode.as_deref() {
             Some(m) => Mode::parse(m)?,
             None => Mode::detect(),
         };
-        if !exec::iptables(mode, &["--version"])? {
+        let tool = mode.tool(family);
+        if !exec::iptables(tool, &["--version"])? {
             return Err(DataplaneError::ToolUnavailable {
-                tool: mode.binary(""),
+                tool: tool.binary(""),
                 detail: format!("`--version` failed (iptables mode {mode:?})"),
             });
         }
         Ok(Iptables {
             cfg: cfg.clone(),
             mode,
-            ids: TargetIds::default(),
+            family,
+            // Conntrack marks name least-connection targets in one controller per family; the
+            // ranges keep them apart anyway (a mark read in the wrong family's events is unknown).
+            ids: match family {
+                IpFamily::V4 => TargetIds::default(),
+                IpFamily::V6 => TargetIds::starting_at(V6_TARGET_IDS),
+            },
             programmed: HashMap::new(),
             cluster_ip_refs: HashMap::new(),
             buckets: Buckets::default(),
@@ -131,6 +231,15 @@ impl Iptables {
     /// The mode in use.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// The family programmed.
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    fn tool(&self) -> exec::Tool {
+        self.mode.tool(self.family)
     }
 
     /// Sets how long unreferenced chains are kept before deletion.
@@ -158,7 +267,7 @@ impl Iptables {
         for (table, chain, rule) in HOOKS {
             let mut check = vec!["-t", table, "-C", chain];
             check.extend(split_rule(rule));
-            if exec::iptables(self.mode, &check)? {
+            if exec::iptables(self.tool(), &check)? {
                 continue;
             }
             let insert = format!("-I {chain} 1 {rule}");
@@ -181,7 +290,7 @@ impl RuleBackend for Iptables {
     type Transaction = String;
 
     fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
-        Iptables::start(cfg)
+        Iptables::start(cfg, IpFamily::V4)
     }
 
     fn plan(
@@ -204,7 +313,7 @@ impl RuleBackend for Iptables {
         let result = if script.is_empty() {
             Ok(())
         } else {
-            exec::restore(self.mode, &script)
+            exec::restore(self.tool(), &script)
         };
         let pending = self.pending.take();
         self.existing = if result.is_ok() { pending } else { None };
@@ -215,7 +324,7 @@ impl RuleBackend for Iptables {
 
     fn steer(&self) -> Box<dyn Steer> {
         Box::new(IptSteer {
-            mode: self.mode,
+            tool: self.tool(),
             targets: Arc::clone(&self.lc_targets),
         })
     }
@@ -224,20 +333,27 @@ impl RuleBackend for Iptables {
         self.programmed.len()
     }
 
+    fn families(&self) -> &'static [IpFamily] {
+        match self.family {
+            IpFamily::V4 => &[IpFamily::V4],
+            IpFamily::V6 => &[IpFamily::V6],
+        }
+    }
+
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
         for (table, chain, rule) in HOOKS {
             let mut del = vec!["-t", table, "-D", chain];
             del.extend(split_rule(rule));
             // A crashed run may have added a jump more than once.
             for _ in 0..16 {
-                if !exec::iptables(self.mode, &del)? {
+                if !exec::iptables(self.tool(), &del)? {
                     break;
                 }
             }
         }
         let mut script = String::new();
         for table in ["nat", "filter"] {
-            let chains = exec::chains(self.mode, table, "KPR-")?;
+            let chains = exec::chains(self.tool(), table, "KPR-")?;
             if chains.is_empty() {
                 continue;
             }
@@ -251,7 +367,7 @@ impl RuleBackend for Iptables {
             script.push_str("COMMIT\n");
         }
         if !script.is_empty() {
-            exec::restore(self.mode, &script)?;
+            exec::restore(self.tool(), &script)?;
         }
         self.programmed.clear();
         self.cluster_ip_refs.clear();

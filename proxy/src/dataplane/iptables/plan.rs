@@ -28,7 +28,7 @@ impl Iptables {
         }
         let mut lc_targets = Vec::new();
         for spn in &spns {
-            let new = compile::compile(state, spn, &mut self.ids);
+            let new = compile::compile(state, spn, &mut self.ids, self.family);
             let old = self.programmed.remove(spn).unwrap_or_default();
             self.diff(&old, &new, full, &mut p);
             self.buckets
@@ -86,10 +86,10 @@ impl Iptables {
         let [nat, filter] = match self.existing.take() {
             Some(known) => known,
             None => [
-                exec::chains(self.mode, "nat", "KPR-")?
+                exec::chains(self.tool(), "nat", "KPR-")?
                     .into_iter()
                     .collect(),
-                exec::chains(self.mode, "filter", "KPR-")?
+                exec::chains(self.tool(), "filter", "KPR-")?
                     .into_iter()
                     .collect(),
             ],

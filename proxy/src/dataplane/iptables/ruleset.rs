@@ -72,27 +72,29 @@ impl Iptables {
             format!("-A {POSTROUTING} -j MASQUERADE"),
             format!("-A {MASQ_EXTERNAL} -m addrtype --src-type LOCAL -j RETURN"),
         ];
-        for c in &node.cluster_cidrs {
-            if let ipnet::IpNet::V4(n) = c {
-                nat.push(format!("-A {MASQ_EXTERNAL} -s {} -j RETURN", n.trunc()));
-            }
+        let mine = |n: &&ipnet::IpNet| IpFamily::of(&n.addr()) == self.family;
+        for c in node.cluster_cidrs.iter().filter(mine) {
+            nat.push(format!("-A {MASQ_EXTERNAL} -s {} -j RETURN", c.trunc()));
         }
         nat.push(format!("-A {MASQ_EXTERNAL} -j {MARK_MASQ_CHAIN}"));
-        let v4nets: Vec<String> = self
+        let nets: Vec<String> = self
             .cfg
             .nodeport_addresses
             .iter()
-            .filter_map(|n| match n {
-                ipnet::IpNet::V4(n) if !n.network().is_loopback() => Some(n.trunc().to_string()),
-                _ => None,
-            })
+            .filter(mine)
+            .filter(|n| !n.network().is_loopback())
+            .map(|n| n.trunc().to_string())
             .collect();
-        if v4nets.is_empty() {
+        if nets.is_empty() {
+            let loopback = match self.family {
+                IpFamily::V4 => "127.0.0.0/8",
+                IpFamily::V6 => "::1/128",
+            };
             nat.push(format!(
-                "-A {SERVICES} -m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j {NODEPORTS}"
+                "-A {SERVICES} -m addrtype --dst-type LOCAL ! -d {loopback} -j {NODEPORTS}"
             ));
         } else {
-            for n in v4nets {
+            for n in nets {
                 nat.push(format!("-A {SERVICES} -d {n} -j {NODEPORTS}"));
             }
         }
@@ -116,10 +118,8 @@ impl Iptables {
             .cfg
             .service_cidrs
             .iter()
-            .filter_map(|c| match c {
-                ipnet::IpNet::V4(n) => Some(n.trunc().to_string()),
-                ipnet::IpNet::V6(_) => None,
-            })
+            .filter(mine)
+            .map(|c| c.trunc().to_string())
             .collect();
         if service_cidrs.is_empty() {
             filter.push(format!("-A {FILTER} -j {CLUSTER_IPS}"));
@@ -133,10 +133,11 @@ impl Iptables {
         (nat, filter)
     }
 
-    pub(super) fn cluster_ip_rules(ip: Ipv4Addr) -> [String; 2] {
+    pub(super) fn cluster_ip_rules(ip: IpAddr) -> [String; 2] {
+        let d = compile::host(ip);
         [
-            format!("{CLUSTER_IPS} -d {ip}/32 -p tcp -j REJECT --reject-with tcp-reset"),
-            format!("{CLUSTER_IPS} -d {ip}/32 -j REJECT"),
+            format!("{CLUSTER_IPS} -d {d} -p tcp -j REJECT --reject-with tcp-reset"),
+            format!("{CLUSTER_IPS} -d {d} -j REJECT"),
         ]
     }
 }

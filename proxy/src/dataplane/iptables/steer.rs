@@ -5,7 +5,7 @@ use super::*;
 
 /// Rewrites a least-connection chain when the controller moves its pick.
 pub(super) struct IptSteer {
-    pub(super) mode: Mode,
+    pub(super) tool: exec::Tool,
     pub(super) targets: Arc<Mutex<HashMap<u32, LcTarget>>>,
 }
 
@@ -29,6 +29,6 @@ impl Steer for IptSteer {
         }
         script.push_str(&rules);
         script.push_str("COMMIT\n");
-        exec::restore(self.mode, &script)
+        exec::restore(self.tool, &script)
     }
 }

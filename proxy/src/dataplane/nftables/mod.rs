@@ -78,7 +78,7 @@ impl Nftables {
             lc_ports: BTreeSet::new(),
             next_owner: 1,
             chains: BTreeSet::new(),
-            families: if kernel_has_ipv6() {
+            families: if crate::dataplane::kernel_has_ipv6() {
                 &IpFamily::ALL
             } else {
                 &[IpFamily::V4]
@@ -213,12 +213,6 @@ impl Nftables {
             })
             .collect()
     }
-}
-
-/// Whether the calling thread's network namespace has IPv6 (no `/proc/sys/net/ipv6` when the
-/// kernel was booted with `ipv6.disable=1`).
-fn kernel_has_ipv6() -> bool {
-    std::path::Path::new("/proc/sys/net/ipv6").exists()
 }
 
 /// The `lc_pick` element operations that move one target's picks: its `LC_SLOTS` slots hold

@@ -77,11 +77,16 @@ pub struct RuleDataplane<B> {
 
 impl<B: RuleBackend> RuleDataplane<B> {
     pub fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
-        Ok(RuleDataplane {
-            backend: B::new(cfg)?,
+        Ok(Self::from_backend(B::new(cfg)?))
+    }
+
+    /// Around a backend built by other means (another family's instance).
+    pub fn from_backend(backend: B) -> Self {
+        RuleDataplane {
+            backend,
             lc: None,
             needs_full: true,
-        })
+        }
     }
 }
 
@@ -153,7 +158,7 @@ impl<B: RuleBackend> Dataplane for RuleDataplane<B> {
             }
         };
         self.needs_full = false;
-        match crate::conntrack::cleanup_stale(state, changes) {
+        match crate::conntrack::cleanup_stale(state, changes, self.backend.families()) {
             Ok(0) => {}
             Ok(n) => tracing::debug!("{}: deleted {n} stale conntrack entries", B::NAME),
             Err(e) => tracing::warn!("{}: stale conntrack cleanup failed: {e}", B::NAME),

@@ -97,6 +97,14 @@ impl Default for TargetIds {
 }
 
 impl TargetIds {
+    /// Ids from `first` on (another instance's ids stay below it).
+    pub fn starting_at(first: u32) -> Self {
+        TargetIds {
+            next: first.max(1),
+            by_port: HashMap::new(),
+        }
+    }
+
     /// The id of route `tag` of `spn` in `family`: the previous one unless the route is new, or
     /// it has affinity and lost an endpoint. Ids are unique across families.
     pub fn get(

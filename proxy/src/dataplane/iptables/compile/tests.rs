@@ -38,7 +38,7 @@ fn state(ports: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
 fn run(svc: ServicePort, eps: Vec<Endpoint>) -> Compiled {
     let spn = svc.name.clone();
     let state = state(vec![(svc, eps)]);
-    compile(&state, &spn, &mut TargetIds::default())
+    compile(&state, &spn, &mut TargetIds::default(), IpFamily::V4)
 }
 
 const M: &str = "-d 10.96.0.10/32 -p tcp -m tcp --dport 80 ";
@@ -71,11 +71,17 @@ fn a_cluster_ip_port_lives_in_its_bucket_with_the_frontend_on_every_rule() {
     assert_eq!(
         c.endpoint_ips
             .iter()
-            .map(|a| a.octets()[3])
+            .map(|a| match a {
+                IpAddr::V4(a) => a.octets()[3],
+                IpAddr::V6(_) => unreachable!("an IPv4 port"),
+            })
             .collect::<Vec<_>>(),
         vec![1, 2, 3]
     );
-    assert_eq!(c.cluster_ips, vec![Ipv4Addr::new(10, 96, 0, 10)]);
+    assert_eq!(
+        c.cluster_ips,
+        vec![IpAddr::from(Ipv4Addr::new(10, 96, 0, 10))]
+    );
 }
 
 #[test]
@@ -91,7 +97,7 @@ fn twenty_thousand_cluster_ip_ports_use_at_most_the_bucket_chains() {
     let mut ids = TargetIds::default();
     let mut chains = BTreeSet::new();
     for spn in state.names() {
-        let c = compile(&state, spn, &mut ids);
+        let c = compile(&state, spn, &mut ids, IpFamily::V4);
         assert!(c.chains.is_empty(), "{spn}: {:?}", c.chains);
         chains.insert(c.bucket.expect("bucketed").bucket);
     }
@@ -291,7 +297,7 @@ fn masquerade_all_marks_every_source_in_the_bucket() {
     let spn = s.name.clone();
     let mut st = state(vec![(s, vec![ep(1, NODE)])]);
     st.node.masquerade_all = true;
-    let c = compile(&st, &spn, &mut TargetIds::default());
+    let c = compile(&st, &spn, &mut TargetIds::default(), IpFamily::V4);
     assert_eq!(
         c.bucket.expect("bucketed").rules[0],
         format!("{M}-j {MARK_MASQ_CHAIN}")
