@@ -303,3 +303,52 @@ fn masquerade_all_marks_every_source_in_the_bucket() {
         format!("{M}-j {MARK_MASQ_CHAIN}")
     );
 }
+
+#[test]
+fn each_family_compiles_its_own_addresses_and_endpoints() {
+    let mut s = svc("web", "10.96.0.10");
+    s.cluster_ips.push("fd00:10:96::10".parse().unwrap());
+    s.node_port = 30080;
+    let spn = s.name.clone();
+    let mut v6 = ep(1, NODE);
+    v6.addr = "fd00:10:244:1::2".parse().unwrap();
+    let st = state(vec![(s, vec![ep(2, NODE), v6])]);
+    let mut ids = TargetIds::default();
+    let c4 = compile(&st, &spn, &mut ids, IpFamily::V4);
+    let c6 = compile(&st, &spn, &mut ids, IpFamily::V6);
+    assert_eq!(
+        c4.cluster_ips,
+        vec![IpAddr::from(Ipv4Addr::new(10, 96, 0, 10))]
+    );
+    assert_eq!(
+        c6.cluster_ips,
+        vec!["fd00:10:96::10".parse::<IpAddr>().unwrap()]
+    );
+    let all = |c: &Compiled| {
+        c.chains
+            .values()
+            .flatten()
+            .chain(&c.services)
+            .chain(&c.nodeports)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (r4, r6) = (all(&c4), all(&c6));
+    assert!(r4.contains("--to-destination 10.244.1.2:8080"), "{r4}");
+    assert!(!r4.contains("fd00"), "{r4}");
+    assert!(
+        r6.contains("-d fd00:10:96::10/128 -p tcp"),
+        "the IPv6 clusterIP: {r6}"
+    );
+    assert!(
+        r6.contains("--to-destination [fd00:10:244:1::2]:8080"),
+        "{r6}"
+    );
+    assert!(!r6.contains("10.244.1.2"), "{r6}");
+    assert!(!c6.nodeports.is_empty(), "the nodePort serves IPv6 too");
+    assert_eq!(
+        c6.endpoint_ips.iter().collect::<Vec<_>>(),
+        [&"fd00:10:244:1::2".parse::<IpAddr>().unwrap()]
+    );
+}
