@@ -57,6 +57,8 @@ macro_rules! suite {
         backend_v6!(nftables_dual, run_dual, Backend::Nftables; $($scenario),*);
         backend_v6!(iptables_nft_v6, run_v6, Backend::IptablesNft; $($scenario),*);
         backend_v6!(iptables_legacy_v6, run_v6, Backend::IptablesLegacy; $($scenario),*);
+        backend_v6!(iptables_nft_dual, run_dual, Backend::IptablesNft; $($scenario),*);
+        backend_v6!(iptables_legacy_dual, run_dual, Backend::IptablesLegacy; $($scenario),*);
 
         /// Every row of the table has its tests (and nothing else does); exactly the SCTP rows
         /// are the ignored ones.

@@ -31,7 +31,7 @@ pub struct KindArgs {
     pub dry_run: bool,
     /// The cluster's address families: `dual` creates it from deploy/kind-config-dual.yaml,
     /// renders the agent for both families and smoke-tests the Services over IPv6 too (needs a
-    /// backend that serves IPv6: nftables).
+    /// backend that serves IPv6: nftables or iptables).
     #[arg(long, value_enum, default_value_t = IpFamilies::Ipv4)]
     pub ip_family: IpFamilies,
 }
@@ -455,15 +455,12 @@ mod tests {
         assert!(!agent.contains("--nodeport-addresses"), "{agent}");
         assert_eq!(smoke.matches("ipFamilyPolicy: PreferDualStack").count(), 2);
         let err = run(&KindArgs {
-            backend: "iptables".into(),
+            backend: "ebpf".into(),
             ..args
         })
         .unwrap_err()
         .to_string();
-        assert!(
-            err.contains("the iptables backend programs IPv4 only"),
-            "{err}"
-        );
+        assert!(err.contains("the ebpf backend programs IPv4 only"), "{err}");
     }
 
     #[test]
