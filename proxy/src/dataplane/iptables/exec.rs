@@ -118,7 +118,7 @@ impl Tool {
         let v4 = self.mode.binary(tool);
         match self.family {
             IpFamily::V4 => v4,
-            IpFamily::V6 => format!("ip6{v4}"),
+            IpFamily::V6 => format!("ip6{}", v4.trim_start_matches("ip")),
         }
     }
 }
@@ -187,4 +187,25 @@ pub fn chains(tool: Tool, table: &str, prefix: &str) -> Result<Vec<String>, Data
         .filter(|c| c.starts_with(prefix))
         .map(str::to_string)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_family_has_its_own_tools() {
+        assert_eq!(
+            Mode::Nft.tool(IpFamily::V4).binary("restore"),
+            "iptables-nft-restore"
+        );
+        assert_eq!(
+            Mode::Nft.tool(IpFamily::V6).binary("restore"),
+            "ip6tables-nft-restore"
+        );
+        assert_eq!(
+            Mode::Legacy.tool(IpFamily::V6).binary(""),
+            "ip6tables-legacy"
+        );
+    }
 }
