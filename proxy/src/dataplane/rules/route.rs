@@ -6,7 +6,7 @@
 //! either backend's layout (chains, sets, maps).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use crate::model::{Endpoint, IpFamily, ServicePort, ServicePortName};
 use crate::selection::SourceKind;
@@ -150,14 +150,6 @@ impl TargetIds {
     }
 }
 
-/// The IPv4 addresses among `addrs` (the rule backends program IPv4 only).
-pub fn v4(addrs: &[IpAddr]) -> impl Iterator<Item = Ipv4Addr> + '_ {
-    addrs.iter().filter_map(|a| match a {
-        IpAddr::V4(a) => Some(*a),
-        IpAddr::V6(_) => None,
-    })
-}
-
 /// The endpoints of `family` among `eps`, as the addresses a rule translates to.
 pub fn family_endpoints(eps: &[Endpoint], family: IpFamily) -> Vec<SocketAddr> {
     eps.iter()
@@ -180,9 +172,4 @@ pub fn has_family(svc: &ServicePort, family: IpFamily) -> bool {
     [&svc.cluster_ips, &svc.external_ips, &svc.load_balancer_ips]
         .iter()
         .any(|a| family_addrs(a, family).next().is_some())
-}
-
-/// Whether the port has an IPv4 address to program.
-pub fn is_ipv4(svc: &ServicePort) -> bool {
-    has_family(svc, IpFamily::V4)
 }
