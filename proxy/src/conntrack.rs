@@ -13,7 +13,7 @@ pub mod netlink;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use netlink::{CtEntry, CtSocket, Family};
+use netlink::{CtEntry, CtSocket};
 
 use crate::error::DataplaneError;
 use crate::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
@@ -36,15 +36,15 @@ pub struct CtFilter {
 
 impl CtFilter {
     /// The table this filter looks in.
-    pub fn family(&self) -> Family {
+    pub fn family(&self) -> IpFamily {
         if [self.orig_dst, self.reply_src]
             .iter()
             .flatten()
             .any(IpAddr::is_ipv6)
         {
-            Family::V6
+            IpFamily::V6
         } else {
-            Family::V4
+            IpFamily::V4
         }
     }
 
@@ -148,7 +148,7 @@ pub fn delete_matching(filters: &[CtFilter]) -> Result<usize, DataplaneError> {
     if filters.is_empty() {
         return Ok(0);
     }
-    let families: BTreeSet<Family> = filters.iter().map(CtFilter::family).collect();
+    let families: BTreeSet<IpFamily> = filters.iter().map(CtFilter::family).collect();
     let mut socket = CtSocket::open()
         .map_err(|e| DataplaneError::io("opening a conntrack netlink socket", e))?;
     let mut deleted = 0;
@@ -179,12 +179,7 @@ pub fn cleanup_stale(
     families: &[IpFamily],
 ) -> Result<usize, DataplaneError> {
     let mut filters = stale_filters(state, changes);
-    filters.retain(|f| {
-        families.contains(&match f.family() {
-            Family::V4 => IpFamily::V4,
-            Family::V6 => IpFamily::V6,
-        })
-    });
+    filters.retain(|f| families.contains(&f.family()));
     delete_matching(&filters).inspect_err(|e| tracing::warn!("conntrack cleanup: {e}"))
 }
 
@@ -271,7 +266,7 @@ mod tests {
             ..entry("10.96.0.10", 53, "10.244.1.5", nat)
         };
         assert!(!to_vip.matches(&tcp));
-        assert_eq!(to_vip.family(), Family::V4);
+        assert_eq!(to_vip.family(), IpFamily::V4);
     }
 
     #[test]

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::netlink::{CtEntry, CtSocket, EventKind, Family};
+use super::netlink::{CtEntry, CtSocket, EventKind};
 use crate::error::DataplaneError;
+use crate::model::IpFamily;
 
 /// What happened to a conntrack entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +134,7 @@ impl EventStream {
                                  full); recounting from a table dump"
                             );
                             let dumped: std::io::Result<Vec<CtEvent>> =
-                                [Family::V4, Family::V6]
+                                IpFamily::ALL
                                     .into_iter()
                                     .map(|f| requests.dump(f))
                                     .try_fold(Vec::new(), |mut all, entries| {

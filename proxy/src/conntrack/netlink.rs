@@ -22,6 +22,8 @@ use netlink_packet_netfilter::{
 };
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 
+use crate::model::IpFamily;
+
 /// `CTA_ID`: the entry's id, stable for its life (not decoded by the message crate).
 const CTA_ID: u16 = 12;
 /// `IPS_DST_NAT`: the entry's destination was translated.
@@ -32,27 +34,11 @@ const GROUPS: [u32; 3] = [1, 2, 3];
 /// or a few).
 const RECV_BUFFER: usize = 1 << 16;
 
-/// An address family of the conntrack table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    fn of(ip: &IpAddr) -> Family {
-        if ip.is_ipv4() {
-            Family::V4
-        } else {
-            Family::V6
-        }
-    }
-
-    fn proto_family(self) -> NetfilterProtoFamily {
-        match self {
-            Family::V4 => NetfilterProtoFamily::IPv4,
-            Family::V6 => NetfilterProtoFamily::IPv6,
-        }
+/// The conntrack table of an address family.
+fn proto_family(family: IpFamily) -> NetfilterProtoFamily {
+    match family {
+        IpFamily::V4 => NetfilterProtoFamily::IPv4,
+        IpFamily::V6 => NetfilterProtoFamily::IPv6,
     }
 }
 
@@ -249,7 +235,7 @@ impl CtSocket {
     }
 
     /// Every entry of `family` in the table.
-    pub fn dump(&mut self, family: Family) -> io::Result<Vec<CtEntry>> {
+    pub fn dump(&mut self, family: IpFamily) -> io::Result<Vec<CtEntry>> {
         let seq = self.send(
             family,
             NLM_F_REQUEST | NLM_F_DUMP,
@@ -286,7 +272,7 @@ impl CtSocket {
     /// Deletes one entry, named by its original tuple and (when known) its id, so that an entry
     /// that replaced it under the same tuple survives. `Ok(false)`: it was already gone.
     pub fn delete(&mut self, entry: &CtEntry) -> io::Result<bool> {
-        let Some(family) = entry.orig.map(|o| Family::of(&o.src)) else {
+        let Some(family) = entry.orig.map(|o| IpFamily::of(&o.src)) else {
             return Ok(false);
         };
         // A delete without a tuple flushes the whole table: never send one.
@@ -327,7 +313,7 @@ impl CtSocket {
         }
     }
 
-    fn send(&mut self, family: Family, flags: u16, msg: ConntrackMessage) -> io::Result<u32> {
+    fn send(&mut self, family: IpFamily, flags: u16, msg: ConntrackMessage) -> io::Result<u32> {
         self.seq = self.seq.wrapping_add(1);
         let mut header = NetlinkHeader::default();
         header.flags = flags;
@@ -335,7 +321,7 @@ impl CtSocket {
         let mut packet = NetlinkMessage::new(
             header,
             NetlinkPayload::from(NetfilterMessage::new(
-                NetfilterHeader::new(family.proto_family(), 0, 0),
+                NetfilterHeader::new(proto_family(family), 0, 0),
                 msg,
             )),
         );
