@@ -189,6 +189,19 @@ impl ServicePort {
     pub fn has_external(&self) -> bool {
         self.node_port != 0 || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
     }
+
+    /// Whether the port has an address of `family` (a clusterIP, externalIP or load-balancer
+    /// IP); its nodePort serves the families it has.
+    pub fn has_family(&self, family: IpFamily) -> bool {
+        [
+            &self.cluster_ips,
+            &self.external_ips,
+            &self.load_balancer_ips,
+        ]
+        .into_iter()
+        .flatten()
+        .any(|ip| IpFamily::of(ip) == family)
+    }
 }
 
 /// One endpoint of one Service port, as an EndpointSlice describes it.

@@ -149,15 +149,10 @@ pub fn unserved_families(
 
 /// The families of `sp`'s addresses among `unserved`.
 pub fn unserved_of<'a>(
-    sp: &ServicePort,
+    sp: &'a ServicePort,
     unserved: &'a [(IpFamily, String)],
 ) -> impl Iterator<Item = &'a (IpFamily, String)> + 'a {
-    let has: Vec<IpFamily> = [&sp.cluster_ips, &sp.external_ips, &sp.load_balancer_ips]
-        .into_iter()
-        .flatten()
-        .map(IpFamily::of)
-        .collect();
-    unserved.iter().filter(move |(f, _)| has.contains(f))
+    unserved.iter().filter(move |(f, _)| sp.has_family(*f))
 }
 
 /// Everything `GET /state` returns.

@@ -14,8 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::dataplane::rules::{
-    class_index, class_routes, family_addrs, family_endpoints, has_family, ClassRoute, Tag,
-    TargetIds,
+    class_index, class_routes, family_addrs, family_endpoints, ClassRoute, Tag, TargetIds,
 };
 use crate::model::{Algorithm, IpFamily, Protocol, ServicePort, ServicePortName};
 use crate::selection::{
@@ -115,7 +114,7 @@ pub fn compile(
             b.firewall(ip, proto, svc.port);
         }
         // The nodePort serves the families the Service has addresses of.
-        if svc.node_port != 0 && has_family(svc, family) {
+        if svc.node_port != 0 && svc.has_family(family) {
             b.frontend(Frontend::NodePort, proto, svc.node_port);
         }
     }

@@ -11,6 +11,6 @@ pub mod route;
 
 pub use driver::{RuleBackend, RuleDataplane};
 pub use route::{
-    class_index, class_routes, family_addrs, family_endpoints, has_family, ClassRoute, Tag,
-    TargetIds, SOURCE_CLASSES,
+    class_index, class_routes, family_addrs, family_endpoints, ClassRoute, Tag, TargetIds,
+    SOURCE_CLASSES,
 };

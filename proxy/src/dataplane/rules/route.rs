@@ -165,11 +165,3 @@ pub fn family_addrs(addrs: &[IpAddr], family: IpFamily) -> impl Iterator<Item = 
         .copied()
         .filter(move |a| IpFamily::of(a) == family)
 }
-
-/// Whether the port has an address of `family` to program (a clusterIP, externalIP or
-/// load-balancer IP; its nodePort follows its families).
-pub fn has_family(svc: &ServicePort, family: IpFamily) -> bool {
-    [&svc.cluster_ips, &svc.external_ips, &svc.load_balancer_ips]
-        .iter()
-        .any(|a| family_addrs(a, family).next().is_some())
-}
