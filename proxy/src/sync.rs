@@ -15,7 +15,7 @@ use crate::metrics::{FamilyLabel, Metrics, TrafficPolicyLabel};
 use crate::model::{IpFamily, ServicePortName};
 use crate::source::SourceEvent;
 use crate::state::ChangeSet;
-use crate::status::{service_views, unserved_families, unserved_of, Health, LastSync, StateView};
+use crate::status::{service_views, unserved_families, Health, LastSync, StateView};
 use crate::tracker::Tracker;
 
 /// Timing of syncs.
@@ -263,12 +263,9 @@ impl Runner {
             changes.changed.iter().cloned().collect()
         };
         for name in names {
-            let families: Vec<&(IpFamily, String)> = state
-                .service(&name)
-                .map(|sp| unserved_of(sp, &self.unserved).collect())
-                .unwrap_or_default();
+            let sp = state.service(&name);
             for (family, why) in &self.unserved {
-                let member = families.iter().any(|(f, _)| f == family);
+                let member = sp.is_some_and(|sp| sp.has_family(*family));
                 let set = self.unserved_ports.entry(*family).or_default();
                 if member && set.insert(name.clone()) {
                     tracing::warn!(

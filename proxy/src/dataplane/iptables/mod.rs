@@ -233,11 +233,6 @@ impl Iptables {
         self.mode
     }
 
-    /// The family programmed.
-    pub fn family(&self) -> IpFamily {
-        self.family
-    }
-
     fn tool(&self) -> exec::Tool {
         self.mode.tool(self.family)
     }
