@@ -53,6 +53,8 @@ macro_rules! suite {
         backend!(iptables_nft, Backend::IptablesNft; $($scenario),*; sctp: $($sctp),*);
         backend!(iptables_legacy, Backend::IptablesLegacy; $($scenario),*; sctp: $($sctp),*);
         backend!(ebpf, Backend::Ebpf; $($scenario),*; sctp: $($sctp),*);
+        backend_v6!(userspace_v6, run_v6, Backend::Userspace; $($scenario),*);
+        backend_v6!(userspace_dual, run_dual, Backend::Userspace; $($scenario),*);
         backend_v6!(nftables_v6, run_v6, Backend::Nftables; $($scenario),*);
         backend_v6!(nftables_dual, run_dual, Backend::Nftables; $($scenario),*);
         backend_v6!(iptables_nft_v6, run_v6, Backend::IptablesNft; $($scenario),*);

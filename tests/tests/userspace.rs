@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use kpr_tests::cluster::{ClusterSpec, NODE_IP};
+use kpr_tests::cluster::{ClusterSpec, NODE_IP, NODE_IP6};
 use kpr_tests::probe::parse_probe_output;
 use kpr_tests::{
     run_probe, tcp_hold, tcp_request, udp_request, yaml, Agent, AgentOptions, Cgroup, Cluster,
@@ -861,11 +861,11 @@ fn a_restarted_agent_serves_again_with_the_same_balancing() {
     );
 }
 
-/// The userspace backend is IPv4 only (documented in its module): a dual-stack Service is served
-/// on its IPv4 side by IPv4 endpoints only, its IPv6 address is not proxied, and an IPv6-only
-/// Service is reported in the log by name.
+/// A dual-stack Service is served on both families, each by its own family's endpoints (a
+/// connection never changes family), from a pod, from outside (nodePort on both node addresses)
+/// and from the node; an IPv6-only Service is served too, and nothing is reported unserved.
 #[test]
-fn dual_stack_ipv4_side_is_served_and_ipv6_is_a_reported_limitation() {
+fn dual_stack_is_served_on_both_families_by_their_own_endpoints() {
     let cluster = Cluster::new(ClusterSpec::pods(2).dual_stack()).unwrap();
     let svc = Service::new("ds")
         .cluster_ips(&["10.96.0.60", "fd00:10:96::60"])
@@ -896,45 +896,91 @@ fn dual_stack_ipv4_side_is_served_and_ipv6_is_a_reported_limitation() {
             addr("10.96.0.60:80"),
         ),
         (
+            "podclient -> IPv6 clusterIP",
+            &cluster.podclient,
+            addr("[fd00:10:96::60]:80"),
+        ),
+        (
             "client -> nodePort",
             &cluster.client,
             SocketAddr::from((NODE_IP, 30090)),
         ),
+        (
+            "client -> IPv6 nodePort",
+            &cluster.client,
+            SocketAddr::from((NODE_IP6, 30090)),
+        ),
         ("node -> clusterIP", &cluster.node, addr("10.96.0.60:80")),
+        (
+            "node -> IPv6 clusterIP",
+            &cluster.node,
+            addr("[fd00:10:96::60]:80"),
+        ),
+        (
+            "podclient -> IPv6-only Service",
+            &cluster.podclient,
+            addr("[fd00:10:96::61]:80"),
+        ),
     ] {
         let mut pods = BTreeMap::new();
         for i in 0..4 {
             let r = tcp_request(ns, to, T).unwrap_or_else(|e| panic!("{label}: request {i}: {e}"));
-            assert!(
+            assert_eq!(
                 r.peer.is_ipv4(),
-                "{label}: an IPv6 endpoint answered an IPv4 connection: {r:?}"
+                to.is_ipv4(),
+                "{label}: an endpoint of the other family answered: {r:?}"
             );
             *pods.entry(r.pod).or_insert(0) += 1;
         }
         assert_eq!(pods.len(), 2, "{label}: {pods:?}");
     }
-    let short = Duration::from_millis(500);
-    assert!(
-        tcp_request(&cluster.client, addr("[fd00:10:96::60]:80"), short).is_err(),
-        "IPv6 is not proxied"
-    );
-    let log = agent.wait_for_log("IPv4 only", CHANGE).unwrap();
-    assert!(
-        log.lines()
-            .any(|l| l.contains("IPv4 only") && l.contains("default/v6only")),
-        "the IPv6-only Service is named in the log:\n{log}"
-    );
-    // ... and in /state (what `proxy inspect` prints) and the metrics, the dual-stack one too.
     let state = agent.state().unwrap();
     for name in ["default/ds:http/TCP", "default/v6only:http/TCP"] {
         let s = state
             .service(name)
             .unwrap_or_else(|| panic!("{name} in {state:?}"));
-        assert_eq!(
-            s.unserved,
-            ["IPv6: the userspace backend programs IPv4 only"],
-            "{name}"
-        );
+        assert!(s.unserved.is_empty(), "{name}: {:?}", s.unserved);
+    }
+    let metrics = agent.metrics().unwrap();
+    assert!(
+        metrics.contains("kpr_service_ports_unserved{family=\"IPv6\"} 0"),
+        "{metrics}"
+    );
+}
+
+/// A node without an IPv6 address serves a dual-stack Service's IPv4 side and reports the IPv6
+/// side as not served (log, /state, metrics), naming the port; an IPv6-only Service likewise.
+#[test]
+fn a_node_without_ipv6_reports_what_it_cannot_serve() {
+    let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+    let svc = Service::new("ds")
+        .cluster_ips(&["10.96.0.60", "fd00:10:96::60"])
+        .tcp(80, 8080)
+        .named("http");
+    let only6 = Service::new("v6only")
+        .cluster_ips(&["fd00:10:96::61"])
+        .tcp(80, 8080)
+        .named("http");
+    let files = [
+        ("ds.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)])),
+        ("v6only.yaml", yaml(&[&only6])),
+    ];
+    let agent = Agent::start(&cluster.node, &AgentOptions::backend(BACKEND), &files).unwrap();
+    let counts = tally_tcp(&cluster.podclient, addr("10.96.0.60:80"), 4);
+    assert_eq!(counts.len(), 2, "{counts:?}");
+    let reason = "IPv6: the node has no IPv6 address";
+    let log = agent.wait_for_log("no IPv6 address", CHANGE).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("no IPv6 address") && l.contains("default/v6only")),
+        "the IPv6-only Service is named in the log:\n{log}"
+    );
+    let state = agent.state().unwrap();
+    for name in ["default/ds:http/TCP", "default/v6only:http/TCP"] {
+        let s = state
+            .service(name)
+            .unwrap_or_else(|| panic!("{name} in {state:?}"));
+        assert_eq!(s.unserved, [reason], "{name}");
     }
     let metrics = agent.metrics().unwrap();
     assert!(

@@ -75,7 +75,7 @@ pub enum IpFamilies {
 }
 
 /// The backends that serve IPv6 (the others report IPv6 Services as not served).
-pub const IPV6_BACKENDS: &[&str] = &["nftables", "iptables"];
+pub const IPV6_BACKENDS: &[&str] = &["userspace", "nftables", "iptables"];
 
 /// The agent arguments a dual-stack rendering rewrites: (committed, dual-stack). Without
 /// `--nodeport-addresses` the agent takes nodePorts on every address of the node, of both

@@ -1,21 +1,22 @@
 //! The userspace backend: a proxy in the agent that owns every Service connection.
 //!
-//! nftables (table `ip kpr-userspace`, see `rules`) redirects Service traffic to one TCP listener
-//! (`tcp`) and to per-service-port UDP sockets (`udp`); the listeners look the original destination
-//! up in `table` and pick an endpoint with `balancer`. It honours docs/SERVICE-SEMANTICS.md with
-//! these documented exceptions, inherent to a proxy that opens its own connections: the endpoint
-//! always sees the node as the source (no client-IP preservation under eTP Local); a TCP connection
-//! that must be dropped is closed instead (the handshake has completed by then); IPv4 only; no
-//! SCTP.
+//! nftables (tables `ip kpr-userspace` and `ip6 kpr-userspace`, see `rules`) redirects Service
+//! traffic to one TCP listener per address family (`tcp`) and to per-service-port UDP sockets
+//! (`udp`); the listeners look the original destination up in `table` and pick an endpoint of the
+//! connection's family with `balancer`. It honours docs/SERVICE-SEMANTICS.md with these documented
+//! exceptions, inherent to a proxy that opens its own connections: the endpoint always sees the
+//! node as the source (no client-IP preservation under eTP Local); a TCP connection that must be
+//! dropped is closed instead (the handshake has completed by then); no SCTP. IPv6 is served where
+//! the kernel has it (`/proc/sys/net/ipv6`) and an IPv6 listener can be opened.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
-use crate::dataplane::{BackendConfig, Dataplane};
+use crate::dataplane::{kernel_has_ipv6, BackendConfig, Dataplane};
 
 use crate::error::DataplaneError;
-use crate::model::{Protocol, ServicePortName};
+use crate::model::{IpFamily, Protocol, ServicePortName};
 use crate::nft;
 use crate::selection::DestKind;
 use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
@@ -30,44 +31,56 @@ use balancer::Balancer;
 use rules::Element;
 use table::Table;
 
-/// Removes the userspace backend's nftables table.
+/// The families whose tables can exist on this host.
+fn table_families() -> &'static [IpFamily] {
+    if kernel_has_ipv6() {
+        &IpFamily::ALL
+    } else {
+        &[IpFamily::V4]
+    }
+}
+
+/// Removes the userspace backend's nftables tables.
 pub fn cleanup(_cfg: &BackendConfig) -> Result<(), DataplaneError> {
-    nft::delete_table("ip", rules::TABLE)
+    for &f in table_families() {
+        nft::delete_table(rules::nft_family(f).0, rules::TABLE)?;
+    }
+    Ok(())
+}
+
+/// One family's TCP listener: its port (what that family's table redirects to) and its task.
+struct TcpListener {
+    family: IpFamily,
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
 }
 
 pub struct UserspaceDataplane {
     cfg: BackendConfig,
     shared: tcp::Shared,
-    tcp_port: u16,
-    tcp_task: tokio::task::JoinHandle<()>,
+    /// IPv4's, then IPv6's where the node serves it.
+    tcp: Vec<TcpListener>,
     udp: udp::UdpListeners,
     programmed: HashMap<ServicePortName, Vec<Element>>,
-    cluster_ip_refs: BTreeMap<Ipv4Addr, usize>,
+    cluster_ip_refs: BTreeMap<IpAddr, usize>,
     installed: bool,
 }
 
 impl Drop for UserspaceDataplane {
     fn drop(&mut self) {
-        self.tcp_task.abort();
+        for l in &self.tcp {
+            l.task.abort();
+        }
     }
 }
 
 impl UserspaceDataplane {
-    /// Opens the TCP listener and checks nft. Must be called inside a tokio runtime.
+    /// Opens the TCP listeners and checks nft. Must be called inside a tokio runtime.
     pub fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
         nft::check_version()?;
         let rt = tokio::runtime::Handle::try_current().map_err(|_| {
             DataplaneError::Other("the userspace backend needs a tokio runtime".into())
         })?;
-        let std_listener = std::net::TcpListener::bind("0.0.0.0:0")
-            .map_err(|e| DataplaneError::io("binding the TCP listener", e))?;
-        std_listener
-            .set_nonblocking(true)
-            .map_err(|e| DataplaneError::io("setting the TCP listener non-blocking", e))?;
-        let tcp_port = std_listener
-            .local_addr()
-            .map_err(|e| DataplaneError::io("reading the TCP listener's port", e))?
-            .port();
         let mut table = Table::default();
         table.nodeport_ips = cfg.nodeport_ips();
         let shared = tcp::Shared {
@@ -75,23 +88,49 @@ impl UserspaceDataplane {
             balancer: Arc::new(Balancer::default()),
             node: Arc::new(cfg.node.clone()),
         };
-        let listener = {
-            let _g = rt.enter();
-            tokio::net::TcpListener::from_std(std_listener)
-                .map_err(|e| DataplaneError::io("registering the TCP listener", e))?
-        };
-        let tcp_task = rt.spawn(tcp::serve(listener, shared.clone()));
-        tracing::info!(tcp_port, "userspace listener ready");
+        let mut listeners = Vec::new();
+        for &family in table_families() {
+            let std_listener = match tcp::bind(family) {
+                Ok(l) => l,
+                // IPv4 is the one family the backend cannot do without; a node whose IPv6 cannot
+                // take a listener serves IPv4, and its IPv6 Services are reported as not served.
+                Err(e) if family == IpFamily::V6 => {
+                    tracing::warn!("no IPv6 TCP listener ({e}): IPv6 Services are not served");
+                    continue;
+                }
+                Err(e) => return Err(DataplaneError::io("opening the IPv4 TCP listener", e)),
+            };
+            let port = std_listener
+                .local_addr()
+                .map_err(|e| DataplaneError::io("reading the TCP listener's port", e))?
+                .port();
+            let listener = {
+                let _g = rt.enter();
+                tokio::net::TcpListener::from_std(std_listener)
+                    .map_err(|e| DataplaneError::io("registering the TCP listener", e))?
+            };
+            let task = rt.spawn(tcp::serve(listener, shared.clone()));
+            tracing::info!(%family, tcp_port = port, "userspace listener ready");
+            listeners.push(TcpListener { family, port, task });
+        }
         Ok(UserspaceDataplane {
             cfg: cfg.clone(),
             udp: udp::UdpListeners::new(rt, shared.clone(), cfg.udp_idle_timeout),
             shared,
-            tcp_port,
-            tcp_task,
+            tcp: listeners,
             programmed: HashMap::new(),
             cluster_ip_refs: BTreeMap::new(),
             installed: false,
         })
+    }
+
+    /// The families this node's listeners serve.
+    fn served(&self) -> &'static [IpFamily] {
+        if self.tcp.iter().any(|l| l.family == IpFamily::V6) {
+            &IpFamily::ALL
+        } else {
+            &[IpFamily::V4]
+        }
     }
 
     /// The elements of one service port, opening the UDP sockets it needs.
@@ -108,21 +147,25 @@ impl UserspaceDataplane {
             tracing::error!(service = %name, "the userspace backend does not support SCTP; this port is not proxied");
             return Ok(Vec::new());
         }
-        let mut udp_ports: HashMap<DestKind, u16> = HashMap::new();
+        let families = self.served();
+        let mut udp_ports: HashMap<(DestKind, IpFamily), u16> = HashMap::new();
         if sp.protocol == Protocol::Udp {
-            let mut kinds: Vec<DestKind> = table::destinations(sp)
+            let mut wanted: Vec<(DestKind, IpFamily)> = table::destinations(sp)
                 .into_iter()
-                .map(|(_, k)| k)
+                .map(|(ip, k)| (k, IpFamily::of(&ip)))
                 .collect();
             if sp.node_port != 0 {
-                kinds.push(DestKind::NodePort);
+                wanted.extend(IpFamily::ALL.map(|f| (DestKind::NodePort, f)));
             }
-            for kind in kinds {
-                udp_ports.insert(kind, self.udp.ensure((name.clone(), kind))?);
+            for (kind, family) in wanted {
+                if families.contains(&family) && sp.has_family(family) {
+                    let port = self.udp.ensure((name.clone(), kind, family))?;
+                    udp_ports.insert((kind, family), port);
+                }
             }
         }
-        Ok(rules::elements(sp, sel, &|k| {
-            udp_ports.get(&k).copied().unwrap_or(0)
+        Ok(rules::elements(sp, sel, families, &|k, f| {
+            udp_ports.get(&(k, f)).copied().unwrap_or(0)
         }))
     }
 
@@ -132,10 +175,22 @@ impl UserspaceDataplane {
             all.insert(name.clone(), self.port_elements(state, name)?);
         }
         let refs = cluster_ip_refs(state, state.names());
-        let ips: BTreeSet<Ipv4Addr> = refs.keys().copied().collect();
-        let mut script = format!("table ip {t}\ndelete table ip {t}\n", t = rules::TABLE);
-        script.push_str(&rules::base_table(self.tcp_port));
-        let node = rules::node_elements(&self.cfg.nodeport_ips(), &self.cfg.service_cidrs, &ips);
+        let ips: BTreeSet<IpAddr> = refs.keys().copied().collect();
+        let mut script = String::new();
+        for l in &self.tcp {
+            let fam = rules::nft_family(l.family).0;
+            script.push_str(&format!(
+                "table {fam} {t}\ndelete table {fam} {t}\n",
+                t = rules::TABLE
+            ));
+            script.push_str(&rules::base_table(l.family, l.port));
+        }
+        let node = rules::node_elements(
+            self.served(),
+            &self.cfg.nodeport_ips(),
+            &self.cfg.service_cidrs,
+            &ips,
+        );
         rules::element_commands(&mut script, "add", &node);
         let elems: Vec<Element> = all.values().flatten().cloned().collect();
         rules::element_commands(&mut script, "add", &elems);
@@ -146,7 +201,7 @@ impl UserspaceDataplane {
             table.update(state, name);
         }
         drop(table);
-        self.udp.retain(|(n, _)| {
+        self.udp.retain(|(n, _, _)| {
             state
                 .service(n)
                 .is_some_and(|sp| sp.protocol == Protocol::Udp)
@@ -181,8 +236,9 @@ impl UserspaceDataplane {
             new_programmed.push((name.clone(), new));
         }
         let (gone, came) = self.move_cluster_ip_refs(state, &changes.changed);
-        dels.extend(gone.iter().map(|ip| ("cluster_ips", ip.to_string())));
-        adds.extend(came.iter().map(|ip| ("cluster_ips", ip.to_string())));
+        let served = self.served();
+        dels.extend(rules::node_elements(served, &[], &[], &gone));
+        adds.extend(rules::node_elements(served, &[], &[], &came));
         let mut script = String::new();
         rules::element_commands(&mut script, "delete", &dels);
         rules::element_commands(&mut script, "add", &adds);
@@ -209,7 +265,7 @@ impl UserspaceDataplane {
                 .is_some_and(|sp| sp.protocol == Protocol::Udp)
         };
         self.udp
-            .retain(|(n, _)| !changes.changed.contains(n) || udp_now(n));
+            .retain(|(n, _, _)| !changes.changed.contains(n) || udp_now(n));
         Ok(SyncStats {
             full: false,
             service_ports: state.len(),
@@ -223,19 +279,19 @@ impl UserspaceDataplane {
         &mut self,
         state: &ProxyState,
         changed: &BTreeSet<ServicePortName>,
-    ) -> (BTreeSet<Ipv4Addr>, BTreeSet<Ipv4Addr>) {
+    ) -> (BTreeSet<IpAddr>, BTreeSet<IpAddr>) {
         let old = self.cluster_ip_refs_of(changed);
         let new = cluster_ip_refs(state, changed.iter());
         move_refs(&mut self.cluster_ip_refs, &old, &new)
     }
 
     /// The cluster IPs the currently programmed versions of `names` hold references to.
-    fn cluster_ip_refs_of(&self, names: &BTreeSet<ServicePortName>) -> BTreeMap<Ipv4Addr, usize> {
+    fn cluster_ip_refs_of(&self, names: &BTreeSet<ServicePortName>) -> BTreeMap<IpAddr, usize> {
         let mut refs = BTreeMap::new();
         for name in names {
-            for (set, e) in self.programmed.get(name).into_iter().flatten() {
+            for (_, set, e) in self.programmed.get(name).into_iter().flatten() {
                 if *set == "svc_ports" {
-                    if let Some(ip) = e.split(' ').next().and_then(|s| s.parse::<Ipv4Addr>().ok()) {
+                    if let Some(ip) = e.split(' ').next().and_then(|s| s.parse::<IpAddr>().ok()) {
                         *refs.entry(ip).or_insert(0) += 1;
                     }
                 }
@@ -248,10 +304,10 @@ impl UserspaceDataplane {
 /// Takes `old` references out of `refs` and puts `new` in; returns the addresses nobody holds
 /// any more and those that nobody held before.
 fn move_refs(
-    refs: &mut BTreeMap<Ipv4Addr, usize>,
-    old: &BTreeMap<Ipv4Addr, usize>,
-    new: &BTreeMap<Ipv4Addr, usize>,
-) -> (BTreeSet<Ipv4Addr>, BTreeSet<Ipv4Addr>) {
+    refs: &mut BTreeMap<IpAddr, usize>,
+    old: &BTreeMap<IpAddr, usize>,
+    new: &BTreeMap<IpAddr, usize>,
+) -> (BTreeSet<IpAddr>, BTreeSet<IpAddr>) {
     let (mut gone, mut came) = (BTreeSet::new(), BTreeSet::new());
     for (ip, n) in old {
         let left = refs.get(ip).map_or(0, |r| r.saturating_sub(*n));
@@ -272,11 +328,11 @@ fn move_refs(
     (gone, came)
 }
 
-/// Counts, per IPv4 cluster IP, the service ports that use it.
+/// Counts, per cluster IP, the service ports that use it.
 fn cluster_ip_refs<'a>(
     state: &ProxyState,
     names: impl Iterator<Item = &'a ServicePortName>,
-) -> BTreeMap<Ipv4Addr, usize> {
+) -> BTreeMap<IpAddr, usize> {
     let mut refs = BTreeMap::new();
     for name in names {
         let Some(sp) = state
@@ -286,9 +342,7 @@ fn cluster_ip_refs<'a>(
             continue;
         };
         for ip in &sp.cluster_ips {
-            if let IpAddr::V4(v4) = ip {
-                *refs.entry(*v4).or_insert(0) += 1;
-            }
+            *refs.entry(*ip).or_insert(0) += 1;
         }
     }
     refs
@@ -323,17 +377,21 @@ impl Dataplane for UserspaceDataplane {
     fn live_view(&self) -> Option<Arc<dyn LiveView>> {
         Some(self.shared.balancer.clone())
     }
+
+    fn families(&self) -> &'static [IpFamily] {
+        self.served()
+    }
 }
 
 #[cfg(test)]
 mod refs_tests {
     use super::*;
 
-    fn refs(v: &[(&str, usize)]) -> BTreeMap<Ipv4Addr, usize> {
+    fn refs(v: &[(&str, usize)]) -> BTreeMap<IpAddr, usize> {
         v.iter().map(|(ip, n)| (ip.parse().unwrap(), *n)).collect()
     }
 
-    fn ips(v: &[&str]) -> BTreeSet<Ipv4Addr> {
+    fn ips(v: &[&str]) -> BTreeSet<IpAddr> {
         v.iter().map(|ip| ip.parse().unwrap()).collect()
     }
 

@@ -1,17 +1,19 @@
-//! The TCP listener of the userspace backend: one socket for every TCP Service. nftables redirects
-//! Service traffic here; `SO_ORIGINAL_DST` says which Service was meant. Each connection is spliced
+//! The TCP listeners of the userspace backend: one socket per address family for every TCP
+//! Service. nftables redirects Service traffic here; `SO_ORIGINAL_DST` (`IP6T_SO_ORIGINAL_DST` in
+//! IPv6) says which Service was meant. Each connection is spliced
 //! to an endpoint; an endpoint that refuses is skipped for the next one before the client sees an
 //! error.
 
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use socket2::{Domain, Type};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::balancer::Balancer;
 use super::table::Table;
-use crate::model::Protocol;
+use crate::model::{IpFamily, Protocol};
 use crate::selection::{route, DestKind, EmptyVerdict, NodeContext};
 
 /// How long one endpoint may take to accept before the next one is tried.
@@ -27,12 +29,33 @@ pub struct Shared {
 
 /// The address the client meant, before nftables redirected it.
 fn original_dst(stream: &TcpStream) -> std::io::Result<SocketAddr> {
-    let sin = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::OriginalDst)?;
-    let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-    Ok(SocketAddr::V4(SocketAddrV4::new(
-        ip,
-        u16::from_be(sin.sin_port),
-    )))
+    use nix::sys::socket::{getsockopt, sockopt};
+    if stream.local_addr()?.is_ipv4() {
+        let sin = getsockopt(stream, sockopt::OriginalDst)?;
+        let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+        Ok(SocketAddrV4::new(ip, u16::from_be(sin.sin_port)).into())
+    } else {
+        let sin6 = getsockopt(stream, sockopt::Ip6tOriginalDst)?;
+        let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+        Ok(SocketAddrV6::new(ip, u16::from_be(sin6.sin6_port), 0, 0).into())
+    }
+}
+
+/// A TCP listener of `family` on an ephemeral port (IPv6 only for IPv6: each family's table
+/// redirects to its own listener).
+pub fn bind(family: IpFamily) -> std::io::Result<std::net::TcpListener> {
+    let (domain, any) = match family {
+        IpFamily::V4 => (Domain::IPV4, SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))),
+        IpFamily::V6 => (Domain::IPV6, SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0))),
+    };
+    let sock = socket2::Socket::new(domain, Type::STREAM, None)?;
+    if family == IpFamily::V6 {
+        sock.set_only_v6(true)?;
+    }
+    sock.bind(&any.into())?;
+    sock.listen(4096)?;
+    sock.set_nonblocking(true)?;
+    Ok(sock.into())
 }
 
 /// Whether a LoadBalancer destination accepts this source (loadBalancerSourceRanges, plus the node

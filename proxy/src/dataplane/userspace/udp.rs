@@ -5,13 +5,15 @@
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, SockaddrIn};
+use nix::sys::socket::{
+    self, ControlMessage, ControlMessageOwned, MsgFlags, SockaddrIn, SockaddrIn6, SockaddrStorage,
+};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
@@ -19,51 +21,117 @@ use tokio::sync::mpsc;
 use super::balancer::ActiveGuard;
 use super::tcp::{lb_source_allowed, Shared};
 use crate::error::DataplaneError;
-use crate::model::ServicePortName;
+use crate::model::{IpFamily, ServicePortName};
 use crate::selection::{route, DestKind};
 
-fn recv_pktinfo(
-    fd: RawFd,
-    buf: &mut [u8],
-) -> std::io::Result<(usize, SocketAddrV4, Option<Ipv4Addr>)> {
+/// Receives one datagram with the local address it was sent to (the address nftables redirected
+/// it to), from an IPv4 socket with IP_PKTINFO or an IPv6 one with IPV6_RECVPKTINFO.
+fn recv_pktinfo(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Option<IpAddr>)> {
     let mut iov = [IoSliceMut::new(buf)];
-    let mut cmsg = nix::cmsg_space!(libc::in_pktinfo);
-    let msg = socket::recvmsg::<SockaddrIn>(fd, &mut iov, Some(&mut cmsg), MsgFlags::empty())?;
+    let mut cmsg = nix::cmsg_space!(libc::in6_pktinfo);
+    let msg = socket::recvmsg::<SockaddrStorage>(fd, &mut iov, Some(&mut cmsg), MsgFlags::empty())?;
     let mut local = None;
     for c in msg.cmsgs()? {
-        if let ControlMessageOwned::Ipv4PacketInfo(pi) = c {
-            local = Some(Ipv4Addr::from(u32::from_be(pi.ipi_addr.s_addr)));
+        match c {
+            ControlMessageOwned::Ipv4PacketInfo(pi) => {
+                local = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(pi.ipi_addr.s_addr))));
+            }
+            ControlMessageOwned::Ipv6PacketInfo(pi) => {
+                local = Some(IpAddr::V6(Ipv6Addr::from(pi.ipi6_addr.s6_addr)));
+            }
+            _ => {}
         }
     }
     let from = msg
         .address
+        .and_then(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| SocketAddr::V4((*v4).into()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| SocketAddr::V6((*v6).into())))
+        })
         .ok_or_else(|| std::io::Error::other("datagram without a source address"))?;
-    Ok((msg.bytes, SocketAddrV4::new(from.ip(), from.port()), local))
+    Ok((msg.bytes, from, local))
 }
 
+/// Sends `data` to `to` from the local address `from` (the one the client's datagram arrived
+/// at), so conntrack turns the reply back into the Service address.
 fn send_from(
     fd: RawFd,
     data: &[u8],
-    to: SocketAddrV4,
-    from: Option<Ipv4Addr>,
+    to: SocketAddr,
+    from: Option<IpAddr>,
 ) -> std::io::Result<usize> {
-    let dest = SockaddrIn::from(to);
-    let pi = libc::in_pktinfo {
-        ipi_ifindex: 0,
-        ipi_spec_dst: libc::in_addr {
-            s_addr: u32::from(from.unwrap_or(Ipv4Addr::UNSPECIFIED)).to_be(),
-        },
-        ipi_addr: libc::in_addr { s_addr: 0 },
+    let iov = [IoSlice::new(data)];
+    match (to, from) {
+        (SocketAddr::V4(to), Some(IpAddr::V4(from))) => {
+            let pi = libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: libc::in_addr {
+                    s_addr: u32::from(from).to_be(),
+                },
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            };
+            let cmsg = [ControlMessage::Ipv4PacketInfo(&pi)];
+            Ok(socket::sendmsg(
+                fd,
+                &iov,
+                &cmsg,
+                MsgFlags::empty(),
+                Some(&SockaddrIn::from(to)),
+            )?)
+        }
+        (SocketAddr::V6(to), Some(IpAddr::V6(from))) => {
+            let pi = libc::in6_pktinfo {
+                ipi6_addr: libc::in6_addr {
+                    s6_addr: from.octets(),
+                },
+                ipi6_ifindex: 0,
+            };
+            let cmsg = [ControlMessage::Ipv6PacketInfo(&pi)];
+            Ok(socket::sendmsg(
+                fd,
+                &iov,
+                &cmsg,
+                MsgFlags::empty(),
+                Some(&SockaddrIn6::from(to)),
+            )?)
+        }
+        (SocketAddr::V4(to), _) => Ok(socket::sendmsg(
+            fd,
+            &iov,
+            &[],
+            MsgFlags::empty(),
+            Some(&SockaddrIn::from(to)),
+        )?),
+        (SocketAddr::V6(to), _) => Ok(socket::sendmsg(
+            fd,
+            &iov,
+            &[],
+            MsgFlags::empty(),
+            Some(&SockaddrIn6::from(to)),
+        )?),
+    }
+}
+
+/// A UDP socket of `family` on an ephemeral port that reports each datagram's local address.
+fn bind_listener(family: IpFamily) -> std::io::Result<std::net::UdpSocket> {
+    let sock = match family {
+        IpFamily::V4 => {
+            let sock = std::net::UdpSocket::bind("0.0.0.0:0")?;
+            socket::setsockopt(&sock, socket::sockopt::Ipv4PacketInfo, &true)?;
+            sock
+        }
+        IpFamily::V6 => {
+            let sock = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::DGRAM, None)?;
+            sock.set_only_v6(true)?;
+            sock.bind(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)).into())?;
+            let sock = std::net::UdpSocket::from(sock);
+            socket::setsockopt(&sock, socket::sockopt::Ipv6RecvPacketInfo, &true)?;
+            sock
+        }
     };
-    let with = [ControlMessage::Ipv4PacketInfo(&pi)];
-    let cmsgs: &[ControlMessage] = if from.is_some() { &with } else { &[] };
-    Ok(socket::sendmsg(
-        fd,
-        &[IoSlice::new(data)],
-        cmsgs,
-        MsgFlags::empty(),
-        Some(&dest),
-    )?)
+    sock.set_nonblocking(true)?;
+    Ok(sock)
 }
 
 struct Session {
@@ -80,7 +148,9 @@ impl Drop for Session {
     }
 }
 
-type ListenerKey = (ServicePortName, DestKind);
+/// A service port's destination kind in one family: each has its own socket, which nftables
+/// redirects that family's datagrams to.
+type ListenerKey = (ServicePortName, DestKind, IpFamily);
 
 /// The UDP sockets of every UDP service port.
 pub struct UdpListeners {
@@ -115,12 +185,9 @@ impl UdpListeners {
         if let Some((port, _)) = self.sockets.get(&key) {
             return Ok(*port);
         }
-        let sock = std::net::UdpSocket::bind("0.0.0.0:0")
-            .map_err(|e| DataplaneError::io(format!("binding a UDP socket for {}", key.0), e))?;
-        socket::setsockopt(&sock, socket::sockopt::Ipv4PacketInfo, &true)
-            .map_err(|e| DataplaneError::io("setting IP_PKTINFO", e.into()))?;
-        sock.set_nonblocking(true)
-            .map_err(|e| DataplaneError::io("setting a UDP socket non-blocking", e))?;
+        let sock = bind_listener(key.2).map_err(|e| {
+            DataplaneError::io(format!("opening an {} UDP socket for {}", key.2, key.0), e)
+        })?;
         let port = sock
             .local_addr()
             .map_err(|e| DataplaneError::io("reading a UDP socket's port", e))?
@@ -168,8 +235,8 @@ impl ListenerCtx {
     }
 
     async fn serve(self) {
-        let mut sessions: HashMap<SocketAddrV4, Session> = HashMap::new();
-        let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<(SocketAddrV4, SocketAddr)>();
+        let mut sessions: HashMap<SocketAddr, Session> = HashMap::new();
+        let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<(SocketAddr, SocketAddr)>();
         let mut buf = vec![0u8; 65536];
         let fd = self.sock.as_raw_fd();
         loop {
@@ -189,11 +256,11 @@ impl ListenerCtx {
 
     async fn datagram(
         &self,
-        sessions: &mut HashMap<SocketAddrV4, Session>,
-        ended: &mpsc::UnboundedSender<(SocketAddrV4, SocketAddr)>,
+        sessions: &mut HashMap<SocketAddr, Session>,
+        ended: &mpsc::UnboundedSender<(SocketAddr, SocketAddr)>,
         data: &[u8],
-        client: SocketAddrV4,
-        local: Option<Ipv4Addr>,
+        client: SocketAddr,
+        local: Option<IpAddr>,
     ) {
         let Some(entry) = self
             .shared
@@ -205,7 +272,7 @@ impl ListenerCtx {
             return;
         };
         let kind = self.key.1;
-        let src = std::net::IpAddr::V4(*client.ip());
+        let src = client.ip();
         if kind == DestKind::LoadBalancer
             && !entry
                 .svc
@@ -244,12 +311,16 @@ impl ListenerCtx {
 
     async fn open_session(
         &self,
-        client: SocketAddrV4,
-        local: Option<Ipv4Addr>,
+        client: SocketAddr,
+        local: Option<IpAddr>,
         endpoint: SocketAddr,
-        ended: mpsc::UnboundedSender<(SocketAddrV4, SocketAddr)>,
+        ended: mpsc::UnboundedSender<(SocketAddr, SocketAddr)>,
     ) -> std::io::Result<Session> {
-        let upstream = Arc::new(UdpSocket::bind("0.0.0.0:0").await?);
+        let any: SocketAddr = match endpoint {
+            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+        };
+        let upstream = Arc::new(UdpSocket::bind(any).await?);
         upstream.connect(endpoint).await?;
         let last = Arc::new(AtomicU64::new(self.now_ms()));
         let (up, listener, idle, epoch, l) = (
