@@ -5,8 +5,10 @@
 //! `aya::Pod` so userspace can put them into maps.
 //!
 //! Addresses are `[u32; 4]` in network byte order: an IPv4 address fills word 0 and leaves the
-//! other words zero (the `family` fields tell them apart), so IPv6 needs no new layout. Ports are
-//! in network byte order too, as the kernel hands them to the programs.
+//! other words zero, an IPv6 address fills all four. The `family` fields tell them apart, and a
+//! frontend key carries [`SCOPE_V6`] in its scope, so an IPv6 address whose last 96 bits are zero
+//! never shares a key with an IPv4 one. Ports are in network byte order too, as the kernel hands
+//! them to the programs.
 //!
 //! The maps (names as the eBPF object declares them, all pinned by name):
 //!
@@ -23,6 +25,7 @@
 //! | `KPR_UDP_FWD` | LRU hash | [`RevNatKey`] (socket, service) | [`SockBackend`] |
 //! | `KPR_CT` | LRU hash | [`CtKey`] | [`CtValue`] (tc path) |
 //! | `KPR_CONFIG` | array (1) | 0 | [`NodeConfig`] (tc path) |
+//! | `KPR_CONFIG6` | array (1) | 0 | [`NodeConfig6`] (IPv6) |
 //! | `KPR_SRC_RANGES` | LPM trie | prefix length + [`SrcRangeKey`] | `u8` (1: allowed) |
 #![no_std]
 
@@ -39,6 +42,8 @@ pub const FAMILY_V6: u8 = 10;
 pub const SCOPE_SOCKET: u8 = 0;
 /// [`ServiceKey::scope`]: the frontend as traffic from outside the node sees it (tc program).
 pub const SCOPE_EXTERNAL: u8 = 1;
+/// [`ServiceKey::scope`] bit: the frontend's address is IPv6 (ORed into either scope).
+pub const SCOPE_V6: u8 = 1 << 1;
 
 /// [`ServiceValue::algorithm`] values.
 pub const ALG_ROUND_ROBIN: u8 = 0;
@@ -82,7 +87,7 @@ pub struct ServiceKey {
     /// Network byte order.
     pub port: u16,
     pub proto: u8,
-    /// [`SCOPE_SOCKET`] or [`SCOPE_EXTERNAL`].
+    /// [`SCOPE_SOCKET`] or [`SCOPE_EXTERNAL`], with [`SCOPE_V6`] for an IPv6 address.
     pub scope: u8,
 }
 
@@ -229,6 +234,19 @@ pub struct NodeConfig {
     pub host_netns: u64,
 }
 
+/// Node-wide settings of IPv6, written by the agent (a map of its own, so that maps pinned by an
+/// agent without IPv6 keep their layout).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeConfig6 {
+    /// The address masqueraded IPv6 traffic gets as its source (all zero: not masqueraded).
+    pub masq_addr: [u32; 4],
+    /// The IPv6 `--service-cluster-ip-range`: network and mask, network byte order (mask all
+    /// zero: no range).
+    pub svc_net: [u32; 4],
+    pub svc_mask: [u32; 4],
+}
+
 /// The data of a `KPR_SRC_RANGES` key: a tc frontend (scope [`SCOPE_EXTERNAL`]), matched
 /// exactly ([`SRC_RANGE_FRONTEND_BITS`]), then a source address, matched by prefix.
 #[repr(C)]
@@ -263,6 +281,7 @@ mod pod {
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtValue {}
     unsafe impl aya::Pod for NodeConfig {}
+    unsafe impl aya::Pod for NodeConfig6 {}
     unsafe impl aya::Pod for SrcRangeKey {}
 }
 
@@ -287,6 +306,7 @@ mod tests {
         assert_eq!(size_of::<CtKey>(), 16 + 16 + 2 + 2 + 1 + 1 + 2);
         assert_eq!(size_of::<CtValue>(), 16 + 16 + 2 + 2 + 4 + 8 + 4 + 4);
         assert_eq!(size_of::<NodeConfig>(), 16 + 4 + 4 + 8);
+        assert_eq!(size_of::<NodeConfig6>(), 16 * 3);
         assert_eq!(size_of::<SrcRangeKey>(), 20 + 16);
         assert_eq!(
             SRC_RANGE_FRONTEND_BITS as usize,

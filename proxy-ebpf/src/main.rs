@@ -1,8 +1,9 @@
 //! kpr's eBPF programs. Only execution lives here: which endpoints a kind of traffic may use is
 //! decided in userspace (`proxy::selection`) and written into the maps (`maps`).
 //!
-//! Programs: `kpr_connect4`, `kpr_sendmsg4`, `kpr_recvmsg4`, `kpr_getpeername4` (cgroup sock_addr)
-//! and `kpr_sock_release` (cgroup sock); `kpr_tc_ingress` (tc clsact ingress).
+//! Programs: `kpr_connect4`, `kpr_sendmsg4`, `kpr_recvmsg4`, `kpr_getpeername4` and their IPv6
+//! twins `kpr_connect6`, `kpr_sendmsg6`, `kpr_recvmsg6`, `kpr_getpeername6` (cgroup sock_addr),
+//! `kpr_sock_release` (cgroup sock); `kpr_tc_ingress` (tc clsact ingress, both families).
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
@@ -24,22 +25,42 @@ use aya_ebpf::{
 
 #[cgroup_sock_addr(connect4)]
 pub fn kpr_connect4(ctx: SockAddrContext) -> i32 {
-    sock::translate(&ctx, ctx.sock_addr, sock::Mode::Connect)
+    sock::translate::<false, _>(&ctx, ctx.sock_addr, sock::Mode::Connect)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn kpr_sendmsg4(ctx: SockAddrContext) -> i32 {
-    sock::translate(&ctx, ctx.sock_addr, sock::Mode::Sendmsg)
+    sock::translate::<false, _>(&ctx, ctx.sock_addr, sock::Mode::Sendmsg)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn kpr_recvmsg4(ctx: SockAddrContext) -> i32 {
-    sock::reverse(&ctx, ctx.sock_addr)
+    sock::reverse::<false, _>(&ctx, ctx.sock_addr)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn kpr_getpeername4(ctx: SockAddrContext) -> i32 {
-    sock::reverse(&ctx, ctx.sock_addr)
+    sock::reverse::<false, _>(&ctx, ctx.sock_addr)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn kpr_connect6(ctx: SockAddrContext) -> i32 {
+    sock::translate::<true, _>(&ctx, ctx.sock_addr, sock::Mode::Connect)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn kpr_sendmsg6(ctx: SockAddrContext) -> i32 {
+    sock::translate::<true, _>(&ctx, ctx.sock_addr, sock::Mode::Sendmsg)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn kpr_recvmsg6(ctx: SockAddrContext) -> i32 {
+    sock::reverse::<true, _>(&ctx, ctx.sock_addr)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn kpr_getpeername6(ctx: SockAddrContext) -> i32 {
+    sock::reverse::<true, _>(&ctx, ctx.sock_addr)
 }
 
 #[cgroup_sock(sock_release)]

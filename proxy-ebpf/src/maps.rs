@@ -8,8 +8,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, NodeConfig, RevNatKey,
-    RevNatValue, ServiceKey, ServiceValue, SlotKey, SockBackend, SrcRangeKey,
+    AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, NodeConfig, NodeConfig6,
+    RevNatKey, RevNatValue, ServiceKey, ServiceValue, SlotKey, SockBackend, SrcRangeKey,
 };
 
 #[map]
@@ -52,6 +52,10 @@ pub static KPR_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(262_144, 0);
 /// Node-wide settings of the tc path (index 0).
 #[map]
 pub static KPR_CONFIG: Array<NodeConfig> = Array::pinned(1, 0);
+
+/// Node-wide settings of IPv6 (index 0).
+#[map]
+pub static KPR_CONFIG6: Array<NodeConfig6> = Array::pinned(1, 0);
 
 /// loadBalancerSourceRanges: (tc frontend, source prefix) -> allowed.
 #[map]

@@ -1,5 +1,11 @@
 //! The cgroup socket programs' logic: translate a service address to a backend at `connect()` /
 //! `sendmsg()`, translate it back for `recvmsg()` / `getpeername()`, and account open sockets.
+//!
+//! One body serves both families: `V6` selects the context's address field (`user_ip4` or
+//! `user_ip6`; the verifier lets each program touch only its own family's), and is a constant of
+//! each program, so the other family's code is not in it. An IPv6 socket that reaches an IPv4
+//! Service through a v4-mapped address (`::ffff:10.96.0.10`, a dual-stack socket) is translated
+//! as IPv4 and given the backend's v4-mapped address.
 
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -9,12 +15,14 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use proxy_common::{
     AffinityKey, Backend, RevNatKey, RevNatValue, ServiceKey, ServiceValue, SockBackend,
-    CLIENT_NETNS, PROTO_SCTP, PROTO_TCP, PROTO_UDP, SCOPE_SOCKET, SVC_F_DROP_EMPTY,
+    CLIENT_NETNS, PROTO_SCTP, PROTO_TCP, PROTO_UDP, SCOPE_SOCKET, SCOPE_V6, SVC_F_DROP_EMPTY,
     SVC_F_SOURCE_RANGES,
 };
 
 use crate::lb;
-use crate::maps::{KPR_BACKENDS, KPR_CONFIG, KPR_REVNAT, KPR_SERVICES, KPR_SOCKS, KPR_UDP_FWD};
+use crate::maps::{
+    KPR_BACKENDS, KPR_CONFIG, KPR_CONFIG6, KPR_REVNAT, KPR_SERVICES, KPR_SOCKS, KPR_UDP_FWD,
+};
 
 /// Let the syscall proceed.
 pub const ALLOW: i32 = 1;
@@ -38,24 +46,72 @@ struct Request {
     cookie: u64,
 }
 
-/// connect4 / sendmsg4: rewrite a service destination to a backend.
+/// Word 2 of a v4-mapped IPv6 address (`::ffff:0:0/96`) as the context holds it.
+const V4_MAPPED: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+/// The address a socket program sees, as the maps key it: an IPv4 address (also a v4-mapped one
+/// in an IPv6 program) in word 0, else the IPv6 address; and whether it is IPv6.
 #[inline(always)]
-pub fn translate<C: EbpfContext>(ctx: &C, sa: *mut bpf_sock_addr, mode: Mode) -> i32 {
+fn user_addr<const V6: bool>(sa: &bpf_sock_addr) -> ([u32; 4], bool) {
+    if !V6 {
+        return ([sa.user_ip4, 0, 0, 0], false);
+    }
+    let a = sa.user_ip6;
+    if a[0] == 0 && a[1] == 0 && a[2] == V4_MAPPED {
+        ([a[3], 0, 0, 0], false)
+    } else {
+        (a, true)
+    }
+}
+
+/// Writes `addr` (as [`user_addr`] returned it) back into the context.
+#[inline(always)]
+fn set_user_addr<const V6: bool>(sa: &mut bpf_sock_addr, addr: [u32; 4], v6: bool) {
+    if !V6 {
+        sa.user_ip4 = addr[0];
+        return;
+    }
+    let words = if v6 { addr } else { [0, 0, V4_MAPPED, addr[0]] };
+    // One 4-byte store per word at its own offset: a whole-array assignment becomes a copy loop
+    // through a moved context pointer, which the verifier refuses ("dereference of modified ctx
+    // ptr").
+    let dst = &raw mut sa.user_ip6;
+    // SAFETY: `dst` points into the context the kernel passed, valid for the program's run.
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*dst)[0], words[0]);
+        core::ptr::write_volatile(&raw mut (*dst)[1], words[1]);
+        core::ptr::write_volatile(&raw mut (*dst)[2], words[2]);
+        core::ptr::write_volatile(&raw mut (*dst)[3], words[3]);
+    }
+}
+
+/// connect4/6 / sendmsg4/6: rewrite a service destination to a backend.
+#[inline(always)]
+pub fn translate<const V6: bool, C: EbpfContext>(
+    ctx: &C,
+    sa: *mut bpf_sock_addr,
+    mode: Mode,
+) -> i32 {
     // SAFETY: the kernel passes a valid bpf_sock_addr for the program's run.
     let sa = unsafe { &mut *sa };
     let proto = sa.protocol as u8;
     if proto != PROTO_TCP && proto != PROTO_UDP && proto != PROTO_SCTP {
         return ALLOW;
     }
+    let (addr, v6) = user_addr::<V6>(sa);
     let key = ServiceKey {
-        addr: [sa.user_ip4, 0, 0, 0],
+        addr,
         port: sa.user_port as u16,
         proto,
-        scope: SCOPE_SOCKET,
+        scope: if v6 {
+            SCOPE_SOCKET | SCOPE_V6
+        } else {
+            SCOPE_SOCKET
+        },
     };
     // SAFETY: the value is copied out at once.
     let Some(svc) = (unsafe { KPR_SERVICES.get(key).copied() }) else {
-        return not_a_frontend(&key);
+        return not_a_frontend(&key, v6);
     };
     // loadBalancerSourceRanges: the node itself is allowed; a pod's source address is not known
     // yet at connect(), so its connection goes out untranslated and the tc program on the node's
@@ -70,7 +126,7 @@ pub fn translate<C: EbpfContext>(ctx: &C, sa: *mut bpf_sock_addr, mode: Mode) ->
         return refuse(&svc);
     };
     remember_reverse(&req, &backend);
-    sa.user_ip4 = backend.addr[0];
+    set_user_addr::<V6>(sa, backend.addr, v6);
     sa.user_port = u32::from(backend.port);
     ALLOW
 }
@@ -194,42 +250,62 @@ fn refuse(svc: &ServiceValue) -> i32 {
 /// (ECONNREFUSED), an unallocated address of the service range fails (EPERM, the socket-level
 /// "drop"), anything else is left alone.
 #[inline(always)]
-fn not_a_frontend(key: &ServiceKey) -> i32 {
+fn not_a_frontend(key: &ServiceKey, v6: bool) -> i32 {
     let marker = ServiceKey {
         addr: key.addr,
         port: 0,
         proto: 0,
-        scope: SCOPE_SOCKET,
+        scope: key.scope,
     };
     if KPR_SERVICES.get_ptr(marker).is_some() {
         // SAFETY: helper valid for cgroup programs (kernel >= 5.18).
         unsafe { bpf_set_retval(-ECONNREFUSED) };
         return DENY;
     }
-    if let Some(cfg) = KPR_CONFIG.get(0) {
-        if cfg.svc_mask != 0 && key.addr[0] & cfg.svc_mask == cfg.svc_net {
-            return DENY;
-        }
+    if in_service_range(&key.addr, v6) {
+        return DENY;
     }
     ALLOW
 }
 
-/// recvmsg4 / getpeername4: show the service address instead of the backend's.
+/// Whether `addr` lies in the `--service-cluster-ip-range` of its family.
 #[inline(always)]
-pub fn reverse<C: EbpfContext>(ctx: &C, sa: *mut bpf_sock_addr) -> i32 {
+fn in_service_range(addr: &[u32; 4], v6: bool) -> bool {
+    if !v6 {
+        return match KPR_CONFIG.get(0) {
+            Some(cfg) => cfg.svc_mask != 0 && addr[0] & cfg.svc_mask == cfg.svc_net,
+            None => false,
+        };
+    }
+    let Some(cfg) = KPR_CONFIG6.get(0) else {
+        return false;
+    };
+    let m = cfg.svc_mask;
+    let n = cfg.svc_net;
+    (m[0] | m[1] | m[2] | m[3]) != 0
+        && addr[0] & m[0] == n[0]
+        && addr[1] & m[1] == n[1]
+        && addr[2] & m[2] == n[2]
+        && addr[3] & m[3] == n[3]
+}
+
+/// recvmsg4/6 / getpeername4/6: show the service address instead of the backend's.
+#[inline(always)]
+pub fn reverse<const V6: bool, C: EbpfContext>(ctx: &C, sa: *mut bpf_sock_addr) -> i32 {
     // SAFETY: as in `translate`.
     let sa = unsafe { &mut *sa };
     // SAFETY: as in `translate`.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let (addr, v6) = user_addr::<V6>(sa);
     let key = RevNatKey {
         cookie,
-        addr: [sa.user_ip4, 0, 0, 0],
+        addr,
         port: sa.user_port as u16,
         _pad: [0; 6],
     };
     // SAFETY: copied out at once.
     if let Some(orig) = unsafe { KPR_REVNAT.get(key).copied() } {
-        sa.user_ip4 = orig.addr[0];
+        set_user_addr::<V6>(sa, orig.addr, v6);
         sa.user_port = u32::from(orig.port);
     }
     ALLOW

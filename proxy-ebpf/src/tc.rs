@@ -11,38 +11,268 @@
 //! reset / port unreachable. A LoadBalancer frontend with loadBalancerSourceRanges drops new flows
 //! from sources outside them (`KPR_SRC_RANGES`); pods' connections to it arrive here too, as the
 //! socket path leaves them untranslated.
+//!
+//! One body serves both families, instantiated per family (`V6`) at the top: IPv4, and IPv6 whose
+//! transport header follows the fixed header (a packet with extension headers is left to the
+//! stack). IPv6 has no header checksum; its addresses enter the transport checksum through
+//! `bpf_csum_diff`.
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT},
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh},
+    helpers::{
+        bpf_csum_diff, bpf_fib_lookup as fib_lookup, bpf_ktime_get_ns, bpf_redirect,
+        bpf_redirect_neigh,
+    },
     maps::lpm_trie::Key,
     programs::TcContext,
     EbpfContext,
 };
 use proxy_common::{
     AffinityKey, CtKey, CtValue, ServiceKey, SrcRangeKey, CLIENT_ADDR, CT_F_REPLY, CT_F_SNAT,
-    FAMILY_V4, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SRC_RANGE_FRONTEND_BITS, SVC_F_DROP_EMPTY,
-    SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES,
+    FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SCOPE_V6, SRC_RANGE_FRONTEND_BITS,
+    SVC_F_DROP_EMPTY, SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES,
 };
 
 use crate::lb;
-use crate::maps::{KPR_BACKENDS, KPR_CONFIG, KPR_CT, KPR_SERVICES, KPR_SRC_RANGES};
+use crate::maps::{KPR_BACKENDS, KPR_CONFIG, KPR_CONFIG6, KPR_CT, KPR_SERVICES, KPR_SRC_RANGES};
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
 const IP_CSUM_OFF: usize = ETH_HLEN + 10;
 const IP_SRC_OFF: usize = ETH_HLEN + 12;
 const IP_DST_OFF: usize = ETH_HLEN + 16;
+const IP6_NEXTHDR_OFF: usize = ETH_HLEN + 6;
+const IP6_SRC_OFF: usize = ETH_HLEN + 8;
+const IP6_DST_OFF: usize = ETH_HLEN + 24;
+const IP6_HLEN: usize = 40;
 const TCP_FLAG_SYN: u8 = 0x02;
 const TCP_FLAG_ACK: u8 = 0x10;
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
 const FIB_SUCCESS: i64 = 0;
 const FIB_NO_NEIGH: i64 = 7;
 
-/// The 5-tuple of an IPv4 TCP/UDP packet and where its L4 header is.
-struct Packet {
-    saddr: u32,
-    daddr: u32,
+/// What differs between the families, so that the IPv4 path works on a `u32` address as it
+/// always did (its verification cost is the least-connection loop's, once) and IPv6 on four
+/// words: each family is its own instantiation of the code below.
+trait Fam {
+    type Addr: Copy;
+    const FAMILY: u8;
+    /// The frontend scope of traffic from outside, with the family's bit.
+    const SCOPE: u8;
+    const SRC_OFF: usize;
+    const DST_OFF: usize;
+    /// Address bits (the source part of a `KPR_SRC_RANGES` key).
+    const BITS: u32;
+    /// The address as the maps hold it.
+    fn words(a: Self::Addr) -> [u32; 4];
+    fn from_words(w: [u32; 4]) -> Self::Addr;
+    /// Equality and zero tests with one branch each: every branch on map-loaded data after the
+    /// least-connection loop is walked once per state that leaves the loop.
+    fn same(a: Self::Addr, b: Self::Addr) -> bool;
+    fn is_zero(a: Self::Addr) -> bool;
+    /// The protocol, L4 offset and addresses of a TCP/UDP packet of the family.
+    fn parse(ctx: &TcContext) -> Result<Option<Header<Self::Addr>>, i64>;
+    /// Rewrites one address with the checksums it is part of.
+    fn set_addr(
+        ctx: &TcContext,
+        pkt: &Packet<Self>,
+        off: usize,
+        old: Self::Addr,
+        new: Self::Addr,
+    ) -> Result<(), i64>
+    where
+        Self: Sized;
+    /// Fills the family, source and destination of a FIB lookup.
+    fn fib(p: &mut bpf_fib_lookup, src: Self::Addr, dst: Self::Addr);
+    /// The masquerade source (zero: none configured).
+    fn masquerade_addr() -> Self::Addr;
+}
+
+struct V4;
+struct V6;
+
+/// What a family's header says: (protocol, L4 offset, source, destination).
+type Header<A> = (u8, usize, A, A);
+
+impl Fam for V4 {
+    type Addr = u32;
+    const FAMILY: u8 = FAMILY_V4;
+    const SCOPE: u8 = SCOPE_EXTERNAL;
+    const SRC_OFF: usize = IP_SRC_OFF;
+    const DST_OFF: usize = IP_DST_OFF;
+    const BITS: u32 = 32;
+
+    #[inline(always)]
+    fn words(a: u32) -> [u32; 4] {
+        [a, 0, 0, 0]
+    }
+
+    #[inline(always)]
+    fn from_words(w: [u32; 4]) -> u32 {
+        w[0]
+    }
+
+    #[inline(always)]
+    fn same(a: u32, b: u32) -> bool {
+        a == b
+    }
+
+    #[inline(always)]
+    fn is_zero(a: u32) -> bool {
+        a == 0
+    }
+
+    #[inline(always)]
+    fn parse(ctx: &TcContext) -> Result<Option<Header<u32>>, i64> {
+        let vihl: u8 = ctx.load(ETH_HLEN)?;
+        if vihl >> 4 != 4 {
+            return Ok(None);
+        }
+        let frag: u16 = ctx.load(ETH_HLEN + 6)?;
+        // A non-first fragment has no L4 header; more-fragments packets are left to the stack too.
+        if u16::from_be(frag) & 0x3fff != 0 {
+            return Ok(None);
+        }
+        let proto: u8 = ctx.load(ETH_HLEN + 9)?;
+        if proto != PROTO_TCP && proto != PROTO_UDP {
+            return Ok(None);
+        }
+        let l4 = ETH_HLEN + ((vihl & 0x0f) as usize) * 4;
+        Ok(Some((
+            proto,
+            l4,
+            ctx.load(IP_SRC_OFF)?,
+            ctx.load(IP_DST_OFF)?,
+        )))
+    }
+
+    #[inline(always)]
+    fn set_addr(
+        ctx: &TcContext,
+        pkt: &Packet<V4>,
+        off: usize,
+        old: u32,
+        new: u32,
+    ) -> Result<(), i64> {
+        if old == new {
+            return Ok(());
+        }
+        let flags = BPF_F_PSEUDO_HDR as u64 | l4_flags(pkt.proto) | 4;
+        ctx.l4_csum_replace(pkt.csum_off(), old as u64, new as u64, flags)?;
+        ctx.l3_csum_replace(IP_CSUM_OFF, old as u64, new as u64, 4)?;
+        ctx.store(off, &new, 0)?;
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn fib(p: &mut bpf_fib_lookup, src: u32, dst: u32) {
+        p.family = AF_INET;
+        p.__bindgen_anon_3.ipv4_src = src;
+        p.__bindgen_anon_4.ipv4_dst = dst;
+    }
+
+    #[inline(always)]
+    fn masquerade_addr() -> u32 {
+        match KPR_CONFIG.get(0) {
+            Some(c) => c.masq_addr[0],
+            None => 0,
+        }
+    }
+}
+
+impl Fam for V6 {
+    type Addr = [u32; 4];
+    const FAMILY: u8 = FAMILY_V6;
+    const SCOPE: u8 = SCOPE_EXTERNAL | SCOPE_V6;
+    const SRC_OFF: usize = IP6_SRC_OFF;
+    const DST_OFF: usize = IP6_DST_OFF;
+    const BITS: u32 = 128;
+
+    #[inline(always)]
+    fn words(a: [u32; 4]) -> [u32; 4] {
+        a
+    }
+
+    #[inline(always)]
+    fn from_words(w: [u32; 4]) -> [u32; 4] {
+        w
+    }
+
+    #[inline(always)]
+    fn same(a: [u32; 4], b: [u32; 4]) -> bool {
+        ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0
+    }
+
+    #[inline(always)]
+    fn is_zero(a: [u32; 4]) -> bool {
+        (a[0] | a[1] | a[2] | a[3]) == 0
+    }
+
+    #[inline(always)]
+    fn parse(ctx: &TcContext) -> Result<Option<Header<[u32; 4]>>, i64> {
+        let vtc: u8 = ctx.load(ETH_HLEN)?;
+        if vtc >> 4 != 6 {
+            return Ok(None);
+        }
+        // Only a transport header right after the fixed header: extension headers (fragments
+        // among them) are left to the stack.
+        let proto: u8 = ctx.load(IP6_NEXTHDR_OFF)?;
+        if proto != PROTO_TCP && proto != PROTO_UDP {
+            return Ok(None);
+        }
+        let saddr: [u32; 4] = ctx.load(IP6_SRC_OFF)?;
+        let daddr: [u32; 4] = ctx.load(IP6_DST_OFF)?;
+        Ok(Some((proto, ETH_HLEN + IP6_HLEN, saddr, daddr)))
+    }
+
+    #[inline(always)]
+    fn set_addr(
+        ctx: &TcContext,
+        pkt: &Packet<V6>,
+        off: usize,
+        old: [u32; 4],
+        new: [u32; 4],
+    ) -> Result<(), i64> {
+        if Self::same(old, new) {
+            return Ok(());
+        }
+        let mut from = old;
+        let mut to = new;
+        // SAFETY: both buffers are 16-byte stack arrays that live across the call.
+        let diff = unsafe { bpf_csum_diff(from.as_mut_ptr(), 16, to.as_mut_ptr(), 16, 0) };
+        if diff < 0 {
+            return Err(diff);
+        }
+        // IPv6 has no header checksum; size 0: `diff` is a checksum difference already, folded
+        // into the transport checksum's pseudo-header part.
+        let flags = BPF_F_PSEUDO_HDR as u64 | l4_flags(pkt.proto);
+        ctx.l4_csum_replace(pkt.csum_off(), 0, diff as u64, flags)?;
+        ctx.store(off, &new, 0)?;
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn fib(p: &mut bpf_fib_lookup, src: [u32; 4], dst: [u32; 4]) {
+        p.family = AF_INET6;
+        p.__bindgen_anon_3.ipv6_src = src;
+        p.__bindgen_anon_4.ipv6_dst = dst;
+    }
+
+    #[inline(always)]
+    fn masquerade_addr() -> [u32; 4] {
+        match KPR_CONFIG6.get(0) {
+            Some(c) => c.masq_addr,
+            None => [0; 4],
+        }
+    }
+}
+
+/// The 5-tuple of a TCP/UDP packet and where its L4 header is.
+struct Packet<F: Fam> {
+    saddr: F::Addr,
+    daddr: F::Addr,
     sport: u16,
     dport: u16,
     proto: u8,
@@ -50,15 +280,16 @@ struct Packet {
     tcp_flags: u8,
 }
 
-impl Packet {
+impl<F: Fam> Packet<F> {
+    #[inline(always)]
     fn key(&self) -> CtKey {
         CtKey {
-            saddr: [self.saddr, 0, 0, 0],
-            daddr: [self.daddr, 0, 0, 0],
+            saddr: F::words(self.saddr),
+            daddr: F::words(self.daddr),
             sport: self.sport,
             dport: self.dport,
             proto: self.proto,
-            family: FAMILY_V4,
+            family: F::FAMILY,
             _pad: [0; 2],
         }
     }
@@ -74,19 +305,24 @@ impl Packet {
 
 #[inline(always)]
 pub fn ingress(ctx: &TcContext) -> i32 {
-    match try_ingress(ctx) {
-        Ok(action) => action,
-        Err(_) => TC_ACT_OK,
-    }
+    let Ok(eth_proto) = ctx.load::<u16>(12) else {
+        return TC_ACT_OK;
+    };
+    let r = match u16::from_be(eth_proto) {
+        ETH_P_IP => try_ingress::<V4>(ctx),
+        ETH_P_IPV6 => try_ingress::<V6>(ctx),
+        _ => return TC_ACT_OK,
+    };
+    r.unwrap_or(TC_ACT_OK)
 }
 
-fn try_ingress(ctx: &TcContext) -> Result<i32, i64> {
-    let Some(pkt) = parse(ctx)? else {
+fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
+    let Some(pkt) = parse::<F>(ctx)? else {
         return Ok(TC_ACT_OK);
     };
     // SAFETY: copied out at once.
     if let Some(ct) = unsafe { KPR_CT.get(pkt.key()).copied() } {
-        if !stale_udp(&pkt, &ct) {
+        if !stale_udp(pkt.proto, &ct) {
             touch(&pkt);
             apply(ctx, &pkt, &ct)?;
             return forward(ctx, &pkt, &ct);
@@ -101,10 +337,10 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, i64> {
         return Ok(TC_ACT_OK);
     }
     let key = ServiceKey {
-        addr: [pkt.daddr, 0, 0, 0],
+        addr: F::words(pkt.daddr),
         port: pkt.dport,
         proto: pkt.proto,
-        scope: SCOPE_EXTERNAL,
+        scope: F::SCOPE,
     };
     // SAFETY: copied out at once.
     let Some(svc) = (unsafe { KPR_SERVICES.get(key).copied() }) else {
@@ -113,12 +349,12 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, i64> {
     // Looked up whether the frontend is guarded or not: a lookup on one path only leaves the
     // verifier two stack layouts that it cannot merge, and it then walks everything after this
     // (the least-connection loop) twice, past its 1M instruction limit.
-    let allowed = source_allowed(&key, pkt.saddr);
+    let allowed = source_allowed::<F>(&key, pkt.saddr);
     if svc.flags & SVC_F_SOURCE_RANGES != 0 && !allowed {
         return Ok(TC_ACT_SHOT);
     }
     let client = AffinityKey {
-        client: [pkt.saddr, 0, 0, 0],
+        client: F::words(pkt.saddr),
         set_id: svc.set_id,
         kind: CLIENT_ADDR,
         _pad: [0; 3],
@@ -135,36 +371,44 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, i64> {
     };
     lb::count_connection(id, false);
     let masq = if svc.flags & SVC_F_MASQUERADE != 0 {
-        masquerade_addr()
+        F::masquerade_addr()
     } else {
-        0
+        F::from_words([0; 4])
     };
-    let fwd = open_flow(&pkt, backend.addr[0], backend.port, masq, id);
+    let fwd = open_flow(&pkt, F::from_words(backend.addr), backend.port, masq, id);
     apply(ctx, &pkt, &fwd)?;
     forward(ctx, &pkt, &fwd)
 }
 
 /// Whether loadBalancerSourceRanges admit `saddr` to `frontend`.
 #[inline(always)]
-fn source_allowed(frontend: &ServiceKey, saddr: u32) -> bool {
+fn source_allowed<F: Fam>(frontend: &ServiceKey, saddr: F::Addr) -> bool {
     let key = Key::new(
-        SRC_RANGE_FRONTEND_BITS + 32,
+        SRC_RANGE_FRONTEND_BITS + F::BITS,
         SrcRangeKey {
             frontend: *frontend,
-            src: [saddr, 0, 0, 0],
+            src: F::words(saddr),
         },
     );
     KPR_SRC_RANGES.get(&key).is_some()
 }
 
-/// Records both directions of a new flow and returns the forward entry.
+/// Records both directions of a new flow and returns the forward entry (`masq` zero: not
+/// masqueraded).
 #[inline(always)]
-fn open_flow(pkt: &Packet, baddr: u32, bport: u16, masq: u32, id: u32) -> CtValue {
+fn open_flow<F: Fam>(
+    pkt: &Packet<F>,
+    baddr: F::Addr,
+    bport: u16,
+    masq: F::Addr,
+    id: u32,
+) -> CtValue {
     let now = now_ns();
-    let snat = if masq != 0 { CT_F_SNAT } else { 0 };
+    let masqueraded = !F::is_zero(masq);
+    let snat = if masqueraded { CT_F_SNAT } else { 0 };
     let fwd = CtValue {
-        nat_addr: [baddr, 0, 0, 0],
-        snat_addr: [masq, 0, 0, 0],
+        nat_addr: F::words(baddr),
+        snat_addr: F::words(masq),
         nat_port: bport,
         snat_port: pkt.sport,
         backend_id: id,
@@ -173,17 +417,17 @@ fn open_flow(pkt: &Packet, baddr: u32, bport: u16, masq: u32, id: u32) -> CtValu
         _pad: 0,
     };
     let reply_key = CtKey {
-        saddr: [baddr, 0, 0, 0],
-        daddr: [if masq != 0 { masq } else { pkt.saddr }, 0, 0, 0],
+        saddr: F::words(baddr),
+        daddr: F::words(if masqueraded { masq } else { pkt.saddr }),
         sport: bport,
         dport: pkt.sport,
         proto: pkt.proto,
-        family: FAMILY_V4,
+        family: F::FAMILY,
         _pad: [0; 2],
     };
     let reply = CtValue {
-        nat_addr: [pkt.daddr, 0, 0, 0],
-        snat_addr: [pkt.saddr, 0, 0, 0],
+        nat_addr: F::words(pkt.daddr),
+        snat_addr: F::words(pkt.saddr),
         nat_port: pkt.dport,
         snat_port: pkt.sport,
         backend_id: id,
@@ -198,14 +442,14 @@ fn open_flow(pkt: &Packet, baddr: u32, bport: u16, masq: u32, id: u32) -> CtValu
 
 /// A forward UDP entry whose backend no longer exists.
 #[inline(always)]
-fn stale_udp(pkt: &Packet, ct: &CtValue) -> bool {
-    pkt.proto == PROTO_UDP
+fn stale_udp(proto: u8, ct: &CtValue) -> bool {
+    proto == PROTO_UDP
         && ct.flags & CT_F_REPLY == 0
         && KPR_BACKENDS.get_ptr(ct.backend_id).is_none()
 }
 
 #[inline(always)]
-fn touch(pkt: &Packet) {
+fn touch<F: Fam>(pkt: &Packet<F>) {
     if let Some(v) = KPR_CT.get_ptr_mut(pkt.key()) {
         // SAFETY: a map value pointer valid for the program's run.
         unsafe { (*v).last_seen_ns = now_ns() };
@@ -215,27 +459,27 @@ fn touch(pkt: &Packet) {
 /// Rewrites the packet as `ct` says (forward: dst to backend, src to node; reply: src to the
 /// frontend, dst back to the client).
 #[inline(always)]
-fn apply(ctx: &TcContext, pkt: &Packet, ct: &CtValue) -> Result<(), i64> {
+fn apply<F: Fam>(ctx: &TcContext, pkt: &Packet<F>, ct: &CtValue) -> Result<(), i64> {
     let snat = ct.flags & CT_F_SNAT != 0;
     if ct.flags & CT_F_REPLY != 0 {
-        set_addr(ctx, pkt, IP_SRC_OFF, pkt.saddr, ct.nat_addr[0])?;
+        F::set_addr(ctx, pkt, F::SRC_OFF, pkt.saddr, F::from_words(ct.nat_addr))?;
         set_port(ctx, pkt, pkt.l4, pkt.sport, ct.nat_port)?;
         if snat {
-            set_addr(ctx, pkt, IP_DST_OFF, pkt.daddr, ct.snat_addr[0])?;
+            F::set_addr(ctx, pkt, F::DST_OFF, pkt.daddr, F::from_words(ct.snat_addr))?;
         }
     } else {
-        set_addr(ctx, pkt, IP_DST_OFF, pkt.daddr, ct.nat_addr[0])?;
+        F::set_addr(ctx, pkt, F::DST_OFF, pkt.daddr, F::from_words(ct.nat_addr))?;
         set_port(ctx, pkt, pkt.l4 + 2, pkt.dport, ct.nat_port)?;
         if snat {
-            set_addr(ctx, pkt, IP_SRC_OFF, pkt.saddr, ct.snat_addr[0])?;
+            F::set_addr(ctx, pkt, F::SRC_OFF, pkt.saddr, F::from_words(ct.snat_addr))?;
         }
     }
     Ok(())
 }
 
 #[inline(always)]
-fn l4_flags(pkt: &Packet) -> u64 {
-    if pkt.proto == PROTO_UDP {
+fn l4_flags(proto: u8) -> u64 {
+    if proto == PROTO_UDP {
         BPF_F_MARK_MANGLED_0 as u64
     } else {
         0
@@ -243,23 +487,22 @@ fn l4_flags(pkt: &Packet) -> u64 {
 }
 
 #[inline(always)]
-fn set_addr(ctx: &TcContext, pkt: &Packet, off: usize, old: u32, new: u32) -> Result<(), i64> {
+fn set_port<F: Fam>(
+    ctx: &TcContext,
+    pkt: &Packet<F>,
+    off: usize,
+    old: u16,
+    new: u16,
+) -> Result<(), i64> {
     if old == new {
         return Ok(());
     }
-    let flags = BPF_F_PSEUDO_HDR as u64 | l4_flags(pkt) | 4;
-    ctx.l4_csum_replace(pkt.csum_off(), old as u64, new as u64, flags)?;
-    ctx.l3_csum_replace(IP_CSUM_OFF, old as u64, new as u64, 4)?;
-    ctx.store(off, &new, 0)?;
-    Ok(())
-}
-
-#[inline(always)]
-fn set_port(ctx: &TcContext, pkt: &Packet, off: usize, old: u16, new: u16) -> Result<(), i64> {
-    if old == new {
-        return Ok(());
-    }
-    ctx.l4_csum_replace(pkt.csum_off(), old as u64, new as u64, l4_flags(pkt) | 2)?;
+    ctx.l4_csum_replace(
+        pkt.csum_off(),
+        old as u64,
+        new as u64,
+        l4_flags(pkt.proto) | 2,
+    )?;
     ctx.store(off, &new, 0)?;
     Ok(())
 }
@@ -267,31 +510,29 @@ fn set_port(ctx: &TcContext, pkt: &Packet, off: usize, old: u16, new: u16) -> Re
 /// Sends the translated packet out of the interface the FIB picks (bypassing the input route
 /// check, which would drop a masqueraded packet whose source is a node address).
 #[inline(always)]
-fn forward(ctx: &TcContext, pkt: &Packet, ct: &CtValue) -> Result<i32, i64> {
+fn forward<F: Fam>(ctx: &TcContext, pkt: &Packet<F>, ct: &CtValue) -> Result<i32, i64> {
     let (src, dst, sport, dport) = if ct.flags & CT_F_REPLY != 0 {
         let dst = if ct.flags & CT_F_SNAT != 0 {
-            ct.snat_addr[0]
+            F::from_words(ct.snat_addr)
         } else {
             pkt.daddr
         };
-        (ct.nat_addr[0], dst, ct.nat_port, pkt.dport)
+        (F::from_words(ct.nat_addr), dst, ct.nat_port, pkt.dport)
     } else {
         let src = if ct.flags & CT_F_SNAT != 0 {
-            ct.snat_addr[0]
+            F::from_words(ct.snat_addr)
         } else {
             pkt.saddr
         };
-        (src, ct.nat_addr[0], pkt.sport, ct.nat_port)
+        (src, F::from_words(ct.nat_addr), pkt.sport, ct.nat_port)
     };
     // SAFETY: an all-zero bpf_fib_lookup is valid (plain integers and unions of integers).
     let mut p: bpf_fib_lookup = unsafe { core::mem::zeroed() };
-    p.family = AF_INET;
     p.l4_protocol = pkt.proto;
     p.sport = sport;
     p.dport = dport;
     p.__bindgen_anon_1.tot_len = 0;
-    p.__bindgen_anon_3.ipv4_src = src;
-    p.__bindgen_anon_4.ipv4_dst = dst;
+    F::fib(&mut p, src, dst);
     // SAFETY: reading the ingress ifindex from the context.
     p.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
     // SAFETY: params point to a live, correctly sized struct.
@@ -317,47 +558,24 @@ fn forward(ctx: &TcContext, pkt: &Packet, ct: &CtValue) -> Result<i32, i64> {
 }
 
 #[inline(always)]
-fn parse(ctx: &TcContext) -> Result<Option<Packet>, i64> {
-    let eth_proto: u16 = ctx.load(12)?;
-    if u16::from_be(eth_proto) != ETH_P_IP {
+fn parse<F: Fam>(ctx: &TcContext) -> Result<Option<Packet<F>>, i64> {
+    let Some((proto, l4, saddr, daddr)) = F::parse(ctx)? else {
         return Ok(None);
-    }
-    let vihl: u8 = ctx.load(ETH_HLEN)?;
-    if vihl >> 4 != 4 {
-        return Ok(None);
-    }
-    let frag: u16 = ctx.load(ETH_HLEN + 6)?;
-    // A non-first fragment has no L4 header; more-fragments packets are left to the stack too.
-    if u16::from_be(frag) & 0x3fff != 0 {
-        return Ok(None);
-    }
-    let proto: u8 = ctx.load(ETH_HLEN + 9)?;
-    if proto != PROTO_TCP && proto != PROTO_UDP {
-        return Ok(None);
-    }
-    let l4 = ETH_HLEN + ((vihl & 0x0f) as usize) * 4;
+    };
     let tcp_flags = if proto == PROTO_TCP {
         ctx.load::<u8>(l4 + 13)?
     } else {
         0
     };
     Ok(Some(Packet {
-        saddr: ctx.load(IP_SRC_OFF)?,
-        daddr: ctx.load(IP_DST_OFF)?,
+        saddr,
+        daddr,
         sport: ctx.load(l4)?,
         dport: ctx.load(l4 + 2)?,
         proto,
         l4,
         tcp_flags,
     }))
-}
-
-#[inline(always)]
-fn masquerade_addr() -> u32 {
-    match KPR_CONFIG.get(0) {
-        Some(c) => c.masq_addr[0],
-        None => 0,
-    }
 }
 
 #[inline(always)]

@@ -168,10 +168,11 @@ pub struct InspectArgs {
     pub bpffs_path: PathBuf,
 }
 
-/// A destination `ADDR:PORT/PROTO` (protocol tcp, udp or sctp; default tcp).
+/// A destination `ADDR:PORT/PROTO` or `[ADDR]:PORT/PROTO` (protocol tcp, udp or sctp; default
+/// tcp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceDestination {
-    pub addr: std::net::Ipv4Addr,
+    pub addr: std::net::IpAddr,
     pub port: u16,
     pub proto: crate::model::Protocol,
 }
@@ -184,11 +185,11 @@ fn parse_destination(s: &str) -> Result<TraceDestination, String> {
         "sctp" => crate::model::Protocol::Sctp,
         other => return Err(format!("protocol {other:?}: expected tcp, udp or sctp")),
     };
-    let sa: std::net::SocketAddrV4 = addr_port
-        .parse()
-        .map_err(|_| format!("{addr_port:?} is not an IPv4 ADDR:PORT like 10.96.0.10:80"))?;
+    let sa: std::net::SocketAddr = addr_port.parse().map_err(|_| {
+        format!("{addr_port:?} is not an ADDR:PORT like 10.96.0.10:80 or [fd00:10:96::a]:80")
+    })?;
     Ok(TraceDestination {
-        addr: *sa.ip(),
+        addr: sa.ip(),
         port: sa.port(),
         proto,
     })
@@ -196,9 +197,9 @@ fn parse_destination(s: &str) -> Result<TraceDestination, String> {
 
 #[derive(Debug, Clone, Args)]
 pub struct TraceArgs {
-    /// The client's IPv4 address.
-    pub src: std::net::Ipv4Addr,
-    /// The destination, `ADDR:PORT/PROTO` (e.g. 10.96.0.10:80/tcp).
+    /// The client's address (IPv4 or IPv6, of the destination's family).
+    pub src: std::net::IpAddr,
+    /// The destination, `ADDR:PORT/PROTO` (e.g. 10.96.0.10:80/tcp, [fd00:10:96::a]:80/tcp).
     #[arg(value_parser = parse_destination)]
     pub dst: TraceDestination,
     /// The connection comes from outside the node (tc path: NodePort, externalIP, LB IP);

@@ -117,7 +117,7 @@ pub struct ServiceView {
     pub internal_local: bool,
     pub endpoints: Vec<EndpointView>,
     /// Address families of the port's addresses that are not programmed, each with why
-    /// (`IPv6: the ebpf backend programs IPv4 only`).
+    /// (`IPv6: the node has no IPv6 address`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unserved: Vec<String>,
 }

@@ -7,7 +7,7 @@
 
 mod ebpf_support;
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use ebpf_support::*;
@@ -96,8 +96,8 @@ fn decide(bpffs: &std::path::Path, dst: &str, netns_cookie: Option<u64>) -> Deci
     let dst: std::net::SocketAddrV4 = dst.parse().unwrap();
     let snap = MapSnapshot::read(bpffs).expect("reading the pinned maps");
     let req = TraceRequest {
-        src: PODCLIENT_IP,
-        dst: *dst.ip(),
+        src: PODCLIENT_IP.into(),
+        dst: (*dst.ip()).into(),
         port: dst.port(),
         proto: Protocol::Tcp,
         external: false,
@@ -107,14 +107,14 @@ fn decide(bpffs: &std::path::Path, dst: &str, netns_cookie: Option<u64>) -> Deci
 }
 
 /// The address of the pod a client line (`pod NAME`) names.
-fn pod_ip(cluster: &Cluster, line: &str) -> Ipv4Addr {
+fn pod_ip(cluster: &Cluster, line: &str) -> IpAddr {
     let name = line
         .strip_prefix("pod ")
         .unwrap_or_else(|| panic!("{line}"));
-    cluster.pod(name).expect("a pod of the cluster").ip
+    cluster.pod(name).expect("a pod of the cluster").ip.into()
 }
 
-fn picked(d: &Decision, algorithm: &str) -> Ipv4Addr {
+fn picked(d: &Decision, algorithm: &str) -> IpAddr {
     match d {
         Decision::Picked {
             algorithm: a,
@@ -292,7 +292,12 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
     // connections went to these three endpoints, none is still open.
     let snap = MapSnapshot::read(&bpffs).unwrap();
     let rr = snap
-        .frontend(Ipv4Addr::new(10, 96, 0, 10), 80, Protocol::Tcp, false)
+        .frontend(
+            Ipv4Addr::new(10, 96, 0, 10).into(),
+            80,
+            Protocol::Tcp,
+            false,
+        )
         .unwrap();
     assert_eq!(rr.slots.iter().map(|s| s.total).sum::<u64>(), 8);
     assert!(rr.slots.iter().all(|s| s.active == 0), "{:?}", rr.slots);
@@ -300,8 +305,8 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
     // The tc path: the nodePort frontend as an outside client sees it.
     for _ in 0..3 {
         let req = TraceRequest {
-            src: CLIENT_IP,
-            dst: NODE_IP,
+            src: CLIENT_IP.into(),
+            dst: NODE_IP.into(),
             port: 30080,
             proto: Protocol::Tcp,
             external: true,

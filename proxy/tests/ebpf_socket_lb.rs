@@ -400,7 +400,8 @@ fn a_full_sync_of_thousands_of_services_uses_batch_operations() {
     let slot_count: usize = (0..N).map(|i| if i % 7 == 0 { 3 } else { 2 }).sum();
     assert_eq!(slot_map.len(), slot_count);
     for i in 0..N {
-        let key = proxy::dataplane::ebpf::compile::service_key(bulk_ip(i), 80, Protocol::Tcp);
+        let key =
+            proxy::dataplane::ebpf::compile::service_key(bulk_ip(i).into(), 80, Protocol::Tcp);
         let value = services
             .get(&key)
             .unwrap()
@@ -474,7 +475,7 @@ fn an_incremental_change_after_a_batched_full_sync_touches_only_its_entries() {
     slots_before.sort_by_key(|(k, _)| (k.set_id, k.slot));
     slots_after.sort_by_key(|(k, _)| (k.set_id, k.slot));
     assert_eq!(slots_before, slots_after);
-    let key = proxy::dataplane::ebpf::compile::service_key(bulk_ip(5), 80, Protocol::Tcp);
+    let key = proxy::dataplane::ebpf::compile::service_key(bulk_ip(5).into(), 80, Protocol::Tcp);
     assert_eq!(services.get(&key).unwrap().map(|v| v.count), Some(3));
 }
 
@@ -493,7 +494,7 @@ fn an_address_freed_and_taken_in_one_full_sync_keeps_the_new_owner() {
     assert_eq!((stats.service_ports, stats.touched), (1, 2), "{stats:?}");
     let maps = maps_dir(fx.dp().bpffs_path());
     let services: Table<ServiceKey, ServiceValue> = Table::from_pin(&maps, SERVICES).unwrap();
-    let key = proxy::dataplane::ebpf::compile::service_key(VIP, 80, Protocol::Tcp);
+    let key = proxy::dataplane::ebpf::compile::service_key(VIP.into(), 80, Protocol::Tcp);
     let value = services.get(&key).unwrap().expect("b-new's frontend");
     assert_eq!(value.set_id, fx.dp().set_ids(&new)[0]);
     let counts = pod_counts(&fx.client_lines(&format!("tcp {} 2", vip(80))));

@@ -271,7 +271,7 @@ fn source_ranges_follow_the_service_in_the_maps_and_are_swept_after_a_restart() 
     let allowed = |fx: &Fixture| -> Vec<String> {
         let snap = MapSnapshot::read(&fx.cfg.bpffs_path).expect("reading the pinned maps");
         let f = snap
-            .frontend(lb, 80, Protocol::Tcp, true)
+            .frontend(IpAddr::V4(lb), 80, Protocol::Tcp, true)
             .expect("the LB IP's tc frontend");
         f.source_ranges.iter().map(|n| n.to_string()).collect()
     };

@@ -61,6 +61,8 @@ macro_rules! suite {
         backend_v6!(iptables_legacy_v6, run_v6, Backend::IptablesLegacy; $($scenario),*);
         backend_v6!(iptables_nft_dual, run_dual, Backend::IptablesNft; $($scenario),*);
         backend_v6!(iptables_legacy_dual, run_dual, Backend::IptablesLegacy; $($scenario),*);
+        backend_v6!(ebpf_v6, run_v6, Backend::Ebpf; $($scenario),*);
+        backend_v6!(ebpf_dual, run_dual, Backend::Ebpf; $($scenario),*);
 
         /// Every row of the table has its tests (and nothing else does); exactly the SCTP rows
         /// are the ignored ones.

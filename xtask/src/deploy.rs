@@ -74,9 +74,6 @@ pub enum IpFamilies {
     Dual,
 }
 
-/// The backends that serve IPv6 (the others report IPv6 Services as not served).
-pub const IPV6_BACKENDS: &[&str] = &["userspace", "nftables", "iptables"];
-
 /// The agent arguments a dual-stack rendering rewrites: (committed, dual-stack). Without
 /// `--nodeport-addresses` the agent takes nodePorts on every address of the node, of both
 /// families (the downward API has no field for the node's IPv6 address).
@@ -145,14 +142,6 @@ pub fn render_text(file: &str, text: &str, render: &Render) -> anyhow::Result<St
             "unknown backend {:?}: expected one of {}",
             render.backend,
             BACKENDS.join(", ")
-        );
-    }
-    if render.ip_families == IpFamilies::Dual && !IPV6_BACKENDS.contains(&render.backend.as_str()) {
-        bail!(
-            "--ip-family dual: the {} backend programs IPv4 only (its IPv6 Services would be \
-             reported as not served); backends that serve both families: {}",
-            render.backend,
-            IPV6_BACKENDS.join(", ")
         );
     }
     let default_host = Render::default().api_server_host();

@@ -15,6 +15,14 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    if args.src.is_ipv4() != args.dst.addr.is_ipv4() {
+        anyhow::bail!(
+            "proxy trace: source {} and destination {} are of different address families (a \
+             connection never changes family)",
+            args.src,
+            args.dst.addr
+        );
+    }
     let req = TraceRequest {
         src: args.src,
         dst: args.dst.addr,
@@ -29,10 +37,9 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         "socket path (cgroup programs)"
     };
     println!(
-        "{} -> {}:{}/{}  {path}",
+        "{} -> {}/{}  {path}",
         req.src,
-        req.dst,
-        req.port,
+        std::net::SocketAddr::new(req.dst, req.port),
         req.proto.as_str()
     );
     let t = trace::trace(&snap, &req);

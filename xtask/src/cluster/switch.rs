@@ -764,11 +764,15 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> anyhow::Result<()> {
 }
 
 /// The socket programs' cgroup hooks (`bpf_attach_type`), as proxy/src/dataplane/ebpf/inspect.rs.
-const CGROUP_HOOKS: [(&str, u32); 5] = [
+const CGROUP_HOOKS: [(&str, u32); 9] = [
     ("connect4", 10),
     ("sendmsg4", 14),
     ("recvmsg4", 19),
     ("getpeername4", 29),
+    ("connect6", 11),
+    ("sendmsg6", 15),
+    ("recvmsg6", 20),
+    ("getpeername6", 30),
     ("sock_release", 34),
 ];
 /// `BPF_TCX_INGRESS`, `BPF_TCX_EGRESS` (kernel 6.6+).

@@ -22,11 +22,15 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
 /// The programs of the object: (name in the object, link pin name).
-pub const SOCK_ADDR_PROGRAMS: [(&str, &str); 4] = [
+pub const SOCK_ADDR_PROGRAMS: [(&str, &str); 8] = [
     ("kpr_connect4", "connect4"),
     ("kpr_sendmsg4", "sendmsg4"),
     ("kpr_recvmsg4", "recvmsg4"),
     ("kpr_getpeername4", "getpeername4"),
+    ("kpr_connect6", "connect6"),
+    ("kpr_sendmsg6", "sendmsg6"),
+    ("kpr_recvmsg6", "recvmsg6"),
+    ("kpr_getpeername6", "getpeername6"),
 ];
 pub const SOCK_PROGRAMS: [(&str, &str); 1] = [("kpr_sock_release", "sock_release")];
 

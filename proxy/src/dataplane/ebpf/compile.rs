@@ -14,40 +14,82 @@
 //!
 //! loadBalancerSourceRanges flag both entries of each LB IP ([`SVC_F_SOURCE_RANGES`]) and list,
 //! for its tc frontend, the sources allowed: the ranges, the LB IP itself and the node's
-//! addresses (as the rule backends do).
+//! addresses (as the rule backends do), all of the LB IP's family.
+//!
+//! Address families: each family's frontends use that family's backend sets (a connection never
+//! changes family), so a dual-stack Service port has up to four sets; IPv6 frontend keys carry
+//! [`SCOPE_V6`]. A nodePort is opened on the node addresses of the families the Service has.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aya::maps::lpm_trie::Key;
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use proxy_common::{
-    ServiceKey, SrcRangeKey, ALG_LEAST_CONN, ALG_ROUND_ROBIN, FAMILY_V4, SCOPE_EXTERNAL,
-    SCOPE_SOCKET, SRC_RANGE_FRONTEND_BITS, SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_MASQUERADE,
-    SVC_F_SOURCE_RANGES,
+    ServiceKey, SrcRangeKey, ALG_LEAST_CONN, ALG_ROUND_ROBIN, FAMILY_V4, FAMILY_V6, SCOPE_EXTERNAL,
+    SCOPE_SOCKET, SCOPE_V6, SRC_RANGE_FRONTEND_BITS, SVC_F_AFFINITY, SVC_F_DROP_EMPTY,
+    SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES,
 };
 
-use crate::model::{Algorithm, Endpoint, Protocol, ServicePort};
+use crate::model::{Algorithm, Endpoint, IpFamily, Protocol, ServicePort};
 use crate::selection::{EmptyVerdict, SelectedEndpoints};
 
-/// An endpoint as the maps know it: IPv4 address, port and protocol.
+/// An endpoint as the maps know it: address, port and protocol. Ordered IPv4 before IPv6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BackendAddr {
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub port: u16,
     pub proto: Protocol,
 }
 
 impl BackendAddr {
     pub fn socket_addr(&self) -> std::net::SocketAddr {
-        std::net::SocketAddr::new(IpAddr::V4(self.addr), self.port)
+        std::net::SocketAddr::new(self.addr, self.port)
     }
 }
 
-/// Which backend set of a service port a frontend uses.
+/// Which backend set of a service port a frontend uses: the cluster or the external endpoints,
+/// of one address family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SetKind {
     Cluster,
     External,
+    Cluster6,
+    External6,
+}
+
+impl SetKind {
+    pub const ALL: [SetKind; 4] = [
+        SetKind::Cluster,
+        SetKind::External,
+        SetKind::Cluster6,
+        SetKind::External6,
+    ];
+
+    /// The cluster (`external` false) or external set of `family`.
+    pub fn of(external: bool, family: IpFamily) -> SetKind {
+        match (external, family) {
+            (false, IpFamily::V4) => SetKind::Cluster,
+            (true, IpFamily::V4) => SetKind::External,
+            (false, IpFamily::V6) => SetKind::Cluster6,
+            (true, IpFamily::V6) => SetKind::External6,
+        }
+    }
+
+    pub fn family(self) -> IpFamily {
+        match self {
+            SetKind::Cluster | SetKind::External => IpFamily::V4,
+            SetKind::Cluster6 | SetKind::External6 => IpFamily::V6,
+        }
+    }
+
+    pub fn is_external(self) -> bool {
+        matches!(self, SetKind::External | SetKind::External6)
+    }
+
+    /// Position in [`SetKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// One frontend (service address) and how it picks from its set.
@@ -64,7 +106,7 @@ pub struct Frontend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SrcRange {
     pub frontend: ServiceKey,
-    pub net: Ipv4Net,
+    pub net: IpNet,
 }
 
 impl SrcRange {
@@ -74,7 +116,7 @@ impl SrcRange {
             SRC_RANGE_FRONTEND_BITS + u32::from(self.net.prefix_len()),
             SrcRangeKey {
                 frontend: self.frontend,
-                src: [v4_word(self.net.network()), 0, 0, 0],
+                src: addr_words(self.net.network()),
             },
         )
     }
@@ -83,12 +125,11 @@ impl SrcRange {
 /// Everything one service port needs in the maps.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DesiredService {
+    /// The cluster endpoints, IPv4 before IPv6 (each family's set is its part of the list).
     pub cluster: Vec<BackendAddr>,
-    /// `None` when no frontend uses the external set, or it equals the cluster set.
+    /// `None` when no frontend uses an external set, or they equal the cluster sets.
     pub external: Option<Vec<BackendAddr>>,
     pub frontends: Vec<Frontend>,
-    /// IPv6 addresses of this service port that were not programmed (IPv6 is not implemented).
-    pub skipped_v6: Vec<IpAddr>,
     /// clusterIP marker keys (port 0, protocol 0): other ports of these addresses are refused.
     pub vips: Vec<ServiceKey>,
     /// Sources allowed to the tc frontends of LB IPs with loadBalancerSourceRanges.
@@ -98,10 +139,28 @@ pub struct DesiredService {
 impl DesiredService {
     /// The backends of a set (an absent external set is the cluster set).
     pub fn set(&self, kind: SetKind) -> &[BackendAddr] {
-        match (kind, &self.external) {
-            (SetKind::External, Some(ext)) => ext,
+        let all = match (kind.is_external(), &self.external) {
+            (true, Some(ext)) => ext,
             _ => &self.cluster,
-        }
+        };
+        family_part(all, kind.family())
+    }
+
+    /// The sets the frontends use, in [`SetKind::ALL`] order.
+    pub fn kinds(&self) -> Vec<SetKind> {
+        let mut kinds: Vec<SetKind> = self.frontends.iter().map(|f| f.set).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        kinds
+    }
+}
+
+/// The part of a sorted backend list (IPv4 before IPv6) of one family.
+fn family_part(all: &[BackendAddr], family: IpFamily) -> &[BackendAddr] {
+    let first_v6 = all.partition_point(|b| b.addr.is_ipv4());
+    match family {
+        IpFamily::V4 => &all[..first_v6],
+        IpFamily::V6 => &all[first_v6..],
     }
 }
 
@@ -114,8 +173,8 @@ pub struct CompileContext {
     pub tc: bool,
     /// `--masquerade-all`.
     pub masquerade_all: bool,
-    /// The node's IPv4 addresses (always allowed by loadBalancerSourceRanges).
-    pub node_ips: Vec<Ipv4Addr>,
+    /// The node's addresses (always allowed by loadBalancerSourceRanges).
+    pub node_ips: Vec<IpAddr>,
 }
 
 /// Compiles `svc` with its selected endpoints.
@@ -136,9 +195,9 @@ pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext)
         ),
         None => (0, 0),
     };
-    let frontend = |ip: Ipv4Addr, port: u16, set: SetKind, local_policy: bool| Frontend {
+    let frontend = |ip: IpAddr, port: u16, external: bool, local_policy: bool| Frontend {
         key: service_key(ip, port, svc.protocol),
-        set,
+        set: SetKind::of(external, IpFamily::of(&ip)),
         flags: affinity_flag | empty_flag(sel, local_policy),
         algorithm,
         affinity_timeout_s,
@@ -149,57 +208,50 @@ pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext)
     } else {
         0
     };
-    let tc_frontend = |ip: Ipv4Addr, port: u16| {
-        let mut f = frontend(ip, port, SetKind::External, svc.external_local);
-        f.key.scope = SCOPE_EXTERNAL;
+    let tc_frontend = |ip: IpAddr, port: u16| {
+        let mut f = frontend(ip, port, true, svc.external_local);
+        f.key.scope |= SCOPE_EXTERNAL;
         f.flags |= masquerade;
         f
     };
     let (ext_set, ext_local) = if svc.external_local {
-        (SetKind::Cluster, svc.internal_local)
+        (false, svc.internal_local)
     } else {
-        (SetKind::External, false)
+        (true, false)
     };
     let guarded = |ip: &IpAddr| !svc.source_ranges.is_empty() && svc.load_balancer_ips.contains(ip);
     let external_addrs = svc.external_ips.iter().chain(&svc.load_balancer_ips);
     let mut externals: Vec<(IpAddr, u16)> = external_addrs.map(|ip| (*ip, svc.port)).collect();
     if svc.node_port != 0 {
-        externals.extend(nodeport_ips.iter().map(|ip| (*ip, svc.node_port)));
+        // A nodePort serves the families the Service has, as kube-proxy's per-family proxiers do.
+        externals.extend(
+            nodeport_ips
+                .iter()
+                .filter(|ip| svc.has_family(IpFamily::of(ip)))
+                .map(|ip| (*ip, svc.node_port)),
+        );
     }
     for ip in &svc.cluster_ips {
-        if let IpAddr::V4(v4) = ip {
-            out.vips.push(vip_key(*v4));
-        }
-        match ip {
-            IpAddr::V4(v4) => out.frontends.push(frontend(
-                *v4,
-                svc.port,
-                SetKind::Cluster,
-                svc.internal_local,
-            )),
-            IpAddr::V6(_) => out.skipped_v6.push(*ip),
-        }
+        out.vips.push(vip_key(*ip));
+        out.frontends
+            .push(frontend(*ip, svc.port, false, svc.internal_local));
     }
     for (ip, port) in externals {
-        let IpAddr::V4(v4) = ip else {
-            out.skipped_v6.push(ip);
-            continue;
-        };
         // A nodePort on an LB IP's address is not guarded: only the LB IP's own port is.
         let guard = if guarded(&ip) && port == svc.port {
             SVC_F_SOURCE_RANGES
         } else {
             0
         };
-        let mut f = frontend(v4, port, ext_set, ext_local);
+        let mut f = frontend(ip, port, ext_set, ext_local);
         f.flags |= guard;
         out.frontends.push(f);
         if ctx.tc && svc.protocol != Protocol::Sctp {
-            let mut f = tc_frontend(v4, port);
+            let mut f = tc_frontend(ip, port);
             f.flags |= guard;
             if guard != 0 {
                 out.source_ranges
-                    .extend(allowed_sources(svc, v4, ctx).map(|net| SrcRange {
+                    .extend(allowed_sources(svc, ip, ctx).map(|net| SrcRange {
                         frontend: f.key,
                         net,
                     }));
@@ -210,33 +262,35 @@ pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext)
     dedup_frontends(&mut out.frontends);
     let mut seen = std::collections::HashSet::new();
     out.source_ranges.retain(|r| seen.insert(*r));
-    let uses_external = out.frontends.iter().any(|f| f.set == SetKind::External);
     let external = backends(&sel.external, svc.protocol);
-    if uses_external && external != out.cluster {
-        out.external = Some(external);
-    } else {
-        for f in &mut out.frontends {
-            f.set = SetKind::Cluster;
+    // Per family: an external set equal to the cluster set is the cluster set.
+    let same = |f: IpFamily| family_part(&external, f) == family_part(&out.cluster, f);
+    for f in &mut out.frontends {
+        if f.set.is_external() && same(f.set.family()) {
+            f.set = SetKind::of(false, f.set.family());
         }
+    }
+    if out.frontends.iter().any(|f| f.set.is_external()) {
+        out.external = Some(external);
     }
     out
 }
 
-/// The sources loadBalancerSourceRanges let reach LB IP `lb`: the IPv4 ranges, `lb` itself and
-/// the node's addresses.
+/// The sources loadBalancerSourceRanges let reach LB IP `lb`: the ranges, `lb` itself and the
+/// node's addresses, those of `lb`'s family.
 fn allowed_sources<'a>(
     svc: &'a ServicePort,
-    lb: Ipv4Addr,
+    lb: IpAddr,
     ctx: &'a CompileContext,
-) -> impl Iterator<Item = Ipv4Net> + 'a {
-    let ranges = svc.source_ranges.iter().filter_map(|r| match r {
-        IpNet::V4(n) => Some(n.trunc()),
-        IpNet::V6(_) => None,
-    });
+) -> impl Iterator<Item = IpNet> + 'a {
+    let family = IpFamily::of(&lb);
+    let ranges = svc.source_ranges.iter().map(IpNet::trunc);
     let hosts = std::iter::once(lb)
         .chain(ctx.node_ips.iter().copied())
-        .map(|ip| Ipv4Net::new(ip, 32).expect("/32 is valid"));
-    ranges.chain(hosts)
+        .map(IpNet::from);
+    ranges
+        .chain(hosts)
+        .filter(move |n| IpFamily::of(&n.addr()) == family)
 }
 
 /// Two addresses of a Service can coincide (an externalIP that is also a node IP): the first one
@@ -256,38 +310,82 @@ fn empty_flag(sel: &SelectedEndpoints, local_policy: bool) -> u16 {
 fn backends(endpoints: &[Endpoint], proto: Protocol) -> Vec<BackendAddr> {
     let mut out: Vec<BackendAddr> = endpoints
         .iter()
-        .filter_map(|e| match e.addr {
-            IpAddr::V4(addr) => Some(BackendAddr {
-                addr,
-                port: e.port,
-                proto,
-            }),
-            IpAddr::V6(_) => None,
+        .map(|e| BackendAddr {
+            addr: e.addr,
+            port: e.port,
+            proto,
         })
         .collect();
-    // A stable order keeps slots stable across syncs, so one changed endpoint moves few slots.
+    // A stable order keeps slots stable across syncs, so one changed endpoint moves few slots;
+    // it also puts IPv4 before IPv6, which `family_part` relies on.
     out.sort();
     out.dedup();
     out
 }
 
+/// The socket scope of an address's family.
+fn socket_scope(ip: IpAddr) -> u8 {
+    match ip {
+        IpAddr::V4(_) => SCOPE_SOCKET,
+        IpAddr::V6(_) => SCOPE_SOCKET | SCOPE_V6,
+    }
+}
+
 /// The socket-scope map key of `ip:port/proto`.
-pub fn service_key(ip: Ipv4Addr, port: u16, proto: Protocol) -> ServiceKey {
+pub fn service_key(ip: IpAddr, port: u16, proto: Protocol) -> ServiceKey {
     ServiceKey {
-        addr: [v4_word(ip), 0, 0, 0],
+        addr: addr_words(ip),
         port: port.to_be(),
         proto: proto.number(),
-        scope: SCOPE_SOCKET,
+        scope: socket_scope(ip),
     }
 }
 
 /// The marker key saying `ip` is a clusterIP.
-pub fn vip_key(ip: Ipv4Addr) -> ServiceKey {
+pub fn vip_key(ip: IpAddr) -> ServiceKey {
     ServiceKey {
-        addr: [v4_word(ip), 0, 0, 0],
+        addr: addr_words(ip),
         port: 0,
         proto: 0,
-        scope: SCOPE_SOCKET,
+        scope: socket_scope(ip),
+    }
+}
+
+/// An address as the maps hold it: IPv4 in word 0, IPv6 in all four (network byte order).
+pub fn addr_words(ip: IpAddr) -> [u32; 4] {
+    match ip {
+        IpAddr::V4(v4) => [v4_word(v4), 0, 0, 0],
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            std::array::from_fn(|i| {
+                u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+            })
+        }
+    }
+}
+
+/// The inverse of [`addr_words`], given the family.
+pub fn addr_from_words(words: [u32; 4], v6: bool) -> IpAddr {
+    if !v6 {
+        return IpAddr::V4(v4_from_word(words[0]));
+    }
+    let mut o = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        o[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    IpAddr::V6(Ipv6Addr::from(o))
+}
+
+/// Whether a frontend key is IPv6.
+pub fn key_is_v6(key: &ServiceKey) -> bool {
+    key.scope & SCOPE_V6 != 0
+}
+
+/// The family constant the maps use for an address.
+pub fn family_of(ip: &IpAddr) -> u8 {
+    match ip {
+        IpAddr::V4(_) => FAMILY_V4,
+        IpAddr::V6(_) => FAMILY_V6,
     }
 }
 
@@ -300,9 +398,6 @@ pub fn v4_word(ip: Ipv4Addr) -> u32 {
 pub fn v4_from_word(word: u32) -> Ipv4Addr {
     Ipv4Addr::from(word.to_ne_bytes())
 }
-
-/// The address family constant the maps use for IPv4.
-pub const V4: u8 = FAMILY_V4;
 
 #[cfg(test)]
 mod tests;

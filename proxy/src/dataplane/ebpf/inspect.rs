@@ -6,19 +6,19 @@
 //! Owns only reading: nothing here writes a map.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, Map, MapData};
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, BackendCounters, NodeConfig, ServiceKey, ServiceValue,
-    SlotKey, CLIENT_ADDR, SCOPE_EXTERNAL, SVC_F_VIP,
+    AffinityKey, AffinityValue, Backend, BackendCounters, NodeConfig, NodeConfig6, ServiceKey,
+    ServiceValue, SlotKey, CLIENT_ADDR, SCOPE_EXTERNAL, SVC_F_VIP,
 };
 
-use super::compile::{v4_from_word, BackendAddr};
+use super::compile::{addr_from_words, addr_words, key_is_v6, BackendAddr};
 use super::maps::{
-    Ranges, Table, AFFINITY, BACKENDS, CONFIG, COUNTERS, RR, SERVICES, SLOTS, SRC_RANGES,
+    Ranges, Table, AFFINITY, BACKENDS, CONFIG, CONFIG6, COUNTERS, RR, SERVICES, SLOTS, SRC_RANGES,
 };
 use super::programmed::backend_addr;
 use crate::error::DataplaneError;
@@ -29,7 +29,7 @@ use crate::model::Protocol;
 pub struct SlotView {
     pub slot: u32,
     pub backend_id: u32,
-    /// None when the backend entry is missing or not IPv4.
+    /// None when the backend entry is missing or unreadable.
     pub addr: Option<BackendAddr>,
     pub active: u64,
     pub total: u64,
@@ -41,7 +41,7 @@ pub enum AffinityClient {
     /// Socket path: the client's network namespace cookie.
     Netns(u64),
     /// tc path: the client's source address.
-    Addr(Ipv4Addr),
+    Addr(IpAddr),
 }
 
 /// One session-affinity entry of a set.
@@ -56,7 +56,7 @@ pub struct AffinityView {
 /// One frontend (service address, port, protocol, scope) and its backend set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrontendView {
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub port: u16,
     /// None for an unknown protocol number.
     pub proto: Option<Protocol>,
@@ -68,7 +68,7 @@ pub struct FrontendView {
     pub cursor: Option<u32>,
     pub affinity: Vec<AffinityView>,
     /// Sources loadBalancerSourceRanges admit (tc frontends with `SVC_F_SOURCE_RANGES`).
-    pub source_ranges: Vec<Ipv4Net>,
+    pub source_ranges: Vec<IpNet>,
 }
 
 impl FrontendView {
@@ -81,10 +81,13 @@ impl FrontendView {
         }
     }
 
-    /// `ADDR:PORT/PROTO`.
+    /// `ADDR:PORT/PROTO` (`[ADDR]:PORT/PROTO` in IPv6).
     pub fn frontend(&self) -> String {
         let proto = self.proto.map(Protocol::as_str).unwrap_or("?");
-        format!("{}:{}/{proto}", self.addr, self.port)
+        format!(
+            "{}/{proto}",
+            std::net::SocketAddr::new(self.addr, self.port)
+        )
     }
 }
 
@@ -94,9 +97,11 @@ pub struct MapSnapshot {
     /// Frontends, by (external, address, port, protocol number).
     pub frontends: Vec<FrontendView>,
     /// Addresses that are clusterIPs (other ports of them are refused).
-    pub vips: Vec<Ipv4Addr>,
+    pub vips: Vec<IpAddr>,
     /// The node-wide settings (service range) when the config map is readable.
     pub config: Option<NodeConfig>,
+    /// The IPv6 settings, when an agent that serves IPv6 wrote them.
+    pub config6: Option<NodeConfig6>,
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
@@ -149,15 +154,14 @@ impl MapSnapshot {
         let ranges = read_ranges(&dir)?;
         let now = monotonic_ns();
         let mut snap = MapSnapshot {
-            config: read_config(&dir),
+            config: read_config(&dir, CONFIG),
+            config6: read_config(&dir, CONFIG6),
             ..MapSnapshot::default()
         };
         for (k, v) in services.entries()? {
-            if k.addr[1..] != [0, 0, 0] {
-                continue; // IPv6 frontends are not programmed yet
-            }
+            let v6 = key_is_v6(&k);
             if v.flags & SVC_F_VIP != 0 {
-                snap.vips.push(v4_from_word(k.addr[0]));
+                snap.vips.push(addr_from_words(k.addr, v6));
                 continue;
             }
             let mut set = sets.get(&v.set_id).cloned().unwrap_or_default();
@@ -169,13 +173,13 @@ impl MapSnapshot {
             let affinity = affinity
                 .iter()
                 .filter(|(ak, _)| ak.set_id == v.set_id)
-                .map(|(ak, av)| affinity_view(ak, av, now))
+                .map(|(ak, av)| affinity_view(ak, av, v6, now))
                 .collect();
             snap.frontends.push(FrontendView {
-                addr: v4_from_word(k.addr[0]),
+                addr: addr_from_words(k.addr, v6),
                 port: u16::from_be(k.port),
                 proto: protocol(k.proto),
-                external: k.scope == SCOPE_EXTERNAL,
+                external: k.scope & SCOPE_EXTERNAL != 0,
                 value: v,
                 slots,
                 cursor: rr.get(&v.set_id).copied(),
@@ -192,7 +196,7 @@ impl MapSnapshot {
     /// The frontend for a destination, in the socket path or the tc path.
     pub fn frontend(
         &self,
-        addr: Ipv4Addr,
+        addr: IpAddr,
         port: u16,
         proto: Protocol,
         external: bool,
@@ -212,17 +216,23 @@ impl MapSnapshot {
     }
 
     /// Whether `addr` is inside `--service-cluster-ip-range` as the programs see it.
-    pub fn in_service_range(&self, addr: Ipv4Addr) -> bool {
-        self.config.is_some_and(|c| {
-            c.svc_mask != 0 && super::compile::v4_word(addr) & c.svc_mask == c.svc_net
-        })
+    pub fn in_service_range(&self, addr: IpAddr) -> bool {
+        let w = addr_words(addr);
+        match addr {
+            IpAddr::V4(_) => self
+                .config
+                .is_some_and(|c| c.svc_mask != 0 && w[0] & c.svc_mask == c.svc_net),
+            IpAddr::V6(_) => self.config6.is_some_and(|c| {
+                c.svc_mask != [0; 4] && (0..4).all(|i| w[i] & c.svc_mask[i] == c.svc_net[i])
+            }),
+        }
     }
 }
 
 /// The allowed sources of every guarded tc frontend (none when an older agent's maps lack the
 /// trie).
-fn read_ranges(dir: &Path) -> Result<HashMap<ServiceKey, Vec<Ipv4Net>>, DataplaneError> {
-    let mut out: HashMap<ServiceKey, Vec<Ipv4Net>> = HashMap::new();
+fn read_ranges(dir: &Path) -> Result<HashMap<ServiceKey, Vec<IpNet>>, DataplaneError> {
+    let mut out: HashMap<ServiceKey, Vec<IpNet>> = HashMap::new();
     if !dir.join(SRC_RANGES).exists() {
         return Ok(out);
     }
@@ -231,8 +241,10 @@ fn read_ranges(dir: &Path) -> Result<HashMap<ServiceKey, Vec<Ipv4Net>>, Dataplan
         let prefix = key
             .prefix_len()
             .saturating_sub(proxy_common::SRC_RANGE_FRONTEND_BITS);
-        let net = Ipv4Net::new(v4_from_word(data.src[0]), prefix.min(32) as u8)
-            .expect("prefix clamped to 32");
+        let v6 = key_is_v6(&data.frontend);
+        let max = if v6 { 128 } else { 32 };
+        let net = IpNet::new(addr_from_words(data.src, v6), prefix.min(max) as u8)
+            .expect("prefix clamped to the family's length");
         out.entry(data.frontend).or_default().push(net);
     }
     for nets in out.values_mut() {
@@ -241,9 +253,9 @@ fn read_ranges(dir: &Path) -> Result<HashMap<ServiceKey, Vec<Ipv4Net>>, Dataplan
     Ok(out)
 }
 
-fn read_config(dir: &Path) -> Option<NodeConfig> {
-    let data = MapData::from_pin(dir.join(CONFIG)).ok()?;
-    let arr: Array<MapData, NodeConfig> = Array::try_from(Map::Array(data)).ok()?;
+fn read_config<T: aya::Pod>(dir: &Path, name: &str) -> Option<T> {
+    let data = MapData::from_pin(dir.join(name)).ok()?;
+    let arr: Array<MapData, T> = Array::try_from(Map::Array(data)).ok()?;
     arr.get(&0, 0).ok()
 }
 
@@ -272,9 +284,10 @@ fn slot_view(
     }
 }
 
-fn affinity_view(k: &AffinityKey, v: &AffinityValue, now: u64) -> AffinityView {
+/// An affinity entry of a set of the family `v6` says.
+fn affinity_view(k: &AffinityKey, v: &AffinityValue, v6: bool, now: u64) -> AffinityView {
     let client = if k.kind == CLIENT_ADDR {
-        AffinityClient::Addr(v4_from_word(k.client[0]))
+        AffinityClient::Addr(addr_from_words(k.client, v6))
     } else {
         AffinityClient::Netns(u64::from(k.client[0]) | (u64::from(k.client[1]) << 32))
     };
@@ -292,11 +305,15 @@ pub fn pinned(bpffs_path: &Path) -> (usize, usize) {
 }
 
 /// The cgroup attach points the socket programs use, with their `bpf_attach_type` numbers.
-pub const CGROUP_ATTACH_POINTS: [(&str, u32); 5] = [
+pub const CGROUP_ATTACH_POINTS: [(&str, u32); 9] = [
     ("connect4", 10),
     ("sendmsg4", 14),
     ("recvmsg4", 19),
     ("getpeername4", 29),
+    ("connect6", 11),
+    ("sendmsg6", 15),
+    ("recvmsg6", 20),
+    ("getpeername6", 30),
     ("sock_release", 34),
 ];
 

@@ -19,7 +19,8 @@ use aya::maps::{Array, HashMap, IterableMap, Map, MapData, MapError};
 use aya::sys::SyscallError;
 use aya::Pod;
 use proxy_common::{
-    Backend, BackendCounters, NodeConfig, ServiceKey, ServiceValue, SlotKey, SrcRangeKey,
+    Backend, BackendCounters, NodeConfig, NodeConfig6, ServiceKey, ServiceValue, SlotKey,
+    SrcRangeKey,
 };
 
 use crate::error::DataplaneError;
@@ -36,11 +37,12 @@ pub const REVNAT: &str = "KPR_REVNAT";
 pub const UDP_FWD: &str = "KPR_UDP_FWD";
 pub const CT: &str = "KPR_CT";
 pub const CONFIG: &str = "KPR_CONFIG";
+pub const CONFIG6: &str = "KPR_CONFIG6";
 pub const SRC_RANGES: &str = "KPR_SRC_RANGES";
 
 /// Every map of the object, for pinning, sizing and cleanup.
-pub const ALL: [&str; 12] = [
-    SERVICES, SLOTS, BACKENDS, COUNTERS, RR, AFFINITY, SOCKS, REVNAT, UDP_FWD, CT, CONFIG,
+pub const ALL: [&str; 13] = [
+    SERVICES, SLOTS, BACKENDS, COUNTERS, RR, AFFINITY, SOCKS, REVNAT, UDP_FWD, CT, CONFIG, CONFIG6,
     SRC_RANGES,
 ];
 
@@ -474,6 +476,7 @@ pub struct Maps {
     pub rr: Table<u32, u32>,
     pub src_ranges: Ranges,
     pub config: Array<MapData, NodeConfig>,
+    pub config6: Array<MapData, NodeConfig6>,
 }
 
 impl Maps {
@@ -491,6 +494,7 @@ impl Maps {
             rr: Table::new(RR, take(RR)?)?,
             src_ranges: Ranges::new(take(SRC_RANGES)?)?,
             config: Array::try_from(take(CONFIG)?).map_err(|e| map_err(CONFIG, "opening", e))?,
+            config6: Array::try_from(take(CONFIG6)?).map_err(|e| map_err(CONFIG6, "opening", e))?,
         })
     }
 
@@ -555,5 +559,12 @@ impl Maps {
         self.config
             .set(0, config, 0)
             .map_err(|e| map_err(CONFIG, "writing index 0", e))
+    }
+
+    /// Writes the node-wide settings of IPv6.
+    pub fn set_config6(&mut self, config: NodeConfig6) -> Result<(), DataplaneError> {
+        self.config6
+            .set(0, config, 0)
+            .map_err(|e| map_err(CONFIG6, "writing index 0", e))
     }
 }

@@ -7,18 +7,20 @@
 //! the programmed state and its per-service diff (`programmed`), live counters (`live`) and the
 //! program log drain (`logs`). It never decides which endpoints are usable (`selection` does).
 //!
-//! What the programs do (proxy-ebpf): `connect4` rewrites a TCP/UDP connect() to a service
-//! frontend (clusterIP, externalIP, LB IP, nodeIP:nodePort) to one backend, by round-robin (an
-//! atomic per-set cursor: exact across CPUs), least-connection (min over per-backend active
-//! counters, ties round-robin) and session affinity (per client network namespace); `sendmsg4`
-//! does the same per (socket, service) flow for unconnected UDP; `recvmsg4` and `getpeername4`
-//! show the service address; `sock_release` gives back the socket's active count. A frontend
+//! What the programs do (proxy-ebpf): `connect4`/`connect6` rewrite a TCP/UDP connect() to a
+//! service frontend (clusterIP, externalIP, LB IP, nodeIP:nodePort) to one backend of the same
+//! family, by round-robin (an atomic per-set cursor: exact across CPUs), least-connection (min
+//! over per-backend active counters, ties round-robin) and session affinity (per client network
+//! namespace); `sendmsg4/6` do the same per (socket, service) flow for unconnected UDP;
+//! `recvmsg4/6` and `getpeername4/6` show the service address; `sock_release` gives back the
+//! socket's active count. Each family's frontends use that family's backend sets
+//! (`compile::SetKind`); IPv6 frontend keys carry `SCOPE_V6`. A frontend
 //! without backends fails connect()/sendmsg() at once: with ECONNREFUSED (Reject), or with EPERM
 //! where the semantics say drop (a Local policy with endpoints on other nodes only).
 //!
-//! The tc program (`tc`) handles NodePort, externalIP and LB IP traffic from outside the node:
-//! DNAT to the external endpoints, masquerade to the node address unless eTP is Local, reverse
-//! translation of replies, flows tracked in `KPR_CT` (LRU).
+//! The tc program (`tc`) handles NodePort, externalIP and LB IP traffic from outside the node, in
+//! IPv4 and IPv6: DNAT to the external endpoints, masquerade to the node address of the family
+//! unless eTP is Local, reverse translation of replies, flows tracked in `KPR_CT` (LRU).
 //!
 //! loadBalancerSourceRanges: the tc program drops a new flow to a guarded LB IP whose source
 //! `KPR_SRC_RANGES` does not hold (the ranges, the LB IP, the node's addresses). A socket has no
@@ -28,7 +30,8 @@
 //! pod's address. Without the tc path such a connection leaves the node for the real load
 //! balancer, which enforces the ranges itself.
 //!
-//! Not done: IPv6 (v6 addresses are skipped with a warning); tc masquerade keeps the client's
+//! Not done: IPv6 packets with extension headers before the transport header are left to the
+//! stack by the tc program; tc masquerade keeps the client's
 //! source port (two external clients using the same source port towards the same backend
 //! collide); SCTP, with a warning (the kernel's SCTP connect() runs no cgroup connect4 program,
 //! and the tc program handles TCP and UDP only).
@@ -38,12 +41,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aya::Ebpf;
-use proxy_common::NodeConfig;
+use proxy_common::{NodeConfig, NodeConfig6};
 
 use crate::dataplane::{BackendConfig, Dataplane};
 
 use crate::error::DataplaneError;
-use crate::model::ServicePortName;
+use crate::model::{IpFamily, ServicePortName};
 use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
 
 pub mod attach;
@@ -152,6 +155,7 @@ impl EbpfDataplane {
             svc_mask,
             host_netns: own_netns_cookie(),
         })?;
+        maps.set_config6(config6(cfg, &nodeport_ips))?;
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
         let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
         tc.refresh(&mut ebpf)?;
@@ -162,15 +166,7 @@ impl EbpfDataplane {
                 tc: tc.enabled(),
                 nodeport_ips,
                 masquerade_all: cfg.node.masquerade_all,
-                node_ips: cfg
-                    .node
-                    .node_ips
-                    .iter()
-                    .filter_map(|ip| match ip {
-                        IpAddr::V4(v4) => Some(*v4),
-                        IpAddr::V6(_) => None,
-                    })
-                    .collect(),
+                node_ips: cfg.node.node_ips.clone(),
             },
             tc,
             maps,
@@ -238,15 +234,6 @@ impl EbpfDataplane {
                 "ebpf: Service port {name} is SCTP, which the ebpf backend does not translate \
                  (the kernel runs no socket program for SCTP connect(); the tc path is TCP/UDP)"
             );
-        }
-        if let Some(d) = &desired {
-            if !d.skipped_v6.is_empty() {
-                tracing::warn!(
-                    "ebpf: Service port {name}: IPv6 addresses {:?} not programmed (the ebpf \
-                     backend handles IPv4 only)",
-                    d.skipped_v6
-                );
-            }
         }
         self.programmed
             .apply(&mut self.maps, name, desired.as_ref(), ops)
@@ -336,6 +323,10 @@ impl Dataplane for EbpfDataplane {
     fn live_view(&self) -> Option<Arc<dyn LiveView>> {
         Some(Arc::new(self.live()))
     }
+
+    fn families(&self) -> &'static [IpFamily] {
+        &IpFamily::ALL
+    }
 }
 
 /// Removes everything the ebpf backend pinned under `cfg.bpffs_path` (detaching its programs),
@@ -360,6 +351,26 @@ fn service_range(cfg: &BackendConfig) -> (u32, u32) {
             ipnet::IpNet::V6(_) => None,
         })
         .unwrap_or((0, 0))
+}
+
+/// The IPv6 settings: the first IPv6 service range and masquerade address (zero when none).
+fn config6(cfg: &BackendConfig, nodeport_ips: &[IpAddr]) -> NodeConfig6 {
+    let mut c = NodeConfig6::default();
+    if let Some(net) = cfg.service_cidrs.iter().find_map(|n| match n {
+        ipnet::IpNet::V6(v6) => Some(*v6),
+        ipnet::IpNet::V4(_) => None,
+    }) {
+        c.svc_net = compile::addr_words(IpAddr::V6(net.network()));
+        c.svc_mask = compile::addr_words(IpAddr::V6(net.netmask()));
+    }
+    let masq = nodeport_ips
+        .iter()
+        .chain(&cfg.node.node_ips)
+        .find(|ip| ip.is_ipv6() && !ip.is_loopback());
+    if let Some(ip) = masq {
+        c.masq_addr = compile::addr_words(*ip);
+    }
+    c
 }
 
 /// The source address masqueraded tc traffic gets: the first IPv4 nodePort address, else the

@@ -10,9 +10,14 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use proxy_common::{Backend, BackendCounters, ServiceKey, ServiceValue, SlotKey, SVC_F_VIP};
+use proxy_common::{
+    Backend, BackendCounters, ServiceKey, ServiceValue, SlotKey, FAMILY_V4, FAMILY_V6, SVC_F_VIP,
+};
 
-use super::compile::{v4_from_word, v4_word, BackendAddr, DesiredService, SetKind, SrcRange, V4};
+use super::compile::{
+    addr_from_words, addr_words, family_of, key_is_v6, BackendAddr, DesiredService, SetKind,
+    SrcRange,
+};
 use super::maps::{FlushReport, Maps};
 use crate::error::DataplaneError;
 use crate::model::{Protocol, ServicePortName};
@@ -26,34 +31,27 @@ struct SetState {
     addrs: Vec<BackendAddr>,
 }
 
-/// A service port's backend sets by kind, inline: there are two kinds, and an ordered map would
-/// allocate a whole tree node per service port for one or two entries.
+/// A service port's backend sets by kind, inline: there are four kinds (two per family), and an
+/// ordered map would allocate a whole tree node per service port for one or two entries.
 #[derive(Debug, Clone, Default)]
-struct Sets([Option<SetState>; 2]);
+struct Sets([Option<SetState>; 4]);
 
 impl Sets {
-    fn slot(kind: SetKind) -> usize {
-        match kind {
-            SetKind::Cluster => 0,
-            SetKind::External => 1,
-        }
-    }
-
     fn get(&self, kind: &SetKind) -> Option<&SetState> {
-        self.0[Self::slot(*kind)].as_ref()
+        self.0[kind.index()].as_ref()
     }
 
     fn get_mut(&mut self, kind: &SetKind) -> Option<&mut SetState> {
-        self.0[Self::slot(*kind)].as_mut()
+        self.0[kind.index()].as_mut()
     }
 
     fn insert(&mut self, kind: SetKind, set: SetState) {
-        self.0[Self::slot(kind)] = Some(set);
+        self.0[kind.index()] = Some(set);
     }
 
-    /// The sets in kind order (cluster, then external).
+    /// The sets in kind order (IPv4 cluster, external, then IPv6's).
     fn iter(&self) -> impl Iterator<Item = (SetKind, &SetState)> {
-        [SetKind::Cluster, SetKind::External]
+        SetKind::ALL
             .into_iter()
             .zip(&self.0)
             .filter_map(|(k, s)| s.as_ref().map(|s| (k, s)))
@@ -197,11 +195,7 @@ impl Programmed {
         new: &mut SvcState,
         ops: &mut usize,
     ) -> Result<(), DataplaneError> {
-        let mut kinds = vec![SetKind::Cluster];
-        if desired.external.is_some() {
-            kinds.push(SetKind::External);
-        }
-        for kind in kinds {
+        for kind in desired.kinds() {
             self.write_set(maps, object, old, desired, kind, new, ops)?;
         }
         // Allowed sources before the frontends that check them (written at once, not batched).
@@ -222,7 +216,7 @@ impl Programmed {
                 affinity_timeout_s: f.affinity_timeout_s,
                 flags: f.flags,
                 algorithm: f.algorithm,
-                family: V4,
+                family: key_family(&f.key),
             };
             if old.frontends.get(&f.key) != Some(&value) {
                 maps.services.put(f.key, value, object, ops)?;
@@ -237,7 +231,7 @@ impl Programmed {
             if *refs == 1 {
                 let marker = ServiceValue {
                     flags: SVC_F_VIP,
-                    family: V4,
+                    family: key_family(key),
                     ..ServiceValue::default()
                 };
                 maps.services.put(*key, marker, object, ops)?;
@@ -542,18 +536,29 @@ fn slot_key(set_id: u32, slot: usize) -> SlotKey {
 
 fn backend_value(addr: &BackendAddr) -> Backend {
     Backend {
-        addr: [v4_word(addr.addr), 0, 0, 0],
+        addr: addr_words(addr.addr),
         port: addr.port.to_be(),
         proto: addr.proto.number(),
-        family: V4,
+        family: family_of(&addr.addr),
     }
 }
 
-/// The address of a backend map value (IPv4 only).
-pub fn backend_addr(b: &Backend) -> Option<BackendAddr> {
-    if b.family != V4 {
-        return None;
+/// The family constant of a frontend key.
+fn key_family(key: &ServiceKey) -> u8 {
+    if key_is_v6(key) {
+        FAMILY_V6
+    } else {
+        FAMILY_V4
     }
+}
+
+/// The address of a backend map value.
+pub fn backend_addr(b: &Backend) -> Option<BackendAddr> {
+    let v6 = match b.family {
+        FAMILY_V4 => false,
+        FAMILY_V6 => true,
+        _ => return None,
+    };
     let proto = match b.proto {
         6 => Protocol::Tcp,
         17 => Protocol::Udp,
@@ -561,7 +566,7 @@ pub fn backend_addr(b: &Backend) -> Option<BackendAddr> {
         _ => return None,
     };
     Some(BackendAddr {
-        addr: v4_from_word(b.addr[0]),
+        addr: addr_from_words(b.addr, v6),
         port: u16::from_be(b.port),
         proto,
     })

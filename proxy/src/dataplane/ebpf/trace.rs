@@ -3,7 +3,7 @@
 //! traffic from outside the node, `lb.rs` for the pick). Reads only; the real cursor is not moved.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use proxy_common::{ALG_LEAST_CONN, SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES};
 
@@ -17,8 +17,8 @@ pub const MAX_LC_SCAN: u32 = 128;
 /// One connection to trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceRequest {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub port: u16,
     pub proto: Protocol,
     /// From outside the node (tc path) instead of a socket on the node (cgroup path).
@@ -134,7 +134,7 @@ fn decide(f: &FrontendView, req: &TraceRequest) -> Decision {
                 backend,
             },
             None => Decision::Broken(format!(
-                "{}: backend id {} has no IPv4 entry",
+                "{}: backend id {} has no readable entry",
                 f.frontend(),
                 s.backend_id
             )),
@@ -204,7 +204,7 @@ impl fmt::Display for Decision {
                 "dropped: no endpoints usable here (Local traffic policy; EPERM)"
             ),
             Decision::AffinityHit(b) => {
-                write!(f, "affinity hit: -> {}:{}", b.addr, b.port)
+                write!(f, "affinity hit: -> {}", b.socket_addr())
             }
             Decision::Picked {
                 algorithm,
@@ -212,8 +212,8 @@ impl fmt::Display for Decision {
                 backend,
             } => write!(
                 f,
-                "{algorithm}: next connection -> {}:{} (slot {slot})",
-                backend.addr, backend.port
+                "{algorithm}: next connection -> {} (slot {slot})",
+                backend.socket_addr()
             ),
             Decision::Broken(why) => write!(f, "inconsistent maps: {why}"),
         }
@@ -272,6 +272,7 @@ fn socket_netns_cookie(sock: &impl std::os::fd::AsRawFd) -> std::io::Result<u64>
 mod tests {
     use super::*;
     use proxy_common::{ServiceValue, ALG_ROUND_ROBIN};
+    use std::net::Ipv4Addr;
 
     use crate::dataplane::ebpf::inspect::AffinityView;
 
@@ -280,7 +281,7 @@ mod tests {
             slot: n,
             backend_id: n + 1,
             addr: Some(BackendAddr {
-                addr: Ipv4Addr::new(10, 244, n as u8, 2),
+                addr: IpAddr::V4(Ipv4Addr::new(10, 244, n as u8, 2)),
                 port: 8080,
                 proto: Protocol::Tcp,
             }),
@@ -291,7 +292,7 @@ mod tests {
 
     fn frontend(algorithm: u8, actives: &[u64], cursor: u32) -> FrontendView {
         FrontendView {
-            addr: Ipv4Addr::new(10, 96, 0, 10),
+            addr: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 10)),
             port: 80,
             proto: Some(Protocol::Tcp),
             external: false,
@@ -314,8 +315,8 @@ mod tests {
 
     fn req(external: bool, netns_cookie: Option<u64>) -> TraceRequest {
         TraceRequest {
-            src: Ipv4Addr::new(192, 0, 2, 100),
-            dst: Ipv4Addr::new(10, 96, 0, 10),
+            src: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 100)),
+            dst: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 10)),
             port: 80,
             proto: Protocol::Tcp,
             external,
@@ -356,13 +357,15 @@ mod tests {
                 idle_ns: 1_000_000_000,
             },
             AffinityView {
-                client: AffinityClient::Addr(Ipv4Addr::new(192, 0, 2, 100)),
+                client: AffinityClient::Addr(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 100))),
                 backend_id: 2,
                 idle_ns: 11_000_000_000,
             },
         ];
         let hit = decide(&f, &req(false, Some(42)));
-        assert!(matches!(hit, Decision::AffinityHit(b) if b.addr == Ipv4Addr::new(10, 244, 1, 2)));
+        assert!(
+            matches!(hit, Decision::AffinityHit(b) if b.addr == IpAddr::V4(Ipv4Addr::new(10, 244, 1, 2)))
+        );
         // Another namespace, or no namespace given: the algorithm decides.
         assert_eq!(picked_slot(decide(&f, &req(false, Some(43)))), 0);
         assert_eq!(picked_slot(decide(&f, &req(false, None))), 0);
@@ -389,7 +392,7 @@ mod tests {
             trace(
                 &snap,
                 &TraceRequest {
-                    src: Ipv4Addr::from(src),
+                    src: IpAddr::V4(Ipv4Addr::from(src)),
                     ..req(external, Some(netns))
                 },
             )

@@ -36,7 +36,12 @@ fn ctx(tc: bool) -> CompileContext {
 }
 
 fn last_octets(set: &[BackendAddr]) -> Vec<u8> {
-    set.iter().map(|b| b.addr.octets()[3]).collect()
+    set.iter()
+        .map(|b| match b.addr {
+            IpAddr::V4(v4) => v4.octets()[3],
+            IpAddr::V6(v6) => v6.octets()[15],
+        })
+        .collect()
 }
 
 #[test]
@@ -125,12 +130,60 @@ fn affinity_and_least_conn_are_carried_to_every_frontend() {
 }
 
 #[test]
-fn ipv6_addresses_are_reported_as_skipped() {
+fn each_family_uses_its_own_backend_sets_and_keys() {
     let mut s = svc();
     s.cluster_ips = vec![ip("10.96.0.10"), ip("fd00::10")];
-    let d = run(&s, &[ep(1, NODE)]);
-    assert_eq!(d.frontends.len(), 1);
-    assert_eq!(d.skipped_v6, vec![ip("fd00::10")]);
+    s.node_port = 30080;
+    let v6 = |last: u8| Endpoint {
+        addr: IpAddr::V6(format!("fd00:10:244::{last}").parse().unwrap()),
+        ..ep(last, NODE)
+    };
+    let sel = select(&s, &[ep(1, NODE), ep(2, NODE), v6(7)], NODE);
+    let mut c = ctx(false);
+    c.nodeport_ips.push(ip("2001:db8::10"));
+    let d = compile(&s, &sel, &c);
+    // IPv4 before IPv6 in the one sorted list; each family's set is its part.
+    assert_eq!(last_octets(&d.cluster), vec![1, 2, 7]);
+    assert_eq!(last_octets(d.set(SetKind::Cluster)), vec![1, 2]);
+    assert_eq!(last_octets(d.set(SetKind::Cluster6)), vec![7]);
+    assert_eq!(d.kinds(), vec![SetKind::Cluster, SetKind::Cluster6]);
+    let v6_keys: Vec<&Frontend> = d
+        .frontends
+        .iter()
+        .filter(|f| f.key.scope & SCOPE_V6 != 0)
+        .collect();
+    // The IPv6 clusterIP and the nodePort on the node's IPv6 address.
+    assert_eq!(v6_keys.len(), 2, "{:?}", d.frontends);
+    assert!(v6_keys.iter().all(|f| f.set == SetKind::Cluster6));
+    assert_eq!(
+        addr_from_words(v6_keys[0].key.addr, true),
+        ip("fd00::10"),
+        "the whole address is in the key"
+    );
+    assert_eq!(d.vips.len(), 2);
+    // An IPv4-only Service opens no nodePort on the IPv6 address.
+    let v4_only = compile(&svc_with_node_port(), &sel, &c);
+    assert!(v4_only
+        .frontends
+        .iter()
+        .all(|f| f.key.scope & SCOPE_V6 == 0));
+}
+
+#[test]
+fn an_ipv6_address_with_a_zero_tail_is_not_an_ipv4_key() {
+    // Word 0 of `a60:a::` equals 10.96.0.10's; the scope tells them apart.
+    let v4 = service_key(ip("10.96.0.10"), 80, Protocol::Tcp);
+    let v6 = service_key(ip("a60:a::"), 80, Protocol::Tcp);
+    assert_eq!(v4.addr[0], v6.addr[0]);
+    assert_ne!(v4, v6);
+    assert_eq!(addr_from_words(v6.addr, key_is_v6(&v6)), ip("a60:a::"));
+    assert_eq!(addr_from_words(v4.addr, key_is_v6(&v4)), ip("10.96.0.10"));
+}
+
+fn svc_with_node_port() -> ServicePort {
+    let mut s = svc();
+    s.node_port = 30080;
+    s
 }
 
 #[test]
