@@ -264,6 +264,28 @@ fn getpeername_shows_the_service_address() {
     assert_eq!(lines, vec![format!("peer {}", vip(80))]);
 }
 
+/// A dual-stack (AF_INET6, not V6ONLY) socket that reaches an IPv4 Service through its v4-mapped
+/// address (`::ffff:10.96.0.10`, what Java and other dual-stack clients do) runs connect6, which
+/// translates it as IPv4 and gives it the backend's v4-mapped address; getpeername6 shows the
+/// mapped service address again.
+#[test]
+fn a_dual_stack_socket_reaches_an_ipv4_service_through_its_v4_mapped_address() {
+    let mut fx = Fixture::new("mapped", 2);
+    let mut state = one_service(&fx, &[0, 1], Algorithm::RoundRobin);
+    fx.sync(&mut state, &full());
+    let mapped = SocketAddr::from((VIP.to_ipv6_mapped(), 80));
+    let lines = fx.client_lines(&format!("tcp {mapped} 4"));
+    let counts = pod_counts(&lines);
+    assert_eq!(counts.values().sum::<usize>(), 4, "{lines:?}");
+    assert_eq!(
+        counts.len(),
+        2,
+        "round-robin over both endpoints: {lines:?}"
+    );
+    let lines = fx.client_lines(&format!("peer {mapped}"));
+    assert_eq!(lines, vec![format!("peer {mapped}")]);
+}
+
 #[test]
 fn restart_reuses_pins_and_keeps_balancing_state() {
     let mut fx = Fixture::new("restart", 4);
