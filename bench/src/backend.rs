@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context as _};
 use kpr_tests::{Agent, AgentOptions, Cgroup, Netns};
 use proxy::dataplane::{BackendConfig, Dataplane};
-use proxy::model::{Algorithm, ServicePortName};
+use proxy::model::{Algorithm, IpFamily, ServicePortName};
 use proxy::state::{ChangeSet, PortState, ProxyState, SyncStats};
 use serde::Serialize;
 
 use super::traffic::{self, InCgroup, Latency};
-use super::workload::{backend_config, service_cidrs, Workload, SERVICE_PORT};
+use super::workload::{backend_config, service_cidrs_of, Workload, SERVICE_PORT};
 use super::{kernel_memory_kib, Plan};
 
 type Job = Box<dyn FnOnce(&mut dyn Dataplane, &mut ProxyState) + Send>;
@@ -243,11 +243,13 @@ pub struct Env {
     pub bpffs: std::path::PathBuf,
     /// `--iptables-mode`, for the iptables backend.
     pub iptables_mode: Option<&'static str>,
+    /// The workload's family (IPv6: a dual-stack site, IPv6-only Services).
+    pub family: IpFamily,
 }
 
 impl Env {
-    pub fn new(plan: &Plan, backend: &str) -> anyhow::Result<Env> {
-        let cluster = super::cluster(plan)?;
+    pub fn new(plan: &Plan, backend: &str, family: IpFamily) -> anyhow::Result<Env> {
+        let cluster = super::site_of(plan.endpoints, family == IpFamily::V6)?;
         let cgroup = (backend == "ebpf")
             .then(|| Cgroup::new("bench"))
             .transpose()?;
@@ -258,11 +260,12 @@ impl Env {
             cgroup,
             bpffs,
             iptables_mode: backend_and_mode(backend).1,
+            family,
         })
     }
 
     fn config(&self, services: usize) -> BackendConfig {
-        let mut cfg = backend_config(services, self.cgroup.as_ref(), &self.bpffs);
+        let mut cfg = backend_config(services, self.family, self.cgroup.as_ref(), &self.bpffs);
         cfg.iptables_mode = self.iptables_mode.map(str::to_string);
         cfg
     }
@@ -272,6 +275,17 @@ impl Env {
             services,
             endpoints: plan.endpoints,
             pods: self.cluster.pod_ips(),
+            pods6: self.cluster.pod_ip6s(),
+            family: self.family,
+        }
+    }
+
+    /// Pod 0's server in the workload's family (the "direct to the pod" reference).
+    fn direct(&self) -> SocketAddr {
+        let pod = &self.cluster.pods[0];
+        match (self.family, pod.ip6) {
+            (IpFamily::V6, Some(ip6)) => SocketAddr::from((ip6, pod.echo_addr().port())),
+            _ => pod.echo_addr(),
         }
     }
 
@@ -288,13 +302,14 @@ impl Drop for Env {
     }
 }
 
-fn last_addr(services: usize) -> SocketAddr {
-    SocketAddr::from((Workload::cluster_ip(services - 1), SERVICE_PORT))
+fn last_addr(w: &Workload) -> SocketAddr {
+    SocketAddr::new(w.service_ip(w.services - 1), SERVICE_PORT)
 }
 
-/// Measures one backend; an error means the backend failed (not available, or broken).
-pub fn run(plan: &Plan, name: &str) -> anyhow::Result<BackendResult> {
-    let env = Env::new(plan, name)?;
+/// Measures one backend with a workload of `family`; an error means the backend failed (not
+/// available, or broken).
+pub fn run(plan: &Plan, name: &str, family: IpFamily) -> anyhow::Result<BackendResult> {
+    let env = Env::new(plan, name, family)?;
     let backend = backend_and_mode(name).0;
     let mut result = BackendResult::default();
     small(plan, &env, backend, &mut result).context("at 10 Services")?;
@@ -316,7 +331,7 @@ fn small(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
     worker.sync(&w.state(), full())?;
     let lo = env.cluster.loopback_addr();
     let p = env.as_client(|ns| {
-        traffic::paired(ns, last_addr(10), lo, plan.latency_samples, Duration::ZERO)
+        traffic::paired(ns, last_addr(&w), lo, plan.latency_samples, Duration::ZERO)
     })?;
     (r.latency_10, r.loopback_ratio_10) = (Some(p.service), Some(p.latency_ratio));
     r.notes.push(format!(
@@ -375,8 +390,8 @@ fn large(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
     );
     (r.change_p50_ms, r.change_p99_ms, r.changes) =
         (lat.p50_us / 1e3, lat.p99_us / 1e3, lat.samples);
-    let target = last_addr(plan.services);
-    let direct = env.cluster.pods[0].echo_addr();
+    let target = last_addr(&w);
+    let direct = env.direct();
     env.as_client(|ns| {
         let p = traffic::paired(ns, target, direct, plan.latency_samples, plan.rate_time)?;
         (r.latency_n, r.direct) = (Some(p.service), Some(p.direct));
@@ -408,7 +423,7 @@ fn least_conn(
     state: &mut ProxyState,
 ) -> String {
     let last = plan.services - 1;
-    let target = last_addr(plan.services);
+    let target = last_addr(w);
     let mix = |env: &Env| {
         env.as_client(|ns| traffic::held_spread(ns, target, plan.long_conns, plan.short_per_long))
             .map(|per_pod| traffic::spread(&per_pod, plan.endpoints))
@@ -435,7 +450,13 @@ fn agent(plan: &Plan, env: &Env, backend: &str, r: &mut BackendResult) -> anyhow
         opts.extra_args
             .extend(["--iptables-mode".to_string(), mode.to_string()]);
     }
-    for cidr in service_cidrs(plan.services).into_iter().skip(1) {
+    if env.family == IpFamily::V6 {
+        opts = opts.dual_stack();
+    }
+    for cidr in service_cidrs_of(plan.services, env.family)
+        .into_iter()
+        .skip(1)
+    {
         opts.extra_args
             .extend(["--service-cluster-ip-range".to_string(), cidr]);
     }

@@ -256,11 +256,7 @@ pub fn run(
     let cluster = super::cluster(plan)?;
     let dir = plan.out_dir.join("rulesets");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let w = |n| Workload {
-        services: n,
-        endpoints: plan.endpoints,
-        pods: cluster.pod_ips(),
-    };
+    let w = |n| Workload::v4(n, plan.endpoints, cluster.pod_ips());
     let tag = layout.tag();
     let mut r = BaselineResult {
         name: layout.name(),
@@ -366,11 +362,11 @@ mod tests {
     use std::net::Ipv4Addr;
 
     fn w(n: usize) -> Workload {
-        Workload {
-            services: n,
-            endpoints: 4,
-            pods: (1..=4).map(|i| Ipv4Addr::new(10, 244, i, 2)).collect(),
-        }
+        Workload::v4(
+            n,
+            4,
+            (1..=4).map(|i| Ipv4Addr::new(10, 244, i, 2)).collect(),
+        )
     }
 
     #[test]

@@ -30,6 +30,7 @@ mod workload;
 mod workload_controllers;
 
 use baseline::{Flavour, Layout};
+use proxy::model::IpFamily;
 
 /// One of kpr's own binaries (`controller-manager`, `scheduler`): the one built beside this
 /// benchmark's executable, in the same cargo run and profile (`cargo xtask bench` builds them
@@ -61,6 +62,10 @@ pub struct BenchArgs {
         default_value = "userspace,nftables,iptables-legacy,iptables-nft,ebpf"
     )]
     pub backends: Vec<String>,
+    /// Backends measured again with the same Services in IPv6 (IPv6-only clusterIPs, IPv6 pod
+    /// endpoints, a dual-stack node), after the IPv4 rows; `none` for none.
+    #[arg(long, value_delimiter = ',', default_value = "ebpf,nftables")]
+    pub ipv6_backends: Vec<String>,
     /// 1,000 Services and fewer samples (CI); fails only when a backend errors.
     #[arg(long)]
     pub quick: bool,
@@ -321,10 +326,18 @@ pub fn cluster(plan: &Plan) -> anyhow::Result<Site> {
 
 /// A fresh cluster of `pods` pods with the benchmark's servers (see [`cluster`]).
 pub fn site(pods: usize) -> anyhow::Result<Site> {
-    let spec = ClusterSpec {
+    site_of(pods, false)
+}
+
+/// [`site`], dual-stack when `ipv6`: every pod also has an IPv6 address, served as well.
+pub fn site_of(pods: usize, ipv6: bool) -> anyhow::Result<Site> {
+    let mut spec = ClusterSpec {
         echo: false,
         ..ClusterSpec::pods(pods)
     };
+    if ipv6 {
+        spec = spec.dual_stack();
+    }
     let cluster = Cluster::new(spec)?;
     for (key, value) in [
         ("net.ipv4.tcp_tw_reuse", "1"),
@@ -337,6 +350,12 @@ pub fn site(pods: usize) -> anyhow::Result<Site> {
         .iter()
         .map(|p| server::Server::start(&p.ns, &p.name, p.echo_addr()))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    for p in &cluster.pods {
+        if let Some(ip6) = p.ip6 {
+            let addr = std::net::SocketAddr::from((ip6, p.echo_addr().port()));
+            servers.push(server::Server::start(&p.ns, &p.name, addr)?);
+        }
+    }
     servers.push(server::Server::start(
         &cluster.podclient,
         "loopback",
@@ -482,20 +501,34 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     } else {
         &args.backends
     };
-    for name in backends {
-        println!("bench: backend {name}");
-        let row = match backend::run(&plan, name) {
+    let ipv6: Vec<(&String, IpFamily)> = if args.only_control_plane {
+        Vec::new()
+    } else {
+        args.ipv6_backends
+            .iter()
+            .filter(|b| !b.is_empty() && *b != "none")
+            .map(|b| (b, IpFamily::V6))
+            .collect()
+    };
+    let runs = backends.iter().map(|b| (b, IpFamily::V4)).chain(ipv6);
+    for (name, family) in runs {
+        let label = match family {
+            IpFamily::V4 => name.clone(),
+            IpFamily::V6 => format!("{name} IPv6"),
+        };
+        println!("bench: backend {label}");
+        let row = match backend::run(&plan, name, family) {
             Ok(result) => {
-                failed.extend(result.errors.iter().map(|e| format!("{name}: {e}")));
+                failed.extend(result.errors.iter().map(|e| format!("{label}: {e}")));
                 BackendRow::Measured(Box::new(result))
             }
             Err(e) if is_unavailable(&e) => BackendRow::NotAvailable(format!("{e:#}")),
             Err(e) => {
-                failed.push(format!("{name}: {e:#}"));
+                failed.push(format!("{label}: {e:#}"));
                 BackendRow::Failed(format!("{e:#}"))
             }
         };
-        report.backends.push((name.clone(), row));
+        report.backends.push((label, row));
     }
     if !args.no_control_plane {
         println!(

@@ -319,11 +319,7 @@ fn size(plan: &Plan, n: usize, rt: &tokio::runtime::Runtime) -> anyhow::Result<S
         ..Options::minimal(controlplane::run_dir(&format!("bench-proxies-{n}")))
     })?;
     let client = rt.block_on(cp.client())?;
-    let w = Workload {
-        services: n,
-        endpoints: plan.endpoints,
-        pods: pod_ips(plan.endpoints + 1),
-    };
+    let w = Workload::v4(n, plan.endpoints, pod_ips(plan.endpoints + 1));
     let start = Instant::now();
     rt.block_on(load(&client, &w))?;
     let load_s = start.elapsed().as_secs_f64();

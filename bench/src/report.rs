@@ -127,6 +127,7 @@ impl Report {
             plan.seed
         )
         .unwrap();
+        write!(command, " --ipv6-backends {}", args.ipv6_backends.join(",")).unwrap();
         if args.no_control_plane {
             command.push_str(" --no-control-plane");
         } else if !args.quick {
@@ -166,7 +167,7 @@ impl Report {
     /// The markdown table (also what is printed).
     pub fn markdown(&self) -> String {
         let mut s = String::new();
-        writeln!(s, "Command: `{}`  \nKernel: {}  \nDate: {}  \nTree: {}  \nServices: {} (ClusterIP; the last {} also NodePort), {} endpoints each\n",
+        writeln!(s, "Command: `{}`  \nKernel: {}  \nDate: {}  \nTree: {}  \nServices: {} (ClusterIP; the last {} also NodePort), {} endpoints each; rows marked IPv6: the same Services IPv6-only (clusterIPs in fd00:10:96::/112, endpoints on the pods' IPv6 addresses, a dual-stack node)\n",
             self.command, self.kernel, self.date, self.commit, self.services, super::workload::NODE_PORTS.min(self.services), self.endpoints).unwrap();
         s.push_str("| dataplane | full sync/load (ms) | one change p50 / p99 (ms) | kernel mem Δ (KiB, approx.) | agent: first sync (s) / VmHWM (MiB) | latency@10 p50/p99 (µs) | latency@N p50/p99 (µs) | @N / @10 | vs direct: p50 / req/s | RR max dev (%) | LC held spread (RR) |\n");
         s.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -6,14 +6,18 @@
 //! each /16 used added to the service CIDRs, see [`service_cidrs`]); the last [`NODE_PORTS`] Services are also NodePort
 //! (`30000 + ...`: the nodePort range cannot hold 20,000 ports); endpoint `j` of Service `i` is pod
 //! `(i + j) % pods` on port 8080. Names sort in index order, so Service `N - 1` is last in every
-//! backend's rule order.
+//! backend's rule order. An IPv6 workload ([`IpFamily::V6`]) has the same Services IPv6-only:
+//! clusterIP `fd00:10:96:: + 10 + i` (one /112 per 65,536, see [`service_cidrs6`]), endpoints on
+//! the pods' IPv6 addresses.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use kpr_tests::cluster::{CLUSTER_CIDR, ECHO_PORT, NODE_IP, NODE_NAME, SERVICE_CIDR};
+use kpr_tests::cluster::{
+    CLUSTER_CIDR, CLUSTER_CIDR6, ECHO_PORT, NODE_IP, NODE_IP6, NODE_NAME, SERVICE_CIDR,
+};
 use proxy::dataplane::BackendConfig;
-use proxy::model::{Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
+use proxy::model::{Algorithm, Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
 use proxy::selection::NodeContext;
 use proxy::state::{ChangeSet, ProxyState};
 
@@ -34,15 +38,53 @@ pub fn service_cidrs(services: usize) -> Vec<String> {
         .collect()
 }
 
+/// The IPv6 service CIDRs of a workload of `services` Services: a /112 per 65,536 clusterIPs
+/// from fd00:10:96::/112 (the harness's IPv6 service range) on.
+pub fn service_cidrs6(services: usize) -> Vec<String> {
+    let blocks = (services + 10).div_ceil(65_536);
+    (0..blocks)
+        .map(|b| {
+            if b == 0 {
+                "fd00:10:96::/112".to_string()
+            } else {
+                format!("fd00:10:96::{b:x}:0/112")
+            }
+        })
+        .collect()
+}
+
+/// The service CIDRs of a workload of `services` Services of `family`.
+pub fn service_cidrs_of(services: usize, family: IpFamily) -> Vec<String> {
+    match family {
+        IpFamily::V4 => service_cidrs(services),
+        IpFamily::V6 => service_cidrs6(services),
+    }
+}
+
 /// N Services over a set of pod addresses.
 #[derive(Debug, Clone)]
 pub struct Workload {
     pub services: usize,
     pub endpoints: usize,
     pub pods: Vec<Ipv4Addr>,
+    /// The pods' IPv6 addresses (an IPv6 workload's endpoints).
+    pub pods6: Vec<Ipv6Addr>,
+    /// IPv4: the address plan above; IPv6: the same Services IPv6-only.
+    pub family: IpFamily,
 }
 
 impl Workload {
+    /// An IPv4 workload.
+    pub fn v4(services: usize, endpoints: usize, pods: Vec<Ipv4Addr>) -> Workload {
+        Workload {
+            services,
+            endpoints,
+            pods,
+            pods6: Vec::new(),
+            family: IpFamily::V4,
+        }
+    }
+
     /// The clusterIP of Service `i`.
     pub fn cluster_ip(i: usize) -> Ipv4Addr {
         let x = u32::try_from(i + 10).expect("fewer than 2^32 Services");
@@ -51,6 +93,30 @@ impl Workload {
             "Service {i} is past {MAX_SERVICES}"
         );
         Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + x)
+    }
+
+    /// The IPv6 clusterIP of Service `i` (of an IPv6 workload).
+    pub fn cluster_ip6(i: usize) -> Ipv6Addr {
+        let x = u128::try_from(i + 10).expect("fits");
+        Ipv6Addr::from(u128::from("fd00:10:96::".parse::<Ipv6Addr>().expect("constant")) + x)
+    }
+
+    /// Service `i`'s clusterIP in this workload's family.
+    pub fn service_ip(&self, i: usize) -> IpAddr {
+        match self.family {
+            IpFamily::V4 => Self::cluster_ip(i).into(),
+            IpFamily::V6 => Self::cluster_ip6(i).into(),
+        }
+    }
+
+    /// The addresses Service `i`'s endpoints are on, in this workload's family.
+    pub fn endpoint_addrs(&self, i: usize) -> Vec<IpAddr> {
+        match self.family {
+            IpFamily::V4 => self.endpoint_ips(i).into_iter().map(IpAddr::V4).collect(),
+            IpFamily::V6 => (0..self.endpoints)
+                .map(|j| IpAddr::V6(self.pods6[(i + j) % self.pods6.len()]))
+                .collect(),
+        }
     }
 
     /// The node port of Service `i`, if it has one.
@@ -82,7 +148,7 @@ impl Workload {
     fn service_port(&self, i: usize, algorithm: Algorithm) -> ServicePort {
         ServicePort {
             name: Self::port_name(i),
-            cluster_ips: vec![IpAddr::V4(Self::cluster_ip(i))],
+            cluster_ips: vec![self.service_ip(i)],
             port: SERVICE_PORT,
             protocol: Protocol::Tcp,
             node_port: self.node_port(i).unwrap_or(0),
@@ -97,9 +163,9 @@ impl Workload {
         }
     }
 
-    fn endpoint(ip: Ipv4Addr, ready: bool) -> Endpoint {
+    fn endpoint(ip: IpAddr, ready: bool) -> Endpoint {
         Endpoint {
-            addr: IpAddr::V4(ip),
+            addr: ip,
             port: ECHO_PORT,
             node: Some(NODE_NAME.into()),
             zone: None,
@@ -115,7 +181,7 @@ impl Workload {
         let mut state = ProxyState::new(node_context());
         for i in 0..self.services {
             let eps = self
-                .endpoint_ips(i)
+                .endpoint_addrs(i)
                 .into_iter()
                 .map(|ip| Self::endpoint(ip, true))
                 .collect();
@@ -133,7 +199,7 @@ impl Workload {
             .map(|p| p.endpoints.to_vec())
             .unwrap_or_default();
         let removed: Vec<Endpoint> = if ready { Vec::new() } else { eps[..1].to_vec() };
-        eps[0] = Self::endpoint(self.endpoint_ips(i)[0], ready);
+        eps[0] = Self::endpoint(self.endpoint_addrs(i)[0], ready);
         let svc = state
             .get(&name)
             .expect("a Service of the workload")
@@ -188,25 +254,38 @@ impl Workload {
     }
 
     fn manifest(&self, i: usize) -> String {
-        let mut svc = kpr_tests::Service::new(&Self::name(i))
-            .namespace("bench")
-            .cluster_ip(&Self::cluster_ip(i).to_string())
-            .tcp(SERVICE_PORT, ECHO_PORT)
-            .named("http");
+        let ip = self.service_ip(i).to_string();
+        let svc = kpr_tests::Service::new(&Self::name(i)).namespace("bench");
+        let svc = match self.family {
+            IpFamily::V4 => svc.cluster_ip(&ip),
+            IpFamily::V6 => svc.cluster_ips(&[&ip]),
+        };
+        let mut svc = svc.tcp(SERVICE_PORT, ECHO_PORT).named("http");
         if let Some(np) = self.node_port(i) {
             svc = svc.node_port(np);
         }
-        let slice = kpr_tests::EndpointSlice::for_service(&svc).ready_all(self.endpoint_ips(i));
+        let slice = kpr_tests::EndpointSlice::for_service(&svc);
+        let slice = match self.family {
+            IpFamily::V4 => slice.ready_all(self.endpoint_ips(i)),
+            IpFamily::V6 => {
+                let eps = (0..self.endpoints).map(|j| self.pods6[(i + j) % self.pods6.len()]);
+                slice.ipv6().ready_all(eps)
+            }
+        };
         format!("---\n{}", kpr_tests::yaml(&[&svc, &slice]))
     }
 }
 
-/// The node as the harness's agent flags describe it.
+/// The node as the harness's agent flags describe it (a dual-stack site's node: the IPv6
+/// address and pod range are unused by an IPv4 workload).
 pub fn node_context() -> NodeContext {
     NodeContext {
         node_name: NODE_NAME.into(),
-        cluster_cidrs: vec![CLUSTER_CIDR.parse().expect("constant")],
-        node_ips: vec![IpAddr::V4(NODE_IP)],
+        cluster_cidrs: vec![
+            CLUSTER_CIDR.parse().expect("constant"),
+            CLUSTER_CIDR6.parse().expect("constant"),
+        ],
+        node_ips: vec![IpAddr::V4(NODE_IP), IpAddr::V6(NODE_IP6)],
         masquerade_all: false,
         zone: None,
     }
@@ -216,12 +295,13 @@ pub fn node_context() -> NodeContext {
 /// eBPF cgroup, if any).
 pub fn backend_config(
     services: usize,
+    family: IpFamily,
     cgroup: Option<&kpr_tests::Cgroup>,
     bpffs: &std::path::Path,
 ) -> BackendConfig {
     BackendConfig {
         node: node_context(),
-        service_cidrs: service_cidrs(services)
+        service_cidrs: service_cidrs_of(services, family)
             .iter()
             .map(|c| c.parse().expect("generated CIDR"))
             .collect(),
@@ -240,7 +320,38 @@ mod tests {
             services: n,
             endpoints: 4,
             pods: (1..=4).map(|i| Ipv4Addr::new(10, 244, i, 2)).collect(),
+            pods6: Vec::new(),
+            family: IpFamily::V4,
         }
+    }
+
+    #[test]
+    fn an_ipv6_workload_is_the_same_services_in_ipv6() {
+        let w = Workload {
+            family: IpFamily::V6,
+            pods6: (1..=4)
+                .map(|i| format!("fd00:10:244:{i}::2").parse().unwrap())
+                .collect(),
+            ..workload(70_000)
+        };
+        assert_eq!(w.service_ip(0), "fd00:10:96::a".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            w.service_ip(69_999),
+            "fd00:10:96::1:1179".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            service_cidrs6(70_000),
+            vec!["fd00:10:96::/112", "fd00:10:96::1:0/112"]
+        );
+        for cidr in service_cidrs6(70_000) {
+            let _: std::net::Ipv6Addr = cidr.split('/').next().unwrap().parse().unwrap();
+        }
+        let state = w.state();
+        let eps = &state.get(&Workload::port_name(5)).unwrap().endpoints;
+        assert!(eps.iter().all(|e| e.addr.is_ipv6()), "{eps:?}");
+        let text = Workload { services: 3, ..w }.manifests()[0].1.clone();
+        assert!(text.contains("addressType: IPv6"), "{text}");
+        assert!(text.contains("fd00:10:96::c"), "{text}");
     }
 
     #[test]
