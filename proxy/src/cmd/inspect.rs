@@ -79,7 +79,7 @@ fn print_service(s: &ServiceView) {
 pub fn slot_line(s: &SlotView) -> String {
     let addr = s
         .addr
-        .map(|a| format!("{}:{}", a.addr, a.port))
+        .map(|a| a.socket_addr().to_string())
         .unwrap_or_else(|| "(missing backend)".into());
     format!(
         "slot {:<3} {addr:<22} id {:<6} active {:<5} total {}",
@@ -135,7 +135,7 @@ fn print_frontend(f: &FrontendView) {
             .iter()
             .find(|s| s.backend_id == a.backend_id)
             .and_then(|s| s.addr)
-            .map(|b| format!("{}:{}", b.addr, b.port))
+            .map(|b| b.socket_addr().to_string())
             .unwrap_or_else(|| format!("backend id {}", a.backend_id));
         println!(
             "    affinity {client} -> {to}  idle {:.1}s",
@@ -148,7 +148,7 @@ fn slot_json(s: &SlotView) -> serde_json::Value {
     serde_json::json!({
         "slot": s.slot,
         "backend_id": s.backend_id,
-        "address": s.addr.map(|a| format!("{}:{}", a.addr, a.port)),
+        "address": s.addr.map(|a| a.socket_addr().to_string()),
         "active": s.active,
         "total": s.total,
     })
