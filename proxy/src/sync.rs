@@ -243,8 +243,10 @@ impl Runner {
         self.healthchecks.update(self.tracker.state());
     }
 
-    /// Keeps the unserved-family gauges (and the warning naming each newly unserved port),
-    /// touching only the changed service ports unless the node itself changed.
+    /// Keeps the unserved-family gauges and warns of newly unserved ports, touching only the
+    /// changed service ports unless the node itself changed or the sync is full. A port is
+    /// warned of once, when it becomes unserved (not again on each full resync), and many ports
+    /// at once (a node without IPv6 and 20,000 dual-stack Services) make one line, not one each.
     fn update_unserved(&mut self, changes: &ChangeSet) {
         let state = self.tracker.state();
         let unserved = unserved_families(
@@ -252,28 +254,38 @@ impl Runner {
             self.dataplane.families(),
             &state.node,
         );
-        let all = changes.full || unserved != self.unserved;
-        if all {
+        let reasons_changed = unserved != self.unserved;
+        if reasons_changed {
             self.unserved = unserved;
             self.unserved_ports.clear();
+        }
+        let all = changes.full || reasons_changed;
+        if all {
+            for set in self.unserved_ports.values_mut() {
+                set.retain(|name| state.contains(name));
+            }
         }
         let names: Vec<ServicePortName> = if all {
             state.names().cloned().collect()
         } else {
             changes.changed.iter().cloned().collect()
         };
+        let mut newly: BTreeMap<IpFamily, Vec<ServicePortName>> = BTreeMap::new();
         for name in names {
             let sp = state.service(&name);
-            for (family, why) in &self.unserved {
+            for (family, _) in &self.unserved {
                 let member = sp.is_some_and(|sp| sp.has_family(*family));
                 let set = self.unserved_ports.entry(*family).or_default();
                 if member && set.insert(name.clone()) {
-                    tracing::warn!(
-                        "Service port {name}: its {family} addresses are not served: {why}"
-                    );
+                    newly.entry(*family).or_default().push(name.clone());
                 } else if !member {
                     set.remove(&name);
                 }
+            }
+        }
+        for (family, why) in &self.unserved {
+            if let Some(names) = newly.get(family) {
+                warn_unserved(*family, why, names);
             }
         }
         for family in IpFamily::ALL {
@@ -359,4 +371,27 @@ fn unix_now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
+}
+
+/// How many newly unserved ports a warning names one by one before it summarizes.
+const UNSERVED_NAMED: usize = 3;
+
+/// The warning for service ports whose `family` addresses became unserved.
+fn warn_unserved(family: IpFamily, why: &str, names: &[ServicePortName]) {
+    if names.len() <= UNSERVED_NAMED {
+        for name in names {
+            tracing::warn!("Service port {name}: its {family} addresses are not served: {why}");
+        }
+        return;
+    }
+    let first: Vec<String> = names[..UNSERVED_NAMED]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    tracing::warn!(
+        "{} Service ports: their {family} addresses are not served: {why} (first: {}; \
+         `proxy inspect` lists every one)",
+        names.len(),
+        first.join(", ")
+    );
 }

@@ -949,7 +949,9 @@ fn dual_stack_is_served_on_both_families_by_their_own_endpoints() {
 }
 
 /// A node without an IPv6 address serves a dual-stack Service's IPv4 side and reports the IPv6
-/// side as not served (log, /state, metrics), naming the port; an IPv6-only Service likewise.
+/// side as not served (/state, metrics, the log), IPv6-only Services likewise. Six ports become
+/// unserved at once: the log says so in one line naming the first ones (not one line each, which
+/// at 20,000 Services floods it), and says it once, not again at every full resync.
 #[test]
 fn a_node_without_ipv6_reports_what_it_cannot_serve() {
     let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
@@ -957,26 +959,81 @@ fn a_node_without_ipv6_reports_what_it_cannot_serve() {
         .cluster_ips(&["10.96.0.60", "fd00:10:96::60"])
         .tcp(80, 8080)
         .named("http");
-    let only6 = Service::new("v6only")
-        .cluster_ips(&["fd00:10:96::61"])
-        .tcp(80, 8080)
-        .named("http");
-    let files = [
-        ("ds.yaml", yaml(&[&svc, &slice_all(&svc, &cluster)])),
-        ("v6only.yaml", yaml(&[&only6])),
-    ];
-    let agent = Agent::start(&cluster.node, &AgentOptions::backend(BACKEND), &files).unwrap();
+    let mut files = vec![(
+        "ds.yaml".to_string(),
+        yaml(&[&svc, &slice_all(&svc, &cluster)]),
+    )];
+    let mut names = vec!["default/ds:http/TCP".to_string()];
+    for i in 0..5 {
+        let name = format!("v6only{i}");
+        let only6 = Service::new(&name)
+            .cluster_ips(&[&format!("fd00:10:96::6{i}")])
+            .tcp(80, 8080)
+            .named("http");
+        files.push((format!("{name}.yaml"), yaml(&[&only6])));
+        names.push(format!("default/{name}:http/TCP"));
+    }
+    let files: Vec<(&str, String)> = files.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let mut opts = AgentOptions::backend(BACKEND);
+    opts.extra_args
+        .extend(["--full-sync-period".to_string(), "1s".to_string()]);
+    let agent = Agent::start(&cluster.node, &opts, &files).unwrap();
     let counts = tally_tcp(&cluster.podclient, addr("10.96.0.60:80"), 4);
     assert_eq!(counts.len(), 2, "{counts:?}");
     let reason = "IPv6: the node has no IPv6 address";
-    let log = agent.wait_for_log("no IPv6 address", CHANGE).unwrap();
+    let summary =
+        "6 Service ports: their IPv6 addresses are not served: the node has no IPv6 address";
+    let log = agent.wait_for_log(summary, CHANGE).unwrap();
     assert!(
         log.lines()
-            .any(|l| l.contains("no IPv6 address") && l.contains("default/v6only")),
-        "the IPv6-only Service is named in the log:\n{log}"
+            .any(|l| l.contains(summary) && l.contains("default/ds:http/TCP")),
+        "one line names the first ports:\n{log}"
     );
+    // A change after a second is synced in full (--full-sync-period 1s): nothing is warned of
+    // again. A port that becomes unserved later is named on its own.
+    std::thread::sleep(Duration::from_millis(1_200));
+    let plain = Service::new("plain")
+        .cluster_ip("10.96.0.70")
+        .tcp(80, 8080)
+        .named("http");
+    agent
+        .write_manifest("plain.yaml", &yaml(&[&plain]))
+        .unwrap();
+    agent
+        .wait_for("the plain Service", CHANGE, |s| {
+            s.service("default/plain:http/TCP").is_some()
+        })
+        .unwrap();
+    let metrics = agent.metrics().unwrap();
+    let full_syncs: f64 = metrics
+        .lines()
+        .find(|l| l.contains("sync_full_proxy_rules_duration_seconds_count"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or_else(|| panic!("no full sync count in the metrics:\n{metrics}"));
+    assert!(
+        full_syncs >= 2.0,
+        "the change was synced in full: {full_syncs}"
+    );
+    let warnings = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("addresses are not served"))
+            .count()
+    };
+    assert_eq!(warnings(&agent.log()), 1, "{}", agent.log());
+    let late = Service::new("late6")
+        .cluster_ips(&["fd00:10:96::69"])
+        .tcp(80, 8080)
+        .named("http");
+    agent.write_manifest("late6.yaml", &yaml(&[&late])).unwrap();
+    let log = agent
+        .wait_for_log(
+            "Service port default/late6:http/TCP: its IPv6 addresses are not served",
+            CHANGE,
+        )
+        .unwrap();
+    assert_eq!(warnings(&log), 2, "{log}");
     let state = agent.state().unwrap();
-    for name in ["default/ds:http/TCP", "default/v6only:http/TCP"] {
+    for name in &names {
         let s = state
             .service(name)
             .unwrap_or_else(|| panic!("{name} in {state:?}"));
@@ -984,7 +1041,7 @@ fn a_node_without_ipv6_reports_what_it_cannot_serve() {
     }
     let metrics = agent.metrics().unwrap();
     assert!(
-        metrics.contains("kpr_service_ports_unserved{family=\"IPv6\"} 2"),
+        metrics.contains("kpr_service_ports_unserved{family=\"IPv6\"} 7"),
         "{metrics}"
     );
     assert!(

@@ -648,14 +648,36 @@ fn kwok_node(name: &str) -> serde_json::Value {
 }
 
 /// Three free loopback ports (held together while choosing, so they differ).
+/// Where a control plane's ports are chosen: below the kernel's ephemeral range (32768 and up by
+/// default) and the NodePort range (30000-32767). A port `bind(0)` returned and the caller closed
+/// again goes back to the ephemeral pool, where any outgoing connection of a parallel test can
+/// take it before etcd or kube-apiserver binds it ("address already in use"); these are never
+/// handed out that way.
+const PORTS: std::ops::Range<u16> = 20_000..30_000;
+
+/// Three free ports from [`PORTS`], at random, never the same twice in this process.
 fn free_ports() -> anyhow::Result<Ports> {
-    let a = TcpListener::bind("127.0.0.1:0")?;
-    let b = TcpListener::bind("127.0.0.1:0")?;
-    let c = TcpListener::bind("127.0.0.1:0")?;
+    use std::collections::BTreeSet;
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::Mutex;
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let random = RandomState::new();
+    let span = u64::from(PORTS.end - PORTS.start);
+    let mut pick = |which: u64| -> anyhow::Result<u16> {
+        for attempt in 0..1_000u64 {
+            let port = PORTS.start + (random.hash_one((which, attempt)) % span) as u16;
+            if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                handed_out.insert(port);
+                return Ok(port);
+            }
+        }
+        bail!("no free port in {PORTS:?} after 1,000 tries")
+    };
     Ok(Ports {
-        etcd_client: a.local_addr()?.port(),
-        etcd_peer: b.local_addr()?.port(),
-        apiserver: c.local_addr()?.port(),
+        etcd_client: pick(0)?,
+        etcd_peer: pick(1)?,
+        apiserver: pick(2)?,
     })
 }
 
