@@ -281,7 +281,16 @@ mod tests {
         let e = Cli::try_parse_from(["proxy", "trace", "10.0.0.1", "10.96.0.10"])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("is not an IPv4 ADDR:PORT"), "{e}");
+        assert!(e.contains("is not an ADDR:PORT"), "{e}");
+        let cli = Cli::try_parse_from(["proxy", "trace", "fd00::1", "[fd00:10:96::a]:80"]).unwrap();
+        let Command::Trace(t) = cli.command else {
+            panic!("not trace")
+        };
+        assert_eq!(
+            t.dst.addr,
+            "fd00:10:96::a".parse::<std::net::IpAddr>().unwrap()
+        );
+        assert_eq!((t.dst.port, t.dst.proto), (80, crate::model::Protocol::Tcp));
     }
 
     #[test]
