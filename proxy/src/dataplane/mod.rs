@@ -158,6 +158,16 @@ pub fn kernel_has_ipv6() -> bool {
     std::path::Path::new("/proc/sys/net/ipv6").exists()
 }
 
+/// The families a backend's tables can exist in here: both, or IPv4 alone where the kernel has
+/// no IPv6.
+pub fn kernel_families() -> &'static [crate::model::IpFamily] {
+    if kernel_has_ipv6() {
+        &crate::model::IpFamily::ALL
+    } else {
+        &[crate::model::IpFamily::V4]
+    }
+}
+
 /// Builds a backend.
 pub fn build(backend: Backend, cfg: &BackendConfig) -> Result<Box<dyn Dataplane>, DataplaneError> {
     Ok(match backend {

@@ -78,11 +78,7 @@ impl Nftables {
             lc_ports: BTreeSet::new(),
             next_owner: 1,
             chains: BTreeSet::new(),
-            families: if crate::dataplane::kernel_has_ipv6() {
-                &IpFamily::ALL
-            } else {
-                &[IpFamily::V4]
-            },
+            families: crate::dataplane::kernel_families(),
             skeleton: None,
             last_ops: Vec::new(),
         }

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
-use crate::dataplane::{kernel_has_ipv6, BackendConfig, Dataplane};
+use crate::dataplane::{kernel_families, BackendConfig, Dataplane};
 
 use crate::error::DataplaneError;
 use crate::model::{IpFamily, Protocol, ServicePortName};
@@ -31,18 +31,9 @@ use balancer::Balancer;
 use rules::Element;
 use table::Table;
 
-/// The families whose tables can exist on this host.
-fn table_families() -> &'static [IpFamily] {
-    if kernel_has_ipv6() {
-        &IpFamily::ALL
-    } else {
-        &[IpFamily::V4]
-    }
-}
-
 /// Removes the userspace backend's nftables tables.
 pub fn cleanup(_cfg: &BackendConfig) -> Result<(), DataplaneError> {
-    for &f in table_families() {
+    for &f in kernel_families() {
         nft::delete_table(rules::nft_family(f).0, rules::TABLE)?;
     }
     Ok(())
@@ -89,7 +80,7 @@ impl UserspaceDataplane {
             node: Arc::new(cfg.node.clone()),
         };
         let mut listeners = Vec::new();
-        for &family in table_families() {
+        for &family in kernel_families() {
             let std_listener = match tcp::bind(family) {
                 Ok(l) => l,
                 // IPv4 is the one family the backend cannot do without; a node whose IPv6 cannot

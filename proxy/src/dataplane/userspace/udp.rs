@@ -11,9 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{
-    self, ControlMessage, ControlMessageOwned, MsgFlags, SockaddrIn, SockaddrIn6, SockaddrStorage,
-};
+use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, SockaddrStorage};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
@@ -62,55 +60,41 @@ fn send_from(
     from: Option<IpAddr>,
 ) -> std::io::Result<usize> {
     let iov = [IoSlice::new(data)];
-    match (to, from) {
-        (SocketAddr::V4(to), Some(IpAddr::V4(from))) => {
-            let pi = libc::in_pktinfo {
-                ipi_ifindex: 0,
-                ipi_spec_dst: libc::in_addr {
-                    s_addr: u32::from(from).to_be(),
-                },
-                ipi_addr: libc::in_addr { s_addr: 0 },
-            };
-            let cmsg = [ControlMessage::Ipv4PacketInfo(&pi)];
-            Ok(socket::sendmsg(
-                fd,
-                &iov,
-                &cmsg,
-                MsgFlags::empty(),
-                Some(&SockaddrIn::from(to)),
-            )?)
-        }
-        (SocketAddr::V6(to), Some(IpAddr::V6(from))) => {
-            let pi = libc::in6_pktinfo {
-                ipi6_addr: libc::in6_addr {
-                    s6_addr: from.octets(),
-                },
-                ipi6_ifindex: 0,
-            };
-            let cmsg = [ControlMessage::Ipv6PacketInfo(&pi)];
-            Ok(socket::sendmsg(
-                fd,
-                &iov,
-                &cmsg,
-                MsgFlags::empty(),
-                Some(&SockaddrIn6::from(to)),
-            )?)
-        }
-        (SocketAddr::V4(to), _) => Ok(socket::sendmsg(
-            fd,
-            &iov,
-            &[],
-            MsgFlags::empty(),
-            Some(&SockaddrIn::from(to)),
-        )?),
-        (SocketAddr::V6(to), _) => Ok(socket::sendmsg(
-            fd,
-            &iov,
-            &[],
-            MsgFlags::empty(),
-            Some(&SockaddrIn6::from(to)),
-        )?),
-    }
+    // The source address in the family's packet-info message; none when there is no address of
+    // the destination's family to reply from.
+    let pi4 = match (to, from) {
+        (SocketAddr::V4(_), Some(IpAddr::V4(from))) => Some(libc::in_pktinfo {
+            ipi_ifindex: 0,
+            ipi_spec_dst: libc::in_addr {
+                s_addr: u32::from(from).to_be(),
+            },
+            ipi_addr: libc::in_addr { s_addr: 0 },
+        }),
+        _ => None,
+    };
+    let pi6 = match (to, from) {
+        (SocketAddr::V6(_), Some(IpAddr::V6(from))) => Some(libc::in6_pktinfo {
+            ipi6_addr: libc::in6_addr {
+                s6_addr: from.octets(),
+            },
+            ipi6_ifindex: 0,
+        }),
+        _ => None,
+    };
+    let c4 = pi4.as_ref().map(ControlMessage::Ipv4PacketInfo);
+    let c6 = pi6.as_ref().map(ControlMessage::Ipv6PacketInfo);
+    let cmsg: &[ControlMessage] = match (&c4, &c6) {
+        (Some(c), _) | (_, Some(c)) => std::slice::from_ref(c),
+        _ => &[],
+    };
+    let dest = SockaddrStorage::from(to);
+    Ok(socket::sendmsg(
+        fd,
+        &iov,
+        cmsg,
+        MsgFlags::empty(),
+        Some(&dest),
+    )?)
 }
 
 /// A UDP socket of `family` on an ephemeral port that reports each datagram's local address.
