@@ -55,6 +55,8 @@ pub const CONTROLLER_DEPLOYMENT: &str = "kpr-controller-manager";
 pub const SYSTEM_NAMESPACE: &str = "kube-system";
 pub const SMOKE_NAMESPACE: &str = "kpr-smoke";
 pub const SMOKE_NODE_PORT: u16 = 30080;
+/// The nodePort of `echo-local`, the smoke Service with externalTrafficPolicy Local.
+pub const SMOKE_LOCAL_NODE_PORT: u16 = 30081;
 
 /// How the committed agent manifest sets the backend (`KPR_BACKEND`, read by the agent's
 /// `--backend=$(KPR_BACKEND)` and by the init container that cleans up the other backends).

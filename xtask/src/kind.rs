@@ -37,7 +37,7 @@ pub struct KindArgs {
 }
 
 /// How many requests each smoke check sends.
-const SMOKE_REQUESTS: usize = 6;
+pub(crate) const SMOKE_REQUESTS: usize = 6;
 const TIMEOUT: &str = "--timeout=300s";
 
 pub fn run(args: &KindArgs) -> anyhow::Result<()> {

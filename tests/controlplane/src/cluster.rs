@@ -46,8 +46,12 @@ pub struct Options {
     /// [`Network`]); `None`: on this machine's loopback.
     pub network: Option<Network>,
     /// `--service-cluster-ip-range` of kube-apiserver and kube-controller-manager
-    /// ([`SERVICE_CIDR`] unless a test needs more clusterIPs than it holds).
+    /// ([`SERVICE_CIDR`] unless a test needs more clusterIPs than it holds; two, comma-separated,
+    /// for a dual-stack cluster).
     pub service_cidr: String,
+    /// kube-controller-manager's `--cluster-cidr` ([`CLUSTER_CIDR`]; two, comma-separated, for a
+    /// dual-stack cluster).
+    pub cluster_cidr: String,
 }
 
 /// The network namespace a control plane runs in when real nodes must reach it (and it them:
@@ -75,6 +79,7 @@ impl Options {
             apiserver_flags: Vec::new(),
             network: None,
             service_cidr: SERVICE_CIDR.to_string(),
+            cluster_cidr: CLUSTER_CIDR.to_string(),
         }
     }
 }
@@ -500,7 +505,7 @@ impl ControlPlane {
             format!("--root-ca-file={}", self.pki.ca_cert.display()),
             "--use-service-account-credentials=true".into(),
             format!("--service-cluster-ip-range={}", self.opts.service_cidr),
-            format!("--cluster-cidr={CLUSTER_CIDR}"),
+            format!("--cluster-cidr={}", self.opts.cluster_cidr),
             format!("--cluster-signing-cert-file={}", self.pki.ca_cert.display()),
             format!("--cluster-signing-key-file={}", self.pki.ca_key.display()),
         ];

@@ -114,6 +114,13 @@ fn start_containerd(cp: &mut ControlPlane, node: &Node) -> anyhow::Result<()> {
     let dir = &node.dir;
     let cni_conf = dir.join("cni");
     fs::create_dir_all(&cni_conf)?;
+    // One range per family: a dual-stack node's pods get an address of each.
+    let mut ranges = vec![json!([{"subnet": node.address.pod_cidr}])];
+    let mut routes = vec![json!({"dst": "0.0.0.0/0"})];
+    if let Some(v6) = &node.address.v6 {
+        ranges.push(json!([{"subnet": v6.pod_cidr}]));
+        routes.push(json!({"dst": "::/0"}));
+    }
     let conflist = json!({
         "cniVersion": "0.4.0",
         "name": "kpr-cluster",
@@ -126,8 +133,8 @@ fn start_containerd(cp: &mut ControlPlane, node: &Node) -> anyhow::Result<()> {
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": node.address.pod_cidr}]],
-                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "ranges": ranges,
+                    "routes": routes,
                     "dataDir": dir.join("cni-ipam"),
                 }
             },
@@ -286,7 +293,7 @@ fn start_kubelet(cp: &mut ControlPlane, node: &Node) -> anyhow::Result<()> {
         format!("--root-dir={}", dir.join("root").display()),
         format!("--cert-dir={}", dir.join("pki").display()),
         format!("--hostname-override={name}"),
-        format!("--node-ip={}", node.address.ip),
+        format!("--node-ip={}", node.address.node_ips()),
         "--v=1".into(),
     ];
     // In containerd's mount namespace (the node's): the volumes kubelet mounts for pods must be

@@ -315,6 +315,7 @@ fn up_args_for(proxy: &str, nodes: usize) -> anyhow::Result<super::UpArgs> {
         backend: backend.to_string(),
         mode,
         binaries: crate::Profile::Release,
+        ip_family: crate::deploy::IpFamilies::Ipv4,
     })
 }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand, ValueEnum};
-use controlplane::{ControlPlane, Lifetime, Options};
+use controlplane::{network, ControlPlane, Lifetime, Options};
 use serde_json::json;
 
 use crate::exec::Cmd;
@@ -94,6 +94,11 @@ pub struct UpArgs {
     /// Which build of kpr's binaries the nodes' kpr image carries (with --nodes).
     #[arg(long, value_enum, default_value_t = crate::Profile::Release)]
     pub binaries: crate::Profile,
+    /// The cluster's address families: `dual` gives the API server an IPv6 service range too
+    /// (fd00:10:96::/112), and the real nodes, their pods and the Service proxy both families,
+    /// laid out as kind lays out a dual-stack cluster.
+    #[arg(long, value_enum, default_value_t = crate::deploy::IpFamilies::Ipv4)]
+    pub ip_family: crate::deploy::IpFamilies,
 }
 
 /// The kube-controller-manager controllers kpr's controller-manager replaces with `--controllers
@@ -231,7 +236,7 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         scheduler_program: scheduler,
         kwok_nodes: args.kwok_nodes,
         network: real_nodes.as_ref().map(|n| n.control_plane_network()),
-        ..Options::minimal(&cluster.dir)
+        ..dual_stack(Options::minimal(&cluster.dir), args.ip_family)
     };
     let proxy_choice = nodes::ProxyChoice::from_args(args);
     let starting = std::thread::spawn(move || -> anyhow::Result<ControlPlane> {
@@ -279,6 +284,7 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         "server": server, "kubeconfig": kubeconfig,
         "kubernetes": controlplane::kubernetes_version(), "processes": processes,
         "nodes": args.nodes,
+        "ip_family": ip_family_name(args.ip_family),
         "proxy": nodes::ProxyChoice::from_args(args).describe(),
     });
     fs::write(cluster.state_path(), serde_json::to_string_pretty(&state)?)?;
@@ -302,6 +308,33 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
     println!("use it with:  eval \"$(cargo xtask cluster{name_flag} env)\"; kubectl get nodes");
     println!("stop it with: cargo xtask cluster{name_flag} down");
     Ok(())
+}
+
+/// `opts` with both families' service and pod ranges for a dual-stack cluster.
+fn dual_stack(opts: Options, families: crate::deploy::IpFamilies) -> Options {
+    match families {
+        crate::deploy::IpFamilies::Ipv4 => opts,
+        crate::deploy::IpFamilies::Dual => Options {
+            service_cidr: format!("{},{}", opts.service_cidr, network::SERVICE_CIDR6),
+            cluster_cidr: format!("{},{}", opts.cluster_cidr, network::CLUSTER_CIDR6),
+            ..opts
+        },
+    }
+}
+
+fn ip_family_name(families: crate::deploy::IpFamilies) -> &'static str {
+    match families {
+        crate::deploy::IpFamilies::Ipv4 => "ipv4",
+        crate::deploy::IpFamilies::Dual => "dual",
+    }
+}
+
+/// The families state.json records (`ipv4` when it names none).
+pub(crate) fn state_ip_families(state: &serde_json::Value) -> crate::deploy::IpFamilies {
+    match state["ip_family"].as_str() {
+        Some("dual") => crate::deploy::IpFamilies::Dual,
+        _ => crate::deploy::IpFamilies::Ipv4,
+    }
 }
 
 pub(crate) fn down(cluster: &Cluster) -> anyhow::Result<()> {

@@ -16,6 +16,7 @@ use anyhow::{bail, Context as _};
 use clap::ValueEnum;
 use controlplane::network::{self, ClusterNetwork, GATEWAY};
 use controlplane::{ControlPlane, Network};
+use deploy::IpFamilies;
 
 use super::{Cluster, UpArgs};
 use crate::deploy::{self, Render};
@@ -86,7 +87,8 @@ pub struct RealNodes {
 pub fn prepare(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<RealNodes> {
     crate::bench::build(args.binaries)?;
     let images = build_images(args.binaries)?;
-    let network = ClusterNetwork::plan(&cluster.name, args.nodes)?;
+    let dual = args.ip_family == IpFamilies::Dual;
+    let network = ClusterNetwork::plan(&cluster.name, args.nodes, dual)?;
     network.create()?;
     Ok(RealNodes { network, images })
 }
@@ -100,12 +102,21 @@ impl RealNodes {
         }
     }
 
+    /// The network's address families.
+    pub fn ip_families(&self) -> IpFamilies {
+        if self.network.dual_stack {
+            IpFamilies::Dual
+        } else {
+            IpFamilies::Ipv4
+        }
+    }
+
     /// Starts the nodes, waits for them to be Ready, deploys the proxy and CoreDNS.
     pub fn start(self, cp: &mut ControlPlane, proxy: &ProxyChoice) -> anyhow::Result<()> {
         let nodes = controlplane::nodes::start(cp, &self.network.nodes, &self.images)?;
         controlplane::nodes::wait_ready(cp, &nodes, Duration::from_secs(120))?;
         println!("[ok] {} nodes Ready", nodes.len());
-        deploy_proxy(cp, proxy)?;
+        deploy_proxy(cp, proxy, self.ip_families())?;
         apply(cp, &fs::read_to_string(manifest("coredns.yaml"))?)?;
         if proxy.proxy == Proxy::None {
             // CoreDNS reaches the API server through the `kubernetes` Service: nothing serves it.
@@ -119,11 +130,15 @@ impl RealNodes {
 }
 
 /// Applies the proxy's manifest and waits for its DaemonSet.
-pub fn deploy_proxy(cp: &ControlPlane, choice: &ProxyChoice) -> anyhow::Result<()> {
+pub fn deploy_proxy(
+    cp: &ControlPlane,
+    choice: &ProxyChoice,
+    families: IpFamilies,
+) -> anyhow::Result<()> {
     match choice.proxy {
         Proxy::None => return Ok(()),
         Proxy::Kpr => {
-            apply(cp, &kpr_manifest(cp, &choice.backend)?)?;
+            apply(cp, &kpr_manifest(cp, &choice.backend, families)?)?;
             rollout(
                 cp,
                 &format!("daemonset/{}", deploy::AGENT_DAEMONSET),
@@ -131,7 +146,7 @@ pub fn deploy_proxy(cp: &ControlPlane, choice: &ProxyChoice) -> anyhow::Result<(
             )?;
         }
         Proxy::KubeProxy => {
-            apply(cp, &kube_proxy_manifest(cp, choice.mode)?)?;
+            apply(cp, &kube_proxy_manifest(cp, choice.mode, families)?)?;
             rollout(cp, "daemonset/kube-proxy", Duration::from_secs(180))?;
         }
     }
@@ -139,16 +154,26 @@ pub fn deploy_proxy(cp: &ControlPlane, choice: &ProxyChoice) -> anyhow::Result<(
     Ok(())
 }
 
-/// deploy/proxy.yaml rendered for `backend`, pointed at this cluster's API server.
-pub fn kpr_manifest(cp: &ControlPlane, backend: &str) -> anyhow::Result<String> {
-    kpr_manifest_for(cp.ports.apiserver, backend)
+/// deploy/proxy.yaml rendered for `backend` and the cluster's families, pointed at this
+/// cluster's API server.
+pub fn kpr_manifest(
+    cp: &ControlPlane,
+    backend: &str,
+    families: IpFamilies,
+) -> anyhow::Result<String> {
+    kpr_manifest_for(cp.ports.apiserver, backend, families)
 }
 
 /// [`kpr_manifest`] for a cluster whose API server listens on `apiserver_port` (a running one,
 /// known from its state file: `cargo xtask cluster proxy`).
-pub fn kpr_manifest_for(apiserver_port: u16, backend: &str) -> anyhow::Result<String> {
+pub fn kpr_manifest_for(
+    apiserver_port: u16,
+    backend: &str,
+    families: IpFamilies,
+) -> anyhow::Result<String> {
     let render = Render {
         backend: backend.to_string(),
+        ip_families: families,
         ..Render::default()
     };
     let text = deploy::render_file(deploy::AGENT_MANIFEST, &render)?;
@@ -157,19 +182,42 @@ pub fn kpr_manifest_for(apiserver_port: u16, backend: &str) -> anyhow::Result<St
     deploy::with_cgroup_root(&text, "/sys/fs/cgroup/unified")
 }
 
-/// xtask/k8s/manifests/kube-proxy.yaml for `mode`.
-pub fn kube_proxy_manifest(cp: &ControlPlane, mode: Mode) -> anyhow::Result<String> {
-    kube_proxy_manifest_for(cp.ports.apiserver, mode)
+/// xtask/k8s/manifests/kube-proxy.yaml for `mode` and the cluster's families.
+pub fn kube_proxy_manifest(
+    cp: &ControlPlane,
+    mode: Mode,
+    families: IpFamilies,
+) -> anyhow::Result<String> {
+    kube_proxy_manifest_for(cp.ports.apiserver, mode, families)
 }
 
+/// kube-proxy's `clusterCIDR` in the committed manifest, and what a dual-stack cluster's is.
+const KUBE_PROXY_CLUSTER_CIDR: (&str, &str) = (
+    "clusterCIDR: 10.244.0.0/16",
+    "clusterCIDR: 10.244.0.0/16,fd00:10:244::/56",
+);
+
 /// [`kube_proxy_manifest`] for a cluster whose API server listens on `apiserver_port`.
-pub fn kube_proxy_manifest_for(apiserver_port: u16, mode: Mode) -> anyhow::Result<String> {
+pub fn kube_proxy_manifest_for(
+    apiserver_port: u16,
+    mode: Mode,
+    families: IpFamilies,
+) -> anyhow::Result<String> {
     let text = fs::read_to_string(manifest("kube-proxy.yaml"))?;
-    for token in ["mode: MODE", "API_SERVER", "KUBERNETES_VERSION"] {
+    for token in [
+        "mode: MODE",
+        "API_SERVER",
+        "KUBERNETES_VERSION",
+        KUBE_PROXY_CLUSTER_CIDR.0,
+    ] {
         if !text.contains(token) {
             bail!("xtask/k8s/manifests/kube-proxy.yaml: expected {token:?}, found none");
         }
     }
+    let text = match families {
+        IpFamilies::Ipv4 => text,
+        IpFamilies::Dual => text.replace(KUBE_PROXY_CLUSTER_CIDR.0, KUBE_PROXY_CLUSTER_CIDR.1),
+    };
     Ok(text
         .replace("mode: MODE", &format!("mode: {}", mode.as_str()))
         .replace("API_SERVER", &format!("{GATEWAY}:{apiserver_port}"))

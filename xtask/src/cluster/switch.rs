@@ -140,6 +140,8 @@ pub struct Live {
     apiserver_port: u16,
     version: String,
     pub nodes: Vec<NodeRef>,
+    /// The cluster's address families (state.json's `ip_family`).
+    pub ip_families: deploy::IpFamilies,
 }
 
 impl Live {
@@ -198,6 +200,7 @@ impl Live {
                 .unwrap_or(controlplane::kubernetes_version())
                 .to_string(),
             nodes,
+            ip_families: super::state_ip_families(&state),
         })
     }
 
@@ -413,7 +416,7 @@ fn remove_kube_proxy(live: &Live) -> anyhow::Result<()> {
 /// kube-proxy in another mode: the ConfigMap changes, the DaemonSet's pods do not (a ConfigMap
 /// change rolls nothing), so they are restarted; the new ones remove the old mode's rules.
 fn kube_proxy_mode(live: &Live, to: &ProxyChoice) -> anyhow::Result<()> {
-    let text = nodes::kube_proxy_manifest_for(live.apiserver_port, to.mode)?;
+    let text = nodes::kube_proxy_manifest_for(live.apiserver_port, to.mode, live.ip_families)?;
     live.apply("kube-proxy.yaml", &text)?;
     live.set_proxy(to)?;
     live.kubectl(&[
@@ -432,13 +435,14 @@ fn deploy_proxy(live: &Live, to: &ProxyChoice) -> anyhow::Result<()> {
     match to.proxy {
         Proxy::None => {}
         Proxy::Kpr => {
-            let text = nodes::kpr_manifest_for(live.apiserver_port, &to.backend)?;
+            let text = nodes::kpr_manifest_for(live.apiserver_port, &to.backend, live.ip_families)?;
             live.apply(deploy::AGENT_MANIFEST, &text)?;
             live.set_proxy(to)?;
             live.rollout(deploy::AGENT_DAEMONSET)?;
         }
         Proxy::KubeProxy => {
-            let text = nodes::kube_proxy_manifest_for(live.apiserver_port, to.mode)?;
+            let text =
+                nodes::kube_proxy_manifest_for(live.apiserver_port, to.mode, live.ip_families)?;
             live.apply("kube-proxy.yaml", &text)?;
             live.set_proxy(to)?;
             live.rollout("kube-proxy")?;
