@@ -362,8 +362,9 @@ fn table(columns: &[(String, u64, Vec<Outcome>)]) -> String {
     out
 }
 
-/// The e2e smoke of `cargo xtask test`: a one-node cluster with kpr (nftables), a handful of the
-/// Services specs, the cluster down whatever happened.
+/// The e2e smoke of `cargo xtask test`: a one-node dual-stack cluster with kpr (nftables), a
+/// handful of the Services specs, then `cluster smoke` (both families, client addresses), the
+/// cluster down whatever happened.
 pub fn smoke() -> anyhow::Result<()> {
     let cluster = Cluster::named("smoke")?;
     super::teardown(&cluster);
@@ -371,6 +372,7 @@ pub fn smoke() -> anyhow::Result<()> {
     // would cost CI minutes and prove nothing more about the rules they program.
     let up_args = super::UpArgs {
         binaries: crate::Profile::Debug,
+        ip_family: crate::deploy::IpFamilies::Dual,
         ..up_args_for("kpr-nftables", 1)?
     };
     let e2e_args = E2eArgs {
@@ -378,7 +380,9 @@ pub fn smoke() -> anyhow::Result<()> {
         skip: None,
         procs: 2,
     };
-    let result = super::up(&cluster, &up_args).and_then(|()| run(&cluster, &e2e_args));
+    let result = super::up(&cluster, &up_args)
+        .and_then(|()| run(&cluster, &e2e_args))
+        .and_then(|outcomes| super::smoke::run(&cluster).map(|()| outcomes));
     let passed = matches!(&result, Ok(outcomes) if !outcomes.iter().any(failed));
     if !passed {
         // A failed smoke on a CI machine is only explainable from what the cluster's processes
