@@ -235,7 +235,7 @@ pub fn run(cluster: &Cluster) -> anyhow::Result<()> {
     report(&answered, false)?;
     report_clients(&clients)?;
     println!(
-        "smoke: {} checks ({}) from {} nodes, a pod on each and outside them answered ({})",
+        "smoke: {} checks ({}) from {} node(s), a pod on each and outside them answered ({})",
         checks.len(),
         family_list
             .iter()
