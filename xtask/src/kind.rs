@@ -453,7 +453,8 @@ mod tests {
         assert!(agent.contains("--cluster-cidr=10.244.0.0/16,fd00:10:244::/56"));
         assert!(agent.contains("--service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112"));
         assert!(!agent.contains("--nodeport-addresses"), "{agent}");
-        assert_eq!(smoke.matches("ipFamilyPolicy: PreferDualStack").count(), 2);
+        // echo (ClusterIP), echo-nodeport and echo-local (NodePort).
+        assert_eq!(smoke.matches("ipFamilyPolicy: PreferDualStack").count(), 3);
     }
 
     #[test]
