@@ -104,10 +104,19 @@ impl<B> DerefMut for RuleDataplane<B> {
 }
 
 /// Whether any service port asks for least-connection.
-fn wants_least_conn(state: &ProxyState) -> bool {
-    state
-        .iter()
-        .any(|(_, p)| p.service.algorithm == Algorithm::LeastConn)
+/// Whether a service port asks for least-connection: on a full sync, any of them; on an
+/// incremental one only the changed ports can have started to (walking 20,000 ports on every
+/// one-endpoint change cost about 0.1 ms of its 0.6).
+fn wants_least_conn(state: &ProxyState, changes: &ChangeSet, full: bool) -> bool {
+    let lc = |p: &crate::state::PortState| p.service.algorithm == Algorithm::LeastConn;
+    if full {
+        state.iter().any(|(_, p)| lc(p))
+    } else {
+        changes
+            .changed
+            .iter()
+            .any(|spn| state.get(spn).is_some_and(lc))
+    }
 }
 
 impl<B: RuleBackend> Dataplane for RuleDataplane<B> {
@@ -124,7 +133,7 @@ impl<B: RuleBackend> Dataplane for RuleDataplane<B> {
         state: &ProxyState,
         changes: &ChangeSet,
     ) -> Result<SyncStats, DataplaneError> {
-        if self.lc.is_none() && wants_least_conn(state) {
+        if self.lc.is_none() && wants_least_conn(state, changes, changes.full || self.needs_full) {
             match LeastConn::start(self.backend.steer()) {
                 Ok(lc) => self.lc = Some(lc),
                 Err(e) => {
