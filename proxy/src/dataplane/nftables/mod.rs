@@ -13,7 +13,9 @@
 //! userspace backend's table uses too.
 //!
 //! Each address family of a Service is served by its table, with the endpoints of that family:
-//! a dual-stack Service is two independent sets of targets (each with its own conntrack id).
+//! a dual-stack Service is two independent sets of targets (each with its own conntrack id). A
+//! table exists only for a family the cluster declares or has Services of (see
+//! `Nftables::tables_for` on what an unused table costs).
 
 pub mod compile;
 pub mod elements;
