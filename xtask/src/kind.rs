@@ -362,7 +362,7 @@ pub(crate) fn curl_loop(url: &str) -> String {
 }
 
 /// The first address of one family among space-separated `addrs`.
-fn of_family(addrs: &str, v6: bool) -> Option<&str> {
+pub(crate) fn of_family(addrs: &str, v6: bool) -> Option<&str> {
     addrs.split_whitespace().find(|a| {
         a.parse::<std::net::IpAddr>()
             .map_or(a.contains(':') == v6, |ip| ip.is_ipv6() == v6)

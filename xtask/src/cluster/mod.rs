@@ -322,19 +322,20 @@ fn dual_stack(opts: Options, families: crate::deploy::IpFamilies) -> Options {
     }
 }
 
-fn ip_family_name(families: crate::deploy::IpFamilies) -> &'static str {
-    match families {
-        crate::deploy::IpFamilies::Ipv4 => "ipv4",
-        crate::deploy::IpFamilies::Dual => "dual",
-    }
+/// `--ip-family`'s value for `families`, as state.json records it.
+fn ip_family_name(families: crate::deploy::IpFamilies) -> String {
+    families
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default()
 }
 
-/// The families state.json records (`ipv4` when it names none).
+/// The families state.json records (IPv4 when it names none).
 pub(crate) fn state_ip_families(state: &serde_json::Value) -> crate::deploy::IpFamilies {
-    match state["ip_family"].as_str() {
-        Some("dual") => crate::deploy::IpFamilies::Dual,
-        _ => crate::deploy::IpFamilies::Ipv4,
-    }
+    state["ip_family"]
+        .as_str()
+        .and_then(|name| crate::deploy::IpFamilies::from_str(name, false).ok())
+        .unwrap_or_default()
 }
 
 pub(crate) fn down(cluster: &Cluster) -> anyhow::Result<()> {
@@ -476,4 +477,21 @@ fn stop_all(dir: &Path) -> usize {
         }
     });
     pids.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deploy::IpFamilies;
+
+    #[test]
+    fn state_json_records_the_families_by_their_flag_value() {
+        assert_eq!(ip_family_name(IpFamilies::Dual), "dual");
+        assert_eq!(ip_family_name(IpFamilies::Ipv4), "ipv4");
+        for families in [IpFamilies::Ipv4, IpFamilies::Dual] {
+            let state = json!({"ip_family": ip_family_name(families)});
+            assert_eq!(state_ip_families(&state), families);
+        }
+        assert_eq!(state_ip_families(&json!({})), IpFamilies::Ipv4);
+    }
 }

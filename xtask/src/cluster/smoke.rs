@@ -22,7 +22,7 @@ use serde_json::json;
 use super::Cluster;
 use crate::deploy::{self, IpFamilies, Render};
 use crate::exec::Cmd;
-use crate::kind::{curl_loop, report};
+use crate::kind::{curl_loop, of_family, report};
 
 /// This machine's cgroup2 hierarchy; each node's subtree is `<this>/<node>`.
 const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
@@ -41,8 +41,8 @@ impl Family {
         }
     }
 
-    fn of(self, addr: &str) -> bool {
-        addr.contains(':') == (self == Family::V6)
+    fn is_v6(self) -> bool {
+        self == Family::V6
     }
 
     /// `http://ip:port/path`, the address in brackets for IPv6.
@@ -87,15 +87,12 @@ struct Check {
     expect: Expect,
 }
 
-/// A node's name, its InternalIPs and the addresses of its client pod.
+/// A node's name, its InternalIPs and the addresses of its client pod (space-separated, as
+/// kubectl prints them).
 struct NodeView {
     name: String,
-    ips: Vec<String>,
-    client_ips: Vec<String>,
-}
-
-fn of(addrs: &[String], family: Family) -> Option<&str> {
-    addrs.iter().map(String::as_str).find(|a| family.of(a))
+    ips: String,
+    client_ips: String,
 }
 
 pub fn run(cluster: &Cluster) -> anyhow::Result<()> {
@@ -138,13 +135,11 @@ pub fn run(cluster: &Cluster) -> anyhow::Result<()> {
         .read()?;
     let mut nodes: Vec<NodeView> = nodes_text
         .lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            Some(NodeView {
-                name: words.next()?.to_string(),
-                ips: words.map(str::to_string).collect(),
-                client_ips: Vec::new(),
-            })
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, ips)| NodeView {
+            name: name.to_string(),
+            ips: ips.to_string(),
+            client_ips: String::new(),
         })
         .collect();
     ensure!(!nodes.is_empty(), "the cluster has no nodes");
@@ -170,11 +165,10 @@ pub fn run(cluster: &Cluster) -> anyhow::Result<()> {
             .args(["wait", "--for=condition=Ready", &pod, "--timeout=120s"])
             .args(ns)
             .run()?;
-        let ips = kubectl()
+        node.client_ips = kubectl()
             .args(["get", &pod, "-o", "jsonpath={.status.podIPs[*].ip}"])
             .args(ns)
             .read()?;
-        node.client_ips = ips.split_whitespace().map(str::to_string).collect();
     }
     // echo-local answers only on the nodes with an echo pod.
     let echo_nodes: BTreeSet<String> = kubectl()
@@ -200,7 +194,7 @@ pub fn run(cluster: &Cluster) -> anyhow::Result<()> {
             .args(ns)
             .read()?;
         ensure!(
-            family.of(&cluster_ip),
+            of_family(&cluster_ip, family.is_v6()).is_some(),
             "Service echo has no {} clusterIP (clusterIPs: {cluster_ip:?})",
             family.name()
         );
@@ -269,7 +263,7 @@ fn family_checks(
     let ns = ["-n", deploy::SMOKE_NAMESPACE];
     let fam = family.name();
     let node_ip = |node: &NodeView| {
-        of(&node.ips, family)
+        of_family(&node.ips, family.is_v6())
             .map(str::to_string)
             .with_context(|| format!("node {} has no {fam} InternalIP: {:?}", node.name, node.ips))
     };
@@ -288,7 +282,7 @@ fn family_checks(
         let on_node = Cmd::new("nsenter")
             .arg(format!("--net={}", netns_path(&node.name).display()))
             .arg("--");
-        let pod_ip = of(&node.client_ips, family).with_context(|| {
+        let pod_ip = of_family(&node.client_ips, family.is_v6()).with_context(|| {
             format!(
                 "the client pod on {} has no {fam} address: {:?}",
                 node.name, node.client_ips

@@ -103,7 +103,6 @@ impl<B> DerefMut for RuleDataplane<B> {
     }
 }
 
-/// Whether any service port asks for least-connection.
 /// Whether a service port asks for least-connection: on a full sync, any of them; on an
 /// incremental one only the changed ports can have started to (walking 20,000 ports on every
 /// one-endpoint change cost about 0.1 ms of its 0.6).
