@@ -17,6 +17,7 @@ use anyhow::bail;
 use clap::Parser;
 use kpr_tests::{Cluster, ClusterSpec};
 
+mod api_state;
 mod apps_bench;
 mod backend;
 mod baseline;
@@ -203,6 +204,11 @@ pub struct BenchArgs {
     /// Skip the `--source kube` smoke that --quick runs.
     #[arg(long)]
     pub no_proxies: bool,
+    /// `--source kube`: start each size from the API state an earlier run kept for it (sizes of
+    /// 20,000 Services and more keep theirs under target/bench/api-state/) instead of writing its
+    /// Services and slices through the API again; the heading then gives the original write time.
+    #[arg(long)]
+    pub reuse_api_state: bool,
 }
 
 /// The control-plane row's default size: every Service, Pod and status goes through the real

@@ -47,6 +47,7 @@ use kube::{Api, Client};
 use serde::Serialize;
 use serde_json::json;
 
+use crate::api_state;
 use crate::report::xml;
 use crate::traffic::{self, InCgroup, Latency};
 use crate::workload::{service_cidrs, Workload, MAX_SERVICES, SERVICE_PORT};
@@ -123,6 +124,8 @@ pub struct Plan {
     /// How long one proxy's changes may take in all: a proxy whose every sync takes tens of
     /// seconds at a size is stopped there, its row reporting the changes it got through.
     pub churn_limit: Duration,
+    /// Start a size from the API state an earlier run kept for it, when there is one.
+    pub reuse_api_state: bool,
 }
 
 impl Plan {
@@ -165,6 +168,7 @@ impl Plan {
             balance_connections: if args.quick { 400 } else { 4_000 },
             start_limit: Duration::from_secs(if args.quick { 180 } else { 900 }),
             churn_limit: Duration::from_secs(if args.quick { 180 } else { 600 }),
+            reuse_api_state: args.reuse_api_state,
         })
     }
 }
@@ -211,6 +215,9 @@ pub struct SizeRun {
     pub services: usize,
     pub endpoints: usize,
     pub load_s: f64,
+    /// When the objects were not written by this run but taken from a kept API state: when and
+    /// by which tree they were written (`load_s` is that run's write time).
+    pub reused_state: Option<String>,
     pub rows: Vec<Row>,
 }
 
@@ -272,7 +279,7 @@ pub fn run(
             "bench: proxies fed by kube-apiserver {}, {n} Services x {} endpoints",
             bench.kubernetes, plan.endpoints
         );
-        match size(plan, n, &rt) {
+        match size(plan, n, out_dir, &rt) {
             Ok(run) => {
                 for row in &run.rows {
                     if let Some(e) = &row.error {
@@ -313,17 +320,69 @@ fn api_service_cidr(clusterips: usize) -> String {
     }
 }
 
-fn size(plan: &Plan, n: usize, rt: &tokio::runtime::Runtime) -> anyhow::Result<SizeRun> {
+fn size(
+    plan: &Plan,
+    n: usize,
+    out_dir: &Path,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<SizeRun> {
+    let service_cidr = api_service_cidr(clusterips_used(plan, n));
+    let mut record = api_state::Record {
+        format: api_state::FORMAT,
+        services: n,
+        endpoints: plan.endpoints,
+        service_cidr: service_cidr.clone(),
+        kubernetes: controlplane::kubernetes_version().to_string(),
+        load_s: 0.0,
+        date: crate::report::now_utc(),
+        tree: crate::report::tree_state(),
+    };
+    let kept = if plan.reuse_api_state {
+        let kept = api_state::find(out_dir, &record)?;
+        if kept.is_none() {
+            println!(
+                "  no API state kept for {} under {}: writing it",
+                record.key(),
+                out_dir.display()
+            );
+        }
+        kept
+    } else {
+        None
+    };
     let cp = ControlPlane::start(Options {
-        service_cidr: api_service_cidr(clusterips_used(plan, n)),
+        service_cidr,
+        etcd_data: kept.as_ref().map(api_state::Kept::etcd),
         ..Options::minimal(controlplane::run_dir(&format!("bench-proxies-{n}")))
     })?;
     let client = rt.block_on(cp.client())?;
     let w = Workload::v4(n, plan.endpoints, pod_ips(plan.endpoints + 1));
-    let start = Instant::now();
-    rt.block_on(load(&client, &w))?;
-    let load_s = start.elapsed().as_secs_f64();
-    println!("  {n} Services and {n} EndpointSlices written through the API in {load_s:.1} s");
+    let (load_s, reused_state) = match &kept {
+        Some(kept) => {
+            rt.block_on(check_kept(&client, n))
+                .with_context(|| format!("the API state kept in {}", kept.dir.display()))?;
+            let r = &kept.record;
+            println!(
+                "  {n} Services and {n} EndpointSlices from the API state kept in {} (written \
+                 through the API in {:.1} s, {}, tree {})",
+                kept.dir.display(),
+                r.load_s,
+                r.date,
+                r.tree
+            );
+            (r.load_s, Some(format!("{}, tree {}", r.date, r.tree)))
+        }
+        None => {
+            let start = Instant::now();
+            rt.block_on(load(&client, &w))?;
+            let load_s = start.elapsed().as_secs_f64();
+            println!(
+                "  {n} Services and {n} EndpointSlices written through the API in {load_s:.1} s"
+            );
+            (load_s, None)
+        }
+    };
+    record.load_s = load_s;
     let mut rows = Vec::new();
     for (k, proxy) in plan.proxies.iter().enumerate() {
         println!("  {}", proxy.name());
@@ -359,12 +418,37 @@ fn size(plan: &Plan, n: usize, rt: &tokio::runtime::Runtime) -> anyhow::Result<S
         }
         rows.push(row);
     }
+    // Every change is undone: what etcd holds now is what the load wrote, kept for the next run
+    // of this size once etcd has stopped.
+    let etcd = cp.dir.join("etcd");
+    drop(cp);
+    if kept.is_none() && n >= api_state::KEEP_FROM {
+        match api_state::keep(out_dir, &etcd, &record) {
+            Ok(dir) => println!("  API state kept in {} (--reuse-api-state)", dir.display()),
+            Err(e) => println!("  the API state was not kept: {e:#}"),
+        }
+    }
     Ok(SizeRun {
         services: n,
         endpoints: plan.endpoints,
         load_s,
+        reused_state,
         rows,
     })
+}
+
+/// A kept state holds the size's Services: the namespace lists `n` of them (one page of one
+/// item and the count of the rest, not a list of `n` objects).
+async fn check_kept(client: &Client, n: usize) -> anyhow::Result<()> {
+    let api: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+    let page = api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await?;
+    let count = page.items.len() as u64 + page.metadata.remaining_item_count.unwrap_or(0) as u64;
+    if count != n as u64 {
+        bail!("it holds {count} Services in namespace {NAMESPACE}, not {n}");
+    }
+    Ok(())
 }
 
 /// The pod addresses of a cluster of `pods` pods (the harness's plan: pod `i` at 10.244.(i+1).2).
@@ -1059,8 +1143,14 @@ pub fn markdown(b: &ProxiesBench) -> String {
     for run in &b.runs {
         writeln!(
             s,
-            "### {} Services x {} endpoints (written through the API in {:.1} s)\n",
-            run.services, run.endpoints, run.load_s
+            "### {} Services x {} endpoints (written through the API in {:.1} s{})\n",
+            run.services,
+            run.endpoints,
+            run.load_s,
+            match &run.reused_state {
+                Some(when) => format!(" by the run of {when}; its API state reused"),
+                None => String::new(),
+            }
         )
         .unwrap();
         s.push_str(
@@ -1371,6 +1461,7 @@ mod tests {
                     services: n,
                     endpoints: 4,
                     load_s: 1.0,
+                    reused_state: None,
                     rows: vec![
                         row("kube-proxy nftables", n, 10.0),
                         Row {

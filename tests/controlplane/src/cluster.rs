@@ -52,6 +52,10 @@ pub struct Options {
     /// kube-controller-manager's `--cluster-cidr` ([`CLUSTER_CIDR`]; two, comma-separated, for a
     /// dual-stack cluster).
     pub cluster_cidr: String,
+    /// An etcd data directory kept from an earlier control plane, copied in before etcd starts:
+    /// the API server then serves that control plane's objects without their being written
+    /// again (the proxies benchmark keeps the state of its large sizes this way).
+    pub etcd_data: Option<PathBuf>,
 }
 
 /// The network namespace a control plane runs in when real nodes must reach it (and it them:
@@ -80,6 +84,7 @@ impl Options {
             network: None,
             service_cidr: SERVICE_CIDR.to_string(),
             cluster_cidr: CLUSTER_CIDR.to_string(),
+            etcd_data: None,
         }
     }
 }
@@ -115,6 +120,9 @@ impl ControlPlane {
             fs::remove_dir_all(&dir).with_context(|| format!("emptying {}", dir.display()))?;
         }
         fs::create_dir_all(dir.join("logs"))?;
+        if let Some(from) = &opts.etcd_data {
+            copy_dir(from, &dir.join("etcd"))?;
+        }
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let kubernetes_vip = IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1));
         let mut serving_ips = vec![loopback, kubernetes_vip];
@@ -613,6 +621,21 @@ impl Drop for ControlPlane {
             p.stop(Duration::from_secs(5));
         }
     }
+}
+
+/// Copies a directory tree (`cp -a`, reflinked where the filesystem can: an etcd of 100,000
+/// Services is gigabytes).
+pub fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    let status = Command::new("cp")
+        .args(["-a", "--reflink=auto"])
+        .arg(from)
+        .arg(to)
+        .status()
+        .context("running cp")?;
+    if !status.success() {
+        bail!("cp -a {} {}: {status}", from.display(), to.display());
+    }
+    Ok(())
 }
 
 /// `name` on PATH or in the usual system directories.
