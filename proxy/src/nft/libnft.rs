@@ -6,6 +6,13 @@
 //! netlink socket (~6-11 ms, the kernel waits for an RCU grace period). A context kept per thread
 //! keeps its socket open between transactions. The context is bound to the network namespace it
 //! was created in; it is recreated when the calling thread is in another one, and after any error.
+//!
+//! Contexts are per thread, but libnftables is not thread-safe across contexts: `nft_ctx_new`
+//! initialises process globals on first use (an unguarded `init_once`), and both
+//! `nft_run_cmd_from_buffer` and `nft_ctx_free` release the library's one global interface cache
+//! (`iface_cache_release`). A thread's context is freed by its thread-local destructor when the
+//! thread ends (tokio ends idle blocking threads), which can be while another thread runs a
+//! transaction. Every call into the library therefore holds [`LIBRARY`].
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -34,8 +41,18 @@ struct Ctx {
     netns: u64,
 }
 
+/// Held across every call into libnftables (see the module's documentation).
+static LIBRARY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn library() -> std::sync::MutexGuard<'static, ()> {
+    // A panic while holding it cannot leave libnftables half-updated from Rust's side: the lock
+    // only orders the calls.
+    LIBRARY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Drop for Ctx {
     fn drop(&mut self) {
+        let _library = library();
         // SAFETY: `ctx` came from `nft_ctx_new` and is freed exactly once, here.
         unsafe { (self.api.ctx_free)(self.ctx) }
     }
@@ -85,6 +102,7 @@ fn current_netns() -> Option<u64> {
 
 impl Ctx {
     fn new(api: &'static Api, netns: u64) -> Option<Ctx> {
+        let _library = library();
         // SAFETY: plain constructor (NFT_CTX_DEFAULT); null on failure.
         let ctx = unsafe { (api.ctx_new)(0) };
         if ctx.is_null() {
@@ -101,6 +119,7 @@ impl Ctx {
     }
 
     fn run(&self, script: &CString) -> Result<(), String> {
+        let _library = library();
         // SAFETY: `ctx` is valid and `script` is NUL-terminated and outlives the call.
         let rc = unsafe { (self.api.run)(self.ctx, script.as_ptr()) };
         if rc == 0 {
