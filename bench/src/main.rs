@@ -409,16 +409,6 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let plan = Plan::new(args)?;
     std::fs::create_dir_all(&plan.out_dir)?;
-    // A run stopped by a signal never drops its guards: its node and pod namespaces (and the
-    // agent running in the node's) stay. They are named after its pid, so the next run finds them.
-    let stale = kpr_tests::netns::remove_stale();
-    if !stale.is_empty() {
-        println!(
-            "bench: removed {} network namespaces of runs that were killed ({}) and what ran in them",
-            stale.len(),
-            stale.join(", ")
-        );
-    }
     // `--controllers` runs it alone; `--quick` runs its smoke size after the rest.
     let controllers = if args.controllers
         || (args.quick && !args.no_controllers && !args.scheduler && !args.apps)

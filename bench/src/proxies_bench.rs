@@ -279,7 +279,7 @@ pub fn run(
             "bench: proxies fed by kube-apiserver {}, {n} Services x {} endpoints",
             bench.kubernetes, plan.endpoints
         );
-        match size(plan, n, out_dir, &rt) {
+        match size(plan, n, out_dir, &bench.tree, &rt) {
             Ok(run) => {
                 for row in &run.rows {
                     if let Some(e) = &row.error {
@@ -324,6 +324,7 @@ fn size(
     plan: &Plan,
     n: usize,
     out_dir: &Path,
+    tree: &str,
     rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<SizeRun> {
     let service_cidr = api_service_cidr(clusterips_used(plan, n));
@@ -335,7 +336,9 @@ fn size(
         kubernetes: controlplane::kubernetes_version().to_string(),
         load_s: 0.0,
         date: crate::report::now_utc(),
-        tree: crate::report::tree_state(),
+        // The tree the run was built from, as its report gives it (the workspace may have
+        // changed since).
+        tree: tree.to_string(),
     };
     let kept = if plan.reuse_api_state {
         let kept = api_state::find(out_dir, &record)?;
