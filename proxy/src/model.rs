@@ -41,10 +41,13 @@ impl std::fmt::Display for IpFamily {
     }
 }
 
-/// Transport protocol of a Service port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// Transport protocol of a Service port (TCP when a Service does not say, as in Kubernetes).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Protocol {
+    #[default]
     Tcp,
     Udp,
     Sctp,

@@ -99,7 +99,14 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
     // The kernel-facing suites once more inside a VM booted on the oldest kernel we claim, one
     // fast test each (`cargo xtask vm` runs the full matrix), and the benchmark on 1,000 Services,
     // which fails only when a backend errors, never on a time.
-    summary.step("vm smoke", || cargo(&["xtask", "vm", "--smoke"]).run());
+    summary.step("vm smoke", || {
+        let (result, output) = cargo(&["xtask", "vm", "--smoke"]).run_tee();
+        // As for `cargo test`: what failed, in the summary, since the guests' log scrolls away.
+        result.map_err(|e| match vm_failures(&output) {
+            failures if failures.is_empty() => e,
+            failures => e.context(failures.join("\n        ")),
+        })
+    });
     // On the debug binaries the build step made and the suites tested: an optimised build only
     // for a smoke would cost CI minutes, and the smoke checks that every part runs, not numbers.
     summary.step("bench quick", || {
@@ -109,6 +116,31 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
     // handful of upstream's e2e Services specs (`cargo xtask cluster matrix` runs all of them on
     // every proxy).
     summary.step("cluster e2e smoke", crate::cluster::e2e::smoke);
+}
+
+/// What failed in `cargo xtask vm` output: the failed tests with their panic messages (the
+/// guests' lines carry a `[kernel] ` prefix, removed so that they read as `cargo test` output),
+/// and the lines of its closing report that name a failure.
+fn vm_failures(output: &str) -> Vec<String> {
+    let guest: String = output
+        .lines()
+        .map(|l| match l.strip_prefix('[').and_then(|r| r.split_once("] ")) {
+            Some((_, rest)) => rest,
+            None => l,
+        })
+        .flat_map(|l| [l, "\n"])
+        .collect();
+    let mut failed = failed_tests(&guest);
+    if let Some(report) = output.split("failure(s) in the VMs:").nth(1) {
+        failed.extend(
+            report
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string),
+        );
+    }
+    failed
 }
 
 /// The failed tests in `cargo test` output, one line each: the test's name and the first lines
@@ -282,6 +314,35 @@ error: test failed, to rerun pass `-p proxy --lib`
             ]
         );
         assert!(failed_tests("test result: ok. 3 passed\n").is_empty());
+    }
+
+    #[test]
+    fn vm_failures_are_named_from_the_guests_output_and_the_report() {
+        let output = "\
+[6.1.0-56] test conformance::nftables::sctp ... FAILED
+[6.1.0-56] failures:
+[6.1.0-56] 
+[6.1.0-56] ---- conformance::nftables::sctp stdout ----
+[6.1.0-56] thread 'x' panicked at tests/conformance.rs:9:5:
+[6.1.0-56] no answer from 10.96.0.10:80
+[6.1.0-56] 
+[6.1.0-56] failures:
+[6.1.0-56]     conformance::nftables::sctp
+[6.1.0-56] KPR-VM-SUITE-END conformance exit=101
+
+kernel               time     result
+6.1.0-56               113 s  FAILED
+    conformance: conformance::nftables::sctp
+error: 1 failure(s) in the VMs:
+  [6.1.0-56] conformance: conformance::nftables::sctp
+";
+        assert_eq!(
+            vm_failures(output),
+            [
+                "test conformance::nftables::sctp: no answer from 10.96.0.10:80",
+                "[6.1.0-56] conformance: conformance::nftables::sctp",
+            ]
+        );
     }
 
     #[test]

@@ -67,20 +67,23 @@ static DUMPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::
 /// Applies `script` as one transaction (set `KPR_NFT_DUMP_DIR` to keep each script as a file,
 /// `tx-<pid>-<n>.nft`: the bench's worker and the agents it starts share the directory).
 pub fn apply(script: &str) -> Result<(), DataplaneError> {
+    apply_parts(&[script])
+}
+
+/// Applies the concatenation of `parts` as one transaction, without building it: a full load
+/// at 100,000 Services is a 20 MB script, written to `nft -f -` part by part.
+pub fn apply_parts<S: AsRef<str>>(parts: &[S]) -> Result<(), DataplaneError> {
     if let Some(dir) = std::env::var_os("KPR_NFT_DUMP_DIR") {
-        // Debugging aid: keep every transaction as a file.
         let n = DUMPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let _ = std::fs::write(
             std::path::Path::new(&dir).join(format!("tx-{}-{n}.nft", std::process::id())),
-            script,
+            concat(parts),
         );
     }
-    if script.len() <= SMALL_SCRIPT {
-        match libnft::run(script) {
+    let len: usize = parts.iter().map(|p| p.as_ref().len()).sum();
+    if len <= SMALL_SCRIPT {
+        match libnft::run(&concat(parts)) {
             Some(Ok(())) => return Ok(()),
-            // The long-lived context is only a shortcut: a transaction is atomic, so one it
-            // refused is retried by the nft binary, whose answer is the one reported (seen on
-            // Debian's 6.12 kernel: "Operation not supported" from the context only).
             Some(Err(stderr)) => tracing::warn!(
                 "libnftables refused a transaction, retrying with nft -f -: {}",
                 stderr.trim()
@@ -96,7 +99,9 @@ pub fn apply(script: &str) -> Result<(), DataplaneError> {
         .spawn()
         .map_err(|e| DataplaneError::io("running nft -f - (is nftables installed?)", e))?;
     let mut stdin = child.stdin.take().expect("stdin was piped");
-    let write = stdin.write_all(script.as_bytes());
+    let write = parts
+        .iter()
+        .try_for_each(|p| stdin.write_all(p.as_ref().as_bytes()));
     drop(stdin);
     let out = child
         .wait_with_output()
@@ -107,9 +112,13 @@ pub fn apply(script: &str) -> Result<(), DataplaneError> {
     }
     Err(failed(
         "nft -f -",
-        script,
+        &concat(parts),
         &String::from_utf8_lossy(&out.stderr),
     ))
+}
+
+fn concat<S: AsRef<str>>(parts: &[S]) -> String {
+    parts.iter().map(AsRef::as_ref).collect()
 }
 
 fn failed(command: &str, script: &str, stderr: &str) -> DataplaneError {

@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use crate::dataplane::rules::{
     class_index, class_routes, family_addrs, family_endpoints, ClassRoute, Tag, TargetIds,
@@ -22,17 +21,8 @@ use crate::selection::{
 };
 use crate::state::ProxyState;
 
-use super::ruleset::{rr_count_set, RR_COUNTS};
-
-/// One element of one set or map. Its strings are shared: the element table and the compiled
-/// service port that programmed it hold the same ones.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Element {
-    pub family: IpFamily,
-    pub set: &'static str,
-    pub key: Arc<str>,
-    pub value: Option<Arc<str>>,
-}
+use super::elements::{Element, Key, Value, Verdict};
+use super::ruleset::{rr_count_set, slots_map, RR_COUNTS};
 
 /// Round-robin counters per endpoint count. A `numgen inc` counter belongs to its rule, so all
 /// targets that share an `rr_N_B` chain share one counter: a target sees successive endpoints
@@ -63,11 +53,97 @@ pub struct Target {
 }
 
 /// Everything one service port contributes to the table.
+///
+/// Only the elements of its frontends are stored; those its targets imply (slots, round-robin
+/// sets, verdicts, hairpin keys: four in five of all elements at 4 endpoints per Service) are
+/// derived from `targets` when a diff or a full load needs them ([`Compiled::each_target_element`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Compiled {
-    pub elements: Vec<Element>,
+    /// The elements of the port's addresses and ports (clusterIP, frontends, node ports,
+    /// masquerade and firewall sets): keys another service port may claim too.
+    pub frontends: Vec<Element>,
     pub targets: Vec<Target>,
     pub chains: Vec<ChainNeed>,
+    /// The service port's protocol (the slot maps are per protocol).
+    pub protocol: Protocol,
+}
+
+/// Whether an element's key may be claimed by other service ports too (so it is programmed
+/// through the element table) or names one of this port's targets alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    Shared,
+    Owned,
+}
+
+impl Compiled {
+    /// Calls `f` with every element the targets imply.
+    pub fn each_target_element(&self, mut f: impl FnMut(Element, Sharing)) {
+        for t in &self.targets {
+            target_elements(t, self.protocol, &mut f);
+        }
+    }
+
+    /// The elements the targets imply, split into shared keys (deduplicated: two targets of one
+    /// port often share endpoints) and owned ones.
+    pub fn target_elements(&self) -> (Vec<Element>, Vec<Element>) {
+        let (mut shared, mut owned) = (Vec::new(), Vec::new());
+        self.each_target_element(|e, sharing| match sharing {
+            Sharing::Shared => shared.push(e),
+            Sharing::Owned => owned.push(e),
+        });
+        shared.sort();
+        shared.dedup();
+        (shared, owned)
+    }
+}
+
+/// The elements one target implies: its slots and round-robin set (or its verdict), its
+/// endpoints' hairpin keys and its affinity verdicts.
+fn target_elements(t: &Target, protocol: Protocol, f: &mut impl FnMut(Element, Sharing)) {
+    let el = |set, key, value| Element {
+        family: t.family,
+        set,
+        key,
+        value,
+    };
+    let (id, n) = (t.id, t.endpoints.len());
+    let verdict = if n == 0 {
+        Some(match t.empty {
+            EmptyVerdict::Reject => Verdict::EmptyReject,
+            EmptyVerdict::Drop => Verdict::EmptyDrop,
+        })
+    } else if t.algorithm == Algorithm::LeastConn {
+        Some(Verdict::LeastConn)
+    } else {
+        // The slots of a round-robin target, dispatched by its `rr_nN` set (no verdict
+        // element, see `RR_COUNTS`) or, above `RR_COUNTS` endpoints, by a `targets` verdict.
+        let bucket = id % RR_BUCKETS;
+        let slots = slots_map(protocol.lower(), bucket);
+        for (slot, ep) in (0u32..).zip(&t.endpoints) {
+            let value = Value::Endpoint(ep.ip(), ep.port());
+            f(el(slots, Key::Slot(id, slot), Some(value)), Sharing::Owned);
+        }
+        if n <= RR_COUNTS {
+            f(el(rr_count_set(n), Key::Target(id), None), Sharing::Owned);
+            None
+        } else {
+            Some(Verdict::RoundRobin(n as u32, bucket))
+        }
+    };
+    if let Some(v) = verdict {
+        let value = Some(Value::Verdict(v));
+        f(el("targets", Key::Target(id), value), Sharing::Owned);
+    }
+    for ep in &t.endpoints {
+        f(el("hairpin", Key::Hairpin(ep.ip()), None), Sharing::Shared);
+    }
+    if let (Some(secs), true) = (t.affinity_secs, n > 0) {
+        let lookup = Some(Value::Verdict(Verdict::AffinityLookup(secs)));
+        f(el("aff_lookup", Key::Target(id), lookup), Sharing::Owned);
+        let record = Some(Value::Verdict(Verdict::AffinityRecord(secs)));
+        f(el("aff_record", Key::Target(id), record), Sharing::Owned);
+    }
 }
 
 /// A destination of the service port.
@@ -96,14 +172,17 @@ pub fn compile(
         ids,
         spn,
         family: IpFamily::V4,
-        out: Compiled::default(),
+        out: Compiled {
+            protocol: svc.protocol,
+            ..Compiled::default()
+        },
         targets: BTreeMap::new(),
     };
     let proto = svc.protocol;
     for &family in families {
         b.family = family;
         for ip in family_addrs(&svc.cluster_ips, family) {
-            b.element("cluster_ips", ip.to_string(), None);
+            b.element("cluster_ips", Key::Addr(ip), None);
             b.frontend(Frontend::Ip(ip, DestKind::ClusterIp), proto, svc.port);
         }
         for ip in family_addrs(&svc.external_ips, family) {
@@ -134,12 +213,12 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    fn element(&mut self, set: &'static str, key: String, value: Option<String>) {
-        self.out.elements.push(Element {
+    fn element(&mut self, set: &'static str, key: Key, value: Option<Value>) {
+        self.out.frontends.push(Element {
             family: self.family,
             set,
-            key: key.into(),
-            value: value.map(Into::into),
+            key,
+            value,
         });
     }
 
@@ -170,12 +249,8 @@ impl Builder<'_> {
 
     fn frontend(&mut self, fe: Frontend, proto: Protocol, port: u16) {
         let (dest, key, prefix) = match fe {
-            Frontend::Ip(ip, dest) => (dest, format!("{ip} . {} . {port}", proto.lower()), "fe"),
-            Frontend::NodePort => (
-                DestKind::NodePort,
-                format!("{} . {port}", proto.lower()),
-                "np",
-            ),
+            Frontend::Ip(ip, dest) => (dest, Key::AddrPort(ip, proto, port), "fe"),
+            Frontend::NodePort => (DestKind::NodePort, Key::ProtoPort(proto, port), "np"),
         };
         let (svc, sel, ctx) = (self.svc, self.sel, self.ctx);
         let routes: Vec<(usize, u32, bool)> = class_routes(svc, sel, ctx, dest)
@@ -187,14 +262,11 @@ impl Builder<'_> {
         let Some(&(_, common, _)) = routes.iter().find(|r| r.0 == 1).or(routes.first()) else {
             return;
         };
-        self.element(prefix, key.clone(), Some(common.to_string()));
+        self.element(prefix, key.clone(), Some(Value::Target(common)));
         for &(class, id, masq) in &routes {
             if id != common {
-                self.element(
-                    override_map(prefix, class),
-                    key.clone(),
-                    Some(id.to_string()),
-                );
+                let value = Some(Value::Target(id));
+                self.element(override_map(prefix, class), key.clone(), value);
             }
             // clusterIP masquerade is node-wide per class and lives in the base rules.
             if masq && dest != DestKind::ClusterIp {
@@ -214,11 +286,10 @@ impl Builder<'_> {
         if self.svc.source_ranges.is_empty() {
             return;
         }
-        let key = format!("{ip} . {} . {port}", proto.lower());
-        self.element("fw_protected", key.clone(), None);
-        self.element("fw_allowed", format!("{key} . {ip}"), None);
-        for r in ranges {
-            self.element("fw_allowed", format!("{key} . {r}"), None);
+        self.element("fw_protected", Key::AddrPort(ip, proto, port), None);
+        for source in std::iter::once(ip.to_string()).chain(ranges) {
+            let key = Key::Allowed(Box::new((ip, proto, port, source)));
+            self.element("fw_allowed", key, None);
         }
     }
 
@@ -226,78 +297,25 @@ impl Builder<'_> {
         let keys: Vec<(Tag, IpFamily)> = self.targets.keys().copied().collect();
         self.ids.retain(self.spn, &keys);
         let targets: Vec<Target> = std::mem::take(&mut self.targets).into_values().collect();
-        for t in &targets {
-            self.family = t.family;
-            self.target_elements(t);
+        for t in targets.iter().filter(|t| !t.endpoints.is_empty()) {
+            let n = t.endpoints.len();
+            if t.algorithm != Algorithm::LeastConn && n > RR_COUNTS {
+                let need = ChainNeed::RoundRobin(t.family, n, t.id % RR_BUCKETS);
+                self.out.chains.push(need);
+            }
+            if let Some(secs) = t.affinity_secs {
+                self.out.chains.push(ChainNeed::Affinity(t.family, secs));
+            }
         }
         self.out.targets = targets;
         self.out.chains.sort();
         self.out.chains.dedup();
-        self.out.elements.sort();
-        self.out.elements.dedup();
+        self.out.frontends.sort();
+        self.out.frontends.dedup();
         // Kept until the service port changes again: no spare capacity.
-        self.out.elements.shrink_to_fit();
+        self.out.frontends.shrink_to_fit();
         self.out.chains.shrink_to_fit();
         self.out
-    }
-
-    /// The slots of a round-robin target and how it is dispatched: by its `rr_nN` set (no
-    /// verdict element, see `RR_COUNTS`) or, above `RR_COUNTS` endpoints, by the returned
-    /// `targets` verdict.
-    fn round_robin_elements(&mut self, t: &Target) -> Option<String> {
-        let (id, n) = (t.id, t.endpoints.len());
-        let bucket = id % RR_BUCKETS;
-        for (slot, ep) in t.endpoints.iter().enumerate() {
-            self.element(
-                super::ruleset::slots_map(self.svc.protocol.lower(), bucket),
-                format!("{id} . {slot}"),
-                Some(format!("{} . {}", ep.ip(), ep.port())),
-            );
-        }
-        if n <= RR_COUNTS {
-            self.element(rr_count_set(n), id.to_string(), None);
-            return None;
-        }
-        self.out
-            .chains
-            .push(ChainNeed::RoundRobin(self.family, n, bucket));
-        Some(format!("goto rr_{n}_{bucket}"))
-    }
-
-    fn target_elements(&mut self, t: &Target) {
-        let id = t.id;
-        let verdict = if t.endpoints.is_empty() {
-            Some(match t.empty {
-                EmptyVerdict::Reject => "goto empty_reject".to_string(),
-                EmptyVerdict::Drop => "goto empty_drop".to_string(),
-            })
-        } else if t.algorithm == Algorithm::LeastConn {
-            Some("goto lc".to_string())
-        } else {
-            self.round_robin_elements(t)
-        };
-        if let Some(verdict) = verdict {
-            self.element("targets", id.to_string(), Some(verdict));
-        }
-        for ep in &t.endpoints {
-            self.element("hairpin", format!("{0} . {0}", ep.ip()), None);
-        }
-        if let (Some(secs), false) = (t.affinity_secs, t.endpoints.is_empty()) {
-            self.out.chains.push(ChainNeed::Affinity(self.family, secs));
-            self.element(
-                "aff_lookup",
-                id.to_string(),
-                Some(format!("jump {}", super::ruleset::affinity_name(secs))),
-            );
-            self.element(
-                "aff_record",
-                id.to_string(),
-                Some(format!(
-                    "jump {}",
-                    super::ruleset::affinity_record_name(secs)
-                )),
-            );
-        }
     }
 }
 
@@ -369,16 +387,17 @@ mod tests {
         s
     }
 
+    /// The frontends' elements and those the targets imply.
+    fn all(c: &Compiled) -> Vec<Element> {
+        let mut all = c.frontends.clone();
+        c.each_target_element(|e, _| all.push(e));
+        all
+    }
+
     fn sets(c: &Compiled) -> Vec<(&'static str, String, Option<String>)> {
-        c.elements
+        all(c)
             .iter()
-            .map(|e| {
-                (
-                    e.set,
-                    e.key.to_string(),
-                    e.value.as_deref().map(str::to_string),
-                )
-            })
+            .map(|e| (e.set, e.key.to_string(), e.value.map(|v| v.to_string())))
             .collect()
     }
 
@@ -416,11 +435,12 @@ mod tests {
         let three = compiled(&eps, &mut ids);
         let two = compiled(&eps[..2], &mut ids);
         assert_eq!(three.targets[0].id, two.targets[0].id);
+        assert!(three.chains.is_empty() && two.chains.is_empty());
+        let (three, two) = (all(&three), all(&two));
         let changed: Vec<&Element> = three
-            .elements
             .iter()
-            .filter(|e| !two.elements.contains(e))
-            .chain(two.elements.iter().filter(|e| !three.elements.contains(e)))
+            .filter(|e| !two.contains(e))
+            .chain(two.iter().filter(|e| !three.contains(e)))
             .collect();
         let verdict_maps = ["targets", "aff_lookup", "aff_record"];
         assert!(
@@ -430,7 +450,7 @@ mod tests {
         assert!(
             changed.iter().any(|e| e.set == "rr_n3") && changed.iter().any(|e| e.set == "rr_n2")
         );
-        assert!(three.chains.is_empty() && two.chains.is_empty());
+
     }
 
     #[test]

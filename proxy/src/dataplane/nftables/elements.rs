@@ -1,21 +1,120 @@
-//! The elements the kernel holds, with their owners, and the diff that turns a recompiled
-//! service port into element operations.
+//! The elements of the tables' sets and maps, the ones the kernel holds with their owners, and
+//! the diff that turns a recompiled service port into element operations.
 //!
-//! Owns [`ElementTable`]. Two service ports may need the same key (two ports of one Service share
-//! a clusterIP in `cluster_ips`; two Services may claim one externalIP:port): the table keeps
-//! every owner, programs the first owner's value, and deletes the key only when its last owner
-//! goes. This is what lets a sync touch only the changed service ports without listing the table.
+//! Owns [`Element`] (typed: keys and values are rendered to nft text only when a transaction is
+//! written, so the agent holds no strings per element) and [`ElementTable`]. Two service ports
+//! may need the same key (two ports of one Service share a clusterIP in `cluster_ips`; two
+//! Services may claim one externalIP:port; endpoints shared by Services share a `hairpin` key):
+//! the table keeps every owner, programs the first owner's value, and deletes the key only when
+//! its last owner goes. Elements keyed by a target id belong to one service port and are diffed
+//! without the table ([`diff_owned`]). This is what lets a sync touch only the changed service
+//! ports without listing the kernel's table.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::fmt;
+use std::net::IpAddr;
 
-use super::compile::Element;
 use super::ops::Op;
-use crate::model::IpFamily;
+use crate::model::{IpFamily, Protocol};
+
+/// The key of an element, as its set's type reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Key {
+    /// `cluster_ips`: an address.
+    Addr(IpAddr),
+    /// `hairpin`: an endpoint address as source and destination (`a . a`).
+    Hairpin(IpAddr),
+    /// `fe*`, `masq_*`, `fw_protected`: address . protocol . port.
+    AddrPort(IpAddr, Protocol, u16),
+    /// `np*`, `npmasq_*`: protocol . port.
+    ProtoPort(Protocol, u16),
+    /// `targets`, `rr_nN`, `aff_lookup`, `aff_record`: a target id.
+    Target(u32),
+    /// `slots_*`, `lc_pick`: target id . slot.
+    Slot(u32, u32),
+    /// `fw_allowed`: address . protocol . port . allowed source (rare: boxed to keep every
+    /// other key small).
+    Allowed(Box<(IpAddr, Protocol, u16, String)>),
+}
+
+/// The data of a map element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Value {
+    /// `fe*`, `np*`: the target id (conntrack mark) a frontend leads to.
+    Target(u32),
+    /// `slots_*`, `lc_pick`: an endpoint, address . port.
+    Endpoint(IpAddr, u16),
+    /// `targets`, `aff_lookup`, `aff_record`: a verdict.
+    Verdict(Verdict),
+}
+
+/// The verdicts of the verdict maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verdict {
+    EmptyReject,
+    EmptyDrop,
+    LeastConn,
+    /// `goto rr_N_B`: round-robin over N slots in counter bucket B.
+    RoundRobin(u32, u32),
+    /// `jump aff_T`: session affinity lookup with a timeout of T seconds.
+    AffinityLookup(u64),
+    /// `jump rec_T`: records the endpoint for affinity with a timeout of T seconds.
+    AffinityRecord(u64),
+}
+
+/// One element of one set or map of one family's table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Element {
+    pub family: IpFamily,
+    pub set: &'static str,
+    pub key: Key,
+    pub value: Option<Value>,
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Key::Addr(a) => write!(f, "{a}"),
+            Key::Hairpin(a) => write!(f, "{a} . {a}"),
+            Key::AddrPort(a, p, port) => write!(f, "{a} . {} . {port}", p.lower()),
+            Key::ProtoPort(p, port) => write!(f, "{} . {port}", p.lower()),
+            Key::Target(id) => write!(f, "{id}"),
+            Key::Slot(id, slot) => write!(f, "{id} . {slot}"),
+            Key::Allowed(k) => write!(f, "{} . {} . {} . {}", k.0, k.1.lower(), k.2, k.3),
+        }
+    }
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Target(id) => write!(f, "{id}"),
+            Value::Endpoint(a, port) => write!(f, "{a} . {port}"),
+            Value::Verdict(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::EmptyReject => f.write_str("goto empty_reject"),
+            Verdict::EmptyDrop => f.write_str("goto empty_drop"),
+            Verdict::LeastConn => f.write_str("goto lc"),
+            Verdict::RoundRobin(n, bucket) => write!(f, "goto rr_{n}_{bucket}"),
+            Verdict::AffinityLookup(secs) => {
+                write!(f, "jump {}", super::ruleset::affinity_name(*secs))
+            }
+            Verdict::AffinityRecord(secs) => {
+                write!(f, "jump {}", super::ruleset::affinity_record_name(*secs))
+            }
+        }
+    }
+}
 
 /// An owner of a key and the value it wants.
-type Owner = (u32, Option<Arc<str>>);
+type Owner = (u32, Option<Value>);
 
 /// Owners of one key and the values they want; the first is programmed. Almost every key has
 /// one owner, kept inline: a Vec would allocate room for four per element.
@@ -36,7 +135,7 @@ impl Owners {
     fn push(&mut self, owner: Owner) {
         match self {
             Owners::One(first) => {
-                let first = first.clone();
+                let first = *first;
                 *self = Owners::Many(vec![first, owner]);
             }
             Owners::Many(v) => v.push(owner),
@@ -50,7 +149,7 @@ impl Owners {
             Owners::Many(v) => {
                 v.remove(pos);
                 if let [only] = v.as_slice() {
-                    *self = Owners::One(only.clone());
+                    *self = Owners::One(*only);
                 }
                 true
             }
@@ -61,7 +160,7 @@ impl Owners {
 /// What is programmed, keyed by (family, set, key).
 #[derive(Debug, Clone, Default)]
 pub struct ElementTable {
-    keys: HashMap<(IpFamily, &'static str, Arc<str>), Owners>,
+    keys: HashMap<(IpFamily, &'static str, Key), Owners>,
 }
 
 /// Operations collected by a diff: deletions are applied before additions so that a key whose
@@ -103,6 +202,13 @@ impl ElementTable {
         self.keys.clear();
     }
 
+    /// The programmed elements: each key with its first owner's value.
+    pub fn programmed(&self) -> impl Iterator<Item = (IpFamily, &'static str, &Key, Option<Value>)> {
+        self.keys
+            .iter()
+            .map(|((family, set, key), owners)| (*family, *set, key, owners.as_slice()[0].1))
+    }
+
     /// Replaces `owner`'s elements `old` by `new`, recording the kernel operations needed.
     pub fn replace(&mut self, owner: u32, old: &[Element], new: &[Element], delta: &mut Delta) {
         let old_set: HashSet<&Element> = old.iter().collect();
@@ -121,10 +227,10 @@ impl ElementTable {
 
     fn add(&mut self, owner: u32, e: &Element, delta: &mut Delta) {
         match self.keys.entry((e.family, e.set, e.key.clone())) {
-            Entry::Occupied(mut o) => o.get_mut().push((owner, e.value.clone())),
+            Entry::Occupied(mut o) => o.get_mut().push((owner, e.value)),
             Entry::Vacant(v) => {
-                v.insert(Owners::One((owner, e.value.clone())));
-                delta.adds.push(add_op(e, e.value.clone()));
+                v.insert(Owners::One((owner, e.value)));
+                delta.adds.push(add_op(e, e.value));
             }
         }
     }
@@ -141,7 +247,7 @@ impl ElementTable {
         else {
             return;
         };
-        let active_before = owners.as_slice()[0].1.clone();
+        let active_before = owners.as_slice()[0].1;
         let left = owners.remove(pos);
         match owners.as_slice().first().filter(|_| left) {
             None => {
@@ -150,7 +256,7 @@ impl ElementTable {
             }
             Some((_, v)) if pos == 0 && *v != active_before => {
                 delta.deletes.push(delete_op(e));
-                delta.adds.push(add_op(e, v.clone()));
+                delta.adds.push(add_op(e, *v));
             }
             Some(_) => {}
         }
@@ -158,12 +264,30 @@ impl ElementTable {
 }
 
 /// Adds `e`'s key with `value` (the programmed owner's, which may not be `e`'s).
-fn add_op(e: &Element, value: Option<Arc<str>>) -> Op {
+fn add_op(e: &Element, value: Option<Value>) -> Op {
     Op::AddElement {
         family: e.family,
         set: e.set,
         key: e.key.clone(),
         value,
+    }
+}
+
+/// The operations that replace a service port's own elements `old` by `new`: keys no other port
+/// has (they name one of its target ids), so no owner bookkeeping is needed. A key whose value
+/// changes is deleted and re-added.
+pub fn diff_owned(old: &[Element], new: &[Element], delta: &mut Delta) {
+    let old_set: HashSet<&Element> = old.iter().collect();
+    let new_set: HashSet<&Element> = new.iter().collect();
+    for e in old {
+        if !new_set.contains(e) {
+            delta.deletes.push(delete_op(e));
+        }
+    }
+    for e in new {
+        if !old_set.contains(e) {
+            delta.adds.push(add_op(e, e.value));
+        }
     }
 }
 
@@ -179,19 +303,23 @@ fn delete_op(e: &Element) -> Op {
 mod tests {
     use super::*;
 
-    fn el(set: &'static str, key: &str, value: Option<&str>) -> Element {
+    fn el(set: &'static str, key: Key, value: Option<Value>) -> Element {
         Element {
             family: IpFamily::V4,
             set,
-            key: key.into(),
-            value: value.map(Into::into),
+            key,
+            value,
         }
+    }
+
+    fn fe_key() -> Key {
+        Key::AddrPort([1, 2, 3, 4].into(), Protocol::Tcp, 80)
     }
 
     #[test]
     fn shared_key_is_deleted_only_with_its_last_owner() {
         let mut t = ElementTable::default();
-        let ip = el("cluster_ips", "10.0.0.1", None);
+        let ip = el("cluster_ips", Key::Addr([10, 0, 0, 1].into()), None);
         let mut d = Delta::default();
         t.replace(1, &[], std::slice::from_ref(&ip), &mut d);
         t.replace(2, &[], std::slice::from_ref(&ip), &mut d);
@@ -207,34 +335,51 @@ mod tests {
     #[test]
     fn conflicting_owner_takes_over_when_the_first_leaves() {
         let mut t = ElementTable::default();
-        let a = el("fe", "1.2.3.4 . tcp . 80", Some("5"));
-        let b = el("fe", "1.2.3.4 . tcp . 80", Some("9"));
+        let a = el("fe", fe_key(), Some(Value::Target(5)));
+        let b = el("fe", fe_key(), Some(Value::Target(9)));
         let mut d = Delta::default();
         t.replace(1, &[], std::slice::from_ref(&a), &mut d);
         t.replace(2, &[], std::slice::from_ref(&b), &mut d);
         assert_eq!(d.adds.len(), 1);
+        assert_eq!(
+            t.programmed().map(|p| p.3).collect::<Vec<_>>(),
+            vec![Some(Value::Target(5))]
+        );
         let mut d = Delta::default();
         t.replace(1, std::slice::from_ref(&a), &[], &mut d);
         assert_eq!(d.deletes.len(), 1);
-        assert_eq!(d.adds, vec![add_op(&a, Some("9".into()))]);
+        assert_eq!(d.adds, vec![add_op(&a, Some(Value::Target(9)))]);
     }
 
     #[test]
     fn changed_value_is_deleted_then_added() {
-        let mut t = ElementTable::default();
-        let a = el("slots", "3 . 0", Some("10.1.0.2 . 80"));
-        let b = el("slots", "3 . 0", Some("10.1.0.3 . 80"));
+        let ep = |last: u8| Some(Value::Endpoint([10, 1, 0, last].into(), 80));
+        let a = el("slots_tcp_3", Key::Slot(3, 0), ep(2));
+        let b = el("slots_tcp_3", Key::Slot(3, 0), ep(3));
+        let same = el("rr_n1", Key::Target(3), None);
         let mut d = Delta::default();
-        t.replace(1, &[], std::slice::from_ref(&a), &mut d);
-        let mut d = Delta::default();
-        t.replace(
-            1,
-            std::slice::from_ref(&a),
-            std::slice::from_ref(&b),
-            &mut d,
-        );
+        diff_owned(&[a, same.clone()], &[b, same], &mut d);
         let ops = d.into_ops();
+        assert_eq!(ops.len(), 2, "{ops:?}");
         assert!(matches!(ops[0], Op::DeleteElement { .. }));
         assert!(matches!(ops[1], Op::AddElement { .. }));
+    }
+
+    #[test]
+    fn keys_and_values_render_as_their_sets_read_them() {
+        let v6: IpAddr = "fd00::2".parse().unwrap();
+        assert_eq!(fe_key().to_string(), "1.2.3.4 . tcp . 80");
+        assert_eq!(Key::Hairpin(v6).to_string(), "fd00::2 . fd00::2");
+        assert_eq!(Key::ProtoPort(Protocol::Udp, 30053).to_string(), "udp . 30053");
+        assert_eq!(Key::Slot(7, 3).to_string(), "7 . 3");
+        assert_eq!(Value::Endpoint(v6, 8080).to_string(), "fd00::2 . 8080");
+        assert_eq!(
+            Value::Verdict(Verdict::RoundRobin(17, 4)).to_string(),
+            "goto rr_17_4"
+        );
+        assert_eq!(
+            Value::Verdict(Verdict::AffinityRecord(30)).to_string(),
+            "jump rec_30"
+        );
     }
 }

@@ -23,7 +23,6 @@ pub mod ops;
 pub mod ruleset;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 
 use crate::conntrack::leastconn::{LcTable, LcWanted, PickChange, Steer};
 use crate::dataplane::rules::driver::Planned;
@@ -34,8 +33,8 @@ use crate::model::{Algorithm, IpFamily, ServicePortName};
 use crate::nft;
 use crate::state::{ChangeSet, ProxyState};
 
-use compile::{ChainNeed, Compiled};
-use elements::{Delta, ElementTable};
+use compile::{ChainNeed, Compiled, Sharing};
+use elements::{Delta, ElementTable, Key, Value};
 pub use ops::Op;
 use ruleset::Skeleton;
 
@@ -87,8 +86,8 @@ impl Nftables {
     }
 
     /// The operations of the last incremental transaction that was applied (or attempted);
-    /// empty after a full sync, whose operations are not kept (150,000 of them at 20,000
-    /// Services: dropping them takes 35 ms, which the next one-endpoint change would pay).
+    /// empty after a full sync, whose elements are rendered from the bookkeeping
+    /// ([`Op::LoadAll`]).
     pub fn last_transaction_ops(&self) -> &[Op] {
         &self.last_ops
     }
@@ -102,7 +101,8 @@ impl Nftables {
     }
 
     /// Computes the element operations for `changes` (everything when `full`, or when the
-    /// skeleton changed) and updates the bookkeeping as if they were applied.
+    /// skeleton changed: then the skeletons, the chains and [`Op::LoadAll`]) and updates the
+    /// bookkeeping as if they were applied.
     ///
     /// Pure with respect to the kernel: nothing runs. A test can call this directly to see which
     /// operations a change causes.
@@ -140,12 +140,17 @@ impl Nftables {
         for spn in &spns {
             let new = compile::compile(state, spn, &mut self.ids, &families);
             self.apply_compiled(spn, new, &mut delta, &mut head);
+            if full {
+                // The elements are rendered from the bookkeeping (`LoadAll`), not listed.
+                delta = Delta::default();
+            }
         }
         let touched = spns.len();
-        let mut ops = delta.into_ops();
-        if !head.is_empty() {
-            // Skeleton and chains first; `ops` is the long part (every element of a full sync).
-            ops.splice(0..0, head);
+        let mut ops = head;
+        if full {
+            ops.push(Op::LoadAll);
+        } else {
+            ops.extend(delta.into_ops());
         }
         (full, ops, touched)
     }
@@ -231,8 +236,11 @@ impl Nftables {
                 (self.next_owner, Compiled::default())
             }
         };
-        self.table
-            .replace(owner, &old.elements, &new.elements, delta);
+        let (old_shared, old_owned) = old.target_elements();
+        let (new_shared, new_owned) = new.target_elements();
+        self.table.replace(owner, &old.frontends, &new.frontends, delta);
+        self.table.replace(owner, &old_shared, &new_shared, delta);
+        elements::diff_owned(&old_owned, &new_owned, delta);
         // Targets that disappeared leave the least-connection table at `LcTable::reconcile`.
         if new
             .targets
@@ -243,9 +251,39 @@ impl Nftables {
         } else {
             self.lc_ports.remove(spn);
         }
-        if !new.elements.is_empty() || !new.targets.is_empty() {
+        if !new.frontends.is_empty() || !new.targets.is_empty() {
             self.programmed.insert(spn.clone(), (owner, new));
         }
+    }
+
+    /// The `nft -f` script of planned operations, as `apply` writes it (in parts).
+    pub fn script(&self, ops: &[Op]) -> String {
+        ops::render_parts(ops, &mut |parts| {
+            self.render_all(parts);
+        })
+        .concat()
+    }
+
+    /// Renders every programmed element as `add element` commands, one part per set; returns
+    /// how many elements. The shared keys come from the element table (each with its first
+    /// owner's value), the rest from each service port's targets.
+    fn render_all(&self, parts: &mut Vec<String>) -> usize {
+        let mut batches = ops::Batches::default();
+        let mut n = 0;
+        for (family, set, key, value) in self.table.programmed() {
+            batches.add(family, set, key, value);
+            n += 1;
+        }
+        for (_, c) in self.programmed.values() {
+            c.each_target_element(|e, sharing| {
+                if sharing == Sharing::Owned {
+                    batches.add(e.family, e.set, &e.key, e.value);
+                    n += 1;
+                }
+            });
+        }
+        batches.into_parts(parts);
+        n
     }
 
     /// The least-connection targets that have endpoints: (id, label, endpoints).
@@ -266,7 +304,7 @@ impl Nftables {
 /// The `lc_pick` element operations that move one target's picks: its `LC_SLOTS` slots hold
 /// the picks in turn, and the `lc` chain's `numgen` walks the slots.
 fn pick_ops(c: &PickChange) -> Vec<Op> {
-    let slot_key = |slot: usize| -> Arc<str> { format!("{} . {slot}", c.id).into() };
+    let slot_key = |slot: usize| Key::Slot(c.id, slot as u32);
     // A target's endpoints are all of its table's family.
     let family = c
         .old
@@ -299,7 +337,7 @@ fn pick_ops(c: &PickChange) -> Vec<Op> {
                 family,
                 set: "lc_pick",
                 key: slot_key(slot),
-                value: Some(format!("{} . {}", pick.ip(), pick.port()).into()),
+                value: Some(Value::Endpoint(pick.ip(), pick.port())),
             }
         }));
     }
@@ -346,18 +384,20 @@ impl RuleBackend for Nftables {
     }
 
     fn apply(&mut self, planned: Planned<Vec<Op>>) -> Result<usize, DataplaneError> {
-        let script = ops::render(&planned.transaction);
-        let mut result = nft::apply(&script);
+        let mut elements = 0;
+        let mut parts = ops::render_parts(&planned.transaction, &mut |parts| {
+            elements += self.render_all(parts);
+        });
+        let mut result = nft::apply_parts(&parts);
         if let (true, Err(e)) = (planned.full, &result) {
             // The table in the kernel does not fit the skeleton (another version, a broken
             // leftover): replace it whole, still in one transaction.
             tracing::warn!("nftables: in-place reload failed ({e}); replacing the table");
-            result = nft::apply(&format!(
-                "{}{script}",
-                ruleset::delete_tables(self.families)
-            ));
+            parts.insert(0, ruleset::delete_tables(self.families));
+            result = nft::apply_parts(&parts);
         }
-        let operations = planned.transaction.len();
+        drop(parts);
+        let operations = planned.transaction.len() + elements;
         self.last_ops = if planned.full {
             Vec::new()
         } else {
@@ -408,14 +448,14 @@ mod tests {
         let mut v4 = Nftables::empty(&BackendConfig::default());
         v4.families = &[IpFamily::V4];
         let (_, ops, _) = v4.plan_ops(&state, &ChangeSet::default(), true);
-        let script = ops::render(&ops);
+        let script = v4.script(&ops);
         assert!(script.contains("add table ip kpr"));
         assert!(!script.contains("ip6"), "{script}");
         assert!(!ruleset::delete_tables(v4.families).contains("ip6"));
         let mut both = Nftables::empty(&BackendConfig::default());
         both.families = &IpFamily::ALL;
         let (_, ops, _) = both.plan_ops(&state, &ChangeSet::default(), true);
-        let script = ops::render(&ops);
+        let script = both.script(&ops);
         assert!(script.contains("add element ip6 kpr cluster_ips { fd00:10:96::10 }"));
     }
 }

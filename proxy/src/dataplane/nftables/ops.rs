@@ -1,12 +1,14 @@
 //! The operations of one nftables transaction and their rendering to `nft -f` text.
 //!
-//! Owns: [`Op`] (what a sync asks of the kernel, countable by tests) and [`render`], which batches
-//! consecutive element operations on one set into one `add element`/`delete element` command so
-//! that a 20,000-Service load is a few hundred commands, not hundreds of thousands.
+//! Owns: [`Op`] (what a sync asks of the kernel, countable by tests), [`render_parts`], which
+//! batches consecutive element operations on one set into one `add element`/`delete element`
+//! command, and [`Batches`], which groups a full load's elements per set, so that a
+//! 20,000-Service load is a few hundred commands, not hundreds of thousands.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Arc;
 
+use super::elements::{Key, Value};
 use super::ruleset::fam;
 use crate::model::IpFamily;
 
@@ -23,17 +25,19 @@ pub enum Op {
     DeleteElement {
         family: IpFamily,
         set: &'static str,
-        key: Arc<str>,
+        key: Key,
     },
-    /// Adds one element; `value` is the map data for maps, `None` for sets. Key and value are
-    /// the element table's own strings, shared: a full sync at 100,000 Services is 700,000 of
-    /// these, and copies of their strings were a large part of the agent's peak memory.
+    /// Adds one element; `value` is the map data for maps, `None` for sets.
     AddElement {
         family: IpFamily,
         set: &'static str,
-        key: Arc<str>,
-        value: Option<Arc<str>>,
+        key: Key,
+        value: Option<Value>,
     },
+    /// Every element the backend's bookkeeping holds (a full sync), rendered from it when the
+    /// transaction is written rather than listed here: at 100,000 Services that list was
+    /// 700,000 operations, the largest share of the agent's peak memory.
+    LoadAll,
 }
 
 impl Op {
@@ -55,10 +59,10 @@ impl Op {
         }
     }
 
-    /// The element key, if it is an element operation.
-    pub fn key(&self) -> Option<&str> {
+    /// The element key as nft reads it, if it is an element operation.
+    pub fn key(&self) -> Option<String> {
         match self {
-            Op::DeleteElement { key, .. } | Op::AddElement { key, .. } => Some(key),
+            Op::DeleteElement { key, .. } | Op::AddElement { key, .. } => Some(key.to_string()),
             _ => None,
         }
     }
@@ -68,8 +72,16 @@ impl Op {
 /// commands make its error messages useless without making the load faster.
 const ELEMENTS_PER_COMMAND: usize = 4096;
 
-/// Renders operations as one `nft -f` script, batching runs of element operations per set.
+/// Renders operations without [`Op::LoadAll`] as one `nft -f` script.
 pub fn render(ops: &[Op]) -> String {
+    debug_assert!(!ops.contains(&Op::LoadAll), "render_parts renders LoadAll");
+    render_parts(ops, &mut |_| {}).concat()
+}
+
+/// Renders operations as the parts of one `nft -f` script (concatenated, they are the script),
+/// batching runs of element operations per set; `load_all` appends the parts of [`Op::LoadAll`].
+pub fn render_parts(ops: &[Op], load_all: &mut dyn FnMut(&mut Vec<String>)) -> Vec<String> {
+    let mut parts = Vec::new();
     let mut out = String::new();
     let mut i = 0;
     while i < ops.len() {
@@ -89,9 +101,23 @@ pub fn render(ops: &[Op]) -> String {
             Op::DeleteElement { .. } | Op::AddElement { .. } => {
                 i = render_element_run(ops, i, &mut out);
             }
+            Op::LoadAll => {
+                parts.push(std::mem::take(&mut out));
+                load_all(&mut parts);
+                i += 1;
+            }
         }
     }
-    out
+    parts.push(out);
+    parts
+}
+
+/// Writes one element as an element list reads it: `key` or `key : value`.
+fn write_element(out: &mut String, key: &Key, value: Option<Value>) {
+    let _ = match value {
+        Some(v) => write!(out, "{key} : {v}"),
+        None => write!(out, "{key}"),
+    };
 }
 
 /// Renders the run of element operations of one kind on one set starting at `start`; returns
@@ -118,14 +144,8 @@ fn render_element_run(ops: &[Op], start: usize, out: &mut String) -> usize {
             out.push_str(", ");
         }
         match op {
-            Op::AddElement {
-                key,
-                value: Some(v),
-                ..
-            } => {
-                let _ = write!(out, "{key} : {v}");
-            }
-            Op::AddElement { key, .. } | Op::DeleteElement { key, .. } => out.push_str(key),
+            Op::AddElement { key, value, .. } => write_element(out, key, *value),
+            Op::DeleteElement { key, .. } => write_element(out, key, None),
             _ => {}
         }
     }
@@ -133,16 +153,52 @@ fn render_element_run(ops: &[Op], start: usize, out: &mut String) -> usize {
     end
 }
 
+/// A full load's element additions, grouped per set as they come: each set's elements go to
+/// its own text, cut into `add element` commands of at most [`ELEMENTS_PER_COMMAND`] elements.
+#[derive(Debug, Default)]
+pub struct Batches {
+    sets: BTreeMap<(IpFamily, &'static str), (String, usize)>,
+}
+
+impl Batches {
+    pub fn add(&mut self, family: IpFamily, set: &'static str, key: &Key, value: Option<Value>) {
+        let (text, n) = self.sets.entry((family, set)).or_default();
+        if *n % ELEMENTS_PER_COMMAND == 0 {
+            if *n > 0 {
+                text.push_str(" }\n");
+            }
+            let _ = write!(text, "add element {} {set} {{ ", fam(family).table);
+        } else {
+            text.push_str(", ");
+        }
+        write_element(text, key, value);
+        *n += 1;
+    }
+
+    /// The commands, one part per set.
+    pub fn into_parts(self, parts: &mut Vec<String>) {
+        parts.extend(self.sets.into_values().map(|(mut text, _)| {
+            text.push_str(" }\n");
+            text
+        }));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Protocol;
 
-    fn add(set: &'static str, key: &str, value: Option<&str>) -> Op {
+    fn fe(last: u8, port: u16) -> Key {
+        Key::AddrPort([10, 0, 0, last].into(), Protocol::Tcp, port)
+    }
+
+    fn add(set: &'static str, key: Key, value: Option<Value>) -> Op {
         Op::AddElement {
             family: IpFamily::V4,
             set,
-            key: key.into(),
-            value: value.map(Into::into),
+            key,
+            value,
         }
     }
 
@@ -152,22 +208,22 @@ mod tests {
             Op::DeleteElement {
                 family: IpFamily::V4,
                 set: "fe",
-                key: "10.0.0.1 . tcp . 80".into(),
+                key: fe(1, 80),
             },
-            add("fe", "10.0.0.1 . tcp . 80", Some("7")),
-            add("fe", "10.0.0.2 . udp . 53", Some("8")),
-            add("cluster_ips", "10.0.0.2", None),
+            add("fe", fe(1, 80), Some(Value::Target(7))),
+            add("fe", fe(2, 53), Some(Value::Target(8))),
+            add("cluster_ips", Key::Addr([10, 0, 0, 2].into()), None),
             Op::AddElement {
                 family: IpFamily::V6,
                 set: "cluster_ips",
-                key: "fd00::2".into(),
+                key: Key::Addr("fd00::2".parse().unwrap()),
                 value: None,
             },
         ];
         assert_eq!(
             render(&ops),
             "delete element ip kpr fe { 10.0.0.1 . tcp . 80 }\n\
-             add element ip kpr fe { 10.0.0.1 . tcp . 80 : 7, 10.0.0.2 . udp . 53 : 8 }\n\
+             add element ip kpr fe { 10.0.0.1 . tcp . 80 : 7, 10.0.0.2 . tcp . 53 : 8 }\n\
              add element ip kpr cluster_ips { 10.0.0.2 }\n\
              add element ip6 kpr cluster_ips { fd00::2 }\n"
         );
@@ -175,9 +231,20 @@ mod tests {
 
     #[test]
     fn long_runs_are_split() {
-        let ops: Vec<Op> = (0..ELEMENTS_PER_COMMAND + 1)
-            .map(|n| add("slots", &format!("{n} . 0"), Some("10.0.0.1 . 80")))
+        let endpoint = Some(Value::Endpoint([10, 0, 0, 1].into(), 80));
+        let ops: Vec<Op> = (0..=ELEMENTS_PER_COMMAND as u32)
+            .map(|n| add("slots", Key::Slot(n, 0), endpoint))
             .collect();
         assert_eq!(render(&ops).lines().count(), 2);
+        let mut batches = Batches::default();
+        for n in 0..=ELEMENTS_PER_COMMAND as u32 {
+            batches.add(IpFamily::V4, "slots", &Key::Slot(n, 0), endpoint);
+        }
+        batches.add(IpFamily::V4, "rr_n1", &Key::Target(1), None);
+        let mut parts = Vec::new();
+        batches.into_parts(&mut parts);
+        let script = parts.concat();
+        assert_eq!(script.lines().count(), 3, "two commands for slots, one for rr_n1");
+        assert_eq!(script, "add element ip kpr rr_n1 { 1 }\n".to_string() + &render(&ops));
     }
 }
