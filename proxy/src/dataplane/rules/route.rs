@@ -70,7 +70,7 @@ pub fn class_routes<'a>(
         .collect()
 }
 
-/// One route's target: (tag, family), its id and its endpoints.
+/// One route's target: (tag, family), its id and, with affinity, its endpoints.
 type TargetRoute = ((Tag, IpFamily), u32, Vec<SocketAddr>);
 
 /// Hands out conntrack-mark target ids, stable across syncs for an unchanged route.
@@ -117,18 +117,21 @@ impl TargetIds {
         let tag = (tag, family);
         let routes = self.by_port.entry(spn.clone()).or_default();
         let at = routes.iter().position(|r| r.0 == tag);
+        // Only a route with affinity keeps its endpoints (to see one lost): at 100,000 Services
+        // a copy of every route's endpoints was 15 MB.
+        let kept = if affinity { endpoints } else { &[] };
         if let Some((_, id, old)) = at.map(|i| &mut routes[i]) {
             let lost_one = old.iter().any(|e| !endpoints.contains(e));
             if !(affinity && lost_one) {
-                if old.as_slice() != endpoints {
-                    *old = endpoints.to_vec();
+                if old.as_slice() != kept {
+                    *old = kept.to_vec();
                 }
                 return *id;
             }
         }
         let id = self.next;
         self.next = self.next.wrapping_add(1).max(1);
-        let route = (tag, id, endpoints.to_vec());
+        let route = (tag, id, kept.to_vec());
         match at {
             Some(i) => routes[i] = route,
             None => {
