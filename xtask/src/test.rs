@@ -124,10 +124,12 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
 fn vm_failures(output: &str) -> Vec<String> {
     let guest: String = output
         .lines()
-        .map(|l| match l.strip_prefix('[').and_then(|r| r.split_once("] ")) {
-            Some((_, rest)) => rest,
-            None => l,
-        })
+        .map(
+            |l| match l.strip_prefix('[').and_then(|r| r.split_once("] ")) {
+                Some((_, rest)) => rest,
+                None => l,
+            },
+        )
         .flat_map(|l| [l, "\n"])
         .collect();
     let mut failed = failed_tests(&guest);

@@ -450,7 +450,6 @@ mod tests {
         assert!(
             changed.iter().any(|e| e.set == "rr_n3") && changed.iter().any(|e| e.set == "rr_n2")
         );
-
     }
 
     #[test]

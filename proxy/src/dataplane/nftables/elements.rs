@@ -203,7 +203,9 @@ impl ElementTable {
     }
 
     /// The programmed elements: each key with its first owner's value.
-    pub fn programmed(&self) -> impl Iterator<Item = (IpFamily, &'static str, &Key, Option<Value>)> {
+    pub fn programmed(
+        &self,
+    ) -> impl Iterator<Item = (IpFamily, &'static str, &Key, Option<Value>)> {
         self.keys
             .iter()
             .map(|((family, set, key), owners)| (*family, *set, key, owners.as_slice()[0].1))
@@ -370,7 +372,10 @@ mod tests {
         let v6: IpAddr = "fd00::2".parse().unwrap();
         assert_eq!(fe_key().to_string(), "1.2.3.4 . tcp . 80");
         assert_eq!(Key::Hairpin(v6).to_string(), "fd00::2 . fd00::2");
-        assert_eq!(Key::ProtoPort(Protocol::Udp, 30053).to_string(), "udp . 30053");
+        assert_eq!(
+            Key::ProtoPort(Protocol::Udp, 30053).to_string(),
+            "udp . 30053"
+        );
         assert_eq!(Key::Slot(7, 3).to_string(), "7 . 3");
         assert_eq!(Value::Endpoint(v6, 8080).to_string(), "fd00::2 . 8080");
         assert_eq!(

@@ -238,7 +238,8 @@ impl Nftables {
         };
         let (old_shared, old_owned) = old.target_elements();
         let (new_shared, new_owned) = new.target_elements();
-        self.table.replace(owner, &old.frontends, &new.frontends, delta);
+        self.table
+            .replace(owner, &old.frontends, &new.frontends, delta);
         self.table.replace(owner, &old_shared, &new_shared, delta);
         elements::diff_owned(&old_owned, &new_owned, delta);
         // Targets that disappeared leave the least-connection table at `LcTable::reconcile`.

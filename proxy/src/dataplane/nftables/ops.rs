@@ -244,7 +244,14 @@ mod tests {
         let mut parts = Vec::new();
         batches.into_parts(&mut parts);
         let script = parts.concat();
-        assert_eq!(script.lines().count(), 3, "two commands for slots, one for rr_n1");
-        assert_eq!(script, "add element ip kpr rr_n1 { 1 }\n".to_string() + &render(&ops));
+        assert_eq!(
+            script.lines().count(),
+            3,
+            "two commands for slots, one for rr_n1"
+        );
+        assert_eq!(
+            script,
+            "add element ip kpr rr_n1 { 1 }\n".to_string() + &render(&ops)
+        );
     }
 }
