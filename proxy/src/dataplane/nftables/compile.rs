@@ -1,7 +1,8 @@
 //! Compiles one service port into the map elements of the `ip kpr` and `ip6 kpr` tables (pure,
 //! no I/O).
 //!
-//! Owns: [`compile`], the elements one service port contributes. A *target* is one endpoint set
+//! Owns: [`compile`], the elements one service port contributes (its frontends' elements, and
+//! its targets, from which [`Compiled::each_target_element`] derives theirs). A *target* is one endpoint set
 //! of one family with its empty verdict, algorithm and affinity; a service port has one target
 //! per distinct route and family (usually one; two when externalTrafficPolicy Local splits
 //! external sources from the rest, twice that for a dual-stack Service). Each family's addresses
