@@ -143,12 +143,26 @@ impl<B: RuleBackend> Dataplane for RuleDataplane<B> {
         }
         let mut table = self.lc.as_ref().map(LeastConn::lock);
         let full = changes.full || self.needs_full;
+        let started = std::time::Instant::now();
         let result = self
             .backend
             .plan(state, changes, full, table.as_deref_mut())
             .and_then(|planned| {
                 let (full, touched) = (planned.full, planned.touched);
+                let planned_in = started.elapsed();
                 let operations = self.backend.apply(planned)?;
+                if full {
+                    // Where a full sync's time goes: the agent's planning, or the kernel's tools
+                    // (nft, iptables-restore) taking the transaction.
+                    tracing::info!(
+                        service_ports = touched,
+                        operations,
+                        plan_ms = planned_in.as_secs_f64() * 1e3,
+                        apply_ms = (started.elapsed() - planned_in).as_secs_f64() * 1e3,
+                        "{}: full sync",
+                        B::NAME
+                    );
+                }
                 Ok((full, touched, operations))
             });
         if result.is_err() {
