@@ -172,6 +172,12 @@ pub struct Delta {
 }
 
 impl Delta {
+    /// Empties it, keeping its capacity.
+    pub fn clear(&mut self) {
+        self.deletes.clear();
+        self.adds.clear();
+    }
+
     /// Deletions, then additions, each grouped by set (stable) so that `ops::render` batches
     /// them into few commands.
     pub fn into_ops(mut self) -> Vec<Op> {
@@ -213,6 +219,13 @@ impl ElementTable {
 
     /// Replaces `owner`'s elements `old` by `new`, recording the kernel operations needed.
     pub fn replace(&mut self, owner: u32, old: &[Element], new: &[Element], delta: &mut Delta) {
+        if old.is_empty() {
+            // A new port (every port of a full sync): nothing to compare.
+            for e in new {
+                self.add(owner, e, delta);
+            }
+            return;
+        }
         let old_set: HashSet<&Element> = old.iter().collect();
         let new_set: HashSet<&Element> = new.iter().collect();
         for e in old {

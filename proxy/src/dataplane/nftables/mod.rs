@@ -139,10 +139,10 @@ impl Nftables {
         let mut delta = Delta::default();
         for spn in &spns {
             let new = compile::compile(state, spn, &mut self.ids, &families);
-            self.apply_compiled(spn, new, &mut delta, &mut head);
+            self.apply_compiled(spn, new, &mut delta, &mut head, full);
             if full {
                 // The elements are rendered from the bookkeeping (`LoadAll`), not listed.
-                delta = Delta::default();
+                delta.clear();
             }
         }
         let touched = spns.len();
@@ -217,6 +217,7 @@ impl Nftables {
         new: Compiled,
         delta: &mut Delta,
         chain_ops: &mut Vec<Op>,
+        full: bool,
     ) {
         for need in &new.chains {
             if self.chains.insert(*need) {
@@ -241,7 +242,11 @@ impl Nftables {
         self.table
             .replace(owner, &old.frontends, &new.frontends, delta);
         self.table.replace(owner, &old_shared, &new_shared, delta);
-        elements::diff_owned(&old_owned, &new_owned, delta);
+        if !full {
+            // A full sync renders the owned elements from `programmed`; only shared keys need
+            // the table.
+            elements::diff_owned(&old_owned, &new_owned, delta);
+        }
         // Targets that disappeared leave the least-connection table at `LcTable::reconcile`.
         if new
             .targets
@@ -434,6 +439,94 @@ impl RuleBackend for Nftables {
 mod tests {
     use super::*;
     use crate::model::fixtures;
+
+    /// The elements of `script`'s `add element` commands, as (table, set, element) text.
+    fn added(script: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for line in script.lines() {
+            let Some(rest) = line.strip_prefix("add element ") else {
+                continue;
+            };
+            let (head, list) = rest.split_once(" { ").expect("an element list");
+            let list = list.strip_suffix(" }").expect("a closed element list");
+            out.extend(list.split(", ").map(|e| format!("{head} {e}")));
+        }
+        out.sort();
+        out
+    }
+
+    /// A full sync renders every element from the bookkeeping (`Op::LoadAll`): the same
+    /// elements, once each, that adding the ports one by one programs; and recompiling the same
+    /// ports afterwards changes nothing.
+    #[test]
+    fn a_full_sync_renders_what_incremental_syncs_program() {
+        let mut state = ProxyState::default();
+        state.node.node_name = "me".into();
+        let eps: Vec<_> = (1..=20)
+            .map(|n| fixtures::endpoint([10, 244, 1, n].into(), "me"))
+            .collect();
+        // Two ports of one Service share its clusterIP; the endpoints are shared by all three.
+        let mut http = fixtures::service_port("web", "10.96.0.10");
+        http.name.port_name = "http".into();
+        let mut https = http.clone();
+        https.name.port_name = "https".into();
+        https.port = 443;
+        let mut sticky = fixtures::service_port("sticky", "10.96.0.11");
+        sticky.affinity = Some(std::time::Duration::from_secs(30));
+        sticky.node_port = 30080;
+        sticky.external_local = true;
+        // In name order, the order a full sync compiles them in (target ids are handed out in
+        // compile order).
+        let ports = [(sticky, 20), (http, 3), (https, 3)];
+        for (svc, n) in &ports {
+            state.set_port(svc.clone(), eps[..*n].to_vec());
+        }
+        // A declared service range: the IPv4 table exists before its first Service.
+        let cfg = BackendConfig {
+            service_cidrs: vec!["10.96.0.0/16".parse().unwrap()],
+            ..BackendConfig::default()
+        };
+        let mut full = Nftables::empty(&cfg);
+        full.families = &[IpFamily::V4];
+        let (is_full, ops, _) = full.plan_ops(&state, &ChangeSet::default(), true);
+        assert!(is_full && ops.contains(&Op::LoadAll));
+        let loaded = added(&full.script(&ops));
+
+        // The same ports added one at a time after an empty full sync.
+        let mut one_by_one = Nftables::empty(&cfg);
+        one_by_one.families = &[IpFamily::V4];
+        let mut grown = ProxyState::default();
+        grown.node = state.node.clone();
+        let (_, ops, _) = one_by_one.plan_ops(&grown, &ChangeSet::default(), true);
+        let mut incremental = added(&one_by_one.script(&ops));
+        for (svc, n) in &ports {
+            grown.set_port(svc.clone(), eps[..*n].to_vec());
+            let changes = ChangeSet {
+                changed: [svc.name.clone()].into(),
+                ..Default::default()
+            };
+            let (is_full, ops, _) = one_by_one.plan_ops(&grown, &changes, false);
+            assert!(!is_full);
+            assert!(!ops.iter().any(|op| matches!(op, Op::DeleteElement { .. })));
+            incremental.extend(added(&one_by_one.script(&ops)));
+        }
+        incremental.sort();
+        assert_eq!(loaded, incremental);
+        let mut unique = loaded.clone();
+        unique.dedup();
+        assert_eq!(unique, loaded, "every element once");
+        assert!(loaded
+            .iter()
+            .any(|e| e.contains("hairpin 10.244.1.3 . 10.244.1.3")));
+
+        let changes = ChangeSet {
+            changed: ports.iter().map(|(svc, _)| svc.name.clone()).collect(),
+            ..Default::default()
+        };
+        let (_, ops, touched) = full.plan_ops(&state, &changes, false);
+        assert_eq!(touched, 3);
+        assert!(ops.is_empty(), "{ops:?}");
+    }
 
     /// Where the kernel has no IPv6 the `ip6` table is never named: nf_tables would refuse it
     /// and with it the whole transaction.
