@@ -184,6 +184,9 @@ pub struct Row {
     /// kpr only: from the end of the initial listing to the end of the first sync, as the agent
     /// logs it (the listing's end is not visible from outside).
     pub programmed_after_listing_s: Option<f64>,
+    /// kpr rule backends only: that first sync's planning and applying (nft or
+    /// iptables-restore taking the transaction), in seconds, as the agent logs them.
+    pub first_sync_plan_apply_s: Option<(f64, f64)>,
     pub reached: Option<String>,
     /// EndpointSlice rewritten to another pod, write to first connection answered by it.
     pub endpoint_change: Option<Latency>,
@@ -303,6 +306,24 @@ fn programmed_after_listing(log: &str) -> Option<f64> {
     let rest = &log[log.find(MARK)? + MARK.len()..];
     let ms: f64 = rest.split(" ms").next()?.trim().parse().ok()?;
     Some(ms / 1e3)
+}
+
+/// Seconds of planning and of applying from the first `<backend>: full sync ... plan_ms=P
+/// apply_ms=A` line of a kpr agent's log (the rule backends log one per full sync).
+fn first_sync_plan_apply(log: &str) -> Option<(f64, f64)> {
+    let line = log.lines().find(|l| l.contains(": full sync "))?;
+    let field = |name: &str| -> Option<f64> {
+        let rest = &line[line.find(name)? + name.len()..];
+        rest.split_whitespace().next()?.parse::<f64>().ok()
+    };
+    Some((field("plan_ms=")? / 1e3, field("apply_ms=")? / 1e3))
+}
+
+/// `: plan P, apply A` for a split first sync, else nothing.
+fn plan_apply(split: Option<(f64, f64)>) -> String {
+    split
+        .map(|(p, a)| format!(": plan {p:.2}, apply {a:.2}"))
+        .unwrap_or_default()
 }
 
 /// How many clusterIPs a size uses: its Services and every proxy's added ones.
@@ -706,10 +727,12 @@ fn measure(
         Some(t) => {
             row.first_programming_s = Some(t.as_secs_f64());
             row.programmed_after_listing_s = running.programmed_after_listing_s();
+            row.first_sync_plan_apply_s = running.first_sync_plan_apply_s();
             match row.programmed_after_listing_s {
                 Some(l) => println!(
-                    "    first full programming: {:.2} s ({l:.2} s after the listing)",
-                    t.as_secs_f64()
+                    "    first full programming: {:.2} s ({l:.2} s after the listing{})",
+                    t.as_secs_f64(),
+                    plan_apply(row.first_sync_plan_apply_s)
                 ),
                 None => println!("    first full programming: {:.2} s", t.as_secs_f64()),
             }
@@ -1085,6 +1108,15 @@ impl<'n> Running<'n> {
         }
     }
 
+    /// The agent's first full sync split into planning and applying (kpr rule backends; read
+    /// once the agent's line about the listing is there).
+    fn first_sync_plan_apply_s(&self) -> Option<(f64, f64)> {
+        match self {
+            Running::Kpr(agent, _) => first_sync_plan_apply(&agent.log()),
+            Running::KubeProxy(..) => None,
+        }
+    }
+
     fn cpu_s(&self) -> Option<f64> {
         crate::workload_controllers::cpu_seconds_with_children(self.pid()?).ok()
     }
@@ -1170,7 +1202,10 @@ pub fn markdown(b: &ProxiesBench) -> String {
                 }
                 (None, _, Some(e)) => format!("error: {}", e.lines().next().unwrap_or_default()),
                 (Some(t), _, None) => match r.programmed_after_listing_s {
-                    Some(l) => format!("{t:.2} (listing + {l:.2})"),
+                    Some(l) => format!(
+                        "{t:.2} (listing + {l:.2}{})",
+                        plan_apply(r.first_sync_plan_apply_s)
+                    ),
                     None => format!("{t:.2}"),
                 },
                 (None, Some(why), None) => why.clone(),
@@ -1402,6 +1437,14 @@ mod tests {
                    programmed 612 ms after it completed service_ports=20000 sync_ms=480.5\n";
         assert_eq!(programmed_after_listing(log), Some(0.612));
         assert_eq!(programmed_after_listing("no such line"), None);
+        let log = "2026-11-28T06:00:01Z  INFO proxy::dataplane::rules::driver: nftables: full \
+                   sync service_ports=100000 operations=700012 plan_ms=1875.25 apply_ms=4210.5\n";
+        assert_eq!(first_sync_plan_apply(log), Some((1.87525, 4.2105)));
+        assert_eq!(
+            plan_apply(first_sync_plan_apply(log)),
+            ": plan 1.88, apply 4.21"
+        );
+        assert_eq!(first_sync_plan_apply("no such line"), None);
     }
 
     #[test]
