@@ -77,12 +77,12 @@ pub fn apply_parts<S: AsRef<str>>(parts: &[S]) -> Result<(), DataplaneError> {
         let n = DUMPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let _ = std::fs::write(
             std::path::Path::new(&dir).join(format!("tx-{}-{n}.nft", std::process::id())),
-            concat(parts),
+            &*joined(parts),
         );
     }
     let len: usize = parts.iter().map(|p| p.as_ref().len()).sum();
     if len <= SMALL_SCRIPT {
-        match libnft::run(&concat(parts)) {
+        match libnft::run(&joined(parts)) {
             Some(Ok(())) => return Ok(()),
             Some(Err(stderr)) => tracing::warn!(
                 "libnftables refused a transaction, retrying with nft -f -: {}",
@@ -112,13 +112,17 @@ pub fn apply_parts<S: AsRef<str>>(parts: &[S]) -> Result<(), DataplaneError> {
     }
     Err(failed(
         "nft -f -",
-        &concat(parts),
+        &joined(parts),
         &String::from_utf8_lossy(&out.stderr),
     ))
 }
 
-fn concat<S: AsRef<str>>(parts: &[S]) -> String {
-    parts.iter().map(AsRef::as_ref).collect()
+/// The script the parts make up; a single part (every `apply`) is not copied.
+fn joined<S: AsRef<str>>(parts: &[S]) -> std::borrow::Cow<'_, str> {
+    match parts {
+        [one] => std::borrow::Cow::Borrowed(one.as_ref()),
+        _ => parts.iter().map(AsRef::as_ref).collect::<String>().into(),
+    }
 }
 
 fn failed(command: &str, script: &str, stderr: &str) -> DataplaneError {

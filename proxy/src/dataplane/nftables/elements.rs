@@ -184,7 +184,7 @@ impl Delta {
         self.deletes.sort_by(|a, b| a.target().cmp(&b.target()));
         self.adds.sort_by(|a, b| a.target().cmp(&b.target()));
         if self.deletes.is_empty() {
-            // A full sync: only additions, kept as they are rather than copied.
+            // Only additions (a new service port): kept as they are rather than copied.
             return self.adds;
         }
         let mut ops = self.deletes;
@@ -219,25 +219,10 @@ impl ElementTable {
 
     /// Replaces `owner`'s elements `old` by `new`, recording the kernel operations needed.
     pub fn replace(&mut self, owner: u32, old: &[Element], new: &[Element], delta: &mut Delta) {
-        if old.is_empty() {
-            // A new port (every port of a full sync): nothing to compare.
-            for e in new {
-                self.add(owner, e, delta);
-            }
-            return;
-        }
-        let old_set: HashSet<&Element> = old.iter().collect();
-        let new_set: HashSet<&Element> = new.iter().collect();
-        for e in old {
-            if !new_set.contains(e) {
-                self.remove(owner, e, delta);
-            }
-        }
-        for e in new {
-            if !old_set.contains(e) {
-                self.add(owner, e, delta);
-            }
-        }
+        diff(old, new, |e, change| match change {
+            Change::Gone => self.remove(owner, e, delta),
+            Change::Came => self.add(owner, e, delta),
+        });
     }
 
     fn add(&mut self, owner: u32, e: &Element, delta: &mut Delta) {
@@ -292,17 +277,33 @@ fn add_op(e: &Element, value: Option<Value>) -> Op {
 /// has (they name one of its target ids), so no owner bookkeeping is needed. A key whose value
 /// changes is deleted and re-added.
 pub fn diff_owned(old: &[Element], new: &[Element], delta: &mut Delta) {
+    diff(old, new, |e, change| match change {
+        Change::Gone => delta.deletes.push(delete_op(e)),
+        Change::Came => delta.adds.push(add_op(e, e.value)),
+    });
+}
+
+/// Which side of a diff an element is on.
+enum Change {
+    Gone,
+    Came,
+}
+
+/// Calls `f` with each element of `old` that is not in `new` (gone), then with each of `new`
+/// that is not in `old` (came).
+fn diff(old: &[Element], new: &[Element], mut f: impl FnMut(&Element, Change)) {
+    if old.is_empty() {
+        // A new port (every port of a full sync): nothing to compare.
+        new.iter().for_each(|e| f(e, Change::Came));
+        return;
+    }
     let old_set: HashSet<&Element> = old.iter().collect();
     let new_set: HashSet<&Element> = new.iter().collect();
-    for e in old {
-        if !new_set.contains(e) {
-            delta.deletes.push(delete_op(e));
-        }
+    for e in old.iter().filter(|e| !new_set.contains(e)) {
+        f(e, Change::Gone);
     }
-    for e in new {
-        if !old_set.contains(e) {
-            delta.adds.push(add_op(e, e.value));
-        }
+    for e in new.iter().filter(|e| !old_set.contains(e)) {
+        f(e, Change::Came);
     }
 }
 

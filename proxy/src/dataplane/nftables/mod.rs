@@ -403,7 +403,9 @@ impl RuleBackend for Nftables {
             result = nft::apply_parts(&parts);
         }
         drop(parts);
-        let operations = planned.transaction.len() + elements;
+        // `LoadAll` counts as the elements it rendered.
+        let listed = planned.transaction.iter().filter(|op| **op != Op::LoadAll);
+        let operations = listed.count() + elements;
         self.last_ops = if planned.full {
             Vec::new()
         } else {
