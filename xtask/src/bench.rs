@@ -28,6 +28,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// The benchmark on the given build of kpr's binaries (the benchmark starts the agent, the
 /// controller-manager and the scheduler from the directory its own executable is in).
 pub fn run_with(profile: Profile, args: &[OsString]) -> anyhow::Result<()> {
+    // Help needs neither the reference Kubernetes nor kpr's other binaries.
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        return Cmd::new("cargo")
+            .args(["run", "--quiet", "-p", "kpr-bench"])
+            .args(matches!(profile, Profile::Release).then_some("--release"))
+            .arg("--")
+            .args(args)
+            .dir(workspace_root())
+            .run();
+    }
     // The control-plane parts (EndpointSlice, workload controllers, scheduler) run against the
     // reference Kubernetes.
     setup::run_with(&setup::SetupArgs { k8s: true })?;

@@ -9,11 +9,13 @@
 //! controller moves each affected target's picks through the backend's [`Steer`].
 //!
 //! How exact: the picks are one dataplane update behind the events. Connections opened faster
-//! than one event round trip plus one `nft`/`iptables-restore` run (a few milliseconds) see the
-//! picks of before them; since those are every endpoint tied for least, such a burst spreads
-//! round-robin over them instead of piling onto one, so least-connection is never less even than
-//! round-robin. Sequential connections are exact. Connections that existed before the
-//! controller started are not counted. A TCP connection stops counting at its first FIN or RST,
+//! than one event round trip plus one `nft`/`iptables-restore` run see the picks of before them,
+//! and a pick narrowed to the one least-loaded endpoint would take the whole burst. So a target
+//! whose new connections come less than [`BURST_WINDOW`] apart is in a *burst*: its picks are
+//! all its endpoints (plain round-robin) until it has had no new connection for that long, when
+//! they narrow to the ties again (the worker wakes for it). Least-connection is thus never less
+//! even than round-robin, and exact for connections that come further apart than the window.
+//! Connections that existed before the controller started are not counted. A TCP connection stops counting at its first FIN or RST,
 //! a UDP flow when its conntrack entry is destroyed (after the UDP timeout). Counts are per
 //! endpoint across all Services on this node.
 
@@ -21,11 +23,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::error::DataplaneError;
 use crate::state::LiveView;
 
 use super::events::{CtEvent, CtEventKind, CtUpdate, EventStream};
+
+/// New connections of one target closer together than this are a burst (module docs). Well above
+/// one event round trip plus one dataplane update on a busy node, well below the pace at which
+/// exact picks are expected (a client opening a connection every few hundred milliseconds).
+pub const BURST_WINDOW: Duration = Duration::from_millis(200);
 
 /// A target's picks moved from `old` to `new` (empty: not programmed / to be removed).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,8 +56,22 @@ struct LcTarget {
     /// Where the round-robin among equally loaded endpoints continues.
     cursor: usize,
     /// What the dataplane currently spreads new connections over: the endpoints tied for the
-    /// least connections, in round-robin order from the cursor.
+    /// least connections (all endpoints in a burst), in round-robin order from the cursor.
     programmed: Vec<SocketAddr>,
+    /// When the agent saw this target's last new connection.
+    last_new: Option<Instant>,
+    /// Whether that connection came within [`BURST_WINDOW`] of the one before.
+    burst: bool,
+}
+
+impl LcTarget {
+    /// In a burst at `now`: until one window after its last new connection.
+    fn bursting(&self, now: Instant) -> bool {
+        self.burst
+            && self
+                .last_new
+                .is_some_and(|l| now.saturating_duration_since(l) < BURST_WINDOW)
+    }
 }
 
 /// A least-connection target a backend has programmed: (id, label, endpoints). The label is
@@ -102,13 +124,15 @@ impl LcTable {
             endpoints: Vec::new(),
             cursor: 0,
             programmed: Vec::new(),
+            last_new: None,
+            burst: false,
         });
         t.label = label.to_string();
         if t.endpoints != endpoints {
             t.endpoints = endpoints.to_vec();
             t.cursor = 0;
         }
-        self.repick(id)
+        self.repick(id, Instant::now())
     }
 
     /// Forgets a target; returns the change that removes its pick, if one was programmed.
@@ -140,8 +164,8 @@ impl LcTable {
         self.targets.keys().copied().collect()
     }
 
-    /// Accounts one event; returns the targets whose pick must move.
-    pub fn on_event(&mut self, ev: &CtEvent) -> Vec<PickChange> {
+    /// Accounts one event, seen at `now`; returns the targets whose pick must move.
+    pub fn on_event(&mut self, ev: &CtEvent, now: Instant) -> Vec<PickChange> {
         let Some(ep) = ev.endpoint else {
             return Vec::new();
         };
@@ -156,6 +180,10 @@ impl LcTable {
                 if let Some(i) = t.endpoints.iter().position(|e| *e == ep) {
                     t.cursor = (i + 1) % t.endpoints.len();
                 }
+                t.burst = t
+                    .last_new
+                    .is_some_and(|l| now.saturating_duration_since(l) < BURST_WINDOW);
+                t.last_new = Some(now);
             }
             self.targets_with(ep)
         } else {
@@ -172,7 +200,33 @@ impl LcTable {
         };
         affected
             .into_iter()
-            .filter_map(|id| self.repick(id))
+            .filter_map(|id| self.repick(id, now))
+            .collect()
+    }
+
+    /// When the earliest burst ends (the worker wakes then to narrow its picks), if any.
+    pub fn next_burst_end(&self) -> Option<Instant> {
+        self.targets
+            .values()
+            .filter(|t| t.burst)
+            .filter_map(|t| t.last_new)
+            .map(|l| l + BURST_WINDOW)
+            .min()
+    }
+
+    /// Ends the bursts that are over at `now`; returns the picks that narrow.
+    pub fn end_bursts(&mut self, now: Instant) -> Vec<PickChange> {
+        let over: Vec<u32> = self
+            .targets
+            .iter_mut()
+            .filter(|(_, t)| t.burst && !t.bursting(now))
+            .map(|(id, t)| {
+                t.burst = false;
+                *id
+            })
+            .collect();
+        over.into_iter()
+            .filter_map(|id| self.repick(id, now))
             .collect()
     }
 
@@ -191,7 +245,10 @@ impl LcTable {
             }
         }
         let ids: Vec<u32> = self.targets.keys().copied().collect();
-        ids.into_iter().filter_map(|id| self.repick(id)).collect()
+        let now = Instant::now();
+        ids.into_iter()
+            .filter_map(|id| self.repick(id, now))
+            .collect()
     }
 
     /// Active connections per endpoint.
@@ -215,8 +272,21 @@ impl LcTable {
         )
     }
 
-    fn repick(&mut self, id: u32) -> Option<PickChange> {
-        let ties = self.ties(self.targets.get(&id)?);
+    /// The picks of target `id` at `now`: every endpoint in a burst, else the ties.
+    fn repick(&mut self, id: u32, now: Instant) -> Option<PickChange> {
+        let target = self.targets.get(&id)?;
+        let bursting = target.bursting(now);
+        // Already spreading over every endpoint: the dataplane's round-robin runs on as it is.
+        if bursting && target.programmed.len() == target.endpoints.len() {
+            return None;
+        }
+        let ties = if bursting {
+            crate::balance::from_cursor(target.endpoints.len(), target.cursor)
+                .map(|i| target.endpoints[i])
+                .collect()
+        } else {
+            self.ties(target)
+        };
         let t = self.targets.get_mut(&id)?;
         if ties == t.programmed {
             return None;
@@ -288,22 +358,39 @@ impl LeastConn {
 }
 
 /// Applies picks after each batch of events (events are drained first, so a burst costs one
-/// dataplane update).
+/// dataplane update), and when a burst ends.
 fn run_worker(table: &Mutex<LcTable>, rx: Receiver<CtUpdate>, mut steer: Box<dyn Steer>) {
-    while let Ok(first) = rx.recv() {
+    loop {
+        let burst_end = table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .next_burst_end();
+        let first = match burst_end {
+            None => match rx.recv() {
+                Ok(u) => Some(u),
+                Err(_) => return,
+            },
+            Some(end) => match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+                Ok(u) => Some(u),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+        };
         let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
         let mut changes: BTreeMap<u32, PickChange> = BTreeMap::new();
-        for update in std::iter::once(first).chain(rx.try_iter()) {
-            let moved = match &update {
-                CtUpdate::Event(ev) => t.on_event(ev),
+        let now = Instant::now();
+        let mut moves = t.end_bursts(now);
+        for update in first.into_iter().chain(rx.try_iter()) {
+            moves.extend(match &update {
+                CtUpdate::Event(ev) => t.on_event(ev, now),
                 CtUpdate::Snapshot(entries) => t.recount(entries),
-            };
-            for c in moved {
-                changes
-                    .entry(c.id)
-                    .and_modify(|prev| prev.new = c.new.clone())
-                    .or_insert(c);
-            }
+            });
+        }
+        for c in moves {
+            changes
+                .entry(c.id)
+                .and_modify(|prev| prev.new = c.new.clone())
+                .or_insert(c);
         }
         let changes: Vec<PickChange> = changes.into_values().filter(|c| c.old != c.new).collect();
         if changes.is_empty() {
@@ -344,6 +431,12 @@ mod tests {
         }
     }
 
+    /// `s` seconds into a test: events that far apart are never a burst.
+    fn at(s: u64) -> Instant {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *START.get_or_init(Instant::now) + Duration::from_secs(s)
+    }
+
     fn destroy(id: u32, e: SocketAddr) -> CtEvent {
         CtEvent {
             kind: CtEventKind::Destroy,
@@ -361,14 +454,14 @@ mod tests {
             [ep(1), ep(2), ep(3)],
             "idle: a burst spreads over all"
         );
-        let c = t.on_event(&new(100, 1, ep(1)));
+        let c = t.on_event(&new(100, 1, ep(1)), at(1));
         assert_eq!(c[0].new, [ep(2), ep(3)]);
-        let c = t.on_event(&new(101, 1, ep(2)));
+        let c = t.on_event(&new(101, 1, ep(2)), at(2));
         assert_eq!(c[0].new, [ep(3)]);
         // Connection 100 closes: ep(1) is free again, after ep(3) in round-robin order.
-        let c = t.on_event(&destroy(100, ep(1)));
+        let c = t.on_event(&destroy(100, ep(1)), at(3));
         assert_eq!(c[0].new, [ep(3), ep(1)]);
-        let c = t.on_event(&new(102, 1, ep(3)));
+        let c = t.on_event(&new(102, 1, ep(3)), at(4));
         assert_eq!(c[0].new, [ep(1)]);
         assert_eq!(t.counts().values().sum::<u64>(), 2);
         assert_eq!(t.picks(1), [ep(1)]);
@@ -378,8 +471,8 @@ mod tests {
     fn a_snapshot_after_lost_events_replaces_the_counts() {
         let mut t = LcTable::default();
         t.set_target(1, "svc", &[ep(1), ep(2)]);
-        t.on_event(&new(100, 1, ep(1)));
-        t.on_event(&new(101, 1, ep(1)));
+        t.on_event(&new(100, 1, ep(1)), at(5));
+        t.on_event(&new(101, 1, ep(1)), at(6));
         // The close of 100 and the open of 102 were lost; the table holds 101 and 102.
         let c = t.recount(&[new(101, 1, ep(1)), new(102, 1, ep(2)), new(103, 9, ep(2))]);
         assert_eq!(
@@ -400,7 +493,7 @@ mod tests {
     fn events_of_unknown_targets_are_not_counted() {
         let mut t = LcTable::default();
         t.set_target(1, "svc", &[ep(1)]);
-        assert!(t.on_event(&new(5, 2, ep(1))).is_empty());
+        assert!(t.on_event(&new(5, 2, ep(1)), at(7)).is_empty());
         assert!(t.counts().is_empty());
     }
 
@@ -410,5 +503,34 @@ mod tests {
         t.set_target(4, "svc", &[ep(1)]);
         let c = t.remove_target(4).unwrap();
         assert_eq!((c.old, c.new), (vec![ep(1)], vec![]));
+    }
+
+    #[test]
+    fn a_burst_spreads_over_every_endpoint_until_it_ends() {
+        let mut t = LcTable::default();
+        t.set_target(1, "svc", &[ep(1), ep(2), ep(3), ep(4)]);
+        let c = t.on_event(&new(100, 1, ep(1)), at(1));
+        assert_eq!(c[0].new, [ep(2), ep(3), ep(4)], "one connection: exact");
+        let soon = at(1) + BURST_WINDOW / 4;
+        let c = t.on_event(&new(101, 1, ep(2)), soon);
+        assert_eq!(
+            c[0].new,
+            [ep(3), ep(4), ep(1), ep(2)],
+            "a second one within the window: every endpoint, round-robin from the cursor"
+        );
+        assert!(
+            t.on_event(&new(102, 1, ep(3)), soon).is_empty(),
+            "still every endpoint"
+        );
+        let end = t.next_burst_end().expect("a burst is on");
+        assert_eq!(end, soon + BURST_WINDOW);
+        assert!(t.end_bursts(end - Duration::from_millis(1)).is_empty());
+        let c = t.end_bursts(end);
+        assert_eq!(c[0].new, [ep(4)], "after the burst: the least loaded again");
+        assert_eq!(t.next_burst_end(), None);
+        // A connection a window later is not a burst.
+        let c = t.on_event(&new(103, 1, ep(4)), end + BURST_WINDOW);
+        assert_eq!(c[0].new, [ep(1), ep(2), ep(3), ep(4)], "all tied at one");
+        assert_eq!(t.next_burst_end(), None);
     }
 }
