@@ -32,7 +32,7 @@ pub fn run_with(profile: Profile, args: &[OsString]) -> anyhow::Result<()> {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         return Cmd::new("cargo")
             .args(["run", "--quiet", "-p", "kpr-bench"])
-            .args(matches!(profile, Profile::Release).then_some("--release"))
+            .args((profile == Profile::Release).then_some("--release"))
             .arg("--")
             .args(args)
             .dir(workspace_root())

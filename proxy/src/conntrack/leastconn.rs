@@ -15,9 +15,9 @@
 //! all its endpoints (plain round-robin) until it has had no new connection for that long, when
 //! they narrow to the ties again (the worker wakes for it). Least-connection is thus never less
 //! even than round-robin, and exact for connections that come further apart than the window.
-//! Connections that existed before the controller started are not counted. A TCP connection stops counting at its first FIN or RST,
-//! a UDP flow when its conntrack entry is destroyed (after the UDP timeout). Counts are per
-//! endpoint across all Services on this node.
+//! Connections that existed before the controller started are not counted. A TCP connection
+//! stops counting at its first FIN or RST, a UDP flow when its conntrack entry is destroyed
+//! (after the UDP timeout). Counts are per endpoint across all Services on this node.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -65,12 +65,20 @@ struct LcTarget {
 }
 
 impl LcTarget {
+    /// Whether `now` is within [`BURST_WINDOW`] of the last new connection.
+    fn within_window(&self, now: Instant) -> bool {
+        self.last_new
+            .is_some_and(|l| now.saturating_duration_since(l) < BURST_WINDOW)
+    }
+
     /// In a burst at `now`: until one window after its last new connection.
     fn bursting(&self, now: Instant) -> bool {
-        self.burst
-            && self
-                .last_new
-                .is_some_and(|l| now.saturating_duration_since(l) < BURST_WINDOW)
+        self.burst && self.within_window(now)
+    }
+
+    /// Its endpoints in round-robin order from the cursor.
+    fn in_turn(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        crate::balance::from_cursor(self.endpoints.len(), self.cursor).map(|i| self.endpoints[i])
     }
 }
 
@@ -180,9 +188,7 @@ impl LcTable {
                 if let Some(i) = t.endpoints.iter().position(|e| *e == ep) {
                     t.cursor = (i + 1) % t.endpoints.len();
                 }
-                t.burst = t
-                    .last_new
-                    .is_some_and(|l| now.saturating_duration_since(l) < BURST_WINDOW);
+                t.burst = t.within_window(now);
                 t.last_new = Some(now);
             }
             self.targets_with(ep)
@@ -266,10 +272,7 @@ impl LcTable {
 
     /// The endpoints tied for the least connections, in round-robin order from the cursor.
     fn ties(&self, t: &LcTarget) -> Vec<SocketAddr> {
-        crate::balance::least_loaded_ties(
-            crate::balance::from_cursor(t.endpoints.len(), t.cursor).map(|i| t.endpoints[i]),
-            |e| self.counts.get(e).copied().unwrap_or(0),
-        )
+        crate::balance::least_loaded_ties(t.in_turn(), |e| self.counts.get(e).copied().unwrap_or(0))
     }
 
     /// The picks of target `id` at `now`: every endpoint in a burst, else the ties.
@@ -281,9 +284,7 @@ impl LcTable {
             return None;
         }
         let ties = if bursting {
-            crate::balance::from_cursor(target.endpoints.len(), target.cursor)
-                .map(|i| target.endpoints[i])
-                .collect()
+            target.in_turn().collect()
         } else {
             self.ties(target)
         };
