@@ -261,3 +261,124 @@ fn an_incompatible_leftover_table_is_replaced() {
     let r = tcp_request(&cluster.podclient, addr("10.96.0.91", 80), TIMEOUT).expect("served");
     assert_eq!(r.pod, "pod0");
 }
+
+/// Service ports of every kind the tables hold elements for, in both families: plain, NodePort
+/// with the Local policy, UDP with externalIPs and a source-ranged load balancer, SCTP, session
+/// affinity, least-connection, more endpoints than the round-robin sets cover, none at all,
+/// IPv6 and dual-stack.
+fn varied_state() -> ProxyState {
+    use proxy::model::{Algorithm, Endpoint};
+    let ep = |ip: &str, remote: bool| Endpoint {
+        addr: ip.parse().unwrap(),
+        ..endpoint(Ipv4Addr::LOCALHOST, remote)
+    };
+    let mut state = ProxyState::new(node_context());
+    let plain = service("plain", "10.96.1.1", 80, Protocol::Tcp);
+    state.set_port(plain, vec![ep("10.244.1.1", false), ep("10.244.1.2", true)]);
+    let mut np = service("np", "10.96.1.2", 8080, Protocol::Tcp);
+    (np.node_port, np.external_local) = (30080, true);
+    state.set_port(np, vec![ep("10.244.1.3", false), ep("10.244.1.4", true)]);
+    let mut lb = service("lb", "10.96.1.3", 53, Protocol::Udp);
+    lb.external_ips = vec!["203.0.113.5".parse().unwrap()];
+    lb.load_balancer_ips = vec!["192.0.2.10".parse().unwrap()];
+    lb.source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
+    state.set_port(lb, vec![ep("10.244.1.5", false)]);
+    let sctp = service("sctp", "10.96.1.4", 9999, Protocol::Sctp);
+    state.set_port(sctp, vec![ep("10.244.1.6", false)]);
+    let mut aff = service("aff", "10.96.1.5", 80, Protocol::Tcp);
+    aff.affinity = Some(std::time::Duration::from_secs(10800));
+    state.set_port(aff, vec![ep("10.244.1.7", false), ep("10.244.1.8", false)]);
+    let mut lc = service("lc", "10.96.1.6", 80, Protocol::Tcp);
+    lc.algorithm = Algorithm::LeastConn;
+    state.set_port(lc, vec![ep("10.244.1.9", false), ep("10.244.1.10", false)]);
+    let wide = service("wide", "10.96.1.7", 80, Protocol::Tcp);
+    let many = (0..20)
+        .map(|i| ep(&format!("10.244.2.{i}"), false))
+        .collect();
+    state.set_port(wide, many);
+    state.set_port(service("empty", "10.96.1.8", 80, Protocol::Tcp), vec![]);
+    let mut v6 = service("v6", "fd00:10:96::5", 443, Protocol::Tcp);
+    v6.node_port = 30443;
+    state.set_port(
+        v6,
+        vec![ep("fd00:10:244::1", false), ep("fd00:10:244::2", true)],
+    );
+    let mut dual = service("dual", "10.96.1.10", 80, Protocol::Tcp);
+    dual.cluster_ips.push("fd00:10:96::10".parse().unwrap());
+    let eps = vec![ep("10.244.1.11", false), ep("fd00:10:244::3", false)];
+    state.set_port(dual, eps);
+    state
+}
+
+/// `nft -j list ruleset` with every set's elements sorted (a hash set lists them in its own
+/// order) and handles removed.
+fn listing() -> serde_json::Value {
+    fn normalise(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                m.remove("handle");
+                if let Some(serde_json::Value::Array(elems)) = m.get_mut("elem") {
+                    elems.sort_by_key(|e| e.to_string());
+                }
+                m.values_mut().for_each(normalise);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(normalise),
+            _ => {}
+        }
+    }
+    let out = std::process::Command::new("nft")
+        .args(["-j", "list", "ruleset"])
+        .output()
+        .expect("nft");
+    assert!(out.status.success(), "{out:?}");
+    let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("nft's JSON");
+    normalise(&mut v);
+    v
+}
+
+#[test]
+fn new_tables_loaded_over_netlink_equal_the_same_load_as_text() {
+    let state = varied_state();
+    let full = ChangeSet {
+        full: true,
+        ..Default::default()
+    };
+    let fresh = kpr_tests::Netns::new("nl-fresh").expect("netns");
+    let (netlink, over_netlink) = fresh
+        .run(|| {
+            let mut dp = NftablesDataplane::new(&backend_config()).expect("backend");
+            dp.sync(&state, &full).expect("full sync");
+            (dp.netlink_elements(), listing())
+        })
+        .expect("enter netns");
+    let text = kpr_tests::Netns::new("nl-text").expect("netns");
+    let (none, as_text) = text
+        .run(|| {
+            // Tables that exist are reloaded in place as one text transaction.
+            let out = std::process::Command::new("nft")
+                .args(["add table ip kpr; add table ip6 kpr"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            let mut dp = NftablesDataplane::new(&backend_config()).expect("backend");
+            dp.sync(&state, &full).expect("full sync");
+            (dp.netlink_elements(), listing())
+        })
+        .expect("enter netns");
+    assert!(netlink > 30, "only {netlink} elements went over netlink");
+    assert_eq!(none, 0, "existing tables must be reloaded as text");
+    let rendered = over_netlink.to_string();
+    for part in [
+        "10.244.2.19",
+        "fd00:10:244::2",
+        "rr_20_",
+        "aff_10800",
+        "198.51.100.0",
+    ] {
+        assert!(rendered.contains(part), "{part} missing from {rendered}");
+    }
+    assert!(
+        over_netlink == as_text,
+        "the tables differ:\nover netlink: {over_netlink:#}\nas text: {as_text:#}"
+    );
+}

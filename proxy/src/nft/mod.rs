@@ -3,9 +3,11 @@
 //! installed nft is too old, small queries, and deleting a table. `nft` runs in the network
 //! namespace of the calling thread. Small transactions (incremental syncs) go through the thread's
 //! long-lived libnftables context ([`libnft`]); large ones (full syncs) and hosts without
-//! libnftables run `nft -f -`, whose memory is returned when it exits.
+//! libnftables run `nft -f -`, whose memory is returned when it exits. [`netlink`] writes the
+//! elements of a new table without nft's parser.
 
 mod libnft;
+pub mod netlink;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -96,20 +96,26 @@ impl fmt::Display for Value {
     }
 }
 
+impl Verdict {
+    /// The chain the verdict leads to, and whether it jumps there (and returns) rather than
+    /// going.
+    pub fn chain(&self) -> (bool, std::borrow::Cow<'static, str>) {
+        use super::ruleset::{affinity_name, affinity_record_name};
+        match self {
+            Verdict::EmptyReject => (false, "empty_reject".into()),
+            Verdict::EmptyDrop => (false, "empty_drop".into()),
+            Verdict::LeastConn => (false, "lc".into()),
+            Verdict::RoundRobin(n, bucket) => (false, format!("rr_{n}_{bucket}").into()),
+            Verdict::AffinityLookup(secs) => (true, affinity_name(*secs).into()),
+            Verdict::AffinityRecord(secs) => (true, affinity_record_name(*secs).into()),
+        }
+    }
+}
+
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Verdict::EmptyReject => f.write_str("goto empty_reject"),
-            Verdict::EmptyDrop => f.write_str("goto empty_drop"),
-            Verdict::LeastConn => f.write_str("goto lc"),
-            Verdict::RoundRobin(n, bucket) => write!(f, "goto rr_{n}_{bucket}"),
-            Verdict::AffinityLookup(secs) => {
-                write!(f, "jump {}", super::ruleset::affinity_name(*secs))
-            }
-            Verdict::AffinityRecord(secs) => {
-                write!(f, "jump {}", super::ruleset::affinity_record_name(*secs))
-            }
-        }
+        let (jump, chain) = self.chain();
+        write!(f, "{} {chain}", if jump { "jump" } else { "goto" })
     }
 }
 

@@ -21,6 +21,7 @@ pub mod compile;
 pub mod elements;
 pub mod ops;
 pub mod ruleset;
+pub mod wire;
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -67,6 +68,8 @@ pub struct Nftables {
     /// the first full sync.
     skeleton: Option<Vec<Skeleton>>,
     last_ops: Vec<Op>,
+    /// The elements the last full sync wrote over netlink (0: it loaded them as text).
+    netlink_elements: usize,
 }
 
 impl Nftables {
@@ -82,6 +85,7 @@ impl Nftables {
             families: crate::dataplane::kernel_families(),
             skeleton: None,
             last_ops: Vec::new(),
+            netlink_elements: 0,
         }
     }
 
@@ -90,6 +94,12 @@ impl Nftables {
     /// ([`Op::LoadAll`]).
     pub fn last_transaction_ops(&self) -> &[Op] {
         &self.last_ops
+    }
+
+    /// How many elements the last full sync wrote over netlink: all but the interval sets' when
+    /// it created the tables, 0 when it reloaded existing ones as text.
+    pub fn netlink_elements(&self) -> usize {
+        self.netlink_elements
     }
 
     /// The conntrack mark (target id) of each target of a service port, for tests and inspect.
@@ -271,25 +281,83 @@ impl Nftables {
     }
 
     /// Renders every programmed element as `add element` commands, one part per set; returns
-    /// how many elements. The shared keys come from the element table (each with its first
-    /// owner's value), the rest from each service port's targets.
+    /// how many elements.
     fn render_all(&self, parts: &mut Vec<String>) -> usize {
         let mut batches = ops::Batches::default();
         let mut n = 0;
-        for (family, set, key, value) in self.table.programmed() {
+        self.each_programmed(|family, set, key, value| {
             batches.add(family, set, key, value);
             n += 1;
+        });
+        batches.into_parts(parts);
+        n
+    }
+
+    /// Every programmed element: the shared keys from the element table (each with its first
+    /// owner's value), the rest from each service port's targets.
+    fn each_programmed(&self, mut f: impl FnMut(IpFamily, &'static str, &Key, Option<Value>)) {
+        for (family, set, key, value) in self.table.programmed() {
+            f(family, set, key, value);
         }
         for (_, c) in self.programmed.values() {
             c.each_target_element(|e, sharing| {
                 if sharing == Sharing::Owned {
-                    batches.add(e.family, e.set, &e.key, e.value);
-                    n += 1;
+                    f(e.family, e.set, &e.key, e.value);
                 }
             });
         }
-        batches.into_parts(parts);
-        n
+    }
+
+    /// Loads a full sync into tables that do not exist yet: the skeleton, chains and the few
+    /// elements that must stay text in one `nft` transaction, then every other element over
+    /// netlink (`nft::netlink`), which at 100,000 Services takes a fraction of nft's time to
+    /// parse the same elements as text. Not atomic, which is why it is only used when nothing
+    /// was programmed: until the elements are in, no Service answers, as before the first sync.
+    /// Returns the elements loaded over netlink and as text, or `None` when the tables exist
+    /// (or cannot be checked) and the text path must be taken.
+    fn load_fresh(&self, ops: &[Op]) -> Option<Result<(usize, usize), DataplaneError>> {
+        let fresh = self.families.iter().all(|f| {
+            matches!(
+                nft::netlink::table_exists(wire::nfproto(*f), ruleset::TABLE_NAME),
+                Ok(false)
+            )
+        });
+        if !fresh {
+            return None;
+        }
+        let (mut text, mut scratch) = (0, Vec::new());
+        let parts = ops::render_parts(ops, &mut |parts| {
+            let mut batches = ops::Batches::default();
+            self.each_programmed(|family, set, key, value| {
+                if !wire::key(key, &mut scratch) {
+                    batches.add(family, set, key, value);
+                    text += 1;
+                }
+            });
+            batches.into_parts(parts);
+        });
+        if let Err(e) = nft::apply_parts(&parts) {
+            return Some(Err(e));
+        }
+        drop(parts);
+        Some(self.write_elements().map(|n| (n, text)))
+    }
+
+    /// Writes every programmed element a key encoding exists for over netlink.
+    fn write_elements(&self) -> Result<usize, DataplaneError> {
+        let mut writer = nft::netlink::ElementWriter::new(ruleset::TABLE_NAME)?;
+        let (mut key, mut scratch) = (Vec::new(), Vec::new());
+        let mut chain = std::borrow::Cow::Borrowed("");
+        let mut result = Ok(());
+        self.each_programmed(|family, set, k, value| {
+            if result.is_err() || !wire::key(k, &mut key) {
+                return;
+            }
+            let data = value.map(|v| wire::data(&v, &mut scratch, &mut chain));
+            result = writer.add(wire::nfproto(family), set, &key, data);
+        });
+        result?;
+        writer.finish()
     }
 
     /// The least-connection targets that have endpoints: (id, label, endpoints).
@@ -390,6 +458,23 @@ impl RuleBackend for Nftables {
     }
 
     fn apply(&mut self, planned: Planned<Vec<Op>>) -> Result<usize, DataplaneError> {
+        self.netlink_elements = 0;
+        if planned.full {
+            match self.load_fresh(&planned.transaction) {
+                Some(Ok((netlink, text))) => {
+                    let listed = planned.transaction.iter().filter(|op| **op != Op::LoadAll);
+                    self.last_ops = Vec::new();
+                    self.netlink_elements = netlink;
+                    return Ok(listed.count() + netlink + text);
+                }
+                // A failed load leaves the tables partly filled: the text path below reloads
+                // them whole, in place.
+                Some(Err(e)) => {
+                    tracing::warn!("nftables: loading new tables over netlink failed ({e}); loading them as text")
+                }
+                None => {}
+            }
+        }
         let mut elements = 0;
         let mut parts = ops::render_parts(&planned.transaction, &mut |parts| {
             elements += self.render_all(parts);

@@ -58,6 +58,9 @@ pub struct Fam {
     pub affinity_types: (&'static str, &'static str),
 }
 
+/// The name of both families' tables.
+pub const TABLE_NAME: &str = "kpr";
+
 pub const V4: Fam = Fam {
     family: IpFamily::V4,
     table: "ip kpr",
