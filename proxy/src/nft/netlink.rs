@@ -314,10 +314,15 @@ impl ElementWriter {
     }
 
     fn begin_batch(&mut self) {
+        self.batch_marker(NFNL_MSG_BATCH_BEGIN);
+    }
+
+    /// Appends the message that opens or closes a batch (`ty`: `NFNL_MSG_BATCH_BEGIN`/`END`).
+    fn batch_marker(&mut self, ty: u16) {
         let seq = self.next_seq();
         let start = begin_message(
             &mut self.buf,
-            NFNL_MSG_BATCH_BEGIN,
+            ty,
             NLM_F_REQUEST,
             seq,
             0,
@@ -408,16 +413,7 @@ impl ElementWriter {
         if self.messages.is_empty() {
             return Ok(());
         }
-        let seq = self.next_seq();
-        let start = begin_message(
-            &mut self.buf,
-            NFNL_MSG_BATCH_END,
-            NLM_F_REQUEST,
-            seq,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-        );
-        end_message(&mut self.buf, start);
+        self.batch_marker(NFNL_MSG_BATCH_END);
         send(&self.socket, &self.buf)?;
         let replies = drain(&self.socket)?;
         let messages = std::mem::take(&mut self.messages);
