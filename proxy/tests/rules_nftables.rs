@@ -109,6 +109,12 @@ fn one_endpoint_change_among_20000_services_touches_only_that_service() {
             let full_time = t.elapsed();
             assert!(stats.full);
             assert_eq!(stats.service_ports, SERVICES);
+            // A new table: its elements went over netlink, several 4 MB batches of them.
+            assert!(
+                dp.netlink_elements() > 5 * SERVICES,
+                "{}",
+                dp.netlink_elements()
+            );
 
             let spn = state
                 .names()

@@ -9,6 +9,7 @@
 //! own share is small. A socket belongs to the network namespace of the thread that opened it,
 //! as `nft` does.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsRawFd as _;
 
@@ -269,25 +270,20 @@ fn send(socket: &Socket, buf: &[u8]) -> Result<(), DataplaneError> {
     Ok(())
 }
 
-/// The element message being filled.
-struct Open {
-    family: u8,
-    set: String,
-    message: usize,
-    list: usize,
-}
-
-/// Adds elements to existing sets and maps of one table, in batches of at most [`BATCH_BYTES`]:
-/// each batch is one transaction, so a failure leaves the earlier batches applied. Meant for a
-/// table that was just created and serves nothing yet; changes to a table in use go through one
-/// `nft` transaction instead.
+/// Adds elements to existing sets and maps of one table. Elements are gathered per set (callers
+/// pass them in any order) into messages of up to [`LIST_BYTES`] of elements, and the messages
+/// go in batches of about [`BATCH_BYTES`]: each batch is one transaction, so a failure leaves the
+/// earlier batches applied. Meant for a table that was just created and serves nothing yet;
+/// changes to a table in use go through one `nft` transaction instead.
 pub struct ElementWriter {
     socket: Socket,
     table: String,
+    /// The batch being built: complete messages after the batch's opening.
     buf: Vec<u8>,
     seq: u32,
-    open: Option<Open>,
-    /// The set and family of each element message of the batch being built, by sequence number.
+    /// Per family (`nfgenmsg` family) and set, the encoded elements not in a message yet.
+    lists: Vec<(u8, HashMap<String, Vec<u8>>)>,
+    /// The family and set of each element message of the batch being built, by sequence number.
     messages: Vec<(u32, u8, String)>,
     elements: usize,
 }
@@ -300,21 +296,17 @@ impl ElementWriter {
             table: name.to_string(),
             buf: Vec::new(),
             seq: 0,
-            open: None,
+            lists: Vec::new(),
             messages: Vec::new(),
             elements: 0,
         };
-        w.begin_batch();
+        w.batch_marker(NFNL_MSG_BATCH_BEGIN);
         Ok(w)
     }
 
     fn next_seq(&mut self) -> u32 {
         self.seq = self.seq.wrapping_add(1);
         self.seq
-    }
-
-    fn begin_batch(&mut self) {
-        self.batch_marker(NFNL_MSG_BATCH_BEGIN);
     }
 
     /// Appends the message that opens or closes a batch (`ty`: `NFNL_MSG_BATCH_BEGIN`/`END`).
@@ -340,45 +332,32 @@ impl ElementWriter {
         key: &[u8],
         data: Option<Data<'_>>,
     ) -> Result<(), DataplaneError> {
-        let fits = self.open.as_ref().is_some_and(|o| {
-            o.family == family && o.set == set && self.buf.len() - o.list < LIST_BYTES
-        });
-        if !fits {
-            self.close_message();
+        let f = match self.lists.iter().position(|(f, _)| *f == family) {
+            Some(f) => f,
+            None => {
+                self.lists.push((family, HashMap::new()));
+                self.lists.len() - 1
+            }
+        };
+        let sets = &mut self.lists[f].1;
+        if !sets.contains_key(set) {
+            sets.insert(set.to_string(), Vec::new());
+        }
+        let list = sets.get_mut(set).expect("inserted above");
+        encode_element(list, key, data);
+        self.elements += 1;
+        if list.len() >= LIST_BYTES {
+            let list = std::mem::take(list);
+            self.push_message(family, set, &list);
             if self.buf.len() >= BATCH_BYTES {
                 self.flush()?;
             }
-            self.open_message(family, set);
         }
-        let buf = &mut self.buf;
-        let element = nest_start(buf, NFTA_LIST_ELEM);
-        let k = nest_start(buf, NFTA_SET_ELEM_KEY);
-        attr(buf, NFTA_DATA_VALUE, key);
-        nest_end(buf, k);
-        if let Some(data) = data {
-            let d = nest_start(buf, NFTA_SET_ELEM_DATA);
-            match data {
-                Data::Value(v) => attr(buf, NFTA_DATA_VALUE, v),
-                Data::Jump(chain) | Data::Goto(chain) => {
-                    let code = if matches!(data, Data::Jump(_)) {
-                        NFT_JUMP
-                    } else {
-                        NFT_GOTO
-                    };
-                    let v = nest_start(buf, NFTA_DATA_VERDICT);
-                    attr(buf, NFTA_VERDICT_CODE, &code.to_be_bytes());
-                    attr_str(buf, NFTA_VERDICT_CHAIN, chain);
-                    nest_end(buf, v);
-                }
-            }
-            nest_end(buf, d);
-        }
-        nest_end(buf, element);
-        self.elements += 1;
         Ok(())
     }
 
-    fn open_message(&mut self, family: u8, set: &str) {
+    /// Appends one `NFT_MSG_NEWSETELEM` message carrying `list` to the batch.
+    fn push_message(&mut self, family: u8, set: &str, list: &[u8]) {
         let seq = self.next_seq();
         let message = begin_message(
             &mut self.buf,
@@ -390,26 +369,15 @@ impl ElementWriter {
         );
         attr_str(&mut self.buf, NFTA_SET_ELEM_LIST_TABLE, &self.table);
         attr_str(&mut self.buf, NFTA_SET_ELEM_LIST_SET, set);
-        let list = nest_start(&mut self.buf, NFTA_SET_ELEM_LIST_ELEMENTS);
+        let nest = nest_start(&mut self.buf, NFTA_SET_ELEM_LIST_ELEMENTS);
+        self.buf.extend_from_slice(list);
+        nest_end(&mut self.buf, nest);
+        end_message(&mut self.buf, message);
         self.messages.push((seq, family, set.to_string()));
-        self.open = Some(Open {
-            family,
-            set: set.to_string(),
-            message,
-            list,
-        });
-    }
-
-    fn close_message(&mut self) {
-        if let Some(o) = self.open.take() {
-            nest_end(&mut self.buf, o.list);
-            end_message(&mut self.buf, o.message);
-        }
     }
 
     /// Sends the batch built so far as one transaction and checks every answer.
     fn flush(&mut self) -> Result<(), DataplaneError> {
-        self.close_message();
         if self.messages.is_empty() {
             return Ok(());
         }
@@ -418,7 +386,7 @@ impl ElementWriter {
         let replies = drain(&self.socket)?;
         let messages = std::mem::take(&mut self.messages);
         self.buf.clear();
-        self.begin_batch();
+        self.batch_marker(NFNL_MSG_BATCH_BEGIN);
         if let Some(r) = replies.iter().find(|r| r.error != 0) {
             let what = messages
                 .iter()
@@ -450,9 +418,51 @@ impl ElementWriter {
 
     /// Sends what is left; returns how many elements were written in all.
     pub fn finish(mut self) -> Result<usize, DataplaneError> {
+        self.push_lists()?;
         self.flush()?;
         Ok(self.elements)
     }
+
+    /// Puts every set's remaining elements into messages, sending full batches.
+    fn push_lists(&mut self) -> Result<(), DataplaneError> {
+        let lists = std::mem::take(&mut self.lists);
+        for (family, sets) in lists {
+            for (set, list) in sets.into_iter().filter(|(_, l)| !l.is_empty()) {
+                self.push_message(family, &set, &list);
+                if self.buf.len() >= BATCH_BYTES {
+                    self.flush()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Appends one element (`NFTA_LIST_ELEM`: its key and, for a map, its data) to an element list.
+fn encode_element(buf: &mut Vec<u8>, key: &[u8], data: Option<Data<'_>>) {
+    let element = nest_start(buf, NFTA_LIST_ELEM);
+    let k = nest_start(buf, NFTA_SET_ELEM_KEY);
+    attr(buf, NFTA_DATA_VALUE, key);
+    nest_end(buf, k);
+    if let Some(data) = data {
+        let d = nest_start(buf, NFTA_SET_ELEM_DATA);
+        match data {
+            Data::Value(v) => attr(buf, NFTA_DATA_VALUE, v),
+            Data::Jump(chain) | Data::Goto(chain) => {
+                let code = if matches!(data, Data::Jump(_)) {
+                    NFT_JUMP
+                } else {
+                    NFT_GOTO
+                };
+                let v = nest_start(buf, NFTA_DATA_VERDICT);
+                attr(buf, NFTA_VERDICT_CODE, &code.to_be_bytes());
+                attr_str(buf, NFTA_VERDICT_CHAIN, chain);
+                nest_end(buf, v);
+            }
+        }
+        nest_end(buf, d);
+    }
+    nest_end(buf, element);
 }
 
 #[cfg(test)]
@@ -471,6 +481,34 @@ mod tests {
         assert_eq!(u16::from_ne_bytes([buf[2], buf[3]]), 3 | NLA_F_NESTED);
         assert_eq!(&buf[4..12], &[7, 0, 1, 0, 1, 2, 3, 0]);
         assert_eq!(&buf[12..20], &[8, 0, 2, 0, b'k', b'p', b'r', 0]);
+    }
+
+    #[test]
+    fn elements_are_gathered_into_one_message_per_set() {
+        // Opens a socket (in this namespace) but sends nothing: full batches only.
+        let mut w = ElementWriter::new("kpr").expect("netfilter netlink socket");
+        for i in 0u32..10 {
+            let set = if i % 2 == 0 { "fe" } else { "targets" };
+            w.add(NFPROTO_IPV4, set, &i.to_ne_bytes(), None).unwrap();
+            w.add(NFPROTO_IPV6, set, &i.to_ne_bytes(), None).unwrap();
+        }
+        w.push_lists().unwrap();
+        let mut sets: Vec<(u8, &str)> = w
+            .messages
+            .iter()
+            .map(|(_, f, s)| (*f, s.as_str()))
+            .collect();
+        sets.sort();
+        assert_eq!(
+            sets,
+            [
+                (NFPROTO_IPV4, "fe"),
+                (NFPROTO_IPV4, "targets"),
+                (NFPROTO_IPV6, "fe"),
+                (NFPROTO_IPV6, "targets")
+            ]
+        );
+        assert_eq!(w.elements, 20);
     }
 
     #[test]
