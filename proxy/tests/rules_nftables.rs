@@ -313,6 +313,12 @@ fn varied_state() -> ProxyState {
     dual.cluster_ips.push("fd00:10:96::10".parse().unwrap());
     let eps = vec![ep("10.244.1.11", false), ep("fd00:10:244::3", false)];
     state.set_port(dual, eps);
+    let mut aff6 = service("aff6", "fd00:10:96::6", 80, Protocol::Udp);
+    aff6.affinity = Some(std::time::Duration::from_secs(60));
+    state.set_port(aff6, vec![ep("fd00:10:244::4", false)]);
+    let mut lc6 = service("lc6", "fd00:10:96::7", 53, Protocol::Udp);
+    lc6.algorithm = Algorithm::LeastConn;
+    state.set_port(lc6, vec![ep("fd00:10:244::5", false)]);
     state
 }
 
@@ -354,7 +360,17 @@ fn new_tables_loaded_over_netlink_equal_the_same_load_as_text() {
         .run(|| {
             let mut dp = NftablesDataplane::new(&backend_config()).expect("backend");
             dp.sync(&state, &full).expect("full sync");
-            (dp.netlink_elements(), listing())
+            let loaded = (dp.netlink_elements(), listing());
+            // A later full resync reloads the same tables in place (keeping affinity clients),
+            // and ends with the same tables.
+            dp.sync(&state, &full).expect("second full sync");
+            assert_eq!(
+                dp.tables_replaced(),
+                0,
+                "the full resync replaced the tables"
+            );
+            assert!(listing() == loaded.1, "the full resync changed the tables");
+            loaded
         })
         .expect("enter netns");
     let text = kpr_tests::Netns::new("nl-text").expect("netns");

@@ -31,7 +31,7 @@ pub enum Key {
     ProtoPort(Protocol, u16),
     /// `targets`, `rr_nN`, `aff_lookup`, `aff_record`: a target id.
     Target(u32),
-    /// `slots_*`, `lc_pick`: target id . slot.
+    /// `slots_*`, `lc_pick_*`: target id . slot.
     Slot(u32, u32),
     /// `fw_allowed`: address . protocol . port . allowed source (rare: boxed to keep every
     /// other key small).
@@ -43,7 +43,7 @@ pub enum Key {
 pub enum Value {
     /// `fe*`, `np*`: the target id (conntrack mark) a frontend leads to.
     Target(u32),
-    /// `slots_*`, `lc_pick`: an endpoint, address . port.
+    /// `slots_*`, `lc_pick_*`: an endpoint, address . port.
     Endpoint(IpAddr, u16),
     /// `targets`, `aff_lookup`, `aff_record`: a verdict.
     Verdict(Verdict),

@@ -70,6 +70,8 @@ pub struct Nftables {
     last_ops: Vec<Op>,
     /// The elements the last full sync wrote over netlink (0: it loaded them as text).
     netlink_elements: usize,
+    /// Full syncs that could not reload the tables in place and replaced them whole.
+    replaced: usize,
 }
 
 impl Nftables {
@@ -86,6 +88,7 @@ impl Nftables {
             skeleton: None,
             last_ops: Vec::new(),
             netlink_elements: 0,
+            replaced: 0,
         }
     }
 
@@ -100,6 +103,12 @@ impl Nftables {
     /// it created the tables, 0 when it reloaded existing ones as text.
     pub fn netlink_elements(&self) -> usize {
         self.netlink_elements
+    }
+
+    /// How many full syncs replaced the tables whole because reloading them in place failed
+    /// (which loses the affinity maps' clients).
+    pub fn tables_replaced(&self) -> usize {
+        self.replaced
     }
 
     /// The conntrack mark (target id) of each target of a service port, for tests and inspect.
@@ -375,8 +384,10 @@ impl Nftables {
     }
 }
 
-/// The `lc_pick` element operations that move one target's picks: its `LC_SLOTS` slots hold
-/// the picks in turn, and the `lc` chain's `numgen` walks the slots.
+/// The element operations that move one target's picks: its `LC_SLOTS` slots hold the picks in
+/// turn, and the `lc` chain's `numgen` walks the slots. Written to every protocol's pick map
+/// (`ruleset::lc_pick_map`): a pick change does not know its target's protocol, and the target id
+/// keeps targets apart in each.
 fn pick_ops(c: &PickChange) -> Vec<Op> {
     let slot_key = |slot: usize| Key::Slot(c.id, slot as u32);
     // A target's endpoints are all of its table's family.
@@ -386,13 +397,16 @@ fn pick_ops(c: &PickChange) -> Vec<Op> {
         .chain(&c.new)
         .next()
         .map_or(IpFamily::V4, |e| IpFamily::of(&e.ip()));
+    let maps = ruleset::SLOT_PROTOCOLS.map(ruleset::lc_pick_map);
     let mut ops = Vec::new();
     if !c.old.is_empty() {
-        ops.extend((0..ruleset::LC_SLOTS).map(|slot| Op::DeleteElement {
-            family,
-            set: "lc_pick",
-            key: slot_key(slot),
-        }));
+        for set in maps {
+            ops.extend((0..ruleset::LC_SLOTS).map(|slot| Op::DeleteElement {
+                family,
+                set,
+                key: slot_key(slot),
+            }));
+        }
     }
     if !c.new.is_empty() {
         // The `numgen` counter keeps its place across updates, so each endpoint owns fixed slots
@@ -400,20 +414,25 @@ fn pick_ops(c: &PickChange) -> Vec<Op> {
         // of the others go to the ties. New connections then walk the ties round-robin even
         // while every update excludes the endpoint that just took one.
         // (A change with picks always carries its target's endpoints, of which they are part.)
-        ops.extend((0..ruleset::LC_SLOTS).map(|slot| {
-            let owner = c.endpoints[slot % c.endpoints.len()];
-            let pick = if c.new.contains(&owner) {
-                owner
-            } else {
-                c.new[slot % c.new.len()]
-            };
-            Op::AddElement {
+        let picks: Vec<Value> = (0..ruleset::LC_SLOTS)
+            .map(|slot| {
+                let owner = c.endpoints[slot % c.endpoints.len()];
+                let pick = if c.new.contains(&owner) {
+                    owner
+                } else {
+                    c.new[slot % c.new.len()]
+                };
+                Value::Endpoint(pick.ip(), pick.port())
+            })
+            .collect();
+        for set in maps {
+            ops.extend(picks.iter().enumerate().map(|(slot, pick)| Op::AddElement {
                 family,
-                set: "lc_pick",
+                set,
                 key: slot_key(slot),
-                value: Some(Value::Endpoint(pick.ip(), pick.port())),
-            }
-        }));
+                value: Some(*pick),
+            }));
+        }
     }
     ops
 }
@@ -486,6 +505,7 @@ impl RuleBackend for Nftables {
             tracing::warn!("nftables: in-place reload failed ({e}); replacing the table");
             parts.insert(0, ruleset::delete_tables(self.families));
             result = nft::apply_parts(&parts);
+            self.replaced += 1;
         }
         drop(parts);
         // `LoadAll` counts as the elements it rendered.

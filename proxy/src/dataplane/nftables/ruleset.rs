@@ -18,8 +18,9 @@
 //! rrb_B:          per protocol and N in 1..=16: ct mark @rr_nN
 //!                 dnat to ct mark . numgen inc mod N map @slots_<protocol>_B
 //! rr_N_B:         the same for one N > 16, created when a target first needs it
-//! lc:             dnat to ct mark . numgen inc mod LC_SLOTS map @lc_pick (the endpoints tied
-//!                 for least, kept by the least-connection controller)
+//! lc:             per protocol: dnat to ct mark . numgen inc mod LC_SLOTS map
+//!                 @lc_pick_<protocol> (the endpoints tied for least, kept by the
+//!                 least-connection controller)
 //! nat postrouting: record affinity (ct mark vmap @aff_record), masquerade marked and hairpin
 //! filter input/forward/output (new): drop/reject marks, reject unexposed clusterIP ports,
 //!                 drop unallocated service CIDR addresses
@@ -103,7 +104,7 @@ pub fn fam(family: IpFamily) -> Fam {
     }
 }
 
-/// Slots of a least-connection target in `lc_pick`: its picks (the endpoints tied for the fewest
+/// Slots of a least-connection target in `lc_pick_*`: its picks (the endpoints tied for the fewest
 /// connections) fill them in turn and new connections walk them. 12 spreads evenly over 1, 2, 3,
 /// 4 and 6 picks and within one connection per 12 otherwise.
 pub const LC_SLOTS: usize = 12;
@@ -236,11 +237,6 @@ const MANAGED_SETS: &[(&str, &str, &str)] = &[
     ("set", "npmasq_pod", "type inet_proto . inet_service;"),
     ("set", "npmasq_ext", "type inet_proto . inet_service;"),
     ("map", "targets", "type mark : verdict;"),
-    (
-        "map",
-        "lc_pick",
-        "typeof ct mark . numgen inc mod 2 : {ip} daddr . th dport;",
-    ),
     ("map", "aff_lookup", "type mark : verdict;"),
     ("map", "aff_record", "type mark : verdict;"),
     (
@@ -323,6 +319,12 @@ pub fn skeleton(s: &Skeleton) -> String {
         let _ = writeln!(out, "flush {kind} {table} {name}");
     }
     for protocol in SLOT_PROTOCOLS {
+        let name = lc_pick_map(protocol);
+        let _ = writeln!(
+            out,
+            "add map {table} {name} {{ typeof ct mark . numgen inc mod 2 : {ip} daddr . {protocol} dport; }}"
+        );
+        let _ = writeln!(out, "flush map {table} {name}");
         for bucket in 0..RR_BUCKETS {
             let name = slots_map(protocol, bucket);
             let _ = writeln!(
@@ -439,16 +441,16 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
             format!("{ip} daddr @nodeport_ips ct mark set {np_key} map @np goto dispatch"),
         ));
     }
+    rules.extend(SLOT_PROTOCOLS.map(|p| {
+        let map = lc_pick_map(p);
+        let rule =
+            format!("meta l4proto {p} dnat {ip} to ct mark . numgen inc mod {LC_SLOTS} map @{map}");
+        ("lc", rule)
+    }));
     rules.extend([
         ("dispatch", "ct mark vmap @aff_lookup".to_string()),
         ("dispatch", "ct mark vmap @targets".to_string()),
         ("dispatch", bucket_dispatch()),
-        (
-            "lc",
-            format!(
-                "meta l4proto {{ tcp, udp, sctp }} dnat {ip} to ct mark . numgen inc mod {LC_SLOTS} map @lc_pick"
-            ),
-        ),
         (
             "empty_reject",
             format!("meta mark set meta mark | {MARK_REJECT:#x}"),
@@ -614,6 +616,20 @@ pub fn slots_map(protocol: &str, bucket: u32) -> &'static str {
         .position(|x| *x == protocol)
         .unwrap_or(SLOT_PROTOCOLS.len() - 1);
     names[p * RR_BUCKETS as usize + (bucket % RR_BUCKETS) as usize]
+}
+
+/// The least-connection pick map of a protocol (`tcp`, `udp`, `sctp`): `lc_pick_<protocol>`.
+///
+/// One per protocol, like the slot maps: a single map typed `th dport` (any protocol) makes nft
+/// 1.0.6 fail every later transaction that re-reads the table ("conflicting protocols specified:
+/// tcp vs. th"), so a full resync could not reload the table in place. A target's picks are
+/// written to all three (its id keys them; only its own protocol's is read).
+pub fn lc_pick_map(protocol: &str) -> &'static str {
+    match protocol {
+        "tcp" => "lc_pick_tcp",
+        "udp" => "lc_pick_udp",
+        _ => "lc_pick_sctp",
+    }
 }
 
 /// Name of the affinity map and lookup chain for a timeout of `secs` seconds.
