@@ -4,7 +4,7 @@
 //! Owns the NETLINK_NETFILTER socket of these writes, the batch framing (`NFNL_MSG_BATCH_BEGIN`
 //! / `END`), `NFT_MSG_NEWSETELEM` messages, reading their acknowledgements, and the
 //! table-existence query. Knows nothing of kpr's sets: callers pass each key and value already in
-//! the set's own byte layout (`crate::dataplane::nftables` encodes them). At 100,000 Services x 4
+//! the set's own byte layout (the nftables backend encodes them). At 100,000 Services x 4
 //! endpoints (1.1 million elements) the nftables backend's first full sync took 2.0 s this way
 //! and 6.6 s through `nft -f`, most of which is nft parsing and evaluating the element text. A
 //! socket belongs to the network namespace of the thread that opened it, as `nft` does.
