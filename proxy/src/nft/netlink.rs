@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsRawFd as _;
 
-use netlink_packet_core::{NLM_F_ACK, NLM_F_ACK_TLVS, NLM_F_CREATE, NLM_F_REQUEST};
+use netlink_packet_core::{
+    ErrorBuffer, NetlinkBuffer, NLM_F_ACK, NLM_F_ACK_TLVS, NLM_F_CREATE, NLM_F_REQUEST,
+};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 
 use crate::error::DataplaneError;
@@ -172,32 +174,31 @@ fn drain(socket: &Socket) -> Result<Vec<Reply>, DataplaneError> {
             Err(e) => return Err(DataplaneError::io("reading nf_tables' answers", e)),
         };
         let mut at = 0;
-        while at + NLMSG_HDRLEN <= n {
-            let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
-            if len < NLMSG_HDRLEN || at + len > n {
-                break;
-            }
-            let msg = &buf[at..at + len];
-            let ty = u16::from_ne_bytes([msg[4], msg[5]]);
-            let flags = u16::from_ne_bytes([msg[6], msg[7]]);
-            let seq = u32::from_ne_bytes(msg[8..12].try_into().expect("4 bytes"));
+        while let Ok(msg) = NetlinkBuffer::new_checked(&buf[at..n]) {
             let mut reply = Reply {
-                seq,
+                seq: msg.sequence_number(),
                 error: 0,
                 message: None,
-                ty,
+                ty: msg.message_type(),
             };
-            if ty == NLMSG_ERROR && len >= NLMSG_HDRLEN + 4 + NLMSG_HDRLEN {
-                reply.error = i32::from_ne_bytes(msg[16..20].try_into().expect("4 bytes"));
+            if let (NLMSG_ERROR, Ok(err)) = (reply.ty, ErrorBuffer::new_checked(msg.payload())) {
+                reply.error = err.code().map_or(0, |c| c.get());
                 // The request's header follows (capped: not its payload), then the extended
-                // acknowledgement's attributes.
-                reply.seq = u32::from_ne_bytes(msg[28..32].try_into().expect("4 bytes"));
-                if flags & NLM_F_ACK_TLVS != 0 {
-                    reply.message = ack_message(&msg[20 + NLMSG_HDRLEN..]);
+                // acknowledgement's attributes. Its length field is the request's, so it is read
+                // unchecked.
+                let request = err.payload();
+                if request.len() >= NLMSG_HDRLEN {
+                    reply.seq = NetlinkBuffer::new(request).sequence_number();
+                    if msg.flags() & NLM_F_ACK_TLVS != 0 {
+                        reply.message = ack_message(&request[NLMSG_HDRLEN..]);
+                    }
                 }
             }
             replies.push(reply);
-            at += len.next_multiple_of(4);
+            at += (msg.length() as usize).next_multiple_of(4);
+            if at >= n {
+                break;
+            }
         }
     }
 }

@@ -334,11 +334,11 @@ impl Nftables {
         if !fresh {
             return None;
         }
-        let (mut text, mut scratch) = (0, Vec::new());
+        let mut text = 0;
         let parts = ops::render_parts(ops, &mut |parts| {
             let mut batches = ops::Batches::default();
             self.each_programmed(|family, set, key, value| {
-                if !wire::key(key, &mut scratch) {
+                if wire::loads_as_text(key) {
                     batches.add(family, set, key, value);
                     text += 1;
                 }
@@ -367,6 +367,25 @@ impl Nftables {
         });
         result?;
         writer.finish()
+    }
+
+    /// Applies a planned transaction as `nft -f` text (a full sync replaces tables that cannot
+    /// be reloaded in place); returns the result and the elements `LoadAll` rendered.
+    fn load_text(&mut self, planned: &Planned<Vec<Op>>) -> (Result<(), DataplaneError>, usize) {
+        let mut elements = 0;
+        let mut parts = ops::render_parts(&planned.transaction, &mut |parts| {
+            elements += self.render_all(parts);
+        });
+        let mut result = nft::apply_parts(&parts);
+        if let (true, Err(e)) = (planned.full, &result) {
+            // The table in the kernel does not fit the skeleton (another version, a broken
+            // leftover): replace it whole, still in one transaction.
+            tracing::warn!("nftables: in-place reload failed ({e}); replacing the table");
+            parts.insert(0, ruleset::delete_tables(self.families));
+            result = nft::apply_parts(&parts);
+            self.replaced += 1;
+        }
+        (result, elements)
     }
 
     /// The least-connection targets that have endpoints: (id, label, endpoints).
@@ -478,36 +497,25 @@ impl RuleBackend for Nftables {
 
     fn apply(&mut self, planned: Planned<Vec<Op>>) -> Result<usize, DataplaneError> {
         self.netlink_elements = 0;
-        if planned.full {
-            match self.load_fresh(&planned.transaction) {
-                Some(Ok((netlink, text))) => {
-                    let listed = planned.transaction.iter().filter(|op| **op != Op::LoadAll);
-                    self.last_ops = Vec::new();
-                    self.netlink_elements = netlink;
-                    return Ok(listed.count() + netlink + text);
-                }
-                // A failed load leaves the tables partly filled: the text path below reloads
-                // them whole, in place.
-                Some(Err(e)) => {
-                    tracing::warn!("nftables: loading new tables over netlink failed ({e}); loading them as text")
-                }
-                None => {}
+        let fresh = if planned.full {
+            self.load_fresh(&planned.transaction)
+        } else {
+            None
+        };
+        let (result, elements) = match fresh {
+            Some(Ok((netlink, text))) => {
+                self.netlink_elements = netlink;
+                (Ok(()), netlink + text)
             }
-        }
-        let mut elements = 0;
-        let mut parts = ops::render_parts(&planned.transaction, &mut |parts| {
-            elements += self.render_all(parts);
-        });
-        let mut result = nft::apply_parts(&parts);
-        if let (true, Err(e)) = (planned.full, &result) {
-            // The table in the kernel does not fit the skeleton (another version, a broken
-            // leftover): replace it whole, still in one transaction.
-            tracing::warn!("nftables: in-place reload failed ({e}); replacing the table");
-            parts.insert(0, ruleset::delete_tables(self.families));
-            result = nft::apply_parts(&parts);
-            self.replaced += 1;
-        }
-        drop(parts);
+            failed => {
+                if let Some(Err(e)) = failed {
+                    // A failed load leaves the tables partly filled: the text load reloads them
+                    // whole, in place.
+                    tracing::warn!("nftables: loading new tables over netlink failed ({e}); loading them as text");
+                }
+                self.load_text(&planned)
+            }
+        };
         // `LoadAll` counts as the elements it rendered.
         let listed = planned.transaction.iter().filter(|op| **op != Op::LoadAll);
         let operations = listed.count() + elements;

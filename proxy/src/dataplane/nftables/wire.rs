@@ -39,8 +39,13 @@ fn port(out: &mut Vec<u8>, port: u16) {
     out.extend_from_slice(&[0, 0]);
 }
 
+/// Whether `key` belongs to an interval set, whose elements are loaded as text.
+pub fn loads_as_text(key: &Key) -> bool {
+    matches!(key, Key::Allowed(_))
+}
+
 /// Writes `key` as its set stores it into `out` (cleared first); `false` for a key of an
-/// interval set, which is loaded as text.
+/// interval set ([`loads_as_text`]).
 pub fn key(key: &Key, out: &mut Vec<u8>) -> bool {
     out.clear();
     match key {
@@ -120,6 +125,7 @@ mod tests {
             "10.1.0.0/16".into(),
         )));
         assert!(!key(&allowed, &mut out), "interval keys stay text");
+        assert!(loads_as_text(&allowed) && !loads_as_text(&k));
     }
 
     #[test]
