@@ -1,38 +1,28 @@
-//! The control plane around the proxy: the EndpointSlice controller, the legacy Endpoints
-//! controller, the LoadBalancer IP allocator, the workload controllers (ReplicaSet, Deployment,
-//! garbage collector, StatefulSet, DaemonSet, Job, CronJob, ttl-after-finished, with the
-//! ControllerRevision [`history`] StatefulSet and DaemonSet share), Lease-based leader election
-//! and the `controller-manager` that runs them, following kube-controller-manager's algorithms;
-//! and the [`scheduler`] (kube-scheduler's framework and default plugins) run by the `scheduler`
-//! binary.
+//! The control plane around the proxy, following kube-controller-manager's and kube-scheduler's
+//! algorithms, laid out by layer:
 //!
-//! Every controller has the same split: pure planning functions over cached state (unit-tested, in
-//! `plan` modules or `podutil`) and a thin layer applying the plan through kube-rs. The workload
-//! controllers share one runtime ([`runtime`]): one watch per resource kind, indexed caches, a
-//! rate-limited work queue with N workers, expectations, slow-start batches and the controller-ref
-//! manager.
+//! - [`runtime`]: the machinery every controller runs on (shared informers and their indexed
+//!   caches, the rate-limited work queue and workers, expectations, pod control, Events, the
+//!   controller-ref manager, ControllerRevision history, leader election, the client rate limit);
+//! - [`helpers`]: small pure Kubernetes helpers (selectors, owner references, int-or-percent, Pod
+//!   readiness, node affinity and taints, hashing, a clock), as apimachinery and component-helpers;
+//! - [`endpoint`]: the controllers that feed the proxy (EndpointSlice, Endpoints, LoadBalancer IPAM);
+//! - [`workload`]: ReplicaSet, Deployment, StatefulSet, DaemonSet, Job, CronJob,
+//!   ttl-after-finished and the garbage collector;
+//! - [`manager`]: the descriptor table of controllers and the `controller-manager` that runs the
+//!   selected ones;
+//! - [`scheduler`]: kube-scheduler's framework and default plugins, run by the `scheduler` binary.
+//!
+//! Every controller has the same split: a pure plan over cached state (unit-tested) and a thin layer
+//! applying it through kube-rs. Layers point downward (controllers -> runtime -> helpers); no
+//! controller imports a sibling; `controllers/tests/layers.rs` keeps it so.
 
-pub mod cache;
-pub mod cronjob;
-pub mod daemonset;
-pub mod deployment;
-pub mod endpoints;
-pub mod endpointslice;
+pub mod endpoint;
 pub mod error;
-pub mod garbagecollector;
-pub mod history;
-pub mod inputs;
-pub mod job;
-pub mod lbipam;
-pub mod leader;
+pub mod helpers;
 pub mod manager;
-pub mod podutil;
-pub mod process;
-pub mod ratelimit;
-pub mod replicaset;
 pub mod runtime;
 pub mod scheduler;
-pub mod selector;
-pub mod statefulset;
+pub mod workload;
 
 pub use error::{Error, Result};

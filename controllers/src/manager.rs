@@ -10,10 +10,10 @@ use futures::future::BoxFuture;
 use futures::FutureExt as _;
 use kube::Client;
 
+use crate::endpoint::lbipam::pool::Pool;
 use crate::error::{Error, Result};
-use crate::lbipam::pool::Pool;
-use crate::leader::{self, LeaderConfig};
 use crate::runtime::informer::Informers;
+use crate::runtime::leader::{self, LeaderConfig};
 use crate::runtime::workers::AbortOnDrop;
 
 /// A controller the manager can run.
@@ -254,78 +254,78 @@ fn workload_tasks(
     let mut tasks: Vec<(ControllerKind, Task)> = Vec::new();
     for &kind in kinds {
         let task: Task = match kind {
-            ControllerKind::ReplicaSet => crate::replicaset::Controller::new(
+            ControllerKind::ReplicaSet => crate::workload::replicaset::Controller::new(
                 client.clone(),
                 &informers,
-                crate::replicaset::Config {
+                crate::workload::replicaset::Config {
                     workers: concurrency.replicaset,
                     ..Default::default()
                 },
             )
             .run()
             .boxed(),
-            ControllerKind::Deployment => crate::deployment::Controller::new(
+            ControllerKind::Deployment => crate::workload::deployment::Controller::new(
                 client.clone(),
                 &informers,
-                crate::deployment::Config {
+                crate::workload::deployment::Config {
                     workers: concurrency.deployment,
                 },
             )
             .run()
             .boxed(),
-            ControllerKind::GarbageCollector => crate::garbagecollector::new(
+            ControllerKind::GarbageCollector => crate::workload::garbagecollector::new(
                 client.clone(),
-                crate::garbagecollector::Config {
+                crate::workload::garbagecollector::Config {
                     workers: concurrency.gc,
                     ..Default::default()
                 },
             )
             .run()
             .boxed(),
-            ControllerKind::Job => crate::job::Controller::new(
+            ControllerKind::Job => crate::workload::job::Controller::new(
                 client.clone(),
                 &informers,
-                crate::job::Config {
+                crate::workload::job::Config {
                     workers: concurrency.job,
                     ..Default::default()
                 },
             )
             .run()
             .boxed(),
-            ControllerKind::CronJob => crate::cronjob::Controller::new(
+            ControllerKind::CronJob => crate::workload::cronjob::Controller::new(
                 client.clone(),
                 &informers,
-                crate::cronjob::Config {
+                crate::workload::cronjob::Config {
                     workers: concurrency.cronjob,
                     ..Default::default()
                 },
             )
             .run()
             .boxed(),
-            ControllerKind::TtlAfterFinished => crate::job::ttl::Controller::new(
+            ControllerKind::TtlAfterFinished => crate::workload::ttlafterfinished::Controller::new(
                 client.clone(),
                 &informers,
-                crate::job::ttl::Config {
+                crate::workload::ttlafterfinished::Config {
                     workers: concurrency.ttl_after_finished,
                     ..Default::default()
                 },
             )
             .run()
             .boxed(),
-            ControllerKind::DaemonSet => crate::daemonset::Controller::new(
+            ControllerKind::DaemonSet => crate::workload::daemonset::Controller::new(
                 client.clone(),
                 &informers,
-                crate::daemonset::Config {
+                crate::workload::daemonset::Config {
                     workers: concurrency.daemonset,
                     ..Default::default()
                 },
             )
             .run()
             .boxed(),
-            ControllerKind::StatefulSet => crate::statefulset::Controller::new(
+            ControllerKind::StatefulSet => crate::workload::statefulset::Controller::new(
                 client.clone(),
                 &informers,
-                crate::statefulset::Config {
+                crate::workload::statefulset::Config {
                     workers: concurrency.statefulset,
                 },
             )
@@ -358,19 +358,19 @@ async fn run_controllers(
         let client = client.clone();
         let pool = pool.clone();
         let task: Task = match kind {
-            ControllerKind::EndpointSlice => crate::endpointslice::run(
+            ControllerKind::EndpointSlice => crate::endpoint::endpointslice::run(
                 client,
-                crate::endpointslice::Config {
+                crate::endpoint::endpointslice::Config {
                     concurrency: concurrency.endpoints,
                 },
             )
             .boxed(),
             ControllerKind::Endpoints => {
-                crate::endpoints::run(client, concurrency.endpoints).boxed()
+                crate::endpoint::endpoints::run(client, concurrency.endpoints).boxed()
             }
             ControllerKind::LbIpam => async move {
                 if let Some(pool) = pool {
-                    if let Err(e) = crate::lbipam::run(client, pool).await {
+                    if let Err(e) = crate::endpoint::lbipam::run(client, pool).await {
                         tracing::error!("lb-ipam: {e}");
                     }
                 }

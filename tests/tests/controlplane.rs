@@ -30,10 +30,12 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use controllers::endpointslice::plan::{LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY};
-use controllers::lbipam::{self, FINALIZER};
-use controllers::leader::LeaderConfig;
+use controllers::endpoint::endpointslice::plan::{
+    LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY,
+};
+use controllers::endpoint::lbipam::{self, FINALIZER};
 use controllers::manager::{self, ControllerKind, ManagerConfig};
+use controllers::runtime::leader::LeaderConfig;
 use controlplane::ControlPlane;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;

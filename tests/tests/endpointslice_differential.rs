@@ -78,7 +78,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
 
 const UPSTREAM: &str = "endpointslice-controller.k8s.io";
-const OURS: &str = controllers::endpointslice::plan::MANAGED_BY;
+const OURS: &str = controllers::endpoint::endpointslice::plan::MANAGED_BY;
 const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 const SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// How long both controllers get to settle.

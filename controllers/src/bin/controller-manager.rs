@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use controllers::lbipam::pool::Pool;
-use controllers::leader::{self, LeaderConfig};
+use controllers::endpoint::lbipam::pool::Pool;
 use controllers::manager::{self, ManagerConfig};
+use controllers::runtime::leader::{self, LeaderConfig};
 
 /// Runs kpr's controllers (garbage collector, EndpointSlice, Endpoints, ReplicaSet, Deployment,
 /// StatefulSet, DaemonSet, Job, CronJob, TTL after finished, LoadBalancer IPAM) against a
@@ -93,7 +93,7 @@ struct Args {
     kube_api_burst: u32,
 }
 
-use controllers::process::{client, identity, serve_metrics};
+use controllers::runtime::process::{client, identity, serve_metrics};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -118,7 +118,7 @@ async fn main() -> anyhow::Result<()> {
         )
     });
     controllers::runtime::informer::set_watch_list(args.watch_list);
-    let limit = controllers::ratelimit::ClientLimit {
+    let limit = controllers::runtime::ratelimit::ClientLimit {
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
     };

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use controllers::leader::{self, LeaderConfig};
 use controllers::runtime::informer::Informers;
+use controllers::runtime::leader::{self, LeaderConfig};
 use controllers::scheduler::config::{self, KubeSchedulerConfiguration};
 use controllers::scheduler::registry::{BuildContext, Registry};
 use controllers::scheduler::run::{self, InformerObjects, Scheduler, Settings};
@@ -47,7 +47,7 @@ struct Args {
     verbosity: u8,
 }
 
-use controllers::process::{client, identity, serve_metrics};
+use controllers::runtime::process::{client, identity, serve_metrics};
 
 fn duration(field: &str, v: Option<&str>, default: Duration) -> anyhow::Result<Duration> {
     match v {

@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::selector::Selector;
+use crate::helpers::selector::Selector;
 
 use super::informer::controller_uid;
 
@@ -197,7 +197,7 @@ where
 /// `resolveControllerRef`: the object of kind `K` a controller reference names, when the cache
 /// holds it with that uid (a re-created owner of the same name is another owner).
 pub fn resolve_controller_ref<K>(
-    cache: &crate::cache::Indexed<K>,
+    cache: &crate::runtime::cache::Indexed<K>,
     namespace: &str,
     r: &OwnerReference,
 ) -> Option<Arc<K>>

@@ -24,7 +24,7 @@ use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use crate::cache::Indexed;
+use crate::runtime::cache::Indexed;
 
 use super::workers::AbortOnDrop;
 

@@ -1,7 +1,7 @@
 //! The machinery every workload controller runs on, as kube-controller-manager's controllers do:
 //!
 //! - [`informer`]: one shared watch per resource kind for all controllers, feeding an indexed
-//!   cache ([`crate::cache::Indexed`]) and the controllers' event handlers;
+//!   cache ([`crate::runtime::cache::Indexed`]) and the controllers' event handlers;
 //! - [`queue`]: a rate-limited work queue (client-go's semantics: deduplicated keys, an item being
 //!   processed is re-queued only after `done`, per-item exponential backoff with an overall token
 //!   bucket, `forget` on success), with workqueue metrics under kube-controller-manager's names
@@ -13,18 +13,29 @@
 //!   longer match);
 //! - [`events`]: core/v1 Events, correlated as client-go's recorder does;
 //! - [`cached_pod`]: what the caches keep of a Pod (the fields controllers read);
-//! - [`pods`]: which Pods count (active) and which go first on scale-down.
+//! - [`pods`]: which Pods count (active) and which go first on scale-down;
+//! - [`cache`]: the indexed in-memory store behind every informer;
+//! - [`history`]: ControllerRevision history (StatefulSet and DaemonSet);
+//! - [`leader`]: Lease-based leader election;
+//! - [`ratelimit`]: the client-side request limit (`--kube-api-qps` / `--kube-api-burst`);
+//! - [`process`]: what the binaries share around their work (client, identity, `/metrics`).
 //!
-//! Nothing here knows a particular controller; controllers never talk to each other through it
+//! Nothing here knows a particular controller, and nothing here imports one (the layers test,
+//! `controllers/tests/layers.rs`, keeps it so); controllers never talk to each other through it
 //! except by watching the objects they write.
 
 pub mod batch;
+pub mod cache;
 pub mod cached_pod;
 pub mod claim;
 pub mod events;
 pub mod expectations;
+pub mod history;
 pub mod informer;
+pub mod leader;
 pub mod metrics;
 pub mod pods;
+pub mod process;
 pub mod queue;
+pub mod ratelimit;
 pub mod workers;

@@ -30,7 +30,7 @@ use super::framework_runner::Framework;
 use super::plugins::unsupported_volumes::NOT_BUILT;
 use super::queue::Backoff;
 use super::registry::{BuildContext, Built, Point, Registry, DEFAULT_MULTI_POINT};
-use crate::ratelimit::ClientLimit;
+use crate::runtime::ratelimit::ClientLimit;
 
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
 pub const API_VERSION: &str = "kubescheduler.config.k8s.io/v1";

@@ -24,7 +24,7 @@ use super::framework::{ClusterObjects, Code, CycleState, QueuedPodInfo, Snapshot
 use super::framework_runner::{Algorithm, Framework, Nominations, ScheduleError};
 use super::metrics;
 use super::queue::{ClusterEvent, QueueCore, SchedulingQueue};
-use crate::cache::Indexed;
+use crate::runtime::cache::Indexed;
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{Informers, NAMESPACE};
 

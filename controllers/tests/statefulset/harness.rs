@@ -46,7 +46,7 @@ fn start(flavour: Flavour) -> anyhow::Result<Cluster> {
     };
     let env = vec![(
         "RUST_LOG".to_string(),
-        "info,controllers::statefulset=debug".to_string(),
+        "info,controllers::workload::statefulset=debug".to_string(),
     )];
     Cluster::start(flavour, CONTROLLERS, opts, env, |_| Ok(()))
 }

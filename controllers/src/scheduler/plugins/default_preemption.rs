@@ -24,11 +24,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use rand::Rng;
 
+use crate::helpers::selector::Selector;
 use crate::scheduler::framework::{
     ClusterObjects, Code, CycleState, FilterRunner, NodeInfo, Plugin, PodInfo, PostFilterPlugin,
     PostFilterResult, Snapshot, Status,
 };
-use crate::selector::Selector;
 
 /// The plugin's name in configurations and reasons.
 pub const NAME: &str = "DefaultPreemption";

@@ -19,12 +19,12 @@ use std::sync::{Arc, RwLock, Weak};
 
 use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, WeightedPodAffinityTerm};
 
+use crate::helpers::selector::Selector;
 use crate::scheduler::framework::{
     ClusterObjects, CycleState, FilterPlugin, NodeInfo, NodeScore, Plugin, PodInfo,
     PreFilterPlugin, PreFilterResult, PreScorePlugin, ScorePlugin, Snapshot, Status,
     MAX_NODE_SCORE,
 };
-use crate::selector::Selector;
 
 /// The plugin's name in configurations and reasons.
 pub const NAME: &str = "InterPodAffinity";

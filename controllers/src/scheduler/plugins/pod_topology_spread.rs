@@ -29,12 +29,12 @@ use super::helper::{
     find_untolerated_taint, is_do_not_schedule_taint, node_taints, pod_tolerations,
     RequiredNodeAffinity,
 };
+use crate::helpers::selector::Selector;
 use crate::scheduler::framework::{
     ClusterObjects, CycleState, FilterPlugin, NodeInfo, NodeScore, Plugin, PodInfo,
     PreFilterPlugin, PreFilterResult, PreScorePlugin, ScorePlugin, Snapshot, Status,
     MAX_NODE_SCORE,
 };
-use crate::selector::Selector;
 
 /// The plugin's name in configurations and reasons.
 pub const NAME: &str = "PodTopologySpread";

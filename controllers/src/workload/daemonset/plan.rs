@@ -34,11 +34,11 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::helpers::selector::Selector;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::pods;
 use crate::scheduler::plugins::helper::{self, RequiredNodeAffinity};
-use crate::selector::Selector;
 
 /// Creations or deletions one sync may issue (upstream's `BurstReplicas`).
 pub const BURST_REPLICAS: usize = 250;
@@ -167,7 +167,7 @@ fn rolling_param(
 /// `SurgeCount`: maxSurge scaled to `n` (rounded up); 0 unless RollingUpdate with maxSurge set.
 pub fn surge_count(ds: &DaemonSet, n: i32) -> std::result::Result<i32, String> {
     match rolling_param(ds, |r| r.max_surge.as_ref()) {
-        Some(Some(v)) => crate::deployment::util::scaled_value(&v, n, true),
+        Some(Some(v)) => crate::workload::deployment::util::scaled_value(&v, n, true),
         _ => Ok(0),
     }
 }
@@ -176,7 +176,7 @@ pub fn surge_count(ds: &DaemonSet, n: i32) -> std::result::Result<i32, String> {
 /// error when RollingUpdate parameters exist without maxUnavailable (the API server defaults it).
 pub fn unavailable_count(ds: &DaemonSet, n: i32) -> std::result::Result<i32, String> {
     match rolling_param(ds, |r| r.max_unavailable.as_ref()) {
-        Some(Some(v)) => crate::deployment::util::scaled_value(&v, n, true),
+        Some(Some(v)) => crate::workload::deployment::util::scaled_value(&v, n, true),
         Some(None) => Err("nil value for IntOrString".into()),
         None => Ok(0),
     }
@@ -1117,7 +1117,7 @@ pub fn revision_matches(ds: &DaemonSet, cr: &ControllerRevision) -> bool {
 /// suffix of its revisions' names and the value of their `controller-revision-hash` label.
 pub fn revision_hash(ds: &DaemonSet) -> String {
     let collision = ds.status.as_ref().and_then(|s| s.collision_count);
-    crate::deployment::util::compute_hash(&template(ds), collision)
+    crate::workload::deployment::util::compute_hash(&template(ds), collision)
 }
 
 /// `snapshot`'s revision: named `<ds>-<hash>`, labelled with the template's labels plus the hash,

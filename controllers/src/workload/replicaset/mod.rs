@@ -38,9 +38,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 
-use crate::cache::Indexed;
 use crate::error::{Error, Result};
 use crate::runtime::batch::slow_start_batch;
+use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo};
 use crate::runtime::events::Recorder;
 use crate::runtime::expectations::Expectations;

@@ -24,14 +24,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 
-use crate::cache::Indexed;
 use crate::error::{Error, Result};
+use crate::helpers::selector::Selector;
+use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, claim_plan, recheck_owner, OwnerInfo};
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{self, key_of, split_key, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
-use crate::selector::Selector;
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Action, Requeue};

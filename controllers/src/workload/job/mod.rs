@@ -22,13 +22,12 @@
 //! Resumed, UnknownCompletionMode.
 //!
 //! `ttlSecondsAfterFinished` is not handled here: as upstream, it is the separate
-//! `ttl-after-finished` controller ([`ttl`]).
+//! `ttl-after-finished` controller (`crate::workload::ttlafterfinished`).
 
 pub mod backoff;
 pub mod failure_policy;
 pub mod indexed;
 pub mod plan;
-pub mod ttl;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -40,10 +39,10 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::cache::Indexed;
-use crate::cronjob::schedule::{Clock, SystemClock};
 use crate::error::{Error, Result};
+use crate::helpers::selector::Selector;
 use crate::runtime::batch::slow_start_batch;
+use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo};
 use crate::runtime::events::Recorder;
 use crate::runtime::expectations::Expectations;
@@ -51,7 +50,7 @@ use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
-use crate::selector::Selector;
+use crate::workload::cronjob::schedule::{Clock, SystemClock};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Ctx, Manage, SYNC_JOB_BATCH_PERIOD, TRACKING_FINALIZER};

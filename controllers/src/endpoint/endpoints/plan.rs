@@ -2,7 +2,7 @@
 //!
 //! For every selected Pod that belongs in endpoints, one address (ip, nodeName, targetRef); for every
 //! Service port the target port resolved on that Pod (named ports per Pod, on containers then
-//! sidecars: `podutil::resolve_target_port`, upstream's `FindPort`); the address
+//! sidecars: `endpointutil::resolve_target_port`, upstream's `FindPort`); the address
 //! goes to `addresses` when the Pod is ready or the Service tolerates unready endpoints
 //! (publishNotReadyAddresses), to `notReadyAddresses` otherwise. Terminating Pods are left out unless
 //! unready endpoints are tolerated. Subsets are repacked: addresses sharing one port set share one
@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
-use crate::podutil;
+use crate::endpoint::endpointutil;
 use crate::runtime::cached_pod::CachedPod;
 
 /// Upstream's cap on addresses in one Endpoints object.
@@ -71,7 +71,7 @@ fn ports_for(svc: &Service, pod: &CachedPod) -> Vec<EndpointPort> {
         .filter_map(|sp| {
             Some(EndpointPort {
                 name: sp.name.clone(),
-                port: podutil::resolve_target_port(pod, sp)?,
+                port: endpointutil::resolve_target_port(pod, sp)?,
                 protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
                 app_protocol: sp.app_protocol.clone(),
             })
@@ -81,20 +81,20 @@ fn ports_for(svc: &Service, pod: &CachedPod) -> Vec<EndpointPort> {
 
 /// The subsets for a Service and its selected Pods, repacked and sorted.
 pub fn subsets(svc: &Service, pods: &[Arc<CachedPod>]) -> Vec<EndpointSubset> {
-    let tolerate = podutil::publish_not_ready(svc);
+    let tolerate = endpointutil::publish_not_ready(svc);
     let mut groups: BTreeMap<PortKey, Group> = BTreeMap::new();
     for pod in pods
         .iter()
-        .filter(|p| podutil::should_be_in_endpoints(p, tolerate))
+        .filter(|p| endpointutil::should_be_in_endpoints(p, tolerate))
     {
-        let Some(ip) = podutil::pod_ips(pod).first().map(ToString::to_string) else {
+        let Some(ip) = endpointutil::pod_ips(pod).first().map(ToString::to_string) else {
             continue;
         };
         let ports = ports_for(svc, pod);
         let entry = groups
             .entry(port_key(&ports))
             .or_insert_with(|| (ports, Vec::new(), Vec::new()));
-        if tolerate || podutil::is_pod_ready(pod) {
+        if tolerate || endpointutil::is_pod_ready(pod) {
             entry.1.push(address(pod, ip));
         } else {
             entry.2.push(address(pod, ip));
@@ -145,7 +145,7 @@ fn truncate(subsets: &mut [EndpointSubset]) -> bool {
 /// The desired Endpoints object, or None when the Service is not managed (no selector,
 /// ExternalName).
 pub fn desired(svc: &Service, pods: &[Arc<CachedPod>]) -> Option<Endpoints> {
-    podutil::service_selector(svc)?;
+    endpointutil::service_selector(svc)?;
     if svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
         return None;
     }

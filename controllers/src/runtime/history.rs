@@ -21,9 +21,9 @@ use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
+use crate::helpers::selector::Selector;
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::informer::controller_uid;
-use crate::selector::Selector;
 
 /// The label holding the hash of a revision's data (`history.ControllerRevisionHashLabel`).
 pub const HASH_LABEL: &str = "controller.kubernetes.io/hash";

@@ -6,7 +6,7 @@
 //! and edited in place (minimal churn), endpoints that moved or appeared fill slices that are being
 //! updated anyway, then unchanged slices with room (fullest first), and only then new slices of at
 //! most `MAX_ENDPOINTS_PER_SLICE`. Named target ports resolve on containers, then on sidecars
-//! (restartable init containers), as upstream's `FindPort` (`podutil::resolve_target_port`). Each
+//! (restartable init containers), as upstream's `FindPort` (`endpointutil::resolve_target_port`). Each
 //! Pod's Node is looked up (`NodeInfo`): a known Node gives the endpoint's zone; a Node known to be
 //! missing leaves the Pod out unless the Service has publishNotReadyAddresses, as upstream; when
 //! Nodes cannot be read nothing is known and the Pod is kept without a zone. With `trafficDistribution` PreferClose,
@@ -27,7 +27,7 @@ use k8s_openapi::api::discovery::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 
-use crate::podutil;
+use crate::endpoint::endpointutil;
 use crate::runtime::cached_pod::CachedPod;
 
 /// At most this many endpoints go into one slice (kube-controller-manager's default).
@@ -130,7 +130,7 @@ fn address_types(svc: &Service) -> Vec<String> {
 }
 
 fn family_ip(pod: &CachedPod, address_type: &str) -> Option<IpAddr> {
-    podutil::pod_ips(pod)
+    endpointutil::pod_ips(pod)
         .into_iter()
         .find(|ip| ip.is_ipv4() == (address_type == "IPv4"))
 }
@@ -147,7 +147,7 @@ pub fn endpoint_ports(svc: &Service, pod: &CachedPod) -> Vec<EndpointPort> {
         .filter_map(|sp| {
             Some(EndpointPort {
                 name: Some(sp.name.clone().unwrap_or_default()),
-                port: Some(podutil::resolve_target_port(pod, sp)?),
+                port: Some(endpointutil::resolve_target_port(pod, sp)?),
                 protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
                 app_protocol: sp.app_protocol.clone(),
             })
@@ -217,7 +217,7 @@ pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 
 /// The endpoint of one Pod; `zone` is its Node's.
 pub fn pod_endpoint(svc: &Service, pod: &CachedPod, ip: IpAddr, zone: Option<String>) -> Endpoint {
-    let c = podutil::conditions(pod, podutil::publish_not_ready(svc));
+    let c = endpointutil::conditions(pod, endpointutil::publish_not_ready(svc));
     let spec = pod.spec.as_ref();
     let hostname = spec
         .filter(|s| s.subdomain.as_deref() == Some(svc.name_any().as_str()))
@@ -257,7 +257,7 @@ fn desired(
     let mut out = Desired::new();
     for pod in pods
         .iter()
-        .filter(|p| podutil::should_be_in_endpoints(p, true))
+        .filter(|p| endpointutil::should_be_in_endpoints(p, true))
     {
         let Some(ip) = family_ip(pod, address_type) else {
             continue;
@@ -270,7 +270,7 @@ fn desired(
         let zone = match node_of(node.unwrap_or_default()) {
             NodeInfo::Known { zone } => zone,
             // Upstream skips (and retries later) unless the addresses are published anyway.
-            NodeInfo::Missing if !podutil::publish_not_ready(svc) => continue,
+            NodeInfo::Missing if !endpointutil::publish_not_ready(svc) => continue,
             NodeInfo::Missing | NodeInfo::Unreadable => None,
         };
         entry
@@ -344,7 +344,7 @@ pub fn plan_with_nodes(
         .collect();
     managed.sort_by_key(|s| s.name_any());
     let external_name = svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName");
-    if podutil::service_selector(svc).is_none() || external_name {
+    if endpointutil::service_selector(svc).is_none() || external_name {
         return Plan {
             delete: managed.into_iter().cloned().collect(),
             ..Plan::default()

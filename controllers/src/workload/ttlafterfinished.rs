@@ -16,14 +16,14 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{DeleteParams, Preconditions, PropagationPolicy};
 use kube::{Api, Client, ResourceExt};
 
-use crate::cache::Indexed;
-use crate::cronjob::schedule::{Clock, SystemClock};
 use crate::error::{Error, Result};
+use crate::runtime::cache::Indexed;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
+use crate::workload::cronjob::schedule::{Clock, SystemClock};
 
-use super::plan;
+use crate::workload::job::plan;
 
 /// The work queue's name, as upstream.
 pub const QUEUE_NAME: &str = "ttl_jobs_to_delete";
@@ -197,4 +197,35 @@ pub fn remaining(job: &Job, now: Timestamp) -> Option<Duration> {
     } else {
         left.unsigned_abs()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn job(spec: serde_json::Value, status: serde_json::Value) -> Job {
+        serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "pi", "namespace": "ns", "uid": "job-uid"},
+            "spec": spec, "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn ttl_expires_after_the_terminal_condition() {
+        let now: Timestamp = "2026-11-26T10:00:00Z".parse().unwrap();
+        let j = job(
+            json!({"ttlSecondsAfterFinished": 100, "template": {}}),
+            json!({"conditions": [{"type": "Complete", "status": "True",
+                                   "lastTransitionTime": "2026-11-26T09:59:00Z"}]}),
+        );
+        assert_eq!(remaining(&j, now), Some(Duration::from_secs(40)));
+        let unfinished = job(
+            json!({"ttlSecondsAfterFinished": 100, "template": {}}),
+            json!({}),
+        );
+        assert_eq!(remaining(&unfinished, now), None);
+    }
 }

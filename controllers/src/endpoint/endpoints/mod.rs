@@ -19,9 +19,9 @@ use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
-use crate::cache::Indexed;
+use crate::endpoint::inputs::{self, Inputs};
 use crate::error::{Error, Result};
-use crate::inputs::{self, Inputs};
+use crate::runtime::cache::Indexed;
 use crate::runtime::cached_pod::CachedPod;
 
 /// Shared by every reconcile.
@@ -120,7 +120,7 @@ async fn cleanup_deleted(
     mut deleted: tokio::sync::mpsc::UnboundedReceiver<Service>,
 ) {
     while let Some(svc) = deleted.recv().await {
-        let Some(_) = crate::podutil::service_selector(&svc) else {
+        let Some(_) = crate::endpoint::endpointutil::service_selector(&svc) else {
             continue;
         };
         let ns = svc.namespace().unwrap_or_default();

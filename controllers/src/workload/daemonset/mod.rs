@@ -43,9 +43,9 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::cache::Indexed;
 use crate::error::{Error, Result};
 use crate::runtime::batch::slow_start_batch;
+use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo};
 use crate::runtime::events::Recorder;
 use crate::runtime::expectations::Expectations;
@@ -568,7 +568,7 @@ impl Controller {
     async fn update_daemon_set(
         &self,
         ds: &DaemonSet,
-        selector: &crate::selector::Selector,
+        selector: &crate::helpers::selector::Selector,
         eligibility: &Eligibility,
         nodes: &[Arc<Node>],
         claimed: &[Arc<CachedPod>],
@@ -610,7 +610,7 @@ impl Controller {
         let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
         for name in plan::histories_to_delete(ds, old, &pods) {
             if let Some(cr) = old.iter().find(|c| c.name_any() == name) {
-                crate::history::delete(&api, cr).await?;
+                crate::runtime::history::delete(&api, cr).await?;
             }
         }
         Ok(())
@@ -620,7 +620,7 @@ impl Controller {
     async fn claim_pods(
         &self,
         ds: &Arc<DaemonSet>,
-        selector: &crate::selector::Selector,
+        selector: &crate::helpers::selector::Selector,
     ) -> Result<Vec<Arc<CachedPod>>> {
         let ns = ds.namespace().unwrap_or_default();
         let uid = ds.uid().unwrap_or_default();
@@ -648,7 +648,7 @@ impl Controller {
     fn daemon_pods(
         &self,
         ds: &DaemonSet,
-        selector: &crate::selector::Selector,
+        selector: &crate::helpers::selector::Selector,
         claimed: &[Arc<CachedPod>],
     ) -> Vec<Arc<CachedPod>> {
         let uid = ds.uid().unwrap_or_default();
@@ -846,7 +846,7 @@ impl Controller {
     async fn claim_revisions(
         &self,
         ds: &Arc<DaemonSet>,
-        selector: &crate::selector::Selector,
+        selector: &crate::helpers::selector::Selector,
     ) -> Result<Vec<Arc<ControllerRevision>>> {
         let ns = ds.namespace().unwrap_or_default();
         let uid = ds.uid().unwrap_or_default();
@@ -871,7 +871,7 @@ impl Controller {
     async fn construct_history(
         &self,
         ds: &Arc<DaemonSet>,
-        selector: &crate::selector::Selector,
+        selector: &crate::helpers::selector::Selector,
     ) -> Result<(Arc<ControllerRevision>, Vec<Arc<ControllerRevision>>)> {
         let ns = ds.namespace().unwrap_or_default();
         let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
@@ -907,7 +907,7 @@ impl Controller {
                     self.dedup(ds, selector, &keep, &current).await?;
                 }
                 if keep.revision < next {
-                    crate::history::renumber(&api, &keep, next).await?;
+                    crate::runtime::history::renumber(&api, &keep, next).await?;
                 }
                 keep
             }
@@ -920,7 +920,7 @@ impl Controller {
     async fn dedup(
         &self,
         ds: &Arc<DaemonSet>,
-        selector: &crate::selector::Selector,
+        selector: &crate::helpers::selector::Selector,
         keep: &Arc<ControllerRevision>,
         current: &[Arc<ControllerRevision>],
     ) -> Result<()> {
@@ -943,7 +943,7 @@ impl Controller {
         }
         let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
         for c in current.iter().filter(|c| c.name_any() != keep.name_any()) {
-            crate::history::delete(&api, c).await?;
+            crate::runtime::history::delete(&api, c).await?;
         }
         Ok(())
     }

@@ -33,7 +33,7 @@ pub async fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<()> {
 /// with every request held to `limit`.
 pub async fn client(
     kubeconfig: Option<&std::path::Path>,
-    limit: crate::ratelimit::ClientLimit,
+    limit: crate::runtime::ratelimit::ClientLimit,
 ) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {

@@ -799,18 +799,3 @@ fn suspend_and_resume_conditions() {
     );
     assert_eq!(st.conditions.unwrap()[0].status, "False");
 }
-
-#[test]
-fn ttl_expires_after_the_terminal_condition() {
-    let j = job(
-        json!({"ttlSecondsAfterFinished": 100}),
-        json!({"conditions": [{"type": "Complete", "status": "True",
-                               "lastTransitionTime": "2026-11-26T09:59:00Z"}]}),
-    );
-    assert_eq!(
-        super::ttl::remaining(&j, now()),
-        Some(Duration::from_secs(40))
-    );
-    let unfinished = job(json!({"ttlSecondsAfterFinished": 100}), json!({}));
-    assert_eq!(super::ttl::remaining(&unfinished, now()), None);
-}

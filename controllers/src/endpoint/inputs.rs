@@ -17,8 +17,8 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::mpsc;
 
-use crate::cache::{Change, Indexed};
-use crate::podutil;
+use crate::endpoint::endpointutil;
+use crate::runtime::cache::{Change, Indexed};
 use crate::runtime::cached_pod::CachedPod;
 
 /// What a controller over Services and Pods starts from.
@@ -56,14 +56,14 @@ pub fn pod_index(p: &CachedPod) -> Vec<String> {
 
 /// Index of a Service: one key per selector pair.
 pub fn service_index(s: &Service) -> Vec<String> {
-    podutil::service_selector(s)
+    endpointutil::service_selector(s)
         .map(|sel| label_keys(&s.namespace().unwrap_or_default(), sel))
         .unwrap_or_default()
 }
 
 /// The Pods a Service selects (through the index of its first selector pair).
 pub fn pods_for(pods: &Indexed<CachedPod>, svc: &Service) -> Vec<Arc<CachedPod>> {
-    let Some(sel) = podutil::service_selector(svc) else {
+    let Some(sel) = endpointutil::service_selector(svc) else {
         return Vec::new();
     };
     let ns = svc.namespace().unwrap_or_default();
@@ -73,7 +73,7 @@ pub fn pods_for(pods: &Indexed<CachedPod>, svc: &Service) -> Vec<Arc<CachedPod>>
     let mut out: Vec<Arc<CachedPod>> = pods
         .by_index(&format!("{ns}/{k}={v}"))
         .into_iter()
-        .filter(|p| podutil::selector_matches(sel, Some(p.labels())))
+        .filter(|p| endpointutil::selector_matches(sel, Some(p.labels())))
         .collect();
     out.sort_by_key(|p| p.name_any());
     out
@@ -84,8 +84,8 @@ pub fn services_for(services: &Indexed<Service>, pod: &CachedPod) -> HashSet<Obj
     let mut out = HashSet::new();
     for ix in label_keys(&pod.namespace().unwrap_or_default(), pod.labels()) {
         for svc in services.by_index(&ix) {
-            if podutil::service_selector(&svc)
-                .is_some_and(|sel| podutil::selector_matches(sel, Some(pod.labels())))
+            if endpointutil::service_selector(&svc)
+                .is_some_and(|sel| endpointutil::selector_matches(sel, Some(pod.labels())))
             {
                 out.insert(ObjectRef::from_obj(svc.as_ref()));
             }
@@ -109,7 +109,7 @@ fn pod_change_triggers(
         Change::Relisted => services
             .all()
             .iter()
-            .filter(|s| podutil::service_selector(s).is_some())
+            .filter(|s| endpointutil::service_selector(s).is_some())
             .map(|s| ObjectRef::from_obj(s.as_ref()))
             .collect(),
         Change::Nothing => Vec::new(),

@@ -31,9 +31,9 @@ use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
-use crate::cache::{Change, Indexed, Key};
+use crate::endpoint::inputs::{self, Inputs};
 use crate::error::{Error, Result};
-use crate::inputs::{self, Inputs};
+use crate::runtime::cache::{Change, Indexed, Key};
 use crate::runtime::cached_pod::CachedPod;
 
 /// How long the first reconcile waits for the Node listing (zones) before going on without it.

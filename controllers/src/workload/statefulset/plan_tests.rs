@@ -9,8 +9,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{json, Value};
 
 use super::plan::{self, Action, Inputs, UpdateRevision};
-use crate::history;
 use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::history;
 
 fn merge(base: &mut Value, patch: Value) {
     match (base, patch) {

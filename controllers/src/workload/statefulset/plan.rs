@@ -20,9 +20,9 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
-use crate::history;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
+use crate::runtime::history;
 use crate::runtime::pods::{is_pod_available, is_pod_ready};
 
 /// The label naming a StatefulSet Pod (`apps.StatefulSetPodNameLabel`), a Service can select it.

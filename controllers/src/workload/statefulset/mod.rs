@@ -46,18 +46,18 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{json, Value};
 
-use crate::cache::Indexed;
 use crate::error::{Error, Result};
-use crate::history;
+use crate::helpers::selector::Selector;
 use crate::runtime::batch::slow_start_batch;
+use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo};
 use crate::runtime::events::Recorder;
 use crate::runtime::expectations::Expectations;
+use crate::runtime::history;
 use crate::runtime::informer::{self, controller_uid, Informers, NAMESPACE};
 use crate::runtime::pods::{is_pod_ready, pod_key};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
-use crate::selector::Selector;
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Action, DeleteReason, Group, Pass, UpdateRevision};

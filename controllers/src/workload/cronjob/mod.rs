@@ -30,8 +30,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, Resource, ResourceExt};
 
-use crate::cache::Indexed;
 use crate::error::{Error, Result};
+use crate::runtime::cache::Indexed;
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{self, Informers, NAMESPACE};
 use crate::runtime::queue::WorkQueue;

@@ -17,10 +17,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::error::{Error, Result};
+use crate::helpers::selector::Selector;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::pods;
-use crate::selector::Selector;
 
 /// Creations or deletions one sync may issue (upstream's `BurstReplicas`, CTL-9).
 pub const BURST_REPLICAS: usize = 500;

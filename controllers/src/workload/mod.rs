@@ -1,0 +1,16 @@
+//! kube-controller-manager's workload controllers: [`replicaset`], [`deployment`],
+//! [`statefulset`], [`daemonset`], [`job`], [`cronjob`], [`ttlafterfinished`] and the
+//! [`garbagecollector`].
+//!
+//! Each is a pure plan over cached state plus a thin apply layer on the shared
+//! [`crate::runtime`]; none imports a sibling (the layers test keeps it so): what two of them share
+//! lives in [`crate::runtime`] or [`crate::helpers`].
+
+pub mod cronjob;
+pub mod daemonset;
+pub mod deployment;
+pub mod garbagecollector;
+pub mod job;
+pub mod replicaset;
+pub mod statefulset;
+pub mod ttlafterfinished;
