@@ -5,4 +5,9 @@
 //! No I/O, no caches, no controller: every function takes the objects it needs. The runtime and
 //! every controller may import this module; it imports neither (the layers test keeps it so).
 
+pub mod clock;
+pub mod hash;
+pub mod intstr;
+pub mod nodeaffinity;
 pub mod selector;
+pub mod taints;

@@ -21,6 +21,7 @@ use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
+use crate::helpers::hash::{fnv1_32, safe_encode};
 use crate::helpers::selector::Selector;
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::informer::controller_uid;
@@ -34,28 +35,6 @@ const MAX_PREFIX: usize = 223;
 /// How many name collisions [`create`] resolves before giving up. Upstream loops without bound;
 /// a bound turns a pathological loop into an error naming the revision.
 const MAX_COLLISIONS: usize = 100;
-
-/// The characters of `rand.SafeEncodeString` (no vowels, no 0/1/3, so no words).
-const SAFE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-
-/// `rand.SafeEncodeString`: each byte mapped onto [`SAFE_ALPHABET`].
-pub fn safe_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| SAFE_ALPHABET[b as usize % SAFE_ALPHABET.len()] as char)
-        .collect()
-}
-
-/// 32-bit FNV-1 (Go's `fnv.New32`, multiply then xor; not FNV-1a, which upstream does not use).
-fn fnv1_32(parts: &[&[u8]]) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for part in parts {
-        for b in *part {
-            h = h.wrapping_mul(0x0100_0193);
-            h ^= u32::from(*b);
-        }
-    }
-    h
-}
 
 /// The bytes Go's `json.Marshal` writes for `value` after it was decoded into
 /// `map[string]interface{}`: compact, object keys sorted (serde_json's map is ordered by key, as
@@ -345,25 +324,6 @@ mod tests {
             k8s_openapi::jiff::Timestamp::from_second(created).unwrap(),
         ));
         Arc::new(r)
-    }
-
-    #[test]
-    fn fnv1_and_safe_encoding_match_go() {
-        // Reference values of Go's hash/fnv New32 and rand.SafeEncodeString.
-        let cases: &[(&str, &[u8], u32)] = &[
-            ("empty input is the offset basis", b"", 0x811c_9dc5),
-            ("one byte: multiply then xor", b"a", 0x050c_5d7e),
-            ("FNV-1 of foobar", b"foobar", 0x31f0_b262),
-        ];
-        for (name, input, want) in cases {
-            assert_eq!(fnv1_32(&[input]), *want, "{name}");
-        }
-        assert_eq!(
-            fnv1_32(&[b"foo", b"bar"]),
-            fnv1_32(&[b"foobar"]),
-            "parts hash as one stream"
-        );
-        assert_eq!(safe_encode("0123456789"), "456789bcdf");
     }
 
     #[test]

@@ -17,11 +17,11 @@ use kube::api::{DeleteParams, Preconditions, PropagationPolicy};
 use kube::{Api, Client, ResourceExt};
 
 use crate::error::{Error, Result};
+use crate::helpers::clock::{Clock, SystemClock};
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
-use crate::workload::cronjob::schedule::{Clock, SystemClock};
 
 use crate::workload::job::plan;
 

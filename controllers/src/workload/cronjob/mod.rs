@@ -11,7 +11,7 @@
 //! `--concurrent-cron-job-syncs` workers (5). A sync plans with [`plan`] (cleanup of finished
 //! Jobs, then the active list, then the start decision) and applies; every sync re-queues the
 //! CronJob for its next schedule time (plus 100 ms), so nothing polls. Time comes from a
-//! [`schedule::Clock`], which tests move.
+//! [`crate::helpers::clock::Clock`], which tests move.
 //!
 //! Events as upstream's (source `cronjob-controller`): SuccessfulCreate, SuccessfulDelete,
 //! SawCompletedJob, MissingJob, UnexpectedJob, JobAlreadyActive, MissSchedule, TooManyMissedTimes,
@@ -37,8 +37,8 @@ use crate::runtime::informer::{self, Informers, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
 
+use crate::helpers::clock::{Clock, SystemClock};
 use plan::Decision;
-use schedule::{Clock, SystemClock};
 
 /// The work queue's (and metrics') name, as upstream.
 pub const QUEUE_NAME: &str = "cronjob";

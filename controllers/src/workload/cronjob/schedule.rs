@@ -3,61 +3,15 @@
 //! steps and the month and weekday names; the descriptors `@yearly`, `@annually`, `@monthly`,
 //! `@weekly`, `@daily`, `@midnight`, `@hourly` and `@every <duration>`; a `CRON_TZ=<zone>` or
 //! `TZ=<zone>` prefix. [`Schedule::next`] is robfig's `SpecSchedule.Next` (the first activation
-//! strictly after a time, within five years). Also the [`Clock`] the batch controllers read, so
-//! tests can move time.
+//! strictly after a time, within five years).
 //!
 //! Owns nothing but parsing and time arithmetic; zones come from the system's tz database.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use jiff::civil::date;
 use jiff::tz::TimeZone;
 use jiff::{Span, Timestamp, Zoned};
-
-/// Where the batch controllers get the time from.
-pub trait Clock: Send + Sync {
-    /// Now.
-    fn now(&self) -> Timestamp;
-}
-
-/// The system clock.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::now()
-    }
-}
-
-/// A clock that only moves when told to (tests).
-#[derive(Debug)]
-pub struct FakeClock(Mutex<Timestamp>);
-
-impl FakeClock {
-    /// A clock standing at `t`.
-    pub fn new(t: Timestamp) -> Self {
-        Self(Mutex::new(t))
-    }
-
-    /// Sets the time.
-    pub fn set(&self, t: Timestamp) {
-        *self.0.lock().expect("clock lock") = t;
-    }
-
-    /// Moves the time forward.
-    pub fn step(&self, d: Duration) {
-        let mut t = self.0.lock().expect("clock lock");
-        *t = t.checked_add(d).expect("clock in range");
-    }
-}
-
-impl Clock for FakeClock {
-    fn now(&self) -> Timestamp {
-        *self.0.lock().expect("clock lock")
-    }
-}
 
 const STAR: u64 = 1 << 63;
 

@@ -8,7 +8,7 @@
 //!
 //! Pure functions over API objects and a caller-given clock; nothing here reads a cache or calls
 //! the API server (that is `super`). Node affinity and taint matching are the scheduler's own
-//! ([`crate::scheduler::plugins::helper`]), so a node the controller finds eligible is one the
+//! ([`crate::helpers::nodeaffinity`], [`crate::helpers::taints`]), so a node the controller finds eligible is one the
 //! scheduler accepts on those grounds.
 //!
 //! Where older descriptions and v1.34 differ, v1.34 is followed: DS-5 as first written pins daemon
@@ -34,11 +34,12 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::helpers::nodeaffinity::{self, RequiredNodeAffinity};
 use crate::helpers::selector::Selector;
+use crate::helpers::taints;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::pods;
-use crate::scheduler::plugins::helper::{self, RequiredNodeAffinity};
 
 /// Creations or deletions one sync may issue (upstream's `BurstReplicas`).
 pub const BURST_REPLICAS: usize = 250;
@@ -52,7 +53,7 @@ pub const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
 pub const TEMPLATE_GENERATION_ANNOTATION: &str = "deprecated.daemonset.template.generation";
 
 /// The only field a node selector's `matchFields` can name.
-const OBJECT_NAME_FIELD: &str = helper::OBJECT_NAME_FIELD;
+const OBJECT_NAME_FIELD: &str = nodeaffinity::OBJECT_NAME_FIELD;
 
 /// Event reason: the selector selects every Pod.
 pub const SELECTING_ALL: &str = "SelectingAll";
@@ -167,7 +168,7 @@ fn rolling_param(
 /// `SurgeCount`: maxSurge scaled to `n` (rounded up); 0 unless RollingUpdate with maxSurge set.
 pub fn surge_count(ds: &DaemonSet, n: i32) -> std::result::Result<i32, String> {
     match rolling_param(ds, |r| r.max_surge.as_ref()) {
-        Some(Some(v)) => crate::workload::deployment::util::scaled_value(&v, n, true),
+        Some(Some(v)) => crate::helpers::intstr::scaled_value(&v, n, true),
         _ => Ok(0),
     }
 }
@@ -176,7 +177,7 @@ pub fn surge_count(ds: &DaemonSet, n: i32) -> std::result::Result<i32, String> {
 /// error when RollingUpdate parameters exist without maxUnavailable (the API server defaults it).
 pub fn unavailable_count(ds: &DaemonSet, n: i32) -> std::result::Result<i32, String> {
     match rolling_param(ds, |r| r.max_unavailable.as_ref()) {
-        Some(Some(v)) => crate::workload::deployment::util::scaled_value(&v, n, true),
+        Some(Some(v)) => crate::helpers::intstr::scaled_value(&v, n, true),
         Some(None) => Err("nil value for IntOrString".into()),
         None => Ok(0),
     }
@@ -216,8 +217,8 @@ fn add_or_update_toleration(spec: &mut PodSpec, t: Toleration) {
 /// conditions (disk, memory and PID pressure), of cordoned nodes and, for hostNetwork Pods, of an
 /// unavailable network.
 pub fn add_daemon_tolerations(spec: &mut PodSpec) {
-    let no_execute = helper::TAINT_EFFECT_NO_EXECUTE;
-    let no_schedule = helper::TAINT_EFFECT_NO_SCHEDULE;
+    let no_execute = taints::TAINT_EFFECT_NO_EXECUTE;
+    let no_schedule = taints::TAINT_EFFECT_NO_SCHEDULE;
     add_or_update_toleration(spec, toleration(TAINT_NOT_READY, no_execute));
     add_or_update_toleration(spec, toleration(TAINT_UNREACHABLE, no_execute));
     add_or_update_toleration(spec, toleration(TAINT_DISK_PRESSURE, no_schedule));
@@ -225,7 +226,7 @@ pub fn add_daemon_tolerations(spec: &mut PodSpec) {
     add_or_update_toleration(spec, toleration(TAINT_PID_PRESSURE, no_schedule));
     add_or_update_toleration(
         spec,
-        toleration(helper::TAINT_NODE_UNSCHEDULABLE, no_schedule),
+        toleration(taints::TAINT_NODE_UNSCHEDULABLE, no_schedule),
     );
     if spec.host_network == Some(true) {
         add_or_update_toleration(spec, toleration(TAINT_NETWORK_UNAVAILABLE, no_schedule));
@@ -273,17 +274,17 @@ impl Eligibility {
         if !self.required.matches(node) {
             return (false, false);
         }
-        let taints = helper::node_taints(node);
-        let blocking = helper::find_untolerated_taint(
+        let taints = taints::node_taints(node);
+        let blocking = taints::find_untolerated_taint(
             taints,
             &self.tolerations,
-            helper::is_do_not_schedule_taint,
+            taints::is_do_not_schedule_taint,
         );
         if blocking.is_none() {
             return (true, true);
         }
-        let evicting = helper::find_untolerated_taint(taints, &self.tolerations, |t| {
-            t.effect == helper::TAINT_EFFECT_NO_EXECUTE
+        let evicting = taints::find_untolerated_taint(taints, &self.tolerations, |t| {
+            t.effect == taints::TAINT_EFFECT_NO_EXECUTE
         });
         (false, evicting.is_none())
     }
@@ -1117,7 +1118,7 @@ pub fn revision_matches(ds: &DaemonSet, cr: &ControllerRevision) -> bool {
 /// suffix of its revisions' names and the value of their `controller-revision-hash` label.
 pub fn revision_hash(ds: &DaemonSet) -> String {
     let collision = ds.status.as_ref().and_then(|s| s.collision_count);
-    crate::workload::deployment::util::compute_hash(&template(ds), collision)
+    crate::helpers::hash::compute_hash(&template(ds), collision)
 }
 
 /// `snapshot`'s revision: named `<ds>-<hash>`, labelled with the template's labels plus the hash,

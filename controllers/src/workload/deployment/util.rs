@@ -18,11 +18,11 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use serde_json::Value;
 
-/// The label (on ReplicaSet selector, labels and Pod template) that tells a Deployment's
-/// ReplicaSets apart (`apps.DefaultDeploymentUniqueLabelKey`).
-pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+pub use crate::helpers::hash::{compute_hash, template_form};
+pub use crate::helpers::intstr::scaled_value;
+
+pub use crate::helpers::hash::POD_TEMPLATE_HASH;
 /// The revision of a ReplicaSet, and of the Deployment (its newest ReplicaSet's).
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
 /// The earlier revisions a reused ReplicaSet had, comma-separated.
@@ -161,31 +161,6 @@ fn rolling_update(d: &Deployment) -> Option<&RollingUpdateDeployment> {
     d.spec.as_ref()?.strategy.as_ref()?.rolling_update.as_ref()
 }
 
-/// `intstr.GetScaledValueFromIntOrPercent`: an integer as is, `"N%"` of `total` rounded up or
-/// down; any other string is an error.
-pub fn scaled_value(v: &IntOrString, total: i32, round_up: bool) -> Result<i32, String> {
-    match v {
-        IntOrString::Int(n) => Ok(*n),
-        IntOrString::String(s) => {
-            let Some(num) = s.strip_suffix('%') else {
-                return Err(format!(
-                    "invalid value for IntOrString: invalid type: string {s:?} is not a percentage"
-                ));
-            };
-            let pct: i64 = num
-                .parse()
-                .map_err(|e| format!("invalid value for IntOrString: invalid value {s:?}: {e}"))?;
-            let exact = pct as f64 * f64::from(total) / 100.0;
-            let v = if round_up {
-                exact.ceil()
-            } else {
-                exact.floor()
-            };
-            Ok(v as i32)
-        }
-    }
-}
-
 /// `ResolveFenceposts`: (surge, unavailable) for `desired` replicas; percentages of surge round
 /// up and of unavailability round down; when both come out 0, unavailable is 1 (a rollout must be
 /// able to move).
@@ -228,123 +203,6 @@ pub fn max_unavailable(d: &Deployment) -> i32 {
         return 0;
     }
     fenceposts(d).1.min(replicas(d))
-}
-
-/// JSON of a Pod template with nulls, empty lists and empty maps left out at every depth, and
-/// optionally without the pod-template-hash label: the form in which two templates are compared
-/// and hashed. Leaving empties out follows `apiequality.Semantic.DeepEqual`, for which a nil and
-/// an empty slice or map are equal (the API server drops both from JSON anyway).
-pub fn template_form(template: &PodTemplateSpec, drop_hash_label: bool) -> Value {
-    let mut v = serde_json::to_value(template).unwrap_or(Value::Null);
-    if drop_hash_label {
-        if let Some(labels) = v
-            .get_mut("metadata")
-            .and_then(|m| m.get_mut("labels"))
-            .and_then(Value::as_object_mut)
-        {
-            labels.remove(POD_TEMPLATE_HASH);
-        }
-    }
-    prune(v).unwrap_or(Value::Null)
-}
-
-fn prune(v: Value) -> Option<Value> {
-    match v {
-        Value::Null => None,
-        Value::Array(items) => {
-            let items: Vec<Value> = items
-                .into_iter()
-                .map(|i| prune(i).unwrap_or(Value::Null))
-                .collect();
-            (!items.is_empty()).then_some(Value::Array(items))
-        }
-        Value::Object(map) => {
-            let map: serde_json::Map<String, Value> = map
-                .into_iter()
-                .filter_map(|(k, v)| prune(v).map(|v| (k, v)))
-                .collect();
-            (!map.is_empty()).then_some(Value::Object(map))
-        }
-        other => Some(other),
-    }
-}
-
-/// Writes `v` as JSON with object keys sorted, whatever map type serde_json was built with.
-fn canonical_json(v: &Value, out: &mut String) {
-    match v {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                canonical_json(&map[k], out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical_json(item, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
-}
-
-/// 32-bit FNV-1a.
-struct Fnv32a(u32);
-
-impl Fnv32a {
-    fn new() -> Self {
-        Fnv32a(0x811c_9dc5)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u32::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0193);
-        }
-    }
-}
-
-/// `rand.SafeEncodeString`: every character mapped onto the alphabet of generated names (no
-/// vowels, no confusable digits).
-pub fn safe_encode_string(s: &str) -> String {
-    const ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    s.chars()
-        .map(|c| ALPHANUMS[(c as usize) % ALPHANUMS.len()] as char)
-        .collect()
-}
-
-/// The pod-template hash (`controller.ComputeHash`): FNV-32a over the template, then over
-/// `collisionCount` when set (as 8 bytes, its little-endian u32 and four zero bytes, as upstream
-/// writes it), printed in decimal and safe-encoded.
-///
-/// Upstream feeds the hash with Go's spew dump of its PodTemplateSpec struct, which cannot be
-/// reproduced outside Go; this hashes the template's canonical JSON instead ([`template_form`]
-/// with sorted keys). The same template therefore gets another name than under
-/// kube-controller-manager, but names stay deterministic, a collisionCount bump still moves to
-/// a new name, and ReplicaSets are found by template equality, never by name, so a Deployment
-/// moved between the two controllers keeps its ReplicaSets.
-pub fn compute_hash(template: &PodTemplateSpec, collision_count: Option<i32>) -> String {
-    let mut json = String::new();
-    canonical_json(&template_form(template, false), &mut json);
-    let mut h = Fnv32a::new();
-    h.write(json.as_bytes());
-    if let Some(c) = collision_count {
-        let mut bytes = [0u8; 8];
-        bytes[..4].copy_from_slice(&(c as u32).to_le_bytes());
-        h.write(&bytes);
-    }
-    safe_encode_string(&h.0.to_string())
 }
 
 /// `generateReplicaSetName`: `<deployment>-<hash>`, the Deployment's name cut so the whole fits

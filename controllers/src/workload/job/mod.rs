@@ -40,6 +40,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::error::{Error, Result};
+use crate::helpers::clock::{Clock, SystemClock};
 use crate::helpers::selector::Selector;
 use crate::runtime::batch::slow_start_batch;
 use crate::runtime::cache::Indexed;
@@ -50,7 +51,6 @@ use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
-use crate::workload::cronjob::schedule::{Clock, SystemClock};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Ctx, Manage, SYNC_JOB_BATCH_PERIOD, TRACKING_FINALIZER};
