@@ -40,22 +40,6 @@ pub fn service_selector(svc: &Service) -> Option<&BTreeMap<String, String>> {
         .filter(|s| !s.is_empty())
 }
 
-/// The Pod's Ready condition is True.
-pub fn is_pod_ready(pod: &CachedPod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// The Pod has terminated (Succeeded or Failed): it never belongs in endpoints.
-pub fn is_terminal(pod: &CachedPod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
 /// The Pod's IPs (status.podIPs, else status.podIP), parsed; unparsable ones are skipped.
 pub fn pod_ips(pod: &CachedPod) -> Vec<IpAddr> {
     let Some(status) = pod.status.as_ref() else {
@@ -81,7 +65,7 @@ pub fn pod_ips(pod: &CachedPod) -> Vec<IpAddr> {
 /// Whether the Pod goes into endpoints at all: not terminal, has an IP, and, when
 /// `include_terminating` is false, not being deleted.
 pub fn should_be_in_endpoints(pod: &CachedPod, include_terminating: bool) -> bool {
-    !is_terminal(pod)
+    !pod.is_terminal()
         && !pod_ips(pod).is_empty()
         && (include_terminating || pod.metadata.deletion_timestamp.is_none())
 }
@@ -90,7 +74,7 @@ pub fn should_be_in_endpoints(pod: &CachedPod, include_terminating: bool) -> boo
 /// condition, terminating is a deletionTimestamp, ready is serving and not terminating, or always
 /// true with publishNotReadyAddresses.
 pub fn conditions(pod: &CachedPod, publish_not_ready: bool) -> Conditions {
-    let serving = is_pod_ready(pod);
+    let serving = crate::runtime::pods::is_pod_ready(pod);
     let terminating = pod.metadata.deletion_timestamp.is_some();
     Conditions {
         ready: publish_not_ready || (serving && !terminating),

@@ -38,6 +38,21 @@ pub struct CachedPod {
     pub status: Option<CachedPodStatus>,
 }
 
+impl CachedPod {
+    /// `status.phase` ("" when the API server has not set one yet).
+    pub fn phase(&self) -> &str {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or_default()
+    }
+
+    /// Succeeded or Failed: the Pod has terminated and never runs again.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.phase(), "Succeeded" | "Failed")
+    }
+}
+
 /// The kept part of a `PodSpec`.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -26,22 +26,15 @@ pub fn pod_key(pod: &CachedPod) -> String {
     super::informer::key_of(pod)
 }
 
-fn phase(pod: &CachedPod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or_default()
-}
-
 /// Whether the Pod counts towards replicas (CTL-12): not Succeeded, not Failed and not being
 /// deleted. Upstream's rule includes the deletionTimestamp: a terminating Pod is already replaced.
 pub fn is_pod_active(pod: &CachedPod) -> bool {
-    !matches!(phase(pod), "Succeeded" | "Failed") && pod.metadata.deletion_timestamp.is_none()
+    !matches!(pod.phase(), "Succeeded" | "Failed") && pod.metadata.deletion_timestamp.is_none()
 }
 
 /// Whether the Pod is being deleted but has not terminated (`IsPodTerminating`).
 pub fn is_pod_terminating(pod: &CachedPod) -> bool {
-    !matches!(phase(pod), "Succeeded" | "Failed") && pod.metadata.deletion_timestamp.is_some()
+    !matches!(pod.phase(), "Succeeded" | "Failed") && pod.metadata.deletion_timestamp.is_some()
 }
 
 /// The active Pods, in their order (`FilterActivePods`, CTL-12).
@@ -145,7 +138,7 @@ fn node_name(pod: &CachedPod) -> &str {
 
 fn phase_ordinal(pod: &CachedPod) -> u8 {
     // Upstream's map has Pending 0, Unknown 1, Running 2; any other phase reads as 0.
-    match phase(pod) {
+    match pod.phase() {
         "Unknown" => 1,
         "Running" => 2,
         _ => 0,

@@ -94,7 +94,7 @@ pub fn subsets(svc: &Service, pods: &[Arc<CachedPod>]) -> Vec<EndpointSubset> {
         let entry = groups
             .entry(port_key(&ports))
             .or_insert_with(|| (ports, Vec::new(), Vec::new()));
-        if tolerate || endpointutil::is_pod_ready(pod) {
+        if tolerate || crate::runtime::pods::is_pod_ready(pod) {
             entry.1.push(address(pod, ip));
         } else {
             entry.2.push(address(pod, ip));

@@ -452,24 +452,13 @@ pub fn new_daemon_pod(ds: &DaemonSet, template: &PodTemplateSpec, node: &str) ->
 /// A DaemonSet's Pods by the node they are for, each node's Pods in the cache's order.
 pub type NodePods = BTreeMap<String, Vec<Arc<CachedPod>>>;
 
-fn phase(pod: &CachedPod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or_default()
-}
-
-fn is_terminal(pod: &CachedPod) -> bool {
-    matches!(phase(pod), "Succeeded" | "Failed")
-}
-
 /// `getNodesToDaemonPods` over claimed Pods: grouped by [`target_node_name`]; a Pod both terminal
 /// and being deleted is left out unless `include_deleted_terminal` (the kubelet or Pod GC is
 /// finishing it); Pods with no target node are skipped.
 pub fn nodes_to_daemon_pods(pods: &[Arc<CachedPod>], include_deleted_terminal: bool) -> NodePods {
     let mut out = NodePods::new();
     for p in pods {
-        if !include_deleted_terminal && is_terminal(p) && p.metadata.deletion_timestamp.is_some() {
+        if !include_deleted_terminal && p.is_terminal() && p.metadata.deletion_timestamp.is_some() {
             continue;
         }
         if let Some(node) = target_node_name(p) {
@@ -668,7 +657,7 @@ pub fn pods_should_be_on_node(
                 continue;
             }
             let ns = p.namespace().unwrap_or_default();
-            match phase(p) {
+            match p.phase() {
                 "Failed" => {
                     let key = failed_pods_backoff_key(ds, &node_name);
                     if backoff.in_backoff(&key, clock.instant) {

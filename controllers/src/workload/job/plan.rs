@@ -91,13 +91,6 @@ pub fn has_tracking_finalizer(pod: &CachedPod) -> bool {
         .any(|f| f == TRACKING_FINALIZER)
 }
 
-fn phase(pod: &CachedPod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or_default()
-}
-
 fn uid(pod: &CachedPod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
@@ -140,13 +133,13 @@ pub fn only_replace_failed(job: &Job) -> bool {
 /// `isPodFailed`: Failed, or (unless only failed Pods are replaced) being deleted without having
 /// succeeded: an orphan that never reaches Failed still counts.
 pub fn is_pod_failed(pod: &CachedPod, job: &Job) -> bool {
-    if phase(pod) == "Failed" {
+    if pod.phase() == "Failed" {
         return true;
     }
     if only_replace_failed(job) {
         return false;
     }
-    pod.metadata.deletion_timestamp.is_some() && phase(pod) != "Succeeded"
+    pod.metadata.deletion_timestamp.is_some() && pod.phase() != "Succeeded"
 }
 
 fn find_condition<'a>(conds: &'a [JobCondition], t: &str) -> Option<&'a JobCondition> {
@@ -273,7 +266,7 @@ fn valid_pods(
 /// Newly finished Pods not yet in the status (`getNewFinishedPods`).
 fn new_finished(ctx: &Ctx) -> (Vec<Arc<CachedPod>>, Vec<Arc<CachedPod>>) {
     let succeeded = valid_pods(ctx, Some(&ctx.uncounted_succeeded), |p| {
-        phase(p) == "Succeeded"
+        p.phase() == "Succeeded"
     });
     let job = ctx.job.clone();
     let failed = valid_pods(ctx, Some(&ctx.uncounted_failed), |p| is_pod_failed(p, &job));
@@ -313,7 +306,7 @@ fn past_backoff_limit_on_failure(job: &Job, pods: &[Arc<CachedPod>]) -> bool {
     }
     let mut restarts = 0;
     for p in pods {
-        if matches!(phase(p), "Running" | "Pending") {
+        if matches!(p.phase(), "Running" | "Pending") {
             let st = p.status.clone().unwrap_or_default();
             for cs in st
                 .init_container_statuses
@@ -389,7 +382,7 @@ fn succeeded_indexes(job: &Job, pods: &[Arc<CachedPod>]) -> (Intervals, Interval
     );
     let new: Vec<i32> = pods
         .iter()
-        .filter(|p| phase(p) == "Succeeded" && has_tracking_finalizer(p))
+        .filter(|p| p.phase() == "Succeeded" && has_tracking_finalizer(p))
         .filter_map(|p| indexed::valid_index(p, c))
         .collect();
     let now = prev.with_indexes(new);
@@ -907,7 +900,7 @@ pub struct Tracking {
 fn can_remove_finalizer(ctx: &Ctx, pod: &CachedPod, considered_failed: bool) -> bool {
     if ctx.job.metadata.deletion_timestamp.is_some()
         || ctx.finished.is_some()
-        || phase(pod) == "Succeeded"
+        || pod.phase() == "Succeeded"
     {
         return true;
     }
@@ -1009,7 +1002,7 @@ pub fn track(ctx: &mut Ctx, mut needs_flush: bool, now: Timestamp) -> Tracking {
             continue;
         }
         remove.push(pod.clone());
-        if phase(&pod) == "Succeeded" && !ctx.uncounted_failed.contains(&u) {
+        if pod.phase() == "Succeeded" && !ctx.uncounted_failed.contains(&u) {
             if indexed_job {
                 if let Some(ix) = indexed::valid_index(&pod, completions) {
                     if !ctx.prev_succeeded_indexes.has(ix) {

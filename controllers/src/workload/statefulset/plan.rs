@@ -374,16 +374,9 @@ fn new_versioned_pod(
 
 // ---- Pod state ----
 
-fn phase(p: &CachedPod) -> &str {
-    p.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or_default()
-}
-
 /// `isCreated`: the API server gave it a phase.
 fn is_created(p: &CachedPod) -> bool {
-    !phase(p).is_empty()
+    !p.phase().is_empty()
 }
 
 fn is_terminating(p: &CachedPod) -> bool {
@@ -392,7 +385,7 @@ fn is_terminating(p: &CachedPod) -> bool {
 
 /// `isRunningAndReady`.
 pub fn is_running_and_ready(p: &CachedPod) -> bool {
-    phase(p) == "Running" && is_pod_ready(p)
+    p.phase() == "Running" && is_pod_ready(p)
 }
 
 /// `isRunningAndAvailable` (upstream checks availability only, not the phase).
@@ -980,7 +973,7 @@ impl Planner<'_> {
         let set = self.set();
         let mut g = Group::new();
         let pod = slot.pod();
-        let ph = phase(pod);
+        let ph = pod.phase();
         if ph == "Failed" || ph == "Succeeded" {
             if let Slot::Cached(p) = slot {
                 if !is_terminating(p) {
