@@ -8,6 +8,8 @@
 pub mod clock;
 pub mod hash;
 pub mod intstr;
+pub mod job;
+pub mod meta;
 pub mod nodeaffinity;
 pub mod selector;
 pub mod taints;

@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::error::{Error, Result};
+use crate::helpers::meta::object_name;
 use crate::helpers::selector::Selector;
 
 use super::informer::controller_uid;
@@ -210,16 +211,6 @@ where
     cache
         .get(namespace, &r.name)
         .filter(|o| o.meta().uid.as_deref() == Some(r.uid.as_str()))
-}
-
-/// `Kind ns/name` of an object, for errors.
-pub fn object_name<K: Resource<DynamicType = ()>>(obj: &K) -> String {
-    format!(
-        "{} {}/{}",
-        K::kind(&()),
-        obj.meta().namespace.as_deref().unwrap_or_default(),
-        obj.meta().name.as_deref().unwrap_or_default()
-    )
 }
 
 /// The recheck `claim` needs: `fresh` is the owner as the API server has it now (`None`: gone).

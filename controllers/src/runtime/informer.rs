@@ -117,12 +117,7 @@ impl<K> Watched for K where
 
 /// The uid of the controller ownerReference (`metav1.GetControllerOf`).
 pub fn controller_uid<K: Resource>(obj: &K) -> Option<&str> {
-    obj.meta()
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-        .map(|r| r.uid.as_str())
+    crate::helpers::meta::controller_uid(obj.meta())
 }
 
 fn namespace_index<K: Resource>(obj: &K) -> Vec<String> {

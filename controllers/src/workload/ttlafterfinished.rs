@@ -23,7 +23,8 @@ use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
 
-use crate::workload::job::plan;
+use crate::helpers::job::{self as jobutil, is_finished};
+use crate::helpers::meta;
 
 /// The work queue's name, as upstream.
 pub const QUEUE_NAME: &str = "ttl_jobs_to_delete";
@@ -53,7 +54,7 @@ pub fn expires_at(job: &Job) -> std::result::Result<Option<Timestamp>, String> {
     let Some(ttl) = job.spec.as_ref().and_then(|s| s.ttl_seconds_after_finished) else {
         return Ok(None);
     };
-    if job.metadata.deletion_timestamp.is_some() || !plan::is_finished(job) {
+    if job.metadata.deletion_timestamp.is_some() || !is_finished(job) {
         return Ok(None);
     }
     let finished_at = job
@@ -62,27 +63,21 @@ pub fn expires_at(job: &Job) -> std::result::Result<Option<Timestamp>, String> {
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| {
             c.iter().find(|c| {
-                (c.type_ == plan::cond::COMPLETE || c.type_ == plan::cond::FAILED)
-                    && c.status == "True"
+                (c.type_ == jobutil::COMPLETE || c.type_ == jobutil::FAILED) && c.status == "True"
             })
         })
         .and_then(|c| c.last_transition_time.as_ref())
         .ok_or_else(|| {
             format!(
                 "{}: unable to find the time when the Job finished",
-                plan::object_name(job)
+                object_name(job)
             )
         })?;
     finished_at
         .0
         .checked_add(SignedDuration::from_secs(i64::from(ttl)))
         .map(Some)
-        .map_err(|e| {
-            format!(
-                "{}: spec.ttlSecondsAfterFinished: {e}",
-                plan::object_name(job)
-            )
-        })
+        .map_err(|e| format!("{}: spec.ttlSecondsAfterFinished: {e}", object_name(job)))
 }
 
 /// The running controller.
@@ -139,7 +134,7 @@ impl Controller {
     /// `Some(expiry)` when `job` is due now; otherwise re-queued for its expiry.
     fn due(&self, key: &str, job: &Job) -> Result<Option<Timestamp>> {
         let at = expires_at(job).map_err(|reason| Error::Invalid {
-            object: plan::object_name(job),
+            object: object_name(job),
             reason,
         })?;
         let Some(at) = at else { return Ok(None) };
@@ -164,7 +159,7 @@ impl Controller {
         let Some(fresh) = api
             .get_opt(name)
             .await
-            .map_err(|e| Error::kube("reading", plan::object_name(&job), e))?
+            .map_err(|e| Error::kube("reading", object_name(&job), e))?
         else {
             return Ok(());
         };
@@ -179,11 +174,11 @@ impl Controller {
             }),
             ..Default::default()
         };
-        tracing::debug!(job = %plan::object_name(&fresh), "cleaning up finished Job");
+        tracing::debug!(job = %object_name(&fresh), "cleaning up finished Job");
         match api.delete(&fresh.name_any(), &dp).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(Error::kube("deleting", plan::object_name(&fresh), e)),
+            Err(e) => Err(Error::kube("deleting", object_name(&fresh), e)),
         }
     }
 }
@@ -197,6 +192,11 @@ pub fn remaining(job: &Job, now: Timestamp) -> Option<Duration> {
     } else {
         left.unsigned_abs()
     })
+}
+
+/// `Job ns/name` (typed, so an `Arc<Job>` derefs into it).
+fn object_name(job: &Job) -> String {
+    meta::object_name(job)
 }
 
 #[cfg(test)]

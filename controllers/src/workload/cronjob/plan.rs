@@ -31,33 +31,11 @@ pub const NEXT_SCHEDULE_DELTA: Duration = Duration::from_millis(100);
 /// How many missed start times make the "too many missed start times" warning.
 pub const MANY_MISSED: i64 = 100;
 
-/// `Kind ns/name`.
-pub fn object_name(cj: &CronJob) -> String {
-    crate::runtime::claim::object_name(cj)
-}
+pub use crate::helpers::job::finished_condition;
+pub use crate::helpers::meta::{controller_of, object_name};
 
 fn time(t: Option<&Time>) -> Option<Timestamp> {
     t.map(|t| t.0)
-}
-
-/// The controller ownerReference of an object.
-pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-}
-
-/// Whether a Job has the Complete or Failed condition (upstream's `IsJobFinished`), and which.
-pub fn finished_condition(job: &Job) -> Option<&'static str> {
-    let conds = job.status.as_ref().and_then(|s| s.conditions.as_ref())?;
-    conds
-        .iter()
-        .find_map(|c| match (c.type_.as_str(), c.status.as_str()) {
-            ("Complete", "True") => Some("Complete"),
-            ("Failed", "True") => Some("Failed"),
-            _ => None,
-        })
 }
 
 /// The spec string the schedule is parsed from (`formatSchedule`): a schedule naming `TZ`

@@ -80,13 +80,9 @@ const TAINT_MEMORY_PRESSURE: &str = "node.kubernetes.io/memory-pressure";
 const TAINT_PID_PRESSURE: &str = "node.kubernetes.io/pid-pressure";
 const TAINT_NETWORK_UNAVAILABLE: &str = "node.kubernetes.io/network-unavailable";
 
-/// `DaemonSet ns/name`, for errors and logs.
+/// `DaemonSet ns/name`, for errors and logs (typed, so an `Arc<DaemonSet>` derefs into it).
 pub fn object_name(ds: &DaemonSet) -> String {
-    format!(
-        "DaemonSet {}/{}",
-        ds.namespace().unwrap_or_default(),
-        ds.name_any()
-    )
+    crate::helpers::meta::object_name(ds)
 }
 
 fn spec_of(ds: &DaemonSet) -> Option<&k8s_openapi::api::apps::v1::DaemonSetSpec> {

@@ -52,9 +52,9 @@ pub const SYNC_JOB_BATCH_PERIOD: Duration = Duration::from_secs(1);
 /// Condition types and reasons, as `batch/v1` names them.
 pub mod cond {
     /// Type.
-    pub const COMPLETE: &str = "Complete";
+    pub const COMPLETE: &str = crate::helpers::job::COMPLETE;
     /// Type.
-    pub const FAILED: &str = "Failed";
+    pub const FAILED: &str = crate::helpers::job::FAILED;
     /// Type.
     pub const SUSPENDED: &str = "Suspended";
     /// Type.
@@ -77,9 +77,10 @@ pub mod cond {
     pub const COMPLETIONS_REACHED: &str = "CompletionsReached";
 }
 
-/// `Kind ns/name`.
+pub use crate::helpers::job::{finished_condition as finished_type, is_finished};
+/// `Job ns/name`, for errors and logs (typed, so an `Arc<Job>` derefs into it).
 pub fn object_name(job: &Job) -> String {
-    crate::runtime::claim::object_name(job)
+    crate::helpers::meta::object_name(job)
 }
 
 /// Whether the Pod carries the tracking finalizer.
@@ -94,28 +95,8 @@ pub fn has_tracking_finalizer(pod: &CachedPod) -> bool {
 fn uid(pod: &CachedPod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
-
 fn spec(job: &Job) -> k8s_openapi::api::batch::v1::JobSpec {
     job.spec.clone().unwrap_or_default()
-}
-
-/// `IsJobFinished`: Complete or Failed is True.
-pub fn is_finished(job: &Job) -> bool {
-    finished_type(job).is_some()
-}
-
-/// The type of the terminal condition, if any.
-pub fn finished_type(job: &Job) -> Option<&'static str> {
-    job.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .flatten()
-        .find_map(|c| match (c.type_.as_str(), c.status.as_str()) {
-            (cond::COMPLETE, "True") => Some(cond::COMPLETE),
-            (cond::FAILED, "True") => Some(cond::FAILED),
-            _ => None,
-        })
 }
 
 /// Whether `spec.suspend` is true.

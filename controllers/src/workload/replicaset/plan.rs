@@ -31,13 +31,9 @@ pub const REPLICA_FAILURE: &str = "ReplicaFailure";
 /// Pod names are DNS subdomains: at most this long.
 const MAX_NAME_LEN: usize = 253;
 
-/// `ReplicaSet ns/name`, for errors and logs.
+/// `ReplicaSet ns/name`, for errors and logs (typed, so an `Arc<ReplicaSet>` derefs into it).
 pub fn object_name(rs: &ReplicaSet) -> String {
-    format!(
-        "ReplicaSet {}/{}",
-        rs.namespace().unwrap_or_default(),
-        rs.name_any()
-    )
+    crate::helpers::meta::object_name(rs)
 }
 
 /// `spec.replicas` (the API server defaults a missing one to 1).

@@ -35,13 +35,9 @@ pub const REVISION_LABEL: &str = "controller-revision-hash";
 const RETAIN: &str = "Retain";
 const DELETE: &str = "Delete";
 
-/// `Kind ns/name` of a set, for messages.
+/// `StatefulSet ns/name`, for errors and logs (typed, so an `Arc<StatefulSet>` derefs into it).
 pub fn object_name(set: &StatefulSet) -> String {
-    format!(
-        "StatefulSet {}/{}",
-        set.metadata.namespace.as_deref().unwrap_or_default(),
-        set.metadata.name.as_deref().unwrap_or_default()
-    )
+    crate::helpers::meta::object_name(set)
 }
 
 fn set_name(set: &StatefulSet) -> &str {
