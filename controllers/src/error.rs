@@ -41,8 +41,30 @@ pub enum Error {
         reason: String,
     },
     /// A controller name given on the command line is unknown.
-    #[error("controller {0:?} is unknown: expected one of {known}", known = crate::manager::KNOWN_NAMES.join(", "))]
-    UnknownController(String),
+    #[error("controller {name:?} is unknown: expected one of {known}")]
+    UnknownController {
+        /// The name given.
+        name: String,
+        /// The names the manager knows, comma-separated.
+        known: String,
+    },
+    /// A controller could not start or stopped.
+    #[error("controller {name}: {source}")]
+    Controller {
+        /// The controller's `--controllers` name.
+        name: &'static str,
+        /// What went wrong.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A command-line setting is missing or wrong.
+    #[error("{flag}: {reason}")]
+    Config {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// An owner may not adopt (it is gone, re-created or being deleted).
     #[error("{owner} may not adopt: {reason}")]
     Adoption {

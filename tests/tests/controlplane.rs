@@ -34,7 +34,7 @@ use controllers::endpoint::endpointslice::plan::{
     LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY,
 };
 use controllers::endpoint::lbipam::{self, FINALIZER};
-use controllers::manager::{self, ControllerKind, ManagerConfig};
+use controllers::manager::{self, ManagerConfig};
 use controllers::runtime::leader::LeaderConfig;
 use controlplane::ControlPlane;
 use futures::StreamExt;
@@ -109,9 +109,9 @@ impl Drop for Manager {
     }
 }
 
-fn manager_cfg(kinds: &[ControllerKind]) -> ManagerConfig {
+fn manager_cfg(names: &str) -> ManagerConfig {
     ManagerConfig {
-        controllers: kinds.to_vec(),
+        controllers: manager::parse_controllers(names).unwrap(),
         lb_pool: None,
         leader: None,
         concurrency: controllers::manager::Concurrency {
@@ -284,10 +284,7 @@ async fn endpoint_slices_and_endpoints_follow_pods() {
     let _one = MANAGERS.lock().await;
     let node = f.unique("node");
     create_node(&f, &node, "zone-a").await;
-    let _mgr = start(
-        &f.client,
-        manager_cfg(&[ControllerKind::EndpointSlice, ControllerKind::Endpoints]),
-    );
+    let _mgr = start(&f.client, manager_cfg("endpointslice,endpoints"));
     let svc = create_service(&f, "web", json!({})).await;
     for (i, ready) in [(0, true), (1, true), (2, false)] {
         create_pod(&f, &node, "web", i, ready).await;
@@ -432,7 +429,7 @@ async fn scaling_to_250_pods_produces_three_slices() {
     let _one = MANAGERS.lock().await;
     let node = f.unique("node");
     create_node(&f, &node, "zone-a").await;
-    let _mgr = start(&f.client, manager_cfg(&[ControllerKind::EndpointSlice]));
+    let _mgr = start(&f.client, manager_cfg("endpointslice"));
     create_service(&f, "big", json!({})).await;
     create_pod(&f, &node, "big", 0, true).await;
     wait_states(&f, "big", vec![st(0, true, true, false)]).await;
@@ -470,7 +467,7 @@ async fn scaling_to_250_pods_produces_three_slices() {
 fn lb_cfg(pool: &str) -> ManagerConfig {
     ManagerConfig {
         lb_pool: Some(pool.parse().unwrap()),
-        ..manager_cfg(&[ControllerKind::LbIpam])
+        ..manager_cfg("lb-ipam")
     }
 }
 
@@ -601,7 +598,7 @@ fn leader_cfg(lease: &str, identity: &str) -> ManagerConfig {
     };
     ManagerConfig {
         leader: Some(leader),
-        ..manager_cfg(&[ControllerKind::EndpointSlice])
+        ..manager_cfg("endpointslice")
     }
 }
 
@@ -654,10 +651,7 @@ async fn leftovers_of_services_deleted_while_down_are_removed_at_start() {
     // deleted while no manager runs (and no garbage collector either).
     let node = f.unique("node");
     create_node(&f, &node, "zone-a").await;
-    let mgr = start(
-        &f.client,
-        manager_cfg(&[ControllerKind::EndpointSlice, ControllerKind::Endpoints]),
-    );
+    let mgr = start(&f.client, manager_cfg("endpointslice,endpoints"));
     create_service(&f, "gone", json!({})).await;
     create_pod(&f, &node, "gone", 7, true).await;
     wait_states(&f, "gone", vec![st(7, true, true, false)]).await;
@@ -700,10 +694,7 @@ async fn leftovers_of_services_deleted_while_down_are_removed_at_start() {
         .unwrap();
 
     // The restarted manager removes what the deleted Service left behind.
-    let _mgr = start(
-        &f.client,
-        manager_cfg(&[ControllerKind::EndpointSlice, ControllerKind::Endpoints]),
-    );
+    let _mgr = start(&f.client, manager_cfg("endpointslice,endpoints"));
     eventually(
         "the orphaned slice and Endpoints to be deleted",
         WAIT,
@@ -780,7 +771,7 @@ async fn slices_are_written_without_zones_when_nodes_are_forbidden() {
         "listing Nodes as {user}: {err}"
     );
 
-    let _mgr = start(&restricted, manager_cfg(&[ControllerKind::EndpointSlice]));
+    let _mgr = start(&restricted, manager_cfg("endpointslice"));
     create_service(&f, "norbac", json!({})).await;
     create_pod(&f, &node, "norbac", 3, true).await;
     let slices = wait_states(&f, "norbac", vec![st(3, true, true, false)]).await;

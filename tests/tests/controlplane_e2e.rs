@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use controllers::manager::{self, ControllerKind, ManagerConfig};
+use controllers::manager::{self, ManagerConfig};
 use controlplane::{ControlPlane, Options, Relay};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kpr_tests::agent::proxy_binary;
@@ -216,7 +216,7 @@ async fn api_objects_become_connections_through_controller_and_agent() {
     }
 
     let cfg = ManagerConfig {
-        controllers: vec![ControllerKind::EndpointSlice],
+        controllers: manager::parse_controllers("endpointslice").unwrap(),
         lb_pool: None,
         leader: None,
         concurrency: controllers::manager::Concurrency {

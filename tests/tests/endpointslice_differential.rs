@@ -69,7 +69,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use controllers::manager::{self, ControllerKind, ManagerConfig};
+use controllers::manager::{self, ManagerConfig};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
@@ -674,7 +674,7 @@ async fn endpointslices_match_kube_controller_manager() {
         let client = client.clone();
         tokio::spawn(async move {
             let cfg = ManagerConfig {
-                controllers: vec![ControllerKind::EndpointSlice],
+                controllers: manager::parse_controllers("endpointslice").unwrap(),
                 lb_pool: None,
                 leader: None,
                 concurrency: controllers::manager::Concurrency {

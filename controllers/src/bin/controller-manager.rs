@@ -9,20 +9,16 @@ use controllers::endpoint::lbipam::pool::Pool;
 use controllers::manager::{self, ManagerConfig};
 use controllers::runtime::leader::{self, LeaderConfig};
 
-/// Runs kpr's controllers (garbage collector, EndpointSlice, Endpoints, ReplicaSet, Deployment,
-/// StatefulSet, DaemonSet, Job, CronJob, TTL after finished, LoadBalancer IPAM) against a
-/// Kubernetes API server.
+/// Runs kpr's controllers (the list is in `--help` under `--controllers`) against a Kubernetes
+/// API server.
 #[derive(Debug, Parser)]
 #[command(name = "controller-manager", version)]
 struct Args {
     /// Kubeconfig file (default: in-cluster config or ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
-    /// Controllers to run, as kube-controller-manager takes them: `*` turns on every controller
-    /// that is on by default, `name` turns one on, `-name` turns one off. Names: garbagecollector,
-    /// endpointslice, endpoints, replicaset, deployment, statefulset, daemonset, job, cronjob,
-    /// ttl-after-finished, lb-ipam (on by default only with --lb-pool).
-    #[arg(long, default_value = "*")]
+    /// Controllers to run (`*`, `name`, `-name`; see --help for the list).
+    #[arg(long, default_value = "*", long_help = manager::descriptors::help())]
     controllers: String,
     /// LoadBalancer address pool: a CIDR (10.0.0.0/24) or a range (10.0.0.10-10.0.0.20).
     #[arg(long)]
@@ -148,7 +144,7 @@ async fn main() -> anyhow::Result<()> {
             }
         });
     }
-    let names: Vec<&str> = cfg.controllers.iter().map(|k| k.name()).collect();
+    let names: Vec<&str> = cfg.controllers.iter().map(|d| d.name).collect();
     tracing::info!("controller-manager starting: {}", names.join(","));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing SIGTERM handler")?;

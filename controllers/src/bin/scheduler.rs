@@ -148,14 +148,17 @@ async fn main() -> anyhow::Result<()> {
         });
     }
     tracing::info!("scheduler starting: profiles {}", names.join(","));
-    let work = run::run(informers, sched);
+    let work = async move {
+        run::run(informers, sched).await;
+        Ok(())
+    };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing SIGTERM handler")?;
     tokio::select! {
         r = async {
             match leader.clone() {
                 Some(l) => leader::run_as_leader(client.clone(), l, work).await,
-                None => { work.await; Ok(()) }
+                None => work.await,
             }
         } => r.context("scheduler stopped")?,
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),

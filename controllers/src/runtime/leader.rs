@@ -181,12 +181,12 @@ pub async fn release(client: &Client, cfg: &LeaderConfig) -> Result<()> {
     }
 }
 
-/// Waits until this candidate holds the Lease, then runs `work` while renewing. Returns `Ok` when
-/// `work` ends, `Err(Leadership)` when the Lease is lost (another holder, or no renewal within the
+/// Waits until this candidate holds the Lease, then runs `work` while renewing. Returns `work`'s
+/// result when it ends, `Err(Leadership)` when the Lease is lost (another holder, or no renewal within the
 /// renew deadline); `work` is dropped then, as a leader must stop at once.
 pub async fn run_as_leader<F>(client: Client, cfg: LeaderConfig, work: F) -> Result<()>
 where
-    F: Future<Output = ()> + Send + 'static,
+    F: Future<Output = Result<()>> + Send + 'static,
 {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     loop {
@@ -208,7 +208,15 @@ where
     let mut renewed = Instant::now();
     loop {
         tokio::select! {
-            _ = &mut work => return Ok(()),
+            ended = &mut work => {
+                return match ended {
+                    Ok(result) => result,
+                    Err(e) => Err(Error::Invalid {
+                        object: format!("leader work under Lease {}", cfg.lease_ref()),
+                        reason: format!("task failed: {e}"),
+                    }),
+                };
+            }
             _ = tokio::time::sleep(cfg.retry_period) => {}
         }
         match try_acquire_or_renew(&api, &cfg).await {

@@ -76,7 +76,10 @@ mod tests {
             async move {
                 let n = c.fetch_add(1, Ordering::SeqCst);
                 match (item, n) {
-                    (_, 0) => Err(crate::Error::UnknownController("fail once".into())),
+                    (_, 0) => Err(crate::Error::Invalid {
+                        object: "key".into(),
+                        reason: "fail once".into(),
+                    }),
                     (_, 1) => panic!("and panic once"),
                     _ => Ok(()),
                 }

@@ -101,21 +101,6 @@ pub struct UpArgs {
     pub ip_family: crate::deploy::IpFamilies,
 }
 
-/// The kube-controller-manager controllers kpr's controller-manager replaces with `--controllers
-/// kpr` (both take these names).
-const KPR_REPLACES: &[&str] = &[
-    "garbage-collector-controller",
-    "endpointslice-controller",
-    "endpoints-controller",
-    "replicaset-controller",
-    "deployment-controller",
-    "statefulset-controller",
-    "daemonset-controller",
-    "job-controller",
-    "cronjob-controller",
-    "ttl-after-finished-controller",
-];
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Who {
     Upstream,
@@ -226,7 +211,8 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         upstream_controllers: match args.controllers {
             Who::Upstream => Some("*".to_string()),
             Who::Kpr => Some(
-                KPR_REPLACES
+                // What kpr's controller-manager replaces, from its descriptor table.
+                controllers::manager::descriptors::replaced_upstream()
                     .iter()
                     .fold("*".to_string(), |list, name| format!("{list},-{name}")),
             ),
@@ -244,7 +230,8 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         if let Some(binary) = controller_manager {
             let args = vec![
                 format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
-                format!("--controllers={}", KPR_REPLACES.join(",")),
+                // Every controller on by default: the ones turned off upstream above.
+                "--controllers=*".to_string(),
             ];
             cp.spawn_program("kpr-controller-manager", &binary, args)?;
         }

@@ -1,0 +1,296 @@
+//! The controllers the manager can run, one row each, as kube-controller-manager's
+//! `NewControllerDescriptors`: the name `--controllers` takes, the other names it answers to, the
+//! kube-controller-manager controller it replaces, whether `*` turns it on, a line of help and the
+//! constructor. This table drives `--controllers` parsing, its help, the error for an unknown
+//! name, the start order and what `cargo xtask cluster up --controllers kpr` turns off in
+//! kube-controller-manager. A controller is added by adding its module and one row here.
+//!
+//! Owns the table only: how the selected controllers run (informers, leadership, failure) is
+//! [`super`]'s.
+
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
+use kube::Client;
+
+use super::Concurrency;
+use crate::endpoint::lbipam::pool::Pool;
+use crate::error::{Error, Result};
+use crate::runtime::informer::Informers;
+use crate::{endpoint, workload};
+
+/// A running controller: ends only on an error (or never).
+pub type Task = BoxFuture<'static, Result<()>>;
+
+/// What a constructor gets: the client, the informers every controller shares (a controller
+/// registers its handlers on them when it is built; the manager starts them after every
+/// constructor ran) and the settings from the command line.
+pub struct ControllerContext<'a> {
+    /// The process's API client (rate-limited as `--kube-api-qps` says).
+    pub client: Client,
+    /// The shared informers.
+    pub informers: &'a Informers,
+    /// Workers per controller.
+    pub concurrency: Concurrency,
+    /// lb-ipam's address pool (`--lb-pool`).
+    pub lb_pool: Option<Pool>,
+}
+
+/// One controller the manager can run.
+pub struct ControllerDescriptor {
+    /// Its name in `--controllers`.
+    pub name: &'static str,
+    /// Other names `--controllers` takes for it (kube-controller-manager's `<name>-controller`
+    /// spellings, `endpoint`).
+    pub aliases: &'static [&'static str],
+    /// The kube-controller-manager controller it replaces (turned off there when kpr runs it).
+    pub replaces: Option<&'static str>,
+    /// Whether `*` turns it on ([`DefaultOn::WithLbPool`]: only when `--lb-pool` is given).
+    pub default_on: DefaultOn,
+    /// What it does, for `--help`.
+    pub help: &'static str,
+    /// Builds it (registering its informer handlers) and returns its work.
+    pub new: fn(&ControllerContext<'_>) -> Result<Task>,
+}
+
+impl std::fmt::Debug for ControllerDescriptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl PartialEq for ControllerDescriptor {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+/// Whether `*` turns a controller on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultOn {
+    /// Always.
+    Yes,
+    /// Only when an address pool is configured (lb-ipam).
+    WithLbPool,
+}
+
+/// Every controller, in start order (the garbage collector first, as upstream).
+pub static CONTROLLERS: &[ControllerDescriptor] = &[
+    ControllerDescriptor {
+        name: "garbagecollector",
+        aliases: &["garbage-collector-controller"],
+        replaces: Some("garbage-collector-controller"),
+        default_on: DefaultOn::Yes,
+        help: "cascading deletion through ownerReferences",
+        new: |cx| {
+            let config = workload::garbagecollector::Config {
+                workers: cx.concurrency.gc,
+                ..Default::default()
+            };
+            let gc = workload::garbagecollector::new(cx.client.clone(), config);
+            Ok(forever(gc.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "endpointslice",
+        aliases: &["endpointslice-controller"],
+        replaces: Some("endpointslice-controller"),
+        default_on: DefaultOn::Yes,
+        help: "EndpointSlices from Services and Pods",
+        new: |cx| {
+            let config = endpoint::endpointslice::Config {
+                concurrency: cx.concurrency.endpoints,
+            };
+            Ok(forever(endpoint::endpointslice::run(
+                cx.client.clone(),
+                config,
+            )))
+        },
+    },
+    ControllerDescriptor {
+        name: "endpoints",
+        aliases: &["endpoint", "endpoints-controller"],
+        replaces: Some("endpoints-controller"),
+        default_on: DefaultOn::Yes,
+        help: "legacy Endpoints from Services and Pods",
+        new: |cx| {
+            Ok(forever(endpoint::endpoints::run(
+                cx.client.clone(),
+                cx.concurrency.endpoints,
+            )))
+        },
+    },
+    ControllerDescriptor {
+        name: "replicaset",
+        aliases: &["replicaset-controller"],
+        replaces: Some("replicaset-controller"),
+        default_on: DefaultOn::Yes,
+        help: "Pods of ReplicaSets",
+        new: |cx| {
+            let config = workload::replicaset::Config {
+                workers: cx.concurrency.replicaset,
+                ..Default::default()
+            };
+            let c = workload::replicaset::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "deployment",
+        aliases: &["deployment-controller"],
+        replaces: Some("deployment-controller"),
+        default_on: DefaultOn::Yes,
+        help: "ReplicaSets of Deployments",
+        new: |cx| {
+            let config = workload::deployment::Config {
+                workers: cx.concurrency.deployment,
+            };
+            let c = workload::deployment::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "daemonset",
+        aliases: &["daemonset-controller"],
+        replaces: Some("daemonset-controller"),
+        default_on: DefaultOn::Yes,
+        help: "daemon Pods of DaemonSets",
+        new: |cx| {
+            let config = workload::daemonset::Config {
+                workers: cx.concurrency.daemonset,
+                ..Default::default()
+            };
+            let c = workload::daemonset::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "statefulset",
+        aliases: &["statefulset-controller"],
+        replaces: Some("statefulset-controller"),
+        default_on: DefaultOn::Yes,
+        help: "ordinal Pods and claims of StatefulSets",
+        new: |cx| {
+            let config = workload::statefulset::Config {
+                workers: cx.concurrency.statefulset,
+            };
+            let c = workload::statefulset::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "job",
+        aliases: &["job-controller"],
+        replaces: Some("job-controller"),
+        default_on: DefaultOn::Yes,
+        help: "Pods of Jobs",
+        new: |cx| {
+            let config = workload::job::Config {
+                workers: cx.concurrency.job,
+                ..Default::default()
+            };
+            let c = workload::job::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "cronjob",
+        aliases: &["cronjob-controller"],
+        replaces: Some("cronjob-controller"),
+        default_on: DefaultOn::Yes,
+        help: "Jobs of CronJobs",
+        new: |cx| {
+            let config = workload::cronjob::Config {
+                workers: cx.concurrency.cronjob,
+                ..Default::default()
+            };
+            let c = workload::cronjob::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "ttl-after-finished",
+        aliases: &["ttl-after-finished-controller"],
+        replaces: Some("ttl-after-finished-controller"),
+        default_on: DefaultOn::Yes,
+        help: "deletion of finished Jobs after ttlSecondsAfterFinished",
+        new: |cx| {
+            let config = workload::ttlafterfinished::Config {
+                workers: cx.concurrency.ttl_after_finished,
+                ..Default::default()
+            };
+            let c = workload::ttlafterfinished::Controller::new(
+                cx.client.clone(),
+                cx.informers,
+                config,
+            );
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "lb-ipam",
+        aliases: &[],
+        replaces: None,
+        default_on: DefaultOn::WithLbPool,
+        help: "LoadBalancer address allocation from --lb-pool",
+        new: |cx| {
+            let pool = cx.lb_pool.clone().ok_or_else(|| Error::Config {
+                flag: "--lb-pool",
+                reason: "controller lb-ipam needs an address pool (a CIDR or an a-b range)".into(),
+            })?;
+            Ok(endpoint::lbipam::run(cx.client.clone(), pool).boxed())
+        },
+    },
+];
+
+/// A controller loop that never returns, as a [`Task`].
+fn forever(run: impl std::future::Future<Output = ()> + Send + 'static) -> Task {
+    async move {
+        run.await;
+        Ok(())
+    }
+    .boxed()
+}
+
+/// The descriptor a name or alias of `--controllers` names.
+pub fn lookup(name: &str) -> Result<&'static ControllerDescriptor> {
+    let name = name.trim();
+    CONTROLLERS
+        .iter()
+        .find(|d| d.name == name || d.aliases.contains(&name))
+        .ok_or_else(|| Error::UnknownController {
+            name: name.to_string(),
+            known: names().join(", "),
+        })
+}
+
+/// Every controller's name, in start order.
+pub fn names() -> Vec<&'static str> {
+    CONTROLLERS.iter().map(|d| d.name).collect()
+}
+
+/// The kube-controller-manager controllers kpr's controller-manager replaces when it runs them
+/// all (what `cargo xtask cluster up --controllers kpr` turns off upstream).
+pub fn replaced_upstream() -> Vec<&'static str> {
+    CONTROLLERS.iter().filter_map(|d| d.replaces).collect()
+}
+
+/// `--controllers`' help: the syntax and every controller with its line.
+pub fn help() -> String {
+    let mut out = String::from(
+        "Controllers to run, as kube-controller-manager takes them: `*` turns on every controller \
+         that is on by default, `name` turns one on, `-name` turns one off (a `-name` wins).\n",
+    );
+    for d in CONTROLLERS {
+        let default = match d.default_on {
+            DefaultOn::Yes => "",
+            DefaultOn::WithLbPool => " (on by default only with --lb-pool)",
+        };
+        let aliases = if d.aliases.is_empty() {
+            String::new()
+        } else {
+            format!(" [also: {}]", d.aliases.join(", "))
+        };
+        out.push_str(&format!("  {}: {}{default}{aliases}\n", d.name, d.help));
+    }
+    out
+}

@@ -1,0 +1,293 @@
+//! The controller manager: runs the selected controllers, optionally only while holding the leader
+//! Lease. Used by the `controller-manager` binary and by tests that run managers in-process.
+//! Which controllers exist, their names and constructors are the rows of [`descriptors`]; every
+//! selected controller is built on one set of shared informers (one watch and one cache per
+//! resource kind for the whole process), which start once every constructor has registered its
+//! handlers. A controller that fails stops the manager with an error naming it.
+
+pub mod descriptors;
+
+use futures::future::select_all;
+use kube::Client;
+
+pub use descriptors::{ControllerDescriptor, DefaultOn, CONTROLLERS};
+
+use crate::endpoint::lbipam::pool::Pool;
+use crate::error::{Error, Result};
+use crate::runtime::informer::Informers;
+use crate::runtime::leader::{self, LeaderConfig};
+use crate::runtime::workers::AbortOnDrop;
+
+/// Parses kube-controller-manager's `--controllers` syntax: `*` turns on every controller that
+/// is on by default, `name` turns one on, `-name` turns one off (a `-name` wins over `name` and
+/// `*`). `have_pool`: lb-ipam is on by default only with an address pool. The result is in start
+/// order (the garbage collector first, as upstream).
+pub fn parse_controllers_with(
+    list: &str,
+    have_pool: bool,
+) -> Result<Vec<&'static ControllerDescriptor>> {
+    let mut all = false;
+    let mut on = Vec::new();
+    let mut off = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if item == "*" {
+            all = true;
+        } else if let Some(name) = item.strip_prefix('-') {
+            off.push(descriptors::lookup(name)?.name);
+        } else {
+            on.push(descriptors::lookup(item)?.name);
+        }
+    }
+    let default_on = |d: &ControllerDescriptor| match d.default_on {
+        DefaultOn::Yes => true,
+        DefaultOn::WithLbPool => have_pool,
+    };
+    Ok(CONTROLLERS
+        .iter()
+        .filter(|d| !off.contains(&d.name) && (on.contains(&d.name) || (all && default_on(d))))
+        .collect())
+}
+
+/// [`parse_controllers_with`] without an address pool.
+pub fn parse_controllers(list: &str) -> Result<Vec<&'static ControllerDescriptor>> {
+    parse_controllers_with(list, false)
+}
+
+/// Workers per controller (kube-controller-manager's `--concurrent-*-syncs`).
+#[derive(Debug, Clone, Copy)]
+pub struct Concurrency {
+    /// EndpointSlice and Endpoints reconciles at once.
+    pub endpoints: u16,
+    /// `--concurrent-replicaset-syncs` (upstream default 5).
+    pub replicaset: usize,
+    /// `--concurrent-deployment-syncs` (upstream default 5).
+    pub deployment: usize,
+    /// `--concurrent-gc-syncs` (upstream default 20).
+    pub gc: usize,
+    /// `--concurrent-job-syncs` (upstream default 5).
+    pub job: usize,
+    /// `--concurrent-cron-job-syncs` (upstream default 5).
+    pub cronjob: usize,
+    /// `--concurrent-ttl-after-finished-syncs` (upstream default 5).
+    pub ttl_after_finished: usize,
+    /// `--concurrent-daemonset-syncs` (upstream default 2).
+    pub daemonset: usize,
+    /// `--concurrent-statefulset-syncs` (upstream default 5).
+    pub statefulset: usize,
+}
+
+impl Default for Concurrency {
+    fn default() -> Self {
+        Self {
+            endpoints: 16,
+            replicaset: 5,
+            deployment: 5,
+            gc: 20,
+            job: 5,
+            cronjob: 5,
+            ttl_after_finished: 5,
+            daemonset: 2,
+            statefulset: 5,
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// Controllers to run, in start order ([`parse_controllers`]).
+    pub controllers: Vec<&'static ControllerDescriptor>,
+    /// Pool for lb-ipam (required when it runs).
+    pub lb_pool: Option<Pool>,
+    /// Run only while holding this Lease.
+    pub leader: Option<LeaderConfig>,
+    /// Workers per controller.
+    pub concurrency: Concurrency,
+}
+
+/// Runs the controllers; with leader election, only while leading. Returns `Err(Leadership)` when
+/// the Lease is lost (the caller should exit, as kube-controller-manager does), and the first
+/// controller's error when one fails (a constructor's error before anything starts).
+pub async fn run(client: Client, cfg: ManagerConfig) -> Result<()> {
+    let work = run_controllers(client.clone(), cfg.clone());
+    match cfg.leader {
+        Some(l) => leader::run_as_leader(client, l, work).await,
+        None => work.await,
+    }
+}
+
+async fn run_controllers(client: Client, cfg: ManagerConfig) -> Result<()> {
+    // Held until the controllers stop: dropping the informers stops their watches.
+    let informers = Informers::new(client.clone());
+    let cx = descriptors::ControllerContext {
+        client,
+        informers: &informers,
+        concurrency: cfg.concurrency,
+        lb_pool: cfg.lb_pool.clone(),
+    };
+    let mut built = Vec::new();
+    for d in &cfg.controllers {
+        let task = (d.new)(&cx).map_err(|e| Error::Controller {
+            name: d.name,
+            source: Box::new(e),
+        })?;
+        built.push((d.name, task));
+    }
+    if built.is_empty() {
+        return Ok(());
+    }
+    informers.start();
+    let mut names = Vec::new();
+    let mut tasks = Vec::new();
+    for (name, task) in built {
+        tracing::info!("starting controller {name}");
+        names.push(name);
+        tasks.push(tokio::spawn(task));
+    }
+    // Aborting this future (lost leadership) must stop every controller: abort on drop.
+    let _guard = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
+    // Controllers run until the process ends; the first one to stop ends the manager.
+    let (ended, i, _rest) = select_all(tasks).await;
+    let name = names[i];
+    let err = match ended {
+        Ok(Ok(())) => Error::Controller {
+            name,
+            source: Box::new(Error::Invalid {
+                object: format!("controller {name}"),
+                reason: "stopped unexpectedly".into(),
+            }),
+        },
+        Ok(Err(e)) => Error::Controller {
+            name,
+            source: Box::new(e),
+        },
+        Err(panic) => Error::Controller {
+            name,
+            source: Box::new(Error::Invalid {
+                object: format!("controller {name}"),
+                reason: format!("task failed: {panic}"),
+            }),
+        },
+    };
+    tracing::error!("{err}");
+    Err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controllers_flag_takes_kube_controller_manager_syntax() {
+        let cases: &[(&str, bool, &[&str])] = &[
+            (
+                "*",
+                false,
+                &[
+                    "garbagecollector",
+                    "endpointslice",
+                    "endpoints",
+                    "replicaset",
+                    "deployment",
+                    "daemonset",
+                    "statefulset",
+                    "job",
+                    "cronjob",
+                    "ttl-after-finished",
+                ],
+            ),
+            (
+                "*",
+                true,
+                &[
+                    "garbagecollector",
+                    "endpointslice",
+                    "endpoints",
+                    "replicaset",
+                    "deployment",
+                    "daemonset",
+                    "statefulset",
+                    "job",
+                    "cronjob",
+                    "ttl-after-finished",
+                    "lb-ipam",
+                ],
+            ),
+            (
+                "*,-endpoints,-endpointslice",
+                false,
+                &[
+                    "garbagecollector",
+                    "replicaset",
+                    "deployment",
+                    "daemonset",
+                    "statefulset",
+                    "job",
+                    "cronjob",
+                    "ttl-after-finished",
+                ],
+            ),
+            (
+                "replicaset,deployment,garbagecollector",
+                false,
+                &["garbagecollector", "replicaset", "deployment"],
+            ),
+            (
+                "job-controller,cronjob,ttl-after-finished-controller",
+                false,
+                &["job", "cronjob", "ttl-after-finished"],
+            ),
+            (
+                "replicaset-controller,endpoint",
+                false,
+                &["endpoints", "replicaset"],
+            ),
+            (
+                "statefulset-controller,daemonset",
+                false,
+                &["daemonset", "statefulset"],
+            ),
+            ("deployment,-deployment", false, &[]),
+            (
+                "endpointslice,endpoints,lb-ipam",
+                false,
+                &["endpointslice", "endpoints", "lb-ipam"],
+            ),
+        ];
+        for (list, pool, want) in cases {
+            let got: Vec<&str> = parse_controllers_with(list, *pool)
+                .unwrap()
+                .iter()
+                .map(|d| d.name)
+                .collect();
+            assert_eq!(got, *want, "--controllers={list}");
+        }
+    }
+
+    #[test]
+    fn unknown_controller_names_are_errors_listing_the_known_ones() {
+        let err = parse_controllers("endpointslice,bootstrapsigner")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"bootstrapsigner\""), "{err}");
+        assert!(err.contains("replicaset"), "{err}");
+        assert!(parse_controllers("-nope").is_err());
+    }
+
+    #[test]
+    fn the_table_names_each_controller_once_and_its_upstream_counterpart() {
+        let mut seen = std::collections::HashSet::new();
+        for d in CONTROLLERS {
+            for n in std::iter::once(&d.name).chain(d.aliases) {
+                assert!(seen.insert(*n), "{n} names two controllers");
+            }
+            assert!(
+                descriptors::help().contains(&format!("  {}: ", d.name)),
+                "--controllers help lacks {}",
+                d.name
+            );
+        }
+        assert!(descriptors::replaced_upstream().contains(&"replicaset-controller"));
+        assert!(!descriptors::replaced_upstream().is_empty());
+    }
+}
