@@ -22,7 +22,7 @@
 //! Resumed, UnknownCompletionMode.
 //!
 //! `ttlSecondsAfterFinished` is not handled here: as upstream, it is the separate
-//! `ttl-after-finished` controller (`crate::workload::ttlafterfinished`).
+//! `ttl-after-finished` controller, a module of its own.
 
 pub mod backoff;
 pub mod failure_policy;
