@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::framework_runner::Framework;
+use super::framework::runtime::Framework;
 use super::plugins::unsupported_volumes::NOT_BUILT;
 use super::queue::Backoff;
 use super::registry::{BuildContext, Built, Point, Registry, DEFAULT_MULTI_POINT};
@@ -508,7 +508,7 @@ pub fn build(
         return Err("extenders: scheduler extenders are not supported".to_string());
     }
     let parallelism = match cfg.parallelism {
-        None => super::framework_runner::DEFAULT_PARALLELISM,
+        None => super::framework::runtime::DEFAULT_PARALLELISM,
         Some(p) if p > 0 => p as usize,
         Some(p) => return Err(format!("parallelism: {p} must be greater than 0")),
     };
