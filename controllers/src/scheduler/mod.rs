@@ -10,13 +10,15 @@
 //! [`eventhandlers`], [`schedule_one`], [`preemption`] (the API side of
 //! framework/preemption), [`framework`] (the plugin contract) with [`framework::runtime`]
 //! (framework/runtime), [`plugins`], [`queue`] and [`cache`] (backend/), [`config`] and
-//! [`registry`] (apis/config and the in-tree registry). docs/SCHEDULER.md draws the data flow.
+//! [`plugin_args`] (apis/config: the file, the typed plugin args with their defaults and
+//! validation) and [`registry`] (the in-tree registry). docs/SCHEDULER.md draws the data flow.
 
 pub mod cache;
 pub mod config;
 pub mod eventhandlers;
 pub mod framework;
 pub mod metrics;
+pub mod plugin_args;
 pub mod plugins;
 pub mod preemption;
 pub mod queue;
