@@ -11,7 +11,7 @@ use controllers::runtime::informer::Informers;
 use controllers::runtime::leader::{self, LeaderConfig};
 use controllers::scheduler::config::{self, KubeSchedulerConfiguration};
 use controllers::scheduler::registry::{BuildContext, Registry};
-use controllers::scheduler::run::{self, InformerObjects, Scheduler, Settings};
+use controllers::scheduler::scheduler::{self, InformerObjects, Scheduler, Settings};
 
 /// Schedules Pods whose schedulerName is one of the configured profiles onto nodes.
 #[derive(Debug, Parser)]
@@ -149,7 +149,7 @@ async fn main() -> anyhow::Result<()> {
     }
     tracing::info!("scheduler starting: profiles {}", names.join(","));
     let work = async move {
-        run::run(informers, sched).await;
+        scheduler::run(informers, sched).await;
         Ok(())
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -3,7 +3,8 @@
 //!
 //! - `profiles[]`: `schedulerName` (default `default-scheduler`, unique), `plugins` per extension
 //!   point and `multiPoint` (enabled with weights, disabled, `*`), `pluginConfig[]` args by plugin
-//!   name, `percentageOfNodesToScore`;
+//!   name (typed, defaulted and validated per kind: [`plugin_args`](super::plugin_args)),
+//!   `percentageOfNodesToScore`;
 //! - top level: `parallelism`, `percentageOfNodesToScore`, `podInitialBackoffSeconds`,
 //!   `podMaxBackoffSeconds`, `leaderElection`, `clientConnection.qps` and `burst` (the client's
 //!   request rate limit; without a qps there is none, where kube-scheduler defaults to 50/s);
@@ -15,9 +16,10 @@
 //!   expandMultiPointPlugins: explicitly configured plugins first, then multiPoint ones, then the
 //!   remaining explicit ones).
 //!
-//! Unknown fields, unknown plugins, a plugin enabled at a point it does not extend, args a plugin
-//! rejects, and the plugins this scheduler does not build are errors naming the field
-//! (`profiles[0].plugins.filter.enabled[1].name`).
+//! Unknown fields, unknown plugins, a plugin enabled at a point it does not extend, invalid args,
+//! and the plugins this scheduler does not build are errors naming the field
+//! (`profiles[0].plugins.filter.enabled[1].name`,
+//! `profiles[0].pluginConfig[1].args.scoringStrategy.type`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -26,10 +28,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::framework_runner::Framework;
+use super::framework::runtime::Framework;
 use super::plugins::unsupported_volumes::NOT_BUILT;
 use super::queue::Backoff;
-use super::registry::{BuildContext, Built, Point, Registry, DEFAULT_MULTI_POINT};
+use super::registry::{BuildContext, BuildError, Built, Point, Registry, DEFAULT_MULTI_POINT};
 use crate::runtime::ratelimit::ClientLimit;
 
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
@@ -286,16 +288,6 @@ fn merge_set(default: &[PluginRef], custom: &PluginSet) -> (Vec<PluginRef>, BTre
     (enabled, disabled)
 }
 
-/// Args as the plugins take them: without the `apiVersion` / `kind` of the typed args object.
-fn plugin_args(args: &Option<Value>) -> Option<Value> {
-    let mut v = args.clone()?;
-    if let Some(o) = v.as_object_mut() {
-        o.remove("apiVersion");
-        o.remove("kind");
-    }
-    Some(v)
-}
-
 /// Builds one profile's [`Framework`].
 pub fn build_profile(
     i: usize,
@@ -341,8 +333,8 @@ pub fn build_profile(
         per_point.insert(pt, merge_set(&[], custom.point(pt)));
     }
 
-    // Plugin args, by name.
-    let mut args: HashMap<&str, Option<Value>> = HashMap::new();
+    // Plugin args by name, with where they are in the file.
+    let mut args: HashMap<&str, (Option<&Value>, String)> = HashMap::new();
     for (j, pc) in p.plugin_config.iter().enumerate() {
         if registry.get(&pc.name).is_none() && !NOT_BUILT.contains(&pc.name.as_str()) {
             return Err(format!(
@@ -350,7 +342,8 @@ pub fn build_profile(
                 pc.name
             ));
         }
-        if args.insert(&pc.name, plugin_args(&pc.args)).is_some() {
+        let entry = (pc.args.as_ref(), format!("{at}.pluginConfig[{j}].args"));
+        if args.insert(&pc.name, entry).is_some() {
             return Err(format!(
                 "{at}.pluginConfig[{j}].name: duplicate config for plugin {:?}",
                 pc.name
@@ -371,12 +364,14 @@ pub fn build_profile(
         let ctor = registry
             .get(name)
             .ok_or_else(|| format!("{at}.plugins: unknown plugin {name:?}"))?;
-        let a = args.get(name).cloned().flatten();
-        let b = ctor(a.as_ref(), ctx).map_err(|e| {
-            match p.plugin_config.iter().position(|pc| pc.name == name) {
-                Some(j) => format!("{at}.pluginConfig[{j}].args: {name}: {e}"),
-                None => format!("{at}.plugins: {name}: {e}"),
-            }
+        let (a, path) = match args.get(name) {
+            Some((a, path)) => (*a, path.clone()),
+            // No entry: the defaults, which always validate.
+            None => (None, format!("{at}.pluginConfig[{name}].args")),
+        };
+        let b = ctor(a, &path, ctx).map_err(|e| match e {
+            BuildError::Args(e) => e,
+            BuildError::Plugin(e) => format!("{at}.plugins: {name}: {e}"),
         })?;
         built.insert(name, b);
     }
@@ -508,7 +503,7 @@ pub fn build(
         return Err("extenders: scheduler extenders are not supported".to_string());
     }
     let parallelism = match cfg.parallelism {
-        None => super::framework_runner::DEFAULT_PARALLELISM,
+        None => super::framework::runtime::DEFAULT_PARALLELISM,
         Some(p) if p > 0 => p as usize,
         Some(p) => return Err(format!("parallelism: {p} must be greater than 0")),
     };

@@ -7,6 +7,7 @@ use crate::scheduler::framework::{
     BindPlugin, BoxFuture, CycleState, FilterPlugin, NodeInfo, Plugin, QueueSortPlugin,
     QueuedPodInfo, ScorePlugin, Status,
 };
+use crate::scheduler::plugin_args::PluginArgs;
 
 /// A plugin that extends whatever the test registry says; does nothing.
 struct Fake(&'static str);
@@ -36,34 +37,54 @@ impl BindPlugin for Fake {
     }
 }
 
+/// Typed args for the fake `NodePorts`: `limit` in 0..=10.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FakeArgs {
+    limit: i32,
+}
+
+impl PluginArgs for FakeArgs {
+    const KIND: &'static str = "NodePortsArgs";
+    fn validate(&self, path: &str) -> Vec<String> {
+        if (0..=10).contains(&self.limit) {
+            return Vec::new();
+        }
+        vec![format!(
+            "{path}.limit: Invalid value: {}: not in valid range [0, 10]",
+            self.limit
+        )]
+    }
+}
+
 /// Default plugin names over fakes: filters, scorers (some both), sort, binder; `NodePorts`
-/// validates its args (`bad: true` is rejected).
+/// takes [`FakeArgs`].
 fn registry() -> Registry {
     let mut r = Registry::new();
-    for name in ["NodeUnschedulable", "NodeName", "NodePorts"] {
-        r.register(name, move |args, _| {
-            if args.and_then(|a| a.get("bad")).is_some() {
-                return Err("bad: unknown field".to_string());
-            }
+    for name in ["NodeUnschedulable", "NodeName"] {
+        r.register(name, move |_| {
             Ok(Built::new(name).filter(Arc::new(Fake(name))))
         });
     }
+    r.register_with_args("NodePorts", |_: FakeArgs, _| {
+        Ok(Built::new("NodePorts").filter(Arc::new(Fake("NodePorts"))))
+    });
     for name in ["TaintToleration", "NodeAffinity"] {
-        r.register(name, move |_, _| {
+        r.register(name, move |_| {
             let p = Arc::new(Fake(name));
             Ok(Built::new(name).filter(p.clone()).score(p))
         });
     }
-    r.register("ImageLocality", |_, _| {
+    r.register("ImageLocality", |_| {
         Ok(Built::new("ImageLocality").score(Arc::new(Fake("ImageLocality"))))
     });
-    r.register("PrioritySort", |_, _| {
+    r.register("PrioritySort", |_| {
         Ok(Built::new("PrioritySort").queue_sort(Arc::new(Fake("PrioritySort"))))
     });
-    r.register("OtherSort", |_, _| {
+    r.register("OtherSort", |_| {
         Ok(Built::new("OtherSort").queue_sort(Arc::new(Fake("OtherSort"))))
     });
-    r.register("DefaultBinder", |_, _| {
+    r.register("DefaultBinder", |_| {
         Ok(Built::new("DefaultBinder").bind(Arc::new(Fake("DefaultBinder"))))
     });
     r
@@ -147,9 +168,26 @@ fn profiles_build_as_upstream_merges_and_expands_them() {
             Err("profiles[0].plugins.score.enabled[0].name: plugin \"NodeName\" does not extend ScorePlugin"),
         ),
         (
-            "bad args name the pluginConfig entry",
+            "args of an unknown field name the field under the pluginConfig entry",
             "profiles:\n- pluginConfig:\n  - name: NodeAffinity\n  - name: NodePorts\n    args: {bad: true}\n",
-            Err("profiles[0].pluginConfig[1].args: NodePorts: bad: unknown field"),
+            Err("profiles[0].pluginConfig[1].args.bad: unknown field `bad`, expected `limit`"),
+        ),
+        (
+            "args that do not validate name the field",
+            "profiles:\n- schedulerName: a\n- schedulerName: b\n  pluginConfig:\n  - name: NodePorts\n    args: {limit: 11}\n",
+            Err("profiles[1].pluginConfig[0].args.limit: Invalid value: 11: not in valid range [0, 10]"),
+        ),
+        (
+            "args of another kind",
+            "profiles:\n- pluginConfig:\n  - name: NodePorts\n    args: {kind: NodeAffinityArgs}\n",
+            Err("profiles[0].pluginConfig[0].args.kind: Invalid value: \"NodeAffinityArgs\""),
+        ),
+        (
+            "args for a plugin without args are ignored, as upstream",
+            "profiles:\n- pluginConfig:\n  - name: NodeName\n    args: {anything: 1}\n  - name: NodePorts\n    args: {kind: NodePortsArgs, apiVersion: kubescheduler.config.k8s.io/v1, limit: 3}\n",
+            Ok(vec![
+                "default-scheduler: filter=NodeUnschedulable,NodeName,TaintToleration,NodeAffinity,NodePorts score=TaintToleration:3,NodeAffinity:2,ImageLocality:1",
+            ]),
         ),
         (
             "pluginConfig for an unknown plugin",
@@ -226,4 +264,173 @@ fn client_connection_limits_the_client_and_bad_values_are_named() {
     assert!(e.contains("clientConnection.qps"), "{e}");
     let e = limit("clientConnection:\n  qps: 5\n  burst: -3\n").unwrap_err();
     assert!(e.contains("clientConnection.burst"), "{e}");
+}
+
+/// The built-in registry with a binder that needs no API client.
+fn builtin() -> Registry {
+    let mut r = Registry::builtin();
+    r.register("DefaultBinder", |_| {
+        Ok(Built::new("DefaultBinder").bind(Arc::new(Fake("DefaultBinder"))))
+    });
+    r
+}
+
+#[test]
+fn builtin_plugin_args_are_typed_and_validated_naming_the_field() {
+    let with_args = |name: &str, args: &str| -> Result<(), String> {
+        let yaml = format!("profiles:\n- pluginConfig:\n  - name: {name}\n    args: {args}\n");
+        build(&parse(&yaml)?, &builtin(), &BuildContext::default()).map(|_| ())
+    };
+    let good = [
+        ("NodeResourcesFit", "null"),
+        (
+            "NodeResourcesFit",
+            "{kind: NodeResourcesFitArgs, apiVersion: kubescheduler.config.k8s.io/v1, ignoredResources: [example.com/foo], ignoredResourceGroups: [example.com], scoringStrategy: {type: RequestedToCapacityRatio, resources: [{name: cpu}], requestedToCapacityRatio: {shape: [{utilization: 0, score: 0}, {utilization: 100, score: 10}]}}}",
+        ),
+        ("NodeResourcesFit", "{scoringStrategy: {type: MostAllocated}}"),
+        (
+            "NodeResourcesBalancedAllocation",
+            "{resources: [{name: cpu, weight: 1}, {name: example.com/gpu}]}",
+        ),
+        (
+            "PodTopologySpread",
+            "{defaultingType: List, defaultConstraints: [{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}]}",
+        ),
+        ("PodTopologySpread", "{defaultingType: ''}"),
+        (
+            "InterPodAffinity",
+            "{hardPodAffinityWeight: 0, ignorePreferredTermsOfExistingPods: true}",
+        ),
+        (
+            "NodeAffinity",
+            "{addedAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: zone, operator: In, values: [a]}]}]}}}",
+        ),
+        (
+            "DefaultPreemption",
+            "{minCandidateNodesPercentage: 0, minCandidateNodesAbsolute: 5}",
+        ),
+        ("VolumeBinding", "{bindTimeoutSeconds: 30}"),
+    ];
+    for (name, args) in good {
+        if let Err(e) = with_args(name, args) {
+            panic!("{name} {args}: {e}");
+        }
+    }
+    let at = "profiles[0].pluginConfig[0].args";
+    let bad = [
+        (
+            "NodeResourcesFit",
+            "{scoringStrategy: {type: Random}}",
+            format!("{at}.scoringStrategy.type: unknown variant `Random`, expected one of `LeastAllocated`, `MostAllocated`, `RequestedToCapacityRatio`"),
+        ),
+        (
+            "NodeResourcesFit",
+            "{scoringStrategy: {resources: [{name: cpu}]}}",
+            format!("{at}.scoringStrategy.type: Unsupported value: \"\": supported values: \"LeastAllocated\", \"MostAllocated\", \"RequestedToCapacityRatio\""),
+        ),
+        (
+            "NodeResourcesFit",
+            "{scoringStrategy: {type: MostAllocated, requestedToCapacityRatio: {shape: [{utilization: 0, score: 1}]}}}",
+            format!("{at}.scoringStrategy.requestedToCapacityRatio: Forbidden: must be nil when type is not RequestedToCapacityRatio"),
+        ),
+        (
+            "NodeResourcesFit",
+            "{scoringStrategy: {type: RequestedToCapacityRatio}}",
+            format!("{at}.scoringStrategy.requestedToCapacityRatio: Required value"),
+        ),
+        (
+            "NodeResourcesFit",
+            "{scoringStrategy: {type: MostAllocated, resources: [{name: cpu, weight: 101}]}}",
+            format!("{at}.scoringStrategy.resources[0].weight: Invalid value: 101: resource weight of cpu not in valid range (0, 100]"),
+        ),
+        (
+            "NodeResourcesFit",
+            "{scoringStrategy: {type: MostAllocated, resources: [{name: cpu, wieght: 1}]}}",
+            format!("{at}.scoringStrategy.resources[0].wieght: unknown field `wieght`"),
+        ),
+        (
+            "NodeResourcesFit",
+            "{ignoredResourceGroups: [example.com/x]}",
+            format!("{at}.ignoredResourceGroups[0]: Invalid value: \"example.com/x\": resource group name can't contain '/'"),
+        ),
+        (
+            "NodeResourcesBalancedAllocation",
+            "{resources: [{name: cpu, weight: 2}, {name: cpu}]}",
+            format!("{at}.resources[0].weight: Invalid value: 2: must be 1; {at}.resources[1].name: Duplicate value: \"cpu\""),
+        ),
+        (
+            "PodTopologySpread",
+            "{defaultingType: Sometimes}",
+            format!("{at}.defaultingType: unknown variant `Sometimes`"),
+        ),
+        (
+            "PodTopologySpread",
+            "{defaultConstraints: [{maxSkew: 1, topologyKey: zone, whenUnsatisfiable: ScheduleAnyway}]}",
+            format!("{at}.defaultingType: Invalid value: \"System\": when .defaultConstraints are not empty"),
+        ),
+        (
+            "PodTopologySpread",
+            "{defaultingType: List, defaultConstraints: [{maxSkew: 0, topologyKey: zone, whenUnsatisfiable: Never}]}",
+            format!("{at}.defaultConstraints[0].maxSkew: Invalid value: 0: not in valid range (0, inf); {at}.defaultConstraints[0].whenUnsatisfiable: Unsupported value: \"Never\""),
+        ),
+        (
+            "PodTopologySpread",
+            "{defaultingType: List, defaultConstraints: [{maxSkew: 1, topologyKey: 'a b', whenUnsatisfiable: DoNotSchedule}, {maxSkew: 2, topologyKey: 'a b', whenUnsatisfiable: DoNotSchedule}]}",
+            format!("{at}.defaultConstraints[0].topologyKey: Invalid value: \"a b\""),
+        ),
+        (
+            "PodTopologySpread",
+            "{defaultingType: List, defaultConstraints: [{maxSkew: 1, topologyKey: zone, whenUnsatisfiable: DoNotSchedule}, {maxSkew: 2, topologyKey: zone, whenUnsatisfiable: DoNotSchedule, labelSelector: {}}]}",
+            format!("{at}.defaultConstraints[1].labelSelector: Forbidden: constraint must not define a selector, as they deduced for each pod; {at}.defaultConstraints[1]: Duplicate value: \"{{zone, DoNotSchedule}}\""),
+        ),
+        (
+            "InterPodAffinity",
+            "{hardPodAffinityWeight: 101}",
+            format!("{at}.hardPodAffinityWeight: Invalid value: 101: not in valid range [0, 100]"),
+        ),
+        (
+            "InterPodAffinity",
+            "weight",
+            format!("{at}: must be an object (InterPodAffinityArgs), not \"weight\""),
+        ),
+        (
+            "NodeAffinity",
+            "{addedAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: zone, operator: Bad}]}]}}}",
+            format!("{at}.addedAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator"),
+        ),
+        (
+            "DefaultPreemption",
+            "{minCandidateNodesPercentage: 0, minCandidateNodesAbsolute: 0}",
+            format!("{at}.minCandidateNodesPercentage: Invalid value: 0: cannot be zero at the same time as minCandidateNodesAbsolute; {at}.minCandidateNodesAbsolute: Invalid value: 0: cannot be zero at the same time as minCandidateNodesPercentage"),
+        ),
+        (
+            "DefaultPreemption",
+            "{minCandidateNodesPercentage: ten}",
+            format!("{at}.minCandidateNodesPercentage: invalid type: string \"ten\", expected i32"),
+        ),
+        (
+            "DefaultPreemption",
+            "{kind: InterPodAffinityArgs}",
+            format!("{at}.kind: Invalid value: \"InterPodAffinityArgs\": args for this plugin are DefaultPreemptionArgs"),
+        ),
+        (
+            "VolumeBinding",
+            "{bindTimeoutSeconds: -1}",
+            format!("{at}.bindTimeoutSeconds: Invalid value: -1: invalid BindTimeoutSeconds, should not be a negative value"),
+        ),
+        (
+            "VolumeBinding",
+            "{shape: []}",
+            format!("{at}.shape: Invalid value: unexpected field `shape`, remove it or turn on the feature gate StorageCapacityScoring"),
+        ),
+    ];
+    for (name, args, want) in bad {
+        match with_args(name, args) {
+            Ok(()) => panic!("{name} {args}: built, want {want}"),
+            Err(e) => assert!(
+                e.starts_with(&want),
+                "{name} {args}:\n got {e}\nwant {want}"
+            ),
+        }
+    }
 }

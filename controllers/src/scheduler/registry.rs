@@ -12,6 +12,10 @@
 //! replaced by [`UnsupportedGuard`] (Pods with claims are unresolvable, with a message saying so);
 //! VolumeZone and NodeVolumeLimits are dropped. Naming any of them in a profile is a config error.
 //!
+//! A plugin with args is registered with its typed args ([`Registry::register_with_args`]):
+//! the registry decodes, defaults and validates them ([`plugin_args`]) before the plugin's
+//! constructor sees them, so a new plugin with args adds one [`PluginArgs`] type and one row.
+//!
 //! Owns construction only; no API calls except the DefaultBinder's client, passed in.
 
 use std::collections::BTreeMap;
@@ -24,6 +28,7 @@ use super::framework::{
     PostFilterPlugin, PreBindPlugin, PreEnqueuePlugin, PreFilterPlugin, PreScorePlugin,
     QueueSortPlugin, ReservePlugin, ScorePlugin, StaticObjects,
 };
+use super::plugin_args::{self, PluginArgs, VolumeBindingArgs};
 use super::plugins;
 use super::plugins::unsupported_volumes::{Unsupported, UnsupportedGuard};
 
@@ -208,9 +213,19 @@ impl Default for BuildContext {
     }
 }
 
-/// A plugin constructor: args (the `pluginConfig` entry's `args`, without apiVersion / kind).
+/// A plugin constructor: the `pluginConfig` entry's `args` (None: no entry), where they are in
+/// the file (for errors naming the field), and the context.
 pub type Constructor =
-    Arc<dyn Fn(Option<&Value>, &BuildContext) -> Result<Built, String> + Send + Sync>;
+    Arc<dyn Fn(Option<&Value>, &str, &BuildContext) -> Result<Built, BuildError> + Send + Sync>;
+
+/// Why a plugin was not built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildError {
+    /// Its args do not decode or validate; each error names its field from the file's root.
+    Args(String),
+    /// Anything else (DefaultBinder without an API client).
+    Plugin(String),
+}
 
 /// Plugin names to constructors.
 #[derive(Clone, Default)]
@@ -258,13 +273,33 @@ impl Registry {
         Registry::default()
     }
 
-    /// Adds or replaces a constructor.
+    /// Adds or replaces a plugin that takes no args. Args given for it in `pluginConfig` are
+    /// ignored, as upstream decodes args only for the kinds it has (and its plugins ignore them).
     pub fn register(
         &mut self,
         name: &'static str,
-        ctor: impl Fn(Option<&Value>, &BuildContext) -> Result<Built, String> + Send + Sync + 'static,
+        ctor: impl Fn(&BuildContext) -> Result<Built, String> + Send + Sync + 'static,
     ) {
-        self.map.insert(name, Arc::new(ctor));
+        self.map.insert(
+            name,
+            Arc::new(move |_, _, ctx| ctor(ctx).map_err(BuildError::Plugin)),
+        );
+    }
+
+    /// Adds or replaces a plugin with typed args: they are decoded, defaulted and validated
+    /// ([`plugin_args::decode`]) before `ctor` sees them.
+    pub fn register_with_args<A: PluginArgs + 'static>(
+        &mut self,
+        name: &'static str,
+        ctor: impl Fn(A, &BuildContext) -> Result<Built, String> + Send + Sync + 'static,
+    ) {
+        self.map.insert(
+            name,
+            Arc::new(move |args, path, ctx| {
+                let args = plugin_args::decode::<A>(args, path).map_err(BuildError::Args)?;
+                ctor(args, ctx).map_err(BuildError::Plugin)
+            }),
+        );
     }
 
     pub fn get(&self, name: &str) -> Option<&Constructor> {
@@ -278,103 +313,94 @@ impl Registry {
     /// Every plugin this scheduler builds.
     pub fn builtin() -> Registry {
         let mut r = Registry::new();
-        r.register(plugins::priority_sort::NAME, |args, _| {
-            built!(
-                plugins::priority_sort::PrioritySort::new(args)?,
-                [queue_sort]
-            )
+        r.register(plugins::priority_sort::NAME, |_| {
+            built!(plugins::priority_sort::PrioritySort::new(), [queue_sort])
         });
-        r.register(plugins::scheduling_gates::NAME, |args, _| {
+        r.register(plugins::scheduling_gates::NAME, |_| {
             built!(
-                plugins::scheduling_gates::SchedulingGates::new(args)?,
+                plugins::scheduling_gates::SchedulingGates::new(),
                 [pre_enqueue]
             )
         });
-        r.register(plugins::default_binder::NAME, |args, ctx| {
+        r.register(plugins::default_binder::NAME, |ctx| {
             let client = ctx
                 .client
                 .clone()
                 .ok_or("DefaultBinder needs an API client")?;
-            built!(
-                plugins::default_binder::DefaultBinder::new(args, client)?,
-                [bind]
-            )
+            built!(plugins::default_binder::DefaultBinder::new(client), [bind])
         });
-        r.register("VolumeBinding", |_, _| {
+        r.register_with_args("VolumeBinding", |_: VolumeBindingArgs, _| {
             built!(UnsupportedGuard::new(Unsupported::Claims), [pre_filter])
         });
-        r.register("DynamicResources", |_, _| {
+        r.register("DynamicResources", |_| {
             built!(
                 UnsupportedGuard::new(Unsupported::ResourceClaims),
                 [pre_filter, post_filter]
             )
         });
-        r.register(plugins::node_unschedulable::NAME, |args, _| {
+        r.register(plugins::node_unschedulable::NAME, |_| {
             built!(
-                plugins::node_unschedulable::NodeUnschedulable::new(args)?,
+                plugins::node_unschedulable::NodeUnschedulable::new(),
                 [filter]
             )
         });
-        r.register(plugins::node_name::NAME, |args, _| {
-            built!(plugins::node_name::NodeName::new(args)?, [filter])
+        r.register(plugins::node_name::NAME, |_| {
+            built!(plugins::node_name::NodeName::new(), [filter])
         });
-        r.register(plugins::taint_toleration::NAME, |args, _| {
+        r.register(plugins::taint_toleration::NAME, |_| {
             built!(
-                plugins::taint_toleration::TaintToleration::new(args)?,
+                plugins::taint_toleration::TaintToleration::new(),
                 [filter, pre_score, score]
             )
         });
-        r.register(plugins::node_affinity::NAME, |args, _| {
+        r.register_with_args(plugins::node_affinity::NAME, |args, _| {
             built!(
-                plugins::node_affinity::NodeAffinity::new(args)?,
+                plugins::node_affinity::NodeAffinity::new(&args)?,
                 [pre_filter, filter, pre_score, score]
             )
         });
-        r.register(plugins::node_ports::NAME, |args, _| {
-            built!(
-                plugins::node_ports::NodePorts::new(args)?,
-                [pre_filter, filter]
-            )
+        r.register(plugins::node_ports::NAME, |_| {
+            built!(plugins::node_ports::NodePorts::new(), [pre_filter, filter])
         });
-        r.register(plugins::pod_topology_spread::NAME, |args, ctx| {
+        r.register_with_args(plugins::pod_topology_spread::NAME, |args, ctx| {
             built!(
-                plugins::pod_topology_spread::PodTopologySpread::new(args, ctx.objects.clone())?,
+                plugins::pod_topology_spread::PodTopologySpread::new(args, ctx.objects.clone()),
                 [pre_filter, filter, pre_score, score]
             )
         });
-        r.register(plugins::default_preemption::NAME, |args, ctx| {
+        r.register_with_args(plugins::default_preemption::NAME, |args, ctx| {
             built!(
-                plugins::default_preemption::DefaultPreemption::new(args, ctx.objects.clone())?,
+                plugins::default_preemption::DefaultPreemption::new(args, ctx.objects.clone()),
                 [post_filter]
             )
         });
-        r.register(plugins::node_resources_fit::NAME, |args, _| {
+        r.register_with_args(plugins::node_resources_fit::NAME, |args, _| {
             built!(
-                plugins::node_resources_fit::NodeResourcesFit::new(args)?,
+                plugins::node_resources_fit::NodeResourcesFit::new(&args),
                 [pre_filter, filter, pre_score, score]
             )
         });
-        r.register(plugins::balanced_allocation::NAME, |args, _| {
+        r.register_with_args(plugins::balanced_allocation::NAME, |args, _| {
             built!(
-                plugins::balanced_allocation::BalancedAllocation::new(args)?,
+                plugins::balanced_allocation::BalancedAllocation::new(&args),
                 [pre_score, score]
             )
         });
-        r.register(plugins::image_locality::NAME, |args, _| {
+        r.register(plugins::image_locality::NAME, |_| {
             built!(
-                plugins::image_locality::ImageLocality::new(args)?,
+                plugins::image_locality::ImageLocality::new(),
                 [pre_score, score]
             )
         });
-        r.register(plugins::volume_restrictions::NAME, |args, _| {
+        r.register(plugins::volume_restrictions::NAME, |_| {
             built!(
-                plugins::volume_restrictions::VolumeRestrictions::new(args)?,
+                plugins::volume_restrictions::VolumeRestrictions::new(),
                 [pre_filter, filter]
             )
         });
-        r.register(plugins::inter_pod_affinity::NAME, |args, ctx| {
+        r.register_with_args(plugins::inter_pod_affinity::NAME, |args, _| {
             built!(
-                plugins::inter_pod_affinity::InterPodAffinity::new(args, ctx.objects.clone())?,
+                plugins::inter_pod_affinity::InterPodAffinity::new(args),
                 [pre_filter, filter, pre_score, score]
             )
         });
@@ -419,7 +445,7 @@ mod tests {
         }
         let mut r = Registry::builtin();
         // No API client in a unit test: a binder of the same name.
-        r.register("DefaultBinder", |_, _| {
+        r.register("DefaultBinder", |_| {
             Ok(Built::new("DefaultBinder").bind(Arc::new(Binder)))
         });
         let fw = super::super::config::build_profile(

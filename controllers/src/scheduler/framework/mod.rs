@@ -2,11 +2,12 @@
 //! per-cycle plugin data ([`CycleState`]), the extension points as traits, and the node view the
 //! plugins read ([`NodeInfo`], [`Snapshot`], in [`types`]).
 //!
-//! Owns only types and traits. Running plugins in order, in parallel over nodes, and every API
-//! call (binding, conditions, events, victims) belong to the scheduler's runtime, never to a
-//! plugin: every trait here except [`BindPlugin`] / [`PreBindPlugin`] / [`PostBindPlugin`] is
-//! synchronous and pure over its arguments.
+//! Owns only types and traits; running a profile's plugins in order and in parallel over nodes
+//! is [`runtime`]'s (upstream's framework/runtime). Every API call (binding, conditions, events,
+//! victims) belongs to the scheduler, never to a plugin: every trait here except [`BindPlugin`] /
+//! [`PreBindPlugin`] / [`PostBindPlugin`] is synchronous and pure over its arguments.
 
+pub mod runtime;
 pub mod types;
 
 use std::any::Any;

@@ -4,22 +4,19 @@
 //! `noderesources` BalancedAllocation: plain requests (no non-zero defaults), best-effort Pods
 //! skipped in PreScore. Reads only the node's sums.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::helper::{args_field, args_object};
-use super::node_resources_fit::{default_resources, ResourceAllocationScorer, ResourceSpecArgs};
+use super::node_resources_fit::ResourceAllocationScorer;
 use crate::scheduler::framework::{
     CycleState, NodeInfo, Plugin, PreScorePlugin, ScorePlugin, Snapshot, Status, MAX_NODE_SCORE,
 };
+use crate::scheduler::plugin_args::NodeResourcesBalancedAllocationArgs;
 
 pub const NAME: &str = "NodeResourcesBalancedAllocation";
 
 const PRE_SCORE_STATE_KEY: &str = "PreScoreNodeResourcesBalancedAllocation";
-
-const ARGS_KIND: &str = "NodeResourcesBalancedAllocationArgs";
 
 /// The plugin with its parsed NodeResourcesBalancedAllocationArgs.
 #[derive(Debug, Clone)]
@@ -32,41 +29,11 @@ pub struct BalancedAllocation {
 struct PreScoreState(Arc<[i64]>);
 
 impl BalancedAllocation {
-    /// From NodeResourcesBalancedAllocationArgs `{resources: [{name, weight}]}` (default cpu and
-    /// memory; weight 0 or absent means 1, any other weight than 1 and duplicate names are
-    /// errors naming the field, as upstream validates).
-    pub fn new(args: Option<&serde_json::Value>) -> Result<Self, String> {
-        let obj = args_object(args, ARGS_KIND, &["resources"])?;
-        let mut resources: Vec<ResourceSpecArgs> =
-            args_field(obj, ARGS_KIND, "resources")?.unwrap_or_default();
-        if resources.is_empty() {
-            resources = default_resources();
+    /// From validated NodeResourcesBalancedAllocationArgs (the resources, each weight 1).
+    pub fn new(args: &NodeResourcesBalancedAllocationArgs) -> Self {
+        BalancedAllocation {
+            scorer: ResourceAllocationScorer::new(&args.resources, true),
         }
-        let mut errs = Vec::new();
-        let mut seen = BTreeSet::new();
-        for (i, r) in resources.iter_mut().enumerate() {
-            if r.weight == 0 {
-                r.weight = 1;
-            }
-            if !seen.insert(r.name.clone()) {
-                errs.push(format!(
-                    "{ARGS_KIND}.resources[{i}].name: Duplicate value: {:?}",
-                    r.name
-                ));
-            }
-            if r.weight != 1 {
-                errs.push(format!(
-                    "{ARGS_KIND}.resources[{i}].weight: Invalid value: {}: must be 1",
-                    r.weight
-                ));
-            }
-        }
-        if !errs.is_empty() {
-            return Err(errs.join("; "));
-        }
-        Ok(BalancedAllocation {
-            scorer: ResourceAllocationScorer::new(&resources, true),
-        })
     }
 
     /// `balancedResourceScorer`, over the resources the node has, without allocating.
@@ -148,8 +115,11 @@ impl ScorePlugin for BalancedAllocation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::plugin_args::{decode, valid, PluginArgs};
     use crate::scheduler::plugins::helper::test_util::*;
     use serde_json::{json, Value};
+
+    const KIND: &str = NodeResourcesBalancedAllocationArgs::KIND;
 
     /// upstream's `makeNode(name, milliCPU, memory, extended)`.
     fn make_node(
@@ -285,7 +255,7 @@ mod tests {
             ),
         ];
         for (name, args, p, nodes, want) in cases {
-            let pl = BalancedAllocation::new(args.as_ref()).unwrap();
+            let pl = BalancedAllocation::new(&valid(args.as_ref()));
             let snap = snapshot(nodes);
             assert_eq!(run_score(Some(&pl), &pl, &p, &snap), want, "{name}");
             let without = run_score(None, &pl, &p, &snap);
@@ -311,16 +281,14 @@ mod tests {
             (
                 "unknown resource field",
                 json!({"resources": [{"name": "cpu", "wieght": 1}]}),
-                "NodeResourcesBalancedAllocationArgs.resources: unknown field `wieght`",
+                "NodeResourcesBalancedAllocationArgs.resources[0].wieght: unknown field `wieght`",
             ),
         ];
         for (name, args, want) in cases {
-            let err = BalancedAllocation::new(Some(&args)).unwrap_err();
+            let err = decode::<NodeResourcesBalancedAllocationArgs>(Some(&args), KIND).unwrap_err();
             assert!(err.starts_with(want), "{name}: {err}");
         }
-        assert!(BalancedAllocation::new(Some(
-            &json!({"resources": [{"name": "cpu"}, {"name": "memory", "weight": 1}]})
-        ))
-        .is_ok());
+        let ok = json!({"resources": [{"name": "cpu"}, {"name": "memory", "weight": 1}]});
+        assert!(decode::<NodeResourcesBalancedAllocationArgs>(Some(&ok), KIND).is_ok());
     }
 }

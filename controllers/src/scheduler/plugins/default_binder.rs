@@ -20,8 +20,8 @@ pub struct DefaultBinder {
 
 impl DefaultBinder {
     /// DefaultBinder takes no args.
-    pub fn new(_args: Option<&serde_json::Value>, client: Client) -> Result<Self, String> {
-        Ok(DefaultBinder { client })
+    pub fn new(client: Client) -> Self {
+        DefaultBinder { client }
     }
 }
 

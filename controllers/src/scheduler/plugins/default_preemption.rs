@@ -29,6 +29,7 @@ use crate::scheduler::framework::{
     ClusterObjects, Code, CycleState, FilterRunner, NodeInfo, Plugin, PodInfo, PostFilterPlugin,
     PostFilterResult, Snapshot, Status,
 };
+use crate::scheduler::plugin_args::DefaultPreemptionArgs;
 
 /// The plugin's name in configurations and reasons.
 pub const NAME: &str = "DefaultPreemption";
@@ -37,68 +38,6 @@ pub const NAME: &str = "DefaultPreemption";
 pub const NO_VICTIMS: &str = "No preemption victims found for incoming pod";
 /// The status of the nodes preemption did not consider.
 pub const NOT_HELPFUL: &str = "Preemption is not helpful for scheduling";
-
-/// DefaultPreemptionArgs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DefaultPreemptionArgs {
-    /// Candidates to find, as a percentage of the nodes considered (0..=100, default 10).
-    pub min_candidate_nodes_percentage: i32,
-    /// At least this many candidates (>= 0, default 100).
-    pub min_candidate_nodes_absolute: i32,
-}
-
-impl Default for DefaultPreemptionArgs {
-    fn default() -> Self {
-        DefaultPreemptionArgs {
-            min_candidate_nodes_percentage: 10,
-            min_candidate_nodes_absolute: 100,
-        }
-    }
-}
-
-impl DefaultPreemptionArgs {
-    /// Decodes and validates the v1 args object (`ValidateDefaultPreemptionArgs`).
-    pub fn from_value(args: Option<&serde_json::Value>) -> Result<Self, String> {
-        let mut out = DefaultPreemptionArgs::default();
-        let Some(args) = args else {
-            return Ok(out);
-        };
-        let obj = args
-            .as_object()
-            .ok_or_else(|| "DefaultPreemptionArgs: must be an object".to_string())?;
-        let int = |k: &str, v: &serde_json::Value| {
-            v.as_i64()
-                .and_then(|n| i32::try_from(n).ok())
-                .ok_or_else(|| format!("{k}: Invalid value: {v}: must be an integer"))
-        };
-        for (k, v) in obj {
-            match k.as_str() {
-                "apiVersion" | "kind" => {}
-                "minCandidateNodesPercentage" => out.min_candidate_nodes_percentage = int(k, v)?,
-                "minCandidateNodesAbsolute" => out.min_candidate_nodes_absolute = int(k, v)?,
-                other => return Err(format!("DefaultPreemptionArgs: unknown field {other:?}")),
-            }
-        }
-        let (p, a) = (
-            out.min_candidate_nodes_percentage,
-            out.min_candidate_nodes_absolute,
-        );
-        if !(0..=100).contains(&p) {
-            return Err(format!(
-                "minCandidateNodesPercentage: Invalid value: {p}: not in valid range [0, 100]"
-            ));
-        }
-        if a < 0 {
-            return Err(format!(
-                "minCandidateNodesAbsolute: Invalid value: {a}: not in valid range [0, inf)"
-            ));
-        }
-        if p == 0 && a == 0 {
-            return Err("minCandidateNodesPercentage: Invalid value: 0: cannot be zero at the same time as minCandidateNodesAbsolute".to_string());
-        }
-        Ok(out)
-    }
-}
 
 /// Picks the dry run's starting offset in `0..n` (`rand.Int31n`).
 pub type OffsetSource = Box<dyn Fn(usize) -> usize + Send + Sync>;
@@ -111,17 +50,13 @@ pub struct DefaultPreemption {
 }
 
 impl DefaultPreemption {
-    /// Builds the plugin from its v1 args (defaults when None); `objects` provides the
-    /// PodDisruptionBudgets.
-    pub fn new(
-        args: Option<&serde_json::Value>,
-        objects: Arc<dyn ClusterObjects>,
-    ) -> Result<Self, String> {
-        Ok(DefaultPreemption {
-            args: DefaultPreemptionArgs::from_value(args)?,
+    /// Builds the plugin from its validated args; `objects` provides the PodDisruptionBudgets.
+    pub fn new(args: DefaultPreemptionArgs, objects: Arc<dyn ClusterObjects>) -> Self {
+        DefaultPreemption {
+            args,
             objects,
             offset: Box::new(|n| rand::thread_rng().gen_range(0..n)),
-        })
+        }
     }
 
     /// Replaces the random starting offset of the candidate search (tests).

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::scheduler::framework::{FilterPlugin, PreFilterPlugin, StaticObjects};
+use crate::scheduler::plugin_args::{decode, valid, DefaultPreemptionArgs};
 use crate::scheduler::plugins::inter_pod_affinity::InterPodAffinity;
 
 /// A stand-in for NodeResourcesFit: CPU only.
@@ -146,9 +147,7 @@ fn plugin(pdbs: Vec<Arc<PodDisruptionBudget>>, args: Option<Value>) -> DefaultPr
         pod_disruption_budgets: pdbs,
         ..Default::default()
     };
-    DefaultPreemption::new(args.as_ref(), Arc::new(objects))
-        .unwrap()
-        .with_offset(|_| 0)
+    DefaultPreemption::new(valid(args.as_ref()), Arc::new(objects)).with_offset(|_| 0)
 }
 
 /// Every node Unschedulable ("Insufficient cpu"), as after a failed Filter.
@@ -606,7 +605,6 @@ fn number_of_candidates_follows_the_args() {
         Some(json!({"minCandidateNodesPercentage": 50, "minCandidateNodesAbsolute": 0})),
     );
     assert_eq!(pl.num_candidates(10), 5);
-    let objects: Arc<dyn ClusterObjects> = Arc::new(StaticObjects::default());
     for (args, field) in [
         (
             json!({"minCandidateNodesPercentage": 101}),
@@ -626,9 +624,7 @@ fn number_of_candidates_follows_the_args() {
         ),
         (json!({"other": 1}), "other"),
     ] {
-        let e = DefaultPreemption::new(Some(&args), objects.clone())
-            .err()
-            .unwrap();
+        let e = decode::<DefaultPreemptionArgs>(Some(&args), "args").unwrap_err();
         assert!(e.contains(field), "{args}: {e}");
     }
 }
@@ -638,7 +634,7 @@ fn preemption_simulates_victims_through_prefilter_extensions() {
     // The incoming Pod has required anti-affinity to app=x per host; node1's only app=x Pod is a
     // lower-priority victim, node2's is of higher priority. Only node1 can be helped, and only
     // because InterPodAffinity's remove_pod forgets the victim.
-    let ipa = Arc::new(InterPodAffinity::new(None, Arc::new(StaticObjects::default())).unwrap());
+    let ipa = Arc::new(InterPodAffinity::new(valid(None)));
     let runner = Runner {
         pre: vec![ipa.clone()],
         filters: vec![Arc::new(CpuFit), ipa.clone()],

@@ -32,8 +32,8 @@ pub struct ImageLocality;
 
 impl ImageLocality {
     /// The plugin has no arguments; any given are ignored, as upstream ignores them.
-    pub fn new(_args: Option<&serde_json::Value>) -> Result<Self, String> {
-        Ok(ImageLocality)
+    pub fn new() -> Self {
+        ImageLocality
     }
 }
 

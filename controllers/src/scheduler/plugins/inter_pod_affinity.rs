@@ -21,10 +21,10 @@ use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, WeightedPodAffinityTerm};
 
 use crate::helpers::selector::Selector;
 use crate::scheduler::framework::{
-    ClusterObjects, CycleState, FilterPlugin, NodeInfo, NodeScore, Plugin, PodInfo,
-    PreFilterPlugin, PreFilterResult, PreScorePlugin, ScorePlugin, Snapshot, Status,
-    MAX_NODE_SCORE,
+    CycleState, FilterPlugin, NodeInfo, NodeScore, Plugin, PodInfo, PreFilterPlugin,
+    PreFilterResult, PreScorePlugin, ScorePlugin, Snapshot, Status, MAX_NODE_SCORE,
 };
+use crate::scheduler::plugin_args::InterPodAffinityArgs;
 
 /// The plugin's name in configurations and reasons.
 pub const NAME: &str = "InterPodAffinity";
@@ -40,71 +40,8 @@ pub const ERR_REASON_ANTI_AFFINITY_RULES_NOT_MATCH: &str =
 pub const ERR_REASON_EXISTING_ANTI_AFFINITY_RULES_NOT_MATCH: &str =
     "node(s) didn't satisfy existing pods anti-affinity rules";
 
-/// `DefaultHardPodAffinityWeight`.
-pub const DEFAULT_HARD_POD_AFFINITY_WEIGHT: i32 = 1;
-const MAX_HARD_POD_AFFINITY_WEIGHT: i32 = 100;
-
 const PRE_FILTER_STATE_KEY: &str = "PreFilterInterPodAffinity";
 const PRE_SCORE_STATE_KEY: &str = "PreScoreInterPodAffinity";
-
-/// InterPodAffinityArgs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InterPodAffinityArgs {
-    /// Weight of an existing Pod's required affinity term that the incoming Pod matches, in
-    /// scoring (0..=100, default 1).
-    pub hard_pod_affinity_weight: i32,
-    /// Score only by the incoming Pod's preferred terms when it has some, and skip scoring
-    /// entirely when it has none.
-    pub ignore_preferred_terms_of_existing_pods: bool,
-}
-
-impl Default for InterPodAffinityArgs {
-    fn default() -> Self {
-        InterPodAffinityArgs {
-            hard_pod_affinity_weight: DEFAULT_HARD_POD_AFFINITY_WEIGHT,
-            ignore_preferred_terms_of_existing_pods: false,
-        }
-    }
-}
-
-impl InterPodAffinityArgs {
-    /// Decodes and validates the v1 args object (`ValidateInterPodAffinityArgs`).
-    pub fn from_value(args: Option<&serde_json::Value>) -> Result<Self, String> {
-        let mut out = InterPodAffinityArgs::default();
-        let Some(args) = args else {
-            return Ok(out);
-        };
-        let obj = args
-            .as_object()
-            .ok_or_else(|| "InterPodAffinityArgs: must be an object".to_string())?;
-        for (k, v) in obj {
-            match k.as_str() {
-                "apiVersion" | "kind" => {}
-                "hardPodAffinityWeight" => {
-                    let w = v
-                        .as_i64()
-                        .and_then(|w| i32::try_from(w).ok())
-                        .ok_or_else(|| {
-                            format!("hardPodAffinityWeight: Invalid value: {v}: must be an integer")
-                        })?;
-                    if !(0..=MAX_HARD_POD_AFFINITY_WEIGHT).contains(&w) {
-                        return Err(format!(
-                            "hardPodAffinityWeight: Invalid value: {w}: not in valid range [0, {MAX_HARD_POD_AFFINITY_WEIGHT}]"
-                        ));
-                    }
-                    out.hard_pod_affinity_weight = w;
-                }
-                "ignorePreferredTermsOfExistingPods" => {
-                    out.ignore_preferred_terms_of_existing_pods = v.as_bool().ok_or_else(|| {
-                        format!("ignorePreferredTermsOfExistingPods: Invalid value: {v}: must be a boolean")
-                    })?;
-                }
-                other => return Err(format!("InterPodAffinityArgs: unknown field {other:?}")),
-            }
-        }
-        Ok(out)
-    }
-}
 
 /// The InterPodAffinity plugin.
 pub struct InterPodAffinity {
@@ -113,16 +50,13 @@ pub struct InterPodAffinity {
 }
 
 impl InterPodAffinity {
-    /// Builds the plugin from its v1 args (defaults when None). The plugin reads no cluster
-    /// objects besides the snapshot.
-    pub fn new(
-        args: Option<&serde_json::Value>,
-        _objects: Arc<dyn ClusterObjects>,
-    ) -> Result<Self, String> {
-        Ok(InterPodAffinity {
-            args: InterPodAffinityArgs::from_value(args)?,
+    /// Builds the plugin from its validated args. The plugin reads no cluster objects besides
+    /// the snapshot.
+    pub fn new(args: InterPodAffinityArgs) -> Self {
+        InterPodAffinity {
+            args,
             terms: TermsCache::default(),
-        })
+        }
     }
 
     /// The effective args.

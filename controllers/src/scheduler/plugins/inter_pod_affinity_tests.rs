@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{json, Value};
 
 use super::*;
-use crate::scheduler::framework::{Code, StaticObjects};
+use crate::scheduler::framework::Code;
+use crate::scheduler::plugin_args::{decode, valid};
 
 fn node(name: &str, labels: Value) -> NodeInfo {
     let n: Node =
@@ -53,7 +54,7 @@ fn snapshot(nodes: Vec<NodeInfo>, pods: &[Value], ns_labels: &[(&str, Value)]) -
 }
 
 fn plugin(args: Option<Value>) -> InterPodAffinity {
-    InterPodAffinity::new(args.as_ref(), Arc::new(StaticObjects::default())).unwrap()
+    InterPodAffinity::new(valid(args.as_ref()))
 }
 
 fn term(key: &str, op: &str, values: &[&str], topology: &str) -> Value {
@@ -783,32 +784,27 @@ fn score_namespace_selector_symmetry_and_args() {
 
 #[test]
 fn args_are_validated_naming_the_field() {
-    let objects: Arc<dyn ClusterObjects> = Arc::new(StaticObjects::default());
     for (args, err) in [
         (
             json!({"hardPodAffinityWeight": 101}),
-            "hardPodAffinityWeight",
+            "args.hardPodAffinityWeight: Invalid value: 101: not in valid range [0, 100]",
         ),
         (
             json!({"hardPodAffinityWeight": -1}),
-            "hardPodAffinityWeight",
+            "args.hardPodAffinityWeight: Invalid value: -1",
         ),
         (
             json!({"ignorePreferredTermsOfExistingPods": "yes"}),
-            "ignorePreferredTermsOfExistingPods",
+            "args.ignorePreferredTermsOfExistingPods: invalid type",
         ),
-        (json!({"bogus": 1}), "bogus"),
+        (json!({"bogus": 1}), "args.bogus: unknown field"),
     ] {
-        let e = InterPodAffinity::new(Some(&args), objects.clone())
-            .err()
-            .unwrap();
-        assert!(e.contains(err), "{args}: {e}");
+        let e = decode::<InterPodAffinityArgs>(Some(&args), "args").unwrap_err();
+        assert!(e.starts_with(err), "{args}: {e}");
     }
-    let pl = InterPodAffinity::new(
-        Some(&json!({"kind": "InterPodAffinityArgs", "apiVersion": "kubescheduler.config.k8s.io/v1", "hardPodAffinityWeight": 7})),
-        objects,
-    )
-    .unwrap();
+    let pl = plugin(Some(
+        json!({"kind": "InterPodAffinityArgs", "apiVersion": "kubescheduler.config.k8s.io/v1", "hardPodAffinityWeight": 7}),
+    ));
     assert_eq!(pl.args().hard_pod_affinity_weight, 7);
     assert_eq!(plugin(None).args(), &InterPodAffinityArgs::default());
 }

@@ -7,17 +7,18 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{NodeAffinity as ApiNodeAffinity, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
-use super::helper::{
-    args_field, args_object, default_normalize_score, node_matches_pod, pod_node_affinity,
-    required_node_selector, AffinityMismatch, NodeSelector, PreferredSchedulingTerms,
-    RequiredNodeAffinity, OBJECT_NAME_FIELD,
+use super::helper::default_normalize_score;
+use crate::helpers::nodeaffinity::{
+    node_matches_pod, pod_node_affinity, required_node_selector, AffinityMismatch, NodeSelector,
+    PreferredSchedulingTerms, RequiredNodeAffinity, OBJECT_NAME_FIELD,
 };
 use crate::scheduler::framework::{
     CycleState, FilterPlugin, NodeInfo, NodeScore, Plugin, PreFilterPlugin, PreFilterResult,
     PreScorePlugin, ScorePlugin, Snapshot, Status, MAX_NODE_SCORE,
 };
+use crate::scheduler::plugin_args::NodeAffinityArgs;
 
 pub const NAME: &str = "NodeAffinity";
 
@@ -31,8 +32,6 @@ pub const ERR_REASON_ENFORCED: &str = "node(s) didn't match scheduler-enforced n
 /// PreFilter: the Pod's `metadata.name` terms leave no node.
 pub const ERR_REASON_CONFLICT: &str = "pod affinity terms conflict";
 
-const ARGS_KIND: &str = "NodeAffinityArgs";
-
 /// The plugin with its parsed NodeAffinityArgs.
 #[derive(Debug, Default)]
 pub struct NodeAffinity {
@@ -43,14 +42,14 @@ pub struct NodeAffinity {
 }
 
 impl NodeAffinity {
-    /// From NodeAffinityArgs `{addedAffinity: NodeAffinity}`; `None` is no added affinity. An
-    /// added affinity that does not parse is an error naming the field.
-    pub fn new(args: Option<&serde_json::Value>) -> Result<Self, String> {
-        let obj = args_object(args, ARGS_KIND, &["addedAffinity"])?;
-        let Some(added) = args_field::<ApiNodeAffinity>(obj, ARGS_KIND, "addedAffinity")? else {
-            return Ok(NodeAffinity::default());
-        };
+    /// From validated NodeAffinityArgs (`addedAffinity`: None is no added affinity); parsing
+    /// cannot fail once [`NodeAffinityArgs::validate`](crate::scheduler::plugin_args::PluginArgs)
+    /// passed, and names the field if it does.
+    pub fn new(args: &NodeAffinityArgs) -> Result<Self, String> {
         let mut pl = NodeAffinity::default();
+        let Some(added) = &args.added_affinity else {
+            return Ok(pl);
+        };
         if let Some(ns) = &added.required_during_scheduling_ignored_during_execution {
             let path =
                 "NodeAffinityArgs.addedAffinity.requiredDuringSchedulingIgnoredDuringExecution";

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::scheduler::framework::Code;
+use crate::scheduler::plugin_args::{decode, valid};
 use crate::scheduler::plugins::helper::test_util::*;
 use serde_json::{json, Value};
 
@@ -253,7 +254,7 @@ fn prefilter_and_filter_per_node() {
         },
     ];
     for c in cases {
-        let pl = NodeAffinity::new(c.args.as_ref()).unwrap();
+        let pl = NodeAffinity::new(&valid(c.args.as_ref())).unwrap();
         let p = pod(c.pod);
         let snap = nodes(&c.nodes);
         let mut state = CycleState::new();
@@ -374,7 +375,7 @@ fn score_per_node() {
         ),
     ];
     for (name, p, args, list, want) in cases {
-        let pl = NodeAffinity::new(args.as_ref()).unwrap();
+        let pl = NodeAffinity::new(&valid(args.as_ref())).unwrap();
         let p = pod(p);
         let snap = nodes(&list);
         assert_eq!(run_score(Some(&pl), &pl, &p, &snap), want, "{name}");
@@ -395,7 +396,7 @@ fn prescore_errors_on_a_broken_preferred_term() {
         json!({"spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 2, "preference": {"matchExpressions": [{"key": "invalid key", "operator": "In", "values": ["bar"]}]}}]}}}}),
     );
-    let pl = NodeAffinity::new(None).unwrap();
+    let pl = NodeAffinity::default();
     let status = pl.pre_score(&mut CycleState::new(), &p, &[], &Snapshot::default());
     assert_eq!(status.code, Code::Error);
     assert!(
@@ -424,7 +425,7 @@ fn args_errors_name_the_field() {
                 {"weight": 1, "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]}}]}}),
             "NodeAffinityArgs.addedAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference.matchFields[0].values",
         ),
-        ("not an object", json!([]), "NodeAffinityArgs: must be an object"),
+        ("not an object", json!([]), "NodeAffinityArgs: must be an object (NodeAffinityArgs), not []"),
         (
             "addedAffinity of the wrong type",
             json!({"addedAffinity": 3}),
@@ -432,12 +433,10 @@ fn args_errors_name_the_field() {
         ),
     ];
     for (name, args, want) in cases {
-        let err = NodeAffinity::new(Some(&args)).unwrap_err();
+        let err = decode::<NodeAffinityArgs>(Some(&args), "NodeAffinityArgs").unwrap_err();
         assert!(err.starts_with(want), "{name}: {err}");
     }
-    assert!(NodeAffinity::new(Some(
-        &json!({"kind": "NodeAffinityArgs", "apiVersion": "kubescheduler.config.k8s.io/v1"})
-    ))
-    .is_ok());
-    assert!(NodeAffinity::new(Some(&Value::Null)).is_ok());
+    let ok = json!({"kind": "NodeAffinityArgs", "apiVersion": "kubescheduler.config.k8s.io/v1"});
+    assert!(decode::<NodeAffinityArgs>(Some(&ok), "NodeAffinityArgs").is_ok());
+    assert!(decode::<NodeAffinityArgs>(Some(&Value::Null), "NodeAffinityArgs").is_ok());
 }

@@ -16,8 +16,8 @@ pub struct NodeName;
 
 impl NodeName {
     /// The plugin has no arguments; any given are ignored, as upstream ignores them.
-    pub fn new(_args: Option<&serde_json::Value>) -> Result<Self, String> {
-        Ok(NodeName)
+    pub fn new() -> Self {
+        NodeName
     }
 }
 

@@ -29,8 +29,8 @@ pub struct NodePorts;
 
 impl NodePorts {
     /// The plugin has no arguments; any given are ignored, as upstream ignores them.
-    pub fn new(_args: Option<&serde_json::Value>) -> Result<Self, String> {
-        Ok(NodePorts)
+    pub fn new() -> Self {
+        NodePorts
     }
 }
 

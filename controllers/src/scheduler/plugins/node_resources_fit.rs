@@ -14,13 +14,15 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use serde::Deserialize;
 
-use super::helper::validate_label_key;
+use crate::helpers::nodeaffinity::validate_label_key;
 use crate::scheduler::framework::types::{pod_requests, CPU, EPHEMERAL_STORAGE, MEMORY};
 use crate::scheduler::framework::{
     CycleState, FilterPlugin, NodeInfo, Plugin, PreFilterPlugin, PreFilterResult, PreScorePlugin,
     ScorePlugin, Snapshot, Status, MAX_NODE_SCORE,
+};
+use crate::scheduler::plugin_args::{
+    NodeResourcesFitArgs, ResourceSpec, ScoringStrategyType, MAX_CUSTOM_PRIORITY_SCORE,
 };
 
 pub const NAME: &str = "NodeResourcesFit";
@@ -35,11 +37,7 @@ pub const LEAST_ALLOCATED: &str = "LeastAllocated";
 pub const MOST_ALLOCATED: &str = "MostAllocated";
 pub const REQUESTED_TO_CAPACITY_RATIO: &str = "RequestedToCapacityRatio";
 
-/// Shape scores are 0..=10 in the config and scaled to 0..=[`MAX_NODE_SCORE`].
-const MAX_CUSTOM_PRIORITY_SCORE: i64 = 10;
 const MAX_UTILIZATION: i64 = 100;
-
-const ARGS_KIND: &str = "NodeResourcesFitArgs";
 
 // ---------------------------------------------------------------------------------------------
 // Resource names
@@ -66,106 +64,6 @@ pub fn is_scalar_resource_name(name: &str) -> bool {
         || name.starts_with("attachable-volumes-")
         || is_prefixed_native(name)
         || is_extended_resource_name(name)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Arguments
-// ---------------------------------------------------------------------------------------------
-
-/// One resource of a scoring strategy (`ResourceSpec`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ResourceSpecArgs {
-    pub name: String,
-    /// 0 or absent means 1 (v1 defaulting).
-    #[serde(default)]
-    pub weight: i64,
-}
-
-/// One point of the RequestedToCapacityRatio shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UtilizationShapePoint {
-    #[serde(default)]
-    pub utilization: i32,
-    #[serde(default)]
-    pub score: i32,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RequestedToCapacityRatioArgs {
-    #[serde(default)]
-    shape: Vec<UtilizationShapePoint>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ScoringStrategyArgs {
-    #[serde(rename = "type", default)]
-    type_: String,
-    #[serde(default)]
-    resources: Vec<ResourceSpecArgs>,
-    requested_to_capacity_ratio: Option<RequestedToCapacityRatioArgs>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct FitArgs {
-    #[serde(default)]
-    ignored_resources: Vec<String>,
-    #[serde(default)]
-    ignored_resource_groups: Vec<String>,
-    scoring_strategy: Option<ScoringStrategyArgs>,
-    #[serde(rename = "apiVersion")]
-    _api_version: Option<serde_json::Value>,
-    #[serde(rename = "kind")]
-    _kind: Option<serde_json::Value>,
-}
-
-/// cpu:1, memory:1 (v1 `defaultResourceSpec`).
-pub fn default_resources() -> Vec<ResourceSpecArgs> {
-    vec![
-        ResourceSpecArgs {
-            name: CPU.to_string(),
-            weight: 1,
-        },
-        ResourceSpecArgs {
-            name: MEMORY.to_string(),
-            weight: 1,
-        },
-    ]
-}
-
-fn validate_shape(shape: &[UtilizationShapePoint], path: &str) -> Vec<String> {
-    let mut errs = Vec::new();
-    if shape.is_empty() {
-        errs.push(format!(
-            "{path}: Required value: at least one point must be specified"
-        ));
-        return errs;
-    }
-    if let Some(i) = (1..shape.len()).find(|&i| shape[i - 1].utilization >= shape[i].utilization) {
-        errs.push(format!(
-            "{path}[{i}].utilization: Invalid value: {}: values must be sorted in increasing order",
-            shape[i].utilization
-        ));
-    }
-    for (i, p) in shape.iter().enumerate() {
-        if !(0..=100).contains(&p.utilization) {
-            errs.push(format!(
-                "{path}[{i}].utilization: Invalid value: {}: not in valid range [0, 100]",
-                p.utilization
-            ));
-        }
-        if !(0..=MAX_CUSTOM_PRIORITY_SCORE as i32).contains(&p.score) {
-            errs.push(format!(
-                "{path}[{i}].score: Invalid value: {}: not in valid range [0, {MAX_CUSTOM_PRIORITY_SCORE}]",
-                p.score
-            ));
-        }
-    }
-    errs
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -204,7 +102,7 @@ pub struct ResourceAllocationScorer {
 
 impl ResourceAllocationScorer {
     /// Over these resources (weights already defaulted and validated).
-    pub fn new(resources: &[ResourceSpecArgs], use_requested: bool) -> ResourceAllocationScorer {
+    pub fn new(resources: &[ResourceSpec], use_requested: bool) -> ResourceAllocationScorer {
         ResourceAllocationScorer {
             resources: resources
                 .iter()
@@ -423,99 +321,32 @@ pub struct InsufficientResource {
 }
 
 impl NodeResourcesFit {
-    /// From NodeResourcesFitArgs (`ignoredResources`, `ignoredResourceGroups`,
-    /// `scoringStrategy{type, resources, requestedToCapacityRatio{shape}}`), defaulted as v1
-    /// defaults them; an invalid field is an error naming it.
-    pub fn new(args: Option<&serde_json::Value>) -> Result<Self, String> {
-        let args: FitArgs = match args.filter(|a| !a.is_null()) {
-            None => FitArgs::default(),
-            Some(v) => FitArgs::deserialize(v).map_err(|e| format!("{ARGS_KIND}: {e}"))?,
-        };
-        let mut errs = Vec::new();
-        for (i, r) in args.ignored_resources.iter().enumerate() {
-            if let Err(e) = validate_label_key(r) {
-                errs.push(format!(
-                    "{ARGS_KIND}.ignoredResources[{i}]: Invalid value {r:?}: {e}"
-                ));
-            }
-        }
-        for (i, g) in args.ignored_resource_groups.iter().enumerate() {
-            if g.contains('/') {
-                errs.push(format!(
-                    "{ARGS_KIND}.ignoredResourceGroups[{i}]: Invalid value {g:?}: resource group name can't contain '/'"
-                ));
-            } else if let Err(e) = validate_label_key(g) {
-                errs.push(format!(
-                    "{ARGS_KIND}.ignoredResourceGroups[{i}]: Invalid value {g:?}: {e}"
-                ));
-            }
-        }
-        let strategy_args = args
-            .scoring_strategy
-            .unwrap_or_else(|| ScoringStrategyArgs {
-                type_: LEAST_ALLOCATED.to_string(),
-                ..Default::default()
-            });
-        let path = format!("{ARGS_KIND}.scoringStrategy");
-        let mut resources = strategy_args.resources.clone();
-        if resources.is_empty() {
-            resources = default_resources();
-        }
-        for (i, r) in resources.iter_mut().enumerate() {
-            if r.weight == 0 {
-                r.weight = 1;
-            }
-            if r.weight < 0 || r.weight > 100 {
-                errs.push(format!(
-                    "{path}.resources[{i}].weight: Invalid value: {}: resource weight of {} not in valid range (0, 100]",
-                    r.weight, r.name
-                ));
-            }
-        }
-        if let Some(rtcr) = &strategy_args.requested_to_capacity_ratio {
-            errs.extend(validate_shape(
-                &rtcr.shape,
-                &format!("{path}.requestedToCapacityRatio.shape"),
-            ));
-        }
-        let strategy = match strategy_args.type_.as_str() {
-            LEAST_ALLOCATED => Some(Strategy::LeastAllocated),
-            MOST_ALLOCATED => Some(Strategy::MostAllocated),
-            REQUESTED_TO_CAPACITY_RATIO => match &strategy_args.requested_to_capacity_ratio {
-                // Upstream dereferences it unchecked; here its absence is an error.
-                None => {
-                    errs.push(format!(
-                        "{path}.requestedToCapacityRatio: Required value: needed by the {REQUESTED_TO_CAPACITY_RATIO} strategy"
-                    ));
-                    None
-                }
-                Some(rtcr) => Some(Strategy::RequestedToCapacityRatio(
-                    rtcr.shape
+    /// From validated NodeResourcesFitArgs (defaulted: the scoring strategy is set).
+    pub fn new(args: &NodeResourcesFitArgs) -> Self {
+        let strategy_args = args.scoring_strategy.clone().unwrap_or_default();
+        let strategy = match strategy_args.type_ {
+            Some(ScoringStrategyType::MostAllocated) => Strategy::MostAllocated,
+            Some(ScoringStrategyType::RequestedToCapacityRatio) => {
+                // Shape scores are 0..=10 in the config, scaled to 0..=MAX_NODE_SCORE.
+                let scale = MAX_NODE_SCORE / i64::from(MAX_CUSTOM_PRIORITY_SCORE);
+                let shape = strategy_args
+                    .requested_to_capacity_ratio
+                    .map(|r| r.shape)
+                    .unwrap_or_default();
+                Strategy::RequestedToCapacityRatio(
+                    shape
                         .iter()
-                        .map(|p| {
-                            (
-                                i64::from(p.utilization),
-                                i64::from(p.score) * (MAX_NODE_SCORE / MAX_CUSTOM_PRIORITY_SCORE),
-                            )
-                        })
+                        .map(|p| (i64::from(p.utilization), i64::from(p.score) * scale))
                         .collect(),
-                )),
-            },
-            other => {
-                errs.push(format!(
-                    "{path}.type: Unsupported value: {other:?}: supported values: \"{LEAST_ALLOCATED}\", \"{MOST_ALLOCATED}\", \"{REQUESTED_TO_CAPACITY_RATIO}\""
-                ));
-                None
+                )
             }
+            Some(ScoringStrategyType::LeastAllocated) | None => Strategy::LeastAllocated,
         };
-        match strategy {
-            Some(strategy) if errs.is_empty() => Ok(NodeResourcesFit {
-                ignored_resources: args.ignored_resources.into_iter().collect(),
-                ignored_resource_groups: args.ignored_resource_groups.into_iter().collect(),
-                strategy,
-                scorer: ResourceAllocationScorer::new(&resources, false),
-            }),
-            _ => Err(errs.join("; ")),
+        NodeResourcesFit {
+            ignored_resources: args.ignored_resources.iter().cloned().collect(),
+            ignored_resource_groups: args.ignored_resource_groups.iter().cloned().collect(),
+            strategy,
+            scorer: ResourceAllocationScorer::new(&strategy_args.resources, false),
         }
     }
 

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::scheduler::framework::Code;
+use crate::scheduler::plugin_args::{decode, valid, PluginArgs};
 use crate::scheduler::plugins::helper::test_util::*;
 use serde_json::{json, Value};
 
@@ -44,7 +45,7 @@ fn small_node(pods: i64, existing: Vec<Pod>) -> NodeInfo {
 }
 
 fn filter_one(args: Option<Value>, p: &Pod, n: NodeInfo) -> Status {
-    let pl = NodeResourcesFit::new(args.as_ref()).unwrap();
+    let pl = NodeResourcesFit::new(&valid(args.as_ref()));
     run_filter(Some(&pl), &pl, p, &snapshot(vec![n])).remove(0)
 }
 
@@ -418,7 +419,7 @@ fn filter_too_many_pods_comes_first() {
 
 #[test]
 fn filter_without_prefilter_state_is_an_error() {
-    let pl = NodeResourcesFit::new(None).unwrap();
+    let pl = NodeResourcesFit::new(&valid(None));
     let n = small_node(32, vec![]);
     let s = pl.filter(&CycleState::new(), &req_pod("p", &[], &[]), &n);
     assert_eq!(s.code, Code::Error);
@@ -662,7 +663,7 @@ fn score_matches_upstream_strategy_tables() {
         ),
     ];
     for (name, args, p, nodes, want) in cases {
-        let pl = NodeResourcesFit::new(Some(&args)).unwrap();
+        let pl = NodeResourcesFit::new(&valid(Some(&args)));
         let snap = snapshot(nodes);
         assert_eq!(
             run_score(Some(&pl), &pl, &p, &snap),
@@ -726,7 +727,7 @@ fn requested_to_capacity_ratio_on_an_extended_resource() {
             vec![5, 10],
         ),
     ];
-    let pl = NodeResourcesFit::new(Some(&args)).unwrap();
+    let pl = NodeResourcesFit::new(&valid(Some(&args)));
     for (name, p, nodes, want) in cases {
         assert_eq!(
             run_score(Some(&pl), &pl, &p, &snapshot(nodes)),
@@ -773,33 +774,32 @@ fn broken_linear_function() {
 
 #[test]
 fn args_default_and_errors_name_the_field() {
-    let pl = NodeResourcesFit::new(None).unwrap();
+    let fit = |args: Value| NodeResourcesFit::new(&valid(Some(&args)));
+    let pl = NodeResourcesFit::new(&valid(None));
     assert_eq!(pl.strategy, Strategy::LeastAllocated);
     assert_eq!(pl.scorer.len(), 2);
-    let pl = NodeResourcesFit::new(Some(&json!({"scoringStrategy": {"type": "MostAllocated"}})))
-        .unwrap();
+    let pl = fit(json!({"scoringStrategy": {"type": "MostAllocated"}}));
     assert_eq!(pl.strategy, Strategy::MostAllocated);
     assert_eq!(
         (pl.scorer.len(), pl.scorer.weight(0), pl.scorer.weight(1)),
         (2, 1, 1)
     );
-    let pl = NodeResourcesFit::new(Some(&json!({"scoringStrategy": {"type": "LeastAllocated",
-        "resources": [{"name": "cpu"}, {"name": "example.com/gpu", "weight": 5}]}})))
-    .unwrap();
+    let pl = fit(json!({"scoringStrategy": {"type": "LeastAllocated",
+        "resources": [{"name": "cpu"}, {"name": "example.com/gpu", "weight": 5}]}}));
     assert_eq!((pl.scorer.weight(0), pl.scorer.weight(1)), (1, 5));
 
     let cases = [
-        ("unknown field", json!({"ignoredResource": []}), "NodeResourcesFitArgs: unknown field `ignoredResource`"),
+        ("unknown field", json!({"ignoredResource": []}), "NodeResourcesFitArgs.ignoredResource: unknown field `ignoredResource`"),
         ("invalid ignored resource", json!({"ignoredResources": ["a/b/c"]}), "NodeResourcesFitArgs.ignoredResources[0]"),
         (
             "group with a slash",
             json!({"ignoredResourceGroups": ["example.com/aaa"]}),
-            "NodeResourcesFitArgs.ignoredResourceGroups[0]: Invalid value \"example.com/aaa\": resource group name can't contain '/'",
+            "NodeResourcesFitArgs.ignoredResourceGroups[0]: Invalid value: \"example.com/aaa\": resource group name can't contain '/'",
         ),
         (
             "unknown strategy",
             json!({"scoringStrategy": {"type": "Random"}}),
-            "NodeResourcesFitArgs.scoringStrategy.type: Unsupported value: \"Random\"",
+            "NodeResourcesFitArgs.scoringStrategy.type: unknown variant `Random`, expected one of `LeastAllocated`, `MostAllocated`, `RequestedToCapacityRatio`",
         ),
         (
             "strategy without a type",
@@ -840,7 +840,8 @@ fn args_default_and_errors_name_the_field() {
         ),
     ];
     for (name, args, want) in cases {
-        let err = NodeResourcesFit::new(Some(&args)).unwrap_err();
+        let err =
+            decode::<NodeResourcesFitArgs>(Some(&args), NodeResourcesFitArgs::KIND).unwrap_err();
         assert!(err.starts_with(want), "{name}: {err}");
     }
 }

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Pod, Taint};
 
-use super::helper::{
+use crate::helpers::taints::{
     pod_tolerations, tolerations_tolerate_taint, TAINT_EFFECT_NO_SCHEDULE, TAINT_NODE_UNSCHEDULABLE,
 };
 use crate::scheduler::framework::{CycleState, FilterPlugin, NodeInfo, Plugin, Status};
@@ -21,16 +21,22 @@ pub struct NodeUnschedulable {
     unschedulable_taint: Taint,
 }
 
+impl Default for NodeUnschedulable {
+    fn default() -> Self {
+        NodeUnschedulable::new()
+    }
+}
+
 impl NodeUnschedulable {
     /// The plugin has no arguments; any given are ignored, as upstream ignores them.
-    pub fn new(_args: Option<&serde_json::Value>) -> Result<Self, String> {
-        Ok(NodeUnschedulable {
+    pub fn new() -> Self {
+        NodeUnschedulable {
             unschedulable_taint: Taint {
                 key: TAINT_NODE_UNSCHEDULABLE.to_string(),
                 effect: TAINT_EFFECT_NO_SCHEDULE.to_string(),
                 ..Taint::default()
             },
-        })
+        }
     }
 }
 
@@ -108,7 +114,7 @@ mod tests {
                 vec![ok(), ok(), unresolvable(&[ERR_REASON_UNSCHEDULABLE])],
             ),
         ];
-        let pl = NodeUnschedulable::new(None).unwrap();
+        let pl = NodeUnschedulable::new();
         for (name, p, want) in cases {
             assert_eq!(run_filter(None, &pl, &p, &nodes()), want, "{name}");
         }

@@ -25,15 +25,18 @@ use std::sync::{Arc, Mutex, Weak};
 use k8s_openapi::api::core::v1::{Node, Pod, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::helper::{
-    find_untolerated_taint, is_do_not_schedule_taint, node_taints, pod_tolerations,
-    RequiredNodeAffinity,
-};
+use crate::helpers::nodeaffinity::RequiredNodeAffinity;
 use crate::helpers::selector::Selector;
+use crate::helpers::taints::{
+    find_untolerated_taint, is_do_not_schedule_taint, node_taints, pod_tolerations,
+};
 use crate::scheduler::framework::{
     ClusterObjects, CycleState, FilterPlugin, NodeInfo, NodeScore, Plugin, PodInfo,
     PreFilterPlugin, PreFilterResult, PreScorePlugin, ScorePlugin, Snapshot, Status,
     MAX_NODE_SCORE,
+};
+use crate::scheduler::plugin_args::{
+    DefaultingType, PodTopologySpreadArgs, DO_NOT_SCHEDULE, SCHEDULE_ANYWAY,
 };
 
 /// The plugin's name in configurations and reasons.
@@ -51,35 +54,8 @@ const PRE_SCORE_STATE_KEY: &str = "PreScorePodTopologySpread";
 
 const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
-const DO_NOT_SCHEDULE: &str = "DoNotSchedule";
-const SCHEDULE_ANYWAY: &str = "ScheduleAnyway";
 const HONOR: &str = "Honor";
 const IGNORE: &str = "Ignore";
-
-/// `defaultingType`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DefaultingType {
-    /// The built-in defaults (hostname maxSkew 3, zone maxSkew 5, ScheduleAnyway).
-    System,
-    /// The `defaultConstraints` of the args.
-    List,
-}
-
-/// PodTopologySpreadArgs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PodTopologySpreadArgs {
-    pub default_constraints: Vec<TopologySpreadConstraint>,
-    pub defaulting_type: DefaultingType,
-}
-
-impl Default for PodTopologySpreadArgs {
-    fn default() -> Self {
-        PodTopologySpreadArgs {
-            default_constraints: Vec::new(),
-            defaulting_type: DefaultingType::System,
-        }
-    }
-}
 
 fn system_default_constraints() -> Vec<TopologySpreadConstraint> {
     vec![
@@ -98,83 +74,6 @@ fn system_default_constraints() -> Vec<TopologySpreadConstraint> {
     ]
 }
 
-impl PodTopologySpreadArgs {
-    /// Decodes the v1 args object (`defaultingType` defaults to System) and validates it as
-    /// `ValidatePodTopologySpreadArgs`.
-    pub fn from_value(args: Option<&serde_json::Value>) -> Result<Self, String> {
-        let mut out = PodTopologySpreadArgs::default();
-        let Some(args) = args else {
-            return Ok(out);
-        };
-        let obj = args
-            .as_object()
-            .ok_or_else(|| "PodTopologySpreadArgs: must be an object".to_string())?;
-        for (k, v) in obj {
-            match k.as_str() {
-                "apiVersion" | "kind" => {}
-                "defaultConstraints" => {
-                    out.default_constraints = serde_json::from_value(v.clone())
-                        .map_err(|e| format!("defaultConstraints: {e}"))?;
-                }
-                "defaultingType" => {
-                    out.defaulting_type = match v.as_str() {
-                        Some("System") | Some("") => DefaultingType::System,
-                        Some("List") => DefaultingType::List,
-                        _ => {
-                            return Err(format!(
-                                "defaultingType: Unsupported value: {v}: supported values: \"System\", \"List\""
-                            ))
-                        }
-                    }
-                }
-                other => return Err(format!("PodTopologySpreadArgs: unknown field {other:?}")),
-            }
-        }
-        out.validate()?;
-        Ok(out)
-    }
-
-    fn validate(&self) -> Result<(), String> {
-        if self.defaulting_type == DefaultingType::System && !self.default_constraints.is_empty() {
-            return Err(
-                "defaultingType: Invalid value: \"System\": when .defaultConstraints are not empty"
-                    .to_string(),
-            );
-        }
-        let mut seen = HashSet::new();
-        for (i, c) in self.default_constraints.iter().enumerate() {
-            let path = format!("defaultConstraints[{i}]");
-            if c.max_skew <= 0 {
-                return Err(format!(
-                    "{path}.maxSkew: Invalid value: {}: not in valid range (0, inf)",
-                    c.max_skew
-                ));
-            }
-            if c.topology_key.is_empty() {
-                return Err(format!("{path}.topologyKey: Required value"));
-            }
-            if c.when_unsatisfiable != DO_NOT_SCHEDULE && c.when_unsatisfiable != SCHEDULE_ANYWAY {
-                return Err(format!(
-                    "{path}.whenUnsatisfiable: Unsupported value: {:?}: supported values: \"DoNotSchedule\", \"ScheduleAnyway\"",
-                    c.when_unsatisfiable
-                ));
-            }
-            if !seen.insert((c.topology_key.clone(), c.when_unsatisfiable.clone())) {
-                return Err(format!(
-                    "{path}: Duplicate value: {{{:?}, {:?}}}",
-                    c.topology_key, c.when_unsatisfiable
-                ));
-            }
-            if c.label_selector.is_some() {
-                return Err(format!(
-                    "{path}.labelSelector: Forbidden: constraint must not define a selector, as they deduced for each pod"
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// The PodTopologySpread plugin.
 pub struct PodTopologySpread {
     default_constraints: Vec<TopologySpreadConstraint>,
@@ -185,26 +84,22 @@ pub struct PodTopologySpread {
 }
 
 impl PodTopologySpread {
-    /// Builds the plugin from its v1 args (System defaulting when None); `objects` provides the
-    /// Services and owners the default constraints' selectors are built from.
-    pub fn new(
-        args: Option<&serde_json::Value>,
-        objects: Arc<dyn ClusterObjects>,
-    ) -> Result<Self, String> {
-        let args = PodTopologySpreadArgs::from_value(args)?;
+    /// Builds the plugin from its validated args; `objects` provides the Services and owners
+    /// the default constraints' selectors are built from.
+    pub fn new(args: PodTopologySpreadArgs, objects: Arc<dyn ClusterObjects>) -> Self {
         let system_defaulted = args.defaulting_type == DefaultingType::System;
         let default_constraints = if system_defaulted {
             system_default_constraints()
         } else {
             args.default_constraints
         };
-        Ok(PodTopologySpread {
+        PodTopologySpread {
             default_constraints,
             system_defaulted,
             objects,
             memo: CountMemo::default(),
             domains: DomainMemo::default(),
-        })
+        }
     }
 }
 

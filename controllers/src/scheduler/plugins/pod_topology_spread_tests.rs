@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::scheduler::framework::{Code, StaticObjects};
+use crate::scheduler::plugin_args::{decode, valid};
 
 fn node(name: &str, labels: Value) -> Node {
     serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
@@ -79,7 +80,7 @@ fn incoming(labels: Value, constraints: Vec<Value>, extra_spec: Value) -> Pod {
 }
 
 fn plugin_with(args: Option<Value>, objects: StaticObjects) -> PodTopologySpread {
-    PodTopologySpread::new(args.as_ref(), Arc::new(objects)).unwrap()
+    PodTopologySpread::new(valid(args.as_ref()), Arc::new(objects))
 }
 
 fn plugin() -> PodTopologySpread {
@@ -767,13 +768,11 @@ fn args_are_validated_naming_the_field() {
         ),
         (json!({"unknown": true}), "unknown"),
     ] {
-        let e = PodTopologySpread::new(Some(&args), objects.clone())
-            .err()
-            .unwrap();
+        let e = decode::<PodTopologySpreadArgs>(Some(&args), "args").unwrap_err();
         assert!(e.contains(field), "{args}: {e}");
     }
     // List defaulting without constraints: no defaults at all.
-    let pl = PodTopologySpread::new(Some(&json!({"defaultingType": "List"})), objects).unwrap();
+    let pl = PodTopologySpread::new(valid(Some(&json!({"defaultingType": "List"}))), objects);
     assert!(pl.default_constraints.is_empty());
     assert!(!pl.system_defaulted);
 }

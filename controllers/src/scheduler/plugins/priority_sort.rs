@@ -11,8 +11,8 @@ pub struct PrioritySort;
 
 impl PrioritySort {
     /// PrioritySort takes no args.
-    pub fn new(_args: Option<&serde_json::Value>) -> Result<Self, String> {
-        Ok(PrioritySort)
+    pub fn new() -> Self {
+        PrioritySort
     }
 }
 

@@ -14,8 +14,8 @@ pub struct SchedulingGates;
 
 impl SchedulingGates {
     /// SchedulingGates takes no args.
-    pub fn new(_args: Option<&serde_json::Value>) -> Result<Self, String> {
-        Ok(SchedulingGates)
+    pub fn new() -> Self {
+        SchedulingGates
     }
 }
 

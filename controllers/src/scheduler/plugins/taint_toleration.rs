@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 
-use super::helper::{
-    default_normalize_score, find_untolerated_taint, is_do_not_schedule_taint, node_taints,
-    pod_tolerations, tolerations_tolerate_taint, TAINT_EFFECT_PREFER_NO_SCHEDULE,
+use super::helper::default_normalize_score;
+use crate::helpers::taints::{
+    find_untolerated_taint, is_do_not_schedule_taint, node_taints, pod_tolerations,
+    tolerations_tolerate_taint, TAINT_EFFECT_PREFER_NO_SCHEDULE,
 };
 use crate::scheduler::framework::{
     CycleState, FilterPlugin, NodeInfo, NodeScore, Plugin, PreScorePlugin, ScorePlugin, Snapshot,
@@ -29,8 +30,8 @@ pub struct TaintToleration;
 
 impl TaintToleration {
     /// The plugin has no arguments; any given are ignored, as upstream ignores them.
-    pub fn new(_args: Option<&serde_json::Value>) -> Result<Self, String> {
-        Ok(TaintToleration)
+    pub fn new() -> Self {
+        TaintToleration
     }
 }
 

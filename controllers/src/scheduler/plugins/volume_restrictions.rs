@@ -28,8 +28,8 @@ pub struct VolumeRestrictions;
 
 impl VolumeRestrictions {
     /// The plugin has no arguments; any given are ignored, as upstream ignores them.
-    pub fn new(_args: Option<&serde_json::Value>) -> Result<Self, String> {
-        Ok(VolumeRestrictions)
+    pub fn new() -> Self {
+        VolumeRestrictions
     }
 }
 

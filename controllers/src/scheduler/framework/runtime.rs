@@ -1,22 +1,20 @@
-//! A profile's plugins per extension point and the scheduling algorithm that runs them, as
-//! kube-scheduler's frameworkImpl and schedulePod:
+//! The framework runtime (upstream's pkg/scheduler/framework/runtime, `frameworkImpl`): one
+//! profile's plugins per extension point, in the order they run, and how each extension point is
+//! run:
 //!
 //! - PreFilter in order (Skip drops the plugin's Filter for this Pod; node sets returned are
 //!   intersected; an Unschedulable status still runs the remaining PreFilters, an
 //!   UnschedulableAndUnresolvable one stops);
-//! - Filter in parallel over the nodes (chunks handed to scoped threads, at most `parallelism`
-//!   and the machine's cores), starting where the previous Pod's search stopped, until
-//!   percentageOfNodesToScore of the nodes are found feasible (upstream's adaptive default:
-//!   50 % minus 1 % per 125 nodes, at least 5 % and 100 nodes); a node is checked with the Pods
-//!   nominated to it of equal or higher priority added, then without them (both must pass);
-//! - the nominated node first when the Pod has one;
-//! - one feasible node: chosen without scoring; none: a [`FitError`] with every node's reason;
-//! - PreScore, then Score in parallel over the feasible nodes, NormalizeScore, weights, and the
-//!   best total with a random tie-break (selectHost);
-//! - Reserve / Unreserve, Permit, PreBind, Bind, PostBind for the runtime's binding cycle;
-//! - [`FilterRunner`] for PostFilter (preemption's what-if).
+//! - Filter on one node, with the Pods nominated to it of equal or higher priority added, then
+//!   without them (both must pass: RunFilterPluginsWithNominatedPods);
+//! - PostFilter in order until one succeeds, with [`CycleFilterRunner`] as preemption's what-if;
+//! - PreScore, then Score in parallel over the feasible nodes, NormalizeScore and the weights;
+//! - Reserve / Unreserve, Permit, PreBind, Bind, PostBind for the binding cycle;
+//! - [`parallelize`], upstream's parallelizer: chunks handed to scoped threads, at most
+//!   `parallelism` and the machine's cores.
 //!
-//! Owns no API calls and no clock; pure over the snapshot apart from the tie-break's randomness.
+//! Owns no API calls, no clock and no choice between nodes: which nodes to filter, when to stop
+//! and which node wins belong to [`schedule_one`](crate::scheduler::schedule_one).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -25,17 +23,13 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::framework::{
+use super::{
     BindPlugin, Code, CycleState, FilterPlugin, FilterRunner, NodeInfo, NodeScore, PermitPlugin,
     PodInfo, PostBindPlugin, PostFilterPlugin, PostFilterResult, PreBindPlugin, PreEnqueuePlugin,
     PreFilterPlugin, PreScorePlugin, QueueSortPlugin, ReservePlugin, ScorePlugin, Snapshot, Status,
     MAX_NODE_SCORE, MIN_NODE_SCORE,
 };
 
-/// Upstream's minFeasibleNodesToFind.
-pub const MIN_FEASIBLE_NODES_TO_FIND: usize = 100;
-/// Upstream's minFeasibleNodesPercentageToFind.
-pub const MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND: usize = 5;
 /// Upstream's default parallelism.
 pub const DEFAULT_PARALLELISM: usize = 16;
 /// Below this many nodes a loop runs on the calling thread (a thread costs more than checking
@@ -87,101 +81,6 @@ impl fmt::Debug for Framework {
             )
             .finish()
     }
-}
-
-/// Why a Pod fits no node: per-node statuses, the status of nodes not in the map (PreFilter
-/// narrowed or rejected them), and the messages of PreFilter and PostFilter.
-#[derive(Debug, Clone, Default)]
-pub struct Diagnosis {
-    pub node_to_status: HashMap<String, Status>,
-    pub absent_status: Option<Status>,
-    /// The plugins that rejected the Pod somewhere (the queue's hints use them).
-    pub unschedulable_plugins: BTreeSet<&'static str>,
-    pub pre_filter_msg: String,
-    pub post_filter_msg: String,
-}
-
-impl Diagnosis {
-    fn add_plugin_status(&mut self, s: &Status) {
-        if s.is_rejected() && !s.plugin.is_empty() {
-            self.unschedulable_plugins.insert(s.plugin);
-        }
-    }
-}
-
-/// No node fits the Pod; displays as kube-scheduler's FitError.
-#[derive(Debug, Clone)]
-pub struct FitError {
-    pub num_all_nodes: usize,
-    pub diagnosis: Diagnosis,
-}
-
-impl fmt::Display for FitError {
-    /// "0/3 nodes are available: 1 Insufficient cpu, 2 node(s) had untolerated taint(s).", then
-    /// " <PostFilter message>." when preemption said something.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "0/{} nodes are available:", self.num_all_nodes)?;
-        let d = &self.diagnosis;
-        if !d.pre_filter_msg.is_empty() {
-            write!(f, " {}.", d.pre_filter_msg)?;
-        } else {
-            let mut reasons: HashMap<&str, usize> = HashMap::new();
-            for s in d.node_to_status.values() {
-                for r in &s.reasons {
-                    *reasons.entry(r.as_str()).or_default() += 1;
-                }
-            }
-            if d.node_to_status.len() < self.num_all_nodes {
-                if let Some(abs) = &d.absent_status {
-                    for r in &abs.reasons {
-                        *reasons.entry(r.as_str()).or_default() +=
-                            self.num_all_nodes - d.node_to_status.len();
-                    }
-                }
-            }
-            let mut list: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
-            // Sorted as strings, as upstream (so "10 x" sorts before "2 y").
-            list.sort();
-            if !list.is_empty() {
-                write!(f, " {}.", list.join(", "))?;
-            }
-        }
-        if !d.post_filter_msg.is_empty() {
-            // kube-scheduler v1.34 ends the message with one period even when the PostFilter
-            // message (preemption's own FitError) already ends with one.
-            write!(f, " {}.", d.post_filter_msg.trim_end_matches('.'))?;
-        }
-        Ok(())
-    }
-}
-
-/// Why scheduling a Pod failed.
-#[derive(Debug, Clone)]
-pub enum ScheduleError {
-    /// No node fits.
-    Fit(Box<FitError>),
-    /// The snapshot has no nodes (upstream's ErrNoNodesAvailable).
-    NoNodes,
-    /// A plugin returned an error.
-    Internal(Status),
-}
-
-impl fmt::Display for ScheduleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ScheduleError::Fit(e) => e.fmt(f),
-            ScheduleError::NoNodes => f.write_str("no nodes available to schedule pods"),
-            ScheduleError::Internal(s) => write!(f, "{}", s.reasons.join(", ")),
-        }
-    }
-}
-
-/// The chosen node, and how many nodes were looked at.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScheduleResult {
-    pub node: String,
-    pub evaluated: usize,
-    pub feasible: usize,
 }
 
 /// The Pods nominated per node for one cycle (a copy taken from the queue).
@@ -245,19 +144,6 @@ pub fn parallelize<T: Send>(
         }
         all
     })
-}
-
-/// The number of feasible nodes after which Filter stops (upstream's numFeasibleNodesToFind).
-pub fn num_feasible_nodes_to_find(percentage: u32, num_all_nodes: usize) -> usize {
-    if num_all_nodes < MIN_FEASIBLE_NODES_TO_FIND {
-        return num_all_nodes;
-    }
-    let mut pct = percentage as i64;
-    if pct == 0 {
-        pct = (50 - num_all_nodes as i64 / 125).max(MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND as i64);
-    }
-    let n = (num_all_nodes as i64 * pct / 100) as usize;
-    n.max(MIN_FEASIBLE_NODES_TO_FIND)
 }
 
 impl Framework {
@@ -676,232 +562,3 @@ impl FilterRunner for CycleFilterRunner<'_> {
             .run_pre_filter_extension(state, pod, added, node, true)
     }
 }
-
-/// The scheduling algorithm's state across Pods: where the next Filter search starts, and the
-/// configured parallelism / percentage.
-#[derive(Debug)]
-pub struct Algorithm {
-    pub next_start_node_index: usize,
-    /// Threads a Filter / Score pass may use (min of the configured parallelism and the cores).
-    pub workers: usize,
-    /// The global percentageOfNodesToScore (0: adaptive).
-    pub percentage_of_nodes_to_score: u32,
-}
-
-impl Algorithm {
-    pub fn new(parallelism: usize, percentage_of_nodes_to_score: u32) -> Algorithm {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        Algorithm {
-            next_start_node_index: 0,
-            workers: parallelism.clamp(1, cores.max(1)),
-            percentage_of_nodes_to_score,
-        }
-    }
-
-    /// Finds the node for `pod` (upstream's schedulePod).
-    pub fn schedule(
-        &mut self,
-        fw: &Framework,
-        state: &mut CycleState,
-        pod: &Pod,
-        snapshot: &Snapshot,
-        nominated: &Nominations,
-    ) -> Result<ScheduleResult, ScheduleError> {
-        let all = snapshot.nodes.len();
-        if all == 0 {
-            return Err(ScheduleError::NoNodes);
-        }
-        let (feasible, diagnosis) =
-            self.find_nodes_that_fit(fw, state, pod, snapshot, nominated)?;
-        if feasible.is_empty() {
-            return Err(ScheduleError::Fit(Box::new(FitError {
-                num_all_nodes: all,
-                diagnosis,
-            })));
-        }
-        let evaluated = feasible.len() + diagnosis.node_to_status.len();
-        if feasible.len() == 1 {
-            return Ok(ScheduleResult {
-                node: feasible[0].name().to_string(),
-                evaluated,
-                feasible: 1,
-            });
-        }
-        let totals = if fw.has_score_plugins() {
-            let s = fw.run_pre_score(state, pod, &feasible, snapshot);
-            if !s.is_success() {
-                return Err(ScheduleError::Internal(s));
-            }
-            fw.run_score(state, pod, &feasible, self.workers)
-                .map_err(ScheduleError::Internal)?
-        } else {
-            vec![1; feasible.len()]
-        };
-        let best = select_host(&totals, &mut rand::thread_rng());
-        Ok(ScheduleResult {
-            node: feasible[best].name().to_string(),
-            evaluated,
-            feasible: feasible.len(),
-        })
-    }
-
-    /// PreFilter, the nominated node, then Filter over the nodes (upstream's
-    /// findNodesThatFitPod).
-    pub fn find_nodes_that_fit(
-        &mut self,
-        fw: &Framework,
-        state: &mut CycleState,
-        pod: &Pod,
-        snapshot: &Snapshot,
-        nominated: &Nominations,
-    ) -> Result<(Vec<Arc<NodeInfo>>, Diagnosis), ScheduleError> {
-        let mut diagnosis = Diagnosis::default();
-        let (restricted, s, with_nodes) = fw.run_pre_filter(state, pod, snapshot);
-        diagnosis
-            .unschedulable_plugins
-            .extend(with_nodes.iter().copied());
-        if !s.is_success() {
-            if !s.is_rejected() {
-                return Err(ScheduleError::Internal(s));
-            }
-            diagnosis.pre_filter_msg = s.reasons.join(", ");
-            diagnosis.add_plugin_status(&s);
-            diagnosis.absent_status = Some(s);
-            return Ok((Vec::new(), diagnosis));
-        }
-        let nominated_node = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.nominated_node_name.as_deref())
-            .filter(|n| !n.is_empty());
-        if let Some(node) = nominated_node.and_then(|n| snapshot.get(n)) {
-            let s = fw.run_filters_with_nominated(state, pod, node, nominated);
-            if s.code == Code::Error {
-                tracing::warn!(node = node.name(), "evaluating the nominated node: {s}");
-            } else if s.is_success() {
-                return Ok((vec![node.clone()], diagnosis));
-            }
-        }
-        let subset: Vec<Arc<NodeInfo>>;
-        let nodes: &[Arc<NodeInfo>] = match &restricted {
-            None => &snapshot.nodes,
-            Some(names) => {
-                subset = names
-                    .iter()
-                    .filter_map(|n| snapshot.get(n).cloned())
-                    .collect();
-                diagnosis.absent_status = Some(Status::unresolvable(format!(
-                    "node(s) didn't satisfy plugin(s) [{}]",
-                    with_nodes.join(" ")
-                )));
-                &subset
-            }
-        };
-        let feasible =
-            self.find_nodes_that_pass_filters(fw, state, pod, &mut diagnosis, nodes, nominated)?;
-        let processed = feasible.len() + diagnosis.node_to_status.len();
-        self.next_start_node_index =
-            (self.next_start_node_index + processed) % snapshot.nodes.len();
-        Ok((feasible, diagnosis))
-    }
-
-    fn find_nodes_that_pass_filters(
-        &self,
-        fw: &Framework,
-        state: &CycleState,
-        pod: &Pod,
-        diagnosis: &mut Diagnosis,
-        nodes: &[Arc<NodeInfo>],
-        nominated: &Nominations,
-    ) -> Result<Vec<Arc<NodeInfo>>, ScheduleError> {
-        let n = nodes.len();
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let pct = fw
-            .percentage_of_nodes_to_score
-            .unwrap_or(self.percentage_of_nodes_to_score);
-        let to_find = if fw.has_score_plugins() {
-            num_feasible_nodes_to_find(pct, n)
-        } else {
-            1
-        };
-        let start = self.next_start_node_index;
-        if fw.filter.is_empty() {
-            return Ok((0..to_find.min(n))
-                .map(|i| nodes[(start + i) % n].clone())
-                .collect());
-        }
-        let found = AtomicUsize::new(0);
-        let stop = AtomicBool::new(false);
-        let results = parallelize(n, self.workers, &stop, |i| {
-            let node = &nodes[(start + i) % n];
-            let s = fw.run_filters_with_nominated(state, pod, node, nominated);
-            if s.is_success() {
-                let k = found.fetch_add(1, Ordering::Relaxed) + 1;
-                if k > to_find {
-                    stop.store(true, Ordering::Relaxed);
-                    found.fetch_sub(1, Ordering::Relaxed);
-                    return None;
-                }
-                if k == to_find {
-                    stop.store(true, Ordering::Relaxed);
-                }
-                return Some(Ok(i));
-            }
-            if s.code == Code::Error {
-                stop.store(true, Ordering::Relaxed);
-                return Some(Err(s));
-            }
-            Some(Err(s))
-        });
-        let mut feasible_idx = Vec::new();
-        let mut error = None;
-        for (i, r) in results {
-            match r {
-                Ok(_) => feasible_idx.push(i),
-                Err(s) if s.code == Code::Error => error = Some(s),
-                Err(s) => {
-                    diagnosis.add_plugin_status(&s);
-                    diagnosis
-                        .node_to_status
-                        .insert(nodes[(start + i) % n].name().to_string(), s);
-                }
-            }
-        }
-        if let Some(e) = error {
-            return Err(ScheduleError::Internal(e));
-        }
-        // In search order, as upstream's slice (ties in selectHost depend on it only randomly).
-        feasible_idx.sort_unstable();
-        Ok(feasible_idx
-            .into_iter()
-            .map(|i| nodes[(start + i) % n].clone())
-            .collect())
-    }
-}
-
-/// The index of the highest total; among equal totals each is chosen with equal probability
-/// (upstream's selectHost reservoir sampling).
-pub fn select_host(totals: &[i64], rng: &mut impl rand::Rng) -> usize {
-    let mut best = 0;
-    let mut count = 0u32;
-    for (i, &t) in totals.iter().enumerate() {
-        if i == 0 || t > totals[best] {
-            best = i;
-            count = 1;
-        } else if t == totals[best] {
-            count += 1;
-            if rng.gen_range(0..count) == 0 {
-                best = i;
-            }
-        }
-    }
-    best
-}
-
-#[cfg(test)]
-#[path = "framework_runner_tests.rs"]
-mod tests;

@@ -5,7 +5,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
 use super::*;
-use crate::scheduler::framework::{Plugin, PreFilterResult};
+use crate::scheduler::framework::{
+    FilterPlugin, Plugin, PodInfo, PreFilterPlugin, PreFilterResult, ScorePlugin,
+};
 
 /// Rejects nodes whose CPU would be overcommitted ("Insufficient cpu", Unschedulable).
 struct Cpu;
@@ -124,7 +126,7 @@ fn snapshot(nodes: Vec<NodeInfo>) -> Snapshot {
 
 fn run(f: &Framework, snap: &Snapshot, p: &Pod, nominated: &Nominations) -> Result<String, String> {
     let mut alg = Algorithm::new(16, 0);
-    alg.schedule(f, &mut CycleState::new(), p, snap, nominated)
+    alg.schedule_pod(f, &mut CycleState::new(), p, snap, nominated)
         .map(|r| r.node)
         .map_err(|e| e.to_string())
 }
