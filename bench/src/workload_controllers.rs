@@ -125,6 +125,9 @@ impl Sizes {
 pub enum Manager {
     /// `controller-manager --controllers=replicaset,deployment,garbagecollector`, its defaults.
     Kpr,
+    /// `controller-manager --controllers=*`: every controller in one process, as a cluster runs
+    /// it (the endpoint controllers beside the workload ones share its Pod cache); for its memory.
+    KprAll,
     /// kube-controller-manager with its defaults (client limit 20 requests/s and burst 30 per
     /// controller; 5 ReplicaSet, 5 Deployment and 20 garbage collector workers).
     Upstream,
@@ -135,11 +138,12 @@ pub enum Manager {
 
 impl Manager {
     /// `--managers` values, in the order they run by default.
-    pub const NAMES: &[&str] = &["kpr", "upstream", "upstream-unthrottled"];
+    pub const NAMES: &[&str] = &["kpr", "upstream", "upstream-unthrottled", "kpr-all"];
 
     pub fn parse(name: &str) -> anyhow::Result<Manager> {
         match name.trim() {
             "kpr" => Ok(Manager::Kpr),
+            "kpr-all" => Ok(Manager::KprAll),
             "upstream" | "kube-controller-manager" => Ok(Manager::Upstream),
             "upstream-unthrottled" => Ok(Manager::UpstreamUnthrottled),
             other => bail!(
@@ -152,6 +156,7 @@ impl Manager {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Manager::Kpr => "kpr controller-manager",
+            Manager::KprAll => "kpr controller-manager --controllers=*",
             Manager::Upstream => "kube-controller-manager",
             Manager::UpstreamUnthrottled => "kube-controller-manager --kube-api-qps=1000",
         }
@@ -160,6 +165,7 @@ impl Manager {
     pub(crate) fn tag(self) -> &'static str {
         match self {
             Manager::Kpr => "kpr",
+            Manager::KprAll => "kpr-all",
             Manager::Upstream => "kcm",
             Manager::UpstreamUnthrottled => "kcm-unthrottled",
         }
@@ -168,7 +174,7 @@ impl Manager {
     /// Its process's name in the control plane (and its log's).
     pub(crate) fn process(self) -> &'static str {
         match self {
-            Manager::Kpr => "kpr-controller-manager",
+            Manager::Kpr | Manager::KprAll => "kpr-controller-manager",
             Manager::Upstream | Manager::UpstreamUnthrottled => "kube-controller-manager",
         }
     }
@@ -651,8 +657,11 @@ pub(crate) fn start_manager(
     controllers: &str,
 ) -> anyhow::Result<(Vec<String>, u32)> {
     let mut flags = vec![format!("--controllers={controllers}")];
+    if manager == Manager::KprAll {
+        flags = vec!["--controllers=*".to_string()];
+    }
     match manager {
-        Manager::Kpr => {
+        Manager::Kpr | Manager::KprAll => {
             let kubeconfig = kpr_kubeconfig(cp)?;
             let mut args = vec![format!("--kubeconfig={}", kubeconfig.display())];
             args.extend(flags.iter().cloned());

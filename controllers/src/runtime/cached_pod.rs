@@ -7,7 +7,8 @@
 //! No controller here reads a container's image, command, env, resources, probes or mounts, so
 //! the cache keeps the fields below, with the same names and nesting as `Pod` (a reader writes
 //! `pod.spec.as_ref().and_then(|s| s.node_name.as_deref())` either way). Deserializing a watched
-//! Pod straight into this type skips the other fields without building them.
+//! Pod straight into this type skips the other fields without building them. What that saves at
+//! the benchmark's sizes is in docs/BENCHMARKS.md ("Workload controllers").
 //!
 //! Kept, and who reads it: metadata (everyone); nodeName, hostname, subdomain (ranking, the
 //! DaemonSet's and StatefulSet's identity, endpoints); the required node affinity (a DaemonSet
