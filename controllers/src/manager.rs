@@ -1,10 +1,10 @@
 //! The controller manager: runs the selected controllers, optionally only while holding the leader
 //! Lease. Used by the `controller-manager` binary and by tests that run managers in-process.
 //! Controllers are selected with kube-controller-manager's `--controllers` syntax and names; the
-//! workload controllers share one set of informers.
+//! controllers (all but the garbage collector, which keeps monitors of its own) share one set of
+//! informers.
 
 use std::str::FromStr;
-use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
@@ -220,16 +220,11 @@ pub struct ManagerConfig {
 /// Runs the controllers; with leader election, only while leading. Returns `Err(Leadership)` when
 /// the Lease is lost (the caller should exit, as kube-controller-manager does).
 pub async fn run(client: Client, cfg: ManagerConfig) -> Result<()> {
-    if cfg.controllers.contains(&ControllerKind::LbIpam) && cfg.lb_pool.is_none() {
-        return Err(Error::Pool {
-            pool: String::new(),
-            reason: "controller lb-ipam needs --lb-pool CIDR or a-b range".into(),
-        });
-    }
+    let lbipam = lbipam_config(&cfg)?;
     let work = run_controllers(
         client.clone(),
         cfg.controllers.clone(),
-        cfg.lb_pool.clone(),
+        lbipam,
         cfg.concurrency,
     );
     match cfg.leader {
@@ -243,20 +238,37 @@ pub async fn run(client: Client, cfg: ManagerConfig) -> Result<()> {
 
 type Task = BoxFuture<'static, ()>;
 
-/// The workload controllers share one set of informers: each registers its indexes and handlers
-/// when it is built, then the watches start; every controller waits for the caches to sync.
+/// lb-ipam's settings when it is selected; an error naming `--lb-pool` when it is selected
+/// without a pool.
+fn lbipam_config(cfg: &ManagerConfig) -> Result<Option<crate::endpoint::lbipam::Config>> {
+    if !cfg.controllers.contains(&ControllerKind::LbIpam) {
+        return Ok(None);
+    }
+    match &cfg.lb_pool {
+        Some(pool) => Ok(Some(crate::endpoint::lbipam::Config::new(pool.clone()))),
+        None => Err(Error::MissingSetting {
+            controller: ControllerKind::LbIpam.name(),
+            flag: "--lb-pool",
+            what: "a LoadBalancer address pool, a CIDR (a.b.c.d/n) or a range (a-b)",
+        }),
+    }
+}
+
+/// The workload controllers share one set of informers with the endpoint controllers: each
+/// registers its indexes and handlers when it is built, then the watches start; every controller
+/// waits for the caches to sync.
 fn workload_tasks(
     client: &Client,
+    informers: &Informers,
     kinds: &[ControllerKind],
     concurrency: Concurrency,
-) -> (Arc<Informers>, Vec<(ControllerKind, Task)>) {
-    let informers = Informers::new(client.clone());
+) -> Vec<(ControllerKind, Task)> {
     let mut tasks: Vec<(ControllerKind, Task)> = Vec::new();
     for &kind in kinds {
         let task: Task = match kind {
             ControllerKind::ReplicaSet => crate::workload::replicaset::Controller::new(
                 client.clone(),
-                &informers,
+                informers,
                 crate::workload::replicaset::Config {
                     workers: concurrency.replicaset,
                     ..Default::default()
@@ -266,7 +278,7 @@ fn workload_tasks(
             .boxed(),
             ControllerKind::Deployment => crate::workload::deployment::Controller::new(
                 client.clone(),
-                &informers,
+                informers,
                 crate::workload::deployment::Config {
                     workers: concurrency.deployment,
                 },
@@ -284,7 +296,7 @@ fn workload_tasks(
             .boxed(),
             ControllerKind::Job => crate::workload::job::Controller::new(
                 client.clone(),
-                &informers,
+                informers,
                 crate::workload::job::Config {
                     workers: concurrency.job,
                     ..Default::default()
@@ -294,7 +306,7 @@ fn workload_tasks(
             .boxed(),
             ControllerKind::CronJob => crate::workload::cronjob::Controller::new(
                 client.clone(),
-                &informers,
+                informers,
                 crate::workload::cronjob::Config {
                     workers: concurrency.cronjob,
                     ..Default::default()
@@ -304,7 +316,7 @@ fn workload_tasks(
             .boxed(),
             ControllerKind::TtlAfterFinished => crate::workload::ttlafterfinished::Controller::new(
                 client.clone(),
-                &informers,
+                informers,
                 crate::workload::ttlafterfinished::Config {
                     workers: concurrency.ttl_after_finished,
                     ..Default::default()
@@ -314,7 +326,7 @@ fn workload_tasks(
             .boxed(),
             ControllerKind::DaemonSet => crate::workload::daemonset::Controller::new(
                 client.clone(),
-                &informers,
+                informers,
                 crate::workload::daemonset::Config {
                     workers: concurrency.daemonset,
                     ..Default::default()
@@ -324,7 +336,7 @@ fn workload_tasks(
             .boxed(),
             ControllerKind::StatefulSet => crate::workload::statefulset::Controller::new(
                 client.clone(),
-                &informers,
+                informers,
                 crate::workload::statefulset::Config {
                     workers: concurrency.statefulset,
                 },
@@ -335,49 +347,67 @@ fn workload_tasks(
         };
         tasks.push((kind, task));
     }
-    if !tasks.is_empty() {
-        informers.start();
+    tasks
+}
+
+/// The endpoint controllers on the same informers (lb-ipam when `lbipam` is given).
+fn endpoint_tasks(
+    client: &Client,
+    informers: &Informers,
+    kinds: &[ControllerKind],
+    lbipam: Option<crate::endpoint::lbipam::Config>,
+    concurrency: Concurrency,
+) -> Vec<(ControllerKind, Task)> {
+    use crate::endpoint::{endpoints, endpointslice, lbipam as lb};
+    let workers = usize::from(concurrency.endpoints);
+    let mut tasks: Vec<(ControllerKind, Task)> = Vec::new();
+    for &kind in kinds {
+        let task: Task = match kind {
+            ControllerKind::EndpointSlice => {
+                let config = endpointslice::Config { workers };
+                endpointslice::Controller::new(client.clone(), informers, config)
+                    .run()
+                    .boxed()
+            }
+            ControllerKind::Endpoints => {
+                let config = endpoints::Config { workers };
+                endpoints::Controller::new(client.clone(), informers, config)
+                    .run()
+                    .boxed()
+            }
+            _ => continue,
+        };
+        tasks.push((kind, task));
     }
-    (informers, tasks)
+    if let Some(config) = lbipam {
+        let task = lb::Controller::new(client.clone(), informers, config).run();
+        tasks.push((ControllerKind::LbIpam, task.boxed()));
+    }
+    tasks
 }
 
 async fn run_controllers(
     client: Client,
     kinds: Vec<ControllerKind>,
-    pool: Option<Pool>,
+    lbipam: Option<crate::endpoint::lbipam::Config>,
     concurrency: Concurrency,
 ) {
-    let mut tasks = Vec::new();
     // Held until the controllers stop: dropping the informers stops their watches.
-    let (_informers, workload) = workload_tasks(&client, &kinds, concurrency);
-    for (kind, task) in workload {
-        tracing::info!("starting controller {}", kind.name());
-        tasks.push(tokio::spawn(task));
+    let informers = Informers::new(client.clone());
+    let mut built = workload_tasks(&client, &informers, &kinds, concurrency);
+    built.extend(endpoint_tasks(
+        &client,
+        &informers,
+        &kinds,
+        lbipam,
+        concurrency,
+    ));
+    // Every controller has registered its indexes and handlers: the watches start now.
+    if !built.is_empty() {
+        informers.start();
     }
-    for kind in kinds {
-        let client = client.clone();
-        let pool = pool.clone();
-        let task: Task = match kind {
-            ControllerKind::EndpointSlice => crate::endpoint::endpointslice::run(
-                client,
-                crate::endpoint::endpointslice::Config {
-                    concurrency: concurrency.endpoints,
-                },
-            )
-            .boxed(),
-            ControllerKind::Endpoints => {
-                crate::endpoint::endpoints::run(client, concurrency.endpoints).boxed()
-            }
-            ControllerKind::LbIpam => async move {
-                if let Some(pool) = pool {
-                    if let Err(e) = crate::endpoint::lbipam::run(client, pool).await {
-                        tracing::error!("lb-ipam: {e}");
-                    }
-                }
-            }
-            .boxed(),
-            _ => continue,
-        };
+    let mut tasks = Vec::new();
+    for (kind, task) in built {
         tracing::info!("starting controller {}", kind.name());
         tasks.push(tokio::spawn(task));
     }
@@ -477,6 +507,28 @@ mod tests {
                 "--controllers={list}"
             );
         }
+    }
+
+    #[test]
+    fn lb_ipam_without_a_pool_is_an_error_naming_the_flag() {
+        let cfg = |controllers: Vec<ControllerKind>, pool: Option<&str>| ManagerConfig {
+            controllers,
+            lb_pool: pool.map(|p| p.parse().unwrap()),
+            leader: None,
+            concurrency: Concurrency::default(),
+        };
+        let err = lbipam_config(&cfg(vec![EndpointSlice, LbIpam], None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("lb-ipam") && err.contains("--lb-pool"),
+            "{err}"
+        );
+        assert!(lbipam_config(&cfg(vec![EndpointSlice], None))
+            .unwrap()
+            .is_none());
+        let with_pool = lbipam_config(&cfg(vec![LbIpam], Some("10.0.0.0/24"))).unwrap();
+        assert_eq!(with_pool.unwrap().pool, "10.0.0.0/24".parse().unwrap());
     }
 
     #[test]
