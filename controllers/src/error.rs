@@ -32,6 +32,16 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A controller was selected without a setting it cannot run without (the flag is named).
+    #[error("controller {controller} needs {flag}: {what}")]
+    MissingSetting {
+        /// The controller's name.
+        controller: &'static str,
+        /// The command-line flag that gives the setting.
+        flag: &'static str,
+        /// What the setting is.
+        what: &'static str,
+    },
     /// Leadership was lost while controllers were running.
     #[error("leader election lease {lease}: {reason}")]
     Leadership {
@@ -56,14 +66,6 @@ pub enum Error {
         /// What went wrong.
         #[source]
         source: Box<Error>,
-    },
-    /// A command-line setting is missing or wrong.
-    #[error("{flag}: {reason}")]
-    Config {
-        /// The flag.
-        flag: &'static str,
-        /// What is wrong.
-        reason: String,
     },
     /// An owner may not adopt (it is gone, re-created or being deleted).
     #[error("{owner} may not adopt: {reason}")]

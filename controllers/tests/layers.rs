@@ -9,7 +9,7 @@
 //! A node is `helpers`, `runtime`, `error`, `manager`, `scheduler`, or one controller under
 //! `endpoint::` or `workload::` (`workload::deployment`, ...). What the endpoint controllers share
 //! (upstream's `pkg/controller/util/endpoint`) is `endpoint::endpointutil` and
-//! `endpoint::inputs`, which they may use. Test code (`*_tests.rs` files, `#[cfg(test)]` modules)
+//! `endpoint::membership`, which they may use. Test code (`*_tests.rs` files, `#[cfg(test)]` modules)
 //! is not part of the graph.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,7 +17,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// Modules of the endpoint group its controllers may share.
-const ENDPOINT_SHARED: [&str; 2] = ["endpoint::endpointutil", "endpoint::inputs"];
+const ENDPOINT_SHARED: [&str; 2] = ["endpoint::endpointutil", "endpoint::membership"];
 
 /// The node a module path (`workload::daemonset::plan`, as components) belongs to.
 fn node_of_module(parts: &[&str]) -> Option<String> {

@@ -1,12 +1,16 @@
-//! Pure helpers about Pods and Services shared by the endpoint controllers: selector matching, which
-//! Pods belong in endpoints, endpoint conditions, named target port resolution.
+//! What the endpoint controllers share, as upstream's `pkg/controller/util/endpoint`: selector
+//! matching, which Pods belong in endpoints, endpoint conditions, named target port resolution,
+//! and the work queue's retry policy.
 //!
 //! No I/O, no caches: every function takes the objects it needs.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::queue::{Bucket, ItemBackoff, RateLimiter, WorkQueue};
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -122,6 +126,20 @@ pub fn resolve_target_port(pod: &CachedPod, port: &ServicePort) -> Option<i32> {
                 })
         }
     }
+}
+
+/// The work queue of an endpoint controller: a failed sync is retried after 1 s doubling up to
+/// 1,000 s, overall at most 10 a second with a burst of 100, as upstream's EndpointSlice and
+/// Endpoints controllers (`defaultSyncBackOff`, `maxSyncBackOff`) rather than the 5 ms of
+/// `DefaultControllerRateLimiter`: a sync that failed on a conflict needs the cache to catch up.
+pub fn work_queue(name: &str) -> Arc<WorkQueue<String>> {
+    WorkQueue::with_limiter(
+        name,
+        RateLimiter::new(
+            ItemBackoff::new(Duration::from_secs(1), Duration::from_secs(1000)),
+            Bucket::new(10.0, 100),
+        ),
+    )
 }
 
 #[cfg(test)]

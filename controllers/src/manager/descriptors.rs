@@ -44,8 +44,10 @@ pub struct ControllerDescriptor {
     pub aliases: &'static [&'static str],
     /// The kube-controller-manager controller it replaces (turned off there when kpr runs it).
     pub replaces: Option<&'static str>,
-    /// Whether `*` turns it on ([`DefaultOn::WithLbPool`]: only when `--lb-pool` is given).
-    pub default_on: DefaultOn,
+    /// Whether `*` turns it on (when what it [`needs`](Self::needs) is given).
+    pub default_on: bool,
+    /// A setting it cannot run without: selected without it, the manager refuses to start.
+    pub needs: Option<Setting>,
     /// What it does, for `--help`.
     pub help: &'static str,
     /// Builds it (registering its informer handlers) and returns its work.
@@ -64,13 +66,34 @@ impl PartialEq for ControllerDescriptor {
     }
 }
 
-/// Whether `*` turns a controller on.
+/// A command-line setting a controller needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DefaultOn {
-    /// Always.
-    Yes,
-    /// Only when an address pool is configured (lb-ipam).
-    WithLbPool,
+pub enum Setting {
+    /// `--lb-pool`: a LoadBalancer address pool.
+    LbPool,
+}
+
+impl Setting {
+    /// Whether the command line gave it.
+    pub fn given(self, lb_pool: Option<&Pool>) -> bool {
+        match self {
+            Setting::LbPool => lb_pool.is_some(),
+        }
+    }
+
+    /// The flag that gives it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Setting::LbPool => "--lb-pool",
+        }
+    }
+
+    /// What it is, for the error when it is missing.
+    pub fn what(self) -> &'static str {
+        match self {
+            Setting::LbPool => "a LoadBalancer address pool, a CIDR (a.b.c.d/n) or a range (a-b)",
+        }
+    }
 }
 
 /// Every controller, in start order (the garbage collector first, as upstream).
@@ -79,7 +102,8 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         name: "garbagecollector",
         aliases: &["garbage-collector-controller"],
         replaces: Some("garbage-collector-controller"),
-        default_on: DefaultOn::Yes,
+        default_on: true,
+        needs: None,
         help: "cascading deletion through ownerReferences",
         new: |cx| {
             let config = workload::garbagecollector::Config {
@@ -94,36 +118,39 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         name: "endpointslice",
         aliases: &["endpointslice-controller"],
         replaces: Some("endpointslice-controller"),
-        default_on: DefaultOn::Yes,
+        default_on: true,
+        needs: None,
         help: "EndpointSlices from Services and Pods",
         new: |cx| {
             let config = endpoint::endpointslice::Config {
-                concurrency: cx.concurrency.endpoints,
+                workers: usize::from(cx.concurrency.endpoints),
             };
-            Ok(forever(endpoint::endpointslice::run(
-                cx.client.clone(),
-                config,
-            )))
+            let c =
+                endpoint::endpointslice::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
         },
     },
     ControllerDescriptor {
         name: "endpoints",
         aliases: &["endpoint", "endpoints-controller"],
         replaces: Some("endpoints-controller"),
-        default_on: DefaultOn::Yes,
+        default_on: true,
+        needs: None,
         help: "legacy Endpoints from Services and Pods",
         new: |cx| {
-            Ok(forever(endpoint::endpoints::run(
-                cx.client.clone(),
-                cx.concurrency.endpoints,
-            )))
+            let config = endpoint::endpoints::Config {
+                workers: usize::from(cx.concurrency.endpoints),
+            };
+            let c = endpoint::endpoints::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
         },
     },
     ControllerDescriptor {
         name: "replicaset",
         aliases: &["replicaset-controller"],
         replaces: Some("replicaset-controller"),
-        default_on: DefaultOn::Yes,
+        default_on: true,
+        needs: None,
         help: "Pods of ReplicaSets",
         new: |cx| {
             let config = workload::replicaset::Config {
@@ -138,7 +165,8 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         name: "deployment",
         aliases: &["deployment-controller"],
         replaces: Some("deployment-controller"),
-        default_on: DefaultOn::Yes,
+        default_on: true,
+        needs: None,
         help: "ReplicaSets of Deployments",
         new: |cx| {
             let config = workload::deployment::Config {
@@ -152,7 +180,8 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         name: "daemonset",
         aliases: &["daemonset-controller"],
         replaces: Some("daemonset-controller"),
-        default_on: DefaultOn::Yes,
+        default_on: true,
+        needs: None,
         help: "daemon Pods of DaemonSets",
         new: |cx| {
             let config = workload::daemonset::Config {
@@ -167,7 +196,8 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         name: "statefulset",
         aliases: &["statefulset-controller"],
         replaces: Some("statefulset-controller"),
-        default_on: DefaultOn::Yes,
+        default_on: true,
+        needs: None,
         help: "ordinal Pods and claims of StatefulSets",
         new: |cx| {
             let config = workload::statefulset::Config {
@@ -181,7 +211,8 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         name: "job",
         aliases: &["job-controller"],
         replaces: Some("job-controller"),
-        default_on: DefaultOn::Yes,
+        default_on: true,
+        needs: None,
         help: "Pods of Jobs",
         new: |cx| {
             let config = workload::job::Config {
@@ -196,7 +227,8 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         name: "cronjob",
         aliases: &["cronjob-controller"],
         replaces: Some("cronjob-controller"),
-        default_on: DefaultOn::Yes,
+        default_on: true,
+        needs: None,
         help: "Jobs of CronJobs",
         new: |cx| {
             let config = workload::cronjob::Config {
@@ -211,7 +243,8 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         name: "ttl-after-finished",
         aliases: &["ttl-after-finished-controller"],
         replaces: Some("ttl-after-finished-controller"),
-        default_on: DefaultOn::Yes,
+        default_on: true,
+        needs: None,
         help: "deletion of finished Jobs after ttlSecondsAfterFinished",
         new: |cx| {
             let config = workload::ttlafterfinished::Config {
@@ -230,14 +263,18 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         name: "lb-ipam",
         aliases: &[],
         replaces: None,
-        default_on: DefaultOn::WithLbPool,
+        default_on: true,
+        needs: Some(Setting::LbPool),
         help: "LoadBalancer address allocation from --lb-pool",
         new: |cx| {
-            let pool = cx.lb_pool.clone().ok_or_else(|| Error::Config {
-                flag: "--lb-pool",
-                reason: "controller lb-ipam needs an address pool (a CIDR or an a-b range)".into(),
+            let pool = cx.lb_pool.clone().ok_or(Error::MissingSetting {
+                controller: "lb-ipam",
+                flag: Setting::LbPool.flag(),
+                what: Setting::LbPool.what(),
             })?;
-            Ok(endpoint::lbipam::run(cx.client.clone(), pool).boxed())
+            let config = endpoint::lbipam::Config::new(pool);
+            let c = endpoint::lbipam::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
         },
     },
 ];
@@ -281,9 +318,10 @@ pub fn help() -> String {
          that is on by default, `name` turns one on, `-name` turns one off (a `-name` wins).\n",
     );
     for d in CONTROLLERS {
-        let default = match d.default_on {
-            DefaultOn::Yes => "",
-            DefaultOn::WithLbPool => " (on by default only with --lb-pool)",
+        let default = match (d.default_on, d.needs) {
+            (false, _) => " (off by default)".to_string(),
+            (true, None) => String::new(),
+            (true, Some(s)) => format!(" (on by default only with {})", s.flag()),
         };
         let aliases = if d.aliases.is_empty() {
             String::new()

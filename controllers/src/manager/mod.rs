@@ -10,7 +10,7 @@ pub mod descriptors;
 use futures::future::select_all;
 use kube::Client;
 
-pub use descriptors::{ControllerDescriptor, DefaultOn, CONTROLLERS};
+pub use descriptors::{ControllerDescriptor, Setting, CONTROLLERS};
 
 use crate::endpoint::lbipam::pool::Pool;
 use crate::error::{Error, Result};
@@ -38,9 +38,12 @@ pub fn parse_controllers_with(
             on.push(descriptors::lookup(item)?.name);
         }
     }
-    let default_on = |d: &ControllerDescriptor| match d.default_on {
-        DefaultOn::Yes => true,
-        DefaultOn::WithLbPool => have_pool,
+    let default_on = |d: &ControllerDescriptor| {
+        d.default_on
+            && match d.needs {
+                None => true,
+                Some(Setting::LbPool) => have_pool,
+            }
     };
     Ok(CONTROLLERS
         .iter()
@@ -109,11 +112,27 @@ pub struct ManagerConfig {
 /// the Lease is lost (the caller should exit, as kube-controller-manager does), and the first
 /// controller's error when one fails (a constructor's error before anything starts).
 pub async fn run(client: Client, cfg: ManagerConfig) -> Result<()> {
+    check_settings(&cfg)?;
     let work = run_controllers(client.clone(), cfg.clone());
     match cfg.leader {
         Some(l) => leader::run_as_leader(client, l, work).await,
         None => work.await,
     }
+}
+
+/// Every selected controller has what it [`needs`](ControllerDescriptor::needs): checked before
+/// leader election, so a wrong command line fails at once.
+fn check_settings(cfg: &ManagerConfig) -> Result<()> {
+    for d in &cfg.controllers {
+        if let Some(setting) = d.needs.filter(|s| !s.given(cfg.lb_pool.as_ref())) {
+            return Err(Error::MissingSetting {
+                controller: d.name,
+                flag: setting.flag(),
+                what: setting.what(),
+            });
+        }
+    }
+    Ok(())
 }
 
 async fn run_controllers(client: Client, cfg: ManagerConfig) -> Result<()> {
@@ -289,5 +308,24 @@ mod tests {
         }
         assert!(descriptors::replaced_upstream().contains(&"replicaset-controller"));
         assert!(!descriptors::replaced_upstream().is_empty());
+    }
+
+    #[test]
+    fn lb_ipam_without_a_pool_is_an_error_naming_the_flag() {
+        let cfg = |list: &str, pool: Option<&str>| ManagerConfig {
+            controllers: parse_controllers(list).unwrap(),
+            lb_pool: pool.map(|p| p.parse().unwrap()),
+            leader: None,
+            concurrency: Concurrency::default(),
+        };
+        let err = check_settings(&cfg("endpointslice,lb-ipam", None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("lb-ipam") && err.contains("--lb-pool"),
+            "{err}"
+        );
+        assert!(check_settings(&cfg("endpointslice,lb-ipam", Some("10.0.0.0/24"))).is_ok());
+        assert!(check_settings(&cfg("*", None)).is_ok());
     }
 }

@@ -1,183 +1,218 @@
-//! The legacy Endpoints controller (EP-1..EP-5): one Endpoints object per Service with a selector,
-//! named after the Service, kept in step with its Pods; deleted with the Service.
+//! The legacy Endpoints controller (kube-controller-manager v1.34's `endpoints` controller,
+//! EP-1..EP-6): one Endpoints object per Service with a selector, named after the Service, kept in
+//! step with its Pods; deleted with the Service.
 //!
-//! Shape: `Controller::for_stream(services).reconcile_on(pod triggers + Endpoints changes)`. The
-//! Endpoints object has no ownerReference (as upstream), so its changes map to the Service of the
-//! same name. Writes carry the cached resourceVersion: a stale cache gets 409 and a retry.
+//! Runs on the shared runtime: handlers on the Service, Pod and Endpoints informers queue Service
+//! keys on one work queue named `endpoint`; `--concurrency` workers (16) sync one Service at a
+//! time. A Service change queues it (EP-2); a Pod change queues the Services selecting the Pod
+//! before and after (EP-3, [`crate::endpoint::membership`]); a change of an Endpoints object
+//! queues the Service of the same name when there is one (EP-1: the object has no ownerReference,
+//! as upstream; an Endpoints object written for a Service still to come is left alone).
+//!
+//! A sync plans with [`plan`] over the caches and writes with the cached resourceVersion: a stale
+//! cache gets 409 and a retry. A Service no longer in the cache gets its Endpoints deleted (EP-5),
+//! and Endpoints left without a Service while no controller ran are queued so at start
+//! (`checkLeftoverEndpoints`).
 
 pub mod plan;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
-use kube::api::{DeleteParams, PostParams};
-use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
-use kube::runtime::WatchStreamExt;
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 
-use crate::endpoint::inputs::{self, Inputs};
+use crate::endpoint::membership;
 use crate::error::{Error, Result};
 use crate::runtime::cache::Indexed;
 use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::informer::{self, Informers};
+use crate::runtime::queue::WorkQueue;
+use crate::runtime::workers::run_workers;
 
-/// Shared by every reconcile.
-pub struct Context {
+/// The work queue's (and metrics') name, as upstream.
+pub const QUEUE_NAME: &str = "endpoint";
+
+/// The Endpoints controller's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Concurrent syncs (the controller-manager's `--concurrency`, default 16).
+    pub workers: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self { workers: 16 }
+    }
+}
+
+/// The running controller.
+pub struct Controller {
     client: Client,
+    config: Config,
+    services: Arc<Indexed<Service>>,
     pods: Arc<Indexed<CachedPod>>,
     endpoints: Arc<Indexed<Endpoints>>,
+    queue: Arc<WorkQueue<String>>,
 }
 
-/// Runs the controller until its streams end (normally: forever).
-pub async fn run(client: Client, concurrency: u16) {
-    let Inputs {
-        reader,
-        services,
-        pods,
-        service_stream,
-        pod_triggers,
-        deleted,
-    } = inputs::inputs(&client);
-    let endpoints = Indexed::new(|_: &Endpoints| Vec::new());
-    let cache = endpoints.clone();
-    let ep_triggers = watcher::watcher(
-        Api::<Endpoints>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .filter_map(move |ev| {
-        let out = ev.ok().map(|ev| {
-            cache.apply(&ev);
-            let names: Vec<ObjectRef<Service>> = match &ev {
-                watcher::Event::Apply(e) | watcher::Event::Delete(e) => {
-                    vec![ObjectRef::new(&e.name_any()).within(&e.namespace().unwrap_or_default())]
-                }
-                _ => Vec::new(),
-            };
-            futures::stream::iter(names)
+impl Controller {
+    /// Registers the controller's indexes and handlers on the shared informers.
+    pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
+        let (svc_informer, pod_informer) = membership::register(informers);
+        let ep_informer = informers.get::<Endpoints>();
+        let this = Arc::new(Controller {
+            client,
+            config,
+            services: svc_informer.cache(),
+            pods: pod_informer.cache(),
+            endpoints: ep_informer.cache(),
+            queue: crate::endpoint::endpointutil::work_queue(QUEUE_NAME),
         });
-        futures::future::ready(out)
-    })
-    .flatten();
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        pods,
-        endpoints,
-    });
-    tokio::spawn(cleanup_deleted(client.clone(), deleted));
-    tokio::spawn(sweep_leftovers(client, services, ctx.endpoints.clone()));
-    Controller::for_stream(service_stream, reader)
-        .reconcile_on(pod_triggers)
-        .reconcile_on(ep_triggers)
-        .with_config(controller::Config::default().concurrency(concurrency))
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| {
-            if let Err(e) = r {
-                tracing::debug!("endpoints controller: {e}");
-            }
-            futures::future::ready(())
-        })
+        svc_informer.on_change_of(&this, Controller::on_service);
+        pod_informer.on_change_of(&this, Controller::on_pod);
+        ep_informer.on_change_of(&this, Controller::on_endpoints);
+        this
+    }
+
+    /// Waits for the Service, Pod and Endpoints caches, queues the leftovers, then runs the workers
+    /// until the queue shuts down.
+    pub async fn run(self: Arc<Self>) {
+        self.services.wait_ready().await;
+        self.pods.wait_ready().await;
+        self.endpoints.wait_ready().await;
+        for key in leftovers(&self.endpoints, &self.services) {
+            self.queue.add(key);
+        }
+        tracing::info!(
+            workers = self.config.workers,
+            "endpoints controller started"
+        );
+        let this = self.clone();
+        run_workers(
+            self.queue.clone(),
+            self.config.workers,
+            move |key: String| {
+                let this = this.clone();
+                async move { this.sync(&key).await }
+            },
+        )
         .await;
-}
-
-/// Computes and writes the Endpoints of one Service.
-pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.pods.wait_ready().await;
-    ctx.endpoints.wait_ready().await;
-    if svc.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
     }
-    let ns = svc.namespace().unwrap_or_default();
-    let pods = inputs::pods_for(&ctx.pods, &svc);
-    let Some(desired) = plan::desired(&svc, &pods) else {
-        return Ok(Action::await_change());
-    };
-    let existing = ctx.endpoints.get(&ns, &svc.name_any());
-    let Some(write) = plan::plan(desired, existing.as_deref()) else {
-        return Ok(Action::await_change());
-    };
-    let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &ns);
-    let object = format!("{ns}/{}", svc.name_any());
-    match existing {
-        Some(_) => api
-            .replace(&svc.name_any(), &PostParams::default(), &write)
-            .await
-            .map_err(|e| Error::kube("updating Endpoints", object, e))?,
-        None => api
-            .create(&PostParams::default(), &write)
-            .await
-            .map_err(|e| Error::kube("creating Endpoints", object, e))?,
-    };
-    Ok(Action::await_change())
-}
 
-/// Deletes the Endpoints of Services that went away.
-async fn cleanup_deleted(
-    client: Client,
-    mut deleted: tokio::sync::mpsc::UnboundedReceiver<Service>,
-) {
-    while let Some(svc) = deleted.recv().await {
-        let Some(_) = crate::endpoint::endpointutil::service_selector(&svc) else {
-            continue;
+    /// Stops the workers (the queue stops handing out keys).
+    pub fn shut_down(&self) {
+        self.queue.shut_down();
+    }
+
+    // ---- handlers ----
+
+    fn on_service(&self, old: Option<&Arc<Service>>, new: Option<&Arc<Service>>) {
+        if let Some(svc) = new.or(old) {
+            self.queue.add(informer::key_of(svc.as_ref()));
+        }
+    }
+
+    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
+        for key in membership::services_for_change(&self.services, old, new) {
+            self.queue.add(key);
+        }
+    }
+
+    fn on_endpoints(&self, old: Option<&Arc<Endpoints>>, new: Option<&Arc<Endpoints>>) {
+        let Some(ep) = new.or(old) else { return };
+        let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
+        if self.services.get(&ns, &name).is_some() {
+            self.queue.add(informer::key_of(ep.as_ref()));
+        }
+    }
+
+    // ---- sync ----
+
+    /// Computes and writes the Endpoints of the Service `key` (EP-4), or deletes them when the
+    /// Service is gone (EP-5).
+    pub async fn sync(&self, key: &str) -> Result<()> {
+        let (ns, name) = informer::split_key(key);
+        let existing = self.endpoints.get(ns, name);
+        let Some(svc) = self.services.get(ns, name) else {
+            return match existing {
+                Some(ep) => self.delete_leftover(&ep).await,
+                None => Ok(()),
+            };
         };
-        let ns = svc.namespace().unwrap_or_default();
-        let api: Api<Endpoints> = Api::namespaced(client.clone(), &ns);
-        match api.delete(&svc.name_any(), &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => tracing::warn!(
-                "deleting Endpoints {ns}/{} of a deleted Service: {e}",
-                svc.name_any()
-            ),
+        if svc.metadata.deletion_timestamp.is_some() {
+            return Ok(());
         }
+        let pods = membership::pods_for(&self.pods, &svc);
+        let Some(desired) = plan::desired(&svc, &pods) else {
+            return Ok(());
+        };
+        let Some(write) = plan::plan(desired, existing.as_deref()) else {
+            return Ok(());
+        };
+        let api: Api<Endpoints> = Api::namespaced(self.client.clone(), ns);
+        match existing {
+            Some(_) => api
+                .replace(name, &PostParams::default(), &write)
+                .await
+                .map_err(|e| Error::kube("updating Endpoints", key, e))?,
+            None => api
+                .create(&PostParams::default(), &write)
+                .await
+                .map_err(|e| Error::kube("creating Endpoints", key, e))?,
+        };
+        Ok(())
     }
-}
 
-/// Deletes Endpoints objects that have no Service (left over from Services deleted while no
-/// controller ran), once the caches are complete, as upstream's `checkLeftoverEndpoints` does.
-async fn sweep_leftovers(
-    client: Client,
-    services: Arc<Indexed<Service>>,
-    endpoints: Arc<Indexed<Endpoints>>,
-) {
-    services.wait_ready().await;
-    endpoints.wait_ready().await;
-    for ep in endpoints.all() {
+    /// Deletes the Endpoints of a Service that is gone (only that object: the uid precondition
+    /// spares one written since the cache saw it).
+    async fn delete_leftover(&self, ep: &Endpoints) -> Result<()> {
         let ns = ep.namespace().unwrap_or_default();
-        if services.get(&ns, &ep.name_any()).is_some() {
-            continue;
-        }
-        let api: Api<Endpoints> = Api::namespaced(client.clone(), &ns);
+        let api: Api<Endpoints> = Api::namespaced(self.client.clone(), &ns);
         let dp = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
+            preconditions: Some(Preconditions {
                 uid: ep.uid(),
                 resource_version: None,
             }),
             ..DeleteParams::default()
         };
         match api.delete(&ep.name_any(), &dp).await {
-            Ok(_) => tracing::info!(
-                "endpoints: deleted leftover Endpoints {ns}/{}",
-                ep.name_any()
-            ),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => tracing::warn!(
-                "endpoints: deleting leftover Endpoints {ns}/{}: {e}",
-                ep.name_any()
-            ),
+            Ok(_) => {
+                tracing::info!(
+                    "endpoints: deleted Endpoints {ns}/{} of a Service that is gone",
+                    ep.name_any()
+                );
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(Error::kube(
+                "deleting Endpoints of a deleted Service",
+                informer::key_of(ep),
+                e,
+            )),
         }
     }
 }
 
-/// Requeues a failed reconcile after a second.
-pub fn error_policy(svc: Arc<Service>, err: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::info!(
-        "endpoints: Service {}/{}: {err}",
-        svc.namespace().unwrap_or_default(),
-        svc.name_any()
-    );
-    Action::requeue(Duration::from_secs(1))
+/// The keys of the Endpoints objects that have no Service.
+pub fn leftovers(endpoints: &Indexed<Endpoints>, services: &Indexed<Service>) -> Vec<String> {
+    endpoints
+        .all()
+        .iter()
+        .filter(|ep| {
+            services
+                .get(&ep.namespace().unwrap_or_default(), &ep.name_any())
+                .is_none()
+        })
+        .map(|ep| informer::key_of(ep.as_ref()))
+        .collect()
 }
+
+/// Creates the controller on `informers` (see [`Controller::new`]).
+pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
+    Controller::new(client, informers, config)
+}
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod controller_tests;

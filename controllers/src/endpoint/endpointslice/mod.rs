@@ -1,19 +1,27 @@
-//! The EndpointSlice controller: keeps the EndpointSlices of every Service with a selector in step
-//! with its Pods.
+//! The EndpointSlice controller (kube-controller-manager v1.34's `endpointslice` controller): keeps
+//! the EndpointSlices of every Service with a selector in step with its Pods.
 //!
-//! Shape: `Controller::for_stream(services).owns_stream(slices).reconcile_on(pod triggers)`. The
-//! reconcile reads the indexed caches, computes a `plan::Plan` with pure functions and applies it:
-//! creates, then updates (with the resourceVersion read, so a stale cache gets 409 and a retry), then
-//! deletes. A tracker remembers the generation of every slice written, and a reconcile whose cache
-//! has not yet seen them waits (requeue) instead of planning from stale slices, as upstream's
-//! EndpointSliceTracker does. Deleted Services get their slices removed here (there may be no
-//! garbage collector). Must not touch slices managed by anyone else.
+//! Runs on the shared runtime: handlers on the Service, Pod, Node and EndpointSlice informers queue
+//! Service keys on one work queue named `endpoint_slice`; `--concurrency` workers (16) sync one
+//! Service at a time. A Service change queues it; a Pod change queues the Services selecting the
+//! Pod before and after ([`crate::endpoint::membership`]); a change of a slice managed here queues
+//! its Service (by the `kubernetes.io/service-name` label); a Node that appears, goes away or
+//! changes its zone queues the Services with Pods on it.
 //!
-//! Nodes are optional. Once the Node cache is synced, the plan can be told for each Pod whether
-//! its Node exists (and its zone): a Pod whose Node is missing is then left out unless the Service
-//! has publishNotReadyAddresses, as upstream. Until then, and for good when Nodes may not be read (403), nothing is known of Nodes:
-//! every Pod is kept, without a zone. Node creation, deletion, zone changes and relistings
-//! re-reconcile the Services with Pods there (upstream instead retries the Service with backoff).
+//! A sync reads the caches, computes a [`plan::Plan`] with pure functions and applies it: creates,
+//! then updates (with the resourceVersion read, so a stale cache gets 409 and a retry), then
+//! deletes. A tracker remembers the generation of every slice written, and a sync whose cache has
+//! not yet seen them waits (requeue) instead of planning from stale slices, as upstream's
+//! EndpointSliceTracker does. A Service no longer in the cache gets its managed slices deleted here
+//! (there may be no garbage collector), and a sweep deletes managed slices whose Service is gone
+//! (by name and uid) at start and every minute. Must not touch slices managed by anyone else.
+//!
+//! Nodes are optional. Once the Node cache is synced, the plan is told for each Pod whether its
+//! Node exists (and its zone): a Pod whose Node is missing is then left out unless the Service has
+//! publishNotReadyAddresses, as upstream. Until then, and for good when Nodes may not be read
+//! (403), nothing is known of Nodes: every Pod is kept, without a zone. The workers wait up to two
+//! seconds for the Node listing before they start; when it comes later, every Service is synced
+//! again (upstream instead retries the Service with backoff).
 
 pub mod plan;
 
@@ -21,33 +29,52 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::FutureExt as _;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, PostParams, Preconditions};
-use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
-use crate::endpoint::inputs::{self, Inputs};
+use crate::endpoint::membership;
 use crate::error::{Error, Result};
-use crate::runtime::cache::{Change, Indexed, Key};
+use crate::runtime::cache::{Indexed, Key};
 use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::informer::{self, Informers};
+use crate::runtime::queue::WorkQueue;
+use crate::runtime::workers::{run_workers, AbortOnDrop};
 
-/// How long the first reconcile waits for the Node listing (zones) before going on without it.
+/// The work queue's (and metrics') name, as upstream.
+pub const QUEUE_NAME: &str = "endpoint_slice";
+
+/// EndpointSlice cache index: key = `ns/service-name` of the slices managed here (others are not
+/// indexed).
+pub const SLICE_SERVICE: &str = "endpointslice-service";
+
+/// How long the workers wait for the Node listing (zones) before they go on without it.
 const NODES_WAIT: Duration = Duration::from_secs(2);
+
+/// How soon a sync whose slice cache has not yet seen its own writes looks again.
+const STALE_RETRY: Duration = Duration::from_millis(50);
 
 /// How long a written slice may stay unseen by the cache before the tracker gives up on it.
 const EXPECTATION_TTL: Duration = Duration::from_secs(10);
 
-/// Index of a slice: `ns/service-name`.
+/// How often managed slices whose Service is gone are looked for.
+const ORPHAN_SWEEP: Duration = Duration::from_secs(60);
+
+/// [`SLICE_SERVICE`] of a slice.
 pub fn slice_index(s: &EndpointSlice) -> Vec<String> {
+    if !plan::is_managed(s) {
+        return Vec::new();
+    }
+    service_of(s).into_iter().collect()
+}
+
+/// The queue key (`ns/name`) of the Service a slice is labelled with.
+fn service_of(s: &EndpointSlice) -> Option<String> {
     s.labels()
         .get(plan::LABEL_SERVICE_NAME)
-        .map(|svc| vec![format!("{}/{svc}", s.namespace().unwrap_or_default())])
-        .unwrap_or_default()
+        .map(|svc| format!("{}/{svc}", s.namespace().unwrap_or_default()))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,85 +122,234 @@ impl Tracker {
     }
 }
 
-/// Shared by every reconcile.
-pub struct Context {
-    client: Client,
-    pods: Arc<Indexed<CachedPod>>,
-    nodes: Arc<Indexed<Node>>,
-    slices: Arc<Indexed<EndpointSlice>>,
-    tracker: Tracker,
-    nodes_gate: tokio::sync::OnceCell<()>,
-}
-
-/// Options.
+/// The EndpointSlice controller's settings.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Reconciles running at once.
-    pub concurrency: u16,
+    /// Concurrent syncs (the controller-manager's `--concurrency`, default 16).
+    pub workers: usize,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { concurrency: 16 }
+        Self { workers: 16 }
     }
 }
 
-/// Runs the controller until the client's streams end (normally: forever).
-pub async fn run(client: Client, cfg: Config) {
-    let Inputs {
-        reader,
-        services,
-        pods,
-        service_stream,
-        pod_triggers,
-        deleted,
-    } = inputs::inputs(&client);
-    let slices = Indexed::new(slice_index);
-    let slice_cache = slices.clone();
-    let managed = format!("{}={}", plan::LABEL_MANAGED_BY, plan::MANAGED_BY);
-    let slice_stream = watcher::watcher(
-        Api::<EndpointSlice>::all(client.clone()),
-        watcher::Config::default().labels(&managed),
-    )
-    .default_backoff()
-    .map_ok(move |ev| {
-        slice_cache.apply(&ev);
-        ev
-    })
-    .touched_objects();
-    let nodes = Indexed::new(|_: &Node| Vec::new());
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        pods,
-        nodes: nodes.clone(),
-        slices,
-        tracker: Tracker::default(),
-        nodes_gate: tokio::sync::OnceCell::new(),
-    });
-    let node_triggers = node_triggers(&client, nodes, ctx.pods.clone(), services.clone());
-    tokio::spawn(cleanup_deleted(ctx.clone(), deleted));
-    tokio::spawn(sweep_orphans(ctx.clone(), services));
-    Controller::for_stream(service_stream, reader)
-        .owns_stream(slice_stream)
-        .reconcile_on(pod_triggers)
-        .reconcile_on(node_triggers)
-        .with_config(controller::Config::default().concurrency(cfg.concurrency))
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| {
-            if let Err(e) = r {
-                tracing::debug!("endpointslice controller: {e}");
-            }
-            futures::future::ready(())
-        })
+/// The running controller.
+pub struct Controller {
+    client: Client,
+    config: Config,
+    services: Arc<Indexed<Service>>,
+    pods: Arc<Indexed<CachedPod>>,
+    nodes: Arc<Indexed<Node>>,
+    slices: Arc<Indexed<EndpointSlice>>,
+    queue: Arc<WorkQueue<String>>,
+    tracker: Tracker,
+}
+
+impl Controller {
+    /// Registers the controller's indexes and handlers on the shared informers.
+    pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
+        let (svc_informer, pod_informer) = membership::register(informers);
+        let node_informer = informers.get::<Node>();
+        let slice_informer = informers.get::<EndpointSlice>();
+        slice_informer.add_index(SLICE_SERVICE, slice_index);
+        let this = Arc::new(Controller {
+            client,
+            config,
+            services: svc_informer.cache(),
+            pods: pod_informer.cache(),
+            nodes: node_informer.cache(),
+            slices: slice_informer.cache(),
+            queue: crate::endpoint::endpointutil::work_queue(QUEUE_NAME),
+            tracker: Tracker::default(),
+        });
+        svc_informer.on_change_of(&this, Controller::on_service);
+        pod_informer.on_change_of(&this, Controller::on_pod);
+        node_informer.on_change_of(&this, Controller::on_node);
+        slice_informer.on_change_of(&this, Controller::on_slice);
+        this
+    }
+
+    /// Waits for the Service, Pod and EndpointSlice caches (and briefly for the Nodes), then runs
+    /// the workers and the orphan sweep until the queue shuts down.
+    pub async fn run(self: Arc<Self>) {
+        self.services.wait_ready().await;
+        self.pods.wait_ready().await;
+        self.slices.wait_ready().await;
+        let mut background = vec![tokio::spawn(self.clone().sweep_orphans()).abort_handle()];
+        if tokio::time::timeout(NODES_WAIT, self.nodes.wait_ready())
+            .await
+            .is_err()
+        {
+            tracing::warn!("endpointslice: Nodes not listed within {NODES_WAIT:?}: endpoints get no zone (and Pods on missing Nodes are kept) until they are");
+            let this = self.clone();
+            let late = async move {
+                this.nodes.wait_ready().await;
+                for key in membership::selecting_services(&this.services) {
+                    this.queue.add(key);
+                }
+            };
+            background.push(tokio::spawn(late.boxed()).abort_handle());
+        }
+        // Dropping this future (leadership lost) stops the sweep too.
+        let _background = AbortOnDrop(background);
+        tracing::info!(
+            workers = self.config.workers,
+            "endpointslice controller started"
+        );
+        let this = self.clone();
+        run_workers(
+            self.queue.clone(),
+            self.config.workers,
+            move |key: String| {
+                let this = this.clone();
+                async move { this.sync(&key).await }
+            },
+        )
         .await;
-}
+    }
 
-fn svc_key(svc: &Service) -> Key {
-    (svc.namespace().unwrap_or_default(), svc.name_any())
-}
+    /// Stops the workers (the queue stops handing out keys).
+    pub fn shut_down(&self) {
+        self.queue.shut_down();
+    }
 
-fn zone(n: &Option<Arc<Node>>) -> Option<&String> {
-    n.as_ref().and_then(|n| n.labels().get(plan::LABEL_ZONE))
+    // ---- handlers ----
+
+    fn on_service(&self, old: Option<&Arc<Service>>, new: Option<&Arc<Service>>) {
+        if let Some(svc) = new.or(old) {
+            self.queue.add(informer::key_of(svc.as_ref()));
+        }
+    }
+
+    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
+        for key in membership::services_for_change(&self.services, old, new) {
+            self.queue.add(key);
+        }
+    }
+
+    fn on_node(&self, old: Option<&Arc<Node>>, new: Option<&Arc<Node>>) {
+        let zone =
+            |n: Option<&Arc<Node>>| n.and_then(|n| n.labels().get(plan::LABEL_ZONE).cloned());
+        if old.is_some() == new.is_some() && zone(old) == zone(new) {
+            return;
+        }
+        let Some(name) = new.or(old).map(|n| n.name_any()) else {
+            return;
+        };
+        for key in membership::services_on_node(&self.services, &self.pods, &name) {
+            self.queue.add(key);
+        }
+    }
+
+    fn on_slice(&self, old: Option<&Arc<EndpointSlice>>, new: Option<&Arc<EndpointSlice>>) {
+        // A slice that stopped (or started) being managed here concerns its Service too.
+        for slice in old.into_iter().chain(new) {
+            if plan::is_managed(slice) {
+                if let Some(key) = service_of(slice) {
+                    self.queue.add(key);
+                }
+            }
+        }
+    }
+
+    // ---- sync ----
+
+    /// Plans and applies the slices of the Service `key`.
+    pub async fn sync(&self, key: &str) -> Result<()> {
+        let (ns, name) = informer::split_key(key);
+        let svc_key: Key = (ns.to_string(), name.to_string());
+        let existing = self.slices.index(SLICE_SERVICE, key);
+        let Some(svc) = self.services.get(ns, name) else {
+            return self
+                .delete_slices_of_gone_service(&svc_key, &existing)
+                .await;
+        };
+        if svc.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        if self.tracker.stale(&svc_key, &self.slices) {
+            self.queue.add_after(key.to_string(), STALE_RETRY);
+            return Ok(());
+        }
+        let pods = membership::pods_for(&self.pods, &svc);
+        let node_of = |node: &str| node_info(&self.nodes, node);
+        let plan = plan::plan_with_nodes(&svc, &pods, &existing, &node_of);
+        if !plan.is_empty() {
+            self.apply(&svc_key, plan).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the managed slices of a Service that is no longer in the cache.
+    async fn delete_slices_of_gone_service(
+        &self,
+        svc: &Key,
+        slices: &[Arc<EndpointSlice>],
+    ) -> Result<()> {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &svc.0);
+        for slice in slices {
+            delete_slice(&api, slice).await?;
+            self.tracker.expect(svc, slice.name_any(), Expect::Gone);
+        }
+        Ok(())
+    }
+
+    /// Deletes slices left behind by Services deleted while no controller ran: at start, and then
+    /// every minute.
+    async fn sweep_orphans(self: Arc<Self>) {
+        loop {
+            for slice in orphans(&self.slices.all(), &self.services) {
+                let api: Api<EndpointSlice> =
+                    Api::namespaced(self.client.clone(), &slice.namespace().unwrap_or_default());
+                match delete_slice(&api, &slice).await {
+                    Ok(()) => tracing::info!(
+                        "endpointslice: deleted orphaned slice {}/{}",
+                        slice.namespace().unwrap_or_default(),
+                        slice.name_any()
+                    ),
+                    Err(e) => tracing::warn!("endpointslice: orphan sweep: {e}"),
+                }
+            }
+            tokio::time::sleep(ORPHAN_SWEEP).await;
+        }
+    }
+
+    /// Applies a plan: creates first, then updates, then deletes (endpoints are never missing in
+    /// between).
+    async fn apply(&self, key: &Key, plan: plan::Plan) -> Result<()> {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &key.0);
+        let obj = |name: &str| format!("{}/{name}", key.0);
+        for slice in plan.create {
+            let created = api
+                .create(&PostParams::default(), &slice)
+                .await
+                .map_err(|e| Error::kube("creating EndpointSlice for Service", obj(&key.1), e))?;
+            self.tracker.expect(
+                key,
+                created.name_any(),
+                Expect::Generation(created.metadata.generation.unwrap_or(0)),
+            );
+        }
+        for slice in plan.update {
+            let name = slice.name_any();
+            let updated = api
+                .replace(&name, &PostParams::default(), &slice)
+                .await
+                .map_err(|e| Error::kube("updating EndpointSlice", obj(&name), e))?;
+            self.tracker.expect(
+                key,
+                name,
+                Expect::Generation(updated.metadata.generation.unwrap_or(0)),
+            );
+        }
+        for slice in plan.delete {
+            delete_slice(&api, &slice).await?;
+            self.tracker.expect(key, slice.name_any(), Expect::Gone);
+        }
+        Ok(())
+    }
 }
 
 /// What is known of a Node: nothing before the cache is synced (or when Nodes are forbidden),
@@ -189,117 +365,6 @@ fn node_info(nodes: &Indexed<Node>, name: &str) -> plan::NodeInfo {
         // Upstream's reconciler leaves such a Pod out (unless publishNotReadyAddresses).
         None => plan::NodeInfo::Missing,
     }
-}
-
-/// Services to reconcile because a Node appeared, went away or changed its zone label (their
-/// endpoints on it carry the zone, and Pods on a missing Node are left out).
-fn node_triggers(
-    client: &Client,
-    nodes: Arc<Indexed<Node>>,
-    pods: Arc<Indexed<CachedPod>>,
-    services: Arc<Indexed<Service>>,
-) -> impl futures::Stream<Item = ObjectRef<Service>> + Send + 'static {
-    watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .filter_map(move |ev| {
-            let mut refs = Vec::new();
-            if let Ok(ev) = ev {
-                let changed: Vec<String> = match nodes.apply(&ev) {
-                    Change::One { old, new }
-                        if zone(&old) != zone(&new) || old.is_some() != new.is_some() =>
-                    {
-                        old.as_ref()
-                            .or(new.as_ref())
-                            .map(|n| n.name_any())
-                            .into_iter()
-                            .collect()
-                    }
-                    // A (re)listing: any Node may have appeared, gone or changed its zone (and the
-                    // first one turns "nothing known" into "known"): every Pod's Services.
-                    Change::Relisted => {
-                        let mut set = std::collections::HashSet::new();
-                        for pod in pods.all() {
-                            set.extend(inputs::services_for(&services, &pod));
-                        }
-                        refs.extend(set);
-                        Vec::new()
-                    }
-                    _ => Vec::new(),
-                };
-                for name in changed {
-                    for pod in pods.by_index(&format!("node:{name}")) {
-                        refs.extend(inputs::services_for(&services, &pod));
-                    }
-                }
-            }
-            futures::future::ready(Some(futures::stream::iter(refs)))
-        })
-        .flatten()
-}
-
-/// Plans and applies the slices of one Service.
-pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.pods.wait_ready().await;
-    ctx.slices.wait_ready().await;
-    // Nodes are optional: without read access to Nodes (or before they are listed) endpoints carry
-    // no zone and no Pod is left out for its Node; a later Node listing re-reconciles. The first
-    // reconcile waits briefly, once.
-    ctx.nodes_gate
-        .get_or_init(|| async {
-            if tokio::time::timeout(NODES_WAIT, ctx.nodes.wait_ready()).await.is_err() {
-                tracing::warn!("endpointslice: Nodes not listed within {NODES_WAIT:?}: endpoints get no zone (and Pods on missing Nodes are kept) until they are");
-            }
-        })
-        .await;
-    if svc.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
-    let key = svc_key(&svc);
-    if ctx.tracker.stale(&key, &ctx.slices) {
-        return Ok(Action::requeue(Duration::from_millis(50)));
-    }
-    let pods = inputs::pods_for(&ctx.pods, &svc);
-    let existing = ctx.slices.by_index(&format!("{}/{}", key.0, key.1));
-    let node_of = |node: &str| node_info(&ctx.nodes, node);
-    let plan = plan::plan_with_nodes(&svc, &pods, &existing, &node_of);
-    if !plan.is_empty() {
-        apply(&ctx, &key, plan).await?;
-    }
-    Ok(Action::await_change())
-}
-
-/// Applies a plan: creates first, then updates, then deletes (endpoints are never missing in between).
-async fn apply(ctx: &Context, key: &Key, plan: plan::Plan) -> Result<()> {
-    let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &key.0);
-    let obj = |name: &str| format!("{}/{name}", key.0);
-    for slice in plan.create {
-        let created = api
-            .create(&PostParams::default(), &slice)
-            .await
-            .map_err(|e| Error::kube("creating EndpointSlice for Service", obj(&key.1), e))?;
-        ctx.tracker.expect(
-            key,
-            created.name_any(),
-            Expect::Generation(created.metadata.generation.unwrap_or(0)),
-        );
-    }
-    for slice in plan.update {
-        let name = slice.name_any();
-        let updated = api
-            .replace(&name, &PostParams::default(), &slice)
-            .await
-            .map_err(|e| Error::kube("updating EndpointSlice", obj(&name), e))?;
-        ctx.tracker.expect(
-            key,
-            name,
-            Expect::Generation(updated.metadata.generation.unwrap_or(0)),
-        );
-    }
-    for slice in plan.delete {
-        delete_slice(&api, &slice).await?;
-        ctx.tracker.expect(key, slice.name_any(), Expect::Gone);
-    }
-    Ok(())
 }
 
 async fn delete_slice(api: &Api<EndpointSlice>, slice: &EndpointSlice) -> Result<()> {
@@ -322,27 +387,6 @@ async fn delete_slice(api: &Api<EndpointSlice>, slice: &EndpointSlice) -> Result
             ),
             e,
         )),
-    }
-}
-
-/// Deletes the managed slices owned by Services that went away.
-async fn cleanup_deleted(
-    ctx: Arc<Context>,
-    mut deleted: tokio::sync::mpsc::UnboundedReceiver<Service>,
-) {
-    while let Some(svc) = deleted.recv().await {
-        let key = svc_key(&svc);
-        let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &key.0);
-        let owned = ctx.slices.by_index(&format!("{}/{}", key.0, key.1));
-        for slice in owned.iter().filter(|s| {
-            s.owner_references()
-                .iter()
-                .any(|o| Some(&o.uid) == svc.uid().as_ref())
-        }) {
-            if let Err(e) = delete_slice(&api, slice).await {
-                tracing::warn!("cleaning up after deleted Service {}/{}: {e}", key.0, key.1);
-            }
-        }
     }
 }
 
@@ -371,34 +415,11 @@ pub fn orphans(
         .collect()
 }
 
-/// Deletes slices left behind by Services deleted while no controller ran: once the caches are
-/// complete, and then every minute.
-async fn sweep_orphans(ctx: Arc<Context>, services: Arc<Indexed<Service>>) {
-    services.wait_ready().await;
-    ctx.slices.wait_ready().await;
-    loop {
-        for slice in orphans(&ctx.slices.all(), &services) {
-            let api: Api<EndpointSlice> =
-                Api::namespaced(ctx.client.clone(), &slice.namespace().unwrap_or_default());
-            match delete_slice(&api, &slice).await {
-                Ok(()) => tracing::info!(
-                    "endpointslice: deleted orphaned slice {}/{}",
-                    slice.namespace().unwrap_or_default(),
-                    slice.name_any()
-                ),
-                Err(e) => tracing::warn!("endpointslice: orphan sweep: {e}"),
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(60)).await;
-    }
+/// Creates the controller on `informers` (see [`Controller::new`]).
+pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
+    Controller::new(client, informers, config)
 }
 
-/// Requeues a failed reconcile after a second.
-pub fn error_policy(svc: Arc<Service>, err: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::info!(
-        "endpointslice: Service {}/{}: {err}",
-        svc.namespace().unwrap_or_default(),
-        svc.name_any()
-    );
-    Action::requeue(Duration::from_secs(1))
-}
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod controller_tests;

@@ -1,28 +1,35 @@
 //! LoadBalancer IP allocation: Services of type LoadBalancer get `status.loadBalancer.ingress[].ip`
 //! from a configured pool; the address is released when the Service is deleted (through the
 //! `service.kubernetes.io/load-balancer-cleanup` finalizer, as cloud controllers do) or stops being a
-//! LoadBalancer. At start the allocator is rebuilt from the addresses Services already carry, so a
-//! restart gives out no duplicates.
+//! LoadBalancer. At start the allocator is rebuilt from the addresses the Services in the cache
+//! already carry, so a restart gives out no duplicates.
 //!
-//! Shape: `Controller::new(services).run(reconcile, error_policy, ctx)`; `step` is the pure decision,
-//! `apply_step` the thin layer. Services with a `loadBalancerClass` other than ours are left alone.
+//! Runs on the shared runtime: a handler on the Service informer queues the Services this may
+//! concern (ours, or carrying our finalizer or an address) on one work queue named `lb_ipam`;
+//! workers sync one Service at a time. [`step`] is the pure decision, [`apply_step`] the thin
+//! layer. Services with a `loadBalancerClass` other than ours are left alone. An address that
+//! cannot be given (pool exhausted, requested address taken) fails the sync, which is retried
+//! with backoff and logged by the workers.
 
 pub mod pool;
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use crate::error::{Error, Result};
+use crate::runtime::cache::Indexed;
+use crate::runtime::informer::{self, Informers};
+use crate::runtime::queue::WorkQueue;
+use crate::runtime::workers::run_workers;
 use pool::{Allocator, Pool};
+
+/// The work queue's (and metrics') name.
+pub const QUEUE_NAME: &str = "lb_ipam";
 
 /// Finalizer holding a Service until its address is released.
 pub const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
@@ -92,72 +99,133 @@ pub fn step(svc: &Service, alloc: &mut Allocator) -> Result<Step> {
     })
 }
 
-/// Shared by every reconcile.
-pub struct Context {
-    client: Client,
-    alloc: Mutex<Allocator>,
+/// Whether a change of `svc` may need a write or release an address: it is (or was) ours, or it
+/// carries our finalizer or an address.
+fn concerns(svc: &Service) -> bool {
+    is_ours(svc) || has_finalizer(svc) || !ingress_ips(svc).is_empty()
 }
 
-/// Rebuilds the allocator from the Services that exist now.
-pub async fn rebuild(client: &Client, pool: Pool) -> Result<Allocator> {
-    let list = Api::<Service>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| {
-            Error::kube(
-                "listing Services to rebuild LoadBalancer allocations",
-                "*",
-                e,
-            )
-        })?;
-    let mut alloc = Allocator::new(pool);
-    for svc in list
-        .items
-        .iter()
+/// An allocator holding the addresses `services` already publish (the Services that are ours and
+/// not being deleted, in `namespace/name` order, as a listing returns them: of two Services
+/// claiming one address, the first keeps it).
+pub fn rebuild<'a>(pool: Pool, services: impl IntoIterator<Item = &'a Service>) -> Allocator {
+    let mut ours: Vec<&Service> = services
+        .into_iter()
         .filter(|s| is_ours(s) && s.metadata.deletion_timestamp.is_none())
-    {
+        .collect();
+    ours.sort_by_key(|s| key(s));
+    let mut alloc = Allocator::new(pool);
+    for svc in ours {
         for ip in ingress_ips(svc) {
             if alloc.claim(&key(svc), ip) {
                 break;
             }
         }
     }
-    tracing::info!(
-        "lb-ipam: rebuilt {} assignments from existing Services",
-        alloc.assigned()
-    );
-    Ok(alloc)
+    alloc
 }
 
-/// Runs the allocator controller (after `rebuild`) until its stream ends.
-pub async fn run(client: Client, pool: Pool) -> Result<()> {
-    let alloc = rebuild(&client, pool).await?;
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        alloc: Mutex::new(alloc),
-    });
-    Controller::new(Api::<Service>::all(client), watcher::Config::default())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| {
-            if let Err(e) = r {
-                tracing::debug!("lb-ipam controller: {e}");
-            }
-            futures::future::ready(())
+/// The lb-ipam controller's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The address pool (the controller-manager's `--lb-pool`).
+    pub pool: Pool,
+    /// Concurrent syncs (the allocation itself is serialized).
+    pub workers: usize,
+}
+
+impl Config {
+    /// Allocation out of `pool` with the default number of workers (5).
+    pub fn new(pool: Pool) -> Self {
+        Self { pool, workers: 5 }
+    }
+}
+
+/// The running controller.
+pub struct Controller {
+    client: Client,
+    workers: usize,
+    pool: Pool,
+    services: Arc<Indexed<Service>>,
+    alloc: Mutex<Allocator>,
+    queue: Arc<WorkQueue<String>>,
+}
+
+impl Controller {
+    /// Registers the controller's handler on the shared Service informer.
+    pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
+        let svc_informer = informers.get::<Service>();
+        let this = Arc::new(Controller {
+            client,
+            workers: config.workers,
+            services: svc_informer.cache(),
+            alloc: Mutex::new(Allocator::new(config.pool.clone())),
+            pool: config.pool,
+            queue: crate::endpoint::endpointutil::work_queue(QUEUE_NAME),
+        });
+        svc_informer.on_change_of(&this, Controller::on_service);
+        this
+    }
+
+    /// Waits for the Service cache, rebuilds the allocator from it, then runs the workers until
+    /// the queue shuts down.
+    pub async fn run(self: Arc<Self>) {
+        self.services.wait_ready().await;
+        {
+            let mut alloc = self.alloc.lock().expect("allocator lock");
+            *alloc = rebuild(
+                self.pool.clone(),
+                self.services.all().iter().map(|s| s.as_ref()),
+            );
+            tracing::info!(
+                "lb-ipam: rebuilt {} assignments from existing Services",
+                alloc.assigned()
+            );
+        }
+        tracing::info!(workers = self.workers, "lb-ipam controller started");
+        let this = self.clone();
+        run_workers(self.queue.clone(), self.workers, move |key: String| {
+            let this = this.clone();
+            async move { this.sync(&key).await }
         })
         .await;
-    Ok(())
+    }
+
+    /// Stops the workers (the queue stops handing out keys).
+    pub fn shut_down(&self) {
+        self.queue.shut_down();
+    }
+
+    fn on_service(&self, old: Option<&Arc<Service>>, new: Option<&Arc<Service>>) {
+        if old.into_iter().chain(new).any(|s| concerns(s)) {
+            if let Some(svc) = new.or(old) {
+                self.queue.add(informer::key_of(svc.as_ref()));
+            }
+        }
+    }
+
+    /// Decides and writes the address of the Service `key`; a Service gone from the cache (its
+    /// finalizer removed by someone else) releases its address.
+    pub async fn sync(&self, key: &str) -> Result<()> {
+        let (ns, name) = informer::split_key(key);
+        let Some(svc) = self.services.get(ns, name) else {
+            self.alloc.lock().expect("allocator lock").release(key);
+            return Ok(());
+        };
+        let s = {
+            let mut alloc = self.alloc.lock().expect("allocator lock");
+            step(&svc, &mut alloc)?
+        };
+        if s != Step::default() {
+            apply_step(&self.client, &svc, &s).await?;
+        }
+        Ok(())
+    }
 }
 
-/// Decides and writes one Service's address.
-pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
-    let s = {
-        let mut alloc = ctx.alloc.lock().expect("allocator lock");
-        step(&svc, &mut alloc)?
-    };
-    if s != Step::default() {
-        apply_step(&ctx.client, &svc, &s).await?;
-    }
-    Ok(Action::await_change())
+/// Creates the controller on `informers` (see [`Controller::new`]).
+pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
+    Controller::new(client, informers, config)
 }
 
 async fn patch_finalizers(api: &Api<Service>, svc: &Service, add: bool) -> Result<()> {
@@ -209,12 +277,6 @@ pub async fn apply_step(client: &Client, svc: &Service, s: &Step) -> Result<()> 
         patch_finalizers(&api, &fresh, false).await?;
     }
     Ok(())
-}
-
-/// Requeues a failed reconcile after a second.
-pub fn error_policy(svc: Arc<Service>, err: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::info!("lb-ipam: Service {}: {err}", key(&svc));
-    Action::requeue(Duration::from_secs(1))
 }
 
 #[cfg(test)]
@@ -308,6 +370,45 @@ mod tests {
         for (name, v, want) in cases {
             assert_eq!(step(&svc(v), &mut alloc()).unwrap(), want, "{name}");
         }
+    }
+
+    #[test]
+    fn rebuild_keeps_published_addresses_first_come_by_name() {
+        let published = |name: &str, ip: &str| {
+            svc(json!({"metadata": {"name": name},
+                       "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}}))
+        };
+        let mut gone = published("d", "10.0.0.9");
+        gone.metadata.deletion_timestamp =
+            serde_json::from_value(json!("2026-01-01T00:00:00Z")).unwrap();
+        let services = [
+            published("b", "10.0.0.5"),
+            published("a", "10.0.0.5"),
+            published("c", "10.0.0.7"),
+            gone,
+        ];
+        let mut a = rebuild("10.0.0.0/24".parse().unwrap(), &services);
+        assert_eq!(
+            a.assigned(),
+            2,
+            "a and c; b lost the tie, d is being deleted"
+        );
+        assert_eq!(a.ensure("ns/a", None).unwrap(), ip("10.0.0.5"));
+        assert_eq!(a.ensure("ns/c", None).unwrap(), ip("10.0.0.7"));
+        assert_ne!(a.ensure("ns/b", None).unwrap(), ip("10.0.0.5"));
+    }
+
+    #[test]
+    fn only_services_that_may_need_a_write_are_queued() {
+        assert!(concerns(&svc(json!({}))), "a LoadBalancer");
+        let cluster_ip = json!({"spec": {"type": "ClusterIP"}});
+        assert!(!concerns(&svc(cluster_ip.clone())));
+        let mut was_ours = cluster_ip.clone();
+        was_ours["metadata"] = json!({"finalizers": [FINALIZER]});
+        assert!(concerns(&svc(was_ours)), "our finalizer to remove");
+        let mut published = cluster_ip;
+        published["status"] = json!({"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}]}});
+        assert!(concerns(&svc(published)), "an address to clear");
     }
 
     #[test]
