@@ -12,13 +12,20 @@
 //!    worse than kube-scheduler on utilisation, spread skew and preferred-affinity satisfaction
 //!    within stated tolerances (`diff_placement`). Both tables are printed (`--nocapture`).
 //!
-//! Both parts run at once; they share no nodes, namespaces or schedulers.
+//! 3. Preemption and topology spread over bound Pods whose status comes after binding: the
+//!    nominated node and victims, or the node, of issue 37's cases and upstream's preemption
+//!    tables, upstream's expected answer under both schedulers (`diff_preemption`).
+//!
+//! The parts run at once; they share no nodes or namespaces (3 shares the `*-place` schedulers
+//! with 2, on nodes of its own).
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
 #[path = "scheduler/diff_cluster.rs"]
 mod diff_cluster;
 #[path = "scheduler/diff_placement.rs"]
 mod diff_placement;
+#[path = "scheduler/diff_preemption.rs"]
+mod diff_preemption;
 #[path = "scheduler/diff_probes.rs"]
 mod diff_probes;
 
@@ -35,6 +42,9 @@ async fn kpr_scheduler_matches_kube_scheduler() {
     diff_placement::setup(&cluster.client)
         .await
         .expect("placement nodes");
+    diff_preemption::setup(&cluster.client)
+        .await
+        .expect("preemption rows' nodes");
     cluster
         .start_schedulers()
         .await
@@ -42,11 +52,19 @@ async fn kpr_scheduler_matches_kube_scheduler() {
     let logs = cluster.cp.dir.join("logs");
     let client = &cluster.client;
     let sets = diff_placement::Set::all();
-    let (probes, placements) = tokio::join!(
+    let (probes, placements, preemption) = tokio::join!(
         diff_probes::run(client),
         futures::future::join_all(sets.iter().map(|s| diff_placement::run(client, *s))),
+        diff_preemption::run(client),
     );
     let mut failures = Vec::new();
+    match preemption {
+        Ok(r) => {
+            eprintln!("preemption and spread rows:\n{}", r.table());
+            failures.extend(r.differences());
+        }
+        Err(e) => failures.push(format!("preemption rows: {e:#}")),
+    }
     match probes {
         Ok(r) => {
             eprintln!(
@@ -85,6 +103,14 @@ async fn kpr_scheduler_matches_kube_scheduler() {
         let (table, worse) = diff_placement::compare(u, k);
         eprintln!("{table}");
         failures.extend(worse.into_iter().map(|w| format!("placement: {w}")));
+    }
+    // A panic in either scheduler is a failure, whatever the comparisons say.
+    for entry in std::fs::read_dir(&logs).expect("the schedulers' log directory") {
+        let path = entry.expect("a log file").path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("panicked at")) {
+            failures.push(format!("{}: {line}", path.display()));
+        }
     }
     assert!(
         failures.is_empty(),

@@ -7,7 +7,8 @@
 //!
 //! Scenarios (docs/WORKLOADS.md says what each proves and which differences are accepted):
 //! 1-2 rollout and undo, 3 proportional scaling, 4 scale-down ranking, 5 cascading deletion,
-//! 6 release of a relabelled Pod, 7 (ours only) a controller manager killed mid-rollout.
+//! 6 release of a relabelled Pod, 7 (ours only) a controller manager killed mid-rollout, 8 a
+//! Deployment paused at zero replicas (issue 37).
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
@@ -74,6 +75,7 @@ scenario_tests! {
     ScaleDownRanking => upstream_scale_down_ranking, kpr_scale_down_ranking, differential_scale_down_ranking;
     CascadingDeletion => upstream_cascading_deletion, kpr_cascading_deletion, differential_cascading_deletion;
     ReleaseRelabelledPod => upstream_release_relabelled_pod, kpr_release_relabelled_pod, differential_release_relabelled_pod;
+    PausedAtZero => upstream_paused_at_zero, kpr_paused_at_zero, differential_paused_at_zero;
 }
 
 /// Scenario 7 with our controller manager: SIGKILL mid-rollout, restart, no extra Pods.

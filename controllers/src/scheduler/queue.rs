@@ -28,30 +28,57 @@ use super::framework::{Code, PodInfo, PreEnqueuePlugin, QueueSortPlugin, QueuedP
 /// than this is moved back to be tried again even without an event.
 pub const MAX_IN_UNSCHEDULABLE: Duration = Duration::from_secs(300);
 
-/// A change in the cluster that may make unschedulable Pods schedulable.
+/// A change in the cluster that may make unschedulable Pods schedulable. An update of an assigned
+/// Pod is told apart by what changed, as upstream's `PodSchedulingPropertiesChange` does: its
+/// labels, a lowered (or removed) resource request, or anything else (its status, its
+/// deletionTimestamp, ...). One update may be several events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClusterEvent {
     NodeAdd,
     NodeUpdate,
     AssignedPodAdd,
-    AssignedPodUpdate,
+    /// An assigned Pod's labels changed (upstream's UpdatePodLabel).
+    AssignedPodLabelUpdate,
+    /// An assigned Pod's resource requests went down (upstream's UpdatePodScaleDown).
+    AssignedPodScaleDown,
+    /// Any other update of an assigned Pod (upstream's general Pod/Update, "other").
+    AssignedPodOtherUpdate,
     AssignedPodDelete,
 }
 
+impl ClusterEvent {
+    /// Whether any plugin this scheduler runs registers for the event. None registers for an
+    /// assigned Pod's other updates (as upstream, where only plugins this scheduler does not run
+    /// register a general Pod/Update): a kubelet's status writes move no Pod in the queue.
+    pub fn may_requeue(self) -> bool {
+        self != ClusterEvent::AssignedPodOtherUpdate
+    }
+}
+
 /// Whether a rejection by `plugin` could be undone by `event` (a simplified form of upstream's
-/// per-plugin EventsToRegister; plugins this table does not know are interested in everything).
+/// per-plugin EventsToRegister; plugins this table does not know are interested in every event
+/// that [`ClusterEvent::may_requeue`]).
 pub fn plugin_interested(plugin: &str, event: ClusterEvent) -> bool {
     use ClusterEvent::*;
+    if !event.may_requeue() {
+        return false;
+    }
     match plugin {
         "NodeUnschedulable" | "NodeName" | "TaintToleration" | "NodeAffinity" | "ImageLocality" => {
             matches!(event, NodeAdd | NodeUpdate)
         }
-        "NodePorts" | "NodeResourcesFit" | "VolumeRestrictions" => {
+        // Upstream: Pod/Delete (and, for NodeResourcesFit, Pod/UpdatePodScaleDown).
+        "NodePorts" | "VolumeRestrictions" => {
+            matches!(event, NodeAdd | NodeUpdate | AssignedPodDelete)
+        }
+        "NodeResourcesFit" => {
             matches!(
                 event,
-                NodeAdd | NodeUpdate | AssignedPodDelete | AssignedPodUpdate
+                NodeAdd | NodeUpdate | AssignedPodDelete | AssignedPodScaleDown
             )
         }
+        // Upstream: Pod/Add|UpdatePodLabel|Delete and Node/Add|Update.
+        "InterPodAffinity" | "PodTopologySpread" => !matches!(event, AssignedPodScaleDown),
         // Claims this scheduler cannot handle stay unschedulable whatever the cluster does (a Pod
         // update or the 5-minute flush retries them).
         "VolumeBinding" | "DynamicResources" => false,
@@ -478,6 +505,9 @@ impl QueueCore {
     /// A cluster event: unschedulable Pods a rejecting plugin of which cares move to the backoff
     /// or active queue (upstream's MoveAllToActiveOrBackoffQueue with the plugins' hints).
     pub fn on_event(&mut self, event: ClusterEvent, now: Instant) {
+        if !event.may_requeue() {
+            return;
+        }
         self.seq += 1;
         if !self.in_flight.is_empty() {
             self.events.push_back((self.seq, event));

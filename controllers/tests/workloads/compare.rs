@@ -19,6 +19,7 @@ pub enum Scenario {
     ScaleDownRanking,
     CascadingDeletion,
     ReleaseRelabelledPod,
+    PausedAtZero,
 }
 
 pub type Shared = Arc<Result<Outcome, String>>;
@@ -33,6 +34,7 @@ async fn run(flavour: Flavour, scenario: Scenario) -> anyhow::Result<Outcome> {
         Scenario::ScaleDownRanking => scenarios::scale_down_ranking(&run).await,
         Scenario::CascadingDeletion => scenarios::cascading_deletion(&run).await,
         Scenario::ReleaseRelabelledPod => scenarios::release_relabelled_pod(&run).await,
+        Scenario::PausedAtZero => scenarios::paused_at_zero(&run).await,
     }
 }
 

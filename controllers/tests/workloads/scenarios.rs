@@ -849,3 +849,102 @@ pub async fn restart_mid_rollout(run: &Run) -> anyhow::Result<Outcome> {
     out.no_violations(&s);
     Ok(out)
 }
+
+/// A Deployment's status as issue 37 reads it: replicas, availableReplicas, whether the
+/// generation is observed, and the Progressing condition (status, reason).
+fn paused_status(s: &State, d: &str) -> Value {
+    let Some(dep) = s.deployments.get(d) else {
+        return Value::Null;
+    };
+    let st = dep.status.clone().unwrap_or_default();
+    let progressing = conditions(dep)
+        .into_iter()
+        .find(|(t, ..)| t == "Progressing")
+        .map(|(_, status, reason, _)| [status, reason]);
+    json!({
+        "replicas": st.replicas,
+        "availableReplicas": st.available_replicas,
+        "generationObserved": st.observed_generation == dep.metadata.generation,
+        "progressing": progressing,
+    })
+}
+
+/// Scenario 8 (issue 37): a Deployment of 1 available replica is patched `paused: true,
+/// replicas: 0` in one go: its ReplicaSet goes to 0, replicas and availableReplicas are dropped,
+/// the generation is observed and Progressing is Unknown DeploymentPaused; a template change
+/// while paused is observed and rolls nothing out. A Deployment created with 0 replicas and then
+/// paused gets the same condition. (kpr panicked on every sync of the first.)
+pub async fn paused_at_zero(run: &Run) -> anyhow::Result<Outcome> {
+    let mut out = Outcome::default();
+    let d = "paused";
+    run.create_deployment(
+        &[d, &format!("--image={}", image(d, 1)), "--replicas=1"],
+        |_| {},
+    )
+    .await?;
+    run.settled(d).await?;
+    let patch = r#"{"spec":{"paused":true,"replicas":0}}"#;
+    run.change_deployment(
+        d,
+        &[
+            "patch",
+            &format!("deployment/{d}"),
+            "--type=merge",
+            "-p",
+            patch,
+        ],
+    )
+    .await?;
+    run.settled(d).await?;
+    let at_zero = paused_status(&run.world.lock(), d);
+    run.change_deployment(
+        d,
+        &[
+            "set",
+            "image",
+            &format!("deployment/{d}"),
+            &format!("{d}={}", image(d, 2)),
+        ],
+    )
+    .await?;
+    run.settled(d).await?;
+    let (changed, replicasets) = {
+        let s = run.world.lock();
+        (paused_status(&s, d), s.replicasets_of(d).len())
+    };
+    let z = "zero";
+    run.create_deployment(
+        &[z, &format!("--image={}", image(z, 1)), "--replicas=0"],
+        |_| {},
+    )
+    .await?;
+    run.settled(z).await?;
+    run.change_deployment(
+        z,
+        &[
+            "patch",
+            &format!("deployment/{z}"),
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"paused":true}}"#,
+        ],
+    )
+    .await?;
+    run.settled(z).await?;
+    let zero = paused_status(&run.world.lock(), z);
+    let want = json!({"replicas": null, "availableReplicas": null, "generationObserved": true,
+                      "progressing": ["Unknown", "DeploymentPaused"]});
+    out.expect_eq("paused with replicas 0", at_zero.clone(), want.clone());
+    out.expect_eq(
+        "then a template change while paused",
+        changed.clone(),
+        want.clone(),
+    );
+    out.expect_eq("no ReplicaSet made while paused", replicasets, 1);
+    out.expect_eq("created at 0, then paused", zero.clone(), want);
+    out.record("8 paused at zero: paused with replicas 0", at_zero);
+    out.record("8 paused at zero: a template change while paused", changed);
+    out.record("8 paused at zero: ReplicaSets", replicasets);
+    out.record("8 paused at zero: created at 0, then paused", zero);
+    Ok(out)
+}

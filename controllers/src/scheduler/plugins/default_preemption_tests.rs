@@ -686,3 +686,237 @@ fn preemption_simulates_victims_through_prefilter_extensions() {
         Ok(("node1".to_string(), names(&["victim"])))
     );
 }
+
+/// Upstream's test priorities and sizes (default_preemption_test.go): nodes of 500m, Pods of
+/// 100m / 200m / 300m / 500m (memory in the same proportion there, so CPU alone decides here).
+const NEG: i32 = -100;
+const LOW: i32 = 0;
+const MID: i32 = 100;
+const HIGH: i32 = 1000;
+const VERY_HIGH: i32 = 10000;
+const SMALL: &str = "100m";
+const MEDIUM: &str = "200m";
+const LARGE: &str = "300m";
+const VERY_LARGE: &str = "500m";
+
+/// Upstream's epochTime + n (nanoseconds there; seconds here, the order is the same).
+fn epoch(n: u32) -> Value {
+    started(&format!("1970-01-01T00:00:{n:02}Z"))
+}
+
+#[test]
+fn upstream_select_best_candidate_rows() {
+    // TestSelectBestCandidate, each row: the nodes (500m each), the preemptor (priority, size)
+    // and the Pods as (name, node, size, priority, start), and the node upstream picks.
+    type Row<'a> = (
+        &'a str,
+        &'a [&'a str],
+        (i32, &'a str),
+        Vec<(&'a str, &'a str, &'a str, i32, u32)>,
+        &'a str,
+    );
+    let three: &[&str] = &["node1", "node2", "node3"];
+    let rows: Vec<Row> = vec![
+        (
+            "the node whose highest-priority victim is lowest",
+            three,
+            (HIGH, VERY_LARGE),
+            vec![
+                ("p1.1", "node1", MEDIUM, MID, 0),
+                ("p1.2", "node1", LARGE, MID, 0),
+                ("p2.1", "node2", MEDIUM, MID, 0),
+                ("p2.2", "node2", MEDIUM, LOW, 0),
+                ("p3.1", "node3", MEDIUM, LOW, 0),
+                ("p3.2", "node3", MEDIUM, LOW, 0),
+            ],
+            "node3",
+        ),
+        (
+            "highest priorities equal: the smallest priority sum",
+            three,
+            (HIGH, VERY_LARGE),
+            vec![
+                ("p1.1", "node1", MEDIUM, MID, 0),
+                ("p1.2", "node1", LARGE, MID, 0),
+                ("p2.1", "node2", LARGE, MID, 0),
+                ("p2.2", "node2", MEDIUM, LOW, 0),
+                ("p3.1", "node3", MEDIUM, MID, 0),
+                ("p3.2", "node3", MEDIUM, MID, 0),
+            ],
+            "node2",
+        ),
+        (
+            "highest priority and sum equal: the fewest victims",
+            three,
+            (HIGH, VERY_LARGE),
+            vec![
+                ("p1.1", "node1", SMALL, MID, 0),
+                ("p1.2", "node1", SMALL, NEG, 0),
+                ("p1.3", "node1", SMALL, MID, 0),
+                ("p1.4", "node1", SMALL, NEG, 0),
+                ("p2.1", "node2", LARGE, MID, 0),
+                ("p2.2", "node2", MEDIUM, NEG, 0),
+                ("p3.1", "node3", MEDIUM, MID, 0),
+                ("p3.2", "node3", SMALL, NEG, 0),
+                ("p3.3", "node3", SMALL, LOW, 0),
+            ],
+            "node2",
+        ),
+        (
+            "the sum adds 2^31 to every priority, so fewer negative victims win",
+            three,
+            (HIGH, VERY_LARGE),
+            vec![
+                ("p1.1", "node1", SMALL, MID, 0),
+                ("p1.2", "node1", SMALL, NEG, 0),
+                ("p1.3", "node1", SMALL, NEG, 0),
+                ("p2.1", "node2", LARGE, MID, 0),
+                ("p2.2", "node2", MEDIUM, NEG, 0),
+                ("p3.1", "node3", MEDIUM, MID, 0),
+                ("p3.2", "node3", SMALL, NEG, 0),
+                ("p3.3", "node3", SMALL, LOW, 0),
+            ],
+            "node2",
+        ),
+        (
+            "lowest highest priority, sum and count each point elsewhere: the first criterion, \
+             then the sum",
+            &["node1", "node2", "node3", "node4"],
+            (VERY_HIGH, VERY_LARGE),
+            vec![
+                ("p1.1", "node1", SMALL, MID, 0),
+                ("p1.2", "node1", SMALL, LOW, 0),
+                ("p1.3", "node1", SMALL, LOW, 0),
+                ("p2.1", "node2", LARGE, HIGH, 0),
+                ("p3.1", "node3", MEDIUM, MID, 0),
+                ("p3.2", "node3", SMALL, LOW, 0),
+                ("p3.3", "node3", SMALL, LOW, 0),
+                ("p3.4", "node3", MEDIUM, LOW, 0),
+                ("p4.1", "node4", MEDIUM, MID, 0),
+                ("p4.2", "node4", SMALL, MID, 0),
+                ("p4.3", "node4", SMALL, MID, 0),
+                ("p4.4", "node4", SMALL, NEG, 0),
+            ],
+            "node1",
+        ),
+        (
+            "all equal but each node's start time: the latest",
+            three,
+            (HIGH, VERY_LARGE),
+            vec![
+                ("p1.1", "node1", MEDIUM, MID, 2),
+                ("p1.2", "node1", MEDIUM, MID, 2),
+                ("p2.1", "node2", MEDIUM, MID, 3),
+                ("p2.2", "node2", MEDIUM, MID, 3),
+                ("p3.1", "node3", MEDIUM, MID, 1),
+                ("p3.2", "node3", MEDIUM, MID, 1),
+            ],
+            "node2",
+        ),
+        (
+            "all equal, every start time different: the latest earliest start",
+            three,
+            (HIGH, VERY_LARGE),
+            vec![
+                ("p1.1", "node1", MEDIUM, MID, 4),
+                ("p1.2", "node1", MEDIUM, MID, 2),
+                ("p2.1", "node2", MEDIUM, MID, 5),
+                ("p2.2", "node2", MEDIUM, MID, 1),
+                ("p3.1", "node3", MEDIUM, MID, 3),
+                ("p3.2", "node3", MEDIUM, MID, 6),
+            ],
+            "node3",
+        ),
+        (
+            "mixed priorities, same counts: the start of the highest-priority victims only",
+            three,
+            (HIGH, VERY_LARGE),
+            vec![
+                ("p1.1", "node1", MEDIUM, LOW, 4),
+                ("p1.2", "node1", MEDIUM, MID, 2),
+                ("p2.1", "node2", MEDIUM, MID, 6),
+                ("p2.2", "node2", MEDIUM, LOW, 1),
+                ("p3.1", "node3", MEDIUM, LOW, 3),
+                ("p3.2", "node3", MEDIUM, MID, 5),
+            ],
+            "node2",
+        ),
+    ];
+    for (name, nodes, (prio, size), pods, want) in rows {
+        let nodes = nodes.iter().map(|n| node(n, VERY_LARGE)).collect();
+        let pods = pods
+            .into_iter()
+            .map(|(p, n, cpu, pr, t)| pod(p, n, cpu, pr, epoch(t)))
+            .collect();
+        let snap = snapshot(nodes, pods);
+        // Every node first in the search, as upstream's random offset may make it: the choice
+        // must not depend on it.
+        for first in 0..snap.nodes.len() {
+            let pl = plugin(vec![], None).with_offset(move |_| first);
+            let got = run(
+                &pl,
+                &cpu_runner(),
+                &pod("p", "", size, prio, json!({})),
+                &snap,
+                &all_unschedulable(&snap),
+                &CycleState::new(),
+            );
+            assert_eq!(
+                got.map(|(n, _)| n).map_err(|e| e.1),
+                Ok(want.to_string()),
+                "{name} (search from node {first})"
+            );
+        }
+    }
+}
+
+#[test]
+fn upstream_dry_run_victim_rows() {
+    // TestDryRunPreemption's mixed-priority rows: node1 and node2 of 500m; the preemptor high
+    // and large. Victims are reprieved from the most important down (higher priority, then the
+    // earlier start); node2's only Pod is not lower than the preemptor.
+    type Row<'a> = (&'a str, [u32; 5], Vec<&'a str>);
+    let rows: Vec<Row> = vec![
+        (
+            "no start times: the mid Pods in node order, the small one reprieved",
+            [0; 5],
+            vec!["p1.2", "p1.3"],
+        ),
+        (
+            "of the two low Pods the later-started one goes",
+            [5, 4, 3, 2, 1],
+            vec!["p1.1", "p1.3"],
+        ),
+        (
+            "the same with the start times swapped",
+            [4, 5, 3, 2, 1],
+            vec!["p1.2", "p1.3"],
+        ),
+    ];
+    for (name, t, want) in rows {
+        let at = |i: usize| if t[i] == 0 { json!({}) } else { epoch(t[i]) };
+        let (p11, p12) = if t[0] == 0 { (MID, LOW) } else { (LOW, LOW) };
+        let pods = vec![
+            pod("p1.1", "node1", SMALL, p11, at(0)),
+            pod("p1.2", "node1", SMALL, p12, at(1)),
+            pod("p1.3", "node1", MEDIUM, MID, at(2)),
+            pod("p1.4", "node1", SMALL, HIGH, at(3)),
+            pod("p2", "node2", LARGE, HIGH, at(4)),
+        ];
+        let snap = snapshot(
+            vec![node("node1", VERY_LARGE), node("node2", VERY_LARGE)],
+            pods,
+        );
+        let got = run(
+            &plugin(vec![], None),
+            &cpu_runner(),
+            &pod("p", "", LARGE, HIGH, json!({})),
+            &snap,
+            &all_unschedulable(&snap),
+            &CycleState::new(),
+        );
+        let mut got = got.map_err(|e| e.1).expect(name);
+        got.1.sort();
+        assert_eq!(got, ("node1".to_string(), names(&want)), "{name}");
+    }
+}

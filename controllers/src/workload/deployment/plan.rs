@@ -611,7 +611,9 @@ impl<'a, 'b> Planner<'a, 'b> {
         old.sort_by(|&a, &b| by_creation(&self.rss[b], &self.rss[a]));
         let active = self.active(old.iter().copied().chain(new));
         match active.len() {
-            0 => new.or(Some(old[0])),
+            // The new one, else the newest old one (lazily: with no old ReplicaSet there is no
+            // old[0], and a new one is then always there).
+            0 => new.or_else(|| old.first().copied()),
             1 => Some(active[0]),
             _ => None,
         }

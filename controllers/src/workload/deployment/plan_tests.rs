@@ -1254,6 +1254,82 @@ fn dep16_pause_and_resume() {
     );
 }
 
+/// Pauses the Deployment (one spec change, one generation).
+fn pause(d: &mut Deployment) {
+    d.spec.as_mut().unwrap().paused = Some(true);
+    *d.metadata.generation.get_or_insert(0) += 1;
+}
+
+#[test]
+fn dep16_paused_at_zero_replicas() {
+    // Issue 37: a Deployment of 1 available replica, then `paused: true, replicas: 0` in one
+    // patch. Upstream scales the ReplicaSet to 0, then drops replicas / availableReplicas,
+    // observes every generation and keeps Progressing Unknown DeploymentPaused; with no old
+    // ReplicaSet and the new one inactive, `FindActiveOrLatest` takes the new one.
+    let paused_cond = Some((
+        "Unknown".to_string(),
+        REASON_PAUSED.to_string(),
+        "Deployment is paused".to_string(),
+    ));
+    let mut w = World::new(deployment(1, json!({})));
+    w.run(Ready::All, 10);
+    let rs = w.rss[0].name_any();
+    assert_eq!(w.status().available_replicas, Some(1));
+    w.d.spec.as_mut().unwrap().paused = Some(true);
+    set_replicas(&mut w.d, 0);
+    assert_eq!(w.d.metadata.generation, Some(2));
+    w.sync();
+    assert_eq!(w.size(&rs), 0, "the ReplicaSet scaled to 0 while paused");
+    assert_eq!(w.condition(PROGRESSING), paused_cond, "DeploymentPaused");
+    assert_eq!(w.status().observed_generation, Some(2));
+    // The ReplicaSet controller reports 0; the next syncs (no active ReplicaSet, no old one)
+    // must neither panic nor keep the old counts.
+    w.settle(Ready::All);
+    w.sync();
+    let st = w.status();
+    assert_eq!(
+        (
+            st.replicas,
+            st.available_replicas,
+            st.ready_replicas,
+            st.updated_replicas
+        ),
+        (None, None, None, None),
+        "replicas and availableReplicas dropped"
+    );
+    assert_eq!(st.observed_generation, Some(2));
+    assert_eq!(w.condition(PROGRESSING), paused_cond);
+    let p = w.sync();
+    assert!(
+        p.actions.is_empty(),
+        "steady while paused at 0: {:?}",
+        kinds(&p)
+    );
+    // A later spec change while paused is observed (kubectl rollout status waits for it) and
+    // rolls nothing out.
+    set_image(&mut w.d, "v2");
+    let p = w.sync();
+    assert!(!kinds(&p).contains(&"create"), "{:?}", kinds(&p));
+    assert_eq!(w.status().observed_generation, Some(3));
+    assert_eq!(w.rss.len(), 1);
+
+    // Created with 0 replicas, then paused: the Paused condition comes, the generation is
+    // observed.
+    let mut w = World::new(deployment(0, json!({})));
+    w.run(Ready::All, 10);
+    assert_eq!(w.rss.len(), 1, "the ReplicaSet exists, at 0");
+    assert_eq!(w.size(&w.rss[0].name_any()), 0);
+    pause(&mut w.d);
+    w.run(Ready::All, 10);
+    assert_eq!(
+        w.condition(PROGRESSING),
+        paused_cond,
+        "paused at 0 replicas"
+    );
+    assert_eq!(w.status().observed_generation, Some(2));
+    assert_eq!(w.status().replicas, None);
+}
+
 #[test]
 fn dep18_status_and_conditions() {
     // Complete.

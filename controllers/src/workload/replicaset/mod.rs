@@ -431,7 +431,7 @@ impl Controller {
             manage_err.as_ref().map(|e| e.message.as_str()),
             evaluated_at,
         );
-        let written = self.write_status(&rs_api, &rs, status).await?;
+        let written = self.write_status(&rs_api, &rs, status, satisfied).await?;
         if let Some(e) = manage_err {
             return Err(e.error);
         }
@@ -536,8 +536,9 @@ impl Controller {
     }
 
     /// Writes `status` through the status subresource unless nothing changed (upstream's
-    /// `updateReplicaSetStatus`), as a merge patch naming every status field (absent ones as
-    /// null) and carrying the ReplicaSet's uid as a precondition. Upstream replaces the status
+    /// `updateReplicaSetStatus`) or the sync started mid-burst ([`plan::status_write`]), as a
+    /// merge patch naming every status field (absent ones as null) and carrying the ReplicaSet's
+    /// uid as a precondition. Upstream replaces the status
     /// with the cached resourceVersion and, on a conflict, reads the object and tries again: a
     /// conflict there is only ever with another writer of the spec (the Deployment controller
     /// scaling), whose change this status does not contradict, so the patch saves the failed write
@@ -547,12 +548,13 @@ impl Controller {
         api: &Api<ReplicaSet>,
         rs: &Arc<ReplicaSet>,
         status: k8s_openapi::api::apps::v1::ReplicaSetStatus,
+        expectations_satisfied: bool,
     ) -> Result<ReplicaSet> {
-        if !plan::needs_status_update(rs, &status) {
+        // Unchanged, or mid-burst (see plan::status_write); observedGeneration is the generation
+        // this sync acted on.
+        let Some(status) = plan::status_write(rs, status, expectations_satisfied) else {
             return Ok(rs.as_ref().clone());
-        }
-        // The generation this sync acted on.
-        let status = plan::status_to_write(rs, status);
+        };
         let patch = status_patch(rs, &status);
         api.patch_status(
             &rs.name_any(),

@@ -275,6 +275,28 @@ pub fn status_to_write(rs: &ReplicaSet, mut new: ReplicaSetStatus) -> ReplicaSet
     new
 }
 
+/// The status a sync writes, if any: upstream's `updateReplicaSetStatus` short-cut (nothing when
+/// nothing changed, see [`needs_status_update`]) with observedGeneration set
+/// ([`status_to_write`]), and nothing either while the sync started with this controller's own
+/// creations or deletions still on their way through the watch (expectations pending, CTL-8).
+/// Such a status is a point in the middle of a burst: the observation that completes the
+/// expectations queues the ReplicaSet again, and that sync writes the status once. Upstream
+/// writes in every sync, but a burst's sync there lasts until its last request returned (its
+/// client is rate limited, 20 QPS by default), by which time the watch has shown most of the
+/// burst: it writes about once per burst (1,200 -> 0: four writes). kpr's sync returns sooner,
+/// and without this every sync between two observed Pods wrote the count of the moment (46
+/// writes).
+pub fn status_write(
+    rs: &ReplicaSet,
+    computed: ReplicaSetStatus,
+    expectations_satisfied: bool,
+) -> Option<ReplicaSetStatus> {
+    if !expectations_satisfied || !needs_status_update(rs, &computed) {
+        return None;
+    }
+    Some(status_to_write(rs, computed))
+}
+
 /// When to sync again so that availableReplicas catches up with minReadySeconds (upstream's
 /// last line of defence after a successful sync): only with minReadySeconds > 0 and
 /// readyReplicas != availableReplicas in the written status; then when the next ready Pod turns

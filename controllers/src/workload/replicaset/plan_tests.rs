@@ -573,3 +573,107 @@ fn invalid_selector_names_the_field() {
         "{err}"
     );
 }
+
+/// One ReplicaSet scaled from `from` to `to` Pods, stepped the way that costs most writes: the
+/// controller syncs after every single Pod the watch shows, while the rest of the burst is still
+/// on its way. Returns the status writes (their `replicas`).
+fn burst_status_writes(from: usize, to: i32) -> Vec<i32> {
+    use crate::runtime::expectations::Expectations;
+    let key = "ns/web";
+    let mut rs = rs_with(
+        json!({"spec": {"replicas": to}, "metadata": {"generation": 2},
+                               "status": {"replicas": from, "observedGeneration": 1}}),
+    );
+    let mut cache: Vec<Arc<CachedPod>> = (0..from).map(|i| ready(&format!("p{i}"))).collect();
+    // Created or deleted at the API, not yet shown by the watch.
+    let mut in_flight: Vec<(bool, Arc<CachedPod>)> = Vec::new();
+    let expectations = Expectations::new();
+    let mut writes = Vec::new();
+    let mut created = 0;
+    for _ in 0..10_000 {
+        // One sync (RS-3).
+        let satisfied = expectations.satisfied(key);
+        let action = manage(&rs, &cache, &[], satisfied, BURST_REPLICAS, now());
+        let acted = !matches!(action, Manage::Nothing);
+        match action {
+            Manage::Nothing => {}
+            Manage::Create(n) => {
+                expectations.expect_creations(key, n);
+                for _ in 0..n {
+                    created += 1;
+                    in_flight.push((true, ready(&format!("new{created}"))));
+                }
+            }
+            Manage::Delete(victims) => {
+                let keys: Vec<String> = victims
+                    .iter()
+                    .map(|p| format!("ns/{}", p.name_any()))
+                    .collect();
+                expectations.expect_deletions(key, &keys);
+                in_flight.extend(victims.into_iter().map(|p| (false, p)));
+            }
+        }
+        let computed = calculate_status(&rs, &cache, None, now());
+        let wrote = match status_write(&rs, computed, satisfied) {
+            Some(s) => {
+                writes.push(s.replicas);
+                rs.status = Some(s);
+                true
+            }
+            None => false,
+        };
+        // The watch shows one Pod of the burst, which queues the ReplicaSet again.
+        if in_flight.is_empty() {
+            if !acted && !wrote {
+                return writes;
+            }
+            continue;
+        }
+        let (create, p) = in_flight.remove(0);
+        if create {
+            expectations.creation_observed(key);
+            cache.push(p);
+        } else {
+            expectations.deletion_observed(key, &format!("ns/{}", p.name_any()));
+            cache.retain(|c| c.name_any() != p.name_any());
+        }
+    }
+    panic!("no steady state: {writes:?}");
+}
+
+#[test]
+fn ctl8_a_burst_writes_the_status_once_per_batch() {
+    // Issue 37: kube-controller-manager wrote 4 statuses for 1,200 -> 0 and for 0 -> 1,200
+    // (batches of 500, 500, 200 and the end), kpr 46 and 9.
+    assert_eq!(
+        burst_status_writes(1200, 0),
+        [1200, 700, 200, 0],
+        "1,200 -> 0"
+    );
+    assert_eq!(
+        burst_status_writes(0, 1200),
+        [0, 500, 1000, 1200],
+        "0 -> 1,200"
+    );
+    assert_eq!(burst_status_writes(3, 1), [3, 1], "a small scale-down");
+}
+
+#[test]
+fn ctl8_no_status_write_while_expectations_are_pending() {
+    let rs = rs_with(json!({"spec": {"replicas": 1}}));
+    let two = vec![ready("a"), ready("b")];
+    let computed = calculate_status(&rs, &two, None, now());
+    assert_eq!(
+        status_write(&rs, computed.clone(), false),
+        None,
+        "mid-burst: deferred to the sync that sees the whole burst"
+    );
+    assert_eq!(
+        status_write(&rs, computed, true).map(|s| (s.replicas, s.observed_generation)),
+        Some((2, Some(2)))
+    );
+    let mut rs = rs;
+    rs.status = status_write(&rs, calculate_status(&rs, &two, None, now()), true);
+    let same = calculate_status(&rs, &two, None, now());
+    assert_eq!(status_write(&rs, same, true), None, "unchanged: nothing");
+}
