@@ -15,14 +15,15 @@
 //! Both parts run at once; they share no nodes, namespaces or schedulers.
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
-#[path = "scheduler/diff_cluster.rs"]
-mod diff_cluster;
-#[path = "scheduler/diff_placement.rs"]
-mod diff_placement;
-#[path = "scheduler/diff_probes.rs"]
-mod diff_probes;
+/// This suite's own modules, in `scheduler/`.
+mod scheduler {
+    pub mod diff_cluster;
+    pub mod diff_placement;
+    pub mod diff_probes;
+}
 
-use diff_cluster::{DiffCluster, Impl};
+use scheduler::diff_cluster::{DiffCluster, Impl};
+use scheduler::{diff_placement, diff_probes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kpr_scheduler_matches_kube_scheduler() {
