@@ -393,46 +393,48 @@ mod tests {
         assert!(nft_change(&w(3), 1, 3).contains("numgen random mod 3"));
     }
 
-    /// Both layouts and the nft change really load (in a namespace of the test's own).
-    #[test]
-    fn rulesets_load_into_a_namespace() {
-        let ns = kpr_tests::Netns::new("bench-rules").unwrap();
-        let dir = std::env::temp_dir().join(format!("{}-bench-rules", ns.name()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let files = [
-            (
-                "ipt-legacy",
-                iptables_ruleset(&w(5)),
-                Layout::Iptables(Flavour::Legacy),
-            ),
-            (
-                "ipt-nft",
-                iptables_ruleset(&w(5)),
-                Layout::Iptables(Flavour::Nft),
-            ),
-            ("nft", nft_ruleset(&w(5)), Layout::Nftables),
-            ("nft-change", nft_change(&w(5), 2, 3), Layout::Nftables),
-        ];
-        for (name, text, layout) in files {
-            let file = dir.join(name);
-            std::fs::write(&file, text).unwrap();
-            layout.load(&ns, &file).unwrap();
+    kpr_tests::needs_root! {
+        /// Both layouts and the nft change really load (in a namespace of the test's own).
+        #[test]
+        fn rulesets_load_into_a_namespace() {
+            let ns = kpr_tests::Netns::new("bench-rules").unwrap();
+            let dir = std::env::temp_dir().join(format!("{}-bench-rules", ns.name()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let files = [
+                (
+                    "ipt-legacy",
+                    iptables_ruleset(&w(5)),
+                    Layout::Iptables(Flavour::Legacy),
+                ),
+                (
+                    "ipt-nft",
+                    iptables_ruleset(&w(5)),
+                    Layout::Iptables(Flavour::Nft),
+                ),
+                ("nft", nft_ruleset(&w(5)), Layout::Nftables),
+                ("nft-change", nft_change(&w(5), 2, 3), Layout::Nftables),
+            ];
+            for (name, text, layout) in files {
+                let file = dir.join(name);
+                std::fs::write(&file, text).unwrap();
+                layout.load(&ns, &file).unwrap();
+            }
+            let rules = Cmd::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    ns.name(),
+                    "nft",
+                    "list",
+                    "chain",
+                    "ip",
+                    "kube-proxy",
+                    "service-2",
+                ])
+                .read()
+                .unwrap();
+            assert!(rules.contains("numgen random mod 3"), "{rules}");
+            std::fs::remove_dir_all(&dir).unwrap();
         }
-        let rules = Cmd::new("ip")
-            .args([
-                "netns",
-                "exec",
-                ns.name(),
-                "nft",
-                "list",
-                "chain",
-                "ip",
-                "kube-proxy",
-                "service-2",
-            ])
-            .read()
-            .unwrap();
-        assert!(rules.contains("numgen random mod 3"), "{rules}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -8,12 +8,14 @@
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
-#[path = "common/flavoured.rs"]
-mod flavoured;
-#[path = "batch/harness.rs"]
-mod harness;
-#[path = "batch/scenarios.rs"]
-mod scenarios;
+mod common;
+/// This suite's own modules, in `batch/`.
+mod batch {
+    pub mod harness;
+    pub mod scenarios;
+}
+
+use batch::{harness, scenarios};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -76,7 +78,7 @@ async fn results(flavour: Flavour) -> Results {
         .clone();
     cell.get_or_init(|| async move {
         // Start the control plane once before the scenarios ask for it concurrently.
-        if let Err(e) = harness::shared(flavour) {
+        if let Err(e) = Run::shared(flavour) {
             let e = format!("{e:#}");
             return Arc::new(ALL.iter().map(|s| (*s, Err(e.clone()))).collect());
         }

@@ -5,7 +5,7 @@
 //! Lease and exit cleanly.
 //!
 //! The processes use the admin kubeconfig; running under the ServiceAccount and RBAC of
-//! deploy/controller-manager.yaml is `tests/tests/controller_manager_rbac.rs` (kpr-tests). The
+//! deploy/controller-manager.yaml is `controller_manager_rbac.rs`. The
 //! test acts as the kubelet (writes Pod status); assertions are about its own namespace.
 
 use std::path::Path;

@@ -19,10 +19,13 @@
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
-#[path = "common/flavoured.rs"]
-mod flavoured;
-#[path = "daemonset/harness.rs"]
-mod harness;
+mod common;
+/// This suite's own modules, in `daemonset/`.
+mod daemonset {
+    pub mod harness;
+}
+
+use daemonset::harness;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -387,7 +390,7 @@ async fn results(flavour: Flavour) -> Results {
         .or_default()
         .clone();
     cell.get_or_init(|| async move {
-        if let Err(e) = harness::shared(flavour) {
+        if let Err(e) = Run::shared(flavour) {
             let e = format!("{e:#}");
             return Arc::new(ALL.iter().map(|s| (*s, Err(e.clone()))).collect());
         }

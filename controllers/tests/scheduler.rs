@@ -8,14 +8,15 @@
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
-#[path = "scheduler/burst.rs"]
-mod burst;
-#[path = "scheduler/cases.rs"]
-mod cases;
-#[path = "scheduler/harness.rs"]
-mod harness;
+/// This suite's own modules, in `scheduler/`.
+mod scheduler {
+    pub mod burst;
+    pub mod cases;
+    pub mod harness;
+}
 
-use harness::{run_case, Cluster, Scheduler};
+use scheduler::harness::{run_case, Cluster, Scheduler};
+use scheduler::{burst, cases};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kpr_scheduler_places_pods_where_they_may_go() {

@@ -20,16 +20,16 @@
 //! with 2, on nodes of its own).
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
-#[path = "scheduler/diff_cluster.rs"]
-mod diff_cluster;
-#[path = "scheduler/diff_placement.rs"]
-mod diff_placement;
-#[path = "scheduler/diff_preemption.rs"]
-mod diff_preemption;
-#[path = "scheduler/diff_probes.rs"]
-mod diff_probes;
+/// This suite's own modules, in `scheduler/`.
+mod scheduler {
+    pub mod diff_cluster;
+    pub mod diff_placement;
+    pub mod diff_preemption;
+    pub mod diff_probes;
+}
 
-use diff_cluster::{DiffCluster, Impl};
+use scheduler::diff_cluster::{DiffCluster, Impl};
+use scheduler::{diff_placement, diff_preemption, diff_probes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kpr_scheduler_matches_kube_scheduler() {

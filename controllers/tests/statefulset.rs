@@ -7,12 +7,14 @@
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
-#[path = "common/flavoured.rs"]
-mod flavoured;
-#[path = "statefulset/harness.rs"]
-mod harness;
-#[path = "statefulset/scenarios.rs"]
-mod scenarios;
+mod common;
+/// This suite's own modules, in `statefulset/`.
+mod statefulset {
+    pub mod harness;
+    pub mod scenarios;
+}
+
+use statefulset::{harness, scenarios};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,7 +51,7 @@ async fn results() -> Results {
         let mut out = BTreeMap::new();
         let mut runs = Vec::new();
         for flavour in [Flavour::Upstream, Flavour::Kpr] {
-            if let Err(e) = harness::shared(flavour) {
+            if let Err(e) = Run::shared(flavour) {
                 let e = format!("{e:#}");
                 for s in ALL {
                     out.insert((flavour, s), Err(e.clone()));

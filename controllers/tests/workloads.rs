@@ -12,26 +12,27 @@
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
-#[path = "workloads/compare.rs"]
-mod compare;
-#[path = "workloads/harness.rs"]
-mod harness;
-#[path = "workloads/scenarios.rs"]
-mod scenarios;
-#[path = "workloads/world.rs"]
-mod world;
+mod common;
+/// This suite's own modules, in `workloads/`.
+mod workloads {
+    pub mod compare;
+    pub mod harness;
+    pub mod scenarios;
+    pub mod world;
+}
 
-use compare::{check, differential, Scenario};
-use harness::{Cluster, Flavour, Run};
+use workloads::compare::{check, differential, Scenario};
+use workloads::harness::{start_cluster, Flavour, Run};
+use workloads::scenarios;
 
 async fn restart(flavour: Flavour) {
     let cluster = std::sync::Arc::new(
         tokio::task::block_in_place(|| {
-            Cluster::start(flavour, &format!("restart-{}", flavour.tag()))
+            start_cluster(flavour, &format!("restart-{}", flavour.tag()))
         })
         .expect("starting a control plane"),
     );
-    let run = Run::new(cluster, "restart").await.expect("a namespace");
+    let run = Run::on(cluster, "restart").await.expect("a namespace");
     let outcome = scenarios::restart_mid_rollout(&run)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));

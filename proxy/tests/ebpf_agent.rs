@@ -3,7 +3,7 @@
 //! tc program on the node namespace's interfaces; Services from manifest files. `proxy trace` and
 //! `proxy inspect --maps` are checked against what the programs really do.
 //!
-//! Run as root: `cargo test -p proxy --test ebpf_agent`.
+//! Run as root: `cargo test -p proxy --features kpr-tests/root --test ebpf_agent`.
 
 mod ebpf_support;
 

@@ -5,7 +5,7 @@
 //! ones; a restarted agent reuses the pins and reconciles what changed while it was down;
 //! `proxy cleanup` removes every pin and attachment.
 //!
-//! Run as root: `cargo test -p proxy --test ebpf_restart`.
+//! Run as root: `cargo test -p proxy --features kpr-tests/root --test ebpf_restart`.
 
 mod ebpf_support;
 

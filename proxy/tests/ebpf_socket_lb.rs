@@ -1,7 +1,7 @@
 //! Kernel tests of the eBPF dataplane's socket-level load balancing: real programs attached to a
 //! test cgroup, real client processes inside it, real echo servers in pod namespaces.
 //!
-//! Run as root: `cargo test -p proxy --test ebpf_socket_lb`.
+//! Run as root: `cargo test -p proxy --features kpr-tests/root --test ebpf_socket_lb`.
 
 mod ebpf_support;
 

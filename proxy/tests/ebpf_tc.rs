@@ -4,7 +4,7 @@
 //! namespaces. The dataplane is built on a thread inside the node namespace; nothing is attached
 //! in the machine's own namespace.
 //!
-//! Run as root: `cargo test -p proxy --test ebpf_tc`.
+//! Run as root: `cargo test -p proxy --features kpr-tests/root --test ebpf_tc`.
 
 mod ebpf_support;
 

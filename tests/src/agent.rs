@@ -603,6 +603,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn an_agent_that_exits_at_once_fails_start_with_its_log() {
         let node = Netns::new("agent").unwrap();
         let (bin, _rm) = script("echo \"bad flag: $2\" >&2; exit 3");
@@ -616,6 +620,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn an_agent_that_never_gets_healthy_times_out_and_is_killed() {
         let node = Netns::new("agent").unwrap();
         let (bin, _rm) = script("echo started; exec sleep 600");
@@ -638,6 +646,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn the_ebpf_backend_is_refused_without_a_test_cgroup() {
         let node = Netns::new("agent").unwrap();
         let (bin, _rm) = script("exit 0");
@@ -647,6 +659,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn manifests_are_written_before_the_agent_starts_and_flags_follow_the_contract() {
         let node = Netns::new("agent").unwrap();
         // Records its arguments and the manifest directory listing, then exits.

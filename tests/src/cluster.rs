@@ -309,6 +309,10 @@ mod tests {
     const T: Duration = Duration::from_secs(2);
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn pods_are_reachable_from_every_client_namespace_without_a_proxy() {
         let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
         for (label, ns, source) in [
@@ -327,6 +331,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn dual_stack_pods_answer_over_ipv6_from_every_client() {
         let cluster = Cluster::new(ClusterSpec::pods(2).dual_stack()).unwrap();
         let pod1 = SocketAddr::from((cluster.pods[1].ip6.unwrap(), ECHO_PORT));
@@ -350,6 +358,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn a_stopped_echo_server_refuses_and_restarts() {
         let cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
         let addr = cluster.pods[0].echo_addr();
@@ -364,6 +376,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn held_connections_are_counted_and_closed_by_stop() {
         let cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
         let addr = cluster.pods[0].echo_addr();
@@ -375,6 +391,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn all_namespaces_are_gone_after_drop() {
         let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
         let prefix = format!("{}-", cluster.prefix());
@@ -391,6 +411,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn cleanup_happens_on_panic_too() {
         let prefix = std::sync::Mutex::new(String::new());
         let result = std::panic::catch_unwind(|| {

@@ -64,3 +64,31 @@ pub enum HarnessError {
     #[error("agent: {0}")]
     Agent(String),
 }
+
+/// Unit tests inside a library that need root (a network namespace, netfilter, eBPF): written
+/// inside `kpr_tests::needs_root! { ... }` (a crate with kpr-tests as a dependency; kpr-tests
+/// itself uses `#[cfg_attr(not(feature = "root"), ignore = ...)]`), they run when the
+/// `kpr-tests/root` test gate is open (`cargo xtask test`) and are ignored, with that reason,
+/// in a plain `cargo test`. Test targets that need root require the gate instead
+/// (`required-features`). README, "The two commands".
+#[cfg(feature = "root")]
+#[macro_export]
+macro_rules! needs_root {
+    ($($(#[$meta:meta])* fn $name:ident() $body:block)*) => {
+        $($(#[$meta])* fn $name() $body)*
+    };
+}
+
+/// Unit tests that need root, ignored: the `kpr-tests/root` test gate is closed (see the other
+/// definition).
+#[cfg(not(feature = "root"))]
+#[macro_export]
+macro_rules! needs_root {
+    ($($(#[$meta:meta])* fn $name:ident() $body:block)*) => {
+        $(
+            $(#[$meta])*
+            #[ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"]
+            fn $name() $body
+        )*
+    };
+}

@@ -364,6 +364,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn namespace_is_created_with_lo_up_and_removed_on_drop() {
         let ns = Netns::new("unit").unwrap();
         let path = Path::new("/run/netns").join(ns.name());
@@ -383,6 +387,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn drop_kills_processes_left_inside() {
         let ns = Netns::new("kill").unwrap();
         let mut child = ns.command("sleep").arg("600").spawn().unwrap();
@@ -400,6 +408,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn run_executes_inside_the_namespace() {
         let ns = Netns::new("run").unwrap();
         let inside = ns
@@ -425,6 +437,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn exec_switches_only_the_network_namespace() {
         let ns = Netns::new("exec").unwrap();
         let out = ns
@@ -454,6 +470,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(feature = "root"),
+        ignore = "needs root: the kpr-tests/root test gate (cargo xtask test opens it)"
+    )]
     fn a_namespace_of_a_dead_test_process_is_stale_and_removed() {
         // pid_max is at most 2^22, so this pid cannot exist.
         let name = "kpr-99999999-0-stale".to_string();

@@ -1,6 +1,6 @@
 //! The conformance suite: every scenario of `kpr_tests::conformance::scenarios` against every
 //! backend, one test per (backend, scenario), named `<backend>::<scenario>`:
-//! `cargo test -p kpr-tests --test conformance nftables::` runs one backend,
+//! `cargo test -p kpr-tests --features root --test conformance nftables::` runs one backend,
 //! `... ::round_robin` one scenario everywhere. Exceptions: `kpr_tests::conformance::EXCEPTIONS`.
 //! Needs root and the `proxy` and `probe` binaries (`cargo build -p proxy -p kpr-tests --bins`).
 

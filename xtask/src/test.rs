@@ -18,6 +18,18 @@ pub struct TestArgs {
     pub test_args: Vec<String>,
 }
 
+/// The test gates `cargo xtask test` opens: a suite that needs root requires `kpr-tests/root`, one
+/// that starts the reference Kubernetes `kpr-controlplane/reference` (both, if it needs both). A
+/// plain `cargo test` leaves those suites out; every step here that builds or lints the tests
+/// passes this list, so every suite runs in CI (`every_required_feature_is_a_test_gate_we_enable`
+/// fails on a target gated on anything else).
+pub const TEST_FEATURES: &[&str] = &["kpr-tests/root", "kpr-controlplane/reference"];
+
+/// `--features` with [`TEST_FEATURES`], for a cargo command that builds the test targets.
+pub fn test_features() -> [String; 2] {
+    ["--features".into(), TEST_FEATURES.join(",")]
+}
+
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // Incremental caches are for editing, not for one build of everything: on a clean CI checkout
     // they double what the workspace build writes to disk, and would be thrown away anyway.
@@ -50,15 +62,11 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
         cargo(&["fmt", "--all", "--", "--check"]).run()
     });
     summary.step("clippy", || {
-        cargo(&[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ])
-        .run()
+        // With the test gates open: the gated suites are linted too.
+        cargo(&["clippy", "--workspace", "--all-targets"])
+            .args(test_features())
+            .args(["--", "-D", "warnings"])
+            .run()
     });
     let ebpf = root.join("proxy-ebpf");
     if ebpf.is_dir() {
@@ -78,14 +86,13 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
         });
     }
     let proxy_bin = target_dir().join("debug/proxy");
-    // Built by the build step above; the suites that run it would otherwise build it themselves.
-    let controller_manager_bin = target_dir().join("debug/controller-manager");
     summary.step("cargo test", || {
         // --no-fail-fast: every test binary runs, so the log shows every failure, not the first.
-        let (result, output) = cargo(&["test", "--workspace", "--no-fail-fast", "--"])
+        let (result, output) = cargo(&["test", "--workspace", "--no-fail-fast"])
+            .args(test_features())
+            .arg("--")
             .args(&args.test_args)
             .env("KPR_PROXY_BIN", &proxy_bin)
-            .env("KPR_CONTROLLER_MANAGER_BIN", &controller_manager_bin)
             .run_tee();
         // The summary is the part of a long log that is always read: it names what failed and
         // why, so a red run is diagnosable from its last lines.
@@ -344,6 +351,44 @@ error: 1 failure(s) in the VMs:
                 "test conformance::nftables::sctp: no answer from 10.96.0.10:80",
                 "[6.1.0-56] conformance: conformance::nftables::sctp",
             ]
+        );
+    }
+
+    /// Every test target that requires a feature requires only [`TEST_FEATURES`]: a target gated
+    /// on anything else would never be built by `cargo xtask test`, and drop out of CI unseen.
+    #[test]
+    fn every_required_feature_is_a_test_gate_we_enable() {
+        let output = std::process::Command::new(env::var("CARGO").unwrap_or("cargo".into()))
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .current_dir(workspace_root())
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "cargo metadata: {output:?}");
+        let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let mut gated = 0;
+        for package in metadata["packages"].as_array().unwrap() {
+            for target in package["targets"].as_array().unwrap() {
+                for feature in target["required-features"].as_array().into_iter().flatten() {
+                    let feature = feature.as_str().unwrap();
+                    // A package's own feature is named without its package.
+                    let qualified = if feature.contains('/') {
+                        feature.to_string()
+                    } else {
+                        format!("{}/{feature}", package["name"].as_str().unwrap())
+                    };
+                    assert!(
+                        TEST_FEATURES.contains(&qualified.as_str()),
+                        "{} of {} requires {qualified}, which `cargo xtask test` does not enable",
+                        target["name"],
+                        package["name"]
+                    );
+                    gated += 1;
+                }
+            }
+        }
+        assert!(
+            gated > 0,
+            "no test target is gated: the test gates are gone?"
         );
     }
 

@@ -10,53 +10,31 @@
 //! The test stands in for the node lifecycle controller, which neither flavour runs: it lifts the
 //! `node.kubernetes.io/not-ready:NoSchedule` taint the API server puts on every new Node.
 //!
-//! Owns: the control planes (stopped when the test binary exits), the Nodes and namespaces of its
-//! runs. Every wait is bounded ([`WAIT`]) and fails with what was last seen.
+//! Owns: this suite's model and control plane, and the Nodes of its runs; the rest is `common`'s.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use controlplane::Options;
-use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Pod};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::Event;
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::{json, Value};
 
-/// How long any one awaited state may take.
-pub const WAIT: Duration = Duration::from_secs(60);
+pub use crate::common::is_ready;
+use crate::common::{watch::Model, Recorder, Suite};
+pub use crate::common::{Cluster, Flavour};
+
 /// kube-controller-manager's name for the controller under test; ours takes the same.
 pub const CONTROLLERS: &str = "daemonset";
 /// The label that ties a scenario's Nodes to its DaemonSet.
 pub const SCENARIO_LABEL: &str = "ds-scenario";
 
-pub use crate::flavoured::{Cluster, Flavour};
-
-/// This binary's control plane for `flavour`: the scheduler, one kwok node, and the DaemonSet
-/// controller.
-fn start(flavour: Flavour) -> anyhow::Result<Cluster> {
-    let tag = match flavour {
-        Flavour::Upstream => "daemonset-upstream",
-        Flavour::Kpr => "daemonset-kpr",
-    };
-    let opts = Options {
-        upstream_scheduler: true,
-        // One node so kwok runs; no scenario's DaemonSet selects it.
-        kwok_nodes: 1,
-        ..Options::minimal(controlplane::run_dir(tag))
-    };
-    Cluster::start(flavour, CONTROLLERS, opts, Vec::new(), |_| Ok(()))
-}
-
-/// The control plane of `flavour` for this test binary, started on first use.
-pub fn shared(flavour: Flavour) -> anyhow::Result<Arc<Cluster>> {
-    Cluster::shared(flavour, start)
-}
+/// One scenario's namespace, watched into [`State`].
+pub type Run = crate::common::Run<State>;
 
 /// The node a daemon Pod is for: its nodeName, or the `metadata.name` of its node affinity.
 pub fn target_node(p: &Pod) -> String {
@@ -76,14 +54,6 @@ pub fn target_node(p: &Pod) -> String {
         .and_then(|f| f.values.as_ref())
         .and_then(|v| v.first().cloned())
         .unwrap_or_default()
-}
-
-/// Ready condition True.
-pub fn is_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Running, Ready and not being deleted.
@@ -213,164 +183,75 @@ impl State {
     }
 }
 
-// One stream item; short-lived, so the size difference between variants does not matter.
-#[allow(clippy::large_enum_variant)]
-enum Change {
-    Pod(Event<Pod>),
-    DaemonSet(Event<DaemonSet>),
-    Event(Event<CoreEvent>),
-    Error(String),
-}
-
-/// One scenario's namespace with its watch.
-pub struct Run {
-    pub cluster: Arc<Cluster>,
-    pub ns: String,
-    pub client: Client,
-    /// Node name prefix and label value of this scenario.
-    pub tag: String,
-    state: Arc<Mutex<State>>,
-    changed: tokio::sync::watch::Sender<u64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        self.task.abort();
+impl Model for State {
+    fn watch_error(&mut self, error: String) {
+        self.errors.push(error);
     }
 }
 
-impl Run {
-    /// A fresh namespace `<tag>-<n>` on the `flavour`'s control plane, watched.
-    pub async fn new(flavour: Flavour, tag: &str) -> anyhow::Result<Run> {
-        let cluster = shared(flavour)?;
-        let ns = tokio::task::block_in_place(|| cluster.cp().test_namespace(tag))?;
-        let client = controlplane::client_from(&cluster.kubeconfig).await?;
-        let state = Arc::new(Mutex::new(State::default()));
-        let changed = tokio::sync::watch::channel(0u64).0;
-        let task = Self::watch(client.clone(), &ns, state.clone(), changed.clone()).await?;
-        Ok(Run {
-            cluster,
-            ns,
-            client,
-            tag: tag.to_string(),
-            state,
-            changed,
-            task,
+impl Suite for State {
+    const WAIT: Duration = Duration::from_secs(60);
+
+    /// The scheduler, one kwok node, and the DaemonSet controller.
+    fn cluster(flavour: Flavour) -> anyhow::Result<Cluster> {
+        let opts = Options {
+            upstream_scheduler: true,
+            // One node so kwok runs; no scenario's DaemonSet selects it.
+            kwok_nodes: 1,
+            ..Options::minimal(controlplane::run_dir(&format!(
+                "daemonset-{}",
+                flavour.tag()
+            )))
+        };
+        Cluster::start(flavour, CONTROLLERS, opts, Vec::new(), |_| Ok(()))
+    }
+
+    fn watches(client: &Client, ns: &str) -> Recorder<State> {
+        let mut rec = Recorder::new(State::default());
+        rec.watch(Api::<Pod>::namespaced(client.clone(), ns), |s, e| match e {
+            Event::Apply(p) | Event::InitApply(p) => s.apply_pod(p),
+            Event::Delete(p) => {
+                s.pods.remove(&p.name_any());
+                s.pods_deleted.push(p.name_any());
+                s.update_tracking();
+            }
+            Event::Init | Event::InitDone => {}
         })
-    }
-
-    async fn watch(
-        client: Client,
-        ns: &str,
-        state: Arc<Mutex<State>>,
-        changed: tokio::sync::watch::Sender<u64>,
-    ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-        fn stream<K>(
-            api: Api<K>,
-            wrap: fn(Event<K>) -> Change,
-        ) -> futures::stream::BoxStream<'static, Change>
-        where
-            K: kube::Resource<DynamicType = ()>
-                + Clone
-                + std::fmt::Debug
-                + serde::de::DeserializeOwned
-                + Send
-                + 'static,
-        {
-            watcher::watcher(api, watcher::Config::default())
-                .default_backoff()
-                .map_ok(wrap)
-                .map(|r| r.unwrap_or_else(|e| Change::Error(e.to_string())))
-                .boxed()
-        }
-        let mut changes = futures::stream::select_all([
-            stream(Api::<Pod>::namespaced(client.clone(), ns), Change::Pod),
-            stream(
-                Api::<DaemonSet>::namespaced(client.clone(), ns),
-                Change::DaemonSet,
-            ),
-            stream(Api::<CoreEvent>::namespaced(client, ns), Change::Event),
-        ]);
-        let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let mut synced_tx = Some(synced_tx);
-            let mut inits = 0;
-            let mut counter = 0u64;
-            while let Some(change) = changes.next().await {
-                {
-                    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-                    match change {
-                        Change::Pod(Event::Apply(p) | Event::InitApply(p)) => s.apply_pod(p),
-                        Change::Pod(Event::Delete(p)) => {
-                            s.pods.remove(&p.name_any());
-                            s.pods_deleted.push(p.name_any());
-                            s.update_tracking();
-                        }
-                        Change::DaemonSet(Event::Apply(d) | Event::InitApply(d)) => {
-                            s.daemon_sets.insert(d.name_any(), d);
-                        }
-                        Change::DaemonSet(Event::Delete(d)) => {
-                            s.daemon_sets.remove(&d.name_any());
-                        }
-                        Change::Event(Event::Apply(e) | Event::InitApply(e)) => {
-                            let reason = e.reason.clone().unwrap_or_default();
-                            if !s.events.contains(&reason) {
-                                s.events.push(reason);
-                            }
-                        }
-                        Change::Pod(Event::InitDone)
-                        | Change::DaemonSet(Event::InitDone)
-                        | Change::Event(Event::InitDone) => {
-                            inits += 1;
-                            if inits == 3 {
-                                if let Some(tx) = synced_tx.take() {
-                                    let _ = tx.send(());
-                                }
-                            }
-                        }
-                        Change::Error(e) => s.errors.push(e),
-                        _ => {}
-                    }
+        .watch(
+            Api::<DaemonSet>::namespaced(client.clone(), ns),
+            |s, e| match e {
+                Event::Apply(d) | Event::InitApply(d) => {
+                    drop(s.daemon_sets.insert(d.name_any(), d))
                 }
-                counter += 1;
-                changed.send_replace(counter);
+                Event::Delete(d) => drop(s.daemon_sets.remove(&d.name_any())),
+                Event::Init | Event::InitDone => {}
+            },
+        )
+        .watch(Api::<CoreEvent>::namespaced(client.clone(), ns), |s, e| {
+            if let Event::Apply(e) | Event::InitApply(e) = e {
+                let reason = e.reason.clone().unwrap_or_default();
+                if !s.events.contains(&reason) {
+                    s.events.push(reason);
+                }
             }
         });
-        tokio::time::timeout(WAIT, synced_rx)
-            .await
-            .context("the namespace's watches did not list in time")?
-            .context("the watch task ended")?;
-        Ok(task)
+        rec
     }
 
+    fn describe(&self) -> String {
+        State::describe(self)
+    }
+}
+
+/// What only this suite's scenarios do.
+impl Run {
     /// From now on, records the most of `nodes` seen at once without a serving Pod.
     pub fn track(&self, nodes: &[String]) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.lock();
         s.tracked = nodes.to_vec();
         s.max_unavailable = 0;
         s.max_per_node = 0;
         s.update_tracking();
-    }
-
-    /// Waits until `check` returns `Some` (re-checked on every change, at least every 250 ms),
-    /// at most [`WAIT`]; the error shows the namespace as last seen and the manager's log.
-    pub async fn wait_for<T>(
-        &self,
-        what: &str,
-        check: impl FnMut(&State) -> Option<T>,
-    ) -> anyhow::Result<T> {
-        crate::flavoured::wait_for(
-            &self.cluster,
-            &self.ns,
-            &self.state,
-            &self.changed,
-            WAIT,
-            what,
-            State::describe,
-            check,
-        )
-        .await
     }
 
     /// The name of this scenario's node `i`.

@@ -27,7 +27,9 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
 
-use crate::diff_cluster::{create_nodes, namespace, node_of, scheduled_condition, Impl, NodeSpec};
+use crate::scheduler::diff_cluster::{
+    create_nodes, namespace, node_of, scheduled_condition, Impl, NodeSpec,
+};
 
 /// Node label (value: the row's tag) and taint key (value [`TAINT`]) that reserve a row's nodes
 /// for that row and scheduler. One taint value for all: the probes' FitError messages list each

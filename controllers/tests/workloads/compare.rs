@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use super::harness::{Cluster, Flavour, Run};
+use super::harness::{Flavour, Run};
 use super::scenarios::{self, Outcome};
 
 /// The scenarios both flavours run.
@@ -25,9 +25,8 @@ pub enum Scenario {
 pub type Shared = Arc<Result<Outcome, String>>;
 
 async fn run(flavour: Flavour, scenario: Scenario) -> anyhow::Result<Outcome> {
-    let cluster = Cluster::shared(flavour)?;
     let tag = format!("{scenario:?}").to_lowercase();
-    let run = Run::new(cluster, &tag).await?;
+    let run = Run::new(flavour, &tag).await?;
     match scenario {
         Scenario::RolloutAndUndo => scenarios::rollout_and_undo(&run).await,
         Scenario::ProportionalScaling => scenarios::proportional_scaling(&run).await,

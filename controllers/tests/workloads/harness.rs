@@ -1,20 +1,16 @@
 //! The scenario harness: a fresh reference control plane per controller manager ([`Flavour`]),
 //! etcd + kube-apiserver + kube-scheduler + kwok nodes + either kube-controller-manager or our
 //! `controller-manager` running the replicaset, deployment and garbagecollector controllers; one
-//! namespace per scenario run ([`Run`]) with the watches of [`World`] on it; kubectl of the
-//! reference release; bounded waits that fail with what was seen; and the test's part as the
-//! kubelet of gated Pods (when they become Ready).
+//! namespace per scenario run ([`Run`]) with the watches of `world` on it; the waits on a
+//! Deployment's state; and the test's part as the kubelet of gated Pods (when they become Ready).
 //!
-//! Owns: the control planes it starts (stopped when the test binary exits) and the namespaces of
-//! its runs. Never sleeps to assert: [`Run::settled`] waits for a quiet period only to decide when
+//! Owns: this suite's control plane and its waits; the rest is `common`'s. Never sleeps to assert: [`Run::settled`] waits for a quiet period only to decide when
 //! to make gated Pods Ready, and every check waits for a state with a deadline.
 
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use controlplane::{ControlPlane, Options};
+use controlplane::Options;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -22,7 +18,11 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::json;
 
-use super::world::{self, is_gated, is_ready, spec_replicas, State, World};
+use super::world::{self, is_gated, is_ready, spec_replicas, State};
+use crate::common::cluster::lift_not_ready_taint;
+use crate::common::run::run_command;
+pub use crate::common::{Cluster, Flavour};
+use crate::common::{Recorder, Suite, GATE};
 
 /// How long any one awaited state may take.
 pub const WAIT: Duration = Duration::from_secs(90);
@@ -35,255 +35,42 @@ pub const NODES: usize = 4;
 /// kube-controller-manager's names for the controllers under test; ours takes the same.
 pub const CONTROLLERS: &str = "replicaset,deployment,garbagecollector";
 
-/// Which controller manager runs the workload controllers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Flavour {
-    /// kube-controller-manager of the reference release.
-    Upstream,
-    /// This crate's `controller-manager`.
-    Kpr,
+/// One scenario's namespace, watched into [`State`].
+pub type Run = crate::common::Run<State>;
+
+/// Starts a control plane for `flavour` in `<target>/controlplane/<exe>-<tag>.pid<pid>`.
+pub fn start_cluster(flavour: Flavour, tag: &str) -> anyhow::Result<Cluster> {
+    let opts = Options {
+        upstream_scheduler: true,
+        kwok_nodes: NODES,
+        ..Options::minimal(controlplane::run_dir(tag))
+    };
+    Cluster::start(flavour, CONTROLLERS, opts, Vec::new(), lift_not_ready_taint)
 }
 
-impl Flavour {
-    pub fn tag(self) -> &'static str {
-        match self {
-            Flavour::Upstream => "upstream",
-            Flavour::Kpr => "kpr",
-        }
-    }
-}
+impl Suite for State {
+    const WAIT: Duration = WAIT;
 
-/// One reference control plane and its controller manager.
-pub struct Cluster {
-    pub flavour: Flavour,
-    cp: Mutex<ControlPlane>,
-    kubectl: PathBuf,
-    kubeconfig: PathBuf,
-    /// The process name the controller manager runs under now (a restart gets a new one, so the
-    /// first log stays).
-    manager: Mutex<String>,
-    restarts: Mutex<usize>,
-}
-
-impl Cluster {
-    /// Starts a control plane for `flavour` in `<target>/controlplane/<exe>-<pid>-<tag>`.
-    pub fn start(flavour: Flavour, tag: &str) -> anyhow::Result<Cluster> {
-        let opts = Options {
-            upstream_controllers: (flavour == Flavour::Upstream).then(|| CONTROLLERS.to_string()),
-            upstream_scheduler: true,
-            kwok_nodes: NODES,
-            ..Options::minimal(controlplane::run_dir(tag))
-        };
-        let cp = ControlPlane::start(opts)?;
-        // The API server taints every new Node not-ready (admission's TaintNodesByCondition);
-        // kube-controller-manager's nodelifecycle controller lifts it once the Node reports
-        // Ready. Neither flavour runs that controller, so the test lifts it, the same for both.
-        cp.kubectl_run(
-            &[
-                "taint",
-                "nodes",
-                "--all",
-                "node.kubernetes.io/not-ready:NoSchedule-",
-            ],
-            None,
-        )?;
-        let cluster = Cluster {
-            flavour,
-            kubectl: cp.binaries.path("kubectl"),
-            kubeconfig: cp.admin_kubeconfig().to_path_buf(),
-            cp: Mutex::new(cp),
-            manager: Mutex::new(String::new()),
-            restarts: Mutex::new(0),
-        };
-        match flavour {
-            Flavour::Upstream => {
-                *cluster.manager.lock().unwrap() = "kube-controller-manager".into()
-            }
-            Flavour::Kpr => cluster.start_ours("controller-manager")?,
-        }
-        Ok(cluster)
+    fn cluster(flavour: Flavour) -> anyhow::Result<Cluster> {
+        start_cluster(flavour, flavour.tag())
     }
 
-    /// The control plane of `flavour` shared by this test binary's scenarios (each in its own
-    /// namespace), started on first use.
-    pub fn shared(flavour: Flavour) -> anyhow::Result<Arc<Cluster>> {
-        static UPSTREAM: OnceLock<Result<Arc<Cluster>, String>> = OnceLock::new();
-        static KPR: OnceLock<Result<Arc<Cluster>, String>> = OnceLock::new();
-        let cell = match flavour {
-            Flavour::Upstream => &UPSTREAM,
-            Flavour::Kpr => &KPR,
-        };
-        let started = tokio::task::block_in_place(|| {
-            cell.get_or_init(|| {
-                Cluster::start(flavour, flavour.tag())
-                    .map(Arc::new)
-                    .map_err(|e| format!("{e:#}"))
-            })
-        });
-        match started {
-            Ok(c) => Ok(c.clone()),
-            Err(e) => bail!("starting the {flavour:?} control plane: {e}"),
-        }
+    fn watches(client: &Client, ns: &str) -> Recorder<State> {
+        world::watches(client, ns)
     }
 
-    fn cp(&self) -> std::sync::MutexGuard<'_, ControlPlane> {
-        self.cp.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn start_ours(&self, name: &str) -> anyhow::Result<()> {
-        let args = vec![
-            "--kubeconfig".to_string(),
-            self.kubeconfig.display().to_string(),
-            "--controllers".to_string(),
-            CONTROLLERS.to_string(),
-        ];
-        let program = PathBuf::from(env!("CARGO_BIN_EXE_controller-manager"));
-        self.cp().spawn_program(name, &program, args)?;
-        *self.manager.lock().unwrap() = name.to_string();
-        Ok(())
-    }
-
-    /// Err naming the first process of the control plane (controller manager included) that
-    /// exited, with its log's last lines.
-    pub fn check_alive(&self) -> anyhow::Result<()> {
-        self.cp().check_alive()
-    }
-
-    /// The last lines of the controller manager's log.
-    pub fn manager_log(&self) -> String {
-        let name = self.manager.lock().unwrap().clone();
-        let log = self.cp().log(&name);
-        format!(
-            "last lines of {}:\n{}",
-            log.display(),
-            controlplane::process::tail(&log, 25)
-        )
-    }
-
-    /// SIGKILLs the controller manager (no shutdown of any kind) and reaps it.
-    pub fn kill_manager(&self) -> anyhow::Result<()> {
-        let name = self.manager.lock().unwrap().clone();
-        let mut cp = self.cp();
-        let pid = cp
-            .pids()
-            .into_iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, pid)| pid)
-            .with_context(|| format!("{name} is not running"))?;
-        let status = std::process::Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status()?;
-        if !status.success() {
-            bail!("kill -KILL {pid} ({name}) failed: {status}");
-        }
-        // Reaps the killed process and forgets it (its SIGTERM finds nobody).
-        cp.stop(&name);
-        Ok(())
-    }
-
-    /// Starts the controller manager again after [`Cluster::kill_manager`].
-    pub fn restart_manager(&self) -> anyhow::Result<()> {
-        let n = {
-            let mut r = self.restarts.lock().unwrap();
-            *r += 1;
-            *r
-        };
-        match self.flavour {
-            Flavour::Upstream => self.cp().start_upstream_controller_manager(CONTROLLERS),
-            Flavour::Kpr => self.start_ours(&format!("controller-manager-restart-{n}")),
-        }
-    }
-
-    fn kubectl_cmd(&self) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(&self.kubectl);
-        cmd.arg("--kubeconfig").arg(&self.kubeconfig);
-        cmd.kill_on_drop(true);
-        cmd
+    fn describe(&self) -> String {
+        self.deployments
+            .keys()
+            .map(|d| State::describe(self, d))
+            .collect()
     }
 }
 
-/// Runs `cmd` with `stdin`, bounded by [`WAIT`]; stdout, or an error with stderr.
-async fn run_command(
-    mut cmd: tokio::process::Command,
-    stdin: Option<String>,
-) -> anyhow::Result<String> {
-    use std::process::Stdio;
-    use tokio::io::AsyncWriteExt as _;
-    let shown = format!("{:?}", cmd.as_std());
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().with_context(|| format!("running {shown}"))?;
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().context("kubectl's stdin")?;
-        pipe.write_all(input.as_bytes()).await?;
-    }
-    let out = tokio::time::timeout(WAIT, child.wait_with_output())
-        .await
-        .with_context(|| format!("{shown} did not finish in {WAIT:?}"))??;
-    if !out.status.success() {
-        bail!(
-            "{shown} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// One scenario's namespace on a [`Cluster`], with its watches.
-pub struct Run {
-    pub cluster: Arc<Cluster>,
-    pub ns: String,
-    pub client: Client,
-    pub world: Arc<World>,
-    recorder: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        self.recorder.abort();
-    }
-}
-
+/// What only this suite's scenarios do.
 impl Run {
-    /// A fresh namespace `<tag>-<n>` (with its default ServiceAccount) and the watches on it.
-    pub async fn new(cluster: Arc<Cluster>, tag: &str) -> anyhow::Result<Run> {
-        let ns = tokio::task::block_in_place(|| cluster.cp().test_namespace(tag))?;
-        let client = controlplane::client_from(&cluster.kubeconfig).await?;
-        let world = World::new();
-        let recorder = world::record(client.clone(), &ns, world.clone()).await;
-        Ok(Run {
-            cluster,
-            ns,
-            client,
-            world,
-            recorder,
-        })
-    }
-
     pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    /// kubectl in this run's namespace.
-    pub async fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
-        self.kubectl_with(args, None).await
-    }
-
-    /// kubectl in this run's namespace, `stdin` piped in.
-    pub async fn kubectl_with(
-        &self,
-        args: &[&str],
-        stdin: Option<String>,
-    ) -> anyhow::Result<String> {
-        let mut cmd = self.cluster.kubectl_cmd();
-        cmd.arg("-n").arg(&self.ns).args(args);
-        run_command(cmd, stdin).await
     }
 
     /// Runs kubectl to change Deployment `d`'s spec and waits until the watch shows the new
@@ -295,9 +82,9 @@ impl Run {
                 .and_then(|dep| dep.metadata.generation)
                 .unwrap_or(0)
         };
-        let before = generation(&self.world.lock());
+        let before = generation(&self.lock());
         self.kubectl(args).await?;
-        self.wait_for(
+        self.wait_on(
             &format!("the change `kubectl {}` to show", args.join(" ")),
             d,
             |s, _| (generation(s) > before).then_some(()),
@@ -314,46 +101,20 @@ impl Run {
             &format!("deployment/{d}"),
             &format!("--timeout={}s", WAIT.as_secs()),
         ]);
-        tokio::spawn(run_command(cmd, None))
+        tokio::spawn(run_command(cmd, None, WAIT))
     }
 
-    /// Waits until `check` returns `Some` on the recorded state (re-checked on every change
-    /// and every 250 ms, as availability changes with time alone), at most [`WAIT`]. The error
-    /// shows Deployment `d` as last seen and the controller manager's log.
-    pub async fn wait_for<T>(
+    /// Waits until `check` returns `Some` on the recorded state at the current time (re-checked
+    /// on every change and every 250 ms, as availability changes with time alone), at most
+    /// [`WAIT`]. The error shows Deployment `d` as last seen and the controller manager's log.
+    pub async fn wait_on<T>(
         &self,
         what: &str,
         d: &str,
         mut check: impl FnMut(&State, Timestamp) -> Option<T>,
     ) -> anyhow::Result<T> {
-        let start = Instant::now();
-        let mut rx = self.world.changed.subscribe();
-        let mut alive_checked = Instant::now();
-        loop {
-            rx.borrow_and_update();
-            {
-                let s = self.world.lock();
-                if let Some(t) = check(&s, Timestamp::now()) {
-                    return Ok(t);
-                }
-                if start.elapsed() > WAIT {
-                    bail!(
-                        "[{:?}, namespace {}] timed out after {WAIT:?} waiting for {what}; last seen:\n{}{}",
-                        self.cluster.flavour,
-                        self.ns,
-                        s.describe(d),
-                        self.cluster.manager_log()
-                    );
-                }
-            }
-            if alive_checked.elapsed() > Duration::from_secs(2) {
-                alive_checked = Instant::now();
-                self.cluster
-                    .check_alive()
-                    .with_context(|| format!("while waiting for {what}"))?;
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(250), rx.changed()).await;
-        }
+        self.wait_for_with(what, |s| s.describe(d), |s| check(s, Timestamp::now()))
+            .await
     }
 
     /// Waits until Deployment `d` is [`consistent`] and nothing changed for [`SETTLE`]: every
@@ -361,14 +122,14 @@ impl Run {
     pub async fn settled(&self, d: &str) -> anyhow::Result<()> {
         let start = Instant::now();
         loop {
-            self.wait_for(&format!("Deployment {d} to settle"), d, |s, now| {
+            self.wait_on(&format!("Deployment {d} to settle"), d, |s, now| {
                 consistent(s, d, now).then_some(())
             })
             .await?;
-            let events = self.world.lock().events;
+            let events = self.lock().events;
             tokio::time::sleep(SETTLE).await;
             {
-                let s = self.world.lock();
+                let s = self.lock();
                 if s.events == events && consistent(&s, d, Timestamp::now()) {
                     return Ok(());
                 }
@@ -389,7 +150,7 @@ impl Run {
     /// controller sees the updates in.
     pub async fn release_wave(&self, d: &str) -> anyhow::Result<usize> {
         let names: Vec<String> = {
-            let s = self.world.lock();
+            let s = self.lock();
             s.active_pods_of(d)
                 .into_iter()
                 .filter(|p| is_gated(p) && bound(p) && !is_ready(p))
@@ -422,14 +183,14 @@ impl Run {
         let mut waves = 0;
         loop {
             self.settled(d).await?;
-            if rollout_complete(&self.world.lock(), d) {
+            if rollout_complete(&self.lock(), d) {
                 return Ok(waves);
             }
             if self.release_wave(d).await? == 0 {
                 bail!(
                     "[{:?}] the rollout of {d} is stuck: settled, incomplete, and no Pod is waiting to become Ready:\n{}{}",
                     self.cluster.flavour,
-                    self.world.lock().describe(d),
+                    self.lock().describe(d),
                     self.cluster.manager_log()
                 );
             }
@@ -439,7 +200,7 @@ impl Run {
 
     /// Waits until Deployment `d` is complete as `kubectl rollout status` decides.
     pub async fn wait_complete(&self, d: &str) -> anyhow::Result<()> {
-        self.wait_for(&format!("Deployment {d} to complete"), d, |s, _| {
+        self.wait_on(&format!("Deployment {d} to complete"), d, |s, _| {
             rollout_complete(s, d).then_some(())
         })
         .await
@@ -482,12 +243,11 @@ impl Run {
     }
 }
 
-/// A gated Deployment: its Pods' template carries [`world::GATE`], so the test decides when
+/// A gated Deployment: its Pods' template carries [`GATE`], so the test decides when
 /// they become Ready; `minReadySeconds` makes a wave of them available at once.
 pub fn gate(manifest: &mut serde_json::Value, min_ready_seconds: i64) {
     manifest["spec"]["minReadySeconds"] = json!(min_ready_seconds);
-    manifest["spec"]["template"]["metadata"]["annotations"] =
-        json!({ (world::GATE): world::GATED });
+    manifest["spec"]["template"]["metadata"]["annotations"] = json!({ (GATE.0): GATE.1 });
 }
 
 fn bound(pod: &Pod) -> bool {

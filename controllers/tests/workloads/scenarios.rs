@@ -211,7 +211,7 @@ pub async fn rollout_and_undo(run: &Run) -> anyhow::Result<Outcome> {
     .await?;
     run.settled(d).await?;
     let mark = {
-        let mut s = run.world.lock();
+        let mut s = run.lock();
         s.bounds.insert(
             d.into(),
             Bounds {
@@ -236,7 +236,7 @@ pub async fn rollout_and_undo(run: &Run) -> anyhow::Result<Outcome> {
     let waves = run.roll_out_in_waves(d).await?;
     status.await??;
     {
-        let s = run.world.lock();
+        let s = run.lock();
         let sizes = sizes_since(&s, d, mark);
         out.expect_eq(
             "rollout: ReplicaSet sizes at each step",
@@ -265,13 +265,13 @@ pub async fn rollout_and_undo(run: &Run) -> anyhow::Result<Outcome> {
         out.record("1 rollout: Deployment", deployment_summary(&s, d));
     }
 
-    let mark = sizes_len(&run.world.lock(), d);
+    let mark = sizes_len(&run.lock(), d);
     run.change_deployment(d, &["rollout", "undo", &format!("deployment/{d}")])
         .await?;
     let status = run.rollout_status(d);
     let waves = run.roll_out_in_waves(d).await?;
     status.await??;
-    let s = run.world.lock();
+    let s = run.lock();
     let sizes = sizes_since(&s, d, mark);
     out.expect_eq(
         "undo: ReplicaSet sizes at each step",
@@ -343,7 +343,7 @@ pub async fn proportional_scaling(run: &Run) -> anyhow::Result<Outcome> {
     )
     .await?;
     run.roll_out_in_waves(d).await?;
-    let mark = sizes_len(&run.world.lock(), d);
+    let mark = sizes_len(&run.lock(), d);
     run.change_deployment(
         d,
         &[
@@ -356,7 +356,7 @@ pub async fn proportional_scaling(run: &Run) -> anyhow::Result<Outcome> {
     .await?;
     run.settled(d).await?;
     let mut held = Vec::new();
-    held.push(line(&run.world.lock().sizes_now(d)));
+    held.push(line(&run.lock().sizes_now(d)));
     for replicas in ["20", "5"] {
         run.change_deployment(
             d,
@@ -368,7 +368,7 @@ pub async fn proportional_scaling(run: &Run) -> anyhow::Result<Outcome> {
         )
         .await?;
         run.settled(d).await?;
-        held.push(line(&run.world.lock().sizes_now(d)));
+        held.push(line(&run.lock().sizes_now(d)));
     }
     out.expect_eq(
         "held mid-rollout, then scaled to 20 and to 5",
@@ -378,7 +378,7 @@ pub async fn proportional_scaling(run: &Run) -> anyhow::Result<Outcome> {
     let status = run.rollout_status(d);
     run.roll_out_in_waves(d).await?;
     status.await??;
-    let s = run.world.lock();
+    let s = run.lock();
     let sizes = sizes_since(&s, d, mark);
     out.expect_eq(
         "proportional scaling: ReplicaSet sizes at each step",
@@ -432,7 +432,7 @@ pub async fn scale_down_ranking(run: &Run) -> anyhow::Result<Outcome> {
     )
     .await?;
     let names: Vec<String> = run
-        .wait_for("six Pods", d, |s, _| {
+        .wait_on("six Pods", d, |s, _| {
             let names = active_names(s, d);
             (names.len() == 6).then_some(names)
         })
@@ -451,7 +451,7 @@ pub async fn scale_down_ranking(run: &Run) -> anyhow::Result<Outcome> {
         }
     };
     // not-ready: kwok leaves it alone; the test reports it Running, not Ready.
-    annotate(&names[1], super::world::GATE, super::world::GATED).await?;
+    annotate(&names[1], crate::common::GATE.0, crate::common::GATE.1).await?;
     run.bind(&names[1], "kwok-node-0").await?;
     let not_ready = json!({"status": {"phase": "Running", "conditions": [
         {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
@@ -474,7 +474,7 @@ pub async fn scale_down_ranking(run: &Run) -> anyhow::Result<Outcome> {
     run.bind(&names[4], "kwok-node-2").await?;
     run.bind(&names[5], &format!("kwok-node-{}", NODES - 1))
         .await?;
-    run.wait_for("the Pods placed, kwok's four Ready", d, |s, _| {
+    run.wait_on("the Pods placed, kwok's four Ready", d, |s, _| {
         let ready = names
             .iter()
             .filter(|n| s.pods.get(*n).is_some_and(is_ready))
@@ -496,7 +496,7 @@ pub async fn scale_down_ranking(run: &Run) -> anyhow::Result<Outcome> {
 
     let mut steps = Vec::new();
     for replicas in [5usize, 4, 3, 2] {
-        let before = active_names(&run.world.lock(), d);
+        let before = active_names(&run.lock(), d);
         run.change_deployment(
             d,
             &[
@@ -507,7 +507,7 @@ pub async fn scale_down_ranking(run: &Run) -> anyhow::Result<Outcome> {
         )
         .await?;
         let deleted = run
-            .wait_for(&format!("{replicas} Pods left"), d, |s, _| {
+            .wait_on(&format!("{replicas} Pods left"), d, |s, _| {
                 let now = active_names(s, d);
                 let rs = s.replicasets_of(d).first().map(|rs| {
                     let st = rs.status.clone().unwrap_or_default();
@@ -662,7 +662,7 @@ pub async fn cascading_deletion(run: &Run) -> anyhow::Result<Outcome> {
             &format!("--timeout={}s", super::harness::WAIT.as_secs()),
         ])
         .await?;
-        run.wait_for(
+        run.wait_on(
             &format!("what --cascade={cascade} leaves of {d}"),
             d,
             |s, _| {
@@ -680,7 +680,7 @@ pub async fn cascading_deletion(run: &Run) -> anyhow::Result<Outcome> {
             },
         )
         .await?;
-        let s = run.world.lock();
+        let s = run.lock();
         let order = milestones(&s, d);
         let left = remains(&s, d);
         out.expect_eq(
@@ -714,13 +714,13 @@ pub async fn release_relabelled_pod(run: &Run) -> anyhow::Result<Outcome> {
     .await?;
     run.wait_complete(d).await?;
     let (pod, mark) = {
-        let s = run.world.lock();
+        let s = run.lock();
         let pod = active_names(&s, d).into_iter().next().expect("three Pods");
         (pod, s.pods_added.len())
     };
     run.kubectl(&["label", "pod", &pod, "app=released", "--overwrite"])
         .await?;
-    run.wait_for("the Pod released and replaced", d, |s, _| {
+    run.wait_on("the Pod released and replaced", d, |s, _| {
         let released = s
             .pods
             .get(&pod)
@@ -735,7 +735,7 @@ pub async fn release_relabelled_pod(run: &Run) -> anyhow::Result<Outcome> {
         (released && replaced && rollout_complete(s, d)).then_some(())
     })
     .await?;
-    let s = run.world.lock();
+    let s = run.lock();
     let p = &s.pods[&pod];
     let created = s.pods_added.len() - mark;
     let owners = owner_kinds(&p.metadata);
@@ -779,7 +779,7 @@ pub async fn restart_mid_rollout(run: &Run) -> anyhow::Result<Outcome> {
     .await?;
     run.roll_out_in_waves(d).await?;
     let (mark, added) = {
-        let mut s = run.world.lock();
+        let mut s = run.lock();
         s.bounds.insert(
             d.into(),
             Bounds {
@@ -801,17 +801,17 @@ pub async fn restart_mid_rollout(run: &Run) -> anyhow::Result<Outcome> {
     )
     .await?;
     let at_kill = run
-        .wait_for("the new ReplicaSet's first Pod", d, |s, _| {
+        .wait_on("the new ReplicaSet's first Pod", d, |s, _| {
             (s.pods_added.len() > added).then(|| line(&s.sizes_now(d)))
         })
         .await?;
     run.cluster.kill_manager()?;
-    let created_before_kill = run.world.lock().pods_added.len() - added;
+    let created_before_kill = run.lock().pods_added.len() - added;
     run.cluster.restart_manager()?;
     let status = run.rollout_status(d);
     run.roll_out_in_waves(d).await?;
     status.await??;
-    let s = run.world.lock();
+    let s = run.lock();
     let new_pods: Vec<&String> = s.pods_added[added..].iter().collect();
     let by_rs: BTreeMap<String, usize> = new_pods.iter().fold(BTreeMap::new(), |mut m, name| {
         let rs = s
@@ -896,7 +896,7 @@ pub async fn paused_at_zero(run: &Run) -> anyhow::Result<Outcome> {
     )
     .await?;
     run.settled(d).await?;
-    let at_zero = paused_status(&run.world.lock(), d);
+    let at_zero = paused_status(&run.lock(), d);
     run.change_deployment(
         d,
         &[
@@ -909,7 +909,7 @@ pub async fn paused_at_zero(run: &Run) -> anyhow::Result<Outcome> {
     .await?;
     run.settled(d).await?;
     let (changed, replicasets) = {
-        let s = run.world.lock();
+        let s = run.lock();
         (paused_status(&s, d), s.replicasets_of(d).len())
     };
     let z = "zero";
@@ -931,7 +931,7 @@ pub async fn paused_at_zero(run: &Run) -> anyhow::Result<Outcome> {
     )
     .await?;
     run.settled(z).await?;
-    let zero = paused_status(&run.world.lock(), z);
+    let zero = paused_status(&run.lock(), z);
     let want = json!({"replicas": null, "availableReplicas": null, "generationObserved": true,
                       "progressing": ["Unknown", "DeploymentPaused"]});
     out.expect_eq("paused with replicas 0", at_zero.clone(), want.clone());

@@ -3,10 +3,10 @@
 //! ReplicaSet sizes per Deployment, Pod creations, deletion milestones ordered by resourceVersion,
 //! and surge/availability bounds checked at every observed state.
 //!
-//! Owns: the model and the recorder task feeding it. It never writes to the API server except as
-//! the kubelet of gated Pods (see [`GATE`]): a gated Pod that is being deleted is removed with
-//! grace period 0, as a kubelet does once its containers stopped, because kwok leaves such Pods
-//! alone.
+//! Owns: the model and the watches feeding it ([`watches`]). It never writes to the API server
+//! except as the kubelet of gated Pods (`common::kubelet`): a gated Pod that is being deleted is
+//! removed with grace period 0, as a kubelet does once its containers stopped, because kwok leaves
+//! such Pods alone.
 //!
 //! Objects belong to a Deployment by name (`<deployment>-<hash>` for ReplicaSets,
 //! `<deployment>-<hash>-<suffix>` for Pods), so the scenarios' Deployment names carry no dash.
@@ -14,23 +14,15 @@
 //! the watch on ReplicaSets has delivered its owner (the three watches are separate streams).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 
-use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::DeleteParams;
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::Event;
 use kube::{Api, Client, Resource, ResourceExt as _};
 
-/// The Pod annotation that makes kwok leave a Pod's status alone (the control plane's kwok runs
-/// with `--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom`): the test then
-/// decides when such a "gated" Pod becomes Ready, which makes rollouts step deterministically.
-pub const GATE: &str = "kwok.x-k8s.io/status";
-/// [`GATE`]'s value.
-pub const GATED: &str = "custom";
+pub use crate::common::kubelet::{is_gated, is_ready, ready_since};
+use crate::common::{watch::Model, Kubelet, Recorder};
 
 /// The Deployment an object of the scenarios belongs to, by its name (module doc).
 pub fn deployment_of(name: &str) -> &str {
@@ -59,30 +51,6 @@ pub fn is_active(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// The Ready condition's transition time if the Pod is Ready.
-pub fn ready_since(pod: &Pod) -> Option<Timestamp> {
-    let cond = pod
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")?;
-    if cond.status != "True" {
-        return None;
-    }
-    Some(
-        cond.last_transition_time
-            .as_ref()
-            .map(|t| t.0)
-            .unwrap_or(Timestamp::UNIX_EPOCH),
-    )
-}
-
-pub fn is_ready(pod: &Pod) -> bool {
-    ready_since(pod).is_some()
-}
-
 /// Ready for at least `min_ready_seconds` at `now` (upstream's `IsPodAvailable`, which uses a
 /// strict `Before`; this is the lenient side, so a bound check never fails on a rounding edge).
 pub fn is_available(pod: &Pod, min_ready_seconds: i64, now: Timestamp) -> bool {
@@ -91,10 +59,6 @@ pub fn is_available(pod: &Pod, min_ready_seconds: i64, now: Timestamp) -> bool {
         Some(t) => t.as_second() + min_ready_seconds <= now.as_second(),
         None => false,
     }
-}
-
-pub fn is_gated(pod: &Pod) -> bool {
-    pod.annotations().get(GATE).map(String::as_str) == Some(GATED)
 }
 
 /// Limits a rolling update must respect at every observed state, counted as the Deployment
@@ -443,128 +407,48 @@ pub fn conditions_line(d: &Deployment) -> String {
         .join(" ")
 }
 
-/// The model behind a lock, with a change signal.
-pub struct World {
-    pub state: Mutex<State>,
-    pub changed: tokio::sync::watch::Sender<u64>,
-}
-
-impl World {
-    pub fn new() -> Arc<World> {
-        Arc::new(World {
-            state: Mutex::new(State::default()),
-            changed: tokio::sync::watch::channel(0).0,
-        })
+impl Model for State {
+    fn watch_error(&mut self, error: String) {
+        self.watch_errors.push(error);
     }
 
-    pub fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn update(&self, f: impl FnOnce(&mut State)) {
-        let events = {
-            let mut s = self.lock();
-            f(&mut s);
-            s.events += 1;
-            s.check_bounds(Timestamp::now());
-            s.events
-        };
-        self.changed.send_replace(events);
+    /// Counts the event (see [`State::events`]) and checks every [`Bounds`] at this state.
+    fn after_event(&mut self) {
+        self.events += 1;
+        self.check_bounds(Timestamp::now());
     }
 }
 
-enum Change {
-    Deployment(Event<Deployment>),
-    ReplicaSet(Event<ReplicaSet>),
-    Pod(Event<Pod>),
-    Error(String),
-}
-
-/// Watches Deployments, ReplicaSets and Pods of `ns` into `world` until aborted; finishes the
-/// deletion of gated Pods (module doc). Returns once the three initial lists are in.
-pub async fn record(client: Client, ns: &str, world: Arc<World>) -> tokio::task::JoinHandle<()> {
-    fn stream<K>(
-        api: Api<K>,
-        wrap: fn(Event<K>) -> Change,
-    ) -> futures::stream::BoxStream<'static, Change>
-    where
-        K: Resource<DynamicType = ()>
-            + Clone
-            + std::fmt::Debug
-            + serde::de::DeserializeOwned
-            + Send
-            + 'static,
-    {
-        watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .map_ok(wrap)
-            .map(|r| r.unwrap_or_else(|e| Change::Error(e.to_string())))
-            .boxed()
-    }
-    let mut changes = futures::stream::select_all([
-        stream(
-            Api::<Deployment>::namespaced(client.clone(), ns),
-            Change::Deployment,
-        ),
-        stream(
-            Api::<ReplicaSet>::namespaced(client.clone(), ns),
-            Change::ReplicaSet,
-        ),
-        stream(Api::<Pod>::namespaced(client.clone(), ns), Change::Pod),
-    ]);
-    let pods: Api<Pod> = Api::namespaced(client, ns);
-    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(async move {
-        let mut synced_tx = Some(synced_tx);
-        let mut inits = 0;
-        let mut finishing = BTreeSet::new();
-        let mut relist: [BTreeSet<String>; 3] = Default::default();
-        while let Some(change) = changes.next().await {
-            let mut finish = None;
-            world.update(|s| match change {
-                Change::Deployment(e) => {
-                    on_event(s, e, &mut relist[0], &mut inits, "Deployment", |s, d| {
-                        s.apply_deployment(d)
-                    })
-                }
-                Change::ReplicaSet(e) => {
-                    on_event(s, e, &mut relist[1], &mut inits, "ReplicaSet", |s, rs| {
-                        s.apply_rs(rs)
-                    })
-                }
-                Change::Pod(e) => {
-                    if let Event::Apply(p) | Event::InitApply(p) = &e {
-                        if is_gated(p)
-                            && p.metadata.deletion_timestamp.is_some()
-                            && finishing.insert(p.name_any())
-                        {
-                            finish = Some(p.name_any());
-                        }
-                    }
-                    on_event(s, e, &mut relist[2], &mut inits, "Pod", |s, p| {
-                        s.apply_pod(p)
-                    })
-                }
-                Change::Error(e) => s.watch_errors.push(e),
-            });
-            if let Some(name) = finish {
-                let pods = pods.clone();
-                // A kubelet's final delete: the Pod has stopped, nothing to wait for.
-                tokio::spawn(async move {
-                    let _ = pods
-                        .delete(&name, &DeleteParams::default().grace_period(0))
-                        .await;
-                });
-            }
-            if inits >= 3 {
-                if let Some(tx) = synced_tx.take() {
-                    let _ = tx.send(());
-                }
-            }
+/// A fresh model of `ns` with the watches of its Deployments, ReplicaSets and Pods; finishes
+/// the deletion of gated Pods (module doc).
+pub fn watches(client: &Client, ns: &str) -> Recorder<State> {
+    let kubelet = Kubelet::new(Api::namespaced(client.clone(), ns));
+    let mut rec = Recorder::new(State::default());
+    rec.watch(
+        Api::<Deployment>::namespaced(client.clone(), ns),
+        relisting("Deployment", State::apply_deployment),
+    )
+    .watch(
+        Api::<ReplicaSet>::namespaced(client.clone(), ns),
+        relisting("ReplicaSet", State::apply_rs),
+    );
+    let mut on_pod = relisting("Pod", State::apply_pod);
+    rec.watch(Api::<Pod>::namespaced(client.clone(), ns), move |s, e| {
+        if let Event::Apply(p) | Event::InitApply(p) = &e {
+            kubelet.finish_terminating(p);
         }
+        on_pod(s, e)
     });
-    let _ = synced_rx.await;
-    task
+    rec
+}
+
+/// Applies the events of one kind with `apply` (see [`on_event`]).
+fn relisting<K: Resource<DynamicType = ()> + Clone + 'static>(
+    kind: &'static str,
+    apply: fn(&mut State, K),
+) -> impl FnMut(&mut State, Event<K>) + Send + 'static {
+    let mut relist = BTreeSet::new();
+    move |s, e| on_event(s, e, &mut relist, kind, apply)
 }
 
 /// Applies one watch event; a relist (Init .. InitDone) drops the objects it no longer lists.
@@ -572,7 +456,6 @@ fn on_event<K: Resource<DynamicType = ()> + Clone>(
     s: &mut State,
     e: Event<K>,
     relist: &mut BTreeSet<String>,
-    inits: &mut usize,
     kind: &'static str,
     apply: impl Fn(&mut State, K),
 ) {
@@ -583,7 +466,6 @@ fn on_event<K: Resource<DynamicType = ()> + Clone>(
             apply(s, obj);
         }
         Event::InitDone => {
-            *inits += 1;
             let names: Vec<String> = match kind {
                 "Deployment" => s.deployments.keys().cloned().collect(),
                 "ReplicaSet" => s.replicasets.keys().cloned().collect(),

@@ -484,32 +484,34 @@ mod tests {
         assert_eq!(&buf[12..20], &[8, 0, 2, 0, b'k', b'p', b'r', 0]);
     }
 
-    #[test]
-    fn elements_are_gathered_into_one_message_per_set() {
-        // Opens a socket (in this namespace) but sends nothing: full batches only.
-        let mut w = ElementWriter::new("kpr").expect("netfilter netlink socket");
-        for i in 0u32..10 {
-            let set = if i % 2 == 0 { "fe" } else { "targets" };
-            w.add(NFPROTO_IPV4, set, &i.to_ne_bytes(), None).unwrap();
-            w.add(NFPROTO_IPV6, set, &i.to_ne_bytes(), None).unwrap();
+    kpr_tests::needs_root! {
+        #[test]
+        fn elements_are_gathered_into_one_message_per_set() {
+            // Opens a socket (in this namespace) but sends nothing: full batches only.
+            let mut w = ElementWriter::new("kpr").expect("netfilter netlink socket");
+            for i in 0u32..10 {
+                let set = if i % 2 == 0 { "fe" } else { "targets" };
+                w.add(NFPROTO_IPV4, set, &i.to_ne_bytes(), None).unwrap();
+                w.add(NFPROTO_IPV6, set, &i.to_ne_bytes(), None).unwrap();
+            }
+            w.push_lists().unwrap();
+            let mut sets: Vec<(u8, &str)> = w
+                .messages
+                .iter()
+                .map(|(_, f, s)| (*f, s.as_str()))
+                .collect();
+            sets.sort();
+            assert_eq!(
+                sets,
+                [
+                    (NFPROTO_IPV4, "fe"),
+                    (NFPROTO_IPV4, "targets"),
+                    (NFPROTO_IPV6, "fe"),
+                    (NFPROTO_IPV6, "targets")
+                ]
+            );
+            assert_eq!(w.elements, 20);
         }
-        w.push_lists().unwrap();
-        let mut sets: Vec<(u8, &str)> = w
-            .messages
-            .iter()
-            .map(|(_, f, s)| (*f, s.as_str()))
-            .collect();
-        sets.sort();
-        assert_eq!(
-            sets,
-            [
-                (NFPROTO_IPV4, "fe"),
-                (NFPROTO_IPV4, "targets"),
-                (NFPROTO_IPV6, "fe"),
-                (NFPROTO_IPV6, "targets")
-            ]
-        );
-        assert_eq!(w.elements, 20);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Scenarios shared by the two rule backends (nftables, iptables) that need the in-process
 //! dataplane: UDP conntrack cleanup, cleanup/leftovers, per-Service round-robin counters. Each
 //! takes a fresh [`Rig`]. The Service semantics themselves are checked for every backend by the
-//! conformance suite (`kpr_tests::conformance`, `cargo test -p kpr-tests --test conformance`).
+//! conformance suite (`kpr_tests::conformance`, `cargo test -p kpr-tests --features root --test conformance`).
 
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};

@@ -41,6 +41,8 @@ pub(super) fn build_suites(agent: crate::Profile) -> anyhow::Result<(Vec<Suite>,
     let output = Cmd::new("sh")
         .args(["-c", "cargo \"$@\"; echo \"cargo-status $?\"", "sh"])
         .args(["test", "--workspace", "--no-run", "--no-fail-fast"])
+        // The suites that need root are behind a test gate (what `cargo xtask test` opens).
+        .args(crate::test::test_features())
         .arg("--message-format=json-render-diagnostics")
         .dir(&root)
         .read()?;

@@ -601,7 +601,3 @@ pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Control
 #[cfg(test)]
 #[path = "controller_tests.rs"]
 mod controller_tests;
-
-#[cfg(test)]
-#[path = "api_tests.rs"]
-mod api_tests;

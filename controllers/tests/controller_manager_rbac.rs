@@ -11,9 +11,7 @@
 //!
 //! The manifest's Deployment is created too, but nothing runs it (no kube-controller-manager, no
 //! kubelet): the binary runs here, as a process of the test, with the Deployment's ServiceAccount.
-//! The binary is built with cargo (`cargo test -p kpr-tests` does not build other packages'
-//! binaries) for the profile of this test binary and taken from beside it in the target directory;
-//! `KPR_CONTROLLER_MANAGER_BIN` names another one.
+//! The binary is the one cargo builds for this package's integration tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -34,39 +32,6 @@ const WAIT: Duration = Duration::from_secs(60);
 const SYSTEM: &str = "kube-system";
 const ACCOUNT: &str = "kpr-controller-manager";
 const POOL: &str = "198.51.100.0/29";
-
-/// The `controller-manager` binary, built now for this test binary's profile.
-fn controller_manager_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("KPR_CONTROLLER_MANAGER_BIN") {
-        return PathBuf::from(path);
-    }
-    // <target>/<profile>/deps/<this test> -> <target>/<profile>/controller-manager
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev".to_string(),
-        Some(other) => other.to_string(),
-        None => panic!("no profile directory above {}", exe.display()),
-    };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "-p", "controllers", "--bin", "controller-manager"])
-        .args(["--profile", &profile])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("running cargo build -p controllers --bin controller-manager");
-    assert!(
-        status.success(),
-        "cargo build of controller-manager: {status}"
-    );
-    let binary = profile_dir.join("controller-manager");
-    assert!(
-        binary.is_file(),
-        "no {} after building it (a --target build? set KPR_CONTROLLER_MANAGER_BIN)",
-        binary.display()
-    );
-    binary
-}
 
 async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
@@ -115,9 +80,7 @@ fn spawn(binary: &Path, kubeconfig: &Path, log: &Path) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
-    let binary = tokio::task::spawn_blocking(controller_manager_binary)
-        .await
-        .unwrap();
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_controller-manager"));
     let cp = controlplane::shared().unwrap();
     let admin = cp.client().await.unwrap();
 

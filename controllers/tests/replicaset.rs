@@ -1,15 +1,22 @@
 //! The ReplicaSet controller alone against the reference kube-apiserver, with kube-scheduler and
-//! kwok nodes (Pods become Running and Ready without containers). Ignored by default: it needs
-//! the reference binaries (`cargo xtask setup --k8s`); run with
-//! `cargo test -p controllers --lib replicaset::api_tests -- --ignored`.
+//! kwok nodes (Pods become Running and Ready without containers), in this process on the
+//! crate's own informers. Needs the reference binaries (`cargo xtask setup --k8s`): `cargo test
+//! -p controllers --features kpr-controlplane/reference --test replicaset`.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Event;
-use kube::api::{ListParams, Patch, PatchParams};
+use controllers::runtime::cached_pod::CachedPod;
+use controllers::runtime::informer::Informers;
+use controllers::runtime::pods;
+use controllers::workload::replicaset::{
+    new, plan, Config, COMPONENT, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE,
+};
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt as _};
 use serde_json::json;
-
-use super::*;
 
 const WAIT: Duration = Duration::from_secs(60);
 

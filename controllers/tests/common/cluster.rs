@@ -1,0 +1,203 @@
+//! The controller managers a suite compares ([`Flavour`]) and one reference control plane with
+//! one of them ([`Cluster`]): etcd, kube-apiserver and what the suite's [`controlplane::Options`]
+//! ask for (kube-scheduler, kwok nodes), plus either kube-controller-manager or this crate's
+//! `controller-manager`, both with the same `--controllers`.
+//!
+//! Owns: the control planes it starts (stopped when the test binary exits) and the controller
+//! manager's process in them (killed and restarted by the restart scenarios).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use anyhow::{bail, Context as _};
+use controlplane::{ControlPlane, Options};
+
+/// Which controller manager runs the controllers under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Flavour {
+    /// kube-controller-manager of the reference release.
+    Upstream,
+    /// This crate's `controller-manager`.
+    Kpr,
+}
+
+impl Flavour {
+    pub fn tag(self) -> &'static str {
+        match self {
+            Flavour::Upstream => "upstream",
+            Flavour::Kpr => "kpr",
+        }
+    }
+}
+
+/// One control plane with its controller manager.
+pub struct Cluster {
+    pub flavour: Flavour,
+    cp: Mutex<ControlPlane>,
+    pub kubeconfig: PathBuf,
+    kubectl: PathBuf,
+    /// The `--controllers` both managers run with (kube-controller-manager's names; ours takes
+    /// the same).
+    controllers: String,
+    /// Our manager's environment (RUST_LOG, say).
+    env: Vec<(String, String)>,
+    /// The process name the controller manager runs under now (a restart gets a new one, so the
+    /// first log stays).
+    manager: Mutex<String>,
+    restarts: Mutex<usize>,
+}
+
+impl Cluster {
+    /// Starts the control plane of `opts` with kube-controller-manager running `controllers`
+    /// (Upstream), runs `prepare` on it, then (Kpr) starts our `controller-manager` with
+    /// `--controllers <controllers>` and the environment `env`.
+    pub fn start(
+        flavour: Flavour,
+        controllers: &str,
+        opts: Options,
+        env: Vec<(String, String)>,
+        prepare: impl FnOnce(&mut ControlPlane) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Cluster> {
+        let opts = Options {
+            upstream_controllers: (flavour == Flavour::Upstream).then(|| controllers.to_string()),
+            ..opts
+        };
+        let mut cp = ControlPlane::start(opts)?;
+        prepare(&mut cp)?;
+        let cluster = Cluster {
+            flavour,
+            kubeconfig: cp.admin_kubeconfig().to_path_buf(),
+            kubectl: cp.binaries.path("kubectl"),
+            cp: Mutex::new(cp),
+            controllers: controllers.to_string(),
+            env,
+            manager: Mutex::new("kube-controller-manager".into()),
+            restarts: Mutex::new(0),
+        };
+        if flavour == Flavour::Kpr {
+            cluster.start_ours("controller-manager")?;
+        }
+        Ok(cluster)
+    }
+
+    /// The control plane of `flavour` for this test binary, made by `start` on first use.
+    pub fn shared(
+        flavour: Flavour,
+        start: impl FnOnce(Flavour) -> anyhow::Result<Cluster>,
+    ) -> anyhow::Result<Arc<Cluster>> {
+        static UPSTREAM: OnceLock<Result<Arc<Cluster>, String>> = OnceLock::new();
+        static KPR: OnceLock<Result<Arc<Cluster>, String>> = OnceLock::new();
+        let cell = match flavour {
+            Flavour::Upstream => &UPSTREAM,
+            Flavour::Kpr => &KPR,
+        };
+        let started = tokio::task::block_in_place(|| {
+            cell.get_or_init(|| start(flavour).map(Arc::new).map_err(|e| format!("{e:#}")))
+        });
+        match started {
+            Ok(c) => Ok(c.clone()),
+            Err(e) => bail!("starting the {flavour:?} control plane: {e}"),
+        }
+    }
+
+    pub fn cp(&self) -> MutexGuard<'_, ControlPlane> {
+        self.cp.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn start_ours(&self, name: &str) -> anyhow::Result<()> {
+        let program = PathBuf::from(env!("CARGO_BIN_EXE_controller-manager"));
+        let args = vec![
+            "--kubeconfig".to_string(),
+            self.kubeconfig.display().to_string(),
+            "--controllers".to_string(),
+            self.controllers.clone(),
+        ];
+        self.cp()
+            .spawn_in(name, &program, args, self.env.clone(), None)?;
+        *self.manager.lock().unwrap() = name.to_string();
+        Ok(())
+    }
+
+    /// Err naming the first process of the control plane (controller manager included) that
+    /// exited, with its log's last lines.
+    pub fn check_alive(&self) -> anyhow::Result<()> {
+        self.cp().check_alive()
+    }
+
+    /// The controller manager's log file (of its latest start).
+    pub fn manager_log_path(&self) -> PathBuf {
+        let name = self.manager.lock().unwrap().clone();
+        self.cp().log(&name)
+    }
+
+    /// The last lines of the controller manager's log.
+    pub fn manager_log(&self) -> String {
+        let log = self.manager_log_path();
+        format!(
+            "last lines of {}:\n{}",
+            log.display(),
+            controlplane::process::tail(&log, 30)
+        )
+    }
+
+    /// SIGKILLs the controller manager (no shutdown of any kind) and reaps it.
+    pub fn kill_manager(&self) -> anyhow::Result<()> {
+        let name = self.manager.lock().unwrap().clone();
+        let mut cp = self.cp();
+        let pid = cp
+            .pids()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, pid)| pid)
+            .with_context(|| format!("{name} is not running"))?;
+        let status = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -KILL {pid} ({name}) failed: {status}");
+        }
+        // Reaps the killed process and forgets it (its SIGTERM finds nobody).
+        cp.stop(&name);
+        Ok(())
+    }
+
+    /// Starts the controller manager again after [`Cluster::kill_manager`].
+    pub fn restart_manager(&self) -> anyhow::Result<()> {
+        let n = {
+            let mut r = self.restarts.lock().unwrap();
+            *r += 1;
+            *r
+        };
+        match self.flavour {
+            Flavour::Upstream => self
+                .cp()
+                .start_upstream_controller_manager(&self.controllers),
+            Flavour::Kpr => self.start_ours(&format!("controller-manager-restart-{n}")),
+        }
+    }
+
+    /// kubectl of the reference release with the admin credentials.
+    pub fn kubectl_cmd(&self) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.kubectl);
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig);
+        cmd.kill_on_drop(true);
+        cmd
+    }
+}
+
+/// Lifts the `node.kubernetes.io/not-ready:NoSchedule` taint the API server puts on every new
+/// Node (admission's TaintNodesByCondition): kube-controller-manager's nodelifecycle controller
+/// lifts it once the Node reports Ready, and neither flavour runs that controller, so the test
+/// does it, the same for both.
+pub fn lift_not_ready_taint(cp: &mut ControlPlane) -> anyhow::Result<()> {
+    cp.kubectl_run(
+        &[
+            "taint",
+            "nodes",
+            "--all",
+            "node.kubernetes.io/not-ready:NoSchedule-",
+        ],
+        None,
+    )?;
+    Ok(())
+}
