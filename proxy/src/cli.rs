@@ -50,8 +50,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Show what a running agent has programmed: Services, endpoints, active connections, last sync.
     Inspect(InspectArgs),
-    /// eBPF backend: which Service, endpoint set and decision a new connection gets, from the
-    /// pinned maps as they are (works while the agent is down).
+    /// Which Service, endpoint set and decision a new connection gets, from the eBPF backend's
+    /// pinned maps or the nftables backend's tables as they are (works while the agent is down).
     Trace(TraceArgs),
     /// Remove everything a backend ever installed (rules, tables, maps, pins, attachments).
     Cleanup(CleanupArgs),
@@ -262,8 +262,20 @@ fn parse_destination(s: &str) -> Result<TraceDestination, String> {
     })
 }
 
+/// The backends `proxy trace` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TraceBackend {
+    /// The pinned maps under --bpffs-path.
+    Ebpf,
+    /// The `ip kpr` / `ip6 kpr` table of this network namespace (run it in the node's).
+    Nftables,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct TraceArgs {
+    /// Whose state to read.
+    #[arg(long, value_enum, default_value = "ebpf")]
+    pub backend: TraceBackend,
     /// The client's address (IPv4 or IPv6, of the destination's family).
     pub src: std::net::IpAddr,
     /// The destination, `ADDR:PORT/PROTO` (e.g. 10.96.0.10:80/tcp, [fd00:10:96::a]:80/tcp).
@@ -341,6 +353,20 @@ mod tests {
         };
         assert_eq!(t.dst.port, 53);
         assert_eq!(t.dst.proto, crate::model::Protocol::Udp);
+        assert_eq!(t.backend, TraceBackend::Ebpf, "the default");
+        let cli = Cli::try_parse_from([
+            "proxy",
+            "trace",
+            "--backend",
+            "nftables",
+            "10.0.0.1",
+            "10.96.0.10:53/udp",
+        ])
+        .unwrap();
+        let Command::Trace(t) = cli.command else {
+            panic!("not trace")
+        };
+        assert_eq!(t.backend, TraceBackend::Nftables);
         let e = Cli::try_parse_from(["proxy", "trace", "10.0.0.1", "10.96.0.10:80/icmp"])
             .unwrap_err()
             .to_string();
