@@ -3,8 +3,10 @@
 //! the hash table grown to a quarter of it), the TCP established and CLOSE_WAIT timeouts, TCP
 //! liberal mode, and the UDP timeouts.
 //!
-//! A value is written only when it differs from the current one, and a zero setting leaves its
-//! sysctl alone (kube-proxy's `0 to leave as-is`). The timeouts belong to the network namespace
+//! A timeout is written only when it differs from the current value, the table size and the hash
+//! size only when they are smaller than wanted (never lowered: upstream's fix kubernetes#142035,
+//! after v1.34, which wrote any differing value), and a zero setting leaves its sysctl alone
+//! (kube-proxy's `0 to leave as-is`). The timeouts belong to the network namespace
 //! of the calling thread (the node's); `nf_conntrack_max` and the hash size are the host's: the
 //! kernel makes them read-only outside the host's namespace and container runtimes mount `/proc/sys`
 //! and `/sys` read-only, so a write refused for that reason is skipped with a warning (kube-proxy
@@ -49,7 +51,7 @@ pub fn cpu_count() -> u32 {
 pub enum Outcome {
     /// Written: it was `from`.
     Set { from: u64 },
-    /// Already the wanted value.
+    /// Already the wanted value (for the table and hash sizes: at least it).
     Unchanged,
     /// Not writable here (read-only outside the host's namespace or a read-only mount).
     Skipped { reason: String },
@@ -87,13 +89,13 @@ impl Default for Paths {
 pub fn apply(settings: &ConntrackSettings, cpus: u32, paths: &Paths) -> io::Result<Vec<Applied>> {
     let mut done = Vec::new();
     if let Some(max) = conntrack_max(settings.max_per_core, settings.min, cpus) {
-        let applied = set(&paths.netfilter.join("nf_conntrack_max"), max)?;
+        let applied = set(&paths.netfilter.join("nf_conntrack_max"), max, Write::Raise)?;
         let grown = matches!(applied.outcome, Outcome::Set { .. } | Outcome::Unchanged);
         done.push(applied);
         // The hash table should hold a quarter of the entries (kube-proxy's rule); only
         // grown, never shrunk.
         if grown && read(&paths.hashsize)? < max / 4 {
-            done.push(set(&paths.hashsize, max / 4)?);
+            done.push(set(&paths.hashsize, max / 4, Write::Raise)?);
         }
     }
     let seconds = [
@@ -114,13 +116,18 @@ pub fn apply(settings: &ConntrackSettings, cpus: u32, paths: &Paths) -> io::Resu
     for (name, timeout) in seconds {
         // Whole seconds, as kube-proxy truncates them; under a second leaves the sysctl alone.
         if timeout.as_secs() > 0 {
-            done.push(set(&paths.netfilter.join(name), timeout.as_secs())?);
+            done.push(set(
+                &paths.netfilter.join(name),
+                timeout.as_secs(),
+                Write::Differs,
+            )?);
         }
     }
     if settings.tcp_be_liberal {
         done.push(set(
             &paths.netfilter.join("nf_conntrack_tcp_be_liberal"),
             1,
+            Write::Differs,
         )?);
     }
     Ok(done)
@@ -137,7 +144,16 @@ fn read(path: &Path) -> io::Result<u64> {
     })
 }
 
-fn set(path: &Path, value: u64) -> io::Result<Applied> {
+/// When a sysctl is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    /// When its value differs.
+    Differs,
+    /// When its value is smaller (a size).
+    Raise,
+}
+
+fn set(path: &Path, value: u64, when: Write) -> io::Result<Applied> {
     let from = match read(path) {
         Ok(v) => v,
         // The conntrack sysctls exist once nf_conntrack is loaded (the rule backends load it);
@@ -153,7 +169,7 @@ fn set(path: &Path, value: u64) -> io::Result<Applied> {
         }
         Err(e) => return Err(e),
     };
-    let outcome = if from == value {
+    let outcome = if from == value || (when == Write::Raise && from > value) {
         Outcome::Unchanged
     } else {
         match fs::write(path, value.to_string()) {
@@ -274,8 +290,8 @@ mod tests {
     }
 
     #[test]
-    fn a_large_enough_hash_table_is_not_touched_and_a_missing_sysctl_is_skipped() {
-        let (dir, paths) = fake(131072, 65536, 1);
+    fn a_larger_table_is_not_lowered_and_a_missing_sysctl_is_skipped() {
+        let (dir, paths) = fake(262144, 65536, 1);
         let settings = ConntrackSettings {
             max_per_core: 32768,
             min: 131072,
@@ -287,7 +303,15 @@ mod tests {
         };
         let done = apply(&settings, 1, &paths).unwrap();
         assert_eq!(done.len(), 2, "{done:?}");
-        assert_eq!(done[0].outcome, Outcome::Unchanged);
+        assert_eq!(
+            done[0].outcome,
+            Outcome::Unchanged,
+            "262144 is more than 131072"
+        );
+        assert_eq!(
+            read(&paths.netfilter.join("nf_conntrack_max")).unwrap(),
+            262144
+        );
         assert!(done[1].path.ends_with("nf_conntrack_tcp_be_liberal"));
         assert_eq!(done[1].outcome, Outcome::Unchanged, "already 1");
         fs::remove_file(paths.netfilter.join("nf_conntrack_tcp_be_liberal")).unwrap();
