@@ -1,10 +1,12 @@
 //! The `proxy` command line. Flags keep kube-proxy's names where they mean the same thing.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use ipnet::IpNet;
 
 use crate::model::Algorithm;
@@ -17,14 +19,39 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Parses a command line like `Cli::try_parse_from`, and for `run` also records which flags were
+/// given (on the command line or through their environment variable): those win over a
+/// `--config` file, the others take the file's value.
+pub fn parse_from<I, T>(argv: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = Cli::command().try_get_matches_from(argv)?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    if let (Command::Run(args), Some(("run", run))) = (&mut cli.command, matches.subcommand()) {
+        args.given = run
+            .ids()
+            .filter(|id| {
+                matches!(
+                    run.value_source(id.as_str()),
+                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                )
+            })
+            .map(|id| id.as_str().to_string())
+            .collect();
+    }
+    Ok(cli)
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the node agent: watch Services and EndpointSlices and program the dataplane.
     Run(Box<RunArgs>),
     /// Show what a running agent has programmed: Services, endpoints, active connections, last sync.
     Inspect(InspectArgs),
-    /// eBPF backend: which Service, endpoint set and decision a new connection gets, from the
-    /// pinned maps as they are (works while the agent is down).
+    /// Which Service, endpoint set and decision a new connection gets, from the eBPF backend's
+    /// pinned maps or the nftables backend's tables as they are (works while the agent is down).
     Trace(TraceArgs),
     /// Remove everything a backend ever installed (rules, tables, maps, pins, attachments).
     Cleanup(CleanupArgs),
@@ -93,9 +120,14 @@ fn parse_cidr(s: &str) -> Result<IpNet, String> {
         .map_err(|_| format!("{s:?} is not a CIDR like 10.244.0.0/16"))
 }
 
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, PartialEq, Args)]
 pub struct RunArgs {
-    /// Dataplane backend.
+    /// kube-proxy's configuration file: a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1,
+    /// YAML or JSON), e.g. the `config.conf` of kubeadm's kube-proxy ConfigMap. Its fields set the
+    /// flags not given on the command line; a field kpr does not implement is reported at start.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Dataplane backend (with --config, the file's `mode` unless this flag is given).
     #[arg(long, value_enum, default_value = "userspace")]
     pub backend: Backend,
     /// `kube` or `file:DIR`.
@@ -149,6 +181,41 @@ pub struct RunArgs {
     /// iptables flavour: legacy or nft (default: detected).
     #[arg(long, value_parser = ["legacy", "nft"])]
     pub iptables_mode: Option<String>,
+    /// Maximum number of NAT connections to track per CPU core (0 leaves nf_conntrack_max as it
+    /// is and ignores --conntrack-min). nf_conntrack_max is global to the host: it is set only
+    /// where it can be, as kube-proxy does.
+    #[arg(long, default_value_t = 32 * 1024)]
+    pub conntrack_max_per_core: u32,
+    /// Minimum nf_conntrack_max, whatever --conntrack-max-per-core gives.
+    #[arg(long, default_value_t = 128 * 1024)]
+    pub conntrack_min: u32,
+    /// nf_conntrack_tcp_timeout_established of the node's network namespace (0 leaves it as is).
+    #[arg(long, value_parser = parse_duration, default_value = "24h")]
+    pub conntrack_tcp_timeout_established: Duration,
+    /// nf_conntrack_tcp_timeout_close_wait of the node's network namespace (0 leaves it as is).
+    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    pub conntrack_tcp_timeout_close_wait: Duration,
+    /// Set nf_conntrack_tcp_be_liberal (out-of-window TCP packets are not marked INVALID).
+    #[arg(long)]
+    pub conntrack_tcp_be_liberal: bool,
+    /// nf_conntrack_udp_timeout (UNREPLIED UDP) of the node's network namespace (0 leaves it).
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub conntrack_udp_timeout: Duration,
+    /// nf_conntrack_udp_timeout_stream (ASSURED UDP) of the node's network namespace (0 leaves
+    /// it).
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub conntrack_udp_timeout_stream: Duration,
+    /// The flags given on the command line or by environment (clap ids), filled by
+    /// [`parse_from`]: a `--config` file does not override them.
+    #[arg(skip)]
+    pub given: BTreeSet<String>,
+}
+
+impl RunArgs {
+    /// Whether the flag with this clap id (the field name) was given rather than defaulted.
+    pub fn was_given(&self, id: &str) -> bool {
+        self.given.contains(id)
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -195,8 +262,20 @@ fn parse_destination(s: &str) -> Result<TraceDestination, String> {
     })
 }
 
+/// The backends `proxy trace` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TraceBackend {
+    /// The pinned maps under --bpffs-path.
+    Ebpf,
+    /// The `ip kpr` / `ip6 kpr` table of this network namespace (run it in the node's).
+    Nftables,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct TraceArgs {
+    /// Whose state to read.
+    #[arg(long, value_enum, default_value = "ebpf")]
+    pub backend: TraceBackend,
     /// The client's address (IPv4 or IPv6, of the destination's family).
     pub src: std::net::IpAddr,
     /// The destination, `ADDR:PORT/PROTO` (e.g. 10.96.0.10:80/tcp, [fd00:10:96::a]:80/tcp).
@@ -274,6 +353,20 @@ mod tests {
         };
         assert_eq!(t.dst.port, 53);
         assert_eq!(t.dst.proto, crate::model::Protocol::Udp);
+        assert_eq!(t.backend, TraceBackend::Ebpf, "the default");
+        let cli = Cli::try_parse_from([
+            "proxy",
+            "trace",
+            "--backend",
+            "nftables",
+            "10.0.0.1",
+            "10.96.0.10:53/udp",
+        ])
+        .unwrap();
+        let Command::Trace(t) = cli.command else {
+            panic!("not trace")
+        };
+        assert_eq!(t.backend, TraceBackend::Nftables);
         let e = Cli::try_parse_from(["proxy", "trace", "10.0.0.1", "10.96.0.10:80/icmp"])
             .unwrap_err()
             .to_string();
@@ -291,6 +384,17 @@ mod tests {
             "fd00:10:96::a".parse::<std::net::IpAddr>().unwrap()
         );
         assert_eq!((t.dst.port, t.dst.proto), (80, crate::model::Protocol::Tcp));
+    }
+
+    #[test]
+    fn parse_from_records_the_given_run_flags() {
+        let cli = parse_from(["proxy", "run", "--backend", "ebpf", "--conntrack-min=5"]).unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        assert!(r.was_given("backend") && r.was_given("conntrack_min"));
+        assert!(!r.was_given("sync_period") && !r.was_given("config"));
+        assert_eq!(r.sync_period, Duration::from_secs(30), "defaulted");
     }
 
     #[test]

@@ -3,12 +3,14 @@
 //! Owns: removal of stale UDP/SCTP conntrack entries (docs/SERVICE-SEMANTICS.md: entries pointing
 //! at an endpoint that went away, and entries of a Service that went from no endpoint to some,
 //! which hold cached rejects), plus the conntrack event stream ([`events`]) and the
-//! least-connection controller built on it ([`leastconn`]). TCP entries are never touched. Talks to
+//! least-connection controller built on it ([`leastconn`]), and the conntrack sysctls kube-proxy
+//! tunes at start ([`sysctls`]). TCP entries are never touched. Talks to
 //! the kernel over ctnetlink ([`netlink`]) in the calling thread's network namespace.
 
 pub mod events;
 pub mod leastconn;
 pub mod netlink;
+pub mod sysctls;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

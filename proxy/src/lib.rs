@@ -12,6 +12,7 @@ pub mod convert;
 pub mod dataplane;
 pub mod error;
 pub mod healthcheck;
+pub mod kube_proxy_config;
 pub mod metrics;
 pub mod model;
 pub mod nft;

@@ -1,7 +1,6 @@
 //! The `proxy` binary: `run`, `inspect`, `trace`, `cleanup`.
 
-use clap::Parser;
-use proxy::cli::{Cli, Command};
+use proxy::cli::Command;
 
 mod cmd;
 
@@ -13,7 +12,7 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = proxy::cli::parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Run(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()

@@ -36,6 +36,9 @@ pub const CLEANUP_MANIFEST: &str = "cleanup.yaml";
 /// Replacing kube-proxy on a running cluster: a DaemonSet that runs `kube-proxy --cleanup` (the
 /// cluster's own kube-proxy image) on every node.
 pub const KUBE_PROXY_CLEANUP_MANIFEST: &str = "kube-proxy-cleanup.yaml";
+/// kpr's scheduler as a second scheduler (`schedulerName: kpr-scheduler`): ServiceAccount, RBAC,
+/// its KubeSchedulerConfiguration, Deployment.
+pub const SCHEDULER_MANIFEST: &str = "scheduler.yaml";
 /// Every Kubernetes manifest in deploy/.
 pub const MANIFESTS: &[&str] = &[
     AGENT_MANIFEST,
@@ -44,6 +47,7 @@ pub const MANIFESTS: &[&str] = &[
     SMOKE_MANIFEST,
     CLEANUP_MANIFEST,
     KUBE_PROXY_CLEANUP_MANIFEST,
+    SCHEDULER_MANIFEST,
 ];
 
 /// Names the smoke test and the manifests share.
@@ -52,6 +56,7 @@ pub const AGENT_DAEMONSET: &str = "kpr-proxy";
 pub const CLEANUP_DAEMONSET: &str = "kpr-cleanup";
 pub const KUBE_PROXY_CLEANUP_DAEMONSET: &str = "kube-proxy-cleanup";
 pub const CONTROLLER_DEPLOYMENT: &str = "kpr-controller-manager";
+pub const SCHEDULER_DEPLOYMENT: &str = "kpr-scheduler";
 pub const SYSTEM_NAMESPACE: &str = "kube-system";
 pub const SMOKE_NAMESPACE: &str = "kpr-smoke";
 pub const SMOKE_NODE_PORT: u16 = 30080;

@@ -660,8 +660,9 @@ fn every_kpr_container_runs_the_image_xtask_builds() {
         }
     }
     assert_eq!(
-        kpr_containers, 6,
-        "agent and its 2 init containers, controller-manager, rollback cleanup and its init container"
+        kpr_containers, 7,
+        "agent and its 2 init containers, controller-manager, scheduler, rollback cleanup and its \
+         init container"
     );
 }
 
@@ -821,12 +822,62 @@ fn dockerfile_builds_the_agent_with_ebpf_and_ships_nft_and_iptables() {
     let stages: Vec<&str> = text.split("\nFROM ").collect();
     assert_eq!(stages.len(), 3, "a build stage and a runtime stage");
     let (build, runtime) = (stages[1], stages[2]);
+    // The toolchains as `cargo xtask setup` installs them: LLVM 22 from the same packages, the
+    // nightly from the file that pins it (proxy/build.rs builds the eBPF crate with that one, so
+    // a bare `nightly` would be a different compiler), bpf-linker with the same features.
+    for package in [
+        "llvm-22-dev",
+        "libpolly-22-dev",
+        "libzstd-dev",
+        "zlib1g-dev",
+    ] {
+        assert!(
+            xtask::setup::APT_PACKAGES.contains(&package) && build.contains(package),
+            "{package}"
+        );
+    }
     assert!(
-        build.contains("cargo install bpf-linker")
-            && build.contains("LLVM_PREFIX=/usr/lib/llvm-22")
+        build.contains("COPY proxy-ebpf/rust-toolchain.toml "),
+        "the nightly is read from proxy-ebpf/rust-toolchain.toml"
     );
-    assert!(build.contains("--component rust-src"));
+    let channel = xtask::setup::pinned_nightly().unwrap();
+    assert!(
+        !text.contains(&channel),
+        "the pin ({channel}) is read from the file, not copied into the Dockerfile"
+    );
+    assert!(
+        build.contains(
+            r#"rustup toolchain install "$channel" --profile minimal --component rust-src"#
+        ),
+        "{build}"
+    );
+    assert!(
+        !build.contains("toolchain install nightly"),
+        "not the moving `nightly`"
+    );
+    assert!(
+        build.contains("grep -q '^LLVM version: 22\\.'"),
+        "the nightly's LLVM is checked"
+    );
+    assert!(build.contains(
+        "LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \\\n    cargo install \
+         bpf-linker --locked --no-default-features --features llvm-22"
+    ));
+    let setup = fs::read_to_string(xtask::workspace_root().join("xtask/src/setup.rs")).unwrap();
+    for same in [
+        "\"--features\",\n            \"llvm-22\",",
+        r#".env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)"#,
+        r#"const LLVM_PREFIX: &str = "/usr/lib/llvm-22";"#,
+    ] {
+        assert!(
+            setup.contains(same),
+            "setup.rs changed ({same}): update the Dockerfile with it"
+        );
+    }
     assert!(build.contains("cargo build --release --locked -p proxy -p controllers --bins"));
+    assert!(build.contains(
+        "cp target/release/proxy target/release/controller-manager target/release/scheduler /out/"
+    ));
     assert!(
         !text.contains("KPR_SKIP_EBPF=1"),
         "the image's agent has its eBPF programs"
@@ -841,12 +892,310 @@ fn dockerfile_builds_the_agent_with_ebpf_and_ships_nft_and_iptables() {
             "the runtime image installs {package}"
         );
     }
-    assert!(
-        runtime.contains("COPY --from=build /out/proxy /out/controller-manager /usr/local/bin/")
-    );
+    assert!(runtime.contains(
+        "COPY --from=build /out/proxy /out/controller-manager /out/scheduler /usr/local/bin/"
+    ));
     let ignore = deploy_file("Dockerfile.dockerignore");
     assert!(
         ignore.lines().any(|l| l == "target"),
         "target/ stays out of the build context"
     );
+}
+
+/// kpr's scheduler runs as a second scheduler under its own schedulerName, with kube-scheduler's
+/// rights it needs, and the real binary accepts its arguments and configuration.
+#[test]
+fn scheduler_runs_as_a_second_scheduler_with_its_own_name() {
+    let objects = objects(&Render::default());
+    let deployment = objects.deployment(deploy::SCHEDULER_DEPLOYMENT);
+    let pod = deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .clone()
+        .unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("kpr-scheduler"));
+    assert_eq!(
+        pod.scheduler_name, None,
+        "kube-scheduler places the scheduler itself"
+    );
+    let container = &pod.containers[0];
+    assert_eq!(
+        container.command.as_deref(),
+        Some(&["/usr/local/bin/scheduler".to_owned()][..])
+    );
+    let security = container.security_context.clone().unwrap();
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    // The configuration: the ConfigMap's key, mounted where --config points.
+    let args = container.args.clone().unwrap_or_default();
+    let config_path = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--config="))
+        .expect("--config");
+    let mount = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| config_path.starts_with(&format!("{}/", m.mount_path)))
+        .expect("the config file is mounted");
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    let cm_name = volume.config_map.as_ref().unwrap().name.clone();
+    let cm = objects
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(cm_name.as_str()))
+        .unwrap();
+    let key = Path::new(config_path)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let config = cm.data.as_ref().unwrap().get(key).expect("the mounted key");
+    let parsed: serde_json::Value = serde_saphyr::from_str(config).unwrap();
+    assert_eq!(parsed["profiles"][0]["schedulerName"], "kpr-scheduler");
+    assert_eq!(parsed["profiles"].as_array().unwrap().len(), 1);
+    assert_eq!(parsed["leaderElection"]["resourceName"], "kpr-scheduler");
+    // What kube-scheduler's system:kube-scheduler grants and this scheduler uses.
+    let role = objects.cluster_role("kpr-scheduler");
+    let rules = role.rules.as_deref().unwrap_or_default();
+    for (group, resource, verb) in [
+        ("", "pods", "watch"),
+        ("", "pods", "delete"),
+        ("", "pods/binding", "create"),
+        ("", "pods/status", "patch"),
+        ("", "nodes", "list"),
+        ("", "namespaces", "list"),
+        ("", "services", "list"),
+        ("", "replicationcontrollers", "list"),
+        ("apps", "replicasets", "list"),
+        ("apps", "statefulsets", "list"),
+        ("policy", "poddisruptionbudgets", "list"),
+        ("", "events", "create"),
+    ] {
+        assert!(
+            grants(rules, group, resource, verb),
+            "{verb} {group}/{resource}"
+        );
+    }
+    assert!(
+        !rules.iter().any(|r| r.verbs.iter().any(|v| v == "*")
+            || r.resources
+                .iter()
+                .flatten()
+                .any(|x| x == "*" || x == "secrets")),
+        "no wildcard, no secrets"
+    );
+    // The real binary gets past its flags and the configuration file, then fails on the missing
+    // kubeconfig.
+    let binary = kpr_tests::agent::proxy_binary()
+        .unwrap()
+        .with_file_name("scheduler");
+    assert!(
+        binary.is_file(),
+        "no {}: cargo build -p controllers --bins (cargo xtask test does)",
+        binary.display()
+    );
+    let dir = std::env::temp_dir().join(format!("{}-scheduler", kpr_tests::netns::unique_prefix()));
+    fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(key);
+    fs::write(&file, config).unwrap();
+    let args: Vec<String> = args
+        .iter()
+        .map(|a| match a.strip_prefix("--config=") {
+            Some(_) => format!("--config={}", file.display()),
+            None => a.replace("0.0.0.0:10259", "127.0.0.1:0"),
+        })
+        .collect();
+    let out = std::process::Command::new(&binary)
+        .args(&args)
+        .arg("--kubeconfig")
+        .arg(dir.join("no-such-kubeconfig"))
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_ne!(
+        out.status.code(),
+        Some(2),
+        "clap rejected {args:?}:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("--config"),
+        "the configuration is rejected: {stderr}"
+    );
+    assert!(
+        stderr.contains("kubeconfig"),
+        "{args:?} parsed, then: {stderr}"
+    );
+}
+
+/// The `kube-proxy` ConfigMap `kubeadm init` (v1.34) writes, for a cluster whose kube-proxy runs
+/// in nftables mode (`KubeProxyConfiguration` `mode: nftables` in kubeadm's config) with kind's
+/// pod subnet: `config.conf` has every v1alpha1 field, most null or zero for kube-proxy to default.
+const KUBEADM_KUBE_PROXY_CONFIGMAP: &str = r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: kube-proxy
+  namespace: kube-system
+  labels:
+    app: kube-proxy
+data:
+  config.conf: |-
+    apiVersion: kubeproxy.config.k8s.io/v1alpha1
+    bindAddress: 0.0.0.0
+    bindAddressHardFail: false
+    clientConnection:
+      acceptContentTypes: ""
+      burst: 0
+      contentType: ""
+      kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+      qps: 0
+    clusterCIDR: 10.244.0.0/16
+    configSyncPeriod: 0s
+    conntrack:
+      maxPerCore: null
+      min: null
+      tcpBeLiberal: false
+      tcpCloseWaitTimeout: null
+      tcpEstablishedTimeout: null
+      udpStreamTimeout: 0s
+      udpTimeout: 0s
+    detectLocal:
+      bridgeInterface: ""
+      interfaceNamePrefix: ""
+    detectLocalMode: ""
+    enableProfiling: false
+    healthzBindAddress: ""
+    hostnameOverride: ""
+    iptables:
+      localhostNodePorts: null
+      masqueradeAll: false
+      masqueradeBit: null
+      minSyncPeriod: 0s
+      syncPeriod: 0s
+    ipvs:
+      excludeCIDRs: null
+      minSyncPeriod: 0s
+      scheduler: ""
+      strictARP: false
+      syncPeriod: 0s
+      tcpFinTimeout: 0s
+      tcpTimeout: 0s
+      udpTimeout: 0s
+    kind: KubeProxyConfiguration
+    logging:
+      flushFrequency: 0
+      options:
+        json:
+          infoBufferSize: "0"
+        text:
+          infoBufferSize: "0"
+      verbosity: 0
+    metricsBindAddress: ""
+    mode: nftables
+    nftables:
+      masqueradeAll: false
+      masqueradeBit: null
+      minSyncPeriod: 0s
+      syncPeriod: 0s
+    nodePortAddresses: null
+    oomScoreAdj: null
+    portRange: ""
+    showHiddenMetricsForVersion: ""
+    winkernel:
+      enableDSR: false
+      forwardHealthCheckVip: false
+      networkName: ""
+      rootHnsEndpointName: ""
+      sourceVip: ""
+  kubeconfig.conf: |-
+    apiVersion: v1
+    kind: Config
+    clusters:
+    - cluster:
+        certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+        server: https://kpr-control-plane:6443
+      name: default
+    contexts:
+    - context:
+        cluster: default
+        namespace: default
+        user: default
+      name: default
+    current-context: default
+    users:
+    - name: default
+      user:
+        tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+"#;
+
+/// The cluster's kube-proxy ConfigMap, given to `proxy run --config` with only the flags that have
+/// no KubeProxyConfiguration field (and kubeadm's own `--hostname-override`), resolves to what the
+/// DaemonSet's flags give today.
+#[test]
+fn kubeadms_kube_proxy_configmap_resolves_like_the_daemonsets_flags() {
+    use proxy::kube_proxy_config::{apply, parse, Severity};
+    let objects = objects(&Render::default());
+    let flags_argv = agent_argv(&agent_container(&objects));
+    let from_flags = run_args(&flags_argv);
+    assert_eq!(from_flags.config, None, "the DaemonSet passes flags only");
+
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_saphyr::from_str(KUBEADM_KUBE_PROXY_CONFIGMAP).unwrap();
+    let conf = &cm.data.as_ref().unwrap()["config.conf"];
+    // The DaemonSet's flags that a KubeProxyConfiguration cannot express (kpr's own) or that
+    // kubeadm's kube-proxy DaemonSet passes itself (--hostname-override).
+    let kept = [
+        "--source=",
+        "--balance=",
+        "--service-cluster-ip-range=",
+        "--udp-idle-timeout=",
+        "--cgroup-path=",
+        "--bpffs-path=",
+        "--hostname-override=",
+        "--nodeport-addresses=",
+    ];
+    let mut file_argv: Vec<String> = vec![
+        "proxy".into(),
+        "run".into(),
+        "--config=/var/lib/kube-proxy/config.conf".into(),
+    ];
+    file_argv.extend(
+        flags_argv
+            .iter()
+            .filter(|a| kept.iter().any(|k| a.starts_with(k)))
+            .cloned(),
+    );
+    assert_eq!(
+        file_argv.len(),
+        3 + kept.len(),
+        "each kept flag is in the DaemonSet: {flags_argv:?}"
+    );
+    let (mut from_file, findings) = apply(&parse(conf).unwrap(), &run_args(&file_argv)).unwrap();
+    assert!(
+        findings.iter().all(|f| f.severity < Severity::Warning),
+        "{findings:?}"
+    );
+    // kubeadm's file names the kubeconfig of the same ConfigMap (the Pod's service account and
+    // the API server's address, as the DaemonSet's in-cluster client with KUBERNETES_SERVICE_HOST).
+    assert_eq!(
+        from_file.kubeconfig.as_deref(),
+        Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf"))
+    );
+    from_file.kubeconfig = None;
+    let mut from_flags = from_flags;
+    from_file.given.clear();
+    from_flags.given.clear();
+    assert_eq!(from_file, from_flags);
 }

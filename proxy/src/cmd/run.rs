@@ -132,7 +132,89 @@ fn explain_ebpf_failure(backend: proxy::cli::Backend, e: anyhow::Error) -> anyho
     }
 }
 
+/// With `--config`, the flags as the file sets them (given flags win); every field kpr does not
+/// implement is logged, and any that would change how traffic is handled stops the start.
+fn resolve_config(args: RunArgs) -> anyhow::Result<RunArgs> {
+    use proxy::kube_proxy_config::{self as kpc, Severity};
+    let Some(path) = args.config.clone() else {
+        return Ok(args);
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading --config {}", path.display()))?;
+    let file = kpc::parse(&text).with_context(|| format!("--config {}", path.display()))?;
+    let (resolved, findings) =
+        kpc::apply(&file, &args).with_context(|| format!("--config {}", path.display()))?;
+    let mut errors = Vec::new();
+    for f in &findings {
+        match f.severity {
+            Severity::Info => tracing::info!("--config {}: {f}", path.display()),
+            Severity::Warning => tracing::warn!("--config {}: {f}", path.display()),
+            Severity::Error => errors.push(f.to_string()),
+        }
+    }
+    if !errors.is_empty() {
+        bail!(
+            "--config {}: kpr does not implement what these fields ask, and ignoring them would \
+             change how traffic is handled:\n  {}",
+            path.display(),
+            errors.join("\n  ")
+        );
+    }
+    tracing::info!(config = %path.display(), "settings read from the KubeProxyConfiguration file");
+    Ok(resolved)
+}
+
+/// The conntrack sysctls, set in this (the node's) network namespace as kube-proxy sets them.
+fn setup_conntrack(args: &RunArgs) -> anyhow::Result<()> {
+    use proxy::conntrack::sysctls::{self, ConntrackSettings, Outcome, Paths};
+    let settings = ConntrackSettings {
+        max_per_core: args.conntrack_max_per_core,
+        min: args.conntrack_min,
+        tcp_established_timeout: args.conntrack_tcp_timeout_established,
+        tcp_close_wait_timeout: args.conntrack_tcp_timeout_close_wait,
+        tcp_be_liberal: args.conntrack_tcp_be_liberal,
+        udp_timeout: args.conntrack_udp_timeout,
+        udp_stream_timeout: args.conntrack_udp_timeout_stream,
+    };
+    for (flag, d) in [
+        (
+            "--conntrack-tcp-timeout-established",
+            settings.tcp_established_timeout,
+        ),
+        (
+            "--conntrack-tcp-timeout-close-wait",
+            settings.tcp_close_wait_timeout,
+        ),
+        ("--conntrack-udp-timeout", settings.udp_timeout),
+        (
+            "--conntrack-udp-timeout-stream",
+            settings.udp_stream_timeout,
+        ),
+    ] {
+        proxy::kube_proxy_config::check_whole_seconds(flag, d)?;
+    }
+    let applied = sysctls::apply(&settings, sysctls::cpu_count(), &Paths::default())
+        .context("setting the conntrack sysctls (--conntrack-*)")?;
+    for a in applied {
+        let path = a.path.display();
+        match a.outcome {
+            Outcome::Set { from } => {
+                tracing::info!("conntrack: set {path} to {} (was {from})", a.value)
+            }
+            Outcome::Unchanged => tracing::debug!("conntrack: {path} is already {}", a.value),
+            Outcome::Skipped { reason } => tracing::warn!(
+                "conntrack: could not set {path} to {}: {reason}; it is left as it is (host-wide \
+                 settings can only be changed from the host's network namespace, and a \
+                 container needs a writable /proc/sys)",
+                a.value
+            ),
+        }
+    }
+    Ok(())
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let args = resolve_config(args)?;
     let cfg = backend_config(&args)?;
     tracing::info!(backend = args.backend.as_str(), node = %cfg.node.node_name, node_ips = ?cfg.node.node_ips, "starting");
     if args.backend == proxy::cli::Backend::Ebpf {
@@ -141,6 +223,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let dp = dataplane::build(args.backend, &cfg)
         .map_err(|e| explain_ebpf_failure(args.backend, e.into()))
         .with_context(|| format!("starting the {} backend", args.backend.as_str()))?;
+    // After the backend: its rules load nf_conntrack, whose sysctls only exist once it is loaded.
+    setup_conntrack(&args)?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());
     let (ev_tx, ev_rx) = mpsc::channel(4096);

@@ -1,20 +1,32 @@
 //! `proxy trace SRC DST:PORT/PROTO`: which Service, endpoint set and decision a new connection
-//! gets, worked out from the eBPF backend's pinned maps as they are.
+//! gets, worked out from the eBPF backend's pinned maps or the nftables backend's tables as they
+//! are.
 
 use anyhow::Context;
-use proxy::cli::TraceArgs;
+use proxy::cli::{TraceArgs, TraceBackend};
 use proxy::dataplane::ebpf::inspect::MapSnapshot;
 use proxy::dataplane::ebpf::trace::{self, TraceRequest};
 
-pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
-    let snap = MapSnapshot::read(&args.bpffs_path).context("proxy trace")?;
-    let netns_cookie = match &args.netns {
-        Some(p) => Some(
-            trace::netns_cookie(p)
-                .with_context(|| format!("--netns {}: reading its cookie", p.display()))?,
-        ),
-        None => None,
+/// The nftables backend: the family's table of this network namespace.
+fn run_nftables(args: &TraceArgs) -> anyhow::Result<()> {
+    use proxy::dataplane::nftables::trace::{self as nft_trace, TableSnapshot};
+    let family = proxy::model::IpFamily::of(&args.dst.addr);
+    let table = TableSnapshot::read(family)
+        .context("proxy trace: reading the kpr table (run it in the node's network namespace)")?;
+    let req = nft_trace::TraceRequest {
+        src: args.src,
+        dst: args.dst.addr,
+        port: args.dst.port,
+        proto: args.dst.proto,
     };
+    print!(
+        "{}",
+        nft_trace::render(&req, &nft_trace::trace(&table, &req))
+    );
+    Ok(())
+}
+
+pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
     if args.src.is_ipv4() != args.dst.addr.is_ipv4() {
         anyhow::bail!(
             "proxy trace: source {} and destination {} are of different address families (a \
@@ -23,6 +35,17 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
             args.dst.addr
         );
     }
+    if args.backend == TraceBackend::Nftables {
+        return run_nftables(args);
+    }
+    let snap = MapSnapshot::read(&args.bpffs_path).context("proxy trace")?;
+    let netns_cookie = match &args.netns {
+        Some(p) => Some(
+            trace::netns_cookie(p)
+                .with_context(|| format!("--netns {}: reading its cookie", p.display()))?,
+        ),
+        None => None,
+    };
     let req = TraceRequest {
         src: args.src,
         dst: args.dst.addr,

@@ -9,9 +9,11 @@
 
 use clap::Parser;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, Namespace, Pod, PodSpec, Service, ServiceAccount,
+};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
-use proxy::cli::{Backend, Cli, Command, RunArgs};
+use proxy::cli::{Backend, Command, RunArgs};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -81,6 +83,7 @@ pub struct Objects {
     pub services: Vec<Service>,
     pub pods: Vec<Pod>,
     pub namespaces: Vec<Namespace>,
+    pub config_maps: Vec<ConfigMap>,
 }
 
 impl Objects {
@@ -96,6 +99,7 @@ impl Objects {
             "Service" => self.services.push(typed(file, doc)),
             "Pod" => self.pods.push(typed(file, doc)),
             "Namespace" => self.namespaces.push(typed(file, doc)),
+            "ConfigMap" => self.config_maps.push(typed(file, doc)),
             other => panic!("deploy/{file}: kind {other:?} is not checked by this test; add it"),
         }
     }
@@ -205,8 +209,9 @@ pub fn agent_argv(container: &Container) -> Vec<String> {
     argv
 }
 
+/// Parsed as the agent parses its command line (which flags were given is recorded).
 pub fn run_args(argv: &[String]) -> RunArgs {
-    let cli = Cli::try_parse_from(argv)
+    let cli = proxy::cli::parse_from(argv)
         .unwrap_or_else(|e| panic!("the DaemonSet's arguments {argv:?} do not parse:\n{e}"));
     match cli.command {
         Command::Run(args) => *args,

@@ -21,6 +21,7 @@ pub mod compile;
 pub mod elements;
 pub mod ops;
 pub mod ruleset;
+pub mod trace;
 pub mod wire;
 
 use std::collections::{BTreeSet, HashMap};
