@@ -90,7 +90,10 @@ pub fn apply(settings: &ConntrackSettings, cpus: u32, paths: &Paths) -> io::Resu
     let mut done = Vec::new();
     if let Some(max) = conntrack_max(settings.max_per_core, settings.min, cpus) {
         let applied = set(&paths.netfilter.join("nf_conntrack_max"), max, Write::Raise)?;
-        let grown = matches!(applied.outcome, Outcome::Set { .. } | Outcome::Unchanged);
+        // Only after this agent raised the limit itself: `hashsize` is a module parameter, the
+        // same for every network namespace, and an agent in a namespace where
+        // nf_conntrack_max is read-only must not change the host's table.
+        let grown = matches!(applied.outcome, Outcome::Set { .. });
         done.push(applied);
         // The hash table should hold a quarter of the entries (kube-proxy's rule); only
         // grown, never shrunk.
