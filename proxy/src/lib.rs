@@ -12,6 +12,7 @@ pub mod convert;
 pub mod dataplane;
 pub mod error;
 pub mod healthcheck;
+pub mod maglev;
 pub mod metrics;
 pub mod model;
 pub mod nft;
