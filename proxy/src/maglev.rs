@@ -80,7 +80,10 @@ impl std::str::FromStr for TableSize {
 }
 
 fn is_prime(n: u32) -> bool {
-    n >= 2 && (2..).take_while(|d| d * d <= n).all(|d| !n.is_multiple_of(d))
+    n >= 2
+        && (2..)
+            .take_while(|d| d * d <= n)
+            .all(|d| !n.is_multiple_of(d))
 }
 
 /// One endpoint set of one family as a Maglev lookup table: slot -> endpoint.
