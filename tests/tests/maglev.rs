@@ -14,8 +14,11 @@
 //!   (three endpoints) and B (still four): every flow B sends to the removed endpoint moves, and
 //!   the flows that move beyond those are no more than the tables predict (the table-level bound,
 //!   1/N + 1 percentage point over 10,000 flows, is `proxy::maglev`'s unit test);
-//! - all four endpoints get flows, in proportion to their slots (the spread);
-//! - `/state` (what `proxy inspect` prints) shows the table: its size and each endpoint's slots.
+//! - all four endpoints get flows (the spread in proportion to the slots, M/N rounded, is the
+//!   unit tests' and `/state`'s check);
+//! - UDP flows (one datagram each) follow the same table on both nodes;
+//! - `/state` and `proxy inspect` show the table: its size and each endpoint's slots; on eBPF,
+//!   `proxy trace --src-port` names the slot the programs took.
 //!
 //! Needs root, the `proxy` and `probe` binaries (`cargo build -p proxy -p kpr-tests --bins`).
 
@@ -23,7 +26,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use kpr_tests::client::tcp_request_from;
+use kpr_tests::client::{tcp_request_from, udp_request_from};
 use kpr_tests::cluster::{ClusterSpec, CLIENT_IP, ECHO_PORT, PODCLIENT_IP};
 use kpr_tests::{
     run_probe, yaml, Agent, AgentOptions, Cgroup, Cluster, EndpointSlice, ProbeLine, Service,
@@ -44,6 +47,8 @@ fn service() -> Service {
         .cluster_ip(VIP)
         .tcp(PORT, ECHO_PORT)
         .named("http")
+        .udp(PORT, ECHO_PORT)
+        .named("dns")
         .external_ip(EXTERNAL_IP)
         .balance("maglev")
 }
@@ -107,18 +112,34 @@ fn endpoint_of(cluster: &Cluster, pod: &str) -> SocketAddr {
         .echo_addr()
 }
 
-/// The endpoint each flow from the external client (ports `first..first + FLOWS`) reached.
+/// The endpoint each TCP flow from the external client (ports `first..first + FLOWS`) reached.
 fn external_flows(
     cluster: &Cluster,
     agent: &Agent<'_>,
     first: u16,
 ) -> Vec<(SocketAddr, SocketAddr)> {
+    flows(cluster, agent, first, FLOWS, false)
+}
+
+/// The endpoint each of `n` flows (TCP, or UDP: one datagram each) from the external client
+/// reached.
+fn flows(
+    cluster: &Cluster,
+    agent: &Agent<'_>,
+    first: u16,
+    n: u16,
+    udp: bool,
+) -> Vec<(SocketAddr, SocketAddr)> {
     let to = SocketAddr::new(EXTERNAL_IP.parse().unwrap(), PORT);
-    (first..first + FLOWS)
+    (first..first + n)
         .map(|port| {
             let from = SocketAddr::new(IpAddr::V4(CLIENT_IP), port);
-            let r = tcp_request_from(&cluster.client, from, to, TIMEOUT)
-                .unwrap_or_else(|e| panic!("flow {from} -> {to}: {e}\n{}", agent.log()));
+            let r = if udp {
+                udp_request_from(&cluster.client, from, to, TIMEOUT)
+            } else {
+                tcp_request_from(&cluster.client, from, to, TIMEOUT)
+            };
+            let r = r.unwrap_or_else(|e| panic!("flow {from} -> {to}: {e}\n{}", agent.log()));
             (from, endpoint_of(cluster, &r.pod))
         })
         .collect()
@@ -154,6 +175,27 @@ fn assert_follows(
         wrong.len(),
         flows.len(),
         wrong.join("\n")
+    );
+}
+
+/// `proxy inspect` prints each port's table: size and slots per endpoint.
+fn assert_inspect_prints_the_table(cluster: &Cluster, agent: &Agent<'_>) {
+    let out = cluster
+        .node
+        .exec(agent.binary())
+        .expect("a command in the node namespace")
+        .arg("inspect")
+        .output()
+        .expect("proxy inspect runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (first, slots) = table(cluster, None).slot_counts()[0];
+    let line =
+        format!("maglev table (cluster IPv4): 16381 slots; slots per endpoint: {first} {slots},");
+    assert_eq!(
+        text.matches(&line).count(),
+        2,
+        "one table per port (TCP and UDP):\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -227,6 +269,15 @@ fn maglev(backend: &str) {
     if let Some(bpffs) = agent_a.bpffs_path() {
         assert_trace_gives_the_slot(&agent_a, bpffs, on_a[0], &full, dst);
     }
+    // UDP flows too (one datagram each), through both nodes.
+    let udp_a = flows(&a.cluster, &agent_a, 25000, 40, true);
+    let udp_b = flows(&b.cluster, &agent_b, 25000, 40, true);
+    assert_follows("node A, UDP", &udp_a, &full, dst);
+    assert_eq!(
+        udp_a, udp_b,
+        "the same UDP flow picks the same endpoint on both nodes"
+    );
+    assert_inspect_prints_the_table(&a.cluster, &agent_a);
     let mut spread: BTreeMap<SocketAddr, usize> = BTreeMap::new();
     for (_, ep) in &on_a {
         *spread.entry(*ep).or_default() += 1;
