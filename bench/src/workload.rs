@@ -288,6 +288,7 @@ pub fn node_context() -> NodeContext {
         node_ips: vec![IpAddr::V4(NODE_IP), IpAddr::V6(NODE_IP6)],
         masquerade_all: false,
         zone: None,
+        maglev_table_size: Default::default(),
     }
 }
 

@@ -15,7 +15,7 @@
 //! | map | kind | key | value |
 //! | --- | --- | --- | --- |
 //! | `KPR_SERVICES` | hash | [`ServiceKey`] (frontend) | [`ServiceValue`] |
-//! | `KPR_SLOTS` | hash | [`SlotKey`] (set id, slot 0..count) | backend id `u32` |
+//! | `KPR_SLOTS` | hash | [`SlotKey`] (set id, slot 0..count; a Maglev set's table) | backend id `u32` |
 //! | `KPR_BACKENDS` | hash | backend id `u32` | [`Backend`] |
 //! | `KPR_COUNTERS` | hash | backend id `u32` | [`BackendCounters`] |
 //! | `KPR_RR` | hash | set id `u32` | round-robin cursor `u32` |
@@ -28,6 +28,8 @@
 //! | `KPR_CONFIG6` | array (1) | 0 | [`NodeConfig6`] (IPv6) |
 //! | `KPR_SRC_RANGES` | LPM trie | prefix length + [`SrcRangeKey`] | `u8` (1: allowed) |
 #![no_std]
+
+pub mod hash;
 
 /// IANA protocol numbers as they appear in [`ServiceKey::proto`] and [`Backend::proto`].
 pub const PROTO_TCP: u8 = 6;
@@ -48,6 +50,9 @@ pub const SCOPE_V6: u8 = 1 << 1;
 /// [`ServiceValue::algorithm`] values.
 pub const ALG_ROUND_ROBIN: u8 = 0;
 pub const ALG_LEAST_CONN: u8 = 1;
+/// Maglev consistent hashing: the set's slots are its Maglev table (`count` of them, the
+/// node's table size), and a flow takes slot [`hash::slot_of`] of its [`hash`] flow hash.
+pub const ALG_MAGLEV: u8 = 2;
 
 /// [`ServiceValue::flags`]: with no backend, drop (Local policy with endpoints elsewhere) instead of
 /// rejecting.
@@ -97,13 +102,14 @@ pub struct ServiceKey {
 pub struct ServiceValue {
     /// The backend set: slots `(set_id, 0..count)` in `KPR_SLOTS`.
     pub set_id: u32,
-    /// Number of backends in the set; 0 means reject (or drop, see [`SVC_F_DROP_EMPTY`]).
+    /// Number of slots in the set: its backends, or with [`ALG_MAGLEV`] its Maglev table's
+    /// slots; 0 means reject (or drop, see [`SVC_F_DROP_EMPTY`]).
     pub count: u32,
     /// Session affinity timeout in seconds (with [`SVC_F_AFFINITY`]).
     pub affinity_timeout_s: u32,
     /// `SVC_F_*` bits.
     pub flags: u16,
-    /// [`ALG_ROUND_ROBIN`] or [`ALG_LEAST_CONN`].
+    /// [`ALG_ROUND_ROBIN`], [`ALG_LEAST_CONN`] or [`ALG_MAGLEV`].
     pub algorithm: u8,
     /// [`FAMILY_V4`] or [`FAMILY_V6`].
     pub family: u8,

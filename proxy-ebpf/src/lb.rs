@@ -1,10 +1,11 @@
-//! Backend choice for one new connection: session affinity, round-robin, least-connection. The
-//! backend set itself was chosen by userspace; this only executes the algorithm over it.
+//! Backend choice for one new connection: session affinity, round-robin, least-connection, Maglev.
+//! The backend set itself (and a Maglev set's table) was chosen by userspace; this only executes
+//! the algorithm over it.
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use proxy_common::{
-    AffinityKey, AffinityValue, BackendCounters, ServiceValue, SlotKey, ALG_LEAST_CONN,
-    SVC_F_AFFINITY,
+    hash::slot_of, AffinityKey, AffinityValue, BackendCounters, ServiceValue, SlotKey,
+    ALG_LEAST_CONN, ALG_MAGLEV, SVC_F_AFFINITY,
 };
 
 use crate::atomic;
@@ -13,9 +14,10 @@ use crate::maps::{KPR_AFFINITY, KPR_BACKENDS, KPR_COUNTERS, KPR_RR, KPR_SLOTS};
 /// Least-connection looks at no more than this many slots (starting at the round-robin cursor).
 pub const MAX_LC_SCAN: u32 = 128;
 
-/// Picks a backend id for a new connection of `client` to the set of `svc`.
+/// Picks a backend id for a new connection of `client` to the set of `svc`; `flow_hash` is the
+/// connection's flow hash (`proxy_common::hash`), which only Maglev reads.
 #[inline(always)]
-pub fn pick(svc: &ServiceValue, client: &AffinityKey) -> Option<u32> {
+pub fn pick(svc: &ServiceValue, client: &AffinityKey, flow_hash: u32) -> Option<u32> {
     if svc.count == 0 {
         return None;
     }
@@ -27,6 +29,9 @@ pub fn pick(svc: &ServiceValue, client: &AffinityKey) -> Option<u32> {
     }
     let id = if svc.algorithm == ALG_LEAST_CONN {
         least_conn(svc)?
+    } else if svc.algorithm == ALG_MAGLEV {
+        // The set's `count` slots are its Maglev table: one lookup, no cursor, no loop.
+        slot(svc.set_id, slot_of(flow_hash, svc.count))?
     } else {
         round_robin(svc)?
     };

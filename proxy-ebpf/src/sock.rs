@@ -1,6 +1,9 @@
 //! The cgroup socket programs' logic: translate a service address to a backend at `connect()` /
 //! `sendmsg()`, translate it back for `recvmsg()` / `getpeername()`, and account open sockets.
 //!
+//! Maglev Services: a socket takes the slot of its flow hash ([`flow_hash`]): its bound 5-tuple,
+//! or its cookie when it is not bound yet.
+//!
 //! One body serves both families: `V6` selects the context's address field (`user_ip4` or
 //! `user_ip6`; the verifier lets each program touch only its own family's), and is a constant of
 //! each program, so the other family's code is not in it. An IPv6 socket that reaches an IPv4
@@ -14,6 +17,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use proxy_common::{
+    hash::{flow_hash_v4, flow_hash_v6, jhash_words, FLOW_SEED},
     AffinityKey, Backend, RevNatKey, RevNatValue, ServiceKey, ServiceValue, SockBackend,
     CLIENT_NETNS, PROTO_SCTP, PROTO_TCP, PROTO_UDP, SCOPE_SOCKET, SCOPE_V6, SVC_F_DROP_EMPTY,
     SVC_F_SOURCE_RANGES,
@@ -40,10 +44,11 @@ pub enum Mode {
     Sendmsg,
 }
 
-/// A service frontend seen by a socket, and the socket's identity.
+/// A service frontend seen by a socket, the socket's identity and its Maglev flow hash.
 struct Request {
     key: ServiceKey,
     cookie: u64,
+    flow_hash: u32,
 }
 
 /// Word 2 of a v4-mapped IPv6 address (`::ffff:0:0/96`) as the context holds it.
@@ -121,7 +126,12 @@ pub fn translate<const V6: bool, C: EbpfContext>(
     }
     // SAFETY: helpers valid for cgroup sock_addr programs (kernel >= 5.7).
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let req = Request { key, cookie };
+    let flow_hash = flow_hash::<V6>(sa, &key, v6, cookie);
+    let req = Request {
+        key,
+        cookie,
+        flow_hash,
+    };
     let Some(backend) = choose(ctx, &svc, &req, mode) else {
         return refuse(&svc);
     };
@@ -129,6 +139,35 @@ pub fn translate<const V6: bool, C: EbpfContext>(
     set_user_addr::<V6>(sa, backend.addr, v6);
     sa.user_port = u32::from(backend.port);
     ALLOW
+}
+
+/// The Maglev flow hash of a socket's connection to `key`. A socket bound to a source port (and
+/// address) before `connect()` hashes its 5-tuple as the tc path and nftables hash the packets
+/// (the same flow picks the same slot on every node). An unbound socket has no source port yet
+/// (the kernel picks it after this program), so its cookie stands in for the source: each
+/// socket is its own flow, spread over the table like any hash.
+#[inline(always)]
+fn flow_hash<const V6: bool>(sa: &bpf_sock_addr, key: &ServiceKey, v6: bool, cookie: u64) -> u32 {
+    // SAFETY: `sk` of a sock_addr context is the kernel's full socket (PTR_TO_SOCKET, never
+    // null), readable for the program's run.
+    let sk = unsafe { &*sa.__bindgen_anon_1.sk };
+    // `src_port` is in host byte order (the maps and nftables use network order).
+    let sport = (sk.src_port as u16).to_be();
+    if sport == 0 {
+        return jhash_words(
+            &[cookie as u32, (cookie >> 32) as u32, key.addr[0], u32::from(key.port)],
+            FLOW_SEED,
+        );
+    }
+    if !V6 {
+        return flow_hash_v4(sk.src_ip4, key.addr[0], sport, key.port);
+    }
+    let src = [sk.src_ip6[0], sk.src_ip6[1], sk.src_ip6[2], sk.src_ip6[3]];
+    if !v6 {
+        // An IPv4 Service through a v4-mapped address: the source is v4-mapped too.
+        return flow_hash_v4(src[3], key.addr[0], sport, key.port);
+    }
+    flow_hash_v6(&src, &key.addr, sport, key.port)
 }
 
 /// Whether the socket lives in the node's own network namespace.
@@ -172,7 +211,7 @@ fn choose<C: EbpfContext>(
         kind: CLIENT_NETNS,
         _pad: [0; 3],
     };
-    let id = lb::pick(svc, &client)?;
+    let id = lb::pick(svc, &client, req.flow_hash)?;
     let b = backend(id)?;
     match mode {
         Mode::Connect => {

@@ -3,7 +3,8 @@
 //! tracking in `KPR_CT`.
 //!
 //! A new flow (TCP SYN, or any UDP datagram) to a `SCOPE_EXTERNAL` frontend picks a backend like
-//! the socket path; its forward entry rewrites the destination to the backend (and, with
+//! the socket path (Maglev by the hash of the packet's 5-tuple, as nftables' `jhash` computes
+//! it); its forward entry rewrites the destination to the backend (and, with
 //! masquerade, the source to the node), its reply entry undoes both on the way back. Translated
 //! packets are forwarded with a FIB lookup and a redirect, because a masqueraded packet carries a
 //! node address as source and the stack would drop it as martian. A frontend without backends is
@@ -28,6 +29,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use proxy_common::{
+    hash::{flow_hash_v4, flow_hash_v6},
     AffinityKey, CtKey, CtValue, ServiceKey, SrcRangeKey, CLIENT_ADDR, CT_F_REPLY, CT_F_SNAT,
     FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SCOPE_V6, SRC_RANGE_FRONTEND_BITS,
     SVC_F_DROP_EMPTY, SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES,
@@ -359,7 +361,15 @@ fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
         kind: CLIENT_ADDR,
         _pad: [0; 3],
     };
-    let Some(id) = lb::pick(&svc, &client) else {
+    // Straight-line and unconditional (only Maglev reads it): a branch here would give the
+    // verifier two states to carry through the least-connection loop.
+    let (s, d) = (F::words(pkt.saddr), F::words(pkt.daddr));
+    let flow_hash = if F::FAMILY == FAMILY_V4 {
+        flow_hash_v4(s[0], d[0], pkt.sport, pkt.dport)
+    } else {
+        flow_hash_v6(&s, &d, pkt.sport, pkt.dport)
+    };
+    let Some(id) = lb::pick(&svc, &client, flow_hash) else {
         if svc.flags & SVC_F_DROP_EMPTY != 0 {
             return Ok(TC_ACT_SHOT);
         }

@@ -110,7 +110,12 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    Algorithm::parse(s).ok_or_else(|| format!("expected round-robin or least-conn, found {s:?}"))
+    Algorithm::parse(s)
+        .ok_or_else(|| format!("expected round-robin, least-conn or maglev, found {s:?}"))
+}
+
+fn parse_table_size(s: &str) -> Result<crate::maglev::TableSize, String> {
+    s.parse()
 }
 
 fn parse_cidr(s: &str) -> Result<IpNet, String> {
@@ -139,6 +144,11 @@ pub struct RunArgs {
     /// Node-wide balancing algorithm; a Service overrides it with the annotation kpr.io/balance.
     #[arg(long, value_parser = parse_algorithm, default_value = "round-robin")]
     pub balance: Algorithm,
+    /// Slots of every Maglev table (Services balanced with maglev): a prime, the same on every
+    /// node so that a flow picks the same endpoint on each; more than 100 x a Service's
+    /// endpoints is recommended.
+    #[arg(long, default_value = "16381", value_parser = parse_table_size)]
+    pub maglev_table_size: crate::maglev::TableSize,
     /// This node's name (endpoints with this nodeName are local). Default: the host name.
     #[arg(long, env = "NODE_NAME")]
     pub hostname_override: Option<String>,
@@ -285,6 +295,10 @@ pub struct TraceArgs {
     /// default: a socket on the node or in a pod (cgroup programs).
     #[arg(long)]
     pub from_outside: bool,
+    /// The client's source port: Maglev Services hash it with the addresses and the Service
+    /// port (on the socket path, the port the socket bound before connect()).
+    #[arg(long)]
+    pub src_port: Option<u16>,
     /// The client's network namespace (e.g. /run/netns/NAME, /proc/PID/ns/net): socket-path
     /// session affinity is keyed by it.
     #[arg(long)]
@@ -407,5 +421,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("is not a CIDR"), "{e}");
+        let e = Cli::try_parse_from(["proxy", "run", "--maglev-table-size", "16384"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--maglev-table-size 16384: is not a prime"),
+            "{e}"
+        );
+        let Command::Run(r) = Cli::try_parse_from(["proxy", "run", "--balance", "maglev"])
+            .unwrap()
+            .command
+        else {
+            panic!("not run")
+        };
+        assert_eq!(
+            (r.balance, r.maglev_table_size.get()),
+            (Algorithm::Maglev, 16381)
+        );
     }
 }

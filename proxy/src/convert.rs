@@ -391,7 +391,9 @@ impl CommonFields {
                     "Service",
                     obj,
                     format!("metadata.annotations[{ALGORITHM_ANNOTATION}]"),
-                    format!("{v:?} is not round-robin or least-conn; using {default_algorithm}"),
+                    format!(
+                        "{v:?} is not round-robin, least-conn or maglev; using {default_algorithm}"
+                    ),
                 ));
                 default_algorithm
             }),

@@ -13,6 +13,7 @@ pub mod dataplane;
 pub mod error;
 pub mod healthcheck;
 pub mod kube_proxy_config;
+pub mod maglev;
 pub mod metrics;
 pub mod model;
 pub mod nft;

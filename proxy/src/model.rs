@@ -131,14 +131,18 @@ pub enum Algorithm {
     #[default]
     RoundRobin,
     LeastConn,
+    /// Maglev consistent hashing of the flow (the `maglev` module): the same flow picks the same
+    /// endpoint on every node, and an endpoint's removal moves only about its own flows.
+    Maglev,
 }
 
 impl Algorithm {
-    /// Parses `round-robin` / `rr` and `least-conn` / `least-connection` / `lc`.
+    /// Parses `round-robin` / `rr`, `least-conn` / `least-connection` / `lc` and `maglev`.
     pub fn parse(s: &str) -> Option<Algorithm> {
         match s.trim().to_ascii_lowercase().as_str() {
             "round-robin" | "roundrobin" | "rr" => Some(Algorithm::RoundRobin),
             "least-conn" | "least-connection" | "leastconn" | "lc" => Some(Algorithm::LeastConn),
+            "maglev" => Some(Algorithm::Maglev),
             _ => None,
         }
     }
@@ -147,6 +151,7 @@ impl Algorithm {
         match self {
             Algorithm::RoundRobin => "round-robin",
             Algorithm::LeastConn => "least-conn",
+            Algorithm::Maglev => "maglev",
         }
     }
 }

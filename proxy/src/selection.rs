@@ -11,7 +11,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Endpoint, ServicePort};
+use crate::maglev::{MaglevTable, MaglevTables, TableSize};
+use crate::model::{Algorithm, Endpoint, IpFamily, ServicePort};
 
 /// What the node knows about itself, needed to classify sources and endpoints.
 #[derive(Debug, Clone, Default)]
@@ -26,6 +27,8 @@ pub struct NodeContext {
     pub masquerade_all: bool,
     /// The node's `topology.kubernetes.io/zone` label, for endpoints hinted by zone.
     pub zone: Option<String>,
+    /// `--maglev-table-size`: the slots of every Maglev table (Services balanced with maglev).
+    pub maglev_table_size: TableSize,
 }
 
 impl NodeContext {
@@ -100,9 +103,30 @@ pub struct SelectedEndpoints {
     pub local_ready: [u32; 2],
     /// Whether any endpoint anywhere is usable (ready, or serving and terminating).
     pub any_usable: bool,
+    /// A Maglev Service port's lookup tables (cluster and external set, per family), built once
+    /// here for every backend (see [`with_maglev`]). Not part of `/state`: `proxy inspect`
+    /// shows their slot counts instead.
+    #[serde(skip)]
+    pub maglev: Option<Arc<MaglevTables>>,
 }
 
 impl SelectedEndpoints {
+    /// The Maglev table of `endpoints` (one of this selection's sets, as a [`Route`] names it)
+    /// in `family`; `None` unless the Service port is balanced with Maglev.
+    pub fn maglev_table(
+        &self,
+        endpoints: &[Endpoint],
+        family: IpFamily,
+    ) -> Option<&Arc<MaglevTable>> {
+        let tables = self.maglev.as_deref()?;
+        let set = if std::ptr::eq(endpoints, &*self.cluster) || endpoints == &*self.cluster {
+            &tables.cluster
+        } else {
+            &tables.external
+        };
+        Some(set.of(family))
+    }
+
     /// The verdict for an empty endpoint set under a policy that is Local or not.
     pub fn empty_verdict(&self, local_policy: bool) -> EmptyVerdict {
         if local_policy && self.any_usable {
@@ -216,7 +240,20 @@ pub fn select_in(
                 .count() as u32
         }),
         any_usable: !usable_anywhere.is_empty(),
+        maglev: None,
     }
+}
+
+/// Adds the Maglev tables of a Maglev Service port's sets (built once per change of the port,
+/// for every backend), of `size` slots; other algorithms keep none.
+pub fn with_maglev(
+    svc: &ServicePort,
+    mut sel: SelectedEndpoints,
+    size: TableSize,
+) -> SelectedEndpoints {
+    sel.maglev = (svc.algorithm == Algorithm::Maglev)
+        .then(|| Arc::new(MaglevTables::new(&sel.cluster, &sel.external, size)));
+    sel
 }
 
 /// The decision for one new connection: which endpoints, what to do if none, whether to SNAT.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Endpoint, ServicePort, ServicePortName};
-use crate::selection::{select_in, NodeContext, SelectedEndpoints};
+use crate::selection::{select_in, with_maglev, NodeContext, SelectedEndpoints};
 
 /// One service port as the dataplanes program it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +23,8 @@ pub struct PortState {
     /// Every endpoint of the port, as the slices list them (deduplicated, sorted). Shared with
     /// `selected.cluster` when the selection keeps them all, the common case.
     pub endpoints: Arc<[Endpoint]>,
-    /// The endpoints each kind of traffic may use, computed once by `selection::select`.
+    /// The endpoints each kind of traffic may use, computed once by `selection::select` (with
+    /// a Maglev Service port's tables).
     pub selected: SelectedEndpoints,
 }
 
@@ -31,6 +32,7 @@ impl PortState {
     /// The port with its endpoints, selected for `node`.
     pub fn new(service: Arc<ServicePort>, endpoints: Vec<Endpoint>, node: &NodeContext) -> Self {
         let selected = select_in(&service, &endpoints, &node.node_name, node.zone.as_deref());
+        let selected = with_maglev(&service, selected, node.maglev_table_size);
         let endpoints = if *selected.cluster == *endpoints {
             selected.cluster.clone()
         } else {

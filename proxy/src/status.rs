@@ -120,6 +120,45 @@ pub struct ServiceView {
     /// (`IPv6: the node has no IPv6 address`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unserved: Vec<String>,
+    /// A Maglev Service port's tables: one per endpoint set and family that has endpoints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub maglev: Vec<MaglevView>,
+}
+
+/// One Maglev table as `proxy inspect` shows it: its size and each endpoint's slots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaglevView {
+    /// `cluster` (clusterIP and short-circuited traffic) or `external` (external sources under
+    /// externalTrafficPolicy Local), and the family: `cluster IPv4`.
+    pub set: String,
+    pub table_size: u32,
+    /// Slots per endpoint, in the table's endpoint order.
+    pub slots: Vec<(SocketAddr, u32)>,
+}
+
+/// The tables of a Maglev selection, the external set only where it differs.
+fn maglev_views(sel: &crate::selection::SelectedEndpoints) -> Vec<MaglevView> {
+    let Some(t) = sel.maglev.as_deref() else {
+        return Vec::new();
+    };
+    let mut sets = vec![("cluster", &t.cluster)];
+    if !std::sync::Arc::ptr_eq(&t.cluster, &t.external) {
+        sets.push(("external", &t.external));
+    }
+    let mut out = Vec::new();
+    for (name, tables) in sets {
+        for family in IpFamily::ALL {
+            let table = tables.of(family);
+            if !table.is_empty() {
+                out.push(MaglevView {
+                    set: format!("{name} {family}"),
+                    table_size: table.size(),
+                    slots: table.slot_counts(),
+                });
+            }
+        }
+    }
+    out
 }
 
 /// The families this node does not serve with this backend, each with the reason.
@@ -210,6 +249,7 @@ pub fn service_views(
                 unserved: unserved_of(sp, unserved)
                     .map(|(f, why)| format!("{f}: {why}"))
                     .collect(),
+                maglev: maglev_views(sel),
             }
         })
         .collect()
@@ -218,6 +258,33 @@ pub fn service_views(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn maglev_ports_show_their_tables() {
+        let mut state = ProxyState::default();
+        let mut sp = crate::model::fixtures::service_port("web", "10.96.0.10");
+        let eps: Vec<_> = (1..=3)
+            .map(|i| crate::model::fixtures::endpoint([10, 244, i, 2].into(), "n"))
+            .collect();
+        state.set_port(sp.clone(), eps.clone());
+        let views = service_views(&state, &BTreeMap::new(), false, &[]);
+        assert!(views[0].maglev.is_empty(), "round-robin has no table");
+        sp.algorithm = crate::model::Algorithm::Maglev;
+        state.set_port(sp, eps);
+        let views = service_views(&state, &BTreeMap::new(), false, &[]);
+        let m = &views[0].maglev;
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (m[0].set.as_str(), m[0].table_size),
+            ("cluster IPv4", 16381)
+        );
+        let counts: Vec<u32> = m[0].slots.iter().map(|(_, n)| *n).collect();
+        assert_eq!(counts.iter().sum::<u32>(), 16381);
+        assert!(
+            counts.iter().all(|n| (5460..=5461).contains(n)),
+            "{counts:?}"
+        );
+    }
 
     #[test]
     fn families_are_unserved_by_the_backend_or_by_the_node() {

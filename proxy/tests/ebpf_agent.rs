@@ -102,6 +102,7 @@ fn decide(bpffs: &std::path::Path, dst: &str, netns_cookie: Option<u64>) -> Deci
         proto: Protocol::Tcp,
         external: false,
         netns_cookie,
+        sport: None,
     };
     trace(&snap, &req).decision
 }
@@ -311,6 +312,7 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
             proto: Protocol::Tcp,
             external: true,
             netns_cookie: None,
+            sport: None,
         };
         let d = trace(&MapSnapshot::read(&bpffs).unwrap(), &req).decision;
         let want = picked(&d, "round-robin");

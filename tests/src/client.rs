@@ -159,6 +159,46 @@ pub fn tcp_request_here(addr: SocketAddr, timeout: Duration) -> Result<Reply, Cl
     request_on(tcp_hold_here(addr, timeout)?)
 }
 
+/// One TCP request here from the source address `from` (a fixed 5-tuple, for Maglev): bound
+/// before `connect()`, closed with a reset so that no TIME_WAIT holds the tuple.
+pub fn tcp_request_from_here(
+    from: SocketAddr,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<Reply, ClientError> {
+    let domain = if addr.is_ipv4() {
+        socket2::Domain::IPV4
+    } else {
+        socket2::Domain::IPV6
+    };
+    let sock = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+    sock.set_reuse_address(true)?;
+    sock.bind(&from.into())?;
+    sock.connect_timeout(&addr.into(), timeout)?;
+    sock.set_linger(Some(Duration::ZERO))?;
+    request_on(greeted(sock.into(), timeout)?)
+}
+
+/// [`tcp_request_from_here`] inside `ns`.
+pub fn tcp_request_from(
+    ns: &Netns,
+    from: SocketAddr,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<Reply, ClientError> {
+    run_in(ns, || tcp_request_from_here(from, addr, timeout))
+}
+
+/// One UDP request from the source address `from` inside `ns` (see [`UdpSession::from_here`]).
+pub fn udp_request_from(
+    ns: &Netns,
+    from: SocketAddr,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<Reply, ClientError> {
+    run_in(ns, || UdpSession::from_here(from, addr, timeout)?.request())
+}
+
 /// One echo round trip on a greeted connection, then close.
 fn request_on(mut conn: HeldConn) -> Result<Reply, ClientError> {
     let echoed = conn.echo("ping")?;
@@ -184,6 +224,18 @@ pub struct UdpSession {
 }
 
 impl UdpSession {
+    /// Connects a fresh socket bound to `from` to `addr` here (a fixed 5-tuple, for Maglev).
+    pub fn from_here(
+        from: SocketAddr,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<UdpSession, ClientError> {
+        let sock = UdpSocket::bind(from)?;
+        sock.set_read_timeout(Some(timeout))?;
+        sock.connect(addr)?;
+        Ok(UdpSession { sock })
+    }
+
     /// Connects a fresh socket to `addr` here (in the calling thread's namespace).
     pub fn here(addr: SocketAddr, timeout: Duration) -> Result<UdpSession, ClientError> {
         let sock = UdpSocket::bind(match addr {

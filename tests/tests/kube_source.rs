@@ -121,6 +121,7 @@ impl Fixture {
             node_ips: vec!["192.0.2.1".parse().unwrap()],
             masquerade_all: false,
             zone: None,
+            maglev_table_size: Default::default(),
         };
         Fixture {
             ns,

@@ -38,6 +38,15 @@ fn print_service(s: &ServiceView) {
     for u in &s.unserved {
         println!("    not served: {u}");
     }
+    for m in &s.maglev {
+        let slots: Vec<String> = m.slots.iter().map(|(ep, n)| format!("{ep} {n}")).collect();
+        println!(
+            "    maglev table ({}): {} slots; slots per endpoint: {}",
+            m.set,
+            m.table_size,
+            slots.join(", ")
+        );
+    }
     if s.endpoints.is_empty() {
         println!("    (no endpoints: connections are rejected)");
     }
@@ -87,6 +96,27 @@ pub fn slot_line(s: &SlotView) -> String {
     )
 }
 
+/// A set's slots, one line each; a Maglev set's table as its size and each backend's slots.
+pub fn print_slots(f: &FrontendView) {
+    if !f.is_maglev() {
+        for s in &f.slots {
+            println!("    {}", slot_line(s));
+        }
+        return;
+    }
+    println!("    maglev table: {} slots", f.value.count);
+    for (s, n) in f.maglev_counts() {
+        let addr = s
+            .addr
+            .map(|a| a.socket_addr().to_string())
+            .unwrap_or_else(|| "(missing backend)".into());
+        println!(
+            "    {addr:<22} id {:<6} slots {n:<6} active {:<5} total {}",
+            s.backend_id, s.active, s.total
+        );
+    }
+}
+
 fn print_frontend(f: &FrontendView) {
     let path = if f.external { "external" } else { "socket" };
     let mut flags = vec![f.algorithm().to_string()];
@@ -103,8 +133,9 @@ fn print_frontend(f: &FrontendView) {
         .cursor
         .map(|c| format!("  cursor {c}"))
         .unwrap_or_default();
+    let what = if f.is_maglev() { "slots" } else { "backends" };
     println!(
-        "{:<26} {path:<8} set {:<6} backends {:<4} [{}]{cursor}",
+        "{:<26} {path:<8} set {:<6} {what} {:<4} [{}]{cursor}",
         f.frontend(),
         f.value.set_id,
         f.value.count,
@@ -122,9 +153,7 @@ fn print_frontend(f: &FrontendView) {
         let nets: Vec<String> = f.source_ranges.iter().map(|n| n.to_string()).collect();
         println!("    allowed sources: {}", nets.join(", "));
     }
-    for s in &f.slots {
-        println!("    {}", slot_line(s));
-    }
+    print_slots(f);
     for a in &f.affinity {
         let client = match a.client {
             AffinityClient::Netns(c) => format!("netns cookie {c}"),
@@ -185,7 +214,16 @@ fn frontend_json(f: &FrontendView) -> serde_json::Value {
         "source_ranges": (f.value.flags & proxy_common::SVC_F_SOURCE_RANGES != 0).then(|| {
             f.source_ranges.iter().map(|n| n.to_string()).collect::<Vec<_>>()
         }),
-        "slots": f.slots.iter().map(slot_json).collect::<Vec<_>>(),
+        "slots": (!f.is_maglev()).then(|| f.slots.iter().map(slot_json).collect::<Vec<_>>()),
+        "maglev": f.is_maglev().then(|| serde_json::json!({
+            "table_size": f.value.count,
+            "backends": f.maglev_counts().into_iter().map(|(s, n)| {
+                let mut v = slot_json(s);
+                v["slots"] = n.into();
+                v.as_object_mut().map(|o| o.remove("slot"));
+                v
+            }).collect::<Vec<_>>(),
+        })),
         "affinity": affinity,
     })
 }

@@ -7,6 +7,7 @@ use anyhow::{bail, Context};
 use proxy::cli::{RunArgs, SourceArg};
 use proxy::dataplane::{self, BackendConfig};
 use proxy::metrics::Metrics;
+use proxy::model::Algorithm;
 use proxy::selection::NodeContext;
 use proxy::status::Health;
 use proxy::sync::{Runner, SyncTiming};
@@ -48,6 +49,7 @@ fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
         node_ips: node_addresses()?,
         masquerade_all: args.masquerade_all,
         zone: None,
+        maglev_table_size: args.maglev_table_size,
     };
     Ok(BackendConfig {
         node,
@@ -215,6 +217,12 @@ fn setup_conntrack(args: &RunArgs) -> anyhow::Result<()> {
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let args = resolve_config(args)?;
+    if args.backend == proxy::cli::Backend::Iptables && args.balance == Algorithm::Maglev {
+        bail!(
+            "--balance maglev: the iptables backend does not support Maglev yet (no hash-slot \
+             table); use --backend nftables, ebpf or userspace, or another --balance"
+        );
+    }
     let cfg = backend_config(&args)?;
     tracing::info!(backend = args.backend.as_str(), node = %cfg.node.node_name, node_ips = ?cfg.node.node_ips, "starting");
     if args.backend == proxy::cli::Backend::Ebpf {

@@ -53,6 +53,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         proto: args.dst.proto,
         external: args.from_outside,
         netns_cookie,
+        sport: args.src_port,
     };
     let path = if req.external {
         "tc path (from outside the node)"
@@ -74,9 +75,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
             f.value.count,
             f.algorithm()
         );
-        for s in &f.slots {
-            println!("    {}", super::inspect::slot_line(s));
-        }
+        super::inspect::print_slots(f);
     }
     if t.via_tc {
         println!(
@@ -85,5 +84,10 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         );
     }
     println!("decision: {}", t.decision);
+    if let (trace::Decision::Picked { slot, .. }, Some(f)) = (&t.decision, &t.frontend) {
+        if f.is_maglev() {
+            println!("maglev table slot {slot} of {}", f.value.count);
+        }
+    }
     Ok(())
 }

@@ -71,6 +71,7 @@ fn ctx() -> NodeContext {
         node_ips: vec![ip("192.0.2.10")],
         masquerade_all: false,
         zone: None,
+        maglev_table_size: Default::default(),
     }
 }
 

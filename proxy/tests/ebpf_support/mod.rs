@@ -110,6 +110,7 @@ impl Fixture {
                 node_ips: vec![IpAddr::V4(kpr_tests::cluster::NODE_IP)],
                 masquerade_all: false,
                 zone: None,
+                maglev_table_size: Default::default(),
             },
             service_cidrs: vec!["10.96.0.0/16".parse().unwrap()],
             cgroup_path: Some(cgroup.path().to_path_buf()),

@@ -43,6 +43,7 @@ pub fn node_context() -> NodeContext {
         node_ips: vec![IpAddr::V4(NODE_IP)],
         masquerade_all: false,
         zone: None,
+        maglev_table_size: Default::default(),
     }
 }
 

@@ -2,7 +2,7 @@
 //! tests put them in a cgroup). Runs in whatever namespace it is started in.
 //!
 //! ```text
-//! probe tcp|sctp ADDR [--count N] [--hold SECS] [--timeout SECS]
+//! probe tcp|sctp ADDR [--count N] [--hold SECS] [--timeout SECS] [--bind IP:PORT]
 //! probe udp ADDR [--count N] [--timeout SECS] [--session [--every MS]]
 //! probe http ADDR [--timeout SECS]
 //! ```
@@ -11,7 +11,8 @@
 //! connection is opened, its greeting printed, and all are kept open SECS seconds, checked alive
 //! (`alive <pod>` / `dead <pod>`), then closed. With `--session`, every UDP request goes out of
 //! one connected socket (one flow; a socket whose connect() failed is made again for the next
-//! request). `--every MS` waits MS milliseconds between requests (any mode but `--hold`). `http` prints `http <status> <body>` of `GET /`.
+//! request). `--bind IP:PORT` (tcp) binds request k to IP:PORT+k before connecting (fixed
+//! 5-tuples, for Maglev). `--every MS` waits MS milliseconds between requests (any mode but `--hold`). `http` prints `http <status> <body>` of `GET /`.
 //! Exit status 0 when every request succeeded, 1 otherwise.
 
 use std::net::SocketAddr;
@@ -19,8 +20,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use kpr_tests::client::{
-    http_get_here, sctp_request_here, tcp_hold_here, tcp_request_here, udp_request_here, Reply,
-    UdpSession,
+    http_get_here, sctp_request_here, tcp_hold_here, tcp_request_from_here, tcp_request_here,
+    udp_request_here, Reply, UdpSession,
 };
 use kpr_tests::ClientError;
 
@@ -32,6 +33,7 @@ struct Opts {
     timeout: Duration,
     session: bool,
     every: Duration,
+    bind: Option<SocketAddr>,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Opts> {
@@ -52,6 +54,7 @@ fn parse(args: &[String]) -> anyhow::Result<Opts> {
         timeout: Duration::from_secs(2),
         session: false,
         every: Duration::ZERO,
+        bind: None,
     };
     let mut rest = args[2..].iter();
     while let Some(flag) = rest.next() {
@@ -62,6 +65,14 @@ fn parse(args: &[String]) -> anyhow::Result<Opts> {
         let value = rest
             .next()
             .with_context(|| format!("{flag} needs a value; {usage}"))?;
+        if flag == "--bind" {
+            opts.bind = Some(
+                value
+                    .parse()
+                    .with_context(|| format!("--bind {value:?} is not IP:PORT"))?,
+            );
+            continue;
+        }
         let n: u64 = value
             .parse()
             .with_context(|| format!("{flag} {value:?} is not a number"))?;
@@ -78,6 +89,9 @@ fn parse(args: &[String]) -> anyhow::Result<Opts> {
     }
     if opts.session && opts.proto != "udp" {
         bail!("--session is for udp only");
+    }
+    if opts.bind.is_some() && (opts.proto != "tcp" || opts.hold.is_some()) {
+        bail!("--bind is for tcp requests only");
     }
     Ok(opts)
 }
@@ -179,9 +193,14 @@ fn main() -> anyhow::Result<()> {
                 if i > 0 {
                     std::thread::sleep(opts.every);
                 }
-                ok &= report(match proto {
-                    "tcp" => tcp_request_here(opts.addr, opts.timeout),
-                    "sctp" => sctp_request_here(opts.addr, opts.timeout),
+                let from = opts.bind.map(|b| {
+                    let port = b.port() + u16::try_from(i).expect("--count fits the port range");
+                    SocketAddr::new(b.ip(), port)
+                });
+                ok &= report(match (proto, from) {
+                    ("tcp", Some(from)) => tcp_request_from_here(from, opts.addr, opts.timeout),
+                    ("tcp", None) => tcp_request_here(opts.addr, opts.timeout),
+                    ("sctp", _) => sctp_request_here(opts.addr, opts.timeout),
                     _ => udp_request_here(opts.addr, opts.timeout),
                 });
             }

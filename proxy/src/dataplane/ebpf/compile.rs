@@ -16,20 +16,28 @@
 //! for its tc frontend, the sources allowed: the ranges, the LB IP itself and the node's
 //! addresses (as the rule backends do), all of the LB IP's family.
 //!
+//! Maglev (`kpr.io/balance: maglev`): a set's slots are its Maglev table (the node's
+//! `--maglev-table-size` slots, each a backend id) instead of one slot per backend; the programs
+//! look a flow's slot up by its hash. Both paths use the table: the tc path hashes the packet's
+//! 5-tuple, the socket path the socket's bound source and the Service address (see
+//! `proxy-ebpf/src/sock.rs`).
+//!
 //! Address families: each family's frontends use that family's backend sets (a connection never
 //! changes family), so a dual-stack Service port has up to four sets; IPv6 frontend keys carry
 //! [`SCOPE_V6`]. A nodePort is opened on the node addresses of the families the Service has.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use aya::maps::lpm_trie::Key;
 use ipnet::IpNet;
 use proxy_common::{
-    ServiceKey, SrcRangeKey, ALG_LEAST_CONN, ALG_ROUND_ROBIN, FAMILY_V4, FAMILY_V6, SCOPE_EXTERNAL,
-    SCOPE_SOCKET, SCOPE_V6, SRC_RANGE_FRONTEND_BITS, SVC_F_AFFINITY, SVC_F_DROP_EMPTY,
-    SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES,
+    ServiceKey, SrcRangeKey, ALG_LEAST_CONN, ALG_MAGLEV, ALG_ROUND_ROBIN, FAMILY_V4, FAMILY_V6,
+    SCOPE_EXTERNAL, SCOPE_SOCKET, SCOPE_V6, SRC_RANGE_FRONTEND_BITS, SVC_F_AFFINITY,
+    SVC_F_DROP_EMPTY, SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES,
 };
 
+use crate::maglev::MaglevTable;
 use crate::model::{Algorithm, Endpoint, IpFamily, Protocol, ServicePort};
 use crate::selection::{EmptyVerdict, SelectedEndpoints};
 
@@ -134,6 +142,9 @@ pub struct DesiredService {
     pub vips: Vec<ServiceKey>,
     /// Sources allowed to the tc frontends of LB IPs with loadBalancerSourceRanges.
     pub source_ranges: Vec<SrcRange>,
+    /// A Maglev port's tables by [`SetKind::index`]: the set's slots are its table's slots
+    /// (`selection` built them; none for other algorithms).
+    pub maglev: [Option<Arc<MaglevTable>>; 4],
 }
 
 impl DesiredService {
@@ -144,6 +155,11 @@ impl DesiredService {
             _ => &self.cluster,
         };
         family_part(all, kind.family())
+    }
+
+    /// The Maglev table of a set, for a Maglev Service port.
+    pub fn maglev_table(&self, kind: SetKind) -> Option<&MaglevTable> {
+        self.maglev[kind.index()].as_deref()
     }
 
     /// The sets the frontends use, in [`SetKind::ALL`] order.
@@ -187,6 +203,7 @@ pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext)
     let algorithm = match svc.algorithm {
         Algorithm::RoundRobin => ALG_ROUND_ROBIN,
         Algorithm::LeastConn => ALG_LEAST_CONN,
+        Algorithm::Maglev => ALG_MAGLEV,
     };
     let (affinity_flag, affinity_timeout_s) = match svc.affinity {
         Some(t) => (
@@ -272,6 +289,16 @@ pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext)
     }
     if out.frontends.iter().any(|f| f.set.is_external()) {
         out.external = Some(external);
+    }
+    if let Some(tables) = sel.maglev.as_deref() {
+        for kind in out.kinds() {
+            let set = if kind.is_external() {
+                &tables.external
+            } else {
+                &tables.cluster
+            };
+            out.maglev[kind.index()] = Some(set.of(kind.family()).clone());
+        }
     }
     out
 }

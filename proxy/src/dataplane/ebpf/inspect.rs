@@ -72,13 +72,27 @@ pub struct FrontendView {
 }
 
 impl FrontendView {
-    /// `round-robin` or `least-conn`.
+    /// `round-robin`, `least-conn` or `maglev`.
     pub fn algorithm(&self) -> &'static str {
-        if self.value.algorithm == proxy_common::ALG_LEAST_CONN {
-            "least-conn"
-        } else {
-            "round-robin"
+        match self.value.algorithm {
+            proxy_common::ALG_LEAST_CONN => "least-conn",
+            proxy_common::ALG_MAGLEV => "maglev",
+            _ => "round-robin",
         }
+    }
+
+    pub fn is_maglev(&self) -> bool {
+        self.value.algorithm == proxy_common::ALG_MAGLEV
+    }
+
+    /// A Maglev set's table summarised: each backend (its first slot's view) with the number of
+    /// slots it holds, in backend id order.
+    pub fn maglev_counts(&self) -> Vec<(&SlotView, u32)> {
+        let mut by_id: BTreeMap<u32, (&SlotView, u32)> = BTreeMap::new();
+        for s in &self.slots {
+            by_id.entry(s.backend_id).or_insert((s, 0)).1 += 1;
+        }
+        by_id.into_values().collect()
     }
 
     /// `ADDR:PORT/PROTO` (`[ADDR]:PORT/PROTO` in IPv6).

@@ -26,9 +26,18 @@ use crate::model::{Protocol, ServicePortName};
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct SetState {
     id: u32,
-    /// Backend ids by slot; `None` for a set recovered from pinned maps (slots unknown).
+    /// Backend ids by slot (one slot per backend, or a Maglev table's slots); `None` for a set
+    /// recovered from pinned maps (slots unknown).
     backends: Option<Vec<u32>>,
+    /// The set's distinct backends (each holds one reference).
     addrs: Vec<BackendAddr>,
+}
+
+impl SetState {
+    /// How many slots the set has in `KPR_SLOTS`.
+    fn slot_count(&self) -> usize {
+        self.backends.as_ref().map_or(self.addrs.len(), Vec::len)
+    }
 }
 
 /// A service port's backend sets by kind, inline: there are four kinds (two per family), and an
@@ -212,7 +221,7 @@ impl Programmed {
                 .expect("every frontend's set is registered");
             let value = ServiceValue {
                 set_id: set.id,
-                count: set.addrs.len() as u32,
+                count: set.slot_count() as u32,
                 affinity_timeout_s: f.affinity_timeout_s,
                 flags: f.flags,
                 algorithm: f.algorithm,
@@ -279,14 +288,25 @@ impl Programmed {
         if fresh || (previous.is_none() && maps.rr.get(&id)?.is_none()) {
             maps.rr.put(id, 0, object, ops)?;
         }
-        for (slot, addr) in desired.set(kind).iter().enumerate() {
+        let mut ids = Vec::with_capacity(desired.set(kind).len());
+        for addr in desired.set(kind) {
             let bid = self.acquire_backend(maps, object, addr, ops)?;
             let set = new.sets.get_mut(&kind).expect("registered above");
             set.addrs.push(*addr);
-            set.backends.get_or_insert_with(Vec::new).push(bid);
-            let unchanged = old_slots.as_ref().and_then(|o| o.get(slot)) == Some(&bid);
+            ids.push(bid);
+        }
+        let slots = match desired.maglev_table(kind) {
+            Some(table) if !ids.is_empty() => maglev_slots(table, desired.set(kind), &ids)?,
+            _ => ids,
+        };
+        // Registered before the writes, so that an error deletes exactly the slots written.
+        let set = new.sets.get_mut(&kind).expect("registered above");
+        let slots = &*set.backends.insert(slots);
+        for (slot, bid) in slots.iter().enumerate() {
+            // Only slots that changed are written: a Maglev table moves few slots per change.
+            let unchanged = old_slots.as_ref().and_then(|o| o.get(slot)) == Some(bid);
             if !unchanged {
-                maps.slots.put(slot_key(id, slot), bid, object, ops)?;
+                maps.slots.put(slot_key(id, slot), *bid, object, ops)?;
             }
         }
         Ok(())
@@ -324,8 +344,8 @@ impl Programmed {
         }
         for (kind, set) in old.sets.iter() {
             let kept = new.sets.get(&kind).filter(|n| n.id == set.id);
-            let from = kept.map_or(0, |n| n.addrs.len());
-            for slot in from..set.addrs.len() {
+            let from = kept.map_or(0, |n| n.slot_count());
+            for slot in from..set.slot_count() {
                 maps.slots.del(&slot_key(set.id, slot), object, ops)?;
             }
             if kept.is_none() {
@@ -420,7 +440,7 @@ impl Programmed {
         let sets: HashMap<u32, usize> = self
             .services
             .values()
-            .flat_map(|s| s.sets.values().map(|set| (set.id, set.addrs.len())))
+            .flat_map(|s| s.sets.values().map(|set| (set.id, set.slot_count())))
             .collect();
         let backends: HashSet<u32> = self.backends.values().map(|r| r.id).collect();
         let object: Arc<str> = Arc::from("the sweep of unclaimed entries");
@@ -520,6 +540,30 @@ fn key_bytes(key: &aya::maps::lpm_trie::Key<proxy_common::SrcRangeKey>) -> Vec<u
     out.extend(data.frontend.port.to_ne_bytes());
     out.extend([data.frontend.proto, data.frontend.scope]);
     out
+}
+
+/// A Maglev table's slots as backend ids: `ids[i]` is the id of `addrs[i]`, the set's backends,
+/// which are the table's endpoints.
+fn maglev_slots(
+    table: &crate::maglev::MaglevTable,
+    addrs: &[BackendAddr],
+    ids: &[u32],
+) -> Result<Vec<u32>, DataplaneError> {
+    let by_addr: HashMap<std::net::SocketAddr, u32> = addrs
+        .iter()
+        .map(BackendAddr::socket_addr)
+        .zip(ids.iter().copied())
+        .collect();
+    table
+        .slots()
+        .map(|ep| {
+            by_addr.get(&ep).copied().ok_or_else(|| {
+                DataplaneError::Other(format!(
+                    "the Maglev table names {ep}, which is not in its backend set"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// How errors name a service port's map entries.

@@ -5,7 +5,9 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use proxy_common::{ALG_LEAST_CONN, SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES};
+use proxy_common::{
+    ALG_LEAST_CONN, ALG_MAGLEV, SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES,
+};
 
 use super::compile::BackendAddr;
 use super::inspect::{AffinityClient, FrontendView, MapSnapshot, SlotView};
@@ -25,6 +27,9 @@ pub struct TraceRequest {
     pub external: bool,
     /// The client's network namespace cookie (socket-path affinity is keyed by it).
     pub netns_cookie: Option<u64>,
+    /// The client's source port: Maglev hashes it (tc path: the packet's; socket path: the
+    /// port the socket bound before `connect()`).
+    pub sport: Option<u16>,
 }
 
 /// What happens to the connection.
@@ -48,6 +53,9 @@ pub enum Decision {
         slot: u32,
         backend: BackendAddr,
     },
+    /// A Maglev Service, traced without a source port: the slot depends on it (and on the
+    /// socket's cookie for a socket that is not bound before `connect()`).
+    MaglevNeedsSourcePort,
     /// The maps are inconsistent (a slot or backend entry is missing).
     Broken(String),
 }
@@ -114,6 +122,17 @@ fn decide(f: &FrontendView, req: &TraceRequest) -> Decision {
             return Decision::AffinityHit(b);
         }
     }
+    if f.value.algorithm == ALG_MAGLEV {
+        let Some(sport) = req.sport else {
+            return Decision::MaglevNeedsSourcePort;
+        };
+        let hash = crate::maglev::flow_hash(
+            std::net::SocketAddr::new(req.src, sport),
+            std::net::SocketAddr::new(req.dst, req.port),
+        );
+        let n = proxy_common::hash::slot_of(hash, f.value.count);
+        return picked(f, slot(f, n));
+    }
     let Some(cursor) = f.cursor else {
         return Decision::Broken(format!(
             "{}: no round-robin cursor for set {}",
@@ -126,6 +145,10 @@ fn decide(f: &FrontendView, req: &TraceRequest) -> Decision {
     } else {
         slot(f, cursor % f.value.count)
     };
+    picked(f, pick)
+}
+
+fn picked(f: &FrontendView, pick: Option<&SlotView>) -> Decision {
     match pick {
         Some(s) => match s.addr {
             Some(backend) => Decision::Picked {
@@ -214,6 +237,11 @@ impl fmt::Display for Decision {
                 f,
                 "{algorithm}: next connection -> {} (slot {slot})",
                 backend.socket_addr()
+            ),
+            Decision::MaglevNeedsSourcePort => write!(
+                f,
+                "maglev: the slot is the hash of the flow's 5-tuple; give the client's port \
+                 (--src-port; a socket not bound before connect() hashes its cookie instead)"
             ),
             Decision::Broken(why) => write!(f, "inconsistent maps: {why}"),
         }
@@ -321,7 +349,28 @@ mod tests {
             proto: Protocol::Tcp,
             external,
             netns_cookie,
+            sport: None,
         }
+    }
+
+    #[test]
+    fn maglev_takes_the_slot_of_the_flow_hash() {
+        let mut f = frontend(ALG_MAGLEV, &[0; 251], 0);
+        f.value.count = 251;
+        assert_eq!(
+            decide(&f, &req(true, None)),
+            Decision::MaglevNeedsSourcePort
+        );
+        let r = TraceRequest {
+            sport: Some(40000),
+            ..req(true, None)
+        };
+        let hash = crate::maglev::flow_hash(
+            "192.0.2.100:40000".parse().unwrap(),
+            "10.96.0.10:80".parse().unwrap(),
+        );
+        let expect = proxy_common::hash::slot_of(hash, 251);
+        assert_eq!(picked_slot(decide(&f, &r)), expect);
     }
 
     fn picked_slot(d: Decision) -> u32 {

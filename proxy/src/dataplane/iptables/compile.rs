@@ -37,7 +37,7 @@ use crate::dataplane::rules::{
     class_routes, family_addrs, family_endpoints, ClassRoute, Tag, TargetIds,
 };
 use crate::model::IpFamily;
-use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
+use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName, ALGORITHM_ANNOTATION};
 use crate::selection::{DestKind, EmptyVerdict, SelectedEndpoints};
 use crate::state::ProxyState;
 
@@ -181,6 +181,15 @@ pub fn compile(
     };
     let (svc, sel) = (&*port.service, &port.selected);
     let name = spn.to_string();
+    if svc.algorithm == Algorithm::Maglev && svc.has_family(family) {
+        // Said on every compile of the port (each change of it), never silently.
+        tracing::warn!(
+            service = %spn,
+            "Service {spn}: {ALGORITHM_ANNOTATION}=maglev (or --balance maglev) is not supported \
+             by the iptables backend yet (it has no hash-slot table); its {family} traffic is \
+             balanced round-robin. Use the nftables, ebpf or userspace backend for Maglev."
+        );
+    }
     let mut b = Builder {
         svc,
         sel,

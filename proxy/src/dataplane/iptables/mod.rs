@@ -12,6 +12,10 @@
 //! IPv6 is the same layout written with `ip6tables-restore` by a second instance
 //! ([`IptablesFamilies`]). The layout and why it has so few chains: [`compile`].
 //!
+//! Not done: Maglev (`kpr.io/balance: maglev`). HMARK could hash the flow, but dispatching a
+//! prime number of slots takes a rule per slot; `proxy run` refuses `--balance maglev` with this
+//! backend, and `compile` balances an annotated Service round-robin with a warning naming it.
+//!
 //! Files: `compile` (the rules of one service port), `plan` (one sync's restore input and how it
 //! renders), `ruleset` (the hooks and the node-wide rules), `steer` (moving a least-connection
 //! pick), `buckets` and `hairpin` (the shared chains' bookkeeping), `exec` (running the tools).

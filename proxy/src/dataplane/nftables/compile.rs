@@ -23,7 +23,9 @@ use crate::selection::{
 use crate::state::ProxyState;
 
 use super::elements::{Element, Key, Value, Verdict};
-use super::ruleset::{rr_count_set, slots_map, RR_COUNTS};
+use super::ruleset::{maglev_map, rr_count_set, slots_map, RR_COUNTS};
+use crate::maglev::MaglevTable;
+use std::sync::Arc;
 
 /// Round-robin counters per endpoint count. A `numgen inc` counter belongs to its rule, so all
 /// targets that share an `rr_N_B` chain share one counter: a target sees successive endpoints
@@ -51,6 +53,8 @@ pub struct Target {
     pub empty: EmptyVerdict,
     pub algorithm: Algorithm,
     pub affinity_secs: Option<u64>,
+    /// A Maglev target's table (from the selection), whose slots are its `maglev_*` elements.
+    pub maglev: Option<Arc<MaglevTable>>,
 }
 
 /// Everything one service port contributes to the table.
@@ -116,6 +120,15 @@ fn target_elements(t: &Target, protocol: Protocol, f: &mut impl FnMut(Element, S
         })
     } else if t.algorithm == Algorithm::LeastConn {
         Some(Verdict::LeastConn)
+    } else if let Some(table) = t.maglev.as_deref().filter(|t| !t.is_empty()) {
+        // The whole table, slot by slot: a change of the endpoints rewrites only the slots that
+        // moved (the element diff), about 1/N of them per endpoint.
+        let map = maglev_map(protocol.lower());
+        for (slot, ep) in (0u32..).zip(table.slots()) {
+            let value = Value::Endpoint(ep.ip(), ep.port());
+            f(el(map, Key::Slot(id, slot), Some(value)), Sharing::Owned);
+        }
+        Some(Verdict::Maglev)
     } else {
         // The slots of a round-robin target, dispatched by its `rr_nN` set (no verdict
         // element, see `RR_COUNTS`) or, above `RR_COUNTS` endpoints, by a `targets` verdict.
@@ -243,6 +256,7 @@ impl Builder<'_> {
                 empty: r.empty,
                 algorithm: self.svc.algorithm,
                 affinity_secs,
+                maglev: self.sel.maglev_table(r.endpoints, self.family).cloned(),
             },
         );
         id
@@ -300,7 +314,7 @@ impl Builder<'_> {
         let targets: Vec<Target> = std::mem::take(&mut self.targets).into_values().collect();
         for t in targets.iter().filter(|t| !t.endpoints.is_empty()) {
             let n = t.endpoints.len();
-            if t.algorithm != Algorithm::LeastConn && n > RR_COUNTS {
+            if t.algorithm != Algorithm::LeastConn && t.maglev.is_none() && n > RR_COUNTS {
                 let need = ChainNeed::RoundRobin(t.family, n, t.id % RR_BUCKETS);
                 self.out.chains.push(need);
             }
@@ -528,6 +542,62 @@ mod tests {
         assert!(e.contains(&("fw_protected", key.into(), None)));
         assert!(e.contains(&("fw_allowed", format!("{key} . 198.51.100.0/24"), None)));
         assert!(e.contains(&("fw_allowed", format!("{key} . 203.0.113.10"), None)));
+    }
+
+    #[test]
+    fn a_maglev_target_is_its_table_slot_by_slot() {
+        let mut s = svc("m");
+        s.algorithm = Algorithm::Maglev;
+        let eps: Vec<Endpoint> = (1..=3).map(|n| ep(n, "me")).collect();
+        let c = compile(
+            &state(s.clone(), eps.clone()),
+            &spn("m"),
+            &mut TargetIds::default(),
+            &IpFamily::ALL,
+        );
+        let id = c.targets[0].id;
+        let table = c.targets[0]
+            .maglev
+            .clone()
+            .expect("a Maglev target has its table");
+        let elements = all(&c);
+        let slots: std::collections::HashSet<&Element> =
+            elements.iter().filter(|e| e.set == "maglev_tcp").collect();
+        assert_eq!(slots.len(), 16381);
+        for (slot, ep) in (0u32..).zip(table.slots()) {
+            assert!(slots.contains(&Element {
+                family: IpFamily::V4,
+                set: "maglev_tcp",
+                key: Key::Slot(id, slot),
+                value: Some(Value::Endpoint(ep.ip(), ep.port())),
+            }));
+        }
+        assert!(sets(&c).contains(&("targets", id.to_string(), Some("goto maglev".into()))));
+        assert!(c.chains.is_empty());
+        // One endpoint less: its slots move, and few others.
+        let mut ids = TargetIds::default();
+        let before = all(&compile(
+            &state(s.clone(), eps.clone()),
+            &spn("m"),
+            &mut ids,
+            &IpFamily::ALL,
+        ));
+        let after = all(&compile(
+            &state(s, eps[..2].to_vec()),
+            &spn("m"),
+            &mut ids,
+            &IpFamily::ALL,
+        ));
+        let before: std::collections::HashSet<&Element> = before.iter().collect();
+        let changed = after
+            .iter()
+            .filter(|e| e.set == "maglev_tcp" && !before.contains(e))
+            .count();
+        let held = table.slot_counts()[2].1 as usize;
+        assert!(
+            changed >= held && changed <= held + 16381 / 100,
+            "{changed} slots changed, {held} held by the removed endpoint"
+        );
     }
 
     #[test]

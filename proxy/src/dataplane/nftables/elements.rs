@@ -55,6 +55,8 @@ pub enum Verdict {
     EmptyReject,
     EmptyDrop,
     LeastConn,
+    /// `goto maglev`: the slot of the flow's hash in the target's Maglev table.
+    Maglev,
     /// `goto rr_N_B`: round-robin over N slots in counter bucket B.
     RoundRobin(u32, u32),
     /// `jump aff_T`: session affinity lookup with a timeout of T seconds.
@@ -105,6 +107,7 @@ impl Verdict {
             Verdict::EmptyReject => (false, "empty_reject".into()),
             Verdict::EmptyDrop => (false, "empty_drop".into()),
             Verdict::LeastConn => (false, "lc".into()),
+            Verdict::Maglev => (false, "maglev".into()),
             Verdict::RoundRobin(n, bucket) => (false, format!("rr_{n}_{bucket}").into()),
             Verdict::AffinityLookup(secs) => (true, affinity_name(*secs).into()),
             Verdict::AffinityRecord(secs) => (true, affinity_record_name(*secs).into()),

@@ -226,6 +226,7 @@ impl Nftables {
                     &self.cfg.nodeport_addresses,
                     &self.cfg.service_cidrs,
                     compile::clusterip_masq(&state.node),
+                    state.node.maglev_table_size.get(),
                 )
             })
             .collect()

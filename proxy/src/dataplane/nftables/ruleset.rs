@@ -13,11 +13,14 @@
 //!                 ct mark <- target id from @fe_<class>, @fe (ip . proto . port)
 //!                 or @np_<class>, @np (proto . port, daddr in @nodeport_ips)
 //! dispatch:       ct mark vmap @aff_lookup (jump aff_T: dnat from the affinity map on a hit)
-//!                 ct mark vmap @targets    (goto lc | empty_reject | empty_drop | rr_N_B)
+//!                 ct mark vmap @targets    (goto lc | maglev | empty_reject | empty_drop | rr_N_B)
 //!                 ct mark & 15 vmap { B : goto rrb_B } (round robin, B: counter bucket)
 //! rrb_B:          per protocol and N in 1..=16: ct mark @rr_nN
 //!                 dnat to ct mark . numgen inc mod N map @slots_<protocol>_B
 //! rr_N_B:         the same for one N > 16, created when a target first needs it
+//! maglev:         per protocol: dnat to ct mark . jhash saddr . daddr . sport . dport mod M
+//!                 seed S map @maglev_<protocol> (a Maglev target's table, M slots: the
+//!                 node's --maglev-table-size; S: proxy_common::hash::FLOW_SEED)
 //! lc:             per protocol: dnat to ct mark . numgen inc mod LC_SLOTS map
 //!                 @lc_pick_<protocol> (the endpoints tied for least, kept by the
 //!                 least-connection controller)
@@ -130,6 +133,8 @@ pub struct Skeleton {
     pub service_cidrs: Vec<IpNet>,
     /// Per class (node, pod, ext): whether traffic to a clusterIP is masqueraded.
     pub clusterip_masq: [bool; 3],
+    /// `--maglev-table-size`: the `mod` of the Maglev rules.
+    pub maglev_table_size: u32,
 }
 
 impl Skeleton {
@@ -142,6 +147,7 @@ impl Skeleton {
             nodeport_nets: Vec::new(),
             service_cidrs: Vec::new(),
             clusterip_masq: [false; 3],
+            maglev_table_size: crate::maglev::DEFAULT_TABLE_SIZE,
         }
     }
 
@@ -154,6 +160,7 @@ impl Skeleton {
         nodeport_addresses: &[IpNet],
         service_cidrs: &[IpNet],
         clusterip_masq: [bool; 3],
+        maglev_table_size: u32,
     ) -> Skeleton {
         let nets = |nets: &[IpNet]| -> Vec<IpNet> {
             nets.iter()
@@ -181,6 +188,7 @@ impl Skeleton {
             nodeport_nets,
             service_cidrs: nets(service_cidrs),
             clusterip_masq,
+            maglev_table_size,
         }
     }
 }
@@ -266,6 +274,7 @@ const CHAINS: &[(&str, &str)] = &[
     ("from_ext", ""),
     ("dispatch", ""),
     ("lc", ""),
+    ("maglev", ""),
     ("empty_reject", ""),
     ("empty_drop", ""),
     (
@@ -320,6 +329,12 @@ pub fn skeleton(s: &Skeleton) -> String {
     }
     for protocol in SLOT_PROTOCOLS {
         let name = lc_pick_map(protocol);
+        let _ = writeln!(
+            out,
+            "add map {table} {name} {{ typeof ct mark . numgen inc mod 2 : {ip} daddr . {protocol} dport; }}"
+        );
+        let _ = writeln!(out, "flush map {table} {name}");
+        let name = maglev_map(protocol);
         let _ = writeln!(
             out,
             "add map {table} {name} {{ typeof ct mark . numgen inc mod 2 : {ip} daddr . {protocol} dport; }}"
@@ -447,6 +462,7 @@ fn base_rules(s: &Skeleton) -> Vec<(&'static str, String)> {
             format!("meta l4proto {p} dnat {ip} to ct mark . numgen inc mod {LC_SLOTS} map @{map}");
         ("lc", rule)
     }));
+    rules.extend(SLOT_PROTOCOLS.map(|p| ("maglev", maglev_rule(s, p))));
     rules.extend([
         ("dispatch", "ct mark vmap @aff_lookup".to_string()),
         ("dispatch", "ct mark vmap @targets".to_string()),
@@ -616,6 +632,30 @@ pub fn slots_map(protocol: &str, bucket: u32) -> &'static str {
         .position(|x| *x == protocol)
         .unwrap_or(SLOT_PROTOCOLS.len() - 1);
     names[p * RR_BUCKETS as usize + (bucket % RR_BUCKETS) as usize]
+}
+
+/// The Maglev table map of a protocol (`tcp`, `udp`, `sctp`): `maglev_<protocol>`, target id .
+/// slot -> endpoint. One per protocol like the slot maps; bound once, by the skeleton's rules.
+pub fn maglev_map(protocol: &str) -> &'static str {
+    match protocol {
+        "tcp" => "maglev_tcp",
+        "udp" => "maglev_udp",
+        _ => "maglev_sctp",
+    }
+}
+
+/// The Maglev rule of protocol `p`: the kernel's jhash of the flow's addresses and ports, scaled
+/// into the table as `crate::maglev::flow_hash` and the eBPF programs compute it (same fields,
+/// same seed), picks the slot of the target's table.
+fn maglev_rule(s: &Skeleton, p: &str) -> String {
+    let ip = s.fam.ip;
+    format!(
+        "meta l4proto {p} dnat {ip} to ct mark . jhash {ip} saddr . {ip} daddr . {p} sport . {p} dport \
+         mod {} seed {:#x} map @{}",
+        s.maglev_table_size,
+        proxy_common::hash::FLOW_SEED,
+        maglev_map(p)
+    )
 }
 
 /// The least-connection pick map of a protocol (`tcp`, `udp`, `sctp`): `lc_pick_<protocol>`.

@@ -1,14 +1,23 @@
 //! Endpoint choice for the userspace backend: round-robin cursors, exact least-connection counters,
-//! and ClientIP session affinity. Which endpoints are candidates is decided by `selection::route`;
-//! this module only picks among them.
+//! Maglev lookups and ClientIP session affinity. Which endpoints are candidates is decided by
+//! `selection::route` (and a Maglev Service port's table by `maglev`, with the selection); this
+//! module only picks among them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::maglev::MaglevTable;
 use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
 use crate::state::LiveView;
+
+/// One new connection: the client and the Service address it was sent to (the Maglev flow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flow {
+    pub client: SocketAddr,
+    pub service: SocketAddr,
+}
 
 /// Balancing state shared by every listener.
 #[derive(Debug, Default)]
@@ -38,15 +47,18 @@ impl Drop for ActiveGuard {
 }
 
 impl Balancer {
-    /// Picks an endpoint for a new connection from `client`, skipping `exclude` (endpoints that
-    /// refused this connection already). `None` when no candidate is left.
+    /// Picks an endpoint for a new connection `flow`, skipping `exclude` (endpoints that
+    /// refused this connection already). `maglev` is the candidates' table when the Service port
+    /// is balanced with Maglev. `None` when no candidate is left.
     pub fn pick(
         &self,
         svc: &ServicePort,
         candidates: &[Endpoint],
-        client: IpAddr,
+        maglev: Option<&MaglevTable>,
+        flow: Flow,
         exclude: &[SocketAddr],
     ) -> Option<SocketAddr> {
+        let client = flow.client.ip();
         // A connection never changes IP family: a dual-stack Service's endpoints of the other
         // family are not candidates.
         let usable: Vec<SocketAddr> = candidates
@@ -66,14 +78,25 @@ impl Balancer {
                     return Some(*ep);
                 }
             }
-            let ep = self.choose(svc, &usable);
+            let ep = self.choose(svc, &usable, maglev, flow);
             aff.insert(key, (ep, Instant::now()));
             return Some(ep);
         }
-        Some(self.choose(svc, &usable))
+        Some(self.choose(svc, &usable, maglev, flow))
     }
 
-    fn choose(&self, svc: &ServicePort, usable: &[SocketAddr]) -> SocketAddr {
+    fn choose(
+        &self,
+        svc: &ServicePort,
+        usable: &[SocketAddr],
+        maglev: Option<&MaglevTable>,
+        flow: Flow,
+    ) -> SocketAddr {
+        if let (Algorithm::Maglev, Some(table)) = (svc.algorithm, maglev) {
+            if let Some(ep) = maglev_pick(table, flow, usable) {
+                return ep;
+            }
+        }
         let start = {
             let mut cursors = self.cursors.lock().expect("cursor lock");
             let c = cursors.entry(svc.name.clone()).or_insert(0);
@@ -82,7 +105,8 @@ impl Balancer {
             start
         };
         match svc.algorithm {
-            Algorithm::RoundRobin => usable[start],
+            // A Maglev port without a table of its candidates (none usable in it): round-robin.
+            Algorithm::RoundRobin | Algorithm::Maglev => usable[start],
             Algorithm::LeastConn => {
                 let active = self.active.lock().expect("active counters lock");
                 crate::balance::least_loaded(
@@ -129,6 +153,16 @@ impl Balancer {
     }
 }
 
+/// The flow's endpoint in its Maglev table; when that one refused the connection already, the
+/// endpoint of the next slot that is still a candidate (deterministic, like the table).
+fn maglev_pick(table: &MaglevTable, flow: Flow, usable: &[SocketAddr]) -> Option<SocketAddr> {
+    let first = table.slot_of(crate::maglev::flow_hash(flow.client, flow.service));
+    (0..table.size())
+        .map(|k| (first + k) % table.size())
+        .filter_map(|slot| table.at(slot))
+        .find(|ep| usable.contains(ep))
+}
+
 impl LiveView for Balancer {
     fn active_connections(&self) -> BTreeMap<SocketAddr, u64> {
         self.active
@@ -166,15 +200,54 @@ mod tests {
 
     const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
 
+    fn flow() -> Flow {
+        flow_from(40000)
+    }
+
+    fn flow_from(port: u16) -> Flow {
+        Flow {
+            client: SocketAddr::new(CLIENT, port),
+            service: "10.96.0.10:80".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn maglev_follows_the_table_and_skips_refusing_endpoints() {
+        let b = Balancer::default();
+        let s = svc(Algorithm::Maglev, false);
+        let e = eps(4);
+        let table = crate::maglev::MaglevTable::new(
+            e.iter().map(Endpoint::socket_addr),
+            crate::maglev::TableSize::default(),
+        );
+        let mut seen = std::collections::HashSet::new();
+        for port in 40000..40200 {
+            let f = flow_from(port);
+            let expect = table.pick(f.client, f.service).unwrap();
+            assert_eq!(b.pick(&s, &e, Some(&table), f, &[]), Some(expect));
+            assert_eq!(
+                b.pick(&s, &e, Some(&table), f, &[]),
+                Some(expect),
+                "no cursor"
+            );
+            let other = b.pick(&s, &e, Some(&table), f, &[expect]).unwrap();
+            assert_ne!(other, expect);
+            seen.insert(expect);
+        }
+        assert_eq!(seen.len(), 4, "200 flows reach every endpoint");
+    }
+
     #[test]
     fn round_robin_cycles_exactly() {
         let b = Balancer::default();
         let s = svc(Algorithm::RoundRobin, false);
         let picks: Vec<u8> = (0..8)
-            .map(|_| match b.pick(&s, &eps(4), CLIENT, &[]).unwrap().ip() {
-                IpAddr::V4(v) => v.octets()[3],
-                IpAddr::V6(_) => unreachable!(),
-            })
+            .map(
+                |_| match b.pick(&s, &eps(4), None, flow(), &[]).unwrap().ip() {
+                    IpAddr::V4(v) => v.octets()[3],
+                    IpAddr::V6(_) => unreachable!(),
+                },
+            )
             .collect();
         assert_eq!(picks, vec![1, 2, 3, 4, 1, 2, 3, 4]);
     }
@@ -187,7 +260,7 @@ mod tests {
         let busy: Vec<ActiveGuard> = (0..5).map(|_| b.acquire(e[0].socket_addr())).collect();
         let mut held = Vec::new();
         for _ in 0..4 {
-            let ep = b.pick(&s, &e, CLIENT, &[]).unwrap();
+            let ep = b.pick(&s, &e, None, flow(), &[]).unwrap();
             assert_ne!(ep, e[0].socket_addr());
             held.push(b.acquire(ep));
         }
@@ -204,19 +277,19 @@ mod tests {
     fn affinity_sticks_and_excluded_endpoints_are_skipped() {
         let b = Balancer::default();
         let s = svc(Algorithm::RoundRobin, true);
-        let first = b.pick(&s, &eps(4), CLIENT, &[]).unwrap();
+        let first = b.pick(&s, &eps(4), None, flow(), &[]).unwrap();
         for _ in 0..10 {
-            assert_eq!(b.pick(&s, &eps(4), CLIENT, &[]).unwrap(), first);
+            assert_eq!(b.pick(&s, &eps(4), None, flow(), &[]).unwrap(), first);
         }
-        let other = b.pick(&s, &eps(4), CLIENT, &[first]).unwrap();
+        let other = b.pick(&s, &eps(4), None, flow(), &[first]).unwrap();
         assert_ne!(other, first);
         assert_eq!(
-            b.pick(&s, &eps(4), CLIENT, &[]).unwrap(),
+            b.pick(&s, &eps(4), None, flow(), &[]).unwrap(),
             other,
             "affinity follows the endpoint that answered"
         );
         assert_eq!(
-            b.pick(&s, &eps(1), CLIENT, &[eps(1)[0].socket_addr()]),
+            b.pick(&s, &eps(1), None, flow(), &[eps(1)[0].socket_addr()]),
             None
         );
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use socket2::{Domain, Type};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::balancer::Balancer;
+use super::balancer::{Balancer, Flow};
 use super::table::Table;
 use crate::model::{IpFamily, Protocol};
 use crate::selection::{route, DestKind, EmptyVerdict, NodeContext};
@@ -119,12 +119,22 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, shared: Shared) {
         return drop(client);
     }
     let r = route(&entry.svc, &entry.sel, &shared.node, peer.ip(), kind);
+    let maglev = entry
+        .sel
+        .maglev_table(r.endpoints, IpFamily::of(&peer.ip()));
+    let flow = Flow {
+        client: peer,
+        service: dst,
+    };
     let mut refused = Vec::new();
     loop {
-        let Some(ep) = shared
-            .balancer
-            .pick(&entry.svc, r.endpoints, peer.ip(), &refused)
-        else {
+        let Some(ep) = shared.balancer.pick(
+            &entry.svc,
+            r.endpoints,
+            maglev.map(|t| &**t),
+            flow,
+            &refused,
+        ) else {
             if r.empty == EmptyVerdict::Drop && refused.is_empty() {
                 return drop(client);
             }

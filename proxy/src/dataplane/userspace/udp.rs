@@ -16,7 +16,7 @@ use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
-use super::balancer::ActiveGuard;
+use super::balancer::{ActiveGuard, Flow};
 use super::tcp::{lb_source_allowed, Shared};
 use crate::error::DataplaneError;
 use crate::model::{IpFamily, ServicePortName};
@@ -205,6 +205,36 @@ impl UdpListeners {
     }
 }
 
+/// The Service address a datagram of `kind` was sent to, for its Maglev flow. nftables redirected
+/// it to this socket, so the datagram no longer carries it: a listener serves one kind of one
+/// family, whose address is the port's clusterIP of that family (or its first externalIP / LB
+/// IP of that family: a Service with several of those hashes all of them as the first); a
+/// nodePort's is the node address the datagram arrived at (`local`).
+fn service_address(
+    svc: &crate::model::ServicePort,
+    kind: DestKind,
+    family: IpFamily,
+    local: Option<IpAddr>,
+) -> SocketAddr {
+    let of_family = |ips: &[IpAddr]| ips.iter().copied().find(|ip| IpFamily::of(ip) == family);
+    let ip = match kind {
+        DestKind::ClusterIp => of_family(&svc.cluster_ips),
+        DestKind::ExternalIp => of_family(&svc.external_ips),
+        DestKind::LoadBalancer => of_family(&svc.load_balancer_ips),
+        DestKind::NodePort => local,
+    };
+    let port = if kind == DestKind::NodePort {
+        svc.node_port
+    } else {
+        svc.port
+    };
+    let unspecified = match family {
+        IpFamily::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpFamily::V6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    SocketAddr::new(ip.unwrap_or(unspecified), port)
+}
+
 struct ListenerCtx {
     sock: Arc<UdpSocket>,
     key: ListenerKey,
@@ -272,7 +302,17 @@ impl ListenerCtx {
             .is_some_and(|s| r.endpoints.iter().any(|e| e.socket_addr() == s.endpoint));
         if !current {
             sessions.remove(&client);
-            let Some(ep) = self.shared.balancer.pick(&entry.svc, r.endpoints, src, &[]) else {
+            let family = IpFamily::of(&src);
+            let maglev = entry.sel.maglev_table(r.endpoints, family);
+            let flow = Flow {
+                client,
+                service: service_address(&entry.svc, kind, family, local),
+            };
+            let pick =
+                self.shared
+                    .balancer
+                    .pick(&entry.svc, r.endpoints, maglev.map(|t| &**t), flow, &[]);
+            let Some(ep) = pick else {
                 return;
             };
             match self.open_session(client, local, ep, ended.clone()).await {

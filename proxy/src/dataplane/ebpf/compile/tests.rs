@@ -296,3 +296,25 @@ fn without_the_tc_path_the_lb_ip_is_still_guarded_but_lists_nothing() {
         .iter()
         .any(|f| f.flags & SVC_F_SOURCE_RANGES != 0 && f.key.scope == SCOPE_SOCKET));
 }
+
+#[test]
+fn maglev_sets_carry_the_selection_tables() {
+    let mut s = svc();
+    s.algorithm = Algorithm::Maglev;
+    s.node_port = 30080;
+    s.external_local = true;
+    let eps = [ep(1, NODE), ep(2, "other"), ep(3, NODE)];
+    let sel = crate::selection::with_maglev(&s, select(&s, &eps, NODE), Default::default());
+    let d = compile(&s, &sel, &ctx(true));
+    assert!(d.frontends.iter().all(|f| f.algorithm == ALG_MAGLEV));
+    let cluster = d.maglev_table(SetKind::Cluster).expect("cluster table");
+    assert_eq!(cluster.endpoints().len(), 3);
+    assert_eq!(cluster.size(), 16381);
+    // External sources under eTP Local: the local endpoints' own table.
+    let external = d.maglev_table(SetKind::External).expect("external table");
+    assert_eq!(last_octets(d.set(SetKind::External)), vec![1, 3]);
+    assert_eq!(external.endpoints().len(), 2);
+    assert!(d.maglev_table(SetKind::Cluster6).is_none());
+    let rr = run(&svc(), &eps);
+    assert!(SetKind::ALL.iter().all(|k| rr.maglev_table(*k).is_none()));
+}

@@ -24,6 +24,7 @@ fn node() -> NodeContext {
         node_ips: vec!["192.0.2.1".parse().unwrap()],
         masquerade_all: false,
         zone: None,
+        maglev_table_size: Default::default(),
     }
 }
 
