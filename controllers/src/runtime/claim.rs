@@ -7,7 +7,9 @@
 //! controlled by someone else are never touched. [`claim`] carries the plan out with the patches
 //! upstream sends (strategic merge on `metadata.ownerReferences`, merge key `uid`, with the
 //! object's uid as a precondition), after re-reading the owner once from the API server so a
-//! deleted or re-created owner does not adopt (`RecheckDeletionTimestamp`).
+//! deleted or re-created owner does not adopt (`RecheckDeletionTimestamp`). The candidates are
+//! the owner's own objects (the informers' controller-uid index) and the orphans of its
+//! namespace ([`ORPHAN_NAMESPACE`], registered by [`add_orphan_index`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,8 +23,31 @@ use serde_json::json;
 use crate::error::{Error, Result};
 use crate::helpers::meta::object_name;
 use crate::helpers::selector::Selector;
+use crate::runtime::apierrors::{has_code, is_not_found};
 
-use super::informer::controller_uid;
+use super::informer::{controller_uid, Informer, Watched};
+
+/// Cache index: key = the namespace of an object without a controller reference (the orphans an
+/// owner may adopt, upstream's orphan key of its controller indexes). One index per informer,
+/// whichever controllers register it.
+pub const ORPHAN_NAMESPACE: &str = "orphan-namespace";
+
+/// The [`ORPHAN_NAMESPACE`] index function.
+pub fn orphan_namespace<K: Resource>(obj: &K) -> Vec<String> {
+    if controller_uid(obj).is_some() {
+        Vec::new()
+    } else {
+        vec![obj.meta().namespace.clone().unwrap_or_default()]
+    }
+}
+
+/// Registers [`ORPHAN_NAMESPACE`] on `informer` (once: a controller finding it there already
+/// shares it).
+pub fn add_orphan_index<K: Watched>(informer: &Informer<K>) {
+    if !informer.cache().has_index(ORPHAN_NAMESPACE) {
+        informer.add_index(ORPHAN_NAMESPACE, orphan_namespace::<K>);
+    }
+}
 
 /// The owner an object is claimed for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,7 +183,7 @@ where
                         .await
                     {
                         Ok(adopted) => owned.push(Arc::new(adopted)),
-                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Err(e) if is_not_found(&e) => {}
                         Err(e) => {
                             first_err.get_or_insert(Error::kube(
                                 "adopting",
@@ -183,7 +208,7 @@ where
         {
             Ok(_) => {}
             // Gone, or re-created with another uid / without our reference: nothing to release.
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 422 => {}
+            Err(e) if is_not_found(&e) || has_code(&e, 422) => {}
             Err(e) => {
                 first_err.get_or_insert(Error::kube("releasing", object_name(obj.as_ref()), e));
             }

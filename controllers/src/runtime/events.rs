@@ -272,7 +272,7 @@ async fn write_one(client: Client, write: Write) -> Result<Event, kube::Error> {
             .await
         {
             // The Event expired (the API server's event TTL): written again, as client-go does.
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) if crate::runtime::apierrors::is_not_found(&e) => {}
             other => return other,
         }
     }

@@ -3,7 +3,34 @@
 //! sync must not act on the cache again, or it would create the same Pods twice. Deletions are
 //! tracked by the deleted object's key (`ns/name`), so only the deletion of an object this
 //! controller deleted lowers the count (client-go's `UIDTrackingControllerExpectations`).
-
+//!
+//! # Read-your-writes: which mechanism when
+//!
+//! An informer's cache lags the controller's own writes. Three mechanisms bridge that lag; each
+//! fits one kind of write, and a new controller picks by what it writes:
+//!
+//! - **Expectations** (this module), for dependents created with `generateName` or deleted in
+//!   bulk: the controller cannot name what it created before the API server answers, and another
+//!   kind's informer brings it back, so only counts can be kept. A sync that finds them unmet
+//!   does not create or delete (it may still write status). Raised and lowered by
+//!   [`crate::runtime::pod_control`] for the ReplicaSet, DaemonSet and Job controllers; the
+//!   StatefulSet controller (`StatefulPodControl`, Pods it names) raises them itself before its
+//!   own creations and deletions. Observed in the controllers' Pod handlers.
+//! - **The written overlay** ([`crate::runtime::written`]), for objects the controller writes by
+//!   name and plans from again at once (the Deployment controller's ReplicaSets and its own
+//!   status): the object a write returned stands in for the cached one until the informer shows
+//!   that write, so the next sync neither conflicts on a stale resourceVersion nor re-creates an
+//!   object it just created. It substitutes rather than waits: it never hides another writer's
+//!   change (it ends on the object's first informer event).
+//! - **The generation tracker** of the EndpointSlice controller (`endpointslice::Tracker`,
+//!   upstream's `EndpointSliceTracker`): per Service, the generation (or the deletion) of every
+//!   slice it wrote; a sync whose cache has not caught up requeues instead of planning. It waits
+//!   rather than substitutes because the slices are planned as one set from all of them, and it
+//!   gives up on a write after 10 seconds. It lives with that controller: nothing else plans
+//!   from a set of its own objects.
+//!
+//! Upstream has the first and the third; the overlay is kpr's, saving the conflict round trips
+//! upstream's Deployment controller lives with.
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -53,23 +80,30 @@ impl Expectations {
         );
     }
 
-    /// `n` creations are about to be issued.
-    pub fn expect_creations(&self, key: &str, n: usize) {
-        self.set(key, n as i64, 0);
-    }
-
-    /// The objects `keys` (`ns/name`) are about to be deleted.
-    pub fn expect_deletions(&self, key: &str, keys: &[String]) {
+    /// `creations` creations and the deletion of the objects `deletions` (`ns/name`) are about
+    /// to be issued (upstream's `SetExpectations`): replaces `key`'s record and restarts its
+    /// clock.
+    pub fn expect(&self, key: &str, creations: usize, deletions: &[String]) {
         let mut records = self.records();
         records.insert(
             key.to_string(),
             Record {
-                add: 0,
-                del: keys.len() as i64,
+                add: creations as i64,
+                del: deletions.len() as i64,
                 at: Instant::now(),
-                deleting: keys.iter().cloned().collect(),
+                deleting: deletions.iter().cloned().collect(),
             },
         );
+    }
+
+    /// `n` creations are about to be issued.
+    pub fn expect_creations(&self, key: &str, n: usize) {
+        self.expect(key, n, &[]);
+    }
+
+    /// The objects `keys` (`ns/name`) are about to be deleted.
+    pub fn expect_deletions(&self, key: &str, keys: &[String]) {
+        self.expect(key, 0, keys);
     }
 
     /// Raises the counts (the timestamp stays).

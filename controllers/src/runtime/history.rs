@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use crate::error::{Error, Result};
 use crate::helpers::hash::{fnv1_32, safe_encode};
 use crate::helpers::selector::Selector;
+use crate::runtime::apierrors::{is_already_exists, is_not_found};
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::informer::controller_uid;
 
@@ -198,10 +199,6 @@ fn kube_err(action: &'static str, ns: &str, name: &str, e: kube::Error) -> Error
     }
 }
 
-fn is_status(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
-}
-
 /// `CreateControllerRevision`: creates `revision` (built by [`new_revision`]) under the owner's
 /// name, re-hashing with `*collision_count` and raising it for as long as the name is taken by a
 /// revision with other data. An existing revision with the same data is returned as created.
@@ -219,7 +216,7 @@ pub async fn create(
         let name = attempt.name_any();
         match api.create(&PostParams::default(), &attempt).await {
             Ok(created) => return Ok(created),
-            Err(e) if is_status(&e, 409) => {
+            Err(e) if is_already_exists(&e) => {
                 let existing = api
                     .get(&name)
                     .await
@@ -293,7 +290,7 @@ pub async fn delete(api: &Api<ControllerRevision>, revision: &ControllerRevision
     let name = revision.name_any();
     match api.delete(&name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
-        Err(e) if is_status(&e, 404) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
         Err(e) => Err(kube_err(
             "deleting ControllerRevision",
             &revision.namespace().unwrap_or_default(),

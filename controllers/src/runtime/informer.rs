@@ -197,19 +197,56 @@ impl<K: Watched> Informer<K> {
         }
     }
 
+    /// Reads the watch on a thread of its own into an unbounded buffer and applies what it read
+    /// here, as client-go's reflector feeds its DeltaFIFO: the watch is drained as fast as the
+    /// API server sends, whatever the controllers' syncs are doing with the process's runtime.
+    /// Read inline, a burst (1,000 daemon Pods created, bound and started within seconds) could
+    /// go unread while syncs held both worker threads; the API server then closes the watch as
+    /// unresponsive (its per-watcher buffer is small) and events wait for the re-watch.
     async fn run(self: Arc<Self>, client: Client) {
-        let api: Api<K> = Api::all(client);
-        let mut stream = watcher::watcher(api, watcher_config())
-            .default_backoff()
-            .boxed();
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(ev) => {
-                    let ev = ev.modify(trim_for_cache::<K>);
-                    self.dispatch(&ev)
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let kind = K::kind(&()).into_owned();
+        let reader = async move {
+            let api: Api<K> = Api::all(client);
+            let mut stream = watcher::watcher(api, watcher_config())
+                .default_backoff()
+                .boxed();
+            loop {
+                let ev = tokio::select! {
+                    // The informer is gone (its Informers were dropped): stop watching.
+                    _ = tx.closed() => return,
+                    ev = stream.next() => ev,
+                };
+                match ev {
+                    Some(Ok(ev)) => {
+                        if tx.send(ev.modify(trim_for_cache::<K>)).is_err() {
+                            return;
+                        }
+                    }
+                    Some(Err(e)) => tracing::warn!(kind = %K::kind(&()), "watch: {e}"),
+                    None => return,
                 }
-                Err(e) => tracing::warn!(kind = %K::kind(&()), "watch: {e}"),
             }
+        };
+        let thread_kind = kind.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("watch-{kind}"))
+            .spawn(move || {
+                let kind = thread_kind;
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt.block_on(reader),
+                    Err(e) => tracing::error!(kind, "watch thread: building its runtime: {e}"),
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(kind, "starting the watch thread: {e}");
+            return;
+        }
+        while let Some(ev) = rx.recv().await {
+            self.dispatch(&ev);
         }
     }
 }

@@ -7,7 +7,13 @@
 //!   bucket, `forget` on success), with workqueue metrics under kube-controller-manager's names
 //!   ([`metrics`]);
 //! - [`workers`]: N workers per controller draining a queue;
-//! - [`expectations`]: the creations and deletions a controller is still waiting to observe;
+//! - [`expectations`]: the creations and deletions a controller is still waiting to observe, and
+//!   which of the read-your-writes mechanisms (expectations, [`written`]) fits which write;
+//! - [`written`]: the objects a controller wrote by name that its cache has not shown yet;
+//! - [`pod_control`]: creating a controller's Pods from its template and deleting them, with
+//!   their Events and expectations (client-go's `RealPodControl`);
+//! - [`apierrors`]: what an API error means (not found, already exists, conflict, namespace
+//!   being deleted, the server's message);
 //! - [`batch`]: slow-start batches of API calls;
 //! - [`claim`]: the controller-ref manager (adopt matching orphans, release owned objects that no
 //!   longer match);
@@ -24,6 +30,7 @@
 //! `controllers/tests/layers.rs`, keeps it so); controllers never talk to each other through it
 //! except by watching the objects they write.
 
+pub mod apierrors;
 pub mod batch;
 pub mod cache;
 pub mod cached_pod;
@@ -34,8 +41,10 @@ pub mod history;
 pub mod informer;
 pub mod leader;
 pub mod metrics;
+pub mod pod_control;
 pub mod pods;
 pub mod process;
 pub mod queue;
 pub mod ratelimit;
 pub mod workers;
+pub mod written;

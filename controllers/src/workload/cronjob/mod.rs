@@ -31,6 +31,9 @@ use kube::api::{DeleteParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::error::{Error, Result};
+use crate::runtime::apierrors::{
+    api_message, is_already_exists, is_not_found, namespace_terminating,
+};
 use crate::runtime::cache::Indexed;
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{self, Informers, NAMESPACE};
@@ -79,17 +82,6 @@ pub struct Controller {
     jobs: Arc<Indexed<Job>>,
     queue: Arc<WorkQueue<String>>,
     events: Recorder,
-}
-
-fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
-        other => other.to_string(),
-    }
-}
-
-fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
 impl Controller {
@@ -506,7 +498,7 @@ impl Controller {
                         );
                         j
                     }
-                    Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => {
+                    Err(e) if is_already_exists(&e) => {
                         let existing = match job_api.get(&job.name_any()).await {
                             Ok(j) => j,
                             Err(e) => {
@@ -534,8 +526,7 @@ impl Controller {
                         existing
                     }
                     Err(e) => {
-                        let terminating = matches!(&e, kube::Error::Api(s) if s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating")));
-                        if !terminating && !is_not_found(&e) {
+                        if !namespace_terminating(&e) && !is_not_found(&e) {
                             self.event(
                                 cj,
                                 true,

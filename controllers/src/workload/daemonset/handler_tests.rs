@@ -90,9 +90,7 @@ async fn ds2_pod_events_queue_the_owner_and_observe_expectations() {
     let w = world();
     let c = &w.controller;
     w.queued().await;
-    c.expectations
-        .expect_deletions("ns/agent", &["ns/old".into()]);
-    c.expectations.raise("ns/agent", 1, 0);
+    c.pod_control.expect("ns/agent", 1, &["ns/old".into()]);
 
     w.pods.dispatch(&Event::Apply(pod(
         "a",
@@ -107,7 +105,7 @@ async fn ds2_pod_events_queue_the_owner_and_observe_expectations() {
         "DS-2 a created daemon Pod queues its DaemonSet"
     );
     assert_eq!(
-        c.expectations.pending("ns/agent"),
+        c.pod_control.expectations().pending("ns/agent"),
         Some((0, 1)),
         "CTL-8 the creation is observed"
     );
@@ -128,7 +126,7 @@ async fn ds2_pod_events_queue_the_owner_and_observe_expectations() {
     )));
     assert_eq!(w.queued().await, ["ns/agent"]);
     assert!(
-        c.expectations.satisfied("ns/agent"),
+        c.pod_control.expectations().satisfied("ns/agent"),
         "CTL-8 the expected deletion is observed"
     );
 

@@ -20,7 +20,9 @@
 //! per-node exponential backoff (1 s doubling to 15 min, as upstream).
 //!
 //! Events, as upstream records them on the DaemonSet (source `daemonset-controller`):
-//! SuccessfulCreate / FailedCreate / SuccessfulDelete / FailedDelete per Pod (`RealPodControl`),
+//! SuccessfulCreate / FailedCreate / SuccessfulDelete / FailedDelete per Pod (recorded by
+//! [`crate::runtime::pod_control`], upstream's `RealPodControl`, which also keeps the
+//! expectations),
 //! FailedDaemonPod and SucceededDaemonPod for terminated daemon Pods, SelectingAll for an empty
 //! selector.
 //!
@@ -39,17 +41,17 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::runtime::batch::slow_start_batch;
+use crate::runtime::apierrors::is_already_exists;
 use crate::runtime::cache::Indexed;
-use crate::runtime::claim::{self, OwnerInfo};
+use crate::runtime::claim::{self, OwnerInfo, ORPHAN_NAMESPACE};
 use crate::runtime::events::Recorder;
-use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
+use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
@@ -65,21 +67,9 @@ pub const NODE_QUEUE_NAME: &str = "daemonset-node-updates";
 /// The events' source component, as upstream names it.
 pub const COMPONENT: &str = "daemonset-controller";
 
-/// Pod cache index: key = the namespace of a Pod without a controller reference (the orphans a
-/// DaemonSet may adopt; the same index the ReplicaSet controller registers).
-pub const ORPHAN_NAMESPACE: &str = "orphan-namespace";
-
 /// Pod cache index: key = the node a Pod controlled by a DaemonSet is for ([`plan::target_node_name`]:
 /// its nodeName, or the node of its `metadata.name` affinity while pending).
 pub const DAEMON_POD_NODE: &str = "daemonset-pod-node";
-
-const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
-const FAILED_CREATE: &str = "FailedCreate";
-const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
-const FAILED_DELETE: &str = "FailedDelete";
-
-/// Upstream's `SlowStartInitialBatchSize`.
-const SLOW_START_INITIAL_BATCH: usize = 1;
 
 /// How often the failed-Pod backoff forgets stale entries (upstream's `BackoffGCInterval`).
 const BACKOFF_GC_INTERVAL: Duration = Duration::from_secs(60);
@@ -113,7 +103,8 @@ pub struct Controller {
     nodes: Arc<Indexed<Node>>,
     queue: Arc<WorkQueue<String>>,
     node_queue: Arc<WorkQueue<String>>,
-    expectations: Expectations,
+    /// Creates and deletes the daemon Pods; holds the expectations.
+    pod_control: PodControl,
     backoff: Mutex<FailedPodsBackoff>,
     events: Recorder,
 }
@@ -126,41 +117,11 @@ fn controller_of(obj: &impl Resource) -> Option<&OwnerReference> {
         .find(|r| r.controller == Some(true))
 }
 
-fn orphan_namespace(p: &CachedPod) -> Vec<String> {
-    if controller_of(p).is_some() {
-        Vec::new()
-    } else {
-        vec![p.metadata.namespace.clone().unwrap_or_default()]
-    }
-}
-
 fn daemon_pod_node(p: &CachedPod) -> Vec<String> {
     if controller_of(p).is_none_or(|r| r.kind != "DaemonSet") {
         return Vec::new();
     }
     plan::target_node_name(p).into_iter().collect()
-}
-
-/// The message upstream's error would carry (the API server's message for API errors).
-fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// A creation refused because the namespace is being deleted: every other one would be too.
-fn namespace_terminating(e: &kube::Error) -> bool {
-    let kube::Error::Api(s) = e else { return false };
-    let cause = s
-        .details
-        .as_ref()
-        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"));
-    cause || (s.code == 403 && s.message.contains("because it is being terminated"))
-}
-
-fn is_status(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 fn node_name(n: &Node) -> &str {
@@ -174,10 +135,12 @@ impl Controller {
         let cr_informer = informers.get::<ControllerRevision>();
         let pod_informer = informers.get::<CachedPod>();
         let node_informer = informers.get::<Node>();
-        pod_informer.add_index(ORPHAN_NAMESPACE, orphan_namespace);
+        claim::add_orphan_index(&pod_informer);
         pod_informer.add_index(DAEMON_POD_NODE, daemon_pod_node);
+        let events = Recorder::new(client.clone(), COMPONENT);
         let this = Arc::new(Controller {
-            events: Recorder::new(client.clone(), COMPONENT),
+            pod_control: PodControl::new(client.clone(), events.clone()),
+            events,
             client,
             config,
             daemon_sets: ds_informer.cache(),
@@ -186,7 +149,6 @@ impl Controller {
             nodes: node_informer.cache(),
             queue: WorkQueue::new(QUEUE_NAME),
             node_queue: WorkQueue::new(NODE_QUEUE_NAME),
-            expectations: Expectations::new(),
             backoff: Mutex::new(FailedPodsBackoff::new(
                 plan::FAILED_POD_BACKOFF_INITIAL,
                 plan::FAILED_POD_BACKOFF_MAX,
@@ -277,7 +239,7 @@ impl Controller {
 
     fn daemon_set_deleted(&self, ds: &DaemonSet) {
         let key = informer::key_of(ds);
-        self.expectations.delete(&key);
+        self.pod_control.expectations().delete(&key);
         self.queue.add(key);
     }
 
@@ -379,7 +341,7 @@ impl Controller {
         if let Some(r) = controller_of(pod) {
             if let Some(ds) = self.resolve(ns, r) {
                 let key = informer::key_of(ds.as_ref());
-                self.expectations.creation_observed(&key);
+                self.pod_control.expectations().creation_observed(&key);
                 self.queue.add(key);
             }
             return;
@@ -430,7 +392,8 @@ impl Controller {
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         if let Some(ds) = self.resolve(ns, r) {
             let key = informer::key_of(ds.as_ref());
-            self.expectations
+            self.pod_control
+                .expectations()
                 .deletion_observed(&key, &pods::pod_key(pod));
             self.queue.add(key);
         }
@@ -494,7 +457,7 @@ impl Controller {
     pub async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(ds) = self.daemon_sets.get(ns, name) else {
-            self.expectations.delete(key);
+            self.pod_control.expectations().delete(key);
             return Ok(());
         };
         let nodes = self.node_list();
@@ -526,7 +489,7 @@ impl Controller {
         // Asked before the Pods are read, as upstream does: expectations met now mean every Pod
         // this DaemonSet created is already in the cache; asked after, they could have been met
         // by Pods that arrived after the read, and manage would create them a second time.
-        let satisfied = self.expectations.satisfied(key);
+        let satisfied = self.pod_control.expectations().satisfied(key);
         let claimed = self.claim_pods(&ds, &selector).await?;
 
         if !satisfied {
@@ -591,7 +554,9 @@ impl Controller {
         };
         self.sync_nodes(ds, key, changes, hash).await?;
 
-        if self.expectations.satisfied(key) && plan::strategy_type(ds) == "RollingUpdate" {
+        if self.pod_control.expectations().satisfied(key)
+            && plan::strategy_type(ds) == "RollingUpdate"
+        {
             let pods = self.daemon_pods(ds, selector, claimed);
             let node_pods = plan::nodes_to_daemon_pods(&pods, false);
             let changes = plan::rolling_update(
@@ -697,88 +662,35 @@ impl Controller {
         if create_on.is_empty() && delete.is_empty() {
             return Ok(());
         }
-        let ns = ds.namespace().unwrap_or_default();
-        let delete_keys: Vec<String> = delete.iter().map(|n| format!("{ns}/{n}")).collect();
-        self.expectations.expect_deletions(key, &delete_keys);
-        self.expectations.raise(key, create_on.len() as i64, 0);
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let owner = Owner {
+            key: key.to_string(),
+            ..Owner::of(ds, plan::object_name(ds))
+        };
+        let delete_keys: Vec<String> = delete
+            .iter()
+            .map(|n| format!("{}/{n}", owner.namespace))
+            .collect();
+        self.pod_control.expect(key, create_on.len(), &delete_keys);
         let mut first_err: Option<Error> = None;
 
         if !create_on.is_empty() {
-            tracing::debug!(ds = %plan::object_name(ds), nodes = ?create_on, "creating daemon pods");
+            tracing::debug!(ds = %owner.object, nodes = ?create_on, "creating daemon pods");
             let template =
                 plan::create_pod_template(&plan::template(ds), plan::template_generation(ds), hash);
-            let pp = PostParams::default();
-            let n = create_on.len();
-            let failed = std::sync::atomic::AtomicUsize::new(0);
-            let (created, err) = slow_start_batch(n, SLOW_START_INITIAL_BATCH, |i| {
-                let (template, pp, ds_ref, node) = (&template, &pp, &ds_ref, &create_on[i]);
-                let (failed, api) = (&failed, &api);
-                async move {
-                    let outcome = match plan::new_daemon_pod(ds, template, node) {
-                        Err(e) => Err(e),
-                        Ok(pod) => match api.create(pp, &pod).await {
-                            Ok(p) => {
-                                let message = format!("Created pod: {}", p.name_any());
-                                self.events
-                                    .publish(ds_ref, false, SUCCESSFUL_CREATE, message);
-                                return Ok(());
-                            }
-                            // Every other creation would fail too: nothing to report.
-                            Err(e) if namespace_terminating(&e) => {
-                                self.expectations.creation_observed(key);
-                                return Ok(());
-                            }
-                            Err(e) => {
-                                let message = format!("Error creating: {}", api_message(&e));
-                                self.events.publish(ds_ref, true, FAILED_CREATE, message);
-                                Err(Error::kube("creating Pod for", plan::object_name(ds), e))
-                            }
-                        },
-                    };
-                    // A failed creation will never be observed.
-                    self.expectations.creation_observed(key);
-                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    outcome
-                }
-            })
-            .await;
-            // Creations never attempted after a failing batch will never be observed either.
-            let attempted = created + failed.load(std::sync::atomic::Ordering::Relaxed);
-            self.expectations
-                .lower(key, n.saturating_sub(attempted) as i64, 0);
-            first_err = err;
+            let created = self
+                .pod_control
+                .create_pods(&owner, create_on.len(), |i| {
+                    plan::new_daemon_pod(ds, &template, &create_on[i])
+                })
+                .await;
+            first_err = created.error;
         }
 
         if !delete.is_empty() {
-            tracing::debug!(ds = %plan::object_name(ds), pods = ?delete, "deleting daemon pods");
-            let dp = DeleteParams::default();
-            let results = futures::future::join_all(delete.iter().map(|name| {
-                let (dp, api) = (&dp, &api);
-                async move { (name, api.delete(name, dp).await) }
-            }))
-            .await;
-            for (name, r) in results {
-                match r {
-                    Ok(_) => {
-                        let message = format!("Deleted pod: {name}");
-                        self.events
-                            .publish(&ds_ref, false, SUCCESSFUL_DELETE, message);
-                    }
-                    Err(e) => {
-                        self.expectations
-                            .deletion_observed(key, &format!("{ns}/{name}"));
-                        if is_status(&e, 404) {
-                            continue;
-                        }
-                        let message = format!("Error deleting: {}", api_message(&e));
-                        self.events.publish(&ds_ref, true, FAILED_DELETE, message);
-                        first_err.get_or_insert(Error::kube(
-                            "deleting Pod",
-                            format!("{ns}/{name}"),
-                            e,
-                        ));
-                    }
+            tracing::debug!(ds = %owner.object, pods = ?delete, "deleting daemon pods");
+            for d in self.pod_control.delete_pods(&owner, &delete).await {
+                if let Deleted::Failed(e) = d {
+                    first_err.get_or_insert(e);
                 }
             }
         }
@@ -959,7 +871,7 @@ impl Controller {
         let name = cr.name_any();
         let err = match api.create(&PostParams::default(), &cr).await {
             Ok(created) => return Ok(created),
-            Err(e) if is_status(&e, 409) => e,
+            Err(e) if is_already_exists(&e) => e,
             Err(e) => {
                 return Err(Error::kube(
                     "creating ControllerRevision",

@@ -39,6 +39,7 @@ use crate::helpers::selector::Selector;
 use crate::helpers::taints;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
+use crate::runtime::pod_control;
 use crate::runtime::pods;
 
 /// Creations or deletions one sync may issue (upstream's `BurstReplicas`).
@@ -69,9 +70,6 @@ pub const FAILED_POD_BACKOFF_MAX: Duration = Duration::from_secs(15 * 60);
 
 /// revisionHistoryLimit when unset (the API server defaults it to 10).
 const DEFAULT_HISTORY_LIMIT: i32 = 10;
-
-/// Pod names are DNS subdomains: at most this long.
-const MAX_NAME_LEN: usize = 253;
 
 const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
 const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
@@ -412,35 +410,22 @@ pub fn create_pod_template(
 /// labels, annotations, finalizers and spec of the template, `generateName: <ds>-`, the controller
 /// reference. A template without labels is an error naming the field (upstream refuses it).
 pub fn new_daemon_pod(ds: &DaemonSet, template: &PodTemplateSpec, node: &str) -> Result<Pod> {
-    let meta = template.metadata.clone().unwrap_or_default();
-    let labels = meta
-        .labels
-        .filter(|l| !l.is_empty())
-        .ok_or_else(|| Error::Invalid {
+    let labelled = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.as_ref())
+        .is_some_and(|l| !l.is_empty());
+    if !labelled {
+        return Err(Error::Invalid {
             object: object_name(ds),
             reason: "spec.template.metadata.labels is empty: Pods without labels are not created"
                 .into(),
-        })?;
-    let mut spec = template.spec.clone().unwrap_or_default();
+        });
+    }
+    let mut pod = pod_control::pod_from_template(template, &OwnerInfo::of(ds));
+    let spec = pod.spec.get_or_insert_with(PodSpec::default);
     spec.affinity = Some(replace_node_name_affinity(spec.affinity.take(), node));
-    let name = ds.name_any();
-    let generate_name = if name.len() < MAX_NAME_LEN {
-        format!("{name}-")
-    } else {
-        name
-    };
-    Ok(Pod {
-        metadata: ObjectMeta {
-            labels: Some(labels),
-            annotations: meta.annotations.filter(|a| !a.is_empty()),
-            finalizers: meta.finalizers.filter(|f| !f.is_empty()),
-            generate_name: Some(generate_name),
-            owner_references: Some(vec![OwnerInfo::of(ds).controller_ref()]),
-            ..Default::default()
-        },
-        spec: Some(spec),
-        status: None,
-    })
+    Ok(pod)
 }
 
 // ---- Pods per node ----

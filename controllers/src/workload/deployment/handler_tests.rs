@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::informer;
 use kube::runtime::watcher::Event as Watch;
 use serde_json::{json, Value};
 

@@ -13,7 +13,6 @@
 
 pub mod plan;
 pub mod util;
-mod written;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,22 +25,20 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::error::{Error, Result};
 use crate::helpers::selector::Selector;
+use crate::runtime::apierrors::{self, api_message, is_already_exists, is_not_found};
 use crate::runtime::cache::Indexed;
-use crate::runtime::claim::{self, claim_plan, recheck_owner, OwnerInfo};
+use crate::runtime::claim::{self, claim_plan, recheck_owner, OwnerInfo, ORPHAN_NAMESPACE};
 use crate::runtime::events::Recorder;
-use crate::runtime::informer::{self, key_of, split_key, Informers, CONTROLLER_UID, NAMESPACE};
+use crate::runtime::informer::{key_of, split_key, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
 
 use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::written::Written;
 use plan::{Action, Requeue};
-use written::Written;
 
 /// The events' source component, as upstream names it.
 pub const COMPONENT: &str = "deployment-controller";
-
-/// ReplicaSets without a controller, by namespace: the orphans a Deployment may adopt.
-const ORPHAN_REPLICA_SETS: &str = "deployment/orphan-replicasets";
 
 /// After this many failed syncs in a row a key is dropped until its next event (upstream's
 /// `maxRetries`; with the default backoff that is about 82 s of retrying).
@@ -74,13 +71,6 @@ pub struct Controller {
     written_rs: Written<ReplicaSet>,
 }
 
-fn orphan_index(rs: &ReplicaSet) -> Vec<String> {
-    if informer::controller_uid(rs).is_some() {
-        return Vec::new();
-    }
-    vec![rs.namespace().unwrap_or_default()]
-}
-
 fn controller_ref<K: Resource>(obj: &K) -> Option<&OwnerReference> {
     obj.meta()
         .owner_references
@@ -104,30 +94,10 @@ fn selector_of(d: &Deployment) -> Result<Selector> {
     })
 }
 
-/// The message of an API error, as upstream's `err.Error()` reports it in conditions.
-fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => s.message.clone(),
-        other => other.to_string(),
-    }
-}
-
-fn is_already_exists(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.is_already_exists())
-}
-
-fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.is_not_found())
-}
-
-fn namespace_terminating_kube(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating")))
-}
-
 /// Whether the error is a create refused because the namespace is being deleted: such a sync is
 /// not retried (upstream forgets the key too).
 fn namespace_terminating(e: &Error) -> bool {
-    matches!(e, Error::Kube { source, .. } if namespace_terminating_kube(source))
+    matches!(e, Error::Kube { source, .. } if apierrors::namespace_terminating(source))
 }
 
 impl Controller {
@@ -137,7 +107,7 @@ impl Controller {
         let d_inf = informers.get::<Deployment>();
         let rs_inf = informers.get::<ReplicaSet>();
         let pod_inf = informers.get::<CachedPod>();
-        rs_inf.add_index(ORPHAN_REPLICA_SETS, orphan_index);
+        claim::add_orphan_index(&rs_inf);
         let c = Arc::new(Controller {
             events: Recorder::new(client.clone(), COMPONENT),
             client,
@@ -387,7 +357,7 @@ impl Controller {
             .replica_sets
             .index(CONTROLLER_UID, &uid)
             .into_iter()
-            .chain(self.replica_sets.index(ORPHAN_REPLICA_SETS, &ns))
+            .chain(self.replica_sets.index(ORPHAN_NAMESPACE, &ns))
             .filter_map(|rs| {
                 let name = rs.name_any();
                 self.written_rs.fresh(&ns, &name, Some(rs))
@@ -503,7 +473,7 @@ impl Apply<'_> {
                         let object = format!("ReplicaSet {}/{name}", self.ns);
                         // AlreadyExists: the cache had not seen it yet; the next sync finds it
                         // there (as this Deployment's, or as a hash collision).
-                        if !is_already_exists(&e) && !namespace_terminating_kube(&e) {
+                        if !is_already_exists(&e) && !apierrors::namespace_terminating(&e) {
                             let mut d = *deployment;
                             self.with_d_rv(&mut d);
                             let msg = api_message(&e);

@@ -87,11 +87,11 @@ async fn job2_handlers_queue_jobs_and_observe_expectations() {
         "JOB-2 a new Job is synced at once"
     );
 
-    c.expectations.expect_creations("ns/pi", 2);
+    c.pod_control.expect("ns/pi", 2, &[]);
     w.pods
         .dispatch(&Event::Apply(pod("a", "1", Some(("pi", "uid-pi")), true)));
     assert_eq!(
-        c.expectations.pending("ns/pi"),
+        c.pod_control.expectations().pending("ns/pi"),
         Some((1, 0)),
         "JOB-2 a created Pod is observed"
     );
@@ -102,7 +102,7 @@ async fn job2_handlers_queue_jobs_and_observe_expectations() {
         true,
     )));
     assert_eq!(
-        c.expectations.pending("ns/pi"),
+        c.pod_control.expectations().pending("ns/pi"),
         Some((1, 0)),
         "JOB-2 a Pod of a re-created Job (other uid) is not ours"
     );

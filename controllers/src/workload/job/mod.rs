@@ -17,7 +17,9 @@
 //! are batched for 1 s, as upstream's `SyncJobBatchPeriod`.
 //!
 //! Events as upstream (source `job-controller`): SuccessfulCreate, FailedCreate,
-//! SuccessfulDelete, FailedDelete (the Pod control's), Completed, TooManySucceededPods, the
+//! SuccessfulDelete, FailedDelete (recorded by [`crate::runtime::pod_control`], upstream's
+//! `RealPodControl`, which also keeps the expectations; a failed removal of the tracking
+//! finalizer before a deletion is reported as the deletion's failure), Completed, TooManySucceededPods, the
 //! failure reason (BackoffLimitExceeded, DeadlineExceeded, PodFailurePolicy, ...), Suspended,
 //! Resumed, UnknownCompletionMode.
 //!
@@ -35,19 +37,19 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::error::{Error, Result};
 use crate::helpers::clock::{Clock, SystemClock};
 use crate::helpers::selector::Selector;
-use crate::runtime::batch::slow_start_batch;
+use crate::runtime::apierrors::is_not_found;
 use crate::runtime::cache::Indexed;
-use crate::runtime::claim::{self, OwnerInfo};
+use crate::runtime::claim::{self, OwnerInfo, ORPHAN_NAMESPACE};
 use crate::runtime::events::Recorder;
-use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
+use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
@@ -63,8 +65,6 @@ pub const ORPHAN_QUEUE_NAME: &str = "job_orphan_pod";
 pub const COMPONENT: &str = "job-controller";
 /// `spec.managedBy` of Jobs this controller manages (or none).
 pub const CONTROLLER_NAME: &str = "kubernetes.io/job-controller";
-/// Pod cache index: key = namespace of a Pod without a controller reference.
-pub const ORPHANS: &str = "job-orphan-namespace";
 
 /// The Job controller's settings.
 #[derive(Clone)]
@@ -109,40 +109,14 @@ pub struct Controller {
     pods: Arc<Indexed<CachedPod>>,
     queue: Arc<WorkQueue<String>>,
     orphans: Arc<WorkQueue<OrphanKey>>,
-    expectations: Expectations,
+    /// Creates and deletes the Job's Pods; holds the expectations.
+    pod_control: PodControl,
     /// Per Job key: uids of Pods whose finalizer removal was issued and not yet seen.
     finalizer_expectations: Mutex<HashMap<String, HashSet<String>>>,
     backoff: Mutex<plan::BackoffStore>,
     /// Uids of Jobs marked finished whose update the cache has not shown yet.
     finished_jobs: Mutex<HashSet<String>>,
     events: Recorder,
-}
-
-fn orphan_namespace(p: &CachedPod) -> Vec<String> {
-    if informer::controller_uid(p).is_some() {
-        Vec::new()
-    } else {
-        vec![p.metadata.namespace.clone().unwrap_or_default()]
-    }
-}
-
-fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
-        other => other.to_string(),
-    }
-}
-
-fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
-fn namespace_terminating(e: &kube::Error) -> bool {
-    let kube::Error::Api(s) = e else { return false };
-    s.details
-        .as_ref()
-        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
-        || (s.code == 403 && s.message.contains("because it is being terminated"))
 }
 
 fn selector(job: &Job) -> std::result::Result<Selector, String> {
@@ -166,16 +140,17 @@ impl Controller {
     pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
         let job_informer = informers.get::<Job>();
         let pod_informer = informers.get::<CachedPod>();
-        pod_informer.add_index(ORPHANS, orphan_namespace);
+        claim::add_orphan_index(&pod_informer);
+        let events = Recorder::new(client.clone(), COMPONENT);
         let this = Arc::new(Controller {
-            events: Recorder::new(client.clone(), COMPONENT),
+            pod_control: PodControl::new(client.clone(), events.clone()),
+            events,
             client,
             config,
             jobs: job_informer.cache(),
             pods: pod_informer.cache(),
             queue: WorkQueue::new(QUEUE_NAME),
             orphans: WorkQueue::new(ORPHAN_QUEUE_NAME),
-            expectations: Expectations::new(),
             finalizer_expectations: Mutex::default(),
             backoff: Mutex::default(),
             finished_jobs: Mutex::default(),
@@ -351,7 +326,7 @@ impl Controller {
         if informer::controller_uid(pod).is_some() {
             if let Some(job) = self.resolve(pod) {
                 let key = informer::key_of(job.as_ref());
-                self.expectations.creation_observed(&key);
+                self.pod_control.expectations().creation_observed(&key);
                 self.enqueue_batched(&job);
             }
             return;
@@ -422,7 +397,8 @@ impl Controller {
             return;
         };
         let key = informer::key_of(job.as_ref());
-        self.expectations
+        self.pod_control
+            .expectations()
             .deletion_observed(&key, &pods::pod_key(pod));
         if last || !has_finalizer {
             self.finalizer_observed(&key, pod.metadata.uid.as_deref().unwrap_or_default());
@@ -502,7 +478,7 @@ impl Controller {
         let ns = job.metadata.namespace.as_deref().unwrap_or_default();
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let mut candidates = self.pods.index(CONTROLLER_UID, &uid);
-        candidates.extend(self.pods.index(ORPHANS, ns));
+        candidates.extend(self.pods.index(ORPHAN_NAMESPACE, ns));
         let owner = OwnerInfo::of(job.as_ref());
         let claim_plan = claim::claim_plan(
             &uid,
@@ -560,7 +536,7 @@ impl Controller {
     pub async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(job) = self.jobs.get(ns, name) else {
-            self.expectations.delete(key);
+            self.pod_control.expectations().delete(key);
             self.finalizer_expectations
                 .lock()
                 .expect("finalizer expectations lock")
@@ -599,7 +575,7 @@ impl Controller {
             );
             return Ok(());
         }
-        let satisfied = self.expectations.satisfied(key);
+        let satisfied = self.pod_control.expectations().satisfied(key);
         let pods = self.pods_for_job(&job).await?;
         let now = self.config.clock.now();
         let prev_backoff = self
@@ -621,6 +597,10 @@ impl Controller {
             self.queue.add_after(key.to_string(), after);
         }
         let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let owner = Owner {
+            key: key.to_string(),
+            ..Owner::of(job.as_ref(), plan::object_name(&job))
+        };
         let mut active = ctx.active.len() as i32;
         let mut manage_err = None;
         let mut suspend_changed = false;
@@ -628,9 +608,7 @@ impl Controller {
             // Delete the active Pods, keeping their finalizers: their results are counted once
             // they are gone.
             let victims = ctx.active.clone();
-            let (ready, deleted, err) = self
-                .delete_pods(&job, &pod_api, &victims, false, None)
-                .await;
+            let (ready, deleted, err) = self.delete_pods(&owner, &pod_api, &victims, false).await;
             if deleted != active || !satisfied {
                 // Pods may remain, or be in flight: not finished yet.
                 ctx.finished = None;
@@ -645,9 +623,8 @@ impl Controller {
                 match plan::manage(&ctx, now) {
                     Manage::Nothing | Manage::DeleteFinished(_) => {}
                     Manage::Delete(victims) => {
-                        let (ready, deleted, err) = self
-                            .delete_pods(&job, &pod_api, &victims, true, Some(key))
-                            .await;
+                        let (ready, deleted, err) =
+                            self.delete_pods(&owner, &pod_api, &victims, true).await;
                         active -= deleted;
                         ctx.terminating += deleted;
                         ctx.ready -= ready;
@@ -660,9 +637,8 @@ impl Controller {
                         active = 0;
                     }
                     Manage::Create { count, indexes } => {
-                        let (created_ok, err) = self
-                            .create_pods(key, &job, &ctx, &pod_api, count, &indexes)
-                            .await;
+                        let (created_ok, err) =
+                            self.create_pods(&owner, &job, &ctx, count, &indexes).await;
                         active += created_ok as i32;
                         manage_err = err;
                     }
@@ -692,122 +668,64 @@ impl Controller {
     /// created and the first error.
     async fn create_pods(
         &self,
-        key: &str,
+        owner: &Owner,
         job: &Arc<Job>,
         ctx: &Ctx,
-        api: &Api<Pod>,
         count: usize,
         indexes: &[i32],
     ) -> (usize, Option<Error>) {
-        self.expectations.expect_creations(key, count);
-        let job_ref = job.object_ref(&());
-        let pp = PostParams::default();
-        let (ok, err) = slow_start_batch(count, 1, |i| {
-            let index = indexes.get(i).copied();
-            let replaced = index.and_then(|ix| ctx.delayed_per_index.get(&ix).cloned());
-            let pod = plan::pod_from_template(job, index, replaced.as_deref());
-            let (pp, job_ref) = (&pp, &job_ref);
-            async move {
-                match api.create(pp, &pod).await {
-                    Ok(p) => {
-                        self.events.publish(
-                            job_ref,
-                            false,
-                            "SuccessfulCreate",
-                            format!("Created pod: {}", p.name_any()),
-                        );
-                        Ok(())
-                    }
-                    Err(e) if namespace_terminating(&e) => Ok(()),
-                    Err(e) => {
-                        self.events.publish(
-                            job_ref,
-                            true,
-                            "FailedCreate",
-                            format!("Error creating: {}", api_message(&e)),
-                        );
-                        Err(e)
-                    }
-                }
-            }
-        })
-        .await;
-        // Failed and skipped creations will never be observed.
-        for _ in ok..count {
-            self.expectations.creation_observed(key);
-        }
-        (
-            ok,
-            err.map(|e| Error::kube("creating Pod for", plan::object_name(job), e)),
-        )
+        self.pod_control.expect(&owner.key, count, &[]);
+        let created = self
+            .pod_control
+            .create_pods(owner, count, |i| {
+                let index = indexes.get(i).copied();
+                let replaced = index.and_then(|ix| ctx.delayed_per_index.get(&ix).cloned());
+                Ok(plan::pod_from_template(job, index, replaced.as_deref()))
+            })
+            .await;
+        (created.done, created.error)
     }
 
-    /// Deletes `victims` concurrently; with `remove_finalizer` the tracking finalizer goes
-    /// first (`deleteJobPods`), without it the finalizer stays (`deleteActivePods`). With a
-    /// `key`, the deletions are expected. Returns (ready deleted, deleted, first error).
+    /// Deletes `victims` concurrently; with `manage` (`deleteJobPods`) the tracking finalizer
+    /// goes first and the deletions are expected, without it (`deleteActivePods` of a finished
+    /// Job) the finalizer stays and nothing is expected. Returns (ready deleted, deleted, first
+    /// error).
     async fn delete_pods(
         &self,
-        job: &Job,
+        owner: &Owner,
         api: &Api<Pod>,
         victims: &[Arc<CachedPod>],
-        remove_finalizer: bool,
-        key: Option<&str>,
+        manage: bool,
     ) -> (i32, i32, Option<Error>) {
-        if let Some(key) = key {
+        let names: Vec<String> = victims.iter().map(|p| p.name_any()).collect();
+        if manage {
             let keys: Vec<String> = victims.iter().map(|p| pods::pod_key(p)).collect();
-            self.expectations.expect_deletions(key, &keys);
+            self.pod_control.expect(&owner.key, 0, &keys);
         }
-        let job_ref = job.object_ref(&());
-        let results = futures::future::join_all(victims.iter().map(|p| async move {
-            if remove_finalizer && plan::has_tracking_finalizer(p) {
-                if let Err(e) = api
-                    .patch(
-                        &p.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Strategic(remove_finalizer_patch()),
-                    )
-                    .await
-                {
-                    return (p, Err(e), true);
+        let outcomes = self
+            .pod_control
+            .delete_pods_after(owner, &names, manage, |i| {
+                let p = &victims[i];
+                async move {
+                    if manage && plan::has_tracking_finalizer(p) {
+                        api.patch(
+                            &p.name_any(),
+                            &PatchParams::default(),
+                            &Patch::Strategic(remove_finalizer_patch()),
+                        )
+                        .await?;
+                    }
+                    Ok(())
                 }
-            }
-            (
-                p,
-                api.delete(&p.name_any(), &DeleteParams::default())
-                    .await
-                    .map(|_| ()),
-                false,
-            )
-        }))
-        .await;
+            })
+            .await;
         let (mut ready, mut deleted, mut first) = (0, 0, None);
-        for (p, r, _) in results {
-            match r {
-                Ok(()) => {
-                    deleted += 1;
-                    self.events.publish(
-                        &job_ref,
-                        false,
-                        "SuccessfulDelete",
-                        format!("Deleted pod: {}", p.name_any()),
-                    );
-                }
-                Err(e) => {
-                    if let Some(key) = key {
-                        self.expectations.deletion_observed(key, &pods::pod_key(p));
-                    }
-                    if is_not_found(&e) {
-                        deleted += 1;
-                    } else {
-                        self.events.publish(
-                            &job_ref,
-                            true,
-                            "FailedDelete",
-                            format!("Error deleting: {}", api_message(&e)),
-                        );
-                        first.get_or_insert(Error::kube("deleting Pod", pods::pod_key(p), e));
-                        continue;
-                    }
+        for (p, outcome) in victims.iter().zip(outcomes) {
+            match outcome {
+                Deleted::Deleted | Deleted::Gone => deleted += 1,
+                Deleted::Failed(e) => {
+                    first.get_or_insert(e);
+                    continue;
                 }
             }
             if pods::is_pod_ready(p) {

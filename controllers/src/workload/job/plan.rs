@@ -744,68 +744,68 @@ pub fn pod_from_template(job: &Job, index: Option<i32>, replaced: Option<&Cached
     if !finalizers.iter().any(|f| f == TRACKING_FINALIZER) {
         finalizers.push(TRACKING_FINALIZER.into());
     }
-    match index {
-        Some(ix) => {
-            let field_path = format!("metadata.labels['{}']", indexed::COMPLETION_INDEX);
-            for c in pod_spec
-                .init_containers
-                .iter_mut()
-                .flatten()
-                .chain(pod_spec.containers.iter_mut())
-            {
-                let env = c.env.get_or_insert_with(Vec::new);
-                if !env.iter().any(|e| e.name == indexed::COMPLETION_INDEX_ENV) {
-                    env.push(EnvVar {
-                        name: indexed::COMPLETION_INDEX_ENV.into(),
-                        value: None,
-                        value_from: Some(EnvVarSource {
-                            field_ref: Some(ObjectFieldSelector {
-                                api_version: None,
-                                field_path: field_path.clone(),
-                            }),
-                            ..Default::default()
+    if let Some(ix) = index {
+        let field_path = format!("metadata.labels['{}']", indexed::COMPLETION_INDEX);
+        for c in pod_spec
+            .init_containers
+            .iter_mut()
+            .flatten()
+            .chain(pod_spec.containers.iter_mut())
+        {
+            let env = c.env.get_or_insert_with(Vec::new);
+            if !env.iter().any(|e| e.name == indexed::COMPLETION_INDEX_ENV) {
+                env.push(EnvVar {
+                    name: indexed::COMPLETION_INDEX_ENV.into(),
+                    value: None,
+                    value_from: Some(EnvVarSource {
+                        field_ref: Some(ObjectFieldSelector {
+                            api_version: None,
+                            field_path: field_path.clone(),
                         }),
-                    });
-                }
+                        ..Default::default()
+                    }),
+                });
             }
-            let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
-            annotations.insert(indexed::COMPLETION_INDEX.into(), ix.to_string());
-            if has_backoff_limit_per_index(job) {
-                let (mut counted, mut ignored) = (0, 0);
-                if let Some(p) = replaced {
-                    (counted, ignored) = indexed::index_failure_counts(p);
-                    if match_policy(s.pod_failure_policy.as_ref(), p).count {
-                        counted += 1;
-                    } else {
-                        ignored += 1;
-                    }
-                }
-                annotations.insert(indexed::INDEX_FAILURE_COUNT.into(), counted.to_string());
-                if ignored > 0 {
-                    annotations.insert(
-                        indexed::INDEX_IGNORED_FAILURE_COUNT.into(),
-                        ignored.to_string(),
-                    );
-                }
-            }
-            meta.labels
-                .get_or_insert_with(BTreeMap::new)
-                .insert(indexed::COMPLETION_INDEX.into(), ix.to_string());
-            pod_spec.hostname = Some(format!("{name}-{ix}"));
-            meta.generate_name = Some(indexed::generate_name_with_index(&name, ix));
         }
-        None => meta.generate_name = Some(format!("{name}-")),
+        let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert(indexed::COMPLETION_INDEX.into(), ix.to_string());
+        if has_backoff_limit_per_index(job) {
+            let (mut counted, mut ignored) = (0, 0);
+            if let Some(p) = replaced {
+                (counted, ignored) = indexed::index_failure_counts(p);
+                if match_policy(s.pod_failure_policy.as_ref(), p).count {
+                    counted += 1;
+                } else {
+                    ignored += 1;
+                }
+            }
+            annotations.insert(indexed::INDEX_FAILURE_COUNT.into(), counted.to_string());
+            if ignored > 0 {
+                annotations.insert(
+                    indexed::INDEX_IGNORED_FAILURE_COUNT.into(),
+                    ignored.to_string(),
+                );
+            }
+        }
+        meta.labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(indexed::COMPLETION_INDEX.into(), ix.to_string());
+        pod_spec.hostname = Some(format!("{name}-{ix}"));
     }
-    meta.name = None;
-    meta.namespace = job.metadata.namespace.clone();
-    meta.owner_references = Some(vec![
-        crate::runtime::claim::OwnerInfo::of(job).controller_ref()
-    ]);
-    Pod {
-        metadata: meta,
-        spec: Some(pod_spec),
-        status: None,
+    // `CreatePodsWithGenerateName`: the template's Pod, with the index in its generateName.
+    let owner = crate::runtime::claim::OwnerInfo::of(job);
+    let mut pod = crate::runtime::pod_control::pod_from_template(
+        &PodTemplateSpec {
+            metadata: Some(meta),
+            spec: Some(pod_spec),
+        },
+        &owner,
+    );
+    if let Some(ix) = index {
+        pod.metadata.generate_name = Some(indexed::generate_name_with_index(&name, ix));
     }
+    pod.metadata.namespace = job.metadata.namespace.clone();
+    pod
 }
 
 /// Step 3: after `manage` (or without it), with `active` the active count it left. The

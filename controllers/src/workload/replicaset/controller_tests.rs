@@ -3,6 +3,7 @@
 //! dispatch; the client is never used (nothing syncs).
 
 use super::*;
+use crate::runtime::expectations::Expectations;
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
@@ -81,7 +82,7 @@ impl World {
     }
 
     fn pending(&self, key: &str) -> Option<(i64, i64)> {
-        self.controller.expectations.pending(key)
+        self.controller.pod_control.expectations().pending(key)
     }
 }
 
@@ -205,7 +206,7 @@ async fn rs2_pod_events_queue_their_replica_sets_and_observe_expectations() {
             w.pods.dispatch(&Event::Apply(p));
         }
         w.queued().await;
-        (c.expect)(&w.controller.expectations);
+        (c.expect)(w.controller.pod_control.expectations());
         w.pods.dispatch(&c.event);
         assert_eq!(w.queued_settled().await, c.queued, "{}", c.name);
         assert_eq!(w.pending("ns/web"), c.pending, "{}", c.name);
@@ -216,7 +217,10 @@ async fn rs2_pod_events_queue_their_replica_sets_and_observe_expectations() {
 async fn rs2_replica_set_events() {
     let w = world();
     w.queued().await;
-    w.controller.expectations.expect_creations("ns/web", 3);
+    w.controller
+        .pod_control
+        .expectations()
+        .expect_creations("ns/web", 3);
     w.replica_sets.dispatch(&Event::Apply(replica_set(
         "web",
         "uid-web",
@@ -241,7 +245,10 @@ async fn rs2_replica_set_events() {
         None,
         "CTL-8 a ReplicaSet re-created under the same name starts without expectations"
     );
-    w.controller.expectations.expect_creations("ns/web", 3);
+    w.controller
+        .pod_control
+        .expectations()
+        .expect_creations("ns/web", 3);
     w.replica_sets.dispatch(&Event::Delete(replica_set(
         "web",
         "uid-recreated",
@@ -290,7 +297,7 @@ async fn rs3_pod_turning_ready_requeues_after_min_ready_seconds() {
 }
 
 #[test]
-fn indexes_and_error_messages() {
+fn indexes() {
     let orphan = pod(
         "o",
         "1",
@@ -299,42 +306,17 @@ fn indexes_and_error_messages() {
     );
     let owned = pod("p", "1", Some(("web", "uid-web")), json!({}));
     assert_eq!(
-        orphan_namespace(&orphan),
+        claim::orphan_namespace(&orphan),
         ["ns"],
         "CTL-7 orphans indexed by namespace"
     );
-    assert!(orphan_namespace(&owned).is_empty());
+    assert!(claim::orphan_namespace(&owned).is_empty());
     assert_eq!(
         template_hash(&orphan),
         ["ns/abc"],
         "RS-7 Pods indexed by template hash"
     );
     assert!(template_hash(&owned).is_empty());
-
-    let status = |code: u16, reason: &str, message: &str| {
-        kube::Error::Api(Box::new(
-            kube::core::Status::failure(message, reason).with_code(code),
-        ))
-    };
-    let terminating = status(
-        403,
-        "Forbidden",
-        "pods \"x\" is forbidden: unable to create new content in namespace ns because it is being terminated",
-    );
-    assert!(
-        namespace_terminating(&terminating),
-        "RS-4 creation in a terminating namespace counts as done"
-    );
-    assert!(!namespace_terminating(&status(
-        403,
-        "Forbidden",
-        "exceeded quota"
-    )));
-    assert_eq!(
-        api_message(&status(403, "Forbidden", "exceeded quota")),
-        "exceeded quota",
-        "RS-4 the condition carries the API server's message"
-    );
 }
 
 #[test]

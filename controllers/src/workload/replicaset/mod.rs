@@ -17,12 +17,13 @@
 //! acting again before its own creations and deletions are seen; a restarted controller starts
 //! with none and acts only on a complete cache, so it creates no extra Pods.
 //!
-//! Events, as upstream's `RealPodControl` records them on the ReplicaSet (source
-//! `replicaset-controller`): SuccessfulCreate "Created pod: <name>" per Pod created, FailedCreate
-//! (Warning) "Error creating: <error>" per failed creation unless the namespace is terminating,
-//! SuccessfulDelete "Deleted pod: <name>" per Pod deleted and FailedDelete (Warning) "Error
-//! deleting: <error>" per failed deletion other than NotFound. They are written in the background
-//! by [`crate::runtime::events`] and never fail or delay a sync.
+//! Pods are created and deleted through [`crate::runtime::pod_control`] (upstream's
+//! `RealPodControl`), which raises and lowers the expectations and records the Events on the
+//! ReplicaSet (source `replicaset-controller`): SuccessfulCreate "Created pod: <name>" per Pod
+//! created, FailedCreate (Warning) "Error creating: <error>" per failed creation unless the
+//! namespace is terminating, SuccessfulDelete "Deleted pod: <name>" per Pod deleted and
+//! FailedDelete (Warning) "Error deleting: <error>" per failed deletion other than NotFound. They
+//! are written in the background by [`crate::runtime::events`] and never fail or delay a sync.
 //!
 //! Nothing is exported for the Deployment controller: it only scales ReplicaSets.
 
@@ -32,19 +33,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
 
 use crate::error::{Error, Result};
-use crate::runtime::batch::slow_start_batch;
+use crate::runtime::apierrors::api_message;
 use crate::runtime::cache::Indexed;
-use crate::runtime::claim::{self, OwnerInfo};
+use crate::runtime::claim::{self, OwnerInfo, ORPHAN_NAMESPACE};
 use crate::runtime::events::Recorder;
-use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
+use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_workers;
@@ -55,10 +55,6 @@ use plan::Manage;
 /// The work queue's (and metrics') name, as upstream.
 pub const QUEUE_NAME: &str = "replicaset";
 
-/// Pod cache index: key = the namespace of a Pod without a controller reference (the orphans a
-/// ReplicaSet may adopt, upstream's orphan key of `PodControllerIndex`).
-pub const ORPHAN_NAMESPACE: &str = "orphan-namespace";
-
 /// Pod cache index: key = `namespace/value` of the Pod's `pod-template-hash` label, which the
 /// selectors of a Deployment's ReplicaSets require: the related Pods of a scale-down (RS-7) are
 /// found without scanning the namespace.
@@ -67,24 +63,17 @@ pub const TEMPLATE_HASH: &str = "pod-template-hash";
 /// The events' source component, as upstream names it.
 pub const COMPONENT: &str = "replicaset-controller";
 
-/// Event reasons, as upstream's `controller_utils.go`.
-pub const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
-/// See [`SUCCESSFUL_CREATE`].
-pub const FAILED_CREATE: &str = "FailedCreate";
-/// See [`SUCCESSFUL_CREATE`].
-pub const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
-/// See [`SUCCESSFUL_CREATE`].
-pub const FAILED_DELETE: &str = "FailedDelete";
+/// Event reasons, as upstream's `controller_utils.go` (recorded by the pod control).
+pub use crate::runtime::pod_control::{
+    FAILED_CREATE, FAILED_DELETE, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE,
+};
 
-/// Upstream's `SlowStartInitialBatchSize`.
 /// How long a ReplicaSet waits after a change of one of its Pods that needs no Pod created or
 /// deleted (bound, Running, Ready) before it is synced (a quarter of a second). Such changes only move status counts, and
 /// kwok or a kubelet make a ReplicaSet's Pods Ready within moments of each other: one status write
 /// for the group instead of one per Pod. kube-controller-manager syncs at once and coalesces only
 /// when its workers are busy; this is an accepted difference (docs/WORKLOADS.md).
 pub const STATUS_COALESCE: Duration = Duration::from_millis(250);
-
-const SLOW_START_INITIAL_BATCH: usize = 1;
 
 /// The ReplicaSet controller's settings.
 #[derive(Debug, Clone)]
@@ -111,16 +100,8 @@ pub struct Controller {
     replica_sets: Arc<Indexed<ReplicaSet>>,
     pods: Arc<Indexed<CachedPod>>,
     queue: Arc<WorkQueue<String>>,
-    expectations: Expectations,
-    events: Recorder,
-}
-
-fn orphan_namespace(p: &CachedPod) -> Vec<String> {
-    if plan::controller_of(p).is_some() {
-        Vec::new()
-    } else {
-        vec![p.metadata.namespace.clone().unwrap_or_default()]
-    }
+    /// Creates and deletes the Pods; holds the expectations.
+    pod_control: PodControl,
 }
 
 fn template_hash(p: &CachedPod) -> Vec<String> {
@@ -137,24 +118,6 @@ fn template_hash(p: &CachedPod) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The message upstream's error would carry (the API server's message for API errors).
-fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// A creation refused because the namespace is being deleted: upstream counts it as done.
-fn namespace_terminating(e: &kube::Error) -> bool {
-    let kube::Error::Api(s) = e else { return false };
-    let cause = s
-        .details
-        .as_ref()
-        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"));
-    cause || (s.code == 403 && s.message.contains("because it is being terminated"))
-}
-
 /// An error of one sync's replica management, with the message the ReplicaFailure condition
 /// carries.
 struct ManageError {
@@ -167,16 +130,15 @@ impl Controller {
     pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
         let rs_informer = informers.get::<ReplicaSet>();
         let pod_informer = informers.get::<CachedPod>();
-        pod_informer.add_index(ORPHAN_NAMESPACE, orphan_namespace);
+        claim::add_orphan_index(&pod_informer);
         pod_informer.add_index(TEMPLATE_HASH, template_hash);
         let this = Arc::new(Controller {
-            events: Recorder::new(client.clone(), COMPONENT),
+            pod_control: PodControl::new(client.clone(), Recorder::new(client.clone(), COMPONENT)),
             client,
             config,
             replica_sets: rs_informer.cache(),
             pods: pod_informer.cache(),
             queue: WorkQueue::new(QUEUE_NAME),
-            expectations: Expectations::new(),
         });
         rs_informer.on_change_of(&this, Controller::on_replica_set);
         pod_informer.on_change_of(&this, Controller::on_pod);
@@ -229,7 +191,7 @@ impl Controller {
     fn replica_set_deleted(&self, rs: &ReplicaSet) {
         let key = informer::key_of(rs);
         // A ReplicaSet re-created under this name starts clean.
-        self.expectations.delete(&key);
+        self.pod_control.expectations().delete(&key);
         self.queue.add(key);
     }
 
@@ -283,7 +245,7 @@ impl Controller {
         if let Some(r) = plan::controller_of(pod) {
             if let Some(rs) = self.resolve(ns, r) {
                 let key = informer::key_of(rs.as_ref());
-                self.expectations.creation_observed(&key);
+                self.pod_control.expectations().creation_observed(&key);
                 self.queue.add(key);
             }
             return;
@@ -345,7 +307,8 @@ impl Controller {
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         if let Some(rs) = self.resolve(ns, r) {
             let key = informer::key_of(rs.as_ref());
-            self.expectations
+            self.pod_control
+                .expectations()
                 .deletion_observed(&key, &pods::pod_key(pod));
             self.queue.add(key);
         }
@@ -373,10 +336,10 @@ impl Controller {
     pub async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(rs) = self.replica_sets.get(ns, name) else {
-            self.expectations.delete(key);
+            self.pod_control.expectations().delete(key);
             return Ok(());
         };
-        let satisfied = self.expectations.satisfied(key);
+        let satisfied = self.pod_control.expectations().satisfied(key);
         let selector = match plan::selector(&rs) {
             Ok(s) => s,
             Err(e) => {
@@ -394,7 +357,6 @@ impl Controller {
         let deleting = rs.metadata.deletion_timestamp.is_some();
         let plan = claim::claim_plan(&uid, &selector, deleting, active);
         let rs_api: Api<ReplicaSet> = Api::namespaced(self.client.clone(), ns);
-        let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let recheck = || async {
             let fresh = rs_api.get_opt(name).await.map_err(|e| {
                 Error::kube("re-reading before adoption", plan::object_name(&rs), e)
@@ -420,8 +382,8 @@ impl Controller {
         );
         let manage_err = match action {
             Manage::Nothing => None,
-            Manage::Create(n) => self.create_pods(key, &rs, &pod_api, n).await,
-            Manage::Delete(victims) => self.delete_pods(key, &rs, &pod_api, &victims).await,
+            Manage::Create(n) => self.create_pods(key, &rs, n).await,
+            Manage::Delete(victims) => self.delete_pods(key, &rs, &victims).await,
         };
 
         let evaluated_at = Timestamp::now();
@@ -442,15 +404,9 @@ impl Controller {
         Ok(())
     }
 
-    /// Creates `n` Pods in slow-start batches (RS-4, CTL-10); creations that failed or were never
-    /// attempted are observed at once, since the watch will never show them.
-    async fn create_pods(
-        &self,
-        key: &str,
-        rs: &ReplicaSet,
-        api: &Api<Pod>,
-        n: usize,
-    ) -> Option<ManageError> {
+    /// Creates `n` Pods in slow-start batches (RS-4, CTL-10); the pod control observes the
+    /// creations that failed or were never attempted, since the watch will never show them.
+    async fn create_pods(&self, key: &str, rs: &ReplicaSet, n: usize) -> Option<ManageError> {
         let pod = match plan::pod_from_template(rs) {
             Ok(p) => p,
             Err(e) => {
@@ -460,37 +416,16 @@ impl Controller {
                 })
             }
         };
-        self.expectations.expect_creations(key, n);
-        tracing::debug!(rs = %plan::object_name(rs), creating = n, "too few replicas");
-        let pp = PostParams::default();
-        let rs_ref = rs.object_ref(&());
-        let (created, err) = slow_start_batch(n, SLOW_START_INITIAL_BATCH, |_| {
-            let (pod, pp, rs_ref) = (&pod, &pp, &rs_ref);
-            async move {
-                match api.create(pp, pod).await {
-                    Ok(p) => {
-                        let message = format!("Created pod: {}", p.name_any());
-                        self.events
-                            .publish(rs_ref, false, SUCCESSFUL_CREATE, message);
-                        Ok(())
-                    }
-                    // Every creation would fail: nothing to do and no event, as upstream.
-                    Err(e) if namespace_terminating(&e) => Ok(()),
-                    Err(e) => {
-                        let message = format!("Error creating: {}", api_message(&e));
-                        self.events.publish(rs_ref, true, FAILED_CREATE, message);
-                        Err(e)
-                    }
-                }
-            }
-        })
-        .await;
-        for _ in created..n {
-            self.expectations.creation_observed(key);
-        }
-        err.map(|e| ManageError {
-            message: api_message(&e),
-            error: Error::kube("creating Pod for", plan::object_name(rs), e),
+        let owner = owner(key, rs);
+        self.pod_control.expect(key, n, &[]);
+        tracing::debug!(rs = %owner.object, creating = n, "too few replicas");
+        let created = self
+            .pod_control
+            .create_pods(&owner, n, |_| Ok(pod.clone()))
+            .await;
+        created.error.map(|error| ManageError {
+            message: kube_message(&error),
+            error,
         })
     }
 
@@ -500,39 +435,21 @@ impl Controller {
         &self,
         key: &str,
         rs: &ReplicaSet,
-        api: &Api<Pod>,
         victims: &[Arc<CachedPod>],
     ) -> Option<ManageError> {
         let keys: Vec<String> = victims.iter().map(|p| pods::pod_key(p)).collect();
-        self.expectations.expect_deletions(key, &keys);
-        tracing::debug!(rs = %plan::object_name(rs), deleting = victims.len(), "too many replicas");
-        let dp = DeleteParams::default();
-        let results = futures::future::join_all(victims.iter().map(|p| {
-            let dp = &dp;
-            async move { (p, api.delete(&p.name_any(), dp).await) }
-        }))
-        .await;
-        let rs_ref = rs.object_ref(&());
-        let mut first = None;
-        for (p, r) in results {
-            let Err(e) = r else {
-                let message = format!("Deleted pod: {}", p.name_any());
-                self.events
-                    .publish(&rs_ref, false, SUCCESSFUL_DELETE, message);
-                continue;
-            };
-            self.expectations.deletion_observed(key, &pods::pod_key(p));
-            if matches!(&e, kube::Error::Api(s) if s.code == 404) {
-                continue;
-            }
-            let message = format!("Error deleting: {}", api_message(&e));
-            self.events.publish(&rs_ref, true, FAILED_DELETE, message);
-            first.get_or_insert(ManageError {
-                message: format!("unable to delete pods: {}", api_message(&e)),
-                error: Error::kube("deleting Pod", pods::pod_key(p), e),
-            });
-        }
-        first
+        let names: Vec<String> = victims.iter().map(|p| p.name_any()).collect();
+        let owner = owner(key, rs);
+        self.pod_control.expect(key, 0, &keys);
+        tracing::debug!(rs = %owner.object, deleting = victims.len(), "too many replicas");
+        let deleted = self.pod_control.delete_pods(&owner, &names).await;
+        deleted.into_iter().find_map(|d| match d {
+            Deleted::Failed(error) => Some(ManageError {
+                message: format!("unable to delete pods: {}", kube_message(&error)),
+                error,
+            }),
+            Deleted::Deleted | Deleted::Gone => None,
+        })
     }
 
     /// Writes `status` through the status subresource unless nothing changed (upstream's
@@ -563,6 +480,23 @@ impl Controller {
         )
         .await
         .map_err(|e| Error::kube("writing status of", plan::object_name(rs), e))
+    }
+}
+
+/// The pod control's owner for the ReplicaSet `key`.
+fn owner(key: &str, rs: &ReplicaSet) -> Owner {
+    Owner {
+        key: key.to_string(),
+        ..Owner::of(rs, plan::object_name(rs))
+    }
+}
+
+/// The API server's message of a failed call (the error itself for anything else): what the
+/// ReplicaFailure condition carries, as upstream's `err.Error()`.
+fn kube_message(e: &Error) -> String {
+    match e {
+        Error::Kube { source, .. } => api_message(source),
+        other => other.to_string(),
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::helpers::selector::Selector;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
+use crate::runtime::pod_control;
 use crate::runtime::pods;
 
 /// Creations or deletions one sync may issue (upstream's `BurstReplicas`, CTL-9).
@@ -27,9 +28,6 @@ pub const BURST_REPLICAS: usize = 500;
 
 /// The condition type set when creating or deleting Pods failed.
 pub const REPLICA_FAILURE: &str = "ReplicaFailure";
-
-/// Pod names are DNS subdomains: at most this long.
-const MAX_NAME_LEN: usize = 253;
 
 /// `ReplicaSet ns/name`, for errors and logs (typed, so an `Arc<ReplicaSet>` derefs into it).
 pub fn object_name(rs: &ReplicaSet) -> String {
@@ -334,32 +332,19 @@ pub fn pod_from_template(rs: &ReplicaSet) -> Result<Pod> {
         .as_ref()
         .and_then(|s| s.template.as_ref())
         .ok_or_else(|| invalid("spec.template is missing"))?;
-    let meta = template.metadata.clone().unwrap_or_default();
-    let labels = meta.labels.filter(|l| !l.is_empty()).ok_or_else(|| {
-        invalid("spec.template.metadata.labels is empty: Pods without labels are not created")
-    })?;
-    let spec = template
-        .spec
-        .clone()
-        .ok_or_else(|| invalid("spec.template.spec is missing"))?;
-    let name = rs.name_any();
-    let generate_name = if name.len() < MAX_NAME_LEN {
-        format!("{name}-")
-    } else {
-        name
-    };
-    Ok(Pod {
-        metadata: ObjectMeta {
-            labels: Some(labels),
-            annotations: meta.annotations.filter(|a| !a.is_empty()),
-            finalizers: meta.finalizers.filter(|f| !f.is_empty()),
-            generate_name: Some(generate_name),
-            owner_references: Some(vec![OwnerInfo::of(rs).controller_ref()]),
-            ..Default::default()
-        },
-        spec: Some(spec),
-        status: None,
-    })
+    let meta = template.metadata.as_ref();
+    if meta
+        .and_then(|m| m.labels.as_ref())
+        .is_none_or(|l| l.is_empty())
+    {
+        return Err(invalid(
+            "spec.template.metadata.labels is empty: Pods without labels are not created",
+        ));
+    }
+    if template.spec.is_none() {
+        return Err(invalid("spec.template.spec is missing"));
+    }
+    Ok(pod_control::pod_from_template(template, &OwnerInfo::of(rs)))
 }
 
 #[cfg(test)]

@@ -48,6 +48,7 @@ use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 use crate::helpers::selector::Selector;
+use crate::runtime::apierrors::{api_message, is_already_exists, is_not_found};
 use crate::runtime::batch::slow_start_batch;
 use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo};
@@ -108,17 +109,6 @@ fn controller_of<K: Resource>(obj: &K) -> Option<&OwnerReference> {
         .iter()
         .flatten()
         .find(|r| r.controller == Some(true))
-}
-
-fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
-        other => other.to_string(),
-    }
-}
-
-fn is_code(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 fn selector_of(set: &StatefulSet) -> std::result::Result<Selector, Error> {
@@ -517,8 +507,7 @@ impl Controller {
             }
         }
         if !creates.is_empty() || !deletes.is_empty() {
-            self.expectations.expect_deletions(key, &deletes);
-            self.expectations.raise(key, creates.len() as i64, 0);
+            self.expectations.expect(key, creates.len(), &deletes);
         }
         let applied = Mutex::new(Applied::default());
         let mut first_err = None;
@@ -625,7 +614,7 @@ impl Controller {
                             ),
                         ),
                         Err(e) => {
-                            if !is_code(&e, 409) {
+                            if !is_already_exists(&e) {
                                 self.publish(
                                     set,
                                     true,
@@ -690,7 +679,7 @@ impl Controller {
                         Err(e) => {
                             // Already there: the watch shows it (no event, as upstream).
                             self.expectations.creation_observed(key);
-                            if !is_code(&e, 409) {
+                            if !is_already_exists(&e) {
                                 fail("create", &name, &api_message(&e));
                             }
                             result = Err(Error::kube("creating Pod for", plan::object_name(set), e));
@@ -717,7 +706,7 @@ impl Controller {
                             self.expectations.deletion_observed(key, &pkey);
                             fail("delete", &name, &api_message(&e));
                             // The rolling update ignores a Pod already gone.
-                            if *reason == DeleteReason::Update && is_code(&e, 404) {
+                            if *reason == DeleteReason::Update && is_not_found(&e) {
                                 continue;
                             }
                             if *reason == DeleteReason::Update {
