@@ -315,6 +315,7 @@ fn every_deploy_manifest_passes_a_server_side_dry_run() {
             "controller-manager.yaml",
             "kube-proxy-cleanup.yaml",
             "proxy.yaml",
+            "scheduler.yaml",
             "smoke.yaml",
             "workload-controllers.yaml"
         ]
