@@ -22,6 +22,11 @@ pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
         .find(|r| r.controller == Some(true))
 }
 
+/// [`controller_of`] an object.
+pub fn controller_of_object<K: Resource>(obj: &K) -> Option<&OwnerReference> {
+    controller_of(obj.meta())
+}
+
 /// The UID of the object's controller, if it has one.
 pub fn controller_uid(meta: &ObjectMeta) -> Option<&str> {
     controller_of(meta).map(|r| r.uid.as_str())

@@ -109,13 +109,7 @@ pub struct Controller {
     events: Recorder,
 }
 
-fn controller_of(obj: &impl Resource) -> Option<&OwnerReference> {
-    obj.meta()
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-}
+use crate::helpers::meta::controller_of_object as controller_of;
 
 fn daemon_pod_node(p: &CachedPod) -> Vec<String> {
     if controller_of(p).is_none_or(|r| r.kind != "DaemonSet") {

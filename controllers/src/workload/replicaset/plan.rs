@@ -82,16 +82,8 @@ pub fn candidates(
     out
 }
 
-/// The controller ownerReference of an object's metadata (`metav1.GetControllerOf`).
-pub fn controller_of(
-    obj: &impl kube::Resource,
-) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
-    obj.meta()
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-}
+/// The controller ownerReference of an object (`metav1.GetControllerOf`).
+pub use crate::helpers::meta::controller_of_object as controller_of;
 
 /// The Pods related to a ReplicaSet for ranking (RS-7, upstream's `getIndirectlyRelatedPods`):
 /// every Pod matched by the selector of any ReplicaSet with the same controller (`siblings`, the

@@ -103,13 +103,7 @@ fn member_index(p: &CachedPod) -> Vec<String> {
     plan::member_key(p).into_iter().collect()
 }
 
-fn controller_of<K: Resource>(obj: &K) -> Option<&OwnerReference> {
-    obj.meta()
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true))
-}
+use crate::helpers::meta::controller_of_object as controller_of;
 
 fn selector_of(set: &StatefulSet) -> std::result::Result<Selector, Error> {
     Selector::parse(set.spec.as_ref().map(|s| &s.selector)).map_err(|e| Error::Invalid {
