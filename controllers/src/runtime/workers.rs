@@ -1,14 +1,82 @@
-//! N workers draining one work queue (CTL-1, CTL-2): each takes a key, runs the controller's sync
-//! for it, `forget`s the key on success and re-queues it rate-limited on error. A sync that panics
+//! How a controller runs once built, as each of upstream's controllers' `Run`: wait until the
+//! caches it reads have synced ([`wait_for_caches`], client-go's `WaitForNamedCacheSync`), then N
+//! workers drain its work queue (CTL-1, CTL-2): each takes a key, runs the controller's sync for
+//! it, `forget`s the key on success and re-queues it rate-limited on error. A sync that panics
 //! counts as an error (the key is retried, the worker goes on), as upstream's workers are restarted
-//! after a crash.
+//! after a crash. [`run_controller`] is the whole of it for a controller with one queue; one with
+//! more queues or work before its workers calls the two parts.
 
 use std::future::Future;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use futures::FutureExt as _;
 
+use super::cache::Indexed;
 use super::queue::{Item, WorkQueue};
+
+/// A cache a controller waits for before its workers start.
+pub trait Synced: Send + Sync {
+    /// Resolves once the cache holds its first full list.
+    fn synced(&self) -> BoxFuture<'_, ()>;
+}
+
+impl<K: kube::ResourceExt + Clone + Send + Sync + 'static> Synced for Indexed<K> {
+    fn synced(&self) -> BoxFuture<'_, ()> {
+        self.wait_ready().boxed()
+    }
+}
+
+/// Waits until every one of `caches` has synced, logging before and after under the
+/// controller's name (client-go's `WaitForNamedCacheSync`).
+pub async fn wait_for_caches(controller: &str, caches: &[&dyn Synced]) {
+    tracing::info!(controller, "waiting for caches to sync");
+    for cache in caches {
+        cache.synced().await;
+    }
+    tracing::info!(controller, "caches are synced");
+}
+
+/// A controller's whole run: waits for `caches`, then runs `workers` workers calling
+/// `sync(controller, key)` for each key of `queue`, until the queue is shut down (or this future
+/// is dropped: leadership lost).
+pub async fn run_controller<C, T, F, Fut>(
+    controller: &Arc<C>,
+    name: &str,
+    caches: &[&dyn Synced],
+    queue: &Arc<WorkQueue<T>>,
+    workers: usize,
+    sync: F,
+) where
+    C: Send + Sync + 'static,
+    T: Item,
+    F: Fn(Arc<C>, T) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = crate::Result<()>> + Send + 'static,
+{
+    wait_for_caches(name, caches).await;
+    tracing::info!(controller = name, workers, "controller started");
+    run_workers_of(controller, queue, workers, sync).await;
+}
+
+/// Runs `workers` workers over `queue`, calling `sync(controller, item)` for each item (the
+/// controller's clone handed to every call).
+pub async fn run_workers_of<C, T, F, Fut>(
+    controller: &Arc<C>,
+    queue: &Arc<WorkQueue<T>>,
+    workers: usize,
+    sync: F,
+) where
+    C: Send + Sync + 'static,
+    T: Item,
+    F: Fn(Arc<C>, T) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = crate::Result<()>> + Send + 'static,
+{
+    let controller = controller.clone();
+    run_workers(queue.clone(), workers, move |item| {
+        sync(controller.clone(), item)
+    })
+    .await;
+}
 
 /// Runs `workers` workers over `queue` until it is shut down.
 pub async fn run_workers<T, F, Fut>(queue: Arc<WorkQueue<T>>, workers: usize, sync: F)

@@ -21,7 +21,7 @@ use crate::helpers::clock::{Clock, SystemClock};
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_workers;
+use crate::runtime::workers::run_controller;
 
 use crate::helpers::job::{self as jobutil, is_finished};
 use crate::helpers::meta;
@@ -113,15 +113,13 @@ impl Controller {
 
     /// Waits for the cache, then runs the workers.
     pub async fn run(self: Arc<Self>) {
-        self.jobs.wait_ready().await;
-        let this = self.clone();
-        run_workers(
-            self.queue.clone(),
+        run_controller(
+            &self,
+            "ttl-after-finished",
+            &[&*self.jobs],
+            &self.queue,
             self.config.workers,
-            move |key: String| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
+            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }

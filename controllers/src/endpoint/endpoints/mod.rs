@@ -28,7 +28,7 @@ use crate::runtime::cache::Indexed;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_workers;
+use crate::runtime::workers::{run_workers_of, wait_for_caches};
 
 /// The work queue's (and metrics') name, as upstream.
 pub const QUEUE_NAME: &str = "endpoint";
@@ -78,9 +78,11 @@ impl Controller {
     /// Waits for the Service, Pod and Endpoints caches, queues the leftovers, then runs the workers
     /// until the queue shuts down.
     pub async fn run(self: Arc<Self>) {
-        self.services.wait_ready().await;
-        self.pods.wait_ready().await;
-        self.endpoints.wait_ready().await;
+        wait_for_caches(
+            "endpoints",
+            &[&*self.services, &*self.pods, &*self.endpoints],
+        )
+        .await;
         for key in leftovers(&self.endpoints, &self.services) {
             self.queue.add(key);
         }
@@ -88,14 +90,11 @@ impl Controller {
             workers = self.config.workers,
             "endpoints controller started"
         );
-        let this = self.clone();
-        run_workers(
-            self.queue.clone(),
+        run_workers_of(
+            &self,
+            &self.queue,
             self.config.workers,
-            move |key: String| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
+            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }

@@ -41,7 +41,7 @@ use crate::runtime::cache::{Indexed, Key};
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_workers, AbortOnDrop};
+use crate::runtime::workers::{run_workers_of, wait_for_caches, AbortOnDrop};
 
 /// The work queue's (and metrics') name, as upstream.
 pub const QUEUE_NAME: &str = "endpoint_slice";
@@ -174,9 +174,11 @@ impl Controller {
     /// Waits for the Service, Pod and EndpointSlice caches (and briefly for the Nodes), then runs
     /// the workers and the orphan sweep until the queue shuts down.
     pub async fn run(self: Arc<Self>) {
-        self.services.wait_ready().await;
-        self.pods.wait_ready().await;
-        self.slices.wait_ready().await;
+        wait_for_caches(
+            "endpointslice",
+            &[&*self.services, &*self.pods, &*self.slices],
+        )
+        .await;
         let mut background = vec![tokio::spawn(self.clone().sweep_orphans()).abort_handle()];
         if tokio::time::timeout(NODES_WAIT, self.nodes.wait_ready())
             .await
@@ -198,14 +200,11 @@ impl Controller {
             workers = self.config.workers,
             "endpointslice controller started"
         );
-        let this = self.clone();
-        run_workers(
-            self.queue.clone(),
+        run_workers_of(
+            &self,
+            &self.queue,
             self.config.workers,
-            move |key: String| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
+            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }

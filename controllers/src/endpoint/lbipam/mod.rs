@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_workers;
+use crate::runtime::workers::{run_workers_of, wait_for_caches};
 use pool::{Allocator, Pool};
 
 /// The work queue's (and metrics') name.
@@ -170,7 +170,7 @@ impl Controller {
     /// Waits for the Service cache, rebuilds the allocator from it, then runs the workers until
     /// the queue shuts down.
     pub async fn run(self: Arc<Self>) {
-        self.services.wait_ready().await;
+        wait_for_caches("lb-ipam", &[&*self.services]).await;
         {
             let mut alloc = self.alloc.lock().expect("allocator lock");
             *alloc = rebuild(
@@ -183,11 +183,12 @@ impl Controller {
             );
         }
         tracing::info!(workers = self.workers, "lb-ipam controller started");
-        let this = self.clone();
-        run_workers(self.queue.clone(), self.workers, move |key: String| {
-            let this = this.clone();
-            async move { this.sync(&key).await }
-        })
+        run_workers_of(
+            &self,
+            &self.queue,
+            self.workers,
+            |this, key: String| async move { this.sync(&key).await },
+        )
         .await;
     }
 

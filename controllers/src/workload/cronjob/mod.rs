@@ -38,7 +38,7 @@ use crate::runtime::cache::Indexed;
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{self, Informers, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_workers;
+use crate::runtime::workers::run_controller;
 
 use crate::helpers::clock::{Clock, SystemClock};
 use plan::Decision;
@@ -104,17 +104,13 @@ impl Controller {
 
     /// Waits for the caches, then runs the workers until the queue shuts down.
     pub async fn run(self: Arc<Self>) {
-        self.cron_jobs.wait_ready().await;
-        self.jobs.wait_ready().await;
-        tracing::info!(workers = self.config.workers, "cronjob controller started");
-        let this = self.clone();
-        run_workers(
-            self.queue.clone(),
+        run_controller(
+            &self,
+            "cronjob",
+            &[&*self.cron_jobs, &*self.jobs],
+            &self.queue,
             self.config.workers,
-            move |key: String| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
+            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }

@@ -54,7 +54,7 @@ use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_workers;
+use crate::runtime::workers::{run_workers_of, wait_for_caches};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Clock, Eligibility, FailedPodsBackoff, NodeChanges};
@@ -158,33 +158,33 @@ impl Controller {
     /// Waits for the caches, then runs the DaemonSet and node-update workers until the queues
     /// shut down.
     pub async fn run(self: Arc<Self>) {
-        self.pods.wait_ready().await;
-        self.nodes.wait_ready().await;
-        self.revisions.wait_ready().await;
-        self.daemon_sets.wait_ready().await;
+        wait_for_caches(
+            "daemonset",
+            &[
+                &*self.pods,
+                &*self.nodes,
+                &*self.revisions,
+                &*self.daemon_sets,
+            ],
+        )
+        .await;
         tracing::info!(
             workers = self.config.workers,
             "daemonset controller started"
         );
-        let this = self.clone();
-        let syncs = run_workers(
-            self.queue.clone(),
+        let syncs = run_workers_of(
+            &self,
+            &self.queue,
             self.config.workers,
-            move |key: String| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
+            |this, key: String| async move { this.sync(&key).await },
         );
-        let this = self.clone();
-        let node_syncs = run_workers(
-            self.node_queue.clone(),
+        let node_syncs = run_workers_of(
+            &self,
+            &self.node_queue,
             self.config.workers,
-            move |node: String| {
-                let this = this.clone();
-                async move {
-                    this.sync_node_update(&node);
-                    Ok(())
-                }
+            |this, node: String| async move {
+                this.sync_node_update(&node);
+                Ok(())
             },
         );
         let weak = Arc::downgrade(&self);

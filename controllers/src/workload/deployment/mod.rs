@@ -31,7 +31,7 @@ use crate::runtime::claim::{self, claim_plan, recheck_owner, OwnerInfo, ORPHAN_N
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{key_of, split_key, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_workers;
+use crate::runtime::workers::run_controller;
 
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::written::Written;
@@ -146,23 +146,13 @@ impl Controller {
 
     /// Waits for the caches, then runs the workers until the queue shuts down.
     pub async fn run(self: Arc<Self>) {
-        futures::join!(
-            self.deployments.wait_ready(),
-            self.replica_sets.wait_ready(),
-            self.pods.wait_ready()
-        );
-        tracing::info!(
-            workers = self.config.workers,
-            "deployment controller synced"
-        );
-        let this = self.clone();
-        run_workers(
-            self.queue.clone(),
+        run_controller(
+            &self,
+            "deployment",
+            &[&*self.deployments, &*self.replica_sets, &*self.pods],
+            &self.queue,
             self.config.workers,
-            move |key: String| {
-                let this = this.clone();
-                async move { this.sync_handled(key).await }
-            },
+            |this, key: String| async move { this.sync_handled(key).await },
         )
         .await;
     }

@@ -52,7 +52,7 @@ use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_workers;
+use crate::runtime::workers::{run_workers_of, wait_for_caches};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Ctx, Manage, SYNC_JOB_BATCH_PERIOD, TRACKING_FINALIZER};
@@ -162,26 +162,19 @@ impl Controller {
 
     /// Waits for the caches, then runs the Job and orphan workers until the queues shut down.
     pub async fn run(self: Arc<Self>) {
-        self.jobs.wait_ready().await;
-        self.pods.wait_ready().await;
+        wait_for_caches("job", &[&*self.jobs, &*self.pods]).await;
         tracing::info!(workers = self.config.workers, "job controller started");
-        let this = self.clone();
-        let jobs = run_workers(
-            self.queue.clone(),
+        let jobs = run_workers_of(
+            &self,
+            &self.queue,
             self.config.workers,
-            move |key: String| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
+            |this, key: String| async move { this.sync(&key).await },
         );
-        let this = self.clone();
-        let orphans = run_workers(
-            self.orphans.clone(),
+        let orphans = run_workers_of(
+            &self,
+            &self.orphans,
             self.config.workers,
-            move |key: OrphanKey| {
-                let this = this.clone();
-                async move { this.sync_orphan(&key).await }
-            },
+            |this, key: OrphanKey| async move { this.sync_orphan(&key).await },
         );
         futures::future::join(jobs, orphans).await;
     }

@@ -47,7 +47,7 @@ use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_workers;
+use crate::runtime::workers::run_controller;
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::Manage;
@@ -147,20 +147,13 @@ impl Controller {
 
     /// Waits for the ReplicaSet and Pod caches, then runs the workers until the queue shuts down.
     pub async fn run(self: Arc<Self>) {
-        self.replica_sets.wait_ready().await;
-        self.pods.wait_ready().await;
-        tracing::info!(
-            workers = self.config.workers,
-            "replicaset controller started"
-        );
-        let this = self.clone();
-        run_workers(
-            self.queue.clone(),
+        run_controller(
+            &self,
+            "replicaset",
+            &[&*self.replica_sets, &*self.pods],
+            &self.queue,
             self.config.workers,
-            move |key: String| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
+            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }

@@ -58,7 +58,7 @@ use crate::runtime::history;
 use crate::runtime::informer::{self, controller_uid, Informers, NAMESPACE};
 use crate::runtime::pods::{is_pod_ready, pod_key};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_workers;
+use crate::runtime::workers::run_controller;
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Action, DeleteReason, Group, Pass, UpdateRevision};
@@ -147,22 +147,13 @@ impl Controller {
 
     /// Waits for the caches, then runs the workers until the queue shuts down.
     pub async fn run(self: Arc<Self>) {
-        self.sets.wait_ready().await;
-        self.pods.wait_ready().await;
-        self.revisions.wait_ready().await;
-        self.claims.wait_ready().await;
-        tracing::info!(
-            workers = self.config.workers,
-            "statefulset controller started"
-        );
-        let this = self.clone();
-        run_workers(
-            self.queue.clone(),
+        run_controller(
+            &self,
+            "statefulset",
+            &[&*self.sets, &*self.pods, &*self.revisions, &*self.claims],
+            &self.queue,
             self.config.workers,
-            move |key: String| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
+            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }
