@@ -14,6 +14,19 @@ pub fn object_name<K: Resource<DynamicType = ()>>(obj: &K) -> String {
     )
 }
 
+/// [`object_name`] as a method, so it reads the same through an `Arc` (`job.object_name()` on an
+/// `Arc<Job>` or a `&Job`).
+pub trait ObjectName {
+    /// `Kind ns/name`.
+    fn object_name(&self) -> String;
+}
+
+impl<K: Resource<DynamicType = ()>> ObjectName for K {
+    fn object_name(&self) -> String {
+        object_name(self)
+    }
+}
+
 /// The owner reference with `controller: true` (`metav1.GetControllerOf`).
 pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
     meta.owner_references

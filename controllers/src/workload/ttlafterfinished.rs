@@ -18,13 +18,13 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::error::{Error, Result};
 use crate::helpers::clock::{Clock, SystemClock};
+use crate::helpers::meta::ObjectName as _;
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_controller;
 
 use crate::helpers::job::{self as jobutil, is_finished};
-use crate::helpers::meta;
 
 /// The work queue's name, as upstream.
 pub const QUEUE_NAME: &str = "ttl_jobs_to_delete";
@@ -70,14 +70,14 @@ pub fn expires_at(job: &Job) -> std::result::Result<Option<Timestamp>, String> {
         .ok_or_else(|| {
             format!(
                 "{}: unable to find the time when the Job finished",
-                object_name(job)
+                job.object_name()
             )
         })?;
     finished_at
         .0
         .checked_add(SignedDuration::from_secs(i64::from(ttl)))
         .map(Some)
-        .map_err(|e| format!("{}: spec.ttlSecondsAfterFinished: {e}", object_name(job)))
+        .map_err(|e| format!("{}: spec.ttlSecondsAfterFinished: {e}", job.object_name()))
 }
 
 /// The running controller.
@@ -132,7 +132,7 @@ impl Controller {
     /// `Some(expiry)` when `job` is due now; otherwise re-queued for its expiry.
     fn due(&self, key: &str, job: &Job) -> Result<Option<Timestamp>> {
         let at = expires_at(job).map_err(|reason| Error::Invalid {
-            object: object_name(job),
+            object: job.object_name(),
             reason,
         })?;
         let Some(at) = at else { return Ok(None) };
@@ -157,7 +157,7 @@ impl Controller {
         let Some(fresh) = api
             .get_opt(name)
             .await
-            .map_err(|e| Error::kube("reading", object_name(&job), e))?
+            .map_err(|e| Error::kube("reading", job.object_name(), e))?
         else {
             return Ok(());
         };
@@ -172,11 +172,11 @@ impl Controller {
             }),
             ..Default::default()
         };
-        tracing::debug!(job = %object_name(&fresh), "cleaning up finished Job");
+        tracing::debug!(job = %fresh.object_name(), "cleaning up finished Job");
         match api.delete(&fresh.name_any(), &dp).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(Error::kube("deleting", object_name(&fresh), e)),
+            Err(e) => Err(Error::kube("deleting", fresh.object_name(), e)),
         }
     }
 }
@@ -190,11 +190,6 @@ pub fn remaining(job: &Job, now: Timestamp) -> Option<Duration> {
     } else {
         left.unsigned_abs()
     })
-}
-
-/// `Job ns/name` (typed, so an `Arc<Job>` derefs into it).
-fn object_name(job: &Job) -> String {
-    meta::object_name(job)
 }
 
 #[cfg(test)]

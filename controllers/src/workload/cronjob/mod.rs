@@ -31,6 +31,7 @@ use kube::api::{DeleteParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::error::{Error, Result};
+use crate::helpers::meta::ObjectName as _;
 use crate::runtime::apierrors::{
     api_message, is_already_exists, is_not_found, namespace_terminating,
 };
@@ -215,7 +216,7 @@ impl Controller {
                     "FailedDelete",
                     format!("Deleted job: {}", api_message(&e)),
                 );
-                tracing::warn!(cronjob = %plan::object_name(cj), job = name, "deleting Job: {e}");
+                tracing::warn!(cronjob = %cj.object_name(), job = name, "deleting Job: {e}");
                 false
             }
         }
@@ -256,7 +257,7 @@ impl Controller {
             let api: Api<CronJob> = Api::namespaced(self.client.clone(), ns);
             api.replace_status(name, &PostParams::default(), &cj)
                 .await
-                .map_err(|e| Error::kube("writing status of", plan::object_name(&cj), e))?;
+                .map_err(|e| Error::kube("writing status of", cj.object_name(), e))?;
         }
         if let Some(after) = requeue {
             self.queue.add_after(key.to_string(), after);
@@ -288,7 +289,7 @@ impl Controller {
                     return (
                         None,
                         update,
-                        Some(Error::kube("reading", plan::object_name(cj), e)),
+                        Some(Error::kube("reading", cj.object_name(), e)),
                     )
                 }
             };
@@ -464,7 +465,7 @@ impl Controller {
                             None,
                             update,
                             Some(Error::Invalid {
-                                object: plan::object_name(cj),
+                                object: cj.object_name(),
                                 reason: format!("could not replace job {rns}/{rname}"),
                             }),
                         );
@@ -478,7 +479,7 @@ impl Controller {
                             None,
                             update,
                             Some(Error::Invalid {
-                                object: plan::object_name(cj),
+                                object: cj.object_name(),
                                 reason,
                             }),
                         )
@@ -518,7 +519,7 @@ impl Controller {
                         if !ours || listed {
                             return (None, update, None);
                         }
-                        tracing::info!(cronjob = %plan::object_name(cj), job = %existing.name_any(), "Job already exists");
+                        tracing::info!(cronjob = %cj.object_name(), job = %existing.name_any(), "Job already exists");
                         existing
                     }
                     Err(e) => {
@@ -533,7 +534,7 @@ impl Controller {
                         return (
                             None,
                             update,
-                            Some(Error::kube("creating Job for", plan::object_name(cj), e)),
+                            Some(Error::kube("creating Job for", cj.object_name(), e)),
                         );
                     }
                 };

@@ -9,6 +9,7 @@
 //! for its next schedule time (CJ-2), and names Jobs after the scheduled time in minutes (CJ-1):
 //! this follows v1.34.
 
+use crate::helpers::meta::ObjectName as _;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +33,7 @@ pub const NEXT_SCHEDULE_DELTA: Duration = Duration::from_millis(100);
 pub const MANY_MISSED: i64 = 100;
 
 pub use crate::helpers::job::finished_condition;
-pub use crate::helpers::meta::{controller_of, object_name};
+pub use crate::helpers::meta::controller_of;
 
 fn time(t: Option<&Time>) -> Option<Timestamp> {
     t.map(|t| t.0)
@@ -182,11 +183,11 @@ pub fn job_from_template(cj: &CronJob, scheduled: Timestamp) -> Result<Job, Stri
     let spec = cj
         .spec
         .as_ref()
-        .ok_or_else(|| format!("{}: field spec is missing", object_name(cj)))?;
+        .ok_or_else(|| format!("{}: field spec is missing", cj.object_name()))?;
     let template = &spec.job_template;
     let meta = template.metadata.clone().unwrap_or_default();
     let tz = load_location(spec.time_zone.as_deref().unwrap_or_default())
-        .map_err(|e| format!("{}: spec.timeZone: {e}", object_name(cj)))?;
+        .map_err(|e| format!("{}: spec.timeZone: {e}", cj.object_name()))?;
     let mut annotations = meta.annotations.unwrap_or_default();
     let zoned = scheduled.to_zoned(tz);
     annotations.insert(

@@ -46,6 +46,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::error::{Error, Result};
+use crate::helpers::meta::ObjectName as _;
 use crate::runtime::apierrors::is_already_exists;
 use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo, ORPHAN_NAMESPACE};
@@ -511,7 +512,7 @@ impl Controller {
             .await;
         match (result, status) {
             (Err(e), Err(s)) => {
-                tracing::error!(ds = %plan::object_name(&ds), "updating status: {s}");
+                tracing::error!(ds = %ds.object_name(), "updating status: {s}");
                 Err(e)
             }
             (Err(e), _) | (_, Err(e)) => Err(e),
@@ -594,7 +595,7 @@ impl Controller {
             let fresh = ds_api
                 .get_opt(&name)
                 .await
-                .map_err(|e| Error::kube("re-reading before adoption", plan::object_name(ds), e))?;
+                .map_err(|e| Error::kube("re-reading before adoption", ds.object_name(), e))?;
             claim::recheck_owner(&owner, fresh.as_ref())
         };
         let mut claimed = claim::claim(&pod_api, &owner, plan, recheck).await?;
@@ -658,7 +659,7 @@ impl Controller {
         }
         let owner = Owner {
             key: key.to_string(),
-            ..Owner::of(ds, plan::object_name(ds))
+            ..Owner::of(ds, ds.object_name())
         };
         let delete_keys: Vec<String> = delete
             .iter()
@@ -737,7 +738,7 @@ impl Controller {
                 &Patch::Merge(&patch),
             )
             .await
-            .map_err(|e| Error::kube("writing status of", plan::object_name(ds), e))?;
+            .map_err(|e| Error::kube("writing status of", ds.object_name(), e))?;
         }
         if let Some(after) = plan::status_requeue(ds, &status) {
             self.queue.add_after(informer::key_of(ds), after);
@@ -766,7 +767,7 @@ impl Controller {
             let fresh = ds_api
                 .get_opt(&name)
                 .await
-                .map_err(|e| Error::kube("re-reading before adoption", plan::object_name(ds), e))?;
+                .map_err(|e| Error::kube("re-reading before adoption", ds.object_name(), e))?;
             claim::recheck_owner(&owner, fresh.as_ref())
         };
         claim::claim(&api, &owner, plan, recheck).await
@@ -885,11 +886,11 @@ impl Controller {
         let fresh = ds_api
             .get(&ds.name_any())
             .await
-            .map_err(|e| Error::kube("reading", plan::object_name(ds), e))?;
+            .map_err(|e| Error::kube("reading", ds.object_name(), e))?;
         let count = |d: &DaemonSet| d.status.as_ref().and_then(|s| s.collision_count);
         if count(&fresh) != count(ds) {
             return Err(Error::Invalid {
-                object: plan::object_name(ds),
+                object: ds.object_name(),
                 reason: format!(
                     "status.collisionCount: stale ({:?}, current {:?}); retrying once the cache has it",
                     count(ds),
@@ -909,8 +910,8 @@ impl Controller {
                 &Patch::Merge(&patch),
             )
             .await
-            .map_err(|e| Error::kube("raising collisionCount of", plan::object_name(ds), e))?;
-        tracing::info!(ds = %plan::object_name(ds), collision_count = bumped, "hash collision, collisionCount raised");
+            .map_err(|e| Error::kube("raising collisionCount of", ds.object_name(), e))?;
+        tracing::info!(ds = %ds.object_name(), collision_count = bumped, "hash collision, collisionCount raised");
         Err(Error::kube(
             "creating ControllerRevision",
             format!("{ns}/{name}"),

@@ -34,6 +34,7 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::helpers::meta::ObjectName as _;
 use crate::helpers::nodeaffinity::{self, RequiredNodeAffinity};
 use crate::helpers::selector::Selector;
 use crate::helpers::taints;
@@ -78,11 +79,6 @@ const TAINT_MEMORY_PRESSURE: &str = "node.kubernetes.io/memory-pressure";
 const TAINT_PID_PRESSURE: &str = "node.kubernetes.io/pid-pressure";
 const TAINT_NETWORK_UNAVAILABLE: &str = "node.kubernetes.io/network-unavailable";
 
-/// `DaemonSet ns/name`, for errors and logs (typed, so an `Arc<DaemonSet>` derefs into it).
-pub fn object_name(ds: &DaemonSet) -> String {
-    crate::helpers::meta::object_name(ds)
-}
-
 fn spec_of(ds: &DaemonSet) -> Option<&k8s_openapi::api::apps::v1::DaemonSetSpec> {
     ds.spec.as_ref()
 }
@@ -95,7 +91,7 @@ pub fn template(ds: &DaemonSet) -> PodTemplateSpec {
 /// The DaemonSet's selector; an invalid one is an error naming the field.
 pub fn selector(ds: &DaemonSet) -> Result<Selector> {
     Selector::parse(spec_of(ds).map(|s| &s.selector)).map_err(|reason| Error::Invalid {
-        object: object_name(ds),
+        object: ds.object_name(),
         reason: format!("spec.{reason}"),
     })
 }
@@ -417,7 +413,7 @@ pub fn new_daemon_pod(ds: &DaemonSet, template: &PodTemplateSpec, node: &str) ->
         .is_some_and(|l| !l.is_empty());
     if !labelled {
         return Err(Error::Invalid {
-            object: object_name(ds),
+            object: ds.object_name(),
             reason: "spec.template.metadata.labels is empty: Pods without labels are not created"
                 .into(),
         });
@@ -839,7 +835,7 @@ pub fn rolling_update(
     now: Timestamp,
 ) -> Result<NodeChanges> {
     let invalid = |reason: String| Error::Invalid {
-        object: object_name(ds),
+        object: ds.object_name(),
         reason: format!("spec.updateStrategy.rollingUpdate: {reason}"),
     };
     let (max_surge, max_unavailable, desired) =
@@ -889,7 +885,7 @@ pub fn rolling_update(
         .collect();
     let should_run = |name: &str| -> Result<bool> {
         let node = node_by_name.get(name).ok_or_else(|| Error::Invalid {
-            object: object_name(ds),
+            object: ds.object_name(),
             reason: format!("couldn't get node for nodeName {name:?}"),
         })?;
         Ok(eligibility.should_run(node).0)

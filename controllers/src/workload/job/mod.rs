@@ -43,6 +43,7 @@ use serde_json::json;
 
 use crate::error::{Error, Result};
 use crate::helpers::clock::{Clock, SystemClock};
+use crate::helpers::meta::ObjectName as _;
 use crate::helpers::selector::Selector;
 use crate::runtime::apierrors::is_not_found;
 use crate::runtime::cache::Indexed;
@@ -484,7 +485,7 @@ impl Controller {
     /// tracking finalizer too.
     async fn pods_for_job(&self, job: &Arc<Job>) -> Result<Vec<Arc<CachedPod>>> {
         let sel = selector(job).map_err(|reason| Error::Invalid {
-            object: plan::object_name(job),
+            object: job.object_name(),
             reason: format!("spec.selector: {reason}"),
         })?;
         let ns = job.metadata.namespace.as_deref().unwrap_or_default();
@@ -507,9 +508,10 @@ impl Controller {
         let jobs_api: Api<Job> = Api::namespaced(self.client.clone(), ns);
         let name = job.name_any();
         let recheck = || async {
-            let fresh = jobs_api.get_opt(&name).await.map_err(|e| {
-                Error::kube("re-reading before adoption", plan::object_name(job), e)
-            })?;
+            let fresh = jobs_api
+                .get_opt(&name)
+                .await
+                .map_err(|e| Error::kube("re-reading before adoption", job.object_name(), e))?;
             claim::recheck_owner(&owner, fresh.as_ref())
         };
         let mut pods = claim::claim(&api, &owner, claim_plan, recheck).await?;
@@ -611,7 +613,7 @@ impl Controller {
         let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let owner = Owner {
             key: key.to_string(),
-            ..Owner::of(job.as_ref(), plan::object_name(&job))
+            ..Owner::of(job.as_ref(), job.object_name())
         };
         let mut active = ctx.active.len() as i32;
         let mut manage_err = None;
@@ -756,7 +758,7 @@ impl Controller {
         );
         api.replace_status(&job.name_any(), &PostParams::default(), job)
             .await
-            .map_err(|e| Error::kube("writing status of", plan::object_name(job), e))
+            .map_err(|e| Error::kube("writing status of", job.object_name(), e))
     }
 
     /// `trackJobStatusAndRemoveFinalizers` with `flushUncountedAndRemoveFinalizers`.

@@ -78,11 +78,6 @@ pub mod cond {
 }
 
 pub use crate::helpers::job::{finished_condition as finished_type, is_finished};
-/// `Job ns/name`, for errors and logs (typed, so an `Arc<Job>` derefs into it).
-pub fn object_name(job: &Job) -> String {
-    crate::helpers::meta::object_name(job)
-}
-
 /// Whether the Pod carries the tracking finalizer.
 pub fn has_tracking_finalizer(pod: &CachedPod) -> bool {
     pod.metadata

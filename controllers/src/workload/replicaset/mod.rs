@@ -39,6 +39,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 
 use crate::error::{Error, Result};
+use crate::helpers::meta::ObjectName as _;
 use crate::runtime::apierrors::api_message;
 use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo, ORPHAN_NAMESPACE};
@@ -351,9 +352,10 @@ impl Controller {
         let plan = claim::claim_plan(&uid, &selector, deleting, active);
         let rs_api: Api<ReplicaSet> = Api::namespaced(self.client.clone(), ns);
         let recheck = || async {
-            let fresh = rs_api.get_opt(name).await.map_err(|e| {
-                Error::kube("re-reading before adoption", plan::object_name(&rs), e)
-            })?;
+            let fresh = rs_api
+                .get_opt(name)
+                .await
+                .map_err(|e| Error::kube("re-reading before adoption", rs.object_name(), e))?;
             claim::recheck_owner(&owner, fresh.as_ref())
         };
         let claim_api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
@@ -472,7 +474,7 @@ impl Controller {
             &Patch::Merge(&patch),
         )
         .await
-        .map_err(|e| Error::kube("writing status of", plan::object_name(rs), e))
+        .map_err(|e| Error::kube("writing status of", rs.object_name(), e))
     }
 }
 
@@ -480,7 +482,7 @@ impl Controller {
 fn owner(key: &str, rs: &ReplicaSet) -> Owner {
     Owner {
         key: key.to_string(),
-        ..Owner::of(rs, plan::object_name(rs))
+        ..Owner::of(rs, rs.object_name())
     }
 }
 

@@ -17,6 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::error::{Error, Result};
+use crate::helpers::meta::ObjectName as _;
 use crate::helpers::selector::Selector;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
@@ -28,11 +29,6 @@ pub const BURST_REPLICAS: usize = 500;
 
 /// The condition type set when creating or deleting Pods failed.
 pub const REPLICA_FAILURE: &str = "ReplicaFailure";
-
-/// `ReplicaSet ns/name`, for errors and logs (typed, so an `Arc<ReplicaSet>` derefs into it).
-pub fn object_name(rs: &ReplicaSet) -> String {
-    crate::helpers::meta::object_name(rs)
-}
 
 /// `spec.replicas` (the API server defaults a missing one to 1).
 pub fn desired_replicas(rs: &ReplicaSet) -> i32 {
@@ -51,7 +47,7 @@ pub fn min_ready_seconds(rs: &ReplicaSet) -> i32 {
 /// the ReplicaSet until it changes).
 pub fn selector(rs: &ReplicaSet) -> Result<Selector> {
     Selector::parse(rs.spec.as_ref().map(|s| &s.selector)).map_err(|reason| Error::Invalid {
-        object: object_name(rs),
+        object: rs.object_name(),
         reason: format!("spec.{reason}"),
     })
 }
@@ -316,7 +312,7 @@ pub fn requeue_after(
 /// create Pods without labels).
 pub fn pod_from_template(rs: &ReplicaSet) -> Result<Pod> {
     let invalid = |reason: &str| Error::Invalid {
-        object: object_name(rs),
+        object: rs.object_name(),
         reason: reason.to_string(),
     };
     let template = rs

@@ -47,6 +47,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
+use crate::helpers::meta::ObjectName as _;
 use crate::helpers::selector::Selector;
 use crate::runtime::apierrors::{api_message, is_already_exists, is_not_found};
 use crate::runtime::batch::slow_start_batch;
@@ -107,7 +108,7 @@ use crate::helpers::meta::controller_of_object as controller_of;
 
 fn selector_of(set: &StatefulSet) -> std::result::Result<Selector, Error> {
     Selector::parse(set.spec.as_ref().map(|s| &s.selector)).map_err(|e| Error::Invalid {
-        object: plan::object_name(set),
+        object: set.object_name(),
         reason: format!("spec.selector: {e}"),
     })
 }
@@ -315,9 +316,10 @@ impl Controller {
         let rev_api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), ns);
         let pod_api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
         let recheck = || async {
-            let fresh = set_api.get_opt(name).await.map_err(|e| {
-                Error::kube("re-reading before adoption", plan::object_name(&set), e)
-            })?;
+            let fresh = set_api
+                .get_opt(name)
+                .await
+                .map_err(|e| Error::kube("re-reading before adoption", set.object_name(), e))?;
             claim::recheck_owner(&owner, fresh.as_ref())
         };
 
@@ -581,7 +583,7 @@ impl Controller {
                 };
                 fail(verb, &pod, &msg);
                 result = Err(Error::Invalid {
-                    object: plan::object_name(set),
+                    object: set.object_name(),
                     reason: msg,
                 });
                 break;
@@ -667,7 +669,7 @@ impl Controller {
                             if !is_already_exists(&e) {
                                 fail("create", &name, &api_message(&e));
                             }
-                            result = Err(Error::kube("creating Pod for", plan::object_name(set), e));
+                            result = Err(Error::kube("creating Pod for", set.object_name(), e));
                             break;
                         }
                     }
@@ -742,7 +744,7 @@ impl Controller {
         if result.is_ok() && !claim_errs.is_empty() {
             let msg = claim_errs.join(", ");
             result = Err(Error::Invalid {
-                object: plan::object_name(set),
+                object: set.object_name(),
                 reason: msg,
             });
         }
@@ -765,7 +767,7 @@ impl Controller {
             &Patch::Merge(&patch),
         )
         .await
-        .map_err(|e| Error::kube("writing status of", plan::object_name(set), e))?;
+        .map_err(|e| Error::kube("writing status of", set.object_name(), e))?;
         Ok(())
     }
 }

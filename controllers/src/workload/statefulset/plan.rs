@@ -20,6 +20,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
+use crate::helpers::meta::ObjectName as _;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::history;
@@ -34,11 +35,6 @@ pub const REVISION_LABEL: &str = "controller-revision-hash";
 
 const RETAIN: &str = "Retain";
 const DELETE: &str = "Delete";
-
-/// `StatefulSet ns/name`, for errors and logs (typed, so an `Arc<StatefulSet>` derefs into it).
-pub fn object_name(set: &StatefulSet) -> String {
-    crate::helpers::meta::object_name(set)
-}
 
 fn set_name(set: &StatefulSet) -> &str {
     set.metadata.name.as_deref().unwrap_or_default()
@@ -402,11 +398,11 @@ fn is_healthy(p: &CachedPod) -> bool {
 pub fn revision_data(set: &StatefulSet) -> Result<Value> {
     let tpl = template(set).ok_or_else(|| Error::MissingField {
         kind: "StatefulSet",
-        object: object_name(set),
+        object: set.object_name(),
         field: "spec.template",
     })?;
     let mut t = serde_json::to_value(tpl).map_err(|e| Error::Invalid {
-        object: object_name(set),
+        object: set.object_name(),
         reason: format!("spec.template: {e}"),
     })?;
     let obj = t.as_object_mut().expect("a PodTemplateSpec is an object");
