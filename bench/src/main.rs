@@ -136,11 +136,13 @@ pub struct BenchArgs {
     /// bound first), comma separated.
     #[arg(long, value_delimiter = ',', default_value = scheduler_bench::SIZES)]
     pub sched_sizes: Vec<String>,
-    /// Scheduler benchmark workloads: basic (SchedulingBasic), topology-spreading.
+    /// Scheduler benchmark workloads: basic (SchedulingBasic), topology-spreading,
+    /// pod-anti-affinity, pod-affinity, node-affinity, preferred-topology-spreading, preemption
+    /// (PreemptionBasic), or all.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "basic,topology-spreading"
+        default_value = scheduler_bench::DEFAULT_WORKLOADS
     )]
     pub sched_workloads: Vec<String>,
     /// Schedulers the scheduler benchmark measures, in order: kpr, upstream (kube-scheduler).

@@ -14,6 +14,26 @@
 //! I is min(N, 1,000) (scheduler_perf: 500 on 500 nodes, 1,000 on 5,000). The init Pods are not
 //! measured: they are the warm-up, proving the scheduler's informers synced and its profile works.
 //!
+//! By name (`--sched-workloads`, or `all`), scheduler_perf's affinity, spreading and preemption
+//! workloads, their init Pods scaled as its 500Nodes cases scale them:
+//!
+//! - `pod-anti-affinity` (SchedulingPodAntiAffinity): N/5 init and M measured Pods all labelled
+//!   `color: green` with required anti-affinity to that label on `kubernetes.io/hostname` (one
+//!   per node: M is cut to N - N/5);
+//! - `pod-affinity` (SchedulingPodAffinity): every node in zone `zone1`; N init and M measured
+//!   Pods `color: blue` with required affinity to that label on the zone;
+//! - `node-affinity` (SchedulingNodeAffinity): every node in `zone1`; N init and M measured Pods
+//!   with required node affinity `zone In [zone1, zone2]`;
+//! - `preferred-topology-spreading` (PreferredTopologySpreading): zones as topology-spreading,
+//!   2N init plain Pods (at most max(N, 5,000)), M measured Pods with maxSkew 5 ScheduleAnyway;
+//! - `preemption` (PreemptionBasic): 4N init Pods of 900m CPU and priority 0 (3.6 of each
+//!   node's 4 CPU), then M (at most N) Pods of 3 CPU with a PriorityClass of value 10: each
+//!   preempts three init Pods; the placement reports the victims.
+//!
+//! scheduler_perf puts its init and measured Pods in two namespaces and lists both in the
+//! affinity terms; here both are in the one bench namespace and the terms name none (the Pod's
+//! own): the same Pods match.
+//!
 //! Per workload, size and scheduler, on a fresh control plane of its own: the nodes are created
 //! and kwok makes them Ready; the scheduler starts and binds the init Pods; then the M Pods are
 //! created at once ([`WRITE_CONCURRENCY`] requests in flight, so the creator is not the limit)
@@ -89,8 +109,15 @@ const QUICK: Size = Size {
 const MAX_INIT_PODS: usize = 1_000;
 /// Pod creates in flight.
 const WRITE_CONCURRENCY: usize = 64;
-/// Zones of the topology-spreading workload.
+/// Zones of the topology-spreading workloads.
 pub const ZONES: usize = 3;
+/// PreemptionBasic: low-priority Pods per node (900m each), the preemptors' requests (3 CPU:
+/// three victims per node) and their PriorityClass.
+const PREEMPTION_LOW_PER_NODE: usize = 4;
+const LOW_CPU_MILLIS: usize = 900;
+const HIGH_CPU_MILLIS: usize = 3_000;
+const HIGH_PRIORITY_CLASS: &str = "bench-high";
+const HIGH_PRIORITY: i32 = 10;
 /// A node (scheduler_perf's node-default) and a Pod's requests (its pod-default).
 const NODE_CPU_MILLIS: usize = 4_000;
 const NODE_MEMORY: &str = "32Gi";
@@ -175,26 +202,76 @@ impl std::fmt::Display for Size {
 pub enum Workload {
     Basic,
     TopologySpreading,
+    PodAntiAffinity,
+    PodAffinity,
+    NodeAffinity,
+    PreferredTopologySpreading,
+    Preemption,
 }
 
+/// The workloads a run measures unless `--sched-workloads` says otherwise (`cargo xtask test`'s
+/// `bench --quick` runs these; the others by name or `all`).
+pub const DEFAULT_WORKLOADS: &str = "basic,topology-spreading";
+
 impl Workload {
-    pub const NAMES: &[&str] = &["basic", "topology-spreading"];
+    pub const NAMES: &[&str] = &[
+        "basic",
+        "topology-spreading",
+        "pod-anti-affinity",
+        "pod-affinity",
+        "node-affinity",
+        "preferred-topology-spreading",
+        "preemption",
+    ];
 
     pub fn parse(name: &str) -> anyhow::Result<Workload> {
         match name.trim() {
             "basic" | "SchedulingBasic" => Ok(Workload::Basic),
             "topology-spreading" | "TopologySpreading" => Ok(Workload::TopologySpreading),
+            "pod-anti-affinity" | "SchedulingPodAntiAffinity" => Ok(Workload::PodAntiAffinity),
+            "pod-affinity" | "SchedulingPodAffinity" => Ok(Workload::PodAffinity),
+            "node-affinity" | "SchedulingNodeAffinity" => Ok(Workload::NodeAffinity),
+            "preferred-topology-spreading" | "PreferredTopologySpreading" => {
+                Ok(Workload::PreferredTopologySpreading)
+            }
+            "preemption" | "PreemptionBasic" => Ok(Workload::Preemption),
             other => bail!(
-                "--sched-workloads: unknown workload {other:?} (known: {})",
+                "--sched-workloads: unknown workload {other:?} (known: {}, or all)",
                 Workload::NAMES.join(", ")
             ),
         }
+    }
+
+    /// Every workload `names` asks for, `all` standing for every one.
+    pub fn parse_list(names: &[String]) -> anyhow::Result<Vec<Workload>> {
+        let mut out = Vec::new();
+        for name in names {
+            let more = if name.trim() == "all" {
+                Workload::NAMES
+                    .iter()
+                    .map(|n| Workload::parse(n))
+                    .collect::<anyhow::Result<Vec<_>>>()?
+            } else {
+                vec![Workload::parse(name)?]
+            };
+            for w in more {
+                if !out.contains(&w) {
+                    out.push(w);
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn name(self) -> &'static str {
         match self {
             Workload::Basic => "SchedulingBasic",
             Workload::TopologySpreading => "TopologySpreading",
+            Workload::PodAntiAffinity => "SchedulingPodAntiAffinity",
+            Workload::PodAffinity => "SchedulingPodAffinity",
+            Workload::NodeAffinity => "SchedulingNodeAffinity",
+            Workload::PreferredTopologySpreading => "PreferredTopologySpreading",
+            Workload::Preemption => "PreemptionBasic",
         }
     }
 
@@ -202,7 +279,61 @@ impl Workload {
         match self {
             Workload::Basic => "basic",
             Workload::TopologySpreading => "spread",
+            Workload::PodAntiAffinity => "anti",
+            Workload::PodAffinity => "affinity",
+            Workload::NodeAffinity => "nodeaff",
+            Workload::PreferredTopologySpreading => "pspread",
+            Workload::Preemption => "preempt",
         }
+    }
+
+    /// The unmeasured Pods bound before the clock starts, as scheduler_perf's 500Nodes case
+    /// scales them (SchedulingBasic and TopologySpreading: min(N, 1,000) as before).
+    pub fn init_pods(self, size: Size) -> usize {
+        let n = size.nodes;
+        match self {
+            Workload::Basic | Workload::TopologySpreading => size.init_pods(),
+            // 100 on 500 nodes: one Pod per node at most, and room for the measured ones.
+            Workload::PodAntiAffinity => n.div_ceil(5),
+            // 500 on 500 (5,000 on 5,000).
+            Workload::PodAffinity | Workload::NodeAffinity => n,
+            // 1,000 on 500, 5,000 on 5,000.
+            Workload::PreferredTopologySpreading => (2 * n).min(n.max(5_000)),
+            // PreemptionBasic: 4 low-priority Pods of 900m per node (3.6 of its 4 CPU).
+            Workload::Preemption => PREEMPTION_LOW_PER_NODE * n,
+        }
+    }
+
+    /// The measured Pods of `size` this workload can place: required anti-affinity on the
+    /// hostname puts one Pod per node (init Pods included), preemption one 3-CPU Pod per node.
+    pub fn measured_pods(self, size: Size) -> usize {
+        match self {
+            Workload::PodAntiAffinity => size
+                .pods
+                .min(size.nodes.saturating_sub(self.init_pods(size))),
+            Workload::Preemption => size.pods.min(size.nodes),
+            _ => size.pods,
+        }
+    }
+
+    /// The zone of node `i`: three round-robin for the spreading workloads, all `zone1` for the
+    /// affinity ones (scheduler_perf's labelNodePrepareStrategy), none otherwise.
+    fn zone(self, i: usize) -> Option<String> {
+        match self {
+            Workload::TopologySpreading | Workload::PreferredTopologySpreading => {
+                Some(format!("zone-{}", i % ZONES))
+            }
+            Workload::PodAffinity | Workload::NodeAffinity => Some("zone1".into()),
+            _ => None,
+        }
+    }
+
+    /// Whether the placement reports the measured Pods' zone skew.
+    fn spreads(self) -> bool {
+        matches!(
+            self,
+            Workload::TopologySpreading | Workload::PreferredTopologySpreading
+        )
     }
 }
 
@@ -272,11 +403,7 @@ impl Plan {
                 .map(|s| Size::parse(s))
                 .collect::<anyhow::Result<Vec<_>>>()?
         };
-        let workloads = args
-            .sched_workloads
-            .iter()
-            .map(|w| Workload::parse(w))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let workloads = Workload::parse_list(&args.sched_workloads)?;
         let schedulers = args
             .schedulers
             .iter()
@@ -304,7 +431,7 @@ pub fn command(args: &BenchArgs) -> String {
     } else if args.sched_sizes.join(",") != SIZES {
         write!(command, " --sched-sizes {}", args.sched_sizes.join(",")).unwrap();
     }
-    if args.sched_workloads.join(",") != Workload::NAMES.join(",") {
+    if args.sched_workloads.join(",") != DEFAULT_WORKLOADS {
         write!(
             command,
             " --sched-workloads {}",
@@ -370,6 +497,9 @@ pub struct Run {
     pub workload: Workload,
     pub size: Size,
     pub init_pods: usize,
+    /// The measured Pods (size.pods, or fewer where the workload places fewer: see
+    /// [`Workload::measured_pods`]).
+    pub measured_pods: usize,
     pub scheduler: String,
     /// Its command line, minus credentials and paths.
     pub flags: Vec<String>,
@@ -392,7 +522,8 @@ impl Run {
         Run {
             workload,
             size,
-            init_pods: size.init_pods(),
+            init_pods: workload.init_pods(size),
+            measured_pods: workload.measured_pods(size),
             scheduler: scheduler.name().into(),
             flags: Vec::new(),
             ready_seconds: None,
@@ -482,6 +613,9 @@ pub struct Placement {
     pub zones: BTreeMap<String, usize>,
     /// max - min of those.
     pub zone_skew: Option<usize>,
+    /// Preemption: the init Pods deleted as victims (at least 3 per measured Pod: each needs
+    /// 3 CPU on a node whose four 900m Pods leave 0.4).
+    pub victims: Option<usize>,
 }
 
 impl Placement {
@@ -517,6 +651,7 @@ impl Placement {
             per_node_stddev: stddev(&counts),
             zone_skew: zone_of.map(|_| skew(&zone_counts)),
             zones,
+            victims: None,
         }
     }
 }
@@ -783,8 +918,8 @@ pub fn run(
                     scheduler.name(),
                     workload.name(),
                     size.nodes,
-                    size.init_pods(),
-                    size.pods
+                    workload.init_pods(size),
+                    workload.measured_pods(size)
                 );
                 let mut run = Run::new(workload, size, scheduler);
                 let what = format!("scheduler, {} {size}, {}", workload.name(), run.scheduler);
@@ -847,6 +982,8 @@ type Bound = Arc<Mutex<HashMap<String, (Instant, String)>>>;
 struct Counts {
     init: usize,
     measured: usize,
+    /// Init Pods deleted (preemption's victims).
+    init_deleted: usize,
 }
 
 fn measure(
@@ -875,17 +1012,19 @@ fn measure(
     start_kwok(&mut cp)?;
     let client = rt.block_on(cp.client())?;
     let nodes: Vec<String> = (0..size.nodes).map(|i| format!("node-{i}")).collect();
-    let zone_of: Option<HashMap<String, String>> =
-        (workload == Workload::TopologySpreading).then(|| {
-            nodes
-                .iter()
-                .enumerate()
-                .map(|(i, n)| (n.clone(), format!("zone-{}", i % ZONES)))
-                .collect()
-        });
+    let node_zones: HashMap<String, String> = nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| Some((n.clone(), workload.zone(i)?)))
+        .collect();
+    // The placement's zone skew: the spreading workloads only.
+    let zone_of = workload.spreads().then_some(&node_zones);
     let setup = Duration::from_secs(120 + size.nodes as u64 / 10);
     rt.block_on(guarded(&mut cp, setup, async {
-        create_nodes(&client, &nodes, zone_of.as_ref()).await?;
+        create_nodes(&client, &nodes, Some(&node_zones)).await?;
+        if workload == Workload::Preemption {
+            create_priority_class(&client).await?;
+        }
         wait_nodes_ready(&client, size.nodes).await
     }))
     .context("creating the nodes")?;
@@ -972,7 +1111,7 @@ fn measure(
         ))
     };
 
-    let init = size.init_pods();
+    let init = workload.init_pods(size);
     let spec = PodSpec {
         workload,
         role: "init",
@@ -1007,19 +1146,20 @@ fn measure(
         workload,
         role: MEASURED,
     };
+    let measured_pods = workload.measured_pods(size);
     let created = Arc::new(Mutex::new(None::<(Instant, f64, f64)>));
     let creates = {
         let created = created.clone();
         let pods = pods.clone();
         async move {
-            let sent = create_pods(&pods, "m", size.pods, spec).await?;
+            let sent = create_pods(&pods, "m", measured_pods, spec).await?;
             // When the last create was answered, and both processes' CPU then.
             let at = (Instant::now(), cpu_seconds(pid)?, cpu_seconds(apiserver)?);
             *created.lock().expect("lock") = Some(at);
             anyhow::Ok(sent)
         }
     };
-    let n = size.pods;
+    let n = measured_pods;
     let progress = {
         let mut rx = counts_rx.clone();
         async move {
@@ -1037,7 +1177,7 @@ fn measure(
             }
         }
     };
-    let timeout = Duration::from_secs(300 + size.pods as u64 / 10);
+    let timeout = Duration::from_secs(300 + measured_pods as u64 / 10);
     let sent = rt
         .block_on(guarded(&mut cp, timeout, async {
             let wait = wait_counts(counts_rx.clone(), |c| c.measured >= n);
@@ -1053,6 +1193,7 @@ fn measure(
     let cpu1 = cpu_seconds(pid)?;
     let api1 = cpu_seconds(apiserver)?;
     let after = scrape(&metrics_url);
+    let victims = counts_rx.borrow().init_deleted;
     run.cpu_seconds = Some(cpu1);
     run.peak_memory_mib = Some(vm_hwm_kib(pid)? as f64 / 1024.0);
     tracker.abort();
@@ -1125,7 +1266,11 @@ fn measure(
         .iter()
         .map(|(pod, (_, node))| (node.as_str(), pod.starts_with("m-")))
         .collect();
-    run.placement = Some(Placement::of(&nodes, &placed, zone_of.as_ref()));
+    let mut placement = Placement::of(&nodes, &placed, zone_of);
+    if workload == Workload::Preemption {
+        placement.victims = Some(victims);
+    }
+    run.placement = Some(placement);
 
     // Stopped before the log is read: requests still in flight are logged on the way out.
     cp.stop(scheduler.process());
@@ -1242,7 +1387,13 @@ struct PodSpec {
 /// A Pod as scheduler_perf's pod-default (or pod-with-topology-spreading, maxSkew 1, for the
 /// measured Pods of that workload), left alone by kwok once bound.
 fn pod(name: &str, spec: PodSpec) -> Pod {
-    let resources = json!({"cpu": format!("{POD_CPU_MILLIS}m"), "memory": POD_MEMORY});
+    let measured = spec.role == MEASURED;
+    let cpu = match (spec.workload, measured) {
+        (Workload::Preemption, false) => LOW_CPU_MILLIS,
+        (Workload::Preemption, true) => HIGH_CPU_MILLIS,
+        _ => POD_CPU_MILLIS,
+    };
+    let resources = json!({"cpu": format!("{cpu}m"), "memory": POD_MEMORY});
     let mut pod = json!({
         "metadata": {
             "name": name,
@@ -1256,15 +1407,77 @@ fn pod(name: &str, spec: PodSpec) -> Pod {
             "terminationGracePeriodSeconds": 0,
         },
     });
-    if spec.workload == Workload::TopologySpreading && spec.role == MEASURED {
-        pod["spec"]["topologySpreadConstraints"] = json!([{
-            "maxSkew": 1,
-            "topologyKey": ZONE_LABEL,
-            "whenUnsatisfiable": "DoNotSchedule",
-            "labelSelector": {"matchLabels": {"role": MEASURED}},
-        }]);
+    // scheduler_perf's templates, each Pod in the one bench namespace (its affinity templates
+    // list the two namespaces its init and measured Pods are in: the same set of Pods).
+    match (spec.workload, measured) {
+        (Workload::TopologySpreading, true) => {
+            pod["spec"]["topologySpreadConstraints"] = json!([{
+                "maxSkew": 1,
+                "topologyKey": ZONE_LABEL,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"role": MEASURED}},
+            }]);
+        }
+        // pod-with-preferred-topology-spreading.yaml.
+        (Workload::PreferredTopologySpreading, true) => {
+            pod["spec"]["topologySpreadConstraints"] = json!([{
+                "maxSkew": 5,
+                "topologyKey": ZONE_LABEL,
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"role": MEASURED}},
+            }]);
+        }
+        // pod-with-pod-anti-affinity.yaml, init and measured Pods alike.
+        (Workload::PodAntiAffinity, _) => {
+            pod["metadata"]["labels"]["color"] = json!("green");
+            pod["spec"]["affinity"] = json!({"podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [{
+                    "labelSelector": {"matchLabels": {"color": "green"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }],
+            }});
+        }
+        // pod-with-pod-affinity.yaml.
+        (Workload::PodAffinity, _) => {
+            pod["metadata"]["labels"]["color"] = json!("blue");
+            pod["spec"]["affinity"] = json!({"podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [{
+                    "labelSelector": {"matchLabels": {"color": "blue"}},
+                    "topologyKey": ZONE_LABEL,
+                }],
+            }});
+        }
+        // pod-with-node-affinity.yaml.
+        (Workload::NodeAffinity, _) => {
+            pod["spec"]["affinity"] = json!({"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
+                    "matchExpressions": [{"key": ZONE_LABEL, "operator": "In",
+                                          "values": ["zone1", "zone2"]}],
+                }]},
+            }});
+        }
+        // pod-high-priority.yaml (its `priority: 10` through a PriorityClass: the API server's
+        // Priority admission refuses a bare priority).
+        (Workload::Preemption, true) => {
+            pod["spec"]["priorityClassName"] = json!(HIGH_PRIORITY_CLASS);
+        }
+        _ => {}
     }
     serde_json::from_value(pod).expect("a valid Pod")
+}
+
+/// PreemptionBasic's high priority (the low-priority Pods have none: 0).
+async fn create_priority_class(client: &kube::Client) -> anyhow::Result<()> {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let pc: PriorityClass = serde_json::from_value(json!({
+        "metadata": {"name": HIGH_PRIORITY_CLASS},
+        "value": HIGH_PRIORITY,
+    }))?;
+    Api::<PriorityClass>::all(client.clone())
+        .create(&PostParams::default(), &pc)
+        .await
+        .context("creating the preemptors' PriorityClass")?;
+    Ok(())
 }
 
 /// Creates Pods `<prefix>-0..n` ([`WRITE_CONCURRENCY`] in flight); returns when each create was
@@ -1329,8 +1542,21 @@ async fn track(
                 }
                 continue;
             }
+            Ok(watcher::Event::Delete(p)) => {
+                if !p
+                    .metadata
+                    .name
+                    .as_deref()
+                    .unwrap_or_default()
+                    .starts_with("m-")
+                {
+                    counts.init_deleted += 1;
+                    tx.send_replace(counts);
+                }
+                continue;
+            }
             // A watch error is retried by the watcher (with backoff); nothing is lost but time.
-            Ok(watcher::Event::Init | watcher::Event::Delete(_)) | Err(_) => continue,
+            Ok(watcher::Event::Init) | Err(_) => continue,
         };
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             continue;
@@ -1444,7 +1670,7 @@ pub fn markdown(b: &SchedulerBench) -> String {
             "| {} | {} x {} (+{}) | {} |",
             r.workload.name(),
             r.size.nodes,
-            r.size.pods,
+            r.measured_pods,
             r.init_pods,
             r.scheduler
         );
@@ -1540,6 +1766,14 @@ pub fn markdown(b: &SchedulerBench) -> String {
             m.algorithm.map_or(0, |l| l.samples),
         )
         .unwrap();
+        if let Some(v) = r.placement.as_ref().and_then(|p| p.victims) {
+            write!(
+                s,
+                "; {v} victims preempted for {} Pods (at least 3 each)",
+                r.measured_pods
+            )
+            .unwrap();
+        }
         if let Some(p) = r.placement.as_ref().filter(|p| !p.zones.is_empty()) {
             let zones: Vec<String> = p.zones.iter().map(|(z, n)| format!("{z} {n}")).collect();
             write!(s, "; measured Pods per zone: {}", zones.join(", ")).unwrap();

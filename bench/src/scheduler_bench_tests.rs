@@ -96,6 +96,7 @@ fn placement_counts_empty_nodes_and_only_measured_pods_per_zone() {
             per_node_stddev: stddev(&[2, 2, 0]),
             zones: BTreeMap::from([("z1".into(), 1), ("z2".into(), 2)]),
             zone_skew: Some(1),
+            victims: None,
         }
     );
     let p = Placement::of(&nodes, &bound, None);
@@ -349,4 +350,155 @@ fn measured_topology_pods_carry_the_constraint_and_kwoks_annotation() {
             );
         }
     }
+}
+
+#[test]
+fn the_scheduler_perf_workloads_scale_and_shape_their_pods_as_upstream() {
+    let size = Size {
+        nodes: 500,
+        pods: 1000,
+    };
+    // scheduler_perf's 500Nodes cases: init Pods, and the measured Pods that can be placed.
+    let cases = [
+        (Workload::Basic, 500, 1000),
+        (Workload::TopologySpreading, 500, 1000),
+        (Workload::PodAntiAffinity, 100, 400),
+        (Workload::PodAffinity, 500, 1000),
+        (Workload::NodeAffinity, 500, 1000),
+        (Workload::PreferredTopologySpreading, 1000, 1000),
+        (Workload::Preemption, 2000, 500),
+    ];
+    for (w, init, measured) in cases {
+        assert_eq!(
+            (w.init_pods(size), w.measured_pods(size)),
+            (init, measured),
+            "{w:?}"
+        );
+        assert_eq!(
+            Workload::parse(w.name()).unwrap(),
+            w,
+            "{w:?} by its upstream name"
+        );
+    }
+    assert_eq!(
+        Workload::parse_list(&["all".into()]).unwrap().len(),
+        Workload::NAMES.len()
+    );
+    assert_eq!(
+        Workload::parse_list(&["basic".into(), "all".into()]).unwrap()[0],
+        Workload::Basic
+    );
+    assert!(Workload::parse("nope").is_err());
+
+    let measured = |w| {
+        pod(
+            "m-0",
+            PodSpec {
+                workload: w,
+                role: MEASURED,
+            },
+        )
+    };
+    let init = |w| {
+        pod(
+            "i-0",
+            PodSpec {
+                workload: w,
+                role: "init",
+            },
+        )
+    };
+    let cpu = |p: &Pod| {
+        p.spec.as_ref().unwrap().containers[0]
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap()["cpu"]
+            .0
+            .clone()
+    };
+    // Anti-affinity: every Pod, on the hostname, against its own label.
+    for p in [
+        measured(Workload::PodAntiAffinity),
+        init(Workload::PodAntiAffinity),
+    ] {
+        let term = &p
+            .spec
+            .as_ref()
+            .unwrap()
+            .affinity
+            .as_ref()
+            .unwrap()
+            .pod_anti_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(term.topology_key, "kubernetes.io/hostname");
+        let labels = p.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels.get("color").map(String::as_str), Some("green"));
+    }
+    let p = measured(Workload::PodAffinity);
+    let term = &p
+        .spec
+        .as_ref()
+        .unwrap()
+        .affinity
+        .as_ref()
+        .unwrap()
+        .pod_affinity
+        .as_ref()
+        .unwrap()
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(term.topology_key, ZONE_LABEL);
+    let p = init(Workload::NodeAffinity);
+    assert!(p
+        .spec
+        .as_ref()
+        .unwrap()
+        .affinity
+        .as_ref()
+        .unwrap()
+        .node_affinity
+        .is_some());
+    let p = measured(Workload::PreferredTopologySpreading);
+    let c = &p
+        .spec
+        .as_ref()
+        .unwrap()
+        .topology_spread_constraints
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(
+        (c.max_skew, c.when_unsatisfiable.as_str()),
+        (5, "ScheduleAnyway")
+    );
+    assert!(init(Workload::PreferredTopologySpreading)
+        .spec
+        .unwrap()
+        .topology_spread_constraints
+        .is_none());
+    // Preemption: 900m of priority 0, then 3 CPU of the high class.
+    let (low, high) = (init(Workload::Preemption), measured(Workload::Preemption));
+    assert_eq!(
+        (cpu(&low), cpu(&high)),
+        ("900m".to_string(), "3000m".to_string())
+    );
+    assert_eq!(low.spec.as_ref().unwrap().priority_class_name, None);
+    assert_eq!(
+        high.spec.as_ref().unwrap().priority_class_name.as_deref(),
+        Some(HIGH_PRIORITY_CLASS)
+    );
+    // Zones: three for the spreading workloads, one for the affinity ones.
+    assert_eq!(
+        Workload::PreferredTopologySpreading.zone(4).as_deref(),
+        Some("zone-1")
+    );
+    assert_eq!(Workload::NodeAffinity.zone(4).as_deref(), Some("zone1"));
+    assert_eq!(Workload::Preemption.zone(4), None);
 }

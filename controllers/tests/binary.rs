@@ -22,7 +22,11 @@ use tokio::process::{Child, Command};
 /// How long any one expected state may take to appear.
 const WAIT: Duration = Duration::from_secs(60);
 
-fn spawn(kubeconfig: &Path, identity: &str, extra: &[&str]) -> Child {
+/// One controller-manager, its output in `<logs>/controller-manager-<identity>.log` (where the
+/// test's [`controlplane::PanicGuard`] reads it).
+fn spawn(kubeconfig: &Path, logs: &Path, identity: &str, extra: &[&str]) -> Child {
+    let log = std::fs::File::create(logs.join(format!("controller-manager-{identity}.log")))
+        .expect("creating the controller-manager's log");
     Command::new(env!("CARGO_BIN_EXE_controller-manager"))
         .args([
             "--kubeconfig",
@@ -46,6 +50,8 @@ fn spawn(kubeconfig: &Path, identity: &str, extra: &[&str]) -> Child {
             "200ms",
         ])
         .args(extra)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
         .kill_on_drop(true)
         .spawn()
         .expect("spawning controller-manager")
@@ -121,9 +127,12 @@ async fn two_binaries_elect_one_leader_and_fail_over() {
     let cp = controlplane::shared().unwrap();
     let ns = cp.test_namespace("binary").unwrap();
     let client = cp.client().await.unwrap();
-    let kubeconfig = cp.admin_kubeconfig();
+    let logs = cp.logs_dir();
+    // Either process panicking fails the test, caught and retried or not.
+    let panics = cp.panic_guard("two_binaries_elect_one_leader_and_fail_over");
 
-    let mut a = spawn(kubeconfig, "cm-a", &[]);
+    let kubeconfig = cp.admin_kubeconfig();
+    let mut a = spawn(kubeconfig, &logs, "cm-a", &[]);
     wait_for("cm-a to lead", || async {
         holder(&client).await.as_deref() == Some("cm-a")
     })
@@ -132,6 +141,7 @@ async fn two_binaries_elect_one_leader_and_fail_over() {
     // through it as they do without one.
     let mut b = spawn(
         kubeconfig,
+        &logs,
         "cm-b",
         &["--kube-api-qps", "50", "--kube-api-burst", "10"],
     );
@@ -175,6 +185,7 @@ async fn two_binaries_elect_one_leader_and_fail_over() {
         None,
         "the Lease was released on shutdown"
     );
+    panics.finish();
 }
 
 fn pid_of(c: &Child) -> i32 {

@@ -83,6 +83,9 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_controller-manager"));
     let cp = controlplane::shared().unwrap();
     let admin = cp.client().await.unwrap();
+    // The controller-manager panicking fails the test, caught and retried or not.
+    let panics =
+        cp.panic_guard("controller_manager_runs_with_the_manifests_service_account_and_rbac");
 
     // The manifest as it is deployed: ServiceAccount, ClusterRole and binding, Role and binding
     // for the Lease, Deployment (stored; nothing runs its Pod here).
@@ -338,4 +341,5 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         denied.is_empty(),
         "denied requests: {denied:#?}\nlog:\n{text}"
     );
+    panics.finish();
 }

@@ -49,7 +49,7 @@ async fn kpr_scheduler_matches_kube_scheduler() {
         .start_schedulers()
         .await
         .expect("starting kube-scheduler and kpr's scheduler");
-    let logs = cluster.cp.dir.join("logs");
+    let logs = cluster.cp.logs_dir();
     let client = &cluster.client;
     let sets = diff_placement::Set::all();
     let (probes, placements, preemption) = tokio::join!(
@@ -104,13 +104,12 @@ async fn kpr_scheduler_matches_kube_scheduler() {
         eprintln!("{table}");
         failures.extend(worse.into_iter().map(|w| format!("placement: {w}")));
     }
-    // A panic in either scheduler is a failure, whatever the comparisons say.
-    for entry in std::fs::read_dir(&logs).expect("the schedulers' log directory") {
-        let path = entry.expect("a log file").path();
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains("panicked at")) {
-            failures.push(format!("{}: {line}", path.display()));
-        }
+    // A panic in either scheduler is a failure, whatever the comparisons say (listed with the
+    // rest here; the control plane's drop would fail the test on it too).
+    if let Err(e) =
+        controlplane::PanicGuard::from_start(&logs, "the differential run").into_result()
+    {
+        failures.push(e);
     }
     assert!(
         failures.is_empty(),

@@ -2,7 +2,8 @@
 //! suite says about itself to get one ([`Suite`]).
 //!
 //! Owns: the namespaces of its runs (`<tag>-<n>`, left in place: the control plane goes with the
-//! test binary). Never sleeps to assert: every check waits for a state, bounded by the suite's
+//! test binary), and the check that no process of the control plane panicked while a run was
+//! open (the test fails when the run is dropped). Never sleeps to assert: every check waits for a state, bounded by the suite's
 //! [`Suite::WAIT`], and fails with what was last seen and the controller manager's log.
 
 use std::sync::{Arc, MutexGuard};
@@ -36,6 +37,10 @@ pub struct Run<S> {
     pub ns: String,
     pub client: Client,
     watched: Watched<S>,
+    /// Fails the test when it ends if a process of the control plane (our controller manager,
+    /// restarts included) printed a Rust panic while the run was open: a panic the workers
+    /// caught and retried past is still a failure.
+    _panics: controlplane::PanicGuard,
 }
 
 impl<S: Suite> Run<S> {
@@ -52,7 +57,12 @@ impl<S: Suite> Run<S> {
 
     /// A fresh namespace `<tag>-<n>` on `cluster`, watched.
     pub async fn on(cluster: Arc<Cluster>, tag: &str) -> anyhow::Result<Run<S>> {
-        let ns = tokio::task::block_in_place(|| cluster.cp().test_namespace(tag))?;
+        let (ns, panics) = tokio::task::block_in_place(|| {
+            let cp = cluster.cp();
+            let ns = cp.test_namespace(tag)?;
+            let panics = cp.panic_guard(&format!("the run in namespace {ns}"));
+            anyhow::Ok((ns, panics))
+        })?;
         let client = controlplane::client_from(&cluster.kubeconfig).await?;
         let watched = S::watches(&client, &ns).start(S::WAIT).await?;
         Ok(Run {
@@ -61,6 +71,7 @@ impl<S: Suite> Run<S> {
             ns,
             client,
             watched,
+            _panics: panics,
         })
     }
 

@@ -258,7 +258,19 @@ impl ControlPlane {
 
     /// The log file of component `name`.
     pub fn log(&self, name: &str) -> PathBuf {
-        self.dir.join("logs").join(format!("{name}.log"))
+        self.logs_dir().join(format!("{name}.log"))
+    }
+
+    /// Where every process of this control plane logs (and a test's own processes may too).
+    pub fn logs_dir(&self) -> PathBuf {
+        self.dir.join("logs")
+    }
+
+    /// A guard that fails the test if a log of this control plane gains a Rust panic line
+    /// before it is dropped (`what`: what the test is, for the message). An owned control
+    /// plane checks its whole logs when dropped; a shared one (never dropped) relies on these.
+    pub fn panic_guard(&self, what: &str) -> crate::PanicGuard {
+        crate::PanicGuard::new(&self.logs_dir(), what)
     }
 
     /// Starts a reference component, in the control plane's network namespace if it has one.
@@ -616,9 +628,15 @@ impl ControlPlane {
 }
 
 impl Drop for ControlPlane {
+    /// Stops every process, then (owned control planes: a test's or a benchmark's) fails if
+    /// any of them panicked (see [`crate::panics`]), unless the thread is panicking already.
     fn drop(&mut self) {
         while let Some(mut p) = self.processes.pop() {
             p.stop(Duration::from_secs(5));
+        }
+        if self.opts.lifetime == Lifetime::Owned {
+            let what = format!("the life of the control plane in {}", self.dir.display());
+            drop(crate::PanicGuard::from_start(&self.logs_dir(), &what));
         }
     }
 }

@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Modules: [`binaries`] (where the binaries are, the pinned version), [`pki`] (certificates),
-//! [`process`] (one process and its log), [`cluster`] (a control plane), [`relay`] (a TCP relay a
+//! [`process`] (one process and its log), [`panics`] (a Rust panic in a log fails the test),
+//! [`cluster`] (a control plane), [`relay`] (a TCP relay a
 //! test can cut: a partition between a node and the API server), [`network`] (network
 //! namespaces for a cluster with real nodes) and [`nodes`] (their containerd and kubelet).
 
@@ -20,6 +21,7 @@ pub mod binaries;
 pub mod cluster;
 pub mod network;
 pub mod nodes;
+pub mod panics;
 pub mod pki;
 pub mod process;
 pub mod relay;
@@ -30,6 +32,7 @@ use std::sync::OnceLock;
 
 pub use binaries::{kubernetes_version, Binaries};
 pub use cluster::{client_from, ControlPlane, Network, Options, CLUSTER_CIDR, SERVICE_CIDR};
+pub use panics::PanicGuard;
 pub use process::Lifetime;
 pub use relay::Relay;
 

@@ -94,10 +94,11 @@ pub fn run(cluster: &Cluster, args: &E2eArgs) -> anyhow::Result<Vec<Outcome>> {
         .env("KUBECONFIG", &kubeconfig)
         .dir(&out)
         .run();
-    let outcomes = read_report(&out.join("report.json")).with_context(|| match &ran {
+    let mut outcomes = read_report(&out.join("report.json")).with_context(|| match &ran {
         Ok(()) => "the suite passed but left no report".to_string(),
         Err(e) => format!("the suite failed ({e:#}) and left no report"),
     })?;
+    outcomes.extend(panics_outcome(cluster));
     print_outcomes(&outcomes);
     println!(
         "e2e: {} passed, {} failed, {} skipped in {:.0} s (report: {})",
@@ -108,6 +109,22 @@ pub fn run(cluster: &Cluster, args: &E2eArgs) -> anyhow::Result<Vec<Outcome>> {
         out.join("report.json").display()
     );
     Ok(outcomes)
+}
+
+/// A failed outcome when a process of the cluster (kpr's controller-manager and scheduler, the
+/// proxies, ...) printed a Rust panic since `cluster up`: the suite may pass over a panic the
+/// controllers' workers caught and retried past, and that is still a bug.
+fn panics_outcome(cluster: &Cluster) -> Option<Outcome> {
+    let logs = cluster.dir.join("logs");
+    let found = controlplane::PanicGuard::from_start(&logs, "the cluster's life")
+        .into_result()
+        .err()?;
+    eprintln!("{found}");
+    Some(Outcome {
+        name: format!("(no Rust panic in the process logs of {})", logs.display()),
+        state: "failed".into(),
+        message: found.replace('\n', " | "),
+    })
 }
 
 fn count(outcomes: &[Outcome], state: &str) -> usize {
@@ -411,6 +428,32 @@ const SMOKE_FOCUS: &str = r"\[sig-network\] Services should (serve a basic endpo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panic_in_a_cluster_process_log_is_a_failed_outcome() {
+        let dir = std::env::temp_dir().join(format!("kpr-e2e-panics-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("logs")).unwrap();
+        let cluster = Cluster {
+            name: "t".into(),
+            dir: dir.clone(),
+        };
+        fs::write(dir.join("logs/kube-apiserver.log"), "I0101 serving\n").unwrap();
+        assert_eq!(panics_outcome(&cluster), None);
+        fs::write(
+            dir.join("logs/kpr-controller-manager.log"),
+            "INFO synced\nthread 'w' panicked at controllers/src/x.rs:1:2:\nboom\n",
+        )
+        .unwrap();
+        let o = panics_outcome(&cluster).expect("a failed outcome");
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(failed(&o));
+        assert!(o.message.contains("kpr-controller-manager.log"), "{o:?}");
+        assert!(
+            o.message.contains("x.rs:1:2: | ") || o.message.contains("boom"),
+            "{o:?}"
+        );
+    }
 
     #[test]
     fn the_report_keeps_run_and_runtime_skipped_specs() {
