@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod deploy;
 pub mod exec;
 pub mod fuzz;
+pub mod helm;
 pub mod images;
 pub mod k8s;
 pub mod kind;

@@ -19,7 +19,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Install what building and testing needs (Debian packages, the pinned nightly with rust-src,
-    /// bpf-linker), skipping what is present; --k8s also builds the reference Kubernetes binaries.
+    /// bpf-linker), skipping what is present; --k8s also builds the reference Kubernetes binaries,
+    /// --helm Helm (for deploy/helm/kpr).
     Setup(setup::SetupArgs),
     /// Setup, build, lints (rustfmt, clippy, the eBPF crate's clippy) and every test, then a summary.
     Test(test::TestArgs),

@@ -49,13 +49,20 @@ pub struct SetupArgs {
     /// kube-scheduler, kube-proxy, kubectl, etcd, kwok) into target/k8s/bin with Go.
     #[arg(long)]
     pub k8s: bool,
+    /// Also build Helm (pinned in xtask/k8s/helm/go.mod) into target/helm/bin, for the chart in
+    /// deploy/helm/kpr.
+    #[arg(long)]
+    pub helm: bool,
 }
 
-/// `cargo xtask setup [--k8s]`.
+/// `cargo xtask setup [--k8s] [--helm]`.
 pub fn run_with(args: &SetupArgs) -> anyhow::Result<()> {
     run()?;
     if args.k8s {
         crate::k8s::build()?;
+    }
+    if args.helm {
+        crate::helm::build()?;
     }
     Ok(())
 }
