@@ -43,6 +43,7 @@ pub fn run_with(profile: Profile, args: &[OsString]) -> anyhow::Result<()> {
     setup::run_with(&setup::SetupArgs {
         k8s: true,
         helm: false,
+        docker: false,
     })?;
     build(profile)?;
     let dir = profile.dir();

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 pub mod bench;
 pub mod cluster;
 pub mod deploy;
+pub mod docker;
 pub mod exec;
 pub mod fuzz;
 pub mod helm;

@@ -46,6 +46,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         setup::run_with(&setup::SetupArgs {
             k8s: true,
             helm: true,
+            docker: false,
         })
     }) && summary.step("build", || {
         Cmd::new("cargo")
