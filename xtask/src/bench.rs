@@ -40,7 +40,11 @@ pub fn run_with(profile: Profile, args: &[OsString]) -> anyhow::Result<()> {
     }
     // The control-plane parts (EndpointSlice, workload controllers, scheduler) run against the
     // reference Kubernetes.
-    setup::run_with(&setup::SetupArgs { k8s: true })?;
+    setup::run_with(&setup::SetupArgs {
+        k8s: true,
+        helm: false,
+        docker: false,
+    })?;
     build(profile)?;
     let dir = profile.dir();
     Cmd::new(dir.join("kpr-bench"))

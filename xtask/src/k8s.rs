@@ -109,6 +109,17 @@ fn go_build(
     Ok(())
 }
 
+/// `go build` of one main package of the module in `module` into `out/<name>` (used for Helm,
+/// pinned in a module of its own: crate::helm).
+pub(crate) fn go_compile_package(
+    module: &Path,
+    out: &Path,
+    package: (&str, &str),
+    ldflags: &str,
+) -> anyhow::Result<()> {
+    go_compile(&go_binary()?, &["build"], module, out, package, ldflags)
+}
+
 /// `go <verb> -trimpath -ldflags .. -o` of one package (`build`, or `test -c` for a test
 /// package such as the e2e suite) into `out/<name>`, through a temporary file.
 fn go_compile(
@@ -164,7 +175,8 @@ pub fn kubernetes_version() -> anyhow::Result<String> {
         .with_context(|| format!("{} does not require k8s.io/kubernetes", path.display()))
 }
 
-fn pinned(go_mod: &str, module: &str) -> Option<String> {
+/// The version `go_mod` requires of `module` (not a `replace` target).
+pub(crate) fn pinned(go_mod: &str, module: &str) -> Option<String> {
     go_mod.lines().find_map(|line| {
         let mut words = line.split_whitespace();
         let first = words.next()?;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use xtask::exec::Cmd;
-use xtask::{bench, cluster, kind, setup, test, vm, workspace_root};
+use xtask::{bench, cluster, docker, kind, setup, test, vm, workspace_root};
 
 mod demo;
 
@@ -19,7 +19,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Install what building and testing needs (Debian packages, the pinned nightly with rust-src,
-    /// bpf-linker), skipping what is present; --k8s also builds the reference Kubernetes binaries.
+    /// bpf-linker), skipping what is present; --k8s also builds the reference Kubernetes binaries,
+    /// --helm Helm (for deploy/helm/kpr), --docker installs Debian's docker.io (its engine is
+    /// started only by `cargo xtask docker`).
     Setup(setup::SetupArgs),
     /// Setup, build, lints (rustfmt, clippy, the eBPF crate's clippy) and every test, then a summary.
     Test(test::TestArgs),
@@ -28,6 +30,9 @@ enum Command {
     /// A reference control plane in the background (etcd, kube-apiserver, controllers, scheduler,
     /// kwok nodes of the pinned Kubernetes): up, down, env, status.
     Cluster(cluster::ClusterArgs),
+    /// A Docker engine in a network namespace of its own, its state under target/docker: up,
+    /// down, smoke (version and info; the machine's network state unchanged).
+    Docker(docker::DockerArgs),
     /// kpr on a kind cluster without kube-proxy: create, build, load, deploy, smoke test.
     Kind(kind::KindArgs),
     /// The tests inside VMs, one per Debian kernel (virtme-ng + qemu); --smoke boots one kernel.
@@ -61,6 +66,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             demo::run(&args)
         }
         Command::Kind(args) => kind::run(&args),
+        Command::Docker(args) => docker::run(&args),
         Command::Cluster(args) => cluster::run(&args),
         Command::Vm(args) => vm::run(&args),
         Command::Bench(args) => bench::run(&args),

@@ -49,13 +49,27 @@ pub struct SetupArgs {
     /// kube-scheduler, kube-proxy, kubectl, etcd, kwok) into target/k8s/bin with Go.
     #[arg(long)]
     pub k8s: bool,
+    /// Also build Helm (pinned in xtask/k8s/helm/go.mod) into target/helm/bin, for the chart in
+    /// deploy/helm/kpr.
+    #[arg(long)]
+    pub helm: bool,
+    /// Also install Debian's Docker engine (docker.io), which `cargo xtask docker` runs in a
+    /// network namespace of its own. Installing starts no daemon.
+    #[arg(long)]
+    pub docker: bool,
 }
 
-/// `cargo xtask setup [--k8s]`.
+/// `cargo xtask setup [--k8s] [--helm]`.
 pub fn run_with(args: &SetupArgs) -> anyhow::Result<()> {
     run()?;
     if args.k8s {
         crate::k8s::build()?;
+    }
+    if args.helm {
+        crate::helm::build()?;
+    }
+    if args.docker {
+        docker_engine()?;
     }
     Ok(())
 }
@@ -97,6 +111,51 @@ fn apt_packages() -> anyhow::Result<()> {
     apt(&["install", "-y", "-q", "--no-install-recommends"])
         .args(&missing)
         .run()
+}
+
+/// Debian's docker.io, without starting its service: on a machine with an init system its
+/// postinst would start dockerd in the machine's own network namespace, with its bridge and NAT
+/// rules there. A policy-rc.d that refuses every start is put in place for the installation (the
+/// machine's own, if it has one, is restored after), and `docker.service` and `docker.socket` are
+/// masked where systemd runs.
+fn docker_engine() -> anyhow::Result<()> {
+    let status = fs::read_to_string(DPKG_STATUS)
+        .with_context(|| format!("reading {DPKG_STATUS} (setup supports Debian 12 only)"))?;
+    let package = crate::docker::PACKAGE;
+    if installed_packages(&status).contains(&package) {
+        println!("[ok] {package} already installed");
+        return Ok(());
+    }
+    require_root("installing Debian packages")?;
+    println!("[install] {package} (its service is not started: `cargo xtask docker up` runs it)");
+    let systemd = Path::new("/run/systemd/system").is_dir();
+    if systemd {
+        Cmd::new("systemctl")
+            .args(["mask", "docker.service", "docker.socket"])
+            .run()?;
+    }
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    let saved = Path::new("/usr/sbin/policy-rc.d.kpr-saved");
+    let had_one = policy.exists();
+    if had_one {
+        fs::rename(policy, saved)?;
+    }
+    fs::write(
+        policy,
+        "#!/bin/sh\n# cargo xtask setup --docker: start no service.\nexit 101\n",
+    )?;
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(policy, fs::Permissions::from_mode(0o755))?;
+    let installed = Cmd::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends", package])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .run();
+    if had_one {
+        fs::rename(saved, policy)?;
+    } else {
+        fs::remove_file(policy)?;
+    }
+    installed
 }
 
 /// Names of the packages dpkg lists as `install ok installed`.

@@ -40,14 +40,20 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     }
     let mut summary = Summary::default();
     let root = workspace_root();
-    // The suites run against the reference Kubernetes: setup builds it (cached after the first time).
-    let fatal = summary.step("setup", || setup::run_with(&setup::SetupArgs { k8s: true }))
-        && summary.step("build", || {
-            Cmd::new("cargo")
-                .args(["build", "--workspace", "--bins"])
-                .dir(&root)
-                .run()
-        });
+    // The suites run against the reference Kubernetes, the chart's with Helm: setup builds both
+    // (cached after the first time).
+    let fatal = summary.step("setup", || {
+        setup::run_with(&setup::SetupArgs {
+            k8s: true,
+            helm: true,
+            docker: false,
+        })
+    }) && summary.step("build", || {
+        Cmd::new("cargo")
+            .args(["build", "--workspace", "--bins"])
+            .dir(&root)
+            .run()
+    });
     if fatal {
         lints_and_tests(&mut summary, args);
     }

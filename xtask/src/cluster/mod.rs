@@ -12,6 +12,7 @@
 //! during `up` does the same. Owns `<target>/cluster` (`<target>/cluster-<name>` for `--name`).
 
 pub mod e2e;
+pub mod helm;
 pub mod nodes;
 pub mod smoke;
 pub mod switch;
@@ -60,6 +61,10 @@ pub enum ClusterCommand {
     /// deploy/smoke.yaml (the kind smoke test) checked from a pod on every node and from every
     /// node: ClusterIP by DNS name, every node's NodePort.
     Smoke,
+    /// The chart deploy/helm/kpr on a cluster without a Service proxy: helm install, smoke,
+    /// helm upgrade to another backend with the kube-proxy ConfigMap, smoke, helm uninstall, and
+    /// nothing left (in the API, and on the nodes after deploy/cleanup.yaml).
+    Helm(helm::HelmArgs),
     /// List what every Service proxy left on each node (rules, eBPF pins, links) and check that
     /// only the running proxy's own state is there.
     Leftovers,
@@ -118,6 +123,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Proxy(proxy_args) => switch::run(&cluster, proxy_args),
         ClusterCommand::Leftovers => switch::leftovers(&cluster),
         ClusterCommand::Smoke => smoke::run(&cluster),
+        ClusterCommand::Helm(helm_args) => helm::run(&cluster, helm_args),
         ClusterCommand::Matrix(matrix_args) => e2e::matrix(&args.name, matrix_args),
         ClusterCommand::E2e(e2e_args) => {
             let outcomes = e2e::run(&cluster, e2e_args)?;

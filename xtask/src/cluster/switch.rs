@@ -99,7 +99,7 @@ pub fn run(cluster: &Cluster, args: &ProxyArgs) -> anyhow::Result<()> {
 }
 
 /// Fails naming every leftover of a proxy other than the running one.
-fn require_clean(live: &Live) -> anyhow::Result<()> {
+pub(super) fn require_clean(live: &Live) -> anyhow::Result<()> {
     let found = check(live)?;
     if !found.is_empty() {
         bail!(
@@ -136,8 +136,8 @@ impl NodeRef {
 /// A running cluster with real nodes, from its state file.
 pub struct Live {
     pub cluster: Cluster,
-    kubeconfig: PathBuf,
-    apiserver_port: u16,
+    pub(super) kubeconfig: PathBuf,
+    pub(super) apiserver_port: u16,
     version: String,
     pub nodes: Vec<NodeRef>,
     /// The cluster's address families (state.json's `ip_family`).
@@ -218,7 +218,7 @@ impl Live {
     }
 
     /// Records in state.json what the nodes run from now on.
-    fn set_proxy(&self, choice: &ProxyChoice) -> anyhow::Result<()> {
+    pub(super) fn set_proxy(&self, choice: &ProxyChoice) -> anyhow::Result<()> {
         let mut state = super::read_state(&self.cluster)?;
         state["proxy"] = choice.describe().into();
         fs::write(self.state_path(), serde_json::to_string_pretty(&state)?)?;
@@ -242,7 +242,7 @@ impl Live {
     }
 
     /// Writes `text` to `<cluster dir>/switch/<file>` and returns the path.
-    fn write_manifest(&self, file: &str, text: &str) -> anyhow::Result<PathBuf> {
+    pub(super) fn write_manifest(&self, file: &str, text: &str) -> anyhow::Result<PathBuf> {
         let dir = self.cluster.dir.join("switch");
         fs::create_dir_all(&dir)?;
         let path = dir.join(file);
@@ -259,7 +259,7 @@ impl Live {
 
     /// `kubectl -n kube-system rollout status daemonset/<name>`; a failure shows the pods and the
     /// latest events.
-    fn rollout(&self, daemonset: &str) -> anyhow::Result<()> {
+    pub(super) fn rollout(&self, daemonset: &str) -> anyhow::Result<()> {
         let what = format!("daemonset/{daemonset}");
         let waited = self.kubectl(&[
             "-n",
@@ -316,7 +316,7 @@ impl Live {
     }
 
     /// Applies deploy/<file> rendered as `text`, waits for its DaemonSet, deletes it again.
-    fn run_once(&self, file: &str, text: &str, daemonset: &str) -> anyhow::Result<()> {
+    pub(super) fn run_once(&self, file: &str, text: &str, daemonset: &str) -> anyhow::Result<()> {
         let path = self.apply(file, text)?;
         self.rollout(daemonset)?;
         self.kubectl(&["delete", "-f", &path.to_string_lossy(), "--timeout=180s"])?;
@@ -381,7 +381,7 @@ pub fn switch(live: &Live, to: &ProxyChoice) -> anyhow::Result<()> {
     deploy_proxy(live, to)
 }
 
-fn none() -> ProxyChoice {
+pub(super) fn none() -> ProxyChoice {
     ProxyChoice {
         proxy: Proxy::None,
         backend: deploy::DEFAULT_BACKEND.to_string(),
@@ -452,7 +452,7 @@ fn deploy_proxy(live: &Live, to: &ProxyChoice) -> anyhow::Result<()> {
 }
 
 /// The nodes' cgroup2 root (each sees its own subtree there: controlplane::nodes).
-const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
+pub(super) const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
 
 // ---------------------------------------------------------------------------------------------
 // Leftovers
