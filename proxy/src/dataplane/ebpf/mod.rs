@@ -4,8 +4,8 @@
 //! Owns: the embedded eBPF object (`object`), loading and attaching it with pins under bpffs
 //! (`attach`), the map handles (`maps`, full syncs written with batch operations through
 //! `batch`), compiling a service port to map entries (`compile`),
-//! the programmed state and its per-service diff (`programmed`), live counters (`live`) and the
-//! program log drain (`logs`). It never decides which endpoints are usable (`selection` does).
+//! the programmed state and its per-service diff (`programmed`), live counters (`live`), the
+//! program log drain (`logs`) and destroying the sockets of removed backends (`sockterm`). It never decides which endpoints are usable (`selection` does).
 //!
 //! What the programs do (proxy-ebpf): `connect4`/`connect6` rewrite a TCP/UDP connect() to a
 //! service frontend (clusterIP, externalIP, LB IP, nodeIP:nodePort) to one backend of the same
@@ -47,7 +47,7 @@ use crate::dataplane::{BackendConfig, Dataplane};
 
 use crate::error::DataplaneError;
 use crate::model::{IpFamily, ServicePortName};
-use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
+use crate::state::{ChangeSet, LiveView, ProxyState, SocketsDestroyed, SyncStats};
 
 pub mod attach;
 mod batch;
@@ -59,6 +59,7 @@ mod logs;
 pub mod maps;
 pub mod object;
 pub mod programmed;
+pub mod sockterm;
 pub mod tc;
 pub mod trace;
 
@@ -111,6 +112,8 @@ pub struct EbpfDataplane {
     last_batch: BatchStats,
     /// When the tc program was last attached to new interfaces.
     tc_refreshed: Option<Instant>,
+    /// Destroys the sockets of removed backends (None: this kernel cannot, said at start).
+    term: Option<sockterm::SockTerminator>,
     _logs: Option<logs::LogDrain>,
     /// Keeps the loaded programs' file descriptors; the links are pinned.
     _ebpf: Ebpf,
@@ -143,7 +146,8 @@ impl EbpfDataplane {
             root: cfg.bpffs_path.clone(),
         };
         attach::prepare_bpffs(&pins.root)?;
-        let mut ebpf = attach::load(&pins, &sizes)?;
+        let mut support = sockterm::probe();
+        let mut ebpf = attach::load(&pins, &sizes, &mut support)?;
         let logs = logs::LogDrain::start(&mut ebpf);
         let mut maps = Maps::take(&mut ebpf)?;
         let programmed = Programmed::recover(&maps)?;
@@ -159,6 +163,7 @@ impl EbpfDataplane {
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
         let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
         tc.refresh(&mut ebpf)?;
+        let term = sockterm::SockTerminator::new(&mut ebpf, &support);
         attach::log_verified(&ebpf);
         Ok(EbpfDataplane {
             pins,
@@ -173,6 +178,7 @@ impl EbpfDataplane {
             programmed,
             last_batch: BatchStats::default(),
             tc_refreshed: Some(Instant::now()),
+            term,
             _logs: logs,
             _ebpf: ebpf,
         })
@@ -196,6 +202,52 @@ impl EbpfDataplane {
     /// Interfaces the tc program is attached to.
     pub fn tc_interfaces(&self) -> Vec<String> {
         self.tc.attached().iter().cloned().collect()
+    }
+
+    /// Whether sockets connected to removed endpoints are destroyed (the kernel can, and the
+    /// iterator programs loaded).
+    pub fn destroys_sockets(&self) -> bool {
+        self.term.is_some()
+    }
+
+    /// Destroys the sockets connected to the backends this sync deleted. A failure is logged,
+    /// not returned: the maps are programmed, and a resync would not bring the backends back.
+    fn destroy_released(&mut self) -> SocketsDestroyed {
+        let released = self.programmed.take_released();
+        let Some(term) = &mut self.term else {
+            return SocketsDestroyed::default();
+        };
+        if released.is_empty() {
+            return SocketsDestroyed::default();
+        }
+        match term.run(&mut self._ebpf, &released) {
+            Ok(c) => {
+                if c.tcp_failed + c.udp_failed > 0 {
+                    tracing::warn!(
+                        "ebpf: the kernel refused to destroy {} TCP and {} UDP sockets of \
+                         removed endpoints",
+                        c.tcp_failed,
+                        c.udp_failed
+                    );
+                }
+                if c.tcp + c.udp > 0 {
+                    tracing::info!(
+                        backends = released.len(),
+                        tcp = c.tcp,
+                        udp = c.udp,
+                        "ebpf: destroyed the sockets connected to removed endpoints"
+                    );
+                }
+                SocketsDestroyed {
+                    tcp: c.tcp,
+                    udp: c.udp,
+                }
+            }
+            Err(e) => {
+                tracing::error!("ebpf: destroying the sockets of removed endpoints: {e}");
+                SocketsDestroyed::default()
+            }
+        }
     }
 
     /// Where maps and links are pinned.
@@ -300,8 +352,12 @@ impl Dataplane for EbpfDataplane {
             }
         }
         if changes.full && self.programmed.needs_sweep {
-            self.programmed.sweep(&mut self.maps, &mut ops)?;
+            if let Err(e) = self.programmed.sweep(&mut self.maps, &mut ops) {
+                first_err.get_or_insert(e);
+            }
         }
+        // After the maps stopped pointing at them: a reconnect cannot get the same backend.
+        let sockets_destroyed = self.destroy_released();
         match first_err {
             Some(e) => Err(e),
             None => Ok(SyncStats {
@@ -309,6 +365,7 @@ impl Dataplane for EbpfDataplane {
                 service_ports: self.programmed.len(),
                 touched,
                 operations: ops,
+                sockets_destroyed,
             }),
         }
     }

@@ -1,0 +1,222 @@
+//! Kernel tests of socket destruction (`dataplane::ebpf::sockterm`): when an endpoint leaves, the
+//! sockets that socket-level balancing connected to it are destroyed (socket iterators +
+//! `bpf_sock_destroy`, Linux 6.5+), and nothing else is. Real programs on a test cgroup, client
+//! processes in the pod-client namespace (which the dataplane, on the test's thread in the
+//! machine's namespace, reaches through `/run/netns`), echo servers in pod namespaces that keep
+//! answering after their endpoint was removed (so a socket left alone would go on working).
+//!
+//! Run as root: `cargo test -p proxy --features kpr-tests/root --test ebpf_sock_destroy --
+//! --nocapture` (the UDP test prints its time-to-new-endpoint figures; `KPR_SOCKDESTROY_RUNS=N`
+//! repeats it N times, default 5, for docs/BENCHMARKS.md).
+
+mod ebpf_support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::ChildStdout;
+use std::time::{Duration, Instant};
+
+use ebpf_support::*;
+use proxy::dataplane::ebpf::sockterm::TermCounts;
+use proxy::model::Protocol;
+use proxy::state::ProxyState;
+
+/// Not a test: the body of the client processes the tests spawn (see `ebpf_support::run_client`).
+#[test]
+#[ignore = "helper: runs only as a client process spawned by the other tests"]
+fn client_process_entry() {
+    let spec = std::env::var(CLIENT_ENV).expect("KPR_EBPF_CLIENT is set by the spawning test");
+    run_client(&spec);
+}
+
+/// How long a client may keep talking to a removed endpoint before the test calls it stuck.
+/// Not a timing assertion: without destruction the client never moves at all.
+const STUCK: Duration = Duration::from_secs(10);
+
+/// The next `KPR` line of a client, or None at its end.
+fn next_line(out: &mut BufReader<ChildStdout>) -> Option<String> {
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).expect("reading the client") == 0 {
+            return None;
+        }
+        if let Some(i) = line.find("KPR ") {
+            return Some(line[i + 4..].trim_end().to_string());
+        }
+    }
+}
+
+fn dp_destroys(fx: &mut Fixture) {
+    assert!(
+        fx.dp().destroys_sockets(),
+        "this kernel (6.5+ expected) should let the ebpf backend destroy sockets; see the log"
+    );
+}
+
+#[test]
+fn a_connected_udp_socket_reaches_another_endpoint_once_its_endpoint_leaves() {
+    let runs: usize = std::env::var("KPR_SOCKDESTROY_RUNS")
+        .ok()
+        .map(|v| v.parse().expect("KPR_SOCKDESTROY_RUNS"))
+        .unwrap_or(5);
+    let mut fx = Fixture::new("sdudp", 3);
+    dp_destroys(&mut fx);
+    let n = name("dns", Protocol::Udp);
+    let vip = SocketAddr::from((VIP, 53));
+    let all = [0, 1, 2];
+    let mut state = ProxyState::default();
+    state.set_port(service(&n, VIP, 53), fx.endpoints(&all));
+    fx.sync(&mut state, &full());
+    let mut latencies = Vec::new();
+    let mut syncs = Vec::new();
+    let mut destroyed = 0;
+    for run in 0..runs {
+        let mut client = fx.client(&format!("udpconn {vip}"));
+        let stdin = client.stdin.take();
+        let mut out = BufReader::new(client.stdout.take().expect("stdout"));
+        // The endpoint the socket got at connect(): its first replies.
+        let first = loop {
+            let line = next_line(&mut out).expect("the client ended before a reply");
+            if let Some(rest) = line.strip_prefix("udp ") {
+                break rest.split(' ').next().unwrap().to_string();
+            }
+        };
+        let gone = fx
+            .cluster
+            .pods
+            .iter()
+            .position(|p| p.name == first)
+            .unwrap_or_else(|| panic!("reply from unknown pod {first}"));
+        let stay: Vec<usize> = all.iter().copied().filter(|&i| i != gone).collect();
+        set_endpoints(&mut state, &n, fx.endpoints(&stay));
+        let removed_at = epoch_ms();
+        let sync_started = Instant::now();
+        let stats = fx.sync(&mut state, &changed(&[&n]));
+        let sync_ms = sync_started.elapsed().as_secs_f64() * 1e3;
+        destroyed += stats.sockets_destroyed.udp;
+        assert!(
+            stats.sockets_destroyed.udp >= 1,
+            "run {run}: the sync destroyed no UDP socket: {stats:?}"
+        );
+        let started = Instant::now();
+        let mut seen = Vec::new();
+        let (to, at) = loop {
+            assert!(
+                started.elapsed() < STUCK,
+                "run {run}: the client still talks to {first} after its endpoint left: {seen:?}"
+            );
+            let line = next_line(&mut out).expect("the client ended");
+            seen.push(line.clone());
+            let Some(rest) = line.strip_prefix("udp ") else {
+                continue;
+            };
+            let mut words = rest.split(' ');
+            let pod = words.next().unwrap().to_string();
+            let at: u128 = words.next().unwrap().parse().unwrap();
+            if pod != first {
+                break (pod, at);
+            }
+        };
+        assert!(
+            stay.iter().any(|&i| fx.cluster.pods[i].name == to),
+            "run {run}: moved to {to}"
+        );
+        latencies.push(at.saturating_sub(removed_at));
+        syncs.push(sync_ms);
+        println!(
+            "run {run}: {first} left; the sync (with the destroy) took {sync_ms:.1} ms; {to} \
+             answered {} ms after the removal; the client saw {seen:?}",
+            at.saturating_sub(removed_at)
+        );
+        drop(stdin);
+        let _ = client.wait();
+        // Back to three endpoints for the next run.
+        set_endpoints(&mut state, &n, fx.endpoints(&all));
+        fx.sync(&mut state, &changed(&[&n]));
+    }
+    latencies.sort_unstable();
+    syncs.sort_by(f64::total_cmp);
+    let rank = |len: usize, p: usize| (len * p).div_ceil(100).saturating_sub(1);
+    println!(
+        "connected UDP, datagram every 100 ms: time from the endpoint's removal (sync start) to \
+         the first reply from another endpoint over {runs} runs: p50 {} ms, p99 {} ms, max {} ms; \
+         the sync that destroyed the socket: p50 {:.1} ms, p99 {:.1} ms",
+        latencies[rank(runs, 50)],
+        latencies[rank(runs, 99)],
+        latencies.last().unwrap(),
+        syncs[rank(runs, 50)],
+        syncs[rank(runs, 99)],
+    );
+    let totals = TermCounts::from_pin(&maps_dir(&fx.cfg.bpffs_path)).expect("stats pin");
+    assert_eq!(totals.udp, destroyed, "{totals:?}");
+    assert_eq!(totals.tcp, 0, "{totals:?}");
+}
+
+#[test]
+fn a_held_tcp_connection_to_a_removed_endpoint_is_reset_and_the_others_are_untouched() {
+    let mut fx = Fixture::new("sdtcp", 3);
+    dp_destroys(&mut fx);
+    let n = name("web", Protocol::Tcp);
+    let vip = SocketAddr::from((VIP, 80));
+    let mut state = ProxyState::default();
+    state.set_port(service(&n, VIP, 80), fx.endpoints(&[0, 1, 2]));
+    fx.sync(&mut state, &full());
+    // Three connections through the Service (exact round-robin: one per pod), and one straight
+    // to pod0's address, which no Service translated.
+    let pod0 = fx.cluster.pods[0].name.clone();
+    let direct = SocketAddr::from((fx.cluster.pods[0].ip, kpr_tests::cluster::ECHO_PORT));
+    let mut client = fx.client(&format!("holdcheck {vip} 3 {direct}"));
+    let mut stdin = client.stdin.take().expect("stdin");
+    let mut out = BufReader::new(client.stdout.take().expect("stdout"));
+    let mut pods = Vec::new();
+    loop {
+        let line = next_line(&mut out).expect("the client ended before ready");
+        if line == "ready" {
+            break;
+        }
+        pods.push(line.strip_prefix("pod ").expect("pod line").to_string());
+    }
+    let mut through_service = pods[..3].to_vec();
+    through_service.sort();
+    let mut names: Vec<String> = fx.cluster.pods.iter().map(|p| p.name.clone()).collect();
+    names.sort();
+    assert_eq!(through_service, names, "one connection per pod");
+    assert_eq!(pods[3], pod0, "the direct connection");
+
+    set_endpoints(&mut state, &n, fx.endpoints(&[1, 2]));
+    let stats = fx.sync(&mut state, &changed(&[&n]));
+    assert_eq!(stats.sockets_destroyed.tcp, 1, "{stats:?}");
+    assert_eq!(stats.sockets_destroyed.udp, 0, "{stats:?}");
+
+    writeln!(stdin, "check").unwrap();
+    stdin.flush().unwrap();
+    let mut results = Vec::new();
+    while results.len() < pods.len() {
+        results.push(next_line(&mut out).expect("the client ended before its checks"));
+    }
+    for (i, pod) in pods.iter().enumerate() {
+        let line = &results[i];
+        let want_ok = i == 3 || *pod != pod0;
+        if want_ok {
+            assert_eq!(*line, format!("conn {i} {pod} ok"), "{results:?}");
+        } else {
+            assert_eq!(
+                *line,
+                format!("conn {i} {pod} err connection reset"),
+                "the connection to the removed endpoint: {results:?}"
+            );
+        }
+    }
+    drop(stdin);
+    let _ = client.wait();
+    let totals = TermCounts::from_pin(&maps_dir(&fx.cfg.bpffs_path)).expect("stats pin");
+    assert_eq!((totals.tcp, totals.udp), (1, 0), "{totals:?}");
+    // A new connection goes to the endpoints that stay.
+    let lines = fx.client_lines(&format!("tcp {vip} 4"));
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.starts_with("pod ") && *l != format!("pod {pod0}")),
+        "{lines:?}"
+    );
+}
