@@ -185,3 +185,24 @@ impl Metrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destroyed_sockets_are_counted_by_protocol() {
+        let m = Metrics::default();
+        m.count_destroyed(&crate::state::SocketsDestroyed { tcp: 2, udp: 0 });
+        m.count_destroyed(&crate::state::SocketsDestroyed { tcp: 1, udp: 3 });
+        let text = m.encode();
+        assert!(
+            text.contains("kpr_sockets_destroyed_total{protocol=\"tcp\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kpr_sockets_destroyed_total{protocol=\"udp\"} 3"),
+            "{text}"
+        );
+    }
+}

@@ -266,9 +266,19 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
         "affinity 600s",
         "(no endpoints: connections are rejected)",
         &format!("affinity netns cookie {cookie} -> {stuck}:8080"),
+        // No endpoint left any Service here (ebpf_sock_destroy.rs destroys some).
+        "sockets destroyed (connected to endpoints that left): 0 tcp, 0 udp",
     ] {
         assert!(inspect.contains(want), "{want:?} missing:\n{inspect}");
     }
+    // This kernel (6.18) has the kfunc: the agent says at start that it destroys such sockets.
+    assert!(
+        agent
+            .log()
+            .contains("sockets connected to a removed endpoint are destroyed"),
+        "{}",
+        agent.log()
+    );
     let json: serde_json::Value = serde_json::from_str(&proxy_out(&[
         "inspect",
         "--maps",
@@ -277,6 +287,7 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
         &pins,
     ]))
     .expect("inspect --maps --json prints JSON");
+    assert_eq!(json["sockets_destroyed"]["tcp"], 0, "{json}");
     let aff = json["frontends"]
         .as_array()
         .unwrap()
