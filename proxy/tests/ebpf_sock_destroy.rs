@@ -17,7 +17,7 @@ use std::process::ChildStdout;
 use std::time::{Duration, Instant};
 
 use ebpf_support::*;
-use proxy::dataplane::ebpf::sockterm::TermCounts;
+use proxy::dataplane::ebpf::sockterm::{self, Support, TermCounts};
 use proxy::model::Protocol;
 use proxy::state::ProxyState;
 
@@ -46,11 +46,22 @@ fn next_line(out: &mut BufReader<ChildStdout>) -> Option<String> {
     }
 }
 
-fn dp_destroys(fx: &mut Fixture) {
-    assert!(
+/// Whether this kernel can destroy sockets (the kfunc is in its BTF: Linux 6.5+), checking that
+/// the dataplane agrees (a kernel that can, with programs that failed to load, fails here). On a
+/// kernel that cannot (the VM matrix's 6.1), the tests assert the documented fallback instead:
+/// nothing is destroyed and the sockets keep their endpoint.
+fn kernel_destroys(fx: &mut Fixture) -> bool {
+    let support = sockterm::probe();
+    let can = matches!(support, Support::Kfunc(_));
+    assert_eq!(
         fx.dp().destroys_sockets(),
-        "this kernel (6.5+ expected) should let the ebpf backend destroy sockets; see the log"
+        can,
+        "the kernel probe says {support:?}; the dataplane disagrees (see the log)"
     );
+    if !can {
+        println!("this kernel cannot destroy sockets ({support:?}): checking the fallback");
+    }
+    can
 }
 
 #[test]
@@ -60,7 +71,7 @@ fn a_connected_udp_socket_reaches_another_endpoint_once_its_endpoint_leaves() {
         .map(|v| v.parse().expect("KPR_SOCKDESTROY_RUNS"))
         .unwrap_or(5);
     let mut fx = Fixture::new("sdudp", 3);
-    dp_destroys(&mut fx);
+    let destroys = kernel_destroys(&mut fx);
     let n = name("dns", Protocol::Udp);
     let vip = SocketAddr::from((VIP, 53));
     let all = [0, 1, 2];
@@ -94,6 +105,12 @@ fn a_connected_udp_socket_reaches_another_endpoint_once_its_endpoint_leaves() {
         let stats = fx.sync(&mut state, &changed(&[&n]));
         let sync_ms = sync_started.elapsed().as_secs_f64() * 1e3;
         destroyed += stats.sockets_destroyed.udp;
+        if !destroys {
+            udp_stays(&mut out, &first, &stats);
+            drop(stdin);
+            let _ = client.wait();
+            return;
+        }
         assert!(
             stats.sockets_destroyed.udp >= 1,
             "run {run}: the sync destroyed no UDP socket: {stats:?}"
@@ -155,7 +172,7 @@ fn a_connected_udp_socket_reaches_another_endpoint_once_its_endpoint_leaves() {
 #[test]
 fn a_held_tcp_connection_to_a_removed_endpoint_is_reset_and_the_others_are_untouched() {
     let mut fx = Fixture::new("sdtcp", 3);
-    dp_destroys(&mut fx);
+    let destroys = kernel_destroys(&mut fx);
     let n = name("web", Protocol::Tcp);
     let vip = SocketAddr::from((VIP, 80));
     let mut state = ProxyState::default();
@@ -185,7 +202,11 @@ fn a_held_tcp_connection_to_a_removed_endpoint_is_reset_and_the_others_are_untou
 
     set_endpoints(&mut state, &n, fx.endpoints(&[1, 2]));
     let stats = fx.sync(&mut state, &changed(&[&n]));
-    assert_eq!(stats.sockets_destroyed.tcp, 1, "{stats:?}");
+    assert_eq!(
+        stats.sockets_destroyed.tcp,
+        u64::from(destroys),
+        "{stats:?}"
+    );
     assert_eq!(stats.sockets_destroyed.udp, 0, "{stats:?}");
 
     writeln!(stdin, "check").unwrap();
@@ -196,7 +217,7 @@ fn a_held_tcp_connection_to_a_removed_endpoint_is_reset_and_the_others_are_untou
     }
     for (i, pod) in pods.iter().enumerate() {
         let line = &results[i];
-        let want_ok = i == 3 || *pod != pod0;
+        let want_ok = !destroys || i == 3 || *pod != pod0;
         if want_ok {
             assert_eq!(*line, format!("conn {i} {pod} ok"), "{results:?}");
         } else {
@@ -210,7 +231,11 @@ fn a_held_tcp_connection_to_a_removed_endpoint_is_reset_and_the_others_are_untou
     drop(stdin);
     let _ = client.wait();
     let totals = TermCounts::from_pin(&maps_dir(&fx.cfg.bpffs_path)).expect("stats pin");
-    assert_eq!((totals.tcp, totals.udp), (1, 0), "{totals:?}");
+    assert_eq!(
+        (totals.tcp, totals.udp),
+        (u64::from(destroys), 0),
+        "{totals:?}"
+    );
     // A new connection goes to the endpoints that stay.
     let lines = fx.client_lines(&format!("tcp {vip} 4"));
     assert!(
@@ -219,4 +244,19 @@ fn a_held_tcp_connection_to_a_removed_endpoint_is_reset_and_the_others_are_untou
             .all(|l| l.starts_with("pod ") && *l != format!("pod {pod0}")),
         "{lines:?}"
     );
+}
+
+/// The fallback (a kernel without the kfunc): the sync destroyed nothing, and the socket keeps
+/// its endpoint (the pod still answers) for the next ten replies.
+fn udp_stays(out: &mut BufReader<ChildStdout>, first: &str, stats: &proxy::state::SyncStats) {
+    assert_eq!(stats.sockets_destroyed.udp, 0, "{stats:?}");
+    let mut replies = Vec::new();
+    while replies.len() < 10 {
+        let line = next_line(out).expect("the client ended");
+        assert!(!line.starts_with("err "), "the socket failed: {line}");
+        if let Some(rest) = line.strip_prefix("udp ") {
+            replies.push(rest.split(' ').next().unwrap().to_string());
+        }
+    }
+    assert!(replies.iter().all(|p| p == first), "{replies:?}");
 }
