@@ -146,7 +146,11 @@ impl EbpfDataplane {
             root: cfg.bpffs_path.clone(),
         };
         attach::prepare_bpffs(&pins.root)?;
-        let mut support = sockterm::probe();
+        let btf = sockterm::kernel_btf();
+        let mut support = match &btf {
+            Ok(btf) => sockterm::probe_btf(btf),
+            Err(why) => sockterm::Support::Missing(why.clone()),
+        };
         let mut ebpf = attach::load(&pins, &sizes, &mut support)?;
         let logs = logs::LogDrain::start(&mut ebpf);
         let mut maps = Maps::take(&mut ebpf)?;
@@ -163,7 +167,8 @@ impl EbpfDataplane {
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
         let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
         tc.refresh(&mut ebpf)?;
-        let term = sockterm::SockTerminator::new(&mut ebpf, &support);
+        let term = sockterm::SockTerminator::new(&mut ebpf, &support, btf.as_ref().ok());
+        drop(btf);
         attach::log_verified(&ebpf);
         Ok(EbpfDataplane {
             pins,

@@ -55,16 +55,23 @@ pub enum Support {
     Missing(String),
 }
 
+/// Reads the kernel's BTF (parsing it is a noticeable part of an emulated guest's start: do it
+/// once and hand it to [`probe_btf`] and [`SockTerminator::new`]).
+pub fn kernel_btf() -> Result<Btf, String> {
+    Btf::from_sys_fs()
+        .map_err(|e| format!("the kernel's BTF (/sys/kernel/btf/vmlinux) cannot be read: {e}"))
+}
+
 /// Looks for the TCP and UDP socket iterators and the kfunc in the kernel's BTF.
 pub fn probe() -> Support {
-    let btf = match Btf::from_sys_fs() {
-        Ok(b) => b,
-        Err(e) => {
-            return Support::Missing(format!(
-                "the kernel's BTF (/sys/kernel/btf/vmlinux) cannot be read: {e}"
-            ))
-        }
-    };
+    match kernel_btf() {
+        Ok(btf) => probe_btf(&btf),
+        Err(why) => Support::Missing(why),
+    }
+}
+
+/// [`probe`] on BTF already read.
+pub fn probe_btf(btf: &Btf) -> Support {
     for target in ["bpf_iter_tcp", "bpf_iter_udp"] {
         if btf.id_by_type_name_kind(target, BtfKind::Func).is_err() {
             return Support::Missing(format!(
@@ -174,7 +181,7 @@ impl SockTerminator {
     /// Loads the iterator programs (the object was patched for `support`) and takes their maps.
     /// Returns None, having said why once, where the kernel cannot destroy sockets or the
     /// programs do not load: the rest of the dataplane works without them.
-    pub fn new(ebpf: &mut Ebpf, support: &Support) -> Option<Self> {
+    pub fn new(ebpf: &mut Ebpf, support: &Support, btf: Option<&Btf>) -> Option<Self> {
         let Support::Kfunc(_) = support else {
             if let Support::Missing(why) = support {
                 tracing::warn!(
@@ -185,7 +192,13 @@ impl SockTerminator {
             }
             return None;
         };
-        match Self::load(ebpf) {
+        let Some(btf) = btf else {
+            tracing::error!(
+                "ebpf: sockets connected to a removed endpoint cannot be destroyed: no kernel BTF"
+            );
+            return None;
+        };
+        match Self::load(ebpf, btf) {
             Ok(t) => {
                 tracing::info!(
                     "ebpf: sockets connected to a removed endpoint are destroyed \
@@ -202,12 +215,10 @@ impl SockTerminator {
         }
     }
 
-    fn load(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
-        let btf = Btf::from_sys_fs()
-            .map_err(|e| DataplaneError::Other(format!("reading the kernel's BTF: {e}")))?;
+    fn load(ebpf: &mut Ebpf, btf: &Btf) -> Result<Self, DataplaneError> {
         for (name, target) in PROGRAMS {
             iter_program(ebpf, name)?
-                .load(target, &btf)
+                .load(target, btf)
                 .map_err(|e| prog_err(name, "loading", &e))?;
         }
         let mut take = |name: &str| {
