@@ -170,7 +170,7 @@ fn a_connected_udp_socket_reaches_another_endpoint_once_its_endpoint_leaves() {
 }
 
 #[test]
-fn a_held_tcp_connection_to_a_removed_endpoint_is_reset_and_the_others_are_untouched() {
+fn a_held_tcp_connection_drains_while_its_endpoint_terminates_and_is_reset_once_removed() {
     let mut fx = Fixture::new("sdtcp", 3);
     let destroys = kernel_destroys(&mut fx);
     let n = name("web", Protocol::Tcp);
@@ -200,6 +200,20 @@ fn a_held_tcp_connection_to_a_removed_endpoint_is_reset_and_the_others_are_untou
     assert_eq!(through_service, names, "one connection per pod");
     assert_eq!(pods[3], pod0, "the direct connection");
 
+    // First pod0 terminates: no new connection goes there, and (as kube-proxy) its TCP
+    // connection is left to drain.
+    let mut eps = fx.endpoints(&[0, 1, 2]);
+    eps[0].ready = false;
+    eps[0].terminating = true;
+    set_endpoints(&mut state, &n, eps);
+    let stats = fx.sync(&mut state, &changed(&[&n]));
+    assert_eq!(stats.sockets_destroyed.tcp, 0, "terminating: {stats:?}");
+    let draining = check(&mut stdin, &mut out, pods.len());
+    for (i, pod) in pods.iter().enumerate() {
+        assert_eq!(draining[i], format!("conn {i} {pod} ok"), "{draining:?}");
+    }
+
+    // Then it is gone from the Service: its connection through the Service is reset.
     set_endpoints(&mut state, &n, fx.endpoints(&[1, 2]));
     let stats = fx.sync(&mut state, &changed(&[&n]));
     assert_eq!(
@@ -208,13 +222,7 @@ fn a_held_tcp_connection_to_a_removed_endpoint_is_reset_and_the_others_are_untou
         "{stats:?}"
     );
     assert_eq!(stats.sockets_destroyed.udp, 0, "{stats:?}");
-
-    writeln!(stdin, "check").unwrap();
-    stdin.flush().unwrap();
-    let mut results = Vec::new();
-    while results.len() < pods.len() {
-        results.push(next_line(&mut out).expect("the client ended before its checks"));
-    }
+    let results = check(&mut stdin, &mut out, pods.len());
     for (i, pod) in pods.iter().enumerate() {
         let line = &results[i];
         let want_ok = !destroys || i == 3 || *pod != pod0;
@@ -259,4 +267,19 @@ fn udp_stays(out: &mut BufReader<ChildStdout>, first: &str, stats: &proxy::state
         }
     }
     assert!(replies.iter().all(|p| p == first), "{replies:?}");
+}
+
+/// Asks a `holdcheck` client to use each of its `n` connections; returns its `n` answers.
+fn check(
+    stdin: &mut std::process::ChildStdin,
+    out: &mut BufReader<ChildStdout>,
+    n: usize,
+) -> Vec<String> {
+    writeln!(stdin, "check").unwrap();
+    stdin.flush().unwrap();
+    let mut results = Vec::new();
+    while results.len() < n {
+        results.push(next_line(out).expect("the client ended before its checks"));
+    }
+    results
 }

@@ -102,6 +102,15 @@ pub struct BatchStats {
     pub singles: usize,
 }
 
+/// A deleted TCP backend whose connections drain (see `EbpfDataplane::destroy_released`).
+struct Draining {
+    id: u32,
+    backend: proxy_common::Backend,
+    addr: (IpAddr, u16),
+    /// The service ports that listed its endpoint when it was deleted.
+    ports: Vec<ServicePortName>,
+}
+
 /// The `ebpf` backend.
 pub struct EbpfDataplane {
     pins: Pins,
@@ -114,6 +123,9 @@ pub struct EbpfDataplane {
     tc_refreshed: Option<Instant>,
     /// Destroys the sockets of removed backends (None: this kernel cannot, said at start).
     term: Option<sockterm::SockTerminator>,
+    /// TCP backends deleted from the maps whose endpoint a Service port still lists
+    /// (terminating, not ready): their connections drain until it is listed no more.
+    draining: Vec<Draining>,
     _logs: Option<logs::LogDrain>,
     /// Keeps the loaded programs' file descriptors; the links are pinned.
     _ebpf: Ebpf,
@@ -184,6 +196,7 @@ impl EbpfDataplane {
             last_batch: BatchStats::default(),
             tc_refreshed: Some(Instant::now()),
             term,
+            draining: Vec::new(),
             _logs: logs,
             _ebpf: ebpf,
         })
@@ -217,8 +230,74 @@ impl EbpfDataplane {
 
     /// Destroys the sockets connected to the backends this sync deleted. A failure is logged,
     /// not returned: the maps are programmed, and a resync would not bring the backends back.
-    fn destroy_released(&mut self) -> SocketsDestroyed {
+    ///
+    /// As kube-proxy: UDP flows leave an endpoint as soon as it is no longer used (its UDP
+    /// conntrack entries are deleted then), but TCP connections to an endpoint that a Service
+    /// port still lists (terminating, or not ready) are left to drain: that backend waits in
+    /// `draining` until a later sync finds it listed by none of those ports, and only then are
+    /// its connections reset.
+    fn destroy_released(
+        &mut self,
+        state: &ProxyState,
+        touched: &[&ServicePortName],
+        full: bool,
+    ) -> SocketsDestroyed {
         let released = self.programmed.take_released();
+        if self.term.is_none() {
+            return SocketsDestroyed::default();
+        }
+        let touched_set: std::collections::HashSet<&ServicePortName> =
+            touched.iter().copied().collect();
+        // A full sync looks at every port (one that is gone lists nothing).
+        let touches = |d: &Draining| full || d.ports.iter().any(|n| touched_set.contains(n));
+        let recheck = self.draining.iter().any(touches);
+        let tcp_released = released
+            .iter()
+            .any(|(_, b)| b.proto == proxy_common::PROTO_TCP);
+        // Who lists which address, over the ports this sync touched (only when needed).
+        let mut listing: std::collections::HashMap<(IpAddr, u16), Vec<&ServicePortName>> =
+            std::collections::HashMap::new();
+        if recheck || tcp_released {
+            for name in touched {
+                if let Some(p) = state.get(name) {
+                    for e in p.endpoints.iter() {
+                        listing.entry((e.addr, e.port)).or_default().push(name);
+                    }
+                }
+            }
+        }
+        let mut doomed = Vec::new();
+        self.draining.retain(|d| {
+            let rechecked = touches(d);
+            let listed_elsewhere = d.ports.iter().any(|n| {
+                !touched_set.contains(n)
+                    && state
+                        .get(n)
+                        .is_some_and(|p| p.endpoints.iter().any(|e| (e.addr, e.port) == d.addr))
+            });
+            if !rechecked || listed_elsewhere || listing.contains_key(&d.addr) {
+                return true;
+            }
+            doomed.push((d.id, d.backend));
+            false
+        });
+        for (id, b) in released {
+            if b.proto == proxy_common::PROTO_TCP {
+                if let Some(a) = programmed::backend_addr(&b) {
+                    if let Some(ports) = listing.get(&(a.addr, a.port)) {
+                        self.draining.push(Draining {
+                            id,
+                            backend: b,
+                            addr: (a.addr, a.port),
+                            ports: ports.iter().map(|n| (*n).clone()).collect(),
+                        });
+                        continue;
+                    }
+                }
+            }
+            doomed.push((id, b));
+        }
+        let released = doomed;
         let Some(term) = &mut self.term else {
             return SocketsDestroyed::default();
         };
@@ -362,7 +441,12 @@ impl Dataplane for EbpfDataplane {
             }
         }
         // After the maps stopped pointing at them: a reconnect cannot get the same backend.
-        let sockets_destroyed = self.destroy_released();
+        let touched_names: Vec<&ServicePortName> = if changes.full {
+            state.names().collect()
+        } else {
+            changes.changed.iter().collect()
+        };
+        let sockets_destroyed = self.destroy_released(state, &touched_names, changes.full);
         match first_err {
             Some(e) => Err(e),
             None => Ok(SyncStats {

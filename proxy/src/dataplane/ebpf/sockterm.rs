@@ -15,6 +15,10 @@
 //! with ECONNABORTED and the endpoint gets a reset. Connected UDP: the socket is disconnected with
 //! ECONNABORTED pending, so its next send or receive fails and a reconnect is balanced again.
 //!
+//! Which backends come here is the dataplane's choice (`EbpfDataplane::destroy_released`): a UDP
+//! backend when it is deleted, a TCP one only once no Service port lists its endpoint (a
+//! terminating endpoint's connections drain, as under kube-proxy).
+//!
 //! Needs Linux 6.5 (the kfunc; the iterators are 5.9). On an older kernel the agent says so once
 //! at start and sockets stay where they are, as they did before. Entering another namespace needs
 //! CAP_SYS_ADMIN: without it only the agent's own namespace is covered (said once).
