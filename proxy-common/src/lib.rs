@@ -27,6 +27,8 @@
 //! | `KPR_CONFIG` | array (1) | 0 | [`NodeConfig`] (tc path) |
 //! | `KPR_CONFIG6` | array (1) | 0 | [`NodeConfig6`] (IPv6) |
 //! | `KPR_SRC_RANGES` | LPM trie | prefix length + [`SrcRangeKey`] | `u8` (1: allowed) |
+//! | `KPR_SOCK_TERM` | hash | backend id `u32` (removed) | [`Backend`] (its address) |
+//! | `KPR_SOCK_TERM_STATS` | array ([`TERM_STATS`]) | [`TERM_TCP_DESTROYED`].. | `u64` count |
 #![no_std]
 
 pub mod hash;
@@ -267,6 +269,24 @@ pub struct SrcRangeKey {
 pub const CT_F_REPLY: u32 = 1 << 0;
 /// [`CtValue::flags`]: the flow was masqueraded.
 pub const CT_F_SNAT: u32 = 1 << 1;
+
+/// `KPR_SOCK_TERM_STATS` indices: sockets the iterators destroyed, and destroys the kernel
+/// refused, by protocol.
+pub const TERM_TCP_DESTROYED: u32 = 0;
+pub const TERM_UDP_DESTROYED: u32 = 1;
+pub const TERM_TCP_FAILED: u32 = 2;
+pub const TERM_UDP_FAILED: u32 = 3;
+/// Entries of `KPR_SOCK_TERM_STATS`.
+pub const TERM_STATS: u32 = 4;
+
+/// The instruction the socket iterators carry where they call the `bpf_sock_destroy` kfunc: a
+/// `call` with `src_reg` 2 (`BPF_PSEUDO_KFUNC_CALL`) whose immediate is a placeholder. The loader
+/// the agent uses (aya 0.14) does not resolve kfunc calls, so the agent writes the kfunc's BTF id
+/// of the running kernel into the immediate before it loads the object (little-endian bytes:
+/// opcode 0x85, registers 0x20, offset 0, immediate [`KFUNC_PLACEHOLDER_IMM`]).
+pub const KFUNC_CALL_PLACEHOLDER: u64 = ((KFUNC_PLACEHOLDER_IMM as u64) << 32) | 0x2085;
+/// The placeholder immediate ("kpr1" read as a little-endian word).
+pub const KFUNC_PLACEHOLDER_IMM: u32 = 0x3172_706b;
 
 #[cfg(feature = "user")]
 mod pod {

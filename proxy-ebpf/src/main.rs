@@ -3,10 +3,12 @@
 //!
 //! Programs: `kpr_connect4`, `kpr_sendmsg4`, `kpr_recvmsg4`, `kpr_getpeername4` and their IPv6
 //! twins `kpr_connect6`, `kpr_sendmsg6`, `kpr_recvmsg6`, `kpr_getpeername6` (cgroup sock_addr),
-//! `kpr_sock_release` (cgroup sock); `kpr_tc_ingress` (tc clsact ingress, both families).
+//! `kpr_sock_release` (cgroup sock); `kpr_tc_ingress` (tc clsact ingress, both families);
+//! `kpr_term_tcp`, `kpr_term_udp` (socket iterators that destroy the sockets of removed backends).
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
+#![feature(asm_experimental_arch)]
 #![expect(
     internal_features,
     reason = "atomic_xadd: the bpf target has no CAS, so no AtomicU32::fetch_add"
@@ -16,6 +18,7 @@ mod atomic;
 mod lb;
 mod maps;
 mod sock;
+mod sockterm;
 mod tc;
 
 use aya_ebpf::{
@@ -71,6 +74,20 @@ pub fn kpr_sock_release(ctx: SockContext) -> i32 {
 #[classifier]
 pub fn kpr_tc_ingress(ctx: TcContext) -> i32 {
     tc::ingress(&ctx)
+}
+
+// aya-ebpf 0.2 has no macro for iterator programs: the section name is what the loader reads
+// ("iter/..." is a BPF_TRACE_ITER tracing program; the agent names the target at load time).
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/tcp")]
+pub extern "C" fn kpr_term_tcp(ctx: *mut sockterm::IterSockCtx) -> i32 {
+    sockterm::visit(ctx, sockterm::Proto::Tcp)
+}
+
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/udp")]
+pub extern "C" fn kpr_term_udp(ctx: *mut sockterm::IterSockCtx) -> i32 {
+    sockterm::visit(ctx, sockterm::Proto::Udp)
 }
 
 #[cfg(not(test))]

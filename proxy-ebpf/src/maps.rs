@@ -10,6 +10,7 @@ use aya_ebpf::{
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, NodeConfig, NodeConfig6,
     RevNatKey, RevNatValue, ServiceKey, ServiceValue, SlotKey, SockBackend, SrcRangeKey,
+    TERM_STATS,
 };
 
 #[map]
@@ -60,3 +61,12 @@ pub static KPR_CONFIG6: Array<NodeConfig6> = Array::pinned(1, 0);
 /// loadBalancerSourceRanges: (tc frontend, source prefix) -> allowed.
 #[map]
 pub static KPR_SRC_RANGES: LpmTrie<SrcRangeKey, u8> = LpmTrie::pinned(65_536, 0);
+
+/// Backends removed from every Service (id -> its address), whose connected sockets the socket
+/// iterators destroy; the agent fills it, runs the iterators and empties it again.
+#[map]
+pub static KPR_SOCK_TERM: HashMap<u32, Backend> = HashMap::pinned(65_536, BPF_F_NO_PREALLOC);
+
+/// Sockets the iterators destroyed (and destroys refused), by protocol (`proxy_common::TERM_*`).
+#[map]
+pub static KPR_SOCK_TERM_STATS: Array<u64> = Array::pinned(TERM_STATS, 0);

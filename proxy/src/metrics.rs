@@ -26,6 +26,12 @@ pub struct FamilyLabel {
     pub family: String,
 }
 
+/// A transport protocol (`tcp`, `udp`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProtocolLabel {
+    pub protocol: String,
+}
+
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
@@ -41,6 +47,7 @@ pub struct Metrics {
     pub service_changes_total: Counter,
     pub sync_errors_total: Counter,
     pub map_full_total: Family<MapLabel, Counter>,
+    pub sockets_destroyed_total: Family<ProtocolLabel, Counter>,
     pub invalid_objects: Gauge,
     pub service_ports: Gauge,
     pub endpoints: Gauge,
@@ -66,6 +73,7 @@ impl Default for Metrics {
             service_changes_total: Counter::default(),
             sync_errors_total: Counter::default(),
             map_full_total: Family::default(),
+            sockets_destroyed_total: Family::default(),
             invalid_objects: Gauge::default(),
             service_ports: Gauge::default(),
             endpoints: Gauge::default(),
@@ -76,6 +84,18 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts the sockets one sync destroyed.
+    pub fn count_destroyed(&self, d: &crate::state::SocketsDestroyed) {
+        for (protocol, n) in [("tcp", d.tcp), ("udp", d.udp)] {
+            if n > 0 {
+                let label = ProtocolLabel {
+                    protocol: protocol.into(),
+                };
+                self.sockets_destroyed_total.get_or_create(&label).inc_by(n);
+            }
+        }
+    }
+
     fn register(&mut self) {
         let kp = self.registry.sub_registry_with_prefix("kubeproxy");
         kp.register(
@@ -135,6 +155,11 @@ impl Metrics {
             self.map_full_total.clone(),
         );
         kpr.register(
+            "sockets_destroyed",
+            "Sockets connected to endpoints that left, destroyed by the ebpf backend, by protocol",
+            self.sockets_destroyed_total.clone(),
+        );
+        kpr.register(
             "invalid_objects",
             "Input problems currently reported (bad manifests, fields)",
             self.invalid_objects.clone(),
@@ -158,5 +183,26 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destroyed_sockets_are_counted_by_protocol() {
+        let m = Metrics::default();
+        m.count_destroyed(&crate::state::SocketsDestroyed { tcp: 2, udp: 0 });
+        m.count_destroyed(&crate::state::SocketsDestroyed { tcp: 1, udp: 3 });
+        let text = m.encode();
+        assert!(
+            text.contains("kpr_sockets_destroyed_total{protocol=\"tcp\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kpr_sockets_destroyed_total{protocol=\"udp\"} 3"),
+            "{text}"
+        );
     }
 }

@@ -147,6 +147,17 @@ pub struct SyncStats {
     pub touched: usize,
     /// Backend-specific count of dataplane operations (rules, map elements, map updates).
     pub operations: usize,
+    /// Sockets connected to endpoints that left, destroyed by this sync (ebpf backend on Linux
+    /// 6.5+; other backends move flows by deleting conntrack entries instead).
+    #[serde(default)]
+    pub sockets_destroyed: SocketsDestroyed,
+}
+
+/// Sockets destroyed, by protocol.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SocketsDestroyed {
+    pub tcp: u64,
+    pub udp: u64,
 }
 
 /// Live per-endpoint numbers a backend can report (least-connection counters).

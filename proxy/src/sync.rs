@@ -170,6 +170,7 @@ impl Runner {
             Ok(stats) => {
                 last.touched = stats.touched;
                 last.operations = stats.operations;
+                self.metrics.count_destroyed(&stats.sockets_destroyed);
                 self.failures = 0;
                 self.record_success(&changes, took);
                 if let Some(listed) = self.listed_at.take() {

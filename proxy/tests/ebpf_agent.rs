@@ -266,9 +266,23 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
         "affinity 600s",
         "(no endpoints: connections are rejected)",
         &format!("affinity netns cookie {cookie} -> {stuck}:8080"),
+        // No endpoint left any Service here (ebpf_sock_destroy.rs destroys some).
+        "sockets destroyed (connected to endpoints that left): 0 tcp, 0 udp",
     ] {
         assert!(inspect.contains(want), "{want:?} missing:\n{inspect}");
     }
+    // The agent says at start whether it destroys the sockets of removed endpoints: it does
+    // where the kernel has the kfunc (6.5+), and says why not elsewhere (the VM matrix's 6.1).
+    let said = match proxy::dataplane::ebpf::sockterm::probe() {
+        proxy::dataplane::ebpf::sockterm::Support::Kfunc(_) => {
+            "sockets connected to a removed endpoint are destroyed"
+        }
+        proxy::dataplane::ebpf::sockterm::Support::Missing(_) => {
+            "sockets connected to a removed endpoint are not destroyed: this kernel has no \
+             bpf_sock_destroy kfunc (Linux 6.5+)"
+        }
+    };
+    assert!(agent.log().contains(said), "{said:?}:\n{}", agent.log());
     let json: serde_json::Value = serde_json::from_str(&proxy_out(&[
         "inspect",
         "--maps",
@@ -277,6 +291,7 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
         &pins,
     ]))
     .expect("inspect --maps --json prints JSON");
+    assert_eq!(json["sockets_destroyed"]["tcp"], 0, "{json}");
     let aff = json["frontends"]
         .as_array()
         .unwrap()

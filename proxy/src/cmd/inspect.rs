@@ -4,6 +4,7 @@
 use anyhow::Context;
 use proxy::cli::InspectArgs;
 use proxy::dataplane::ebpf::inspect::{AffinityClient, FrontendView, MapSnapshot, SlotView};
+use proxy::dataplane::ebpf::sockterm::TermCounts;
 use proxy::status::{ServiceView, StateView};
 
 fn addrs(ips: &[std::net::IpAddr], port: u16) -> String {
@@ -229,17 +230,26 @@ fn frontend_json(f: &FrontendView) -> serde_json::Value {
 }
 
 /// `inspect --maps --json`: the snapshot as one JSON document.
-fn maps_json(snap: &MapSnapshot) -> serde_json::Value {
+fn maps_json(snap: &MapSnapshot, destroyed: Option<TermCounts>) -> serde_json::Value {
     serde_json::json!({
         "frontends": snap.frontends.iter().map(frontend_json).collect::<Vec<_>>(),
         "cluster_ips": snap.vips,
+        "sockets_destroyed": destroyed.map(|d| serde_json::json!({
+            "tcp": d.tcp,
+            "udp": d.udp,
+            "tcp_refused": d.tcp_failed,
+            "udp_refused": d.udp_failed,
+        })),
     })
 }
 
 fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
     let snap = MapSnapshot::read(&args.bpffs_path).context("proxy inspect --maps")?;
+    // Absent from the pins of an agent older than socket destruction.
+    let destroyed =
+        TermCounts::from_pin(&proxy::dataplane::ebpf::inspect::maps_dir(&args.bpffs_path)).ok();
     if args.json {
-        println!("{}", maps_json(&snap));
+        println!("{}", maps_json(&snap, destroyed));
         return Ok(());
     }
     let (maps, links) = proxy::dataplane::ebpf::inspect::pinned(&args.bpffs_path);
@@ -250,6 +260,21 @@ fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
         snap.frontends.len(),
         snap.vips.len()
     );
+    if let Some(d) = destroyed {
+        println!(
+            "sockets destroyed (connected to endpoints that left): {} tcp, {} udp{}",
+            d.tcp,
+            d.udp,
+            if d.tcp_failed + d.udp_failed > 0 {
+                format!(
+                    " ({} tcp, {} udp refused by the kernel)",
+                    d.tcp_failed, d.udp_failed
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     for f in &snap.frontends {
         print_frontend(f);
     }

@@ -383,7 +383,8 @@ pub fn changed(names: &[&ServicePortName]) -> ChangeSet {
 ///
 /// Commands: `tcp ADDR N` (N sequential requests), `hold ADDR N` (N open connections until stdin
 /// closes), `udp ADDR N` (N datagrams from one unconnected socket), `peer ADDR` (getpeername of a
-/// connected socket).
+/// connected socket), `udpconn ADDR` (see [`udp_connected`]), `holdcheck ADDR N [DIRECT]` (see
+/// [`hold_and_check`]).
 pub fn run_client(spec: &str) {
     let words: Vec<&str> = spec.split_whitespace().collect();
     let addr: SocketAddr = words[1].parse().expect("client address");
@@ -428,6 +429,12 @@ pub fn run_client(spec: &str) {
                 }
             }
         }
+        "udpconn" => udp_connected(addr),
+        "holdcheck" => hold_and_check(
+            addr,
+            n,
+            words.get(3).map(|w| w.parse().expect("direct address")),
+        ),
         "peer" => {
             let c = std::net::TcpStream::connect_timeout(&addr, timeout).expect("connect");
             println!("KPR peer {}", c.peer_addr().unwrap());
@@ -450,4 +457,91 @@ pub fn agent_options(cgroup: &kpr_tests::Cgroup) -> kpr_tests::AgentOptions {
         .binary(env!("CARGO_BIN_EXE_proxy"));
     opts.ready_timeout = std::time::Duration::from_secs(120);
     opts
+}
+
+/// Milliseconds since the Unix epoch (the clock the tests and their client processes share).
+pub fn epoch_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis()
+}
+
+/// Closes `stop` when stdin reaches its end (the spawning test dropped it).
+fn stop_on_stdin_eof() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    stop
+}
+
+/// `udpconn ADDR`: a client as DNS resolvers are: one connected UDP socket, a datagram every
+/// 100 ms, each reply printed as `udp POD MS` (MS: [`epoch_ms`]); an error of the socket (not a
+/// timeout) is printed as `err WHAT MS` and answered by connecting the socket again. Runs until
+/// stdin closes.
+fn udp_connected(addr: SocketAddr) {
+    let every = Duration::from_millis(100);
+    let stop = stop_on_stdin_eof();
+    let sock = UdpSocket::bind("0.0.0.0:0").expect("bind");
+    sock.connect(addr).expect("connect");
+    sock.set_read_timeout(Some(every)).unwrap();
+    let mut buf = [0u8; 512];
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let tick = Instant::now();
+        let result = sock.send(b"ping").and_then(|_| sock.recv(&mut buf));
+        match result {
+            Ok(len) => {
+                let reply = String::from_utf8_lossy(&buf[..len]).to_string();
+                let pod = reply.split_whitespace().next().unwrap_or("").to_string();
+                println!("KPR udp {pod} {}", epoch_ms());
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => {
+                println!("KPR err {:?} {}", e.kind(), epoch_ms());
+                if let Err(e) = sock.connect(addr) {
+                    println!("KPR err reconnect {e} {}", epoch_ms());
+                }
+            }
+        }
+        std::io::stdout().flush().unwrap();
+        std::thread::sleep(every.saturating_sub(tick.elapsed()));
+    }
+}
+
+/// `holdcheck ADDR N [DIRECT]`: opens N connections to ADDR (and one to DIRECT, not through a
+/// Service), prints `pod POD` for each and `ready`; then, for every line read from stdin, sends a
+/// line on each connection and prints `conn I POD ok` or `conn I POD err WHAT`. Stops at EOF.
+fn hold_and_check(addr: SocketAddr, n: usize, direct: Option<SocketAddr>) {
+    let timeout = Duration::from_secs(3);
+    let mut held = Vec::new();
+    for target in std::iter::repeat_n(addr, n).chain(direct) {
+        let c = kpr_tests::client::tcp_hold_here(target, timeout).expect("hold connect");
+        println!("KPR pod {}", c.reply.pod);
+        held.push(c);
+    }
+    println!("KPR ready");
+    std::io::stdout().flush().unwrap();
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        if line.is_err() {
+            break;
+        }
+        for (i, c) in held.iter_mut().enumerate() {
+            let pod = c.reply.pod.clone();
+            match c.echo("check") {
+                Ok(echo) if echo == "check" => println!("KPR conn {i} {pod} ok"),
+                Ok(other) => println!("KPR conn {i} {pod} err echoed {other:?}"),
+                Err(e) => println!("KPR conn {i} {pod} err {e}"),
+            }
+        }
+        std::io::stdout().flush().unwrap();
+    }
 }

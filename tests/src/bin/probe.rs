@@ -10,8 +10,8 @@
 //! (kind: refused, reset, unreachable, timeout, closed, other: ...). With `--hold`, each TCP
 //! connection is opened, its greeting printed, and all are kept open SECS seconds, checked alive
 //! (`alive <pod>` / `dead <pod>`), then closed. With `--session`, every UDP request goes out of
-//! one connected socket (one flow; a socket whose connect() failed is made again for the next
-//! request). `--bind IP:PORT` (tcp) binds request k to IP:PORT+k before connecting (fixed
+//! one connected socket (one flow; a socket whose connect() failed, or that failed with an error
+//! other than a timeout or a refusal, is made again for the next request). `--bind IP:PORT` (tcp) binds request k to IP:PORT+k before connecting (fixed
 //! 5-tuples, for Maglev). `--every MS` waits MS milliseconds between requests (any mode but `--hold`). `http` prints `http <status> <body>` of `GET /`.
 //! Exit status 0 when every request succeeded, 1 otherwise.
 
@@ -146,7 +146,9 @@ fn report(r: Result<Reply, ClientError>) -> bool {
     }
 }
 
-/// `--session`: every request from one connected UDP socket, made again after a failed connect().
+/// `--session`: every request from one connected UDP socket, made again after a failed connect()
+/// and, as applications do, after the socket itself failed (aborted or disconnected: the ebpf
+/// backend destroys a socket whose endpoint left; a timeout or an ICMP refusal keeps it).
 fn session(opts: &Opts) -> bool {
     let mut sock: Option<UdpSession> = None;
     let mut ok = true;
@@ -162,6 +164,9 @@ fn session(opts: &Opts) -> bool {
                 r
             }),
         };
+        if matches!(r, Err(ClientError::Reset | ClientError::Other(_))) {
+            sock = None;
+        }
         ok &= report(r);
     }
     ok

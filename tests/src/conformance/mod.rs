@@ -23,8 +23,8 @@
 //! - ebpf, `drop_unallocated_service_address`, `internal_traffic_local_none_here_drops`,
 //!   `other_service_proxy_name_is_ignored`: a local connect() fails with EPERM instead of a drop;
 //! - ebpf, `hairpin_is_masqueraded`: the pod is connected straight to itself (no NAT at all);
-//! - ebpf, `udp_flow_leaves_a_removed_endpoint`: a connected UDP socket keeps the endpoint it got
-//!   at connect() until it reconnects;
+//! - ebpf on kernels without `bpf_sock_destroy` (before 6.5), `udp_flow_leaves_a_removed_endpoint`:
+//!   a connected UDP socket keeps the endpoint it got at connect() until it reconnects;
 //! - userspace and ebpf, `sctp`: not served (SCTP is not proxied / not translated).
 //!
 //! The SCTP rows need SCTP in the kernel: their tests are `#[ignore]`d and `cargo xtask vm`

@@ -16,6 +16,7 @@ use aya::{Ebpf, EbpfLoader};
 
 use super::maps;
 use super::object;
+use super::sockterm;
 use crate::error::DataplaneError;
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -153,9 +154,31 @@ fn fs_magic(path: &Path) -> Option<i64> {
         .map(|s| s.filesystem_type().0)
 }
 
-/// Loads the embedded object, creating or reusing the pinned maps.
-pub fn load(pins: &Pins, sizes: &MapSizes) -> Result<Ebpf, DataplaneError> {
-    let bytes = object::embedded()?;
+/// Loads the embedded object, creating or reusing the pinned maps. Where the kernel has the
+/// `bpf_sock_destroy` kfunc, the object's calls to it are resolved first (`sockterm::patch`);
+/// `support` becomes `Missing` if the object has none to resolve.
+pub fn load(
+    pins: &Pins,
+    sizes: &MapSizes,
+    support: &mut sockterm::Support,
+) -> Result<Ebpf, DataplaneError> {
+    let embedded = object::embedded()?;
+    let patched = match support {
+        sockterm::Support::Kfunc(id) => {
+            let (obj, resolved) = sockterm::patch(embedded, *id);
+            if resolved == 0 {
+                *support = sockterm::Support::Missing(
+                    "the eBPF object has no bpf_sock_destroy call to resolve".into(),
+                );
+            }
+            Some(obj)
+        }
+        sockterm::Support::Missing(_) => None,
+    };
+    let bytes = match &patched {
+        Some(obj) => obj.bytes(),
+        None => embedded,
+    };
     let maps_dir = pins.maps();
     fs::create_dir_all(&maps_dir).map_err(io_err(format!("creating {}", maps_dir.display())))?;
     let mut loader = EbpfLoader::new();

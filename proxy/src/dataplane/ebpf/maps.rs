@@ -39,11 +39,26 @@ pub const CT: &str = "KPR_CT";
 pub const CONFIG: &str = "KPR_CONFIG";
 pub const CONFIG6: &str = "KPR_CONFIG6";
 pub const SRC_RANGES: &str = "KPR_SRC_RANGES";
+pub const SOCK_TERM: &str = "KPR_SOCK_TERM";
+pub const SOCK_TERM_STATS: &str = "KPR_SOCK_TERM_STATS";
 
 /// Every map of the object, for pinning, sizing and cleanup.
-pub const ALL: [&str; 13] = [
-    SERVICES, SLOTS, BACKENDS, COUNTERS, RR, AFFINITY, SOCKS, REVNAT, UDP_FWD, CT, CONFIG, CONFIG6,
+pub const ALL: [&str; 15] = [
+    SERVICES,
+    SLOTS,
+    BACKENDS,
+    COUNTERS,
+    RR,
+    AFFINITY,
+    SOCKS,
+    REVNAT,
+    UDP_FWD,
+    CT,
+    CONFIG,
+    CONFIG6,
     SRC_RANGES,
+    SOCK_TERM,
+    SOCK_TERM_STATS,
 ];
 
 /// One hash map with its name and capacity.

@@ -4,8 +4,8 @@
 //! Owns: the embedded eBPF object (`object`), loading and attaching it with pins under bpffs
 //! (`attach`), the map handles (`maps`, full syncs written with batch operations through
 //! `batch`), compiling a service port to map entries (`compile`),
-//! the programmed state and its per-service diff (`programmed`), live counters (`live`) and the
-//! program log drain (`logs`). It never decides which endpoints are usable (`selection` does).
+//! the programmed state and its per-service diff (`programmed`), live counters (`live`), the
+//! program log drain (`logs`) and destroying the sockets of removed backends (`sockterm`). It never decides which endpoints are usable (`selection` does).
 //!
 //! What the programs do (proxy-ebpf): `connect4`/`connect6` rewrite a TCP/UDP connect() to a
 //! service frontend (clusterIP, externalIP, LB IP, nodeIP:nodePort) to one backend of the same
@@ -47,7 +47,7 @@ use crate::dataplane::{BackendConfig, Dataplane};
 
 use crate::error::DataplaneError;
 use crate::model::{IpFamily, ServicePortName};
-use crate::state::{ChangeSet, LiveView, ProxyState, SyncStats};
+use crate::state::{ChangeSet, LiveView, ProxyState, SocketsDestroyed, SyncStats};
 
 pub mod attach;
 mod batch;
@@ -59,6 +59,7 @@ mod logs;
 pub mod maps;
 pub mod object;
 pub mod programmed;
+pub mod sockterm;
 pub mod tc;
 pub mod trace;
 
@@ -101,6 +102,15 @@ pub struct BatchStats {
     pub singles: usize,
 }
 
+/// A deleted TCP backend whose connections drain (see `EbpfDataplane::destroy_released`).
+struct Draining {
+    id: u32,
+    backend: proxy_common::Backend,
+    addr: (IpAddr, u16),
+    /// The service ports that listed its endpoint when it was deleted.
+    ports: Vec<ServicePortName>,
+}
+
 /// The `ebpf` backend.
 pub struct EbpfDataplane {
     pins: Pins,
@@ -111,6 +121,11 @@ pub struct EbpfDataplane {
     last_batch: BatchStats,
     /// When the tc program was last attached to new interfaces.
     tc_refreshed: Option<Instant>,
+    /// Destroys the sockets of removed backends (None: this kernel cannot, said at start).
+    term: Option<sockterm::SockTerminator>,
+    /// TCP backends deleted from the maps whose endpoint a Service port still lists
+    /// (terminating, not ready): their connections drain until it is listed no more.
+    draining: Vec<Draining>,
     _logs: Option<logs::LogDrain>,
     /// Keeps the loaded programs' file descriptors; the links are pinned.
     _ebpf: Ebpf,
@@ -143,7 +158,12 @@ impl EbpfDataplane {
             root: cfg.bpffs_path.clone(),
         };
         attach::prepare_bpffs(&pins.root)?;
-        let mut ebpf = attach::load(&pins, &sizes)?;
+        let btf = sockterm::kernel_btf();
+        let mut support = match &btf {
+            Ok(btf) => sockterm::probe_btf(btf),
+            Err(why) => sockterm::Support::Missing(why.clone()),
+        };
+        let mut ebpf = attach::load(&pins, &sizes, &mut support)?;
         let logs = logs::LogDrain::start(&mut ebpf);
         let mut maps = Maps::take(&mut ebpf)?;
         let programmed = Programmed::recover(&maps)?;
@@ -159,6 +179,8 @@ impl EbpfDataplane {
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
         let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
         tc.refresh(&mut ebpf)?;
+        let term = sockterm::SockTerminator::new(&mut ebpf, &support, btf.as_ref().ok());
+        drop(btf);
         attach::log_verified(&ebpf);
         Ok(EbpfDataplane {
             pins,
@@ -173,6 +195,8 @@ impl EbpfDataplane {
             programmed,
             last_batch: BatchStats::default(),
             tc_refreshed: Some(Instant::now()),
+            term,
+            draining: Vec::new(),
             _logs: logs,
             _ebpf: ebpf,
         })
@@ -196,6 +220,118 @@ impl EbpfDataplane {
     /// Interfaces the tc program is attached to.
     pub fn tc_interfaces(&self) -> Vec<String> {
         self.tc.attached().iter().cloned().collect()
+    }
+
+    /// Whether sockets connected to removed endpoints are destroyed (the kernel can, and the
+    /// iterator programs loaded).
+    pub fn destroys_sockets(&self) -> bool {
+        self.term.is_some()
+    }
+
+    /// Destroys the sockets connected to the backends this sync deleted. A failure is logged,
+    /// not returned: the maps are programmed, and a resync would not bring the backends back.
+    ///
+    /// As kube-proxy: UDP flows leave an endpoint as soon as it is no longer used (its UDP
+    /// conntrack entries are deleted then), but TCP connections to an endpoint that a Service
+    /// port still lists (terminating, or not ready) are left to drain: that backend waits in
+    /// `draining` until a later sync finds it listed by none of those ports, and only then are
+    /// its connections reset.
+    fn destroy_released(
+        &mut self,
+        state: &ProxyState,
+        touched: &[&ServicePortName],
+        full: bool,
+    ) -> SocketsDestroyed {
+        let released = self.programmed.take_released();
+        if self.term.is_none() {
+            return SocketsDestroyed::default();
+        }
+        let touched_set: std::collections::HashSet<&ServicePortName> =
+            touched.iter().copied().collect();
+        // A full sync looks at every port (one that is gone lists nothing).
+        let touches = |d: &Draining| full || d.ports.iter().any(|n| touched_set.contains(n));
+        let recheck = self.draining.iter().any(touches);
+        let tcp_released = released
+            .iter()
+            .any(|(_, b)| b.proto == proxy_common::PROTO_TCP);
+        // Who lists which address, over the ports this sync touched (only when needed).
+        let mut listing: std::collections::HashMap<(IpAddr, u16), Vec<&ServicePortName>> =
+            std::collections::HashMap::new();
+        if recheck || tcp_released {
+            for name in touched {
+                if let Some(p) = state.get(name) {
+                    for e in p.endpoints.iter() {
+                        listing.entry((e.addr, e.port)).or_default().push(name);
+                    }
+                }
+            }
+        }
+        let mut doomed = Vec::new();
+        self.draining.retain(|d| {
+            let rechecked = touches(d);
+            let listed_elsewhere = d.ports.iter().any(|n| {
+                !touched_set.contains(n)
+                    && state
+                        .get(n)
+                        .is_some_and(|p| p.endpoints.iter().any(|e| (e.addr, e.port) == d.addr))
+            });
+            if !rechecked || listed_elsewhere || listing.contains_key(&d.addr) {
+                return true;
+            }
+            doomed.push((d.id, d.backend));
+            false
+        });
+        for (id, b) in released {
+            if b.proto == proxy_common::PROTO_TCP {
+                if let Some(a) = programmed::backend_addr(&b) {
+                    if let Some(ports) = listing.get(&(a.addr, a.port)) {
+                        self.draining.push(Draining {
+                            id,
+                            backend: b,
+                            addr: (a.addr, a.port),
+                            ports: ports.iter().map(|n| (*n).clone()).collect(),
+                        });
+                        continue;
+                    }
+                }
+            }
+            doomed.push((id, b));
+        }
+        let released = doomed;
+        let Some(term) = &mut self.term else {
+            return SocketsDestroyed::default();
+        };
+        if released.is_empty() {
+            return SocketsDestroyed::default();
+        }
+        match term.run(&mut self._ebpf, &released) {
+            Ok(c) => {
+                if c.tcp_failed + c.udp_failed > 0 {
+                    tracing::warn!(
+                        "ebpf: the kernel refused to destroy {} TCP and {} UDP sockets of \
+                         removed endpoints",
+                        c.tcp_failed,
+                        c.udp_failed
+                    );
+                }
+                if c.tcp + c.udp > 0 {
+                    tracing::info!(
+                        backends = released.len(),
+                        tcp = c.tcp,
+                        udp = c.udp,
+                        "ebpf: destroyed the sockets connected to removed endpoints"
+                    );
+                }
+                SocketsDestroyed {
+                    tcp: c.tcp,
+                    udp: c.udp,
+                }
+            }
+            Err(e) => {
+                tracing::error!("ebpf: destroying the sockets of removed endpoints: {e}");
+                SocketsDestroyed::default()
+            }
+        }
     }
 
     /// Where maps and links are pinned.
@@ -300,8 +436,17 @@ impl Dataplane for EbpfDataplane {
             }
         }
         if changes.full && self.programmed.needs_sweep {
-            self.programmed.sweep(&mut self.maps, &mut ops)?;
+            if let Err(e) = self.programmed.sweep(&mut self.maps, &mut ops) {
+                first_err.get_or_insert(e);
+            }
         }
+        // After the maps stopped pointing at them: a reconnect cannot get the same backend.
+        let touched_names: Vec<&ServicePortName> = if changes.full {
+            state.names().collect()
+        } else {
+            changes.changed.iter().collect()
+        };
+        let sockets_destroyed = self.destroy_released(state, &touched_names, changes.full);
         match first_err {
             Some(e) => Err(e),
             None => Ok(SyncStats {
@@ -309,6 +454,7 @@ impl Dataplane for EbpfDataplane {
                 service_ports: self.programmed.len(),
                 touched,
                 operations: ops,
+                sockets_destroyed,
             }),
         }
     }

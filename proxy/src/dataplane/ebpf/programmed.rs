@@ -110,6 +110,9 @@ pub struct Programmed {
     next_backend: u32,
     /// Entries not claimed by any service port may exist (start-up, after an error).
     pub needs_sweep: bool,
+    /// Backends deleted from the maps since [`Programmed::take_released`] (their sockets are
+    /// destroyed where the kernel can, `sockterm`).
+    released: Vec<(u32, Backend)>,
 }
 
 impl Programmed {
@@ -422,6 +425,7 @@ impl Programmed {
             if r.refs == 0 {
                 let id = r.id;
                 self.backends.remove(addr);
+                self.released.push((id, backend_value(addr)));
                 maps.backends.del(&id, object, ops)?;
                 maps.counters.del(&id, object, ops)?;
             }
@@ -463,9 +467,11 @@ impl Programmed {
                 maps.rr.del(&id, object, ops)?;
             }
         }
-        for (id, _) in maps.backends.entries()? {
+        for (id, b) in maps.backends.entries()? {
             if !backends.contains(&id) {
                 maps.backends.del(&id, object, ops)?;
+                // Removed while no agent ran: its sockets go as they would have then.
+                self.released.push((id, b));
             }
         }
         for (id, _) in maps.counters.entries()? {
@@ -486,6 +492,12 @@ impl Programmed {
         self.recovered = Recovered::default();
         self.needs_sweep = false;
         Ok(())
+    }
+
+    /// The backends deleted from the maps since the last call (ids are never reused, so a
+    /// socket still recorded with one of them was connected to that endpoint).
+    pub fn take_released(&mut self) -> Vec<(u32, Backend)> {
+        std::mem::take(&mut self.released)
     }
 
     /// Applies the writes recorded since `maps.begin_batch()`. Service ports with a failed write

@@ -190,6 +190,7 @@ impl<B: RuleBackend> Dataplane for RuleDataplane<B> {
             service_ports: self.backend.service_ports(),
             touched,
             operations,
+            ..SyncStats::default()
         })
     }
 

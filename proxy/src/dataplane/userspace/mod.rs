@@ -205,6 +205,7 @@ impl UserspaceDataplane {
             service_ports: state.len(),
             touched: state.len(),
             operations: elems.len() + node.len(),
+            ..SyncStats::default()
         })
     }
 
@@ -262,6 +263,7 @@ impl UserspaceDataplane {
             service_ports: state.len(),
             touched: changes.changed.len(),
             operations: adds.len() + dels.len(),
+            ..SyncStats::default()
         })
     }
 
