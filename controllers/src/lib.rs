@@ -9,6 +9,9 @@
 //! - [`endpoint`]: the controllers that feed the proxy (EndpointSlice, Endpoints, LoadBalancer IPAM);
 //! - [`workload`]: ReplicaSet, Deployment, StatefulSet, DaemonSet, Job, CronJob,
 //!   ttl-after-finished and the garbage collector;
+//! - [`auth`]: what every namespace gets for its Pods to reach the API server (the `default`
+//!   ServiceAccount, the `kube-root-ca.crt` ConfigMap);
+//! - [`node`]: what Nodes decide for the Pods bound to them (NoExecute taint eviction);
 //! - [`manager`]: the descriptor table of controllers and the `controller-manager` that runs the
 //!   selected ones;
 //! - [`scheduler`]: kube-scheduler's framework and default plugins, run by the `scheduler` binary.
@@ -17,10 +20,12 @@
 //! applying it through kube-rs. Layers point downward (controllers -> runtime -> helpers); no
 //! controller imports a sibling; `controllers/tests/layers.rs` keeps it so.
 
+pub mod auth;
 pub mod endpoint;
 pub mod error;
 pub mod helpers;
 pub mod manager;
+pub mod node;
 pub mod runtime;
 pub mod scheduler;
 pub mod workload;

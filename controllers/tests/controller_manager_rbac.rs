@@ -3,7 +3,8 @@
 //! decides): the manifest is applied with `kubectl apply -f`, a token of its ServiceAccount is
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
-//! daemonset) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller) and leader
+//! election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
 //! it is deleted, holds the Lease, and releases it on SIGTERM; nothing it does is denied (the log
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 use controllers::endpoint::lbipam;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -59,15 +60,16 @@ async fn lease_holder(client: &Client) -> Option<String> {
     lease.spec?.holder_identity
 }
 
-fn spawn(binary: &Path, kubeconfig: &Path, log: &Path) -> Child {
+fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, log: &Path) -> Child {
     let out = std::fs::File::create(log).unwrap();
     let err = out.try_clone().unwrap();
     Command::new(binary)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller",
         ])
+        .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--lb-pool", POOL])
         .args(["--leader-elect", "--leader-elect-identity", "cm-rbac"])
         .env("RUST_LOG", "info")
@@ -171,11 +173,19 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         .dir
         .join("logs")
         .join(format!("controller-manager-{ns}.log"));
-    let mut cm = spawn(&binary, &kubeconfig, &log);
+    let mut cm = spawn(&binary, &kubeconfig, &cp.pki.ca_cert, &log);
     let shown_log = || std::fs::read_to_string(&log).unwrap_or_default();
 
     eventually("the Lease held by cm-rbac", || async {
         (lease_holder(&admin).await.as_deref() == Some("cm-rbac")).then_some(())
+    })
+    .await;
+    // root-ca-cert-publisher, under the manifest's RBAC: the namespace's kube-root-ca.crt.
+    eventually("kube-root-ca.crt in the test namespace", || async {
+        Api::<ConfigMap>::namespaced(admin.clone(), &ns)
+            .get_opt("kube-root-ca.crt")
+            .await
+            .unwrap()
     })
     .await;
     let slices = eventually("an EndpointSlice of web with the Pod", || async {

@@ -676,6 +676,7 @@ async fn endpointslices_match_kube_controller_manager() {
             let cfg = ManagerConfig {
                 controllers: manager::parse_controllers("endpointslice").unwrap(),
                 lb_pool: None,
+                root_ca_file: None,
                 leader: None,
                 concurrency: controllers::manager::Concurrency {
                     endpoints: 8,

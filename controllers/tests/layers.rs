@@ -6,8 +6,8 @@
 //! cargo test -p controllers --test layers -- --nocapture
 //! ```
 //!
-//! A node is `helpers`, `runtime`, `error`, `manager`, `scheduler`, or one controller under
-//! `endpoint::` or `workload::` (`workload::deployment`, ...). What the endpoint controllers share
+//! A node is `helpers`, `runtime`, `error`, `manager`, `scheduler`, or one controller under one of
+//! the [`GROUPS`] (`workload::deployment`, `auth::serviceaccount`, ...). What the endpoint controllers share
 //! (upstream's `pkg/controller/util/endpoint`) is `endpoint::endpointutil` and
 //! `endpoint::membership`, which they may use. Test code (`*_tests.rs` files, `#[cfg(test)]` modules)
 //! is not part of the graph.
@@ -16,6 +16,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
+/// The controller groups: each module under one of these is a controller.
+const GROUPS: [&str; 4] = ["endpoint", "workload", "auth", "node"];
+
 /// Modules of the endpoint group its controllers may share.
 const ENDPOINT_SHARED: [&str; 2] = ["endpoint::endpointutil", "endpoint::membership"];
 
@@ -23,7 +26,7 @@ const ENDPOINT_SHARED: [&str; 2] = ["endpoint::endpointutil", "endpoint::members
 fn node_of_module(parts: &[&str]) -> Option<String> {
     match parts {
         [] | ["lib"] | ["bin", ..] => None,
-        [group, sub, ..] if (*group == "endpoint" || *group == "workload") && *sub != "mod" => {
+        [group, sub, ..] if GROUPS.contains(group) && *sub != "mod" => {
             Some(format!("{group}::{sub}"))
         }
         // `crate::Error` / `crate::Result`: the re-exports of the error module.
@@ -158,8 +161,10 @@ fn sources() -> Vec<(PathBuf, String)> {
 }
 
 fn is_controller(node: &str) -> bool {
-    (node.starts_with("endpoint::") && !ENDPOINT_SHARED.contains(&node))
-        || node.starts_with("workload::")
+    GROUPS
+        .iter()
+        .any(|g| node.strip_prefix(g).is_some_and(|r| r.starts_with("::")))
+        && !ENDPOINT_SHARED.contains(&node)
 }
 
 /// What breaks the layering in `g`, one line each.
@@ -180,7 +185,7 @@ fn violations(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
                 "manager" => true,
                 // The group modules only declare their controllers (and link the layers below
                 // in their docs).
-                "endpoint" | "workload" => {
+                g if GROUPS.contains(&g) => {
                     matches!(used.as_str(), "runtime" | "helpers" | "error")
                         || used.starts_with(&format!("{node}::"))
                 }
@@ -248,6 +253,9 @@ fn controllers_runtime_and_helpers_form_layers() {
         "endpoint::endpointslice",
         "workload::daemonset",
         "workload::ttlafterfinished",
+        "auth::serviceaccount",
+        "auth::rootcacertpublisher",
+        "node::tainteviction",
     ] {
         assert!(
             g.contains_key(expected),
@@ -281,6 +289,18 @@ fn a_planted_sibling_import_is_caught() {
     assert!(
         violations(&graph_of(&files)).contains(&"workload::cronjob uses workload::job".into()),
         "a relative sibling import went unnoticed"
+    );
+    // Nor in the other groups.
+    let mut files = sources();
+    let (_, text) = files
+        .iter_mut()
+        .find(|(p, _)| p == Path::new("auth/rootcacertpublisher.rs"))
+        .expect("auth/rootcacertpublisher.rs");
+    text.insert_str(0, "use crate::auth::serviceaccount::Config;\n");
+    assert!(
+        violations(&graph_of(&files))
+            .contains(&"auth::rootcacertpublisher uses auth::serviceaccount".into()),
+        "a sibling import in the auth group went unnoticed"
     );
     // And the runtime may not reach up into a controller.
     let mut files = sources();

@@ -113,6 +113,7 @@ fn manager_cfg(names: &str) -> ManagerConfig {
     ManagerConfig {
         controllers: manager::parse_controllers(names).unwrap(),
         lb_pool: None,
+        root_ca_file: None,
         leader: None,
         concurrency: controllers::manager::Concurrency {
             endpoints: 8,
@@ -467,6 +468,7 @@ async fn scaling_to_250_pods_produces_three_slices() {
 fn lb_cfg(pool: &str) -> ManagerConfig {
     ManagerConfig {
         lb_pool: Some(pool.parse().unwrap()),
+        root_ca_file: None,
         ..manager_cfg("lb-ipam")
     }
 }

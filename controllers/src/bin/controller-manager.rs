@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use controllers::endpoint::lbipam::pool::Pool;
-use controllers::manager::{self, ManagerConfig};
+use controllers::manager::{self, ManagerConfig, Setting};
 use controllers::runtime::leader::{self, LeaderConfig};
 
 /// Runs kpr's controllers (the list is in `--help` under `--controllers`) against a Kubernetes
@@ -23,6 +23,11 @@ struct Args {
     /// LoadBalancer address pool: a CIDR (10.0.0.0/24) or a range (10.0.0.10-10.0.0.20).
     #[arg(long)]
     lb_pool: Option<Pool>,
+    /// The cluster's root CA (PEM), published in every namespace as the kube-root-ca.crt
+    /// ConfigMap by root-ca-cert-publisher (kube-controller-manager's flag; without it that
+    /// controller does not run).
+    #[arg(long)]
+    root_ca_file: Option<PathBuf>,
     /// Run controllers only while holding the leader Lease.
     #[arg(long)]
     leader_elect: bool,
@@ -101,8 +106,15 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let args = Args::parse();
-    let controllers = manager::parse_controllers_with(&args.controllers, args.lb_pool.is_some())
-        .context("--controllers")?;
+    let given: Vec<Setting> = [
+        (Setting::LbPool, args.lb_pool.is_some()),
+        (Setting::RootCaFile, args.root_ca_file.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(s, on)| on.then_some(s))
+    .collect();
+    let controllers =
+        manager::parse_controllers_with(&args.controllers, &given).context("--controllers")?;
     let leader = args.leader_elect.then(|| LeaderConfig {
         lease_duration: args.leader_elect_lease_duration,
         renew_deadline: args.leader_elect_renew_deadline,
@@ -122,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
     let cfg = ManagerConfig {
         controllers,
         lb_pool: args.lb_pool,
+        root_ca_file: args.root_ca_file,
         leader: leader.clone(),
         concurrency: manager::Concurrency {
             endpoints: args.concurrency,

@@ -1,5 +1,6 @@
 //! Object metadata as apimachinery's `metav1` helpers read it: the controller owner reference
-//! (`GetControllerOf`) and the `Kind ns/name` controllers name an object by in errors and logs.
+//! (`GetControllerOf`), the `Kind ns/name` controllers name an object by in errors and logs, and
+//! whether a Namespace is Active.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
@@ -43,6 +44,11 @@ pub fn controller_of_object<K: Resource>(obj: &K) -> Option<&OwnerReference> {
 /// The UID of the object's controller, if it has one.
 pub fn controller_uid(meta: &ObjectMeta) -> Option<&str> {
     controller_of(meta).map(|r| r.uid.as_str())
+}
+
+/// Whether a Namespace is Active (`status.phase`; one being deleted is `Terminating`).
+pub fn namespace_is_active(ns: &k8s_openapi::api::core::v1::Namespace) -> bool {
+    ns.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Active")
 }
 
 #[cfg(test)]

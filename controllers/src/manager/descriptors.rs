@@ -12,11 +12,11 @@ use futures::future::BoxFuture;
 use futures::FutureExt as _;
 use kube::Client;
 
-use super::Concurrency;
+use super::{Concurrency, ManagerConfig};
 use crate::endpoint::lbipam::pool::Pool;
 use crate::error::{Error, Result};
 use crate::runtime::informer::Informers;
-use crate::{endpoint, workload};
+use crate::{auth, endpoint, node, workload};
 
 /// A running controller: ends only on an error (or never).
 pub type Task = BoxFuture<'static, Result<()>>;
@@ -33,6 +33,8 @@ pub struct ControllerContext<'a> {
     pub concurrency: Concurrency,
     /// lb-ipam's address pool (`--lb-pool`).
     pub lb_pool: Option<Pool>,
+    /// The cluster CA the root-ca-cert-publisher publishes (`--root-ca-file`).
+    pub root_ca_file: Option<std::path::PathBuf>,
 }
 
 /// One controller the manager can run.
@@ -71,13 +73,16 @@ impl PartialEq for ControllerDescriptor {
 pub enum Setting {
     /// `--lb-pool`: a LoadBalancer address pool.
     LbPool,
+    /// `--root-ca-file`: the cluster's CA bundle, as kube-controller-manager takes it.
+    RootCaFile,
 }
 
 impl Setting {
     /// Whether the command line gave it.
-    pub fn given(self, lb_pool: Option<&Pool>) -> bool {
+    pub fn given(self, cfg: &ManagerConfig) -> bool {
         match self {
-            Setting::LbPool => lb_pool.is_some(),
+            Setting::LbPool => cfg.lb_pool.is_some(),
+            Setting::RootCaFile => cfg.root_ca_file.is_some(),
         }
     }
 
@@ -85,6 +90,7 @@ impl Setting {
     pub fn flag(self) -> &'static str {
         match self {
             Setting::LbPool => "--lb-pool",
+            Setting::RootCaFile => "--root-ca-file",
         }
     }
 
@@ -92,6 +98,19 @@ impl Setting {
     pub fn what(self) -> &'static str {
         match self {
             Setting::LbPool => "a LoadBalancer address pool, a CIDR (a.b.c.d/n) or a range (a-b)",
+            Setting::RootCaFile => {
+                "the PEM file of the CA that signed kube-apiserver's serving certificate, \
+                 published in every namespace as the kube-root-ca.crt ConfigMap"
+            }
+        }
+    }
+
+    /// The error of a controller selected without it.
+    pub fn missing(self, controller: &'static str) -> Error {
+        Error::MissingSetting {
+            controller,
+            flag: self.flag(),
+            what: self.what(),
         }
     }
 }
@@ -259,6 +278,61 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
             Ok(forever(c.run()))
         },
     },
+    // Issue 38: the default ServiceAccount, the root CA ConfigMap and NoExecute taint eviction.
+    ControllerDescriptor {
+        name: "serviceaccount",
+        aliases: &["serviceaccount-controller"],
+        replaces: Some("serviceaccount-controller"),
+        default_on: true,
+        needs: None,
+        help: "the default ServiceAccount in every active namespace",
+        new: |cx| {
+            let c = auth::serviceaccount::Controller::new(
+                cx.client.clone(),
+                cx.informers,
+                auth::serviceaccount::Config::default(),
+            );
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "root-ca-cert-publisher",
+        aliases: &["root-ca-certificate-publisher-controller"],
+        replaces: Some("root-ca-certificate-publisher-controller"),
+        default_on: true,
+        needs: Some(Setting::RootCaFile),
+        help:
+            "the kube-root-ca.crt ConfigMap (the cluster CA of --root-ca-file) in every namespace",
+        new: |cx| {
+            let path = cx
+                .root_ca_file
+                .as_deref()
+                .ok_or_else(|| Setting::RootCaFile.missing("root-ca-cert-publisher"))?;
+            let config = auth::rootcacertpublisher::Config::from_file(path)?;
+            let c = auth::rootcacertpublisher::Controller::new(
+                cx.client.clone(),
+                cx.informers,
+                config,
+            )?;
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "taint-eviction-controller",
+        aliases: &[],
+        replaces: Some("taint-eviction-controller"),
+        default_on: true,
+        needs: None,
+        help: "deletion of Pods not tolerating their Node's NoExecute taints",
+        new: |cx| {
+            let c = node::tainteviction::Controller::new(
+                cx.client.clone(),
+                cx.informers,
+                node::tainteviction::Config::default(),
+            );
+            Ok(forever(c.run()))
+        },
+    },
     ControllerDescriptor {
         name: "lb-ipam",
         aliases: &[],
@@ -267,11 +341,10 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         needs: Some(Setting::LbPool),
         help: "LoadBalancer address allocation from --lb-pool",
         new: |cx| {
-            let pool = cx.lb_pool.clone().ok_or(Error::MissingSetting {
-                controller: "lb-ipam",
-                flag: Setting::LbPool.flag(),
-                what: Setting::LbPool.what(),
-            })?;
+            let pool = cx
+                .lb_pool
+                .clone()
+                .ok_or_else(|| Setting::LbPool.missing("lb-ipam"))?;
             let config = endpoint::lbipam::Config::new(pool);
             let c = endpoint::lbipam::Controller::new(cx.client.clone(), cx.informers, config);
             Ok(forever(c.run()))

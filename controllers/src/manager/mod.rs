@@ -20,11 +20,12 @@ use crate::runtime::workers::AbortOnDrop;
 
 /// Parses kube-controller-manager's `--controllers` syntax: `*` turns on every controller that
 /// is on by default, `name` turns one on, `-name` turns one off (a `-name` wins over `name` and
-/// `*`). `have_pool`: lb-ipam is on by default only with an address pool. The result is in start
-/// order (the garbage collector first, as upstream).
+/// `*`). `given`: the settings the command line gave; a controller that [needs](ControllerDescriptor::needs)
+/// one (lb-ipam an address pool, root-ca-cert-publisher the CA file) is on by default only with
+/// it. The result is in start order (the garbage collector first, as upstream).
 pub fn parse_controllers_with(
     list: &str,
-    have_pool: bool,
+    given: &[Setting],
 ) -> Result<Vec<&'static ControllerDescriptor>> {
     let mut all = false;
     let mut on = Vec::new();
@@ -38,22 +39,17 @@ pub fn parse_controllers_with(
             on.push(descriptors::lookup(item)?.name);
         }
     }
-    let default_on = |d: &ControllerDescriptor| {
-        d.default_on
-            && match d.needs {
-                None => true,
-                Some(Setting::LbPool) => have_pool,
-            }
-    };
+    let default_on =
+        |d: &ControllerDescriptor| d.default_on && d.needs.is_none_or(|s| given.contains(&s));
     Ok(CONTROLLERS
         .iter()
         .filter(|d| !off.contains(&d.name) && (on.contains(&d.name) || (all && default_on(d))))
         .collect())
 }
 
-/// [`parse_controllers_with`] without an address pool.
+/// [`parse_controllers_with`] without any setting.
 pub fn parse_controllers(list: &str) -> Result<Vec<&'static ControllerDescriptor>> {
-    parse_controllers_with(list, false)
+    parse_controllers_with(list, &[])
 }
 
 /// Workers per controller (kube-controller-manager's `--concurrent-*-syncs`).
@@ -102,6 +98,8 @@ pub struct ManagerConfig {
     pub controllers: Vec<&'static ControllerDescriptor>,
     /// Pool for lb-ipam (required when it runs).
     pub lb_pool: Option<Pool>,
+    /// The cluster CA for root-ca-cert-publisher (required when it runs).
+    pub root_ca_file: Option<std::path::PathBuf>,
     /// Run only while holding this Lease.
     pub leader: Option<LeaderConfig>,
     /// Workers per controller.
@@ -124,12 +122,8 @@ pub async fn run(client: Client, cfg: ManagerConfig) -> Result<()> {
 /// leader election, so a wrong command line fails at once.
 fn check_settings(cfg: &ManagerConfig) -> Result<()> {
     for d in &cfg.controllers {
-        if let Some(setting) = d.needs.filter(|s| !s.given(cfg.lb_pool.as_ref())) {
-            return Err(Error::MissingSetting {
-                controller: d.name,
-                flag: setting.flag(),
-                what: setting.what(),
-            });
+        if let Some(setting) = d.needs.filter(|s| !s.given(cfg)) {
+            return Err(setting.missing(d.name));
         }
     }
     Ok(())
@@ -143,6 +137,7 @@ async fn run_controllers(client: Client, cfg: ManagerConfig) -> Result<()> {
         informers: &informers,
         concurrency: cfg.concurrency,
         lb_pool: cfg.lb_pool.clone(),
+        root_ca_file: cfg.root_ca_file.clone(),
     };
     let mut built = Vec::new();
     for d in &cfg.controllers {
@@ -198,10 +193,10 @@ mod tests {
 
     #[test]
     fn controllers_flag_takes_kube_controller_manager_syntax() {
-        let cases: &[(&str, bool, &[&str])] = &[
+        let cases: &[(&str, &[Setting], &[&str])] = &[
             (
                 "*",
-                false,
+                &[],
                 &[
                     "garbagecollector",
                     "endpointslice",
@@ -213,11 +208,13 @@ mod tests {
                     "job",
                     "cronjob",
                     "ttl-after-finished",
+                    "serviceaccount",
+                    "taint-eviction-controller",
                 ],
             ),
             (
                 "*",
-                true,
+                &[Setting::LbPool],
                 &[
                     "garbagecollector",
                     "endpointslice",
@@ -229,12 +226,14 @@ mod tests {
                     "job",
                     "cronjob",
                     "ttl-after-finished",
+                    "serviceaccount",
+                    "taint-eviction-controller",
                     "lb-ipam",
                 ],
             ),
             (
                 "*,-endpoints,-endpointslice",
-                false,
+                &[],
                 &[
                     "garbagecollector",
                     "replicaset",
@@ -244,37 +243,67 @@ mod tests {
                     "job",
                     "cronjob",
                     "ttl-after-finished",
+                    "serviceaccount",
+                    "taint-eviction-controller",
                 ],
             ),
             (
                 "replicaset,deployment,garbagecollector",
-                false,
+                &[],
                 &["garbagecollector", "replicaset", "deployment"],
             ),
             (
                 "job-controller,cronjob,ttl-after-finished-controller",
-                false,
+                &[],
                 &["job", "cronjob", "ttl-after-finished"],
             ),
             (
                 "replicaset-controller,endpoint",
-                false,
+                &[],
                 &["endpoints", "replicaset"],
             ),
             (
                 "statefulset-controller,daemonset",
-                false,
+                &[],
                 &["daemonset", "statefulset"],
             ),
-            ("deployment,-deployment", false, &[]),
+            ("deployment,-deployment", &[], &[]),
             (
                 "endpointslice,endpoints,lb-ipam",
-                false,
+                &[],
                 &["endpointslice", "endpoints", "lb-ipam"],
             ),
+            (
+                "*,-lb-ipam",
+                &[Setting::LbPool, Setting::RootCaFile],
+                &[
+                    "garbagecollector",
+                    "endpointslice",
+                    "endpoints",
+                    "replicaset",
+                    "deployment",
+                    "daemonset",
+                    "statefulset",
+                    "job",
+                    "cronjob",
+                    "ttl-after-finished",
+                    "serviceaccount",
+                    "root-ca-cert-publisher",
+                    "taint-eviction-controller",
+                ],
+            ),
+            (
+                "serviceaccount-controller,root-ca-certificate-publisher-controller,taint-eviction-controller",
+                &[],
+                &[
+                    "serviceaccount",
+                    "root-ca-cert-publisher",
+                    "taint-eviction-controller",
+                ],
+            ),
         ];
-        for (list, pool, want) in cases {
-            let got: Vec<&str> = parse_controllers_with(list, *pool)
+        for (list, given, want) in cases {
+            let got: Vec<&str> = parse_controllers_with(list, given)
                 .unwrap()
                 .iter()
                 .map(|d| d.name)
@@ -315,6 +344,7 @@ mod tests {
         let cfg = |list: &str, pool: Option<&str>| ManagerConfig {
             controllers: parse_controllers(list).unwrap(),
             lb_pool: pool.map(|p| p.parse().unwrap()),
+            root_ca_file: None,
             leader: None,
             concurrency: Concurrency::default(),
         };
@@ -327,5 +357,31 @@ mod tests {
         );
         assert!(check_settings(&cfg("endpointslice,lb-ipam", Some("10.0.0.0/24"))).is_ok());
         assert!(check_settings(&cfg("*", None)).is_ok());
+    }
+
+    #[test]
+    fn root_ca_cert_publisher_without_a_ca_file_is_an_error_naming_the_flag() {
+        let cfg = |list: &str, file: Option<&str>| ManagerConfig {
+            controllers: parse_controllers(list).unwrap(),
+            lb_pool: None,
+            root_ca_file: file.map(Into::into),
+            leader: None,
+            concurrency: Concurrency::default(),
+        };
+        let err = check_settings(&cfg("serviceaccount,root-ca-cert-publisher", None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("root-ca-cert-publisher") && err.contains("--root-ca-file"),
+            "{err}"
+        );
+        assert!(check_settings(&cfg("root-ca-cert-publisher", Some("/etc/ca.crt"))).is_ok());
+        assert!(
+            !parse_controllers("*")
+                .unwrap()
+                .iter()
+                .any(|d| d.name == "root-ca-cert-publisher"),
+            "`*` leaves it off without the file, as lb-ipam without a pool"
+        );
     }
 }

@@ -12,7 +12,8 @@
 //!
 //! Kept, and who reads it: metadata (everyone); nodeName, hostname, subdomain (ranking, the
 //! DaemonSet's and StatefulSet's identity, endpoints); the required node affinity (a DaemonSet
-//! Pod's target node); restartPolicy (Jobs); per container its name, ports (named target ports)
+//! Pod's target node); tolerations (the taint eviction controller; nearly every Pod carries the
+//! two NoExecute ones the API server's DefaultTolerationSeconds admission adds); restartPolicy (Jobs); per container its name, ports (named target ports)
 //! and restartPolicy (sidecars); volumes' names and claims (StatefulSet storage); status phase,
 //! reason, conditions (type, status, reason, lastTransitionTime), Pod IPs, startTime and per container its name, readiness, restart count
 //! and state (ranking, availability, Job failure policies).
@@ -23,6 +24,7 @@
 
 use k8s_openapi::api::core::v1::{
     Affinity, ContainerPort, ContainerState, PersistentVolumeClaimVolumeSource, Pod, PodIP,
+    Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
@@ -69,6 +71,8 @@ pub struct CachedPodSpec {
     /// Boxed: set on few Pods, and large inline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Box<Affinity>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
     #[serde(default)]
     pub containers: Vec<CachedContainer>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -139,6 +139,8 @@ fn no_index<K>(_: &K) -> Vec<String> {
 pub struct Informer<K> {
     cache: Arc<Indexed<K>>,
     handlers: RwLock<Vec<Handler<K>>>,
+    /// A field selector the watch is restricted to ([`Informer::restrict_fields`]).
+    fields: Mutex<Option<&'static str>>,
 }
 
 impl<K: Watched> Informer<K> {
@@ -149,7 +151,29 @@ impl<K: Watched> Informer<K> {
         Arc::new(Self {
             cache,
             handlers: RwLock::new(Vec::new()),
+            fields: Mutex::new(None),
         })
+    }
+
+    /// Watches only the objects `selector` (a field selector, `metadata.name=kube-root-ca.crt`)
+    /// selects, so the cache holds those alone: for a kind whose one controller reads a few
+    /// objects of many (one ConfigMap per namespace of all the cluster's ConfigMaps). Must be
+    /// called before the informers start. The informer is shared, so two controllers asking for
+    /// different selectors of one kind is a programming error: `Err` names both.
+    pub fn restrict_fields(&self, selector: &'static str) -> crate::Result<()> {
+        let mut fields = self.fields.lock().expect("fields lock");
+        match *fields {
+            Some(s) if s != selector => Err(crate::Error::Invalid {
+                object: format!("the {} informer", K::kind(&())),
+                reason: format!(
+                    "asked to watch only {selector:?} while another controller watches only {s:?}"
+                ),
+            }),
+            _ => {
+                *fields = Some(selector);
+                Ok(())
+            }
+        }
     }
 
     /// The kind's cache.
@@ -206,11 +230,13 @@ impl<K: Watched> Informer<K> {
     async fn run(self: Arc<Self>, client: Client) {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let kind = K::kind(&()).into_owned();
+        let mut config = watcher_config();
+        if let Some(selector) = *self.fields.lock().expect("fields lock") {
+            config = config.fields(selector);
+        }
         let reader = async move {
             let api: Api<K> = Api::all(client);
-            let mut stream = watcher::watcher(api, watcher_config())
-                .default_backoff()
-                .boxed();
+            let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             loop {
                 let ev = tokio::select! {
                     // The informer is gone (its Informers were dropped): stop watching.

@@ -111,6 +111,8 @@ impl Cluster {
             self.kubeconfig.display().to_string(),
             "--controllers".to_string(),
             self.controllers.clone(),
+            // As kube-controller-manager gets it (root-ca-cert-publisher needs it).
+            format!("--root-ca-file={}", self.cp().pki.ca_cert.display()),
         ];
         self.cp()
             .spawn_in(name, &program, args, self.env.clone(), None)?;

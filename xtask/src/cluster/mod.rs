@@ -74,8 +74,9 @@ pub enum ClusterCommand {
 pub struct UpArgs {
     /// Who runs the controllers: kube-controller-manager (all of them); kpr, whose
     /// controller-manager runs the controllers kpr has (garbage collector, EndpointSlice,
-    /// Endpoints, ReplicaSet, Deployment, StatefulSet, DaemonSet, Job, CronJob, ttl-after-finished)
-    /// beside kube-controller-manager with those turned off; or nobody.
+    /// Endpoints, ReplicaSet, Deployment, StatefulSet, DaemonSet, Job, CronJob, ttl-after-finished,
+    /// ServiceAccount, root CA publisher, taint eviction) beside kube-controller-manager with those
+    /// turned off; or nobody.
     #[arg(long, value_enum, default_value_t = Who::Upstream)]
     pub controllers: Who,
     /// Who schedules Pods: kube-scheduler, kpr's scheduler, or nobody.
@@ -238,6 +239,9 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
                 format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
                 // Every controller on by default: the ones turned off upstream above.
                 "--controllers=*".to_string(),
+                // The cluster CA root-ca-cert-publisher publishes as kube-root-ca.crt (what
+                // kube-controller-manager gets as its own --root-ca-file).
+                format!("--root-ca-file={}", cp.pki.ca_cert.display()),
             ];
             cp.spawn_program("kpr-controller-manager", &binary, args)?;
         }
