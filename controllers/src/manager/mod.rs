@@ -77,6 +77,11 @@ pub struct Concurrency {
     pub daemonset: usize,
     /// `--concurrent-statefulset-syncs` (upstream default 5).
     pub statefulset: usize,
+    /// `--concurrent-rc-syncs` (upstream default 5).
+    pub replicationcontroller: usize,
+    /// `--terminated-pod-gc-threshold` (upstream default 12500; 0 turns the terminated-Pod
+    /// collection off). Not a worker count: podgc's one setting, carried with the others.
+    pub terminated_pod_gc_threshold: usize,
 }
 
 impl Default for Concurrency {
@@ -91,6 +96,8 @@ impl Default for Concurrency {
             ttl_after_finished: 5,
             daemonset: 2,
             statefulset: 5,
+            replicationcontroller: 5,
+            terminated_pod_gc_threshold: 12500,
         }
     }
 }
@@ -207,6 +214,8 @@ mod tests {
                     "endpointslice",
                     "endpoints",
                     "replicaset",
+                    "replicationcontroller",
+                    "podgc",
                     "deployment",
                     "daemonset",
                     "statefulset",
@@ -223,6 +232,8 @@ mod tests {
                     "endpointslice",
                     "endpoints",
                     "replicaset",
+                    "replicationcontroller",
+                    "podgc",
                     "deployment",
                     "daemonset",
                     "statefulset",
@@ -238,6 +249,8 @@ mod tests {
                 &[
                     "garbagecollector",
                     "replicaset",
+                    "replicationcontroller",
+                    "podgc",
                     "deployment",
                     "daemonset",
                     "statefulset",
@@ -265,6 +278,11 @@ mod tests {
                 "statefulset-controller,daemonset",
                 false,
                 &["daemonset", "statefulset"],
+            ),
+            (
+                "pod-garbage-collector-controller,replicationcontroller-controller",
+                false,
+                &["replicationcontroller", "podgc"],
             ),
             ("deployment,-deployment", false, &[]),
             (
