@@ -7,8 +7,9 @@
 //! - [`helpers`]: small pure Kubernetes helpers (selectors, owner references, int-or-percent, Pod
 //!   readiness, node affinity and taints, hashing, a clock), as apimachinery and component-helpers;
 //! - [`endpoint`]: the controllers that feed the proxy (EndpointSlice, Endpoints, LoadBalancer IPAM);
-//! - [`workload`]: ReplicaSet, Deployment, StatefulSet, DaemonSet, Job, CronJob,
-//!   ttl-after-finished and the garbage collector;
+//! - [`workload`]: ReplicaSet (and ReplicationController on the same base), Deployment,
+//!   StatefulSet, DaemonSet, Job, CronJob, ttl-after-finished, the Pod garbage collector and the
+//!   garbage collector;
 //! - [`manager`]: the descriptor table of controllers and the `controller-manager` that runs the
 //!   selected ones;
 //! - [`scheduler`]: kube-scheduler's framework and default plugins, run by the `scheduler` binary.
