@@ -286,3 +286,7 @@ impl Controller {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod controller_tests;
