@@ -7,8 +7,9 @@
 //! - [`helpers`]: small pure Kubernetes helpers (selectors, owner references, int-or-percent, Pod
 //!   readiness, node affinity and taints, hashing, a clock), as apimachinery and component-helpers;
 //! - [`endpoint`]: the controllers that feed the proxy (EndpointSlice, Endpoints, LoadBalancer IPAM);
-//! - [`workload`]: ReplicaSet, Deployment, StatefulSet, DaemonSet, Job, CronJob,
-//!   ttl-after-finished and the garbage collector;
+//! - [`workload`]: ReplicaSet (and ReplicationController on the same base), Deployment,
+//!   StatefulSet, DaemonSet, Job, CronJob, ttl-after-finished, the Pod garbage collector and the
+//!   garbage collector;
 //! - [`auth`]: what every namespace gets for its Pods to reach the API server (the `default`
 //!   ServiceAccount, the `kube-root-ca.crt` ConfigMap);
 //! - [`node`]: what Nodes decide for the Pods bound to them (NoExecute taint eviction);

@@ -76,6 +76,13 @@ struct Args {
     /// StatefulSets synced at once (kube-controller-manager's `--concurrent-statefulset-syncs`).
     #[arg(long, default_value_t = 5)]
     concurrent_statefulset_syncs: usize,
+    /// ReplicationControllers synced at once (kube-controller-manager's `--concurrent-rc-syncs`).
+    #[arg(long, default_value_t = 5)]
+    concurrent_rc_syncs: usize,
+    /// Terminated Pods (Succeeded or Failed) kept before podgc deletes the oldest
+    /// (kube-controller-manager's `--terminated-pod-gc-threshold`; 0: never).
+    #[arg(long, default_value_t = 12500)]
+    terminated_pod_gc_threshold: usize,
     /// Serve Prometheus metrics (`/metrics`, kube-controller-manager's workqueue metric names)
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
@@ -146,6 +153,8 @@ async fn main() -> anyhow::Result<()> {
             ttl_after_finished: args.concurrent_ttl_after_finished_syncs,
             daemonset: args.concurrent_daemonset_syncs,
             statefulset: args.concurrent_statefulset_syncs,
+            replicationcontroller: args.concurrent_rc_syncs,
+            terminated_pod_gc_threshold: args.terminated_pod_gc_threshold,
         },
     };
     if let Some(addr) = args.metrics_bind_address {

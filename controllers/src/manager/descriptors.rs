@@ -181,6 +181,38 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         },
     },
     ControllerDescriptor {
+        name: "replicationcontroller",
+        aliases: &["replicationcontroller-controller"],
+        replaces: Some("replicationcontroller-controller"),
+        default_on: true,
+        needs: None,
+        help: "Pods of ReplicationControllers (the ReplicaSet controller's algorithm)",
+        new: |cx| {
+            let config = workload::replicaset::Config {
+                workers: cx.concurrency.replicationcontroller,
+                ..Default::default()
+            };
+            let c = workload::replicaset::replication::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "podgc",
+        aliases: &["pod-garbage-collector-controller"],
+        replaces: Some("pod-garbage-collector-controller"),
+        default_on: true,
+        needs: None,
+        help: "deletion of terminated Pods above --terminated-pod-gc-threshold, of Pods on deleted Nodes and of unscheduled terminating Pods",
+        new: |cx| {
+            let config = workload::podgc::Config {
+                terminated_pod_gc_threshold: cx.concurrency.terminated_pod_gc_threshold,
+                ..Default::default()
+            };
+            let c = workload::podgc::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
         name: "deployment",
         aliases: &["deployment-controller"],
         replaces: Some("deployment-controller"),

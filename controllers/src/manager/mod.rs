@@ -73,6 +73,11 @@ pub struct Concurrency {
     pub daemonset: usize,
     /// `--concurrent-statefulset-syncs` (upstream default 5).
     pub statefulset: usize,
+    /// `--concurrent-rc-syncs` (upstream default 5).
+    pub replicationcontroller: usize,
+    /// `--terminated-pod-gc-threshold` (upstream default 12500; 0 turns the terminated-Pod
+    /// collection off). Not a worker count: podgc's one setting, carried with the others.
+    pub terminated_pod_gc_threshold: usize,
 }
 
 impl Default for Concurrency {
@@ -87,6 +92,8 @@ impl Default for Concurrency {
             ttl_after_finished: 5,
             daemonset: 2,
             statefulset: 5,
+            replicationcontroller: 5,
+            terminated_pod_gc_threshold: 12500,
         }
     }
 }
@@ -202,6 +209,8 @@ mod tests {
                     "endpointslice",
                     "endpoints",
                     "replicaset",
+                    "replicationcontroller",
+                    "podgc",
                     "deployment",
                     "daemonset",
                     "statefulset",
@@ -220,6 +229,8 @@ mod tests {
                     "endpointslice",
                     "endpoints",
                     "replicaset",
+                    "replicationcontroller",
+                    "podgc",
                     "deployment",
                     "daemonset",
                     "statefulset",
@@ -237,6 +248,8 @@ mod tests {
                 &[
                     "garbagecollector",
                     "replicaset",
+                    "replicationcontroller",
+                    "podgc",
                     "deployment",
                     "daemonset",
                     "statefulset",
@@ -267,6 +280,11 @@ mod tests {
                 &[],
                 &["daemonset", "statefulset"],
             ),
+            (
+                "pod-garbage-collector-controller,replicationcontroller-controller",
+                &[],
+                &["replicationcontroller", "podgc"],
+            ),
             ("deployment,-deployment", &[], &[]),
             (
                 "endpointslice,endpoints,lb-ipam",
@@ -281,6 +299,8 @@ mod tests {
                     "endpointslice",
                     "endpoints",
                     "replicaset",
+                    "replicationcontroller",
+                    "podgc",
                     "deployment",
                     "daemonset",
                     "statefulset",

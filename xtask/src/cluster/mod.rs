@@ -74,9 +74,9 @@ pub enum ClusterCommand {
 pub struct UpArgs {
     /// Who runs the controllers: kube-controller-manager (all of them); kpr, whose
     /// controller-manager runs the controllers kpr has (garbage collector, EndpointSlice,
-    /// Endpoints, ReplicaSet, Deployment, StatefulSet, DaemonSet, Job, CronJob, ttl-after-finished,
-    /// ServiceAccount, root CA publisher, taint eviction) beside kube-controller-manager with those
-    /// turned off; or nobody.
+    /// Endpoints, ReplicaSet, ReplicationController, Deployment, StatefulSet, DaemonSet, Job,
+    /// CronJob, ttl-after-finished, podgc, ServiceAccount, root CA publisher, taint eviction)
+    /// beside kube-controller-manager with those turned off; or nobody.
     #[arg(long, value_enum, default_value_t = Who::Upstream)]
     pub controllers: Who,
     /// Who schedules Pods: kube-scheduler, kpr's scheduler, or nobody.

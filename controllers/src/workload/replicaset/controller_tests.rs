@@ -330,7 +330,7 @@ fn rs3_status_patch_names_every_field_and_the_uid() {
         observed_generation: Some(4),
         ..Default::default()
     };
-    let patch = super::status_patch(&rs, &status);
+    let patch = super::status_patch(&rs, &status, STATUS_FIELDS);
     assert_eq!(
         patch,
         serde_json::json!({

@@ -26,8 +26,14 @@
 //! are written in the background by [`crate::runtime::events`] and never fail or delay a sync.
 //!
 //! Nothing is exported for the Deployment controller: it only scales ReplicaSets.
+//!
+//! The same machinery runs the ReplicationController controller ([`replication`]), as upstream's
+//! `pkg/controller/replication` is a thin adapter over this controller's base: [`Base`] is
+//! generic over the [`Flavor`] of object it keeps Pods for, which reads its object as a
+//! ReplicaSet for the [`plan`] and names its queue, its Events' source and its status fields.
 
 pub mod plan;
+pub mod replication;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,16 +41,17 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::helpers::meta::ObjectName as _;
 use crate::runtime::apierrors::api_message;
 use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo, ORPHAN_NAMESPACE};
 use crate::runtime::events::Recorder;
-use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
+use crate::runtime::informer::{self, Informers, Watched, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
@@ -76,6 +83,57 @@ pub use crate::runtime::pod_control::{
 /// when its workers are busy; this is an accepted difference (docs/WORKLOADS.md).
 pub const STATUS_COALESCE: Duration = Duration::from_millis(250);
 
+/// The status fields a ReplicaSet's status write names (absent ones as null, so a value that
+/// went away is cleared).
+pub const STATUS_FIELDS: &[&str] = &[
+    "availableReplicas",
+    "conditions",
+    "fullyLabeledReplicas",
+    "observedGeneration",
+    "readyReplicas",
+    "replicas",
+    "terminatingReplicas",
+];
+
+/// The kind of object the controller keeps Pods for (upstream's `NewBaseController` arguments:
+/// the informer and client adapters, the kind, the queue name and the Event source).
+pub trait Flavor: Send + Sync + 'static {
+    /// The API object watched, cached and written.
+    type Object: Watched + Serialize + ResourceExt + Resource<Scope = NamespaceResourceScope>;
+    /// Its kind, for its Pods' controller references and errors.
+    const KIND: plan::Kind;
+    /// The controller's name in logs (kube-controller-manager's `--controllers` name).
+    const NAME: &'static str;
+    /// The work queue's (and its metrics') name.
+    const QUEUE_NAME: &'static str;
+    /// The Events' source component.
+    const COMPONENT: &'static str;
+    /// Every field of its status, named in a status write.
+    const STATUS_FIELDS: &'static [&'static str];
+
+    /// The object as the plan reads it: a ReplicaSet with its metadata, spec and status.
+    fn view(obj: Arc<Self::Object>) -> Arc<ReplicaSet>;
+}
+
+/// ReplicaSets: the object is its own view.
+pub struct ReplicaSets;
+
+impl Flavor for ReplicaSets {
+    type Object = ReplicaSet;
+    const KIND: plan::Kind = plan::REPLICA_SET;
+    const NAME: &'static str = "replicaset";
+    const QUEUE_NAME: &'static str = QUEUE_NAME;
+    const COMPONENT: &'static str = COMPONENT;
+    const STATUS_FIELDS: &'static [&'static str] = STATUS_FIELDS;
+
+    fn view(obj: Arc<ReplicaSet>) -> Arc<ReplicaSet> {
+        obj
+    }
+}
+
+/// The ReplicaSet controller.
+pub type Controller = Base<ReplicaSets>;
+
 /// The ReplicaSet controller's settings.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -94,11 +152,12 @@ impl Default for Config {
     }
 }
 
-/// The running controller.
-pub struct Controller {
+/// The running controller, for objects of the flavor `F`.
+pub struct Base<F: Flavor> {
     client: Client,
     config: Config,
-    replica_sets: Arc<Indexed<ReplicaSet>>,
+    /// The objects (ReplicaSets or ReplicationControllers) as cached.
+    replica_sets: Arc<Indexed<F::Object>>,
     pods: Arc<Indexed<CachedPod>>,
     queue: Arc<WorkQueue<String>>,
     /// Creates and deletes the Pods; holds the expectations.
@@ -126,23 +185,26 @@ struct ManageError {
     error: Error,
 }
 
-impl Controller {
+impl<F: Flavor> Base<F> {
     /// Registers the controller's indexes and handlers on the shared informers.
-    pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-        let rs_informer = informers.get::<ReplicaSet>();
+    pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Self> {
+        let rs_informer = informers.get::<F::Object>();
         let pod_informer = informers.get::<CachedPod>();
         claim::add_orphan_index(&pod_informer);
         pod_informer.add_index(TEMPLATE_HASH, template_hash);
-        let this = Arc::new(Controller {
-            pod_control: PodControl::new(client.clone(), Recorder::new(client.clone(), COMPONENT)),
+        let this = Arc::new(Base {
+            pod_control: PodControl::new(
+                client.clone(),
+                Recorder::new(client.clone(), F::COMPONENT),
+            ),
             client,
             config,
             replica_sets: rs_informer.cache(),
             pods: pod_informer.cache(),
-            queue: WorkQueue::new(QUEUE_NAME),
+            queue: WorkQueue::new(F::QUEUE_NAME),
         });
-        rs_informer.on_change_of(&this, Controller::on_replica_set);
-        pod_informer.on_change_of(&this, Controller::on_pod);
+        rs_informer.on_change_of(&this, Self::on_replica_set);
+        pod_informer.on_change_of(&this, Self::on_pod);
         this
     }
 
@@ -150,7 +212,7 @@ impl Controller {
     pub async fn run(self: Arc<Self>) {
         run_controller(
             &self,
-            "replicaset",
+            F::NAME,
             &[&*self.replica_sets, &*self.pods],
             &self.queue,
             self.config.workers,
@@ -166,11 +228,11 @@ impl Controller {
 
     // ---- handlers (upstream's addRS/updateRS/deleteRS, addPod/updatePod/deletePod) ----
 
-    fn on_replica_set(&self, old: Option<&Arc<ReplicaSet>>, new: Option<&Arc<ReplicaSet>>) {
+    fn on_replica_set(&self, old: Option<&Arc<F::Object>>, new: Option<&Arc<F::Object>>) {
         match (old, new) {
             (_, Some(cur)) => {
                 if let Some(old) = old {
-                    if old.metadata.uid != cur.metadata.uid {
+                    if old.meta().uid != cur.meta().uid {
                         // Deleted and re-created under the same name between two events.
                         self.replica_set_deleted(old);
                     }
@@ -182,7 +244,7 @@ impl Controller {
         }
     }
 
-    fn replica_set_deleted(&self, rs: &ReplicaSet) {
+    fn replica_set_deleted(&self, rs: &F::Object) {
         let key = informer::key_of(rs);
         // A ReplicaSet re-created under this name starts clean.
         self.pod_control.expectations().delete(&key);
@@ -198,19 +260,19 @@ impl Controller {
         }
     }
 
-    /// The ReplicaSet a controller reference names, if it is in the cache with that uid.
-    fn resolve(&self, ns: &str, r: &OwnerReference) -> Option<Arc<ReplicaSet>> {
+    /// The object a controller reference names, if it is in the cache with that uid.
+    fn resolve(&self, ns: &str, r: &OwnerReference) -> Option<Arc<F::Object>> {
         crate::runtime::claim::resolve_controller_ref(&self.replica_sets, ns, r)
     }
 
     /// The ReplicaSets of the Pod's namespace whose (non-empty, valid) selector matches it.
-    fn selecting(&self, pod: &CachedPod) -> Vec<Arc<ReplicaSet>> {
+    fn selecting(&self, pod: &CachedPod) -> Vec<Arc<F::Object>> {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         self.replica_sets
             .index(NAMESPACE, &ns)
             .into_iter()
             .filter(|rs| {
-                plan::selector(rs)
+                plan::selector(F::KIND, &F::view(rs.clone()))
                     .is_ok_and(|s| !s.is_everything() && s.matches(pod.metadata.labels.as_ref()))
             })
             .collect()
@@ -221,7 +283,8 @@ impl Controller {
         if rss.len() > 1 {
             tracing::warn!(
                 pod = %pods::pod_key(pod),
-                "more than one ReplicaSet selects this Pod's labels"
+                kind = F::KIND.kind,
+                "more than one controller of this kind selects this Pod's labels"
             );
         }
         for rs in rss {
@@ -280,7 +343,7 @@ impl Controller {
                 } else {
                     self.queue.add_coalesced(key.clone(), STATUS_COALESCE);
                 }
-                let min_ready = plan::min_ready_seconds(&rs);
+                let min_ready = plan::min_ready_seconds(&F::view(rs));
                 if !pods::is_pod_ready(old) && pods::is_pod_ready(cur) && min_ready > 0 {
                     // Look again when the Pod turns available.
                     self.queue
@@ -316,8 +379,13 @@ impl Controller {
         let Some(owner) = plan::controller_of(rs) else {
             return Vec::new();
         };
-        let siblings = self.replica_sets.index(CONTROLLER_UID, &owner.uid);
-        plan::related_pods(&siblings, |sibling| {
+        let siblings: Vec<Arc<ReplicaSet>> = self
+            .replica_sets
+            .index(CONTROLLER_UID, &owner.uid)
+            .into_iter()
+            .map(F::view)
+            .collect();
+        plan::related_pods(F::KIND, &siblings, |sibling| {
             let ns = sibling.metadata.namespace.as_deref().unwrap_or_default();
             match plan::selector_label(sibling, TEMPLATE_HASH) {
                 Some(hash) => self.pods.index(TEMPLATE_HASH, &format!("{ns}/{hash}")),
@@ -329,12 +397,13 @@ impl Controller {
     /// One sync of the ReplicaSet `key` (RS-3).
     pub async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
-        let Some(rs) = self.replica_sets.get(ns, name) else {
+        let Some(object) = self.replica_sets.get(ns, name) else {
             self.pod_control.expectations().delete(key);
             return Ok(());
         };
+        let rs = F::view(object.clone());
         let satisfied = self.pod_control.expectations().satisfied(key);
-        let selector = match plan::selector(&rs) {
+        let selector = match plan::selector(F::KIND, &rs) {
             Ok(s) => s,
             Err(e) => {
                 // Upstream drops the key: nothing can be done until the ReplicaSet changes.
@@ -345,17 +414,16 @@ impl Controller {
         let uid = rs.metadata.uid.clone().unwrap_or_default();
         let mut listed = self.pods.index(CONTROLLER_UID, &uid);
         listed.extend(self.pods.index(ORPHAN_NAMESPACE, ns));
-        let active = pods::filter_active_pods(&plan::candidates(&rs, listed));
+        let active = pods::filter_active_pods(&plan::candidates(F::KIND, &rs, listed));
 
-        let owner = OwnerInfo::of(rs.as_ref());
+        let owner = OwnerInfo::of(object.as_ref());
         let deleting = rs.metadata.deletion_timestamp.is_some();
         let plan = claim::claim_plan(&uid, &selector, deleting, active);
-        let rs_api: Api<ReplicaSet> = Api::namespaced(self.client.clone(), ns);
+        let rs_api: Api<F::Object> = Api::namespaced(self.client.clone(), ns);
         let recheck = || async {
-            let fresh = rs_api
-                .get_opt(name)
-                .await
-                .map_err(|e| Error::kube("re-reading before adoption", rs.object_name(), e))?;
+            let fresh = rs_api.get_opt(name).await.map_err(|e| {
+                Error::kube("re-reading before adoption", F::KIND.object_name(&rs), e)
+            })?;
             claim::recheck_owner(&owner, fresh.as_ref())
         };
         let claim_api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
@@ -377,8 +445,8 @@ impl Controller {
         );
         let manage_err = match action {
             Manage::Nothing => None,
-            Manage::Create(n) => self.create_pods(key, &rs, n).await,
-            Manage::Delete(victims) => self.delete_pods(key, &rs, &victims).await,
+            Manage::Create(n) => self.create_pods(key, &object, &rs, n).await,
+            Manage::Delete(victims) => self.delete_pods(key, &object, &victims).await,
         };
 
         let evaluated_at = Timestamp::now();
@@ -401,8 +469,14 @@ impl Controller {
 
     /// Creates `n` Pods in slow-start batches (RS-4, CTL-10); the pod control observes the
     /// creations that failed or were never attempted, since the watch will never show them.
-    async fn create_pods(&self, key: &str, rs: &ReplicaSet, n: usize) -> Option<ManageError> {
-        let pod = match plan::pod_from_template(rs) {
+    async fn create_pods(
+        &self,
+        key: &str,
+        object: &F::Object,
+        rs: &ReplicaSet,
+        n: usize,
+    ) -> Option<ManageError> {
+        let pod = match plan::pod_from_template(F::KIND, rs) {
             Ok(p) => p,
             Err(e) => {
                 return Some(ManageError {
@@ -411,7 +485,7 @@ impl Controller {
                 })
             }
         };
-        let owner = owner(key, rs);
+        let owner = owner::<F>(key, object);
         self.pod_control.expect(key, n, &[]);
         tracing::debug!(rs = %owner.object, creating = n, "too few replicas");
         let created = self
@@ -429,12 +503,12 @@ impl Controller {
     async fn delete_pods(
         &self,
         key: &str,
-        rs: &ReplicaSet,
+        object: &F::Object,
         victims: &[Arc<CachedPod>],
     ) -> Option<ManageError> {
         let keys: Vec<String> = victims.iter().map(|p| pods::pod_key(p)).collect();
         let names: Vec<String> = victims.iter().map(|p| p.name_any()).collect();
-        let owner = owner(key, rs);
+        let owner = owner::<F>(key, object);
         self.pod_control.expect(key, 0, &keys);
         tracing::debug!(rs = %owner.object, deleting = victims.len(), "too many replicas");
         let deleted = self.pod_control.delete_pods(&owner, &names).await;
@@ -457,32 +531,34 @@ impl Controller {
     /// and the read. A re-created ReplicaSet (other uid) refuses the patch; the error requeues.
     async fn write_status(
         &self,
-        api: &Api<ReplicaSet>,
+        api: &Api<F::Object>,
         rs: &Arc<ReplicaSet>,
         status: k8s_openapi::api::apps::v1::ReplicaSetStatus,
         expectations_satisfied: bool,
-    ) -> Result<ReplicaSet> {
+    ) -> Result<Arc<ReplicaSet>> {
         // Unchanged, or mid-burst (see plan::status_write); observedGeneration is the generation
         // this sync acted on.
         let Some(status) = plan::status_write(rs, status, expectations_satisfied) else {
-            return Ok(rs.as_ref().clone());
+            return Ok(rs.clone());
         };
-        let patch = status_patch(rs, &status);
-        api.patch_status(
-            &rs.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(|e| Error::kube("writing status of", rs.object_name(), e))
+        let patch = status_patch(rs, &status, F::STATUS_FIELDS);
+        let written = api
+            .patch_status(
+                &rs.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| Error::kube("writing status of", F::KIND.object_name(rs), e))?;
+        Ok(F::view(Arc::new(written)))
     }
 }
 
-/// The pod control's owner for the ReplicaSet `key`.
-fn owner(key: &str, rs: &ReplicaSet) -> Owner {
+/// The pod control's owner for the object `key` (its Events are about `object`).
+fn owner<F: Flavor>(key: &str, object: &F::Object) -> Owner {
     Owner {
         key: key.to_string(),
-        ..Owner::of(rs, rs.object_name())
+        ..Owner::of(object, crate::helpers::meta::object_name(object))
     }
 }
 
@@ -495,25 +571,22 @@ fn kube_message(e: &Error) -> String {
     }
 }
 
-/// The merge patch that sets a ReplicaSet's status to exactly `status`: every field of the status
-/// is named (null when absent, so a value that went away is cleared) and `metadata.uid` makes the
+/// The merge patch that sets a status to exactly `status`: every one of the kind's status
+/// `fields` is named (null when absent, so a value that went away is cleared), nothing else is
+/// (a ReplicationController's status has no terminatingReplicas), and `metadata.uid` makes the
 /// write fail on a re-created object of the same name.
 fn status_patch(
     rs: &ReplicaSet,
     status: &k8s_openapi::api::apps::v1::ReplicaSetStatus,
+    fields: &[&str],
 ) -> serde_json::Value {
     let mut body = serde_json::to_value(status).unwrap_or_else(|_| serde_json::json!({}));
-    if let Some(fields) = body.as_object_mut() {
-        for field in [
-            "availableReplicas",
-            "conditions",
-            "fullyLabeledReplicas",
-            "observedGeneration",
-            "readyReplicas",
-            "replicas",
-            "terminatingReplicas",
-        ] {
-            fields.entry(field).or_insert(serde_json::Value::Null);
+    if let Some(present) = body.as_object_mut() {
+        present.retain(|k, _| fields.contains(&k.as_str()));
+        for field in fields {
+            present
+                .entry(field.to_string())
+                .or_insert(serde_json::Value::Null);
         }
     }
     serde_json::json!({
@@ -522,7 +595,7 @@ fn status_patch(
     })
 }
 
-/// Creates the controller on `informers` (see [`Controller::new`]).
+/// Creates the ReplicaSet controller on `informers` (see [`Base::new`]).
 pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
     Controller::new(client, informers, config)
 }

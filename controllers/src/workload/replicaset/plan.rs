@@ -3,6 +3,11 @@
 //! `updateReplicaSetStatus`'s short-cut and the minReadySeconds requeue), and the Pod a creation
 //! posts (`GetPodFromTemplate`). Pure functions only; the apply layer lives in `super`.
 //!
+//! The plan reads a `ReplicaSet`; a ReplicationController is planned as the ReplicaSet it
+//! converts to (`super::replication`), as upstream runs one controller over both. What differs
+//! is the [`Kind`] the functions that name the object or its Pods' owner take: the kind the
+//! controller reference of its Pods carries, and the name in errors.
+//!
 //! v1.34 defaults followed: `status.terminatingReplicas` is not written (the
 //! DeploymentReplicaSetTerminatingReplicas gate is alpha, off); the scale-down order applies
 //! pod-deletion-cost and the logarithmic comparison (`runtime::pods`).
@@ -17,7 +22,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::error::{Error, Result};
-use crate::helpers::meta::ObjectName as _;
 use crate::helpers::selector::Selector;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
@@ -29,6 +33,49 @@ pub const BURST_REPLICAS: usize = 500;
 
 /// The condition type set when creating or deleting Pods failed.
 pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+
+/// `ReplicaSet ns/name`, for errors and logs (typed, so an `Arc<ReplicaSet>` derefs into it).
+pub fn object_name(rs: &ReplicaSet) -> String {
+    REPLICA_SET.object_name(rs)
+}
+
+/// The kind of object a plan manages Pods for (upstream's `controllerKind`): a ReplicaSet, or a
+/// ReplicationController read as a ReplicaSet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kind {
+    /// The API version its Pods' controller references carry (`apps/v1`, `v1`).
+    pub api_version: &'static str,
+    /// Its kind (`ReplicaSet`, `ReplicationController`).
+    pub kind: &'static str,
+}
+
+/// ReplicaSets, `apps/v1`.
+pub const REPLICA_SET: Kind = Kind {
+    api_version: "apps/v1",
+    kind: "ReplicaSet",
+};
+
+impl Kind {
+    /// `Kind ns/name` of the object `rs` stands for, for errors and logs.
+    pub fn object_name(self, rs: &ReplicaSet) -> String {
+        format!(
+            "{} {}/{}",
+            self.kind,
+            rs.metadata.namespace.as_deref().unwrap_or_default(),
+            rs.metadata.name.as_deref().unwrap_or_default()
+        )
+    }
+
+    /// The object `rs` stands for, as the owner of its Pods.
+    pub fn owner(self, rs: &ReplicaSet) -> OwnerInfo {
+        OwnerInfo {
+            api_version: self.api_version.to_string(),
+            kind: self.kind.to_string(),
+            name: rs.metadata.name.clone().unwrap_or_default(),
+            uid: rs.metadata.uid.clone().unwrap_or_default(),
+        }
+    }
+}
 
 /// `spec.replicas` (the API server defaults a missing one to 1).
 pub fn desired_replicas(rs: &ReplicaSet) -> i32 {
@@ -45,18 +92,19 @@ pub fn min_ready_seconds(rs: &ReplicaSet) -> i32 {
 
 /// The ReplicaSet's selector; an invalid one is an error naming the field (upstream then skips
 /// the ReplicaSet until it changes).
-pub fn selector(rs: &ReplicaSet) -> Result<Selector> {
+pub fn selector(kind: Kind, rs: &ReplicaSet) -> Result<Selector> {
     Selector::parse(rs.spec.as_ref().map(|s| &s.selector)).map_err(|reason| Error::Invalid {
-        object: rs.object_name(),
+        object: kind.object_name(rs),
         reason: format!("spec.{reason}"),
     })
 }
 
 /// The Pods a sync considers (upstream's `FilterPodsByOwner` with orphans): those whose
-/// controller reference is this ReplicaSet (kind, name and uid) and those without a controller,
+/// controller reference is this object (`kind`, name and uid) and those without a controller,
 /// in the ReplicaSet's namespace. Sorted by name so that Pods the deletion order cannot tell apart
 /// are taken in a reproducible order.
 pub fn candidates(
+    kind: Kind,
     rs: &ReplicaSet,
     pods: impl IntoIterator<Item = Arc<CachedPod>>,
 ) -> Vec<Arc<CachedPod>> {
@@ -70,7 +118,7 @@ pub fn candidates(
         .filter(|p| p.metadata.namespace.as_deref().unwrap_or_default() == ns)
         .filter(|p| match controller_of(p.as_ref()) {
             None => true,
-            Some(r) => r.kind == "ReplicaSet" && r.name == name && r.uid == uid,
+            Some(r) => r.kind == kind.kind && r.name == name && r.uid == uid,
         })
         .collect();
     out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -87,13 +135,16 @@ pub use crate::helpers::meta::controller_of_object as controller_of;
 /// can match (at least those of its namespace that it matches); siblings with an invalid selector
 /// match nothing.
 pub fn related_pods(
+    kind: Kind,
     siblings: &[Arc<ReplicaSet>],
     pods_for: impl Fn(&ReplicaSet) -> Vec<Arc<CachedPod>>,
 ) -> Vec<Arc<CachedPod>> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for rs in siblings {
-        let Ok(sel) = selector(rs) else { continue };
+        let Ok(sel) = selector(kind, rs) else {
+            continue;
+        };
         let ns = rs.namespace().unwrap_or_default();
         for p in pods_for(rs) {
             if p.metadata.namespace.as_deref().unwrap_or_default() != ns
@@ -310,9 +361,9 @@ pub fn requeue_after(
 /// make it too long), and the controller ownerReference (controller and blockOwnerDeletion true).
 /// A template without a spec or without labels is an error naming the field (upstream refuses to
 /// create Pods without labels).
-pub fn pod_from_template(rs: &ReplicaSet) -> Result<Pod> {
+pub fn pod_from_template(kind: Kind, rs: &ReplicaSet) -> Result<Pod> {
     let invalid = |reason: &str| Error::Invalid {
-        object: rs.object_name(),
+        object: kind.object_name(rs),
         reason: reason.to_string(),
     };
     let template = rs
@@ -332,7 +383,7 @@ pub fn pod_from_template(rs: &ReplicaSet) -> Result<Pod> {
     if template.spec.is_none() {
         return Err(invalid("spec.template.spec is missing"));
     }
-    Ok(pod_control::pod_from_template(template, &OwnerInfo::of(rs)))
+    Ok(pod_control::pod_from_template(template, &kind.owner(rs)))
 }
 
 #[cfg(test)]

@@ -192,7 +192,7 @@ fn scale_down_ranks_against_sibling_pods() {
         ),
     ];
     for (name, siblings, want) in cases {
-        let related = related_pods(&siblings, |_| all.clone());
+        let related = related_pods(REPLICA_SET, &siblings, |_| all.clone());
         let Manage::Delete(got) = manage(&rs, &active, &related, true, BURST_REPLICAS, now())
         else {
             panic!("{name}: expected a deletion");
@@ -228,7 +228,7 @@ fn related_pods_dedup_and_invalid_selectors() {
     ];
     for (name, siblings, want) in cases {
         assert_eq!(
-            names(&related_pods(&siblings, |_| pods.clone())),
+            names(&related_pods(REPLICA_SET, &siblings, |_| pods.clone())),
             want,
             "{name}"
         );
@@ -269,7 +269,7 @@ fn candidates_are_owned_or_orphans() {
         ),
     ];
     assert_eq!(
-        names(&candidates(&rs(), pods)),
+        names(&candidates(REPLICA_SET, &rs(), pods)),
         ["non-controller-ref", "orphan", "owned"],
         "CTL-7 candidates: controlled by this ReplicaSet (kind, name, uid) or without controller"
     );
@@ -491,7 +491,7 @@ fn pods_from_the_template() {
     let rs = rs_with(
         json!({"spec": {"template": {"metadata": {"name": "ignored", "finalizers": ["f/x"]}}}}),
     );
-    let p = pod_from_template(&rs).unwrap();
+    let p = pod_from_template(REPLICA_SET, &rs).unwrap();
     assert_eq!(
         p.metadata.generate_name.as_deref(),
         Some("web-"),
@@ -537,7 +537,10 @@ fn pods_from_the_template() {
     let long = "x".repeat(253);
     let rs = rs_with(json!({"metadata": {"name": long}}));
     assert_eq!(
-        pod_from_template(&rs).unwrap().metadata.generate_name,
+        pod_from_template(REPLICA_SET, &rs)
+            .unwrap()
+            .metadata
+            .generate_name,
         Some(long),
         "RS-1 a name too long for the dash is used bare"
     );
@@ -555,7 +558,9 @@ fn pods_from_the_template() {
         ),
     ];
     for (name, extra, field) in cases {
-        let err = pod_from_template(&rs_with(extra)).unwrap_err().to_string();
+        let err = pod_from_template(REPLICA_SET, &rs_with(extra))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains(field) && err.contains("ReplicaSet ns/web"),
             "{name}: {err}"
@@ -567,7 +572,7 @@ fn pods_from_the_template() {
 fn invalid_selector_names_the_field() {
     let rs = rs_with(json!({"spec": {"selector": {"matchExpressions": [
         {"key": "app", "operator": "Gt", "values": ["1"]}]}}}));
-    let err = selector(&rs).unwrap_err().to_string();
+    let err = selector(REPLICA_SET, &rs).unwrap_err().to_string();
     assert!(
         err.contains("ReplicaSet ns/web") && err.contains("spec.selector.matchExpressions[0]"),
         "{err}"
