@@ -199,6 +199,10 @@ pub fn unserved_of<'a>(
 pub struct StateView {
     pub backend: String,
     pub synced: bool,
+    /// Changes received and not programmed yet: `services` already shows them (it is the
+    /// agent's model), the dataplane does not until the next sync.
+    #[serde(default)]
+    pub pending: bool,
     pub last_sync: Option<LastSync>,
     pub services: Vec<ServiceView>,
     /// Input problems (bad manifests, invalid fields), each naming its object and field.

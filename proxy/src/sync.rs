@@ -347,6 +347,7 @@ impl Runner {
         StateView {
             backend: self.dataplane.name().to_string(),
             synced: self.synced,
+            pending: self.tracker.has_changes(),
             last_sync: self.last_result.clone(),
             services: service_views(
                 self.tracker.state(),

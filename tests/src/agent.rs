@@ -536,6 +536,9 @@ impl Drop for Agent<'_> {
 pub struct State {
     pub backend: String,
     pub synced: bool,
+    /// Changes the agent has and has not programmed yet.
+    #[serde(default)]
+    pub pending: bool,
     pub services: Vec<ServiceState>,
     /// Input problems (bad manifests), each naming its object and field.
     pub errors: Vec<String>,

@@ -479,8 +479,8 @@ fn a_malformed_manifest_is_reported_by_file_and_field_while_other_services_keep_
         .write_manifest("api.yaml", &yaml(&[&api, &slice_all(&api, &cluster)]))
         .unwrap();
     agent
-        .wait_for("api", CHANGE, |s| {
-            s.service("default/api:http/TCP").is_some()
+        .wait_for("api programmed", CHANGE, |s| {
+            s.service("default/api:http/TCP").is_some() && !s.pending
         })
         .unwrap();
     assert_eq!(
