@@ -241,7 +241,8 @@ pub fn log_verified(ebpf: &Ebpf) {
     }
 }
 
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, DataplaneError>
+/// The program `name` of the loaded object, as its type `T`.
+pub(super) fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, DataplaneError>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
@@ -251,7 +252,8 @@ where
     p.try_into().map_err(|e| prog_err(name, "typing", &e))
 }
 
-fn prog_err(prog: &str, what: &str, e: &dyn std::error::Error) -> DataplaneError {
+/// An error of the program `prog` while `what`, with its cause chain.
+pub(super) fn prog_err(prog: &str, what: &str, e: &dyn std::error::Error) -> DataplaneError {
     DataplaneError::Other(format!(
         "eBPF program {prog}: {what}: {e}{}",
         error_chain(e)

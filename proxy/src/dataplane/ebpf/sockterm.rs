@@ -40,7 +40,7 @@ use proxy_common::{
     TERM_UDP_FAILED,
 };
 
-use super::attach::error_chain;
+use super::attach::{prog_err, program};
 use super::maps::{SOCK_TERM, SOCK_TERM_STATS};
 use crate::error::DataplaneError;
 
@@ -221,7 +221,7 @@ impl SockTerminator {
 
     fn load(ebpf: &mut Ebpf, btf: &Btf) -> Result<Self, DataplaneError> {
         for (name, target) in PROGRAMS {
-            iter_program(ebpf, name)?
+            program::<Iter>(ebpf, name)?
                 .load(target, btf)
                 .map_err(|e| prog_err(name, "loading", &e))?;
         }
@@ -277,7 +277,7 @@ impl SockTerminator {
         for (label, ns) in namespaces {
             let mut links = Vec::with_capacity(PROGRAMS.len());
             for (name, _) in PROGRAMS {
-                let p = iter_program(ebpf, name)?;
+                let p = program::<Iter>(ebpf, name)?;
                 let id = p.attach().map_err(|e| prog_err(name, "attaching", &e))?;
                 links.push((
                     name,
@@ -354,20 +354,6 @@ impl SockTerminator {
         }
         out
     }
-}
-
-fn iter_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Iter, DataplaneError> {
-    let p = ebpf
-        .program_mut(name)
-        .ok_or_else(|| DataplaneError::Other(format!("the eBPF object has no program {name}")))?;
-    p.try_into().map_err(|e| prog_err(name, "typing", &e))
-}
-
-fn prog_err(prog: &str, what: &str, e: &dyn std::error::Error) -> DataplaneError {
-    DataplaneError::Other(format!(
-        "eBPF program {prog}: {what}: {e}{}",
-        error_chain(e)
-    ))
 }
 
 #[cfg(test)]
