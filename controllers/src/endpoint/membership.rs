@@ -3,7 +3,8 @@
 //! `syncService`): the two indexes the endpoint controllers add to those caches and the lookups
 //! they make through them.
 //!
-//! Owns the indexes and the lookups; no watch, no queue, no writes. A Pod change concerns the
+//! Owns the indexes, the lookups and the two handlers both endpoint controllers have on those
+//! informers ([`queue_services_on_changes`]); no watch, no writes. A Pod change concerns the
 //! Services that select it before and after the change (a relabelled Pod leaves its old Service
 //! too), each once.
 
@@ -17,6 +18,7 @@ use crate::endpoint::endpointutil;
 use crate::runtime::cache::Indexed;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::{self, Informer, Informers};
+use crate::runtime::queue::WorkQueue;
 
 /// Pod cache index: one key `ns/key=value` per label of the Pod.
 pub const POD_LABEL: &str = "endpoint-pod-label";
@@ -64,6 +66,30 @@ pub fn register(informers: &Informers) -> (Arc<Informer<Service>>, Arc<Informer<
     pods.add_index(POD_LABEL, pod_label_index);
     pods.add_index(POD_NODE, pod_node_index);
     (services, pods)
+}
+
+/// The handlers both endpoint controllers have: a Service change queues the Service's key on
+/// `queue` (EP-2), a Pod change the keys of the Services selecting the Pod before and after
+/// (EP-3). The queue is held weakly, as the informers hold their controllers.
+pub fn queue_services_on_changes(
+    services: &Informer<Service>,
+    pods: &Informer<CachedPod>,
+    queue: &Arc<WorkQueue<String>>,
+) {
+    let q = Arc::downgrade(queue);
+    services.on_change(Box::new(move |old, new| {
+        if let (Some(q), Some(svc)) = (q.upgrade(), new.or(old)) {
+            q.add(informer::key_of(svc.as_ref()));
+        }
+    }));
+    let q = Arc::downgrade(queue);
+    let cache = services.cache();
+    pods.on_change(Box::new(move |old, new| {
+        let Some(q) = q.upgrade() else { return };
+        for key in services_for_change(&cache, old, new) {
+            q.add(key);
+        }
+    }));
 }
 
 /// The Pods a Service selects (through the index of its first selector pair), by name.

@@ -105,6 +105,16 @@ pub type Handler<K> = Box<dyn Fn(Option<&Arc<K>>, Option<&Arc<K>>) + Send + Sync
 /// A controller's handler method, as [`Informer::on_change_of`] registers it.
 pub type HandlerMethod<C, K> = fn(&C, Option<&Arc<K>>, Option<&Arc<K>>);
 
+/// A controller's handler methods for one kind, one per kind of change, as
+/// [`Informer::on_events_of`] registers them (client-go's `ResourceEventHandlerFuncs`): for the
+/// controllers whose answers to an add, an update and a delete differ (the Pod handlers of the
+/// workload controllers).
+pub struct EventHandlers<C, K> {
+    pub added: fn(&C, &K),
+    pub updated: fn(&C, &K, &K),
+    pub deleted: fn(&C, &K),
+}
+
 /// What a kind needs to be watched by an informer.
 pub trait Watched:
     Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
@@ -203,6 +213,30 @@ impl<K: Watched> Informer<K> {
         self.on_change(Box::new(move |old, new| {
             if let Some(c) = weak.upgrade() {
                 handle(&c, old, new);
+            }
+        }));
+    }
+
+    /// Registers a controller's add, update and delete methods (held weakly, as
+    /// [`Self::on_change_of`] holds its controller).
+    pub fn on_events_of<C: Send + Sync + 'static>(
+        &self,
+        controller: &Arc<C>,
+        handlers: EventHandlers<C, K>,
+    ) {
+        let weak = Arc::downgrade(controller);
+        let EventHandlers {
+            added,
+            updated,
+            deleted,
+        } = handlers;
+        self.on_change(Box::new(move |old, new| {
+            let Some(c) = weak.upgrade() else { return };
+            match (old, new) {
+                (None, Some(n)) => added(&c, n),
+                (Some(o), Some(n)) => updated(&c, o, n),
+                (Some(o), None) => deleted(&c, o),
+                (None, None) => {}
             }
         }));
     }

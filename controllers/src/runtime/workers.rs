@@ -14,6 +14,35 @@ use futures::FutureExt as _;
 
 use super::cache::Indexed;
 use super::queue::{Item, WorkQueue};
+use crate::helpers::clock::{Clock, SystemClock};
+
+/// The settings of a controller that reads the time (Job, CronJob, TTL-after-finished): its
+/// workers (each one's `--concurrent-*-syncs`, 5 by default for all three as upstream) and where
+/// time comes from (a fake clock in tests).
+#[derive(Clone)]
+pub struct TimedConfig {
+    /// Concurrent syncs.
+    pub workers: usize,
+    /// Where time comes from.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for TimedConfig {
+    fn default() -> Self {
+        Self {
+            workers: 5,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl std::fmt::Debug for TimedConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TimedConfig")
+            .field("workers", &self.workers)
+            .finish()
+    }
+}
 
 /// A cache a controller waits for before its workers start.
 pub trait Synced: Send + Sync {

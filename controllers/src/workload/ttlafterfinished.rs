@@ -17,7 +17,6 @@ use kube::api::{DeleteParams, Preconditions, PropagationPolicy};
 use kube::{Api, Client, ResourceExt};
 
 use crate::error::{Error, Result};
-use crate::helpers::clock::{Clock, SystemClock};
 use crate::helpers::meta::ObjectName as _;
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::{self, Informers};
@@ -29,23 +28,8 @@ use crate::helpers::job::{self as jobutil, is_finished};
 /// The work queue's name, as upstream.
 pub const QUEUE_NAME: &str = "ttl_jobs_to_delete";
 
-/// The controller's settings.
-#[derive(Clone)]
-pub struct Config {
-    /// Concurrent syncs (`--concurrent-ttl-after-finished-syncs`, default 5).
-    pub workers: usize,
-    /// Where time comes from.
-    pub clock: Arc<dyn Clock>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            workers: 5,
-            clock: Arc::new(SystemClock),
-        }
-    }
-}
+/// The TTL-after-finished controller's settings: `--concurrent-ttl-after-finished-syncs` workers and the clock.
+pub type Config = crate::runtime::workers::TimedConfig;
 
 /// When a finished Job with a TTL expires: the Complete/Failed transition time plus the TTL.
 /// `None` when the Job has no TTL, is not finished or is being deleted; `Err` when the terminal

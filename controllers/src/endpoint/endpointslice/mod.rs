@@ -164,8 +164,7 @@ impl Controller {
             queue: crate::endpoint::endpointutil::work_queue(QUEUE_NAME),
             tracker: Tracker::default(),
         });
-        svc_informer.on_change_of(&this, Controller::on_service);
-        pod_informer.on_change_of(&this, Controller::on_pod);
+        membership::queue_services_on_changes(&svc_informer, &pod_informer, &this.queue);
         node_informer.on_change_of(&this, Controller::on_node);
         slice_informer.on_change_of(&this, Controller::on_slice);
         this
@@ -215,18 +214,6 @@ impl Controller {
     }
 
     // ---- handlers ----
-
-    fn on_service(&self, old: Option<&Arc<Service>>, new: Option<&Arc<Service>>) {
-        if let Some(svc) = new.or(old) {
-            self.queue.add(informer::key_of(svc.as_ref()));
-        }
-    }
-
-    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
-        for key in membership::services_for_change(&self.services, old, new) {
-            self.queue.add(key);
-        }
-    }
 
     fn on_node(&self, old: Option<&Arc<Node>>, new: Option<&Arc<Node>>) {
         let zone =

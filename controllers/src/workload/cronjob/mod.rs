@@ -41,7 +41,6 @@ use crate::runtime::informer::{self, Informers, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_controller;
 
-use crate::helpers::clock::{Clock, SystemClock};
 use plan::Decision;
 
 /// The work queue's (and metrics') name, as upstream.
@@ -49,31 +48,8 @@ pub const QUEUE_NAME: &str = "cronjob";
 /// The events' source component.
 pub const COMPONENT: &str = "cronjob-controller";
 
-/// The CronJob controller's settings.
-#[derive(Clone)]
-pub struct Config {
-    /// Concurrent syncs (`--concurrent-cron-job-syncs`, default 5).
-    pub workers: usize,
-    /// Where time comes from.
-    pub clock: Arc<dyn Clock>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            workers: 5,
-            clock: Arc::new(SystemClock),
-        }
-    }
-}
-
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("workers", &self.workers)
-            .finish()
-    }
-}
+/// The CronJob controller's settings: `--concurrent-cron-job-syncs` workers and the clock.
+pub type Config = crate::runtime::workers::TimedConfig;
 
 /// The running controller.
 pub struct Controller {

@@ -51,7 +51,7 @@ use crate::runtime::apierrors::is_already_exists;
 use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo, ORPHAN_NAMESPACE};
 use crate::runtime::events::Recorder;
-use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
+use crate::runtime::informer::{self, EventHandlers, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
@@ -151,7 +151,14 @@ impl Controller {
         });
         ds_informer.on_change_of(&this, Controller::on_daemon_set);
         cr_informer.on_change_of(&this, Controller::on_revision);
-        pod_informer.on_change_of(&this, Controller::on_pod);
+        pod_informer.on_events_of(
+            &this,
+            EventHandlers {
+                added: Controller::pod_added,
+                updated: Controller::pod_updated,
+                deleted: Controller::pod_deleted,
+            },
+        );
         node_informer.on_change_of(&this, Controller::on_node);
         this
     }
@@ -314,15 +321,6 @@ impl Controller {
         let ns = cr.namespace().unwrap_or_default();
         if let Some(ds) = controller_of(cr).and_then(|r| self.resolve(&ns, r)) {
             self.enqueue(&ds);
-        }
-    }
-
-    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
-        match (old, new) {
-            (None, Some(p)) => self.pod_added(p),
-            (Some(o), Some(p)) => self.pod_updated(o, p),
-            (Some(o), None) => self.pod_deleted(o),
-            (None, None) => {}
         }
     }
 

@@ -42,14 +42,13 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::helpers::clock::{Clock, SystemClock};
 use crate::helpers::meta::ObjectName as _;
 use crate::helpers::selector::Selector;
 use crate::runtime::apierrors::is_not_found;
 use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo, ORPHAN_NAMESPACE};
 use crate::runtime::events::Recorder;
-use crate::runtime::informer::{self, Informers, CONTROLLER_UID, NAMESPACE};
+use crate::runtime::informer::{self, EventHandlers, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
@@ -67,31 +66,8 @@ pub const COMPONENT: &str = "job-controller";
 /// `spec.managedBy` of Jobs this controller manages (or none).
 pub const CONTROLLER_NAME: &str = "kubernetes.io/job-controller";
 
-/// The Job controller's settings.
-#[derive(Clone)]
-pub struct Config {
-    /// Concurrent syncs (`--concurrent-job-syncs`, default 5).
-    pub workers: usize,
-    /// Where time comes from.
-    pub clock: Arc<dyn Clock>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            workers: 5,
-            clock: Arc::new(SystemClock),
-        }
-    }
-}
-
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("workers", &self.workers)
-            .finish()
-    }
-}
+/// The Job controller's settings: `--concurrent-job-syncs` workers and the clock.
+pub type Config = crate::runtime::workers::TimedConfig;
 
 /// An orphan-queue item: one Pod, or every Pod of a (deleted or finished) Job.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -157,7 +133,14 @@ impl Controller {
             finished_jobs: Mutex::default(),
         });
         job_informer.on_change_of(&this, Controller::on_job);
-        pod_informer.on_change_of(&this, Controller::on_pod);
+        pod_informer.on_events_of(
+            &this,
+            EventHandlers {
+                added: Controller::pod_added,
+                updated: Controller::pod_updated,
+                deleted: Controller::pod_gone,
+            },
+        );
         this
     }
 
@@ -314,13 +297,9 @@ impl Controller {
         ));
     }
 
-    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
-        match (old, new) {
-            (None, Some(p)) => self.pod_added(p),
-            (Some(o), Some(p)) => self.pod_updated(o, p),
-            (Some(o), None) => self.pod_deleted(o, true),
-            (None, None) => {}
-        }
+    /// A Pod deleted from the cache (the last state it had).
+    fn pod_gone(&self, pod: &CachedPod) {
+        self.pod_deleted(pod, true);
     }
 
     fn pod_added(&self, pod: &CachedPod) {

@@ -51,7 +51,9 @@ use crate::runtime::apierrors::api_message;
 use crate::runtime::cache::Indexed;
 use crate::runtime::claim::{self, OwnerInfo, ORPHAN_NAMESPACE};
 use crate::runtime::events::Recorder;
-use crate::runtime::informer::{self, Informers, Watched, CONTROLLER_UID, NAMESPACE};
+use crate::runtime::informer::{
+    self, EventHandlers, Informers, Watched, CONTROLLER_UID, NAMESPACE,
+};
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
@@ -204,7 +206,14 @@ impl<F: Flavor> Base<F> {
             queue: WorkQueue::new(F::QUEUE_NAME),
         });
         rs_informer.on_change_of(&this, Self::on_replica_set);
-        pod_informer.on_change_of(&this, Self::on_pod);
+        pod_informer.on_events_of(
+            &this,
+            EventHandlers {
+                added: Self::pod_added,
+                updated: Self::pod_updated,
+                deleted: Self::pod_deleted,
+            },
+        );
         this
     }
 
@@ -249,15 +258,6 @@ impl<F: Flavor> Base<F> {
         // A ReplicaSet re-created under this name starts clean.
         self.pod_control.expectations().delete(&key);
         self.queue.add(key);
-    }
-
-    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
-        match (old, new) {
-            (None, Some(p)) => self.pod_added(p),
-            (Some(o), Some(p)) => self.pod_updated(o, p),
-            (Some(o), None) => self.pod_deleted(o),
-            (None, None) => {}
-        }
     }
 
     /// The object a controller reference names, if it is in the cache with that uid.

@@ -56,7 +56,7 @@ use crate::runtime::claim::{self, OwnerInfo};
 use crate::runtime::events::Recorder;
 use crate::runtime::expectations::Expectations;
 use crate::runtime::history;
-use crate::runtime::informer::{self, controller_uid, Informers, NAMESPACE};
+use crate::runtime::informer::{self, controller_uid, EventHandlers, Informers, NAMESPACE};
 use crate::runtime::pods::{is_pod_ready, pod_key};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::run_controller;
@@ -142,7 +142,14 @@ impl Controller {
             expectations: Expectations::new(),
         });
         set_informer.on_change_of(&this, Controller::on_set);
-        pod_informer.on_change_of(&this, Controller::on_pod);
+        pod_informer.on_events_of(
+            &this,
+            EventHandlers {
+                added: Controller::pod_added,
+                updated: Controller::pod_updated,
+                deleted: Controller::pod_deleted,
+            },
+        );
         this
     }
 
@@ -211,15 +218,6 @@ impl Controller {
         }
         for s in sets {
             self.queue.add(informer::key_of(s.as_ref()));
-        }
-    }
-
-    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
-        match (old, new) {
-            (None, Some(p)) => self.pod_added(p),
-            (Some(o), Some(p)) => self.pod_updated(o, p),
-            (Some(o), None) => self.pod_deleted(o),
-            (None, None) => {}
         }
     }
 
