@@ -80,6 +80,15 @@ struct Fixture {
 
 impl Fixture {
     async fn new(tag: &str) -> Fixture {
+        // The managers run in this process: their log goes to the test's captured output, shown
+        // when a test fails.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .with_test_writer()
+            .try_init();
         let cp = controlplane::shared().unwrap();
         let ns = cp.test_namespace(tag).unwrap();
         let client = cp.client().await.unwrap();

@@ -13,6 +13,15 @@
 //! cache gets 409 and a retry. A Service no longer in the cache gets its Endpoints deleted (EP-5),
 //! and Endpoints left without a Service while no controller ran are queued so at start
 //! (`checkLeftoverEndpoints`).
+//!
+//! Its own writes are read back through the runtime's written overlay until the Endpoints cache
+//! shows them. Besides saving a conflict round trip, that closes a race the API server opens: it
+//! deletes a Service's Endpoints together with the Service, and the two deletions reach the
+//! Endpoints and Service caches in either order. A sync between them (the Service still cached,
+//! its Endpoints gone) creates them again; the Service's own deletion then finds the cache without
+//! that create and, without the overlay, would leave the new object behind for good (no Service
+//! queues it again). Upstream deletes by name unconditionally instead, one more request per
+//! Service deleted.
 
 pub mod plan;
 
@@ -29,6 +38,7 @@ use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::{run_workers_of, wait_for_caches};
+use crate::runtime::written::Written;
 
 /// The work queue's (and metrics') name, as upstream.
 pub const QUEUE_NAME: &str = "endpoint";
@@ -53,6 +63,8 @@ pub struct Controller {
     services: Arc<Indexed<Service>>,
     pods: Arc<Indexed<CachedPod>>,
     endpoints: Arc<Indexed<Endpoints>>,
+    /// Our writes the Endpoints cache has not shown yet.
+    written: Written<Endpoints>,
     queue: Arc<WorkQueue<String>>,
 }
 
@@ -67,10 +79,10 @@ impl Controller {
             services: svc_informer.cache(),
             pods: pod_informer.cache(),
             endpoints: ep_informer.cache(),
+            written: Written::new(),
             queue: crate::endpoint::endpointutil::work_queue(QUEUE_NAME),
         });
-        svc_informer.on_change_of(&this, Controller::on_service);
-        pod_informer.on_change_of(&this, Controller::on_pod);
+        membership::queue_services_on_changes(&svc_informer, &pod_informer, &this.queue);
         ep_informer.on_change_of(&this, Controller::on_endpoints);
         this
     }
@@ -106,21 +118,10 @@ impl Controller {
 
     // ---- handlers ----
 
-    fn on_service(&self, old: Option<&Arc<Service>>, new: Option<&Arc<Service>>) {
-        if let Some(svc) = new.or(old) {
-            self.queue.add(informer::key_of(svc.as_ref()));
-        }
-    }
-
-    fn on_pod(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
-        for key in membership::services_for_change(&self.services, old, new) {
-            self.queue.add(key);
-        }
-    }
-
     fn on_endpoints(&self, old: Option<&Arc<Endpoints>>, new: Option<&Arc<Endpoints>>) {
         let Some(ep) = new.or(old) else { return };
         let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
+        self.written.forget(&ns, &name);
         if self.services.get(&ns, &name).is_some() {
             self.queue.add(informer::key_of(ep.as_ref()));
         }
@@ -132,7 +133,7 @@ impl Controller {
     /// Service is gone (EP-5).
     pub async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
-        let existing = self.endpoints.get(ns, name);
+        let existing = self.written.fresh(ns, name, self.endpoints.get(ns, name));
         let Some(svc) = self.services.get(ns, name) else {
             return match existing {
                 Some(ep) => self.delete_leftover(&ep).await,
@@ -150,7 +151,8 @@ impl Controller {
             return Ok(());
         };
         let api: Api<Endpoints> = Api::namespaced(self.client.clone(), ns);
-        match existing {
+        let sent = existing.and_then(|ep| ep.metadata.resource_version.clone());
+        let written = match sent {
             Some(_) => api
                 .replace(name, &PostParams::default(), &write)
                 .await
@@ -160,6 +162,7 @@ impl Controller {
                 .await
                 .map_err(|e| Error::kube("creating Endpoints", key, e))?,
         };
+        self.written.record(sent, written);
         Ok(())
     }
 

@@ -375,7 +375,35 @@ pub fn plan_with_nodes(
     if total == 0 {
         keep_placeholder(svc, &mut plan, &unchanged);
     }
+    reuse_deleted(svc, &mut plan);
     plan
+}
+
+/// Upstream's `finalize`: a slice to create takes over a slice to delete of the same address type
+/// that this Service owns, as an update of it: one write instead of two, and no moment where both
+/// exist (a placeholder that gets endpoints stays the Service's only slice). A slice owned by an
+/// earlier Service of the same name is not reused: it is being deleted for that Service.
+fn reuse_deleted(svc: &Service, plan: &mut Plan) {
+    let mut i = 0;
+    while i < plan.delete.len() {
+        let Some(created) = plan.create.last() else {
+            return;
+        };
+        let old = &plan.delete[i];
+        let owned = old
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && Some(&o.uid) == svc.uid().as_ref());
+        if old.address_type != created.address_type || !owned {
+            i += 1;
+            continue;
+        }
+        let created = plan.create.pop().expect("checked above");
+        let mut slice = with_metadata(svc, plan.delete.remove(i));
+        slice.endpoints = created.endpoints;
+        slice.ports = created.ports;
+        plan.update.push(slice);
+    }
 }
 
 /// Step 1: edit existing slices in place; endpoints they keep leave `want`.

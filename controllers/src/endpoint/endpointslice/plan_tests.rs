@@ -280,9 +280,29 @@ fn emptying_a_service_keeps_one_placeholder() {
     let p = plan(&svc(), &pods(3), &after);
     assert_eq!(
         counts(&p),
-        (1, 0, 1),
-        "endpoints with ports replace the port-less placeholder"
+        (0, 1, 0),
+        "endpoints with ports go into the port-less placeholder, as upstream's finalize"
     );
+    assert_eq!(p.update[0].name_any(), after[0].name_any());
+    assert_eq!(endpoints_of(&p.update[0]).len(), 3);
+}
+
+#[test]
+fn creations_take_over_deletions_of_the_same_address_type_and_owner() {
+    // A port change: the old slice's ports are no longer wanted; the new slice reuses its name.
+    let existing = materialize(&plan(&svc(), &pods(3), &[]), &[]);
+    let renamed =
+        svc_with(json!({"spec": {"ports": [{"name": "web", "port": 81, "targetPort": 8080}]}}));
+    let p = plan(&renamed, &pods(3), &existing);
+    assert_eq!(counts(&p), (0, 1, 0));
+    assert_eq!(p.update[0].name_any(), existing[0].name_any());
+    // A slice of an earlier Service of the same name (another uid) is deleted, not reused.
+    let mut stale = (*existing[0]).clone();
+    for o in stale.metadata.owner_references.iter_mut().flatten() {
+        o.uid = "an-earlier-service".into();
+    }
+    let p = plan(&svc(), &pods(3), &[Arc::new(stale)]);
+    assert_eq!(counts(&p), (1, 0, 1));
 }
 
 #[test]
