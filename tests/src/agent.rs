@@ -391,7 +391,11 @@ impl<'n> Agent<'n> {
         Ok(state)
     }
 
-    /// Polls `/state` until `ready` holds (bounded by `timeout`); the error shows the last state.
+    /// Polls `/state` until `ready` holds on a settled state (bounded by `timeout`); the error
+    /// shows the last state. Settled: nothing received is left unprogrammed, or the last sync
+    /// failed (a test may wait for that). `/state`'s services are the agent's model, ahead of the
+    /// dataplane until the next sync: a test that sends traffic as soon as a Service appears
+    /// there races the sync.
     pub fn wait_for(
         &self,
         what: &str,
@@ -403,7 +407,7 @@ impl<'n> Agent<'n> {
             self.check_running()?;
             let last = self.state();
             if let Ok(s) = &last {
-                if ready(s) {
+                if s.settled() && ready(s) {
                     return last;
                 }
             }
@@ -548,6 +552,17 @@ pub struct State {
 }
 
 impl State {
+    /// Whether the dataplane has caught up with the model: nothing pending, or the last sync
+    /// failed (what it failed on stays pending until a retry succeeds).
+    pub fn settled(&self) -> bool {
+        let failed = self
+            .last_sync
+            .as_ref()
+            .and_then(|l| l.get("error"))
+            .is_some_and(|e| !e.is_null());
+        !self.pending || failed
+    }
+
     /// The service port whose name is `name` (`ns/svc:port/TCP` or `ns/svc/TCP`).
     pub fn service(&self, name: &str) -> Option<&ServiceState> {
         self.services.iter().find(|s| s.name == name)

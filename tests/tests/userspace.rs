@@ -480,7 +480,7 @@ fn a_malformed_manifest_is_reported_by_file_and_field_while_other_services_keep_
         .unwrap();
     agent
         .wait_for("api programmed", CHANGE, |s| {
-            s.service("default/api:http/TCP").is_some() && !s.pending
+            s.service("default/api:http/TCP").is_some()
         })
         .unwrap();
     assert_eq!(
