@@ -466,6 +466,7 @@ impl Scheduler {
             );
             return;
         }
+        tracing::trace!(pod = %full_name(&pod), node = %node, "Assumed pod on node");
         self.queue.with(|q, _| q.delete_nominated(&key));
         let s = fw.run_reserve(&mut state, &pod, &node);
         let s = if s.is_success() {

@@ -93,22 +93,34 @@ impl DiffCluster {
                 let file = self.cp.dir.join(format!("{name}.config.json"));
                 std::fs::write(&file, serde_json::to_vec_pretty(&config)?)
                     .with_context(|| format!("writing {}", file.display()))?;
+                // KPR_SCHED_DIFF_VERBOSE=1: the placement schedulers log every weighted plugin
+                // score and decision (kube-scheduler -v=10, ours --v=10), to replay placements
+                // decision by decision (docs/SCHEDULER.md, "Placement quality"). kube-scheduler's
+                // log is then ~35 MB and slow: diagnosis only.
+                let verbose = name.ends_with("-place")
+                    && std::env::var_os("KPR_SCHED_DIFF_VERBOSE").is_some();
                 match imp {
                     Impl::Upstream => self.cp.spawn_program(
                         &name,
                         &upstream,
-                        vec![
+                        [
                             format!("--config={}", file.display()),
                             "--secure-port=0".into(),
-                        ],
+                        ]
+                        .into_iter()
+                        .chain(verbose.then(|| "-v=10".to_string()))
+                        .collect(),
                     )?,
                     Impl::Kpr => self.cp.spawn_program(
                         &name,
                         kpr,
-                        vec![
+                        [
                             format!("--kubeconfig={}", kc.display()),
                             format!("--config={}", file.display()),
-                        ],
+                        ]
+                        .into_iter()
+                        .chain(verbose.then(|| "--v=10".to_string()))
+                        .collect(),
                     )?,
                 }
             }

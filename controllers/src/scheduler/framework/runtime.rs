@@ -90,6 +90,15 @@ fn priority(pod: &Pod) -> i32 {
     pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
+/// namespace/name, for logs.
+fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 fn uid(pod: &Pod) -> &str {
     pod.metadata.uid.as_deref().unwrap_or_default()
 }
@@ -429,6 +438,7 @@ impl Framework {
             }
         }
         let mut totals = vec![0i64; nodes.len()];
+        let trace = tracing::enabled!(tracing::Level::TRACE);
         for ((pl, weight), scores) in plugins.iter().zip(matrix.iter_mut()) {
             let s = pl.normalize(state, pod, scores);
             if !s.is_success() {
@@ -451,6 +461,26 @@ impl Framework {
                     return Err(Status::error(msg).with_plugin(pl.name()));
                 }
                 totals[i] += ns.score * weight;
+                if trace {
+                    // Upstream's -v=10 "Plugin scored node for pod" (weighted score).
+                    tracing::trace!(
+                        pod = %pod_name(pod),
+                        plugin = pl.name(),
+                        node = %ns.name,
+                        score = ns.score * weight,
+                        "Plugin scored node for pod"
+                    );
+                }
+            }
+        }
+        if trace {
+            for (node, total) in nodes.iter().zip(&totals) {
+                tracing::trace!(
+                    pod = %pod_name(pod),
+                    node = %node.name(),
+                    score = total,
+                    "Calculated node's final score for pod"
+                );
             }
         }
         Ok(totals)
