@@ -300,12 +300,16 @@ fn new_slice(
     }
 }
 
-fn metadata_current(svc: &Service, slice: &EndpointSlice) -> bool {
-    let owned = slice
+/// Upstream's `ownedBy`: the slice's controller reference is this Service object.
+fn owned_by(svc: &Service, slice: &EndpointSlice) -> bool {
+    slice
         .owner_references()
         .iter()
-        .any(|o| o.controller == Some(true) && Some(&o.uid) == svc.uid().as_ref());
-    owned && slice.labels() == &slice_labels(svc)
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == svc.uid().as_ref())
+}
+
+fn metadata_current(svc: &Service, slice: &EndpointSlice) -> bool {
+    owned_by(svc, slice) && slice.labels() == &slice_labels(svc)
 }
 
 fn with_metadata(svc: &Service, mut slice: EndpointSlice) -> EndpointSlice {
@@ -356,11 +360,14 @@ pub fn plan_with_nodes(
     for at in address_types(svc) {
         let mut want = desired(svc, pods, &at, node_of);
         total += want.values().map(|(_, e)| e.len()).sum::<usize>();
-        let of_type: Vec<&EndpointSlice> = managed
+        // As upstream: a slice owned by another Service object (an earlier one of the same name)
+        // is deleted, not edited into this one's.
+        let (of_type, not_owned): (Vec<&EndpointSlice>, Vec<&EndpointSlice>) = managed
             .iter()
             .copied()
             .filter(|s| s.address_type == at)
-            .collect();
+            .partition(|s| owned_by(svc, s));
+        plan.delete.extend(not_owned.into_iter().cloned());
         let mut typed_unchanged = Vec::new();
         keep_existing(svc, of_type, &mut want, &mut plan, &mut typed_unchanged);
         place_remaining(svc, &at, want, &mut plan, &mut typed_unchanged);
@@ -390,11 +397,7 @@ fn reuse_deleted(svc: &Service, plan: &mut Plan) {
             return;
         };
         let old = &plan.delete[i];
-        let owned = old
-            .owner_references()
-            .iter()
-            .any(|o| o.controller == Some(true) && Some(&o.uid) == svc.uid().as_ref());
-        if old.address_type != created.address_type || !owned {
+        if old.address_type != created.address_type || !owned_by(svc, old) {
             i += 1;
             continue;
         }
@@ -524,7 +527,11 @@ fn keep_placeholder(svc: &Service, plan: &mut Plan, unchanged: &[EndpointSlice])
         plan.delete.remove(i);
         return;
     }
-    if let Some(i) = plan.delete.iter().position(|s| s.address_type == at) {
+    if let Some(i) = plan
+        .delete
+        .iter()
+        .position(|s| s.address_type == at && owned_by(svc, s))
+    {
         let mut s = with_metadata(svc, plan.delete.remove(i));
         s.endpoints = Vec::new();
         s.ports = Some(Vec::new());
