@@ -26,6 +26,7 @@ pub mod endpoint;
 pub mod error;
 pub mod helpers;
 pub mod manager;
+pub mod namespace;
 pub mod node;
 pub mod runtime;
 pub mod scheduler;

@@ -3,8 +3,8 @@
 //! decides): the manifest is applied with `kubectl apply -f`, a token of its ServiceAccount is
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
-//! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller) and leader
-//! election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace) and
+//! leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
 //! it is deleted, holds the Lease, and releases it on SIGTERM; nothing it does is denied (the log
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use controllers::endpoint::lbipam;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -67,7 +67,7 @@ fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, log: &Path) -> Child {
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace",
         ])
         .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--lb-pool", POOL])
@@ -325,6 +325,37 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
             (rs.is_empty() && n == 0).then_some(())
         },
     )
+    .await;
+
+    // The namespace controller, under deploy/workload-controllers.yaml's RBAC: a deleted
+    // namespace is emptied (every kind found by discovery) and released.
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "rbac-deleted"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<ConfigMap>::namespaced(admin.clone(), "rbac-deleted")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "content"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    namespaces
+        .delete("rbac-deleted", &Default::default())
+        .await
+        .unwrap();
+    eventually("the deleted namespace emptied and gone", || async {
+        namespaces
+            .get_opt("rbac-deleted")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
     .await;
 
     // SIGTERM: the Lease is released (an update the Role grants) and the process exits cleanly.

@@ -83,6 +83,13 @@ struct Args {
     /// (kube-controller-manager's `--terminated-pod-gc-threshold`; 0: never).
     #[arg(long, default_value_t = 12500)]
     terminated_pod_gc_threshold: usize,
+    /// Namespaces synced at once (kube-controller-manager's `--concurrent-namespace-syncs`).
+    #[arg(long, default_value_t = 10)]
+    concurrent_namespace_syncs: usize,
+    /// How often every terminating namespace is looked at again (kube-controller-manager's
+    /// `--namespace-sync-period`).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    namespace_sync_period: Duration,
     /// Serve Prometheus metrics (`/metrics`, kube-controller-manager's workqueue metric names)
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
@@ -155,6 +162,8 @@ async fn main() -> anyhow::Result<()> {
             statefulset: args.concurrent_statefulset_syncs,
             replicationcontroller: args.concurrent_rc_syncs,
             terminated_pod_gc_threshold: args.terminated_pod_gc_threshold,
+            namespace: args.concurrent_namespace_syncs,
+            namespace_sync_period: args.namespace_sync_period,
         },
     };
     if let Some(addr) = args.metrics_bind_address {

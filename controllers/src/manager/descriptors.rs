@@ -16,7 +16,7 @@ use super::{Concurrency, ManagerConfig};
 use crate::endpoint::lbipam::pool::Pool;
 use crate::error::{Error, Result};
 use crate::runtime::informer::Informers;
-use crate::{auth, endpoint, node, workload};
+use crate::{auth, endpoint, namespace, node, workload};
 
 /// A running controller: ends only on an error (or never).
 pub type Task = BoxFuture<'static, Result<()>>;
@@ -362,6 +362,23 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
                 cx.informers,
                 node::tainteviction::Config::default(),
             );
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "namespace",
+        aliases: &["namespace-controller"],
+        replaces: Some("namespace-controller"),
+        default_on: true,
+        needs: None,
+        help: "deletion of a terminating namespace's content (every namespaced resource, custom resources included) and its kubernetes finalizer",
+        new: |cx| {
+            let config = namespace::deletion::Config {
+                workers: cx.concurrency.namespace,
+                sync_period: cx.concurrency.namespace_sync_period,
+                ..Default::default()
+            };
+            let c = namespace::deletion::Controller::new(cx.client.clone(), cx.informers, config);
             Ok(forever(c.run()))
         },
     },

@@ -78,6 +78,11 @@ pub struct Concurrency {
     /// `--terminated-pod-gc-threshold` (upstream default 12500; 0 turns the terminated-Pod
     /// collection off). Not a worker count: podgc's one setting, carried with the others.
     pub terminated_pod_gc_threshold: usize,
+    /// `--concurrent-namespace-syncs` (upstream default 10).
+    pub namespace: usize,
+    /// `--namespace-sync-period` (upstream default 5 min): how often every terminating
+    /// namespace is looked at again.
+    pub namespace_sync_period: std::time::Duration,
 }
 
 impl Default for Concurrency {
@@ -94,6 +99,8 @@ impl Default for Concurrency {
             statefulset: 5,
             replicationcontroller: 5,
             terminated_pod_gc_threshold: 12500,
+            namespace: 10,
+            namespace_sync_period: std::time::Duration::from_secs(300),
         }
     }
 }
