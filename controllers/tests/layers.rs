@@ -17,7 +17,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The controller groups: each module under one of these is a controller.
-const GROUPS: [&str; 4] = ["endpoint", "workload", "auth", "node"];
+const GROUPS: [&str; 5] = ["endpoint", "workload", "auth", "node", "autoscaling"];
 
 /// Modules of the endpoint group its controllers may share.
 const ENDPOINT_SHARED: [&str; 2] = ["endpoint::endpointutil", "endpoint::membership"];

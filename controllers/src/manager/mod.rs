@@ -78,6 +78,8 @@ pub struct Concurrency {
     /// `--terminated-pod-gc-threshold` (upstream default 12500; 0 turns the terminated-Pod
     /// collection off). Not a worker count: podgc's one setting, carried with the others.
     pub terminated_pod_gc_threshold: usize,
+    /// The horizontal Pod autoscaler's workers and `--horizontal-pod-autoscaler-*` settings.
+    pub horizontal_pod_autoscaler: crate::autoscaling::podautoscaler::Config,
 }
 
 impl Default for Concurrency {
@@ -94,6 +96,7 @@ impl Default for Concurrency {
             statefulset: 5,
             replicationcontroller: 5,
             terminated_pod_gc_threshold: 12500,
+            horizontal_pod_autoscaler: Default::default(),
         }
     }
 }
