@@ -22,6 +22,7 @@
 //! controller imports a sibling; `controllers/tests/layers.rs` keeps it so.
 
 pub mod auth;
+pub mod autoscaling;
 pub mod endpoint;
 pub mod error;
 pub mod helpers;

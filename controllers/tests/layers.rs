@@ -17,7 +17,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The controller groups: each module under one of these is a controller.
-const GROUPS: [&str; 5] = ["endpoint", "workload", "auth", "node", "namespace"];
+const GROUPS: [&str; 6] = [
+    "endpoint",
+    "workload",
+    "auth",
+    "node",
+    "namespace",
+    "autoscaling",
+];
 
 /// Modules of the endpoint group its controllers may share.
 const ENDPOINT_SHARED: [&str; 2] = ["endpoint::endpointutil", "endpoint::membership"];

@@ -90,6 +90,24 @@ struct Args {
     /// `--namespace-sync-period`).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     namespace_sync_period: Duration,
+    /// HorizontalPodAutoscalers synced at once (`--concurrent-horizontal-pod-autoscaler-syncs`).
+    #[arg(long, default_value_t = 5)]
+    concurrent_horizontal_pod_autoscaler_syncs: usize,
+    /// How often each HorizontalPodAutoscaler is synced.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    horizontal_pod_autoscaler_sync_period: std::time::Duration,
+    /// How far from 1 the usage ratio must be for the autoscaler to scale.
+    #[arg(long, default_value_t = 0.1)]
+    horizontal_pod_autoscaler_tolerance: f64,
+    /// The window over which the autoscaler takes the highest recommendation before a scale-down.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    horizontal_pod_autoscaler_downscale_stabilization: std::time::Duration,
+    /// After a Pod starts, how long its CPU samples may be skipped as not yet representative.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    horizontal_pod_autoscaler_cpu_initialization_period: std::time::Duration,
+    /// After a Pod starts, how long a readiness change counts as its initial readiness.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    horizontal_pod_autoscaler_initial_readiness_delay: std::time::Duration,
     /// Serve Prometheus metrics (`/metrics`, kube-controller-manager's workqueue metric names)
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
@@ -164,6 +182,17 @@ async fn main() -> anyhow::Result<()> {
             terminated_pod_gc_threshold: args.terminated_pod_gc_threshold,
             namespace: args.concurrent_namespace_syncs,
             namespace_sync_period: args.namespace_sync_period,
+            horizontal_pod_autoscaler: controllers::autoscaling::podautoscaler::Config {
+                workers: args.concurrent_horizontal_pod_autoscaler_syncs,
+                sync_period: args.horizontal_pod_autoscaler_sync_period,
+                settings: controllers::autoscaling::podautoscaler::plan::Settings {
+                    tolerance: args.horizontal_pod_autoscaler_tolerance,
+                    downscale_stabilization: args.horizontal_pod_autoscaler_downscale_stabilization,
+                    cpu_initialization_period: args
+                        .horizontal_pod_autoscaler_cpu_initialization_period,
+                    initial_readiness_delay: args.horizontal_pod_autoscaler_initial_readiness_delay,
+                },
+            },
         },
     };
     if let Some(addr) = args.metrics_bind_address {

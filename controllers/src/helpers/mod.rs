@@ -11,5 +11,6 @@ pub mod intstr;
 pub mod job;
 pub mod meta;
 pub mod nodeaffinity;
+pub mod quantity;
 pub mod selector;
 pub mod taints;

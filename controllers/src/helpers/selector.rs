@@ -96,6 +96,29 @@ impl Selector {
         })
     }
 
+    /// Parses a selector in its string form (`labels.Parse`), as a Scale's `status.selector`
+    /// carries it: requirements separated by commas, each `key`, `!key`, `key=value`,
+    /// `key==value`, `key!=value`, `key in (a,b)` or `key notin (a,b)`. The empty string matches
+    /// everything. `key>n` / `key<n` (which no workload's selector produces) and anything
+    /// malformed are an error quoting the requirement.
+    pub fn parse_string(s: &str) -> Result<Selector, String> {
+        let mut requirements = Vec::new();
+        for part in split_requirements(s) {
+            let part = part.trim();
+            if part.is_empty() {
+                if s.trim().is_empty() {
+                    continue;
+                }
+                return Err(format!("found an empty requirement in {s:?}"));
+            }
+            requirements.push(parse_requirement(part)?);
+        }
+        Ok(Selector {
+            requirements,
+            nothing: false,
+        })
+    }
+
     /// Whether `labels` satisfy every requirement (`None` labels are the empty map).
     pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
         if self.nothing {
@@ -126,6 +149,82 @@ impl Selector {
             _ => None,
         })
     }
+}
+
+/// The comma-separated parts of a selector string, commas inside `( )` kept.
+fn split_requirements(s: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+/// One requirement of a selector string.
+fn parse_requirement(part: &str) -> Result<Requirement, String> {
+    let bad = |why: &str| format!("unable to parse requirement {part:?}: {why}");
+    let valid_key = |k: &str| {
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+    };
+    if let Some(key) = part.strip_prefix('!') {
+        let key = key.trim();
+        return valid_key(key)
+            .then(|| Requirement::DoesNotExist(key.to_string()))
+            .ok_or_else(|| bad("invalid key"));
+    }
+    for (op, negate) in [("!=", true), ("==", false), ("=", false)] {
+        if let Some((k, v)) = part.split_once(op) {
+            let (k, v) = (k.trim(), v.trim());
+            if !valid_key(k) {
+                return Err(bad("invalid key"));
+            }
+            return Ok(if negate {
+                Requirement::NotIn(k.to_string(), vec![v.to_string()])
+            } else {
+                Requirement::Equals(k.to_string(), v.to_string())
+            });
+        }
+    }
+    if part.contains('>') || part.contains('<') {
+        return Err(bad("the gt and lt operators are not supported"));
+    }
+    if let Some(open) = part.find('(') {
+        let close = part
+            .rfind(')')
+            .filter(|c| *c > open && part[c + 1..].trim().is_empty())
+            .ok_or_else(|| bad("missing ')'"))?;
+        let head: Vec<&str> = part[..open].split_whitespace().collect();
+        let [key, op] = head[..] else {
+            return Err(bad("expected `key in (...)` or `key notin (...)`"));
+        };
+        if !valid_key(key) {
+            return Err(bad("invalid key"));
+        }
+        let values: Vec<String> = part[open + 1..close]
+            .split(',')
+            .map(|v| v.trim().to_string())
+            .collect();
+        return match op {
+            "in" => Ok(Requirement::In(key.to_string(), values)),
+            "notin" => Ok(Requirement::NotIn(key.to_string(), values)),
+            other => Err(bad(&format!("unknown operator {other:?}"))),
+        };
+    }
+    valid_key(part)
+        .then(|| Requirement::Exists(part.to_string()))
+        .ok_or_else(|| bad("invalid key"))
 }
 
 #[cfg(test)]
@@ -202,5 +301,39 @@ mod tests {
         .unwrap();
         let err = Selector::parse(Some(&sel)).unwrap_err();
         assert!(err.contains(".operator: \"Gt\""), "{err}");
+    }
+
+    #[test]
+    fn selector_strings_parse_as_labels_parse_does() {
+        let l = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let s =
+            Selector::parse_string("app=web,tier in (a, b),!canary,env notin (prod),x").unwrap();
+        assert!(s.matches(Some(&l(&[("app", "web"), ("tier", "b"), ("x", "")]))));
+        assert!(!s.matches(Some(&l(&[("app", "web"), ("tier", "c"), ("x", "")]))));
+        assert!(!s.matches(Some(&l(&[("app", "web"), ("tier", "a")]))));
+        assert!(!s.matches(Some(&l(&[
+            ("app", "web"),
+            ("tier", "a"),
+            ("x", ""),
+            ("canary", "1")
+        ]))));
+        assert!(!s.matches(Some(&l(&[
+            ("app", "web"),
+            ("tier", "a"),
+            ("x", ""),
+            ("env", "prod")
+        ]))));
+        let ne = Selector::parse_string("app!=web,k==v").unwrap();
+        assert!(ne.matches(Some(&l(&[("k", "v")]))));
+        assert!(!ne.matches(Some(&l(&[("app", "web"), ("k", "v")]))));
+        assert!(Selector::parse_string("").unwrap().is_everything());
+        for bad in ["a>1", "app in (x", "a,,b", "k in", "=v"] {
+            assert!(Selector::parse_string(bad).is_err(), "{bad}");
+        }
     }
 }

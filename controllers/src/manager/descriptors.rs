@@ -16,7 +16,7 @@ use super::{Concurrency, ManagerConfig};
 use crate::endpoint::lbipam::pool::Pool;
 use crate::error::{Error, Result};
 use crate::runtime::informer::Informers;
-use crate::{auth, endpoint, namespace, node, workload};
+use crate::{auth, autoscaling, endpoint, namespace, node, workload};
 
 /// A running controller: ends only on an error (or never).
 pub type Task = BoxFuture<'static, Result<()>>;
@@ -379,6 +379,22 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
                 ..Default::default()
             };
             let c = namespace::deletion::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "horizontalpodautoscaling",
+        aliases: &["horizontal-pod-autoscaler-controller"],
+        replaces: Some("horizontal-pod-autoscaler-controller"),
+        default_on: true,
+        needs: None,
+        help: "replica counts of scalable targets from resource metrics (autoscaling/v2)",
+        new: |cx| {
+            let c = autoscaling::podautoscaler::Controller::new(
+                cx.client.clone(),
+                cx.informers,
+                cx.concurrency.horizontal_pod_autoscaler,
+            );
             Ok(forever(c.run()))
         },
     },

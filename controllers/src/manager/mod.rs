@@ -83,6 +83,8 @@ pub struct Concurrency {
     /// `--namespace-sync-period` (upstream default 5 min): how often every terminating
     /// namespace is looked at again.
     pub namespace_sync_period: std::time::Duration,
+    /// The horizontal Pod autoscaler's workers and `--horizontal-pod-autoscaler-*` settings.
+    pub horizontal_pod_autoscaler: crate::autoscaling::podautoscaler::Config,
 }
 
 impl Default for Concurrency {
@@ -101,6 +103,7 @@ impl Default for Concurrency {
             terminated_pod_gc_threshold: 12500,
             namespace: 10,
             namespace_sync_period: std::time::Duration::from_secs(300),
+            horizontal_pod_autoscaler: Default::default(),
         }
     }
 }
@@ -226,6 +229,8 @@ mod tests {
                     "ttl-after-finished",
                     "serviceaccount",
                     "taint-eviction-controller",
+                    "namespace",
+                    "horizontalpodautoscaling",
                 ],
             ),
             (
@@ -246,6 +251,8 @@ mod tests {
                     "ttl-after-finished",
                     "serviceaccount",
                     "taint-eviction-controller",
+                    "namespace",
+                    "horizontalpodautoscaling",
                     "lb-ipam",
                 ],
             ),
@@ -265,6 +272,8 @@ mod tests {
                     "ttl-after-finished",
                     "serviceaccount",
                     "taint-eviction-controller",
+                    "namespace",
+                    "horizontalpodautoscaling",
                 ],
             ),
             (
@@ -317,6 +326,8 @@ mod tests {
                     "serviceaccount",
                     "root-ca-cert-publisher",
                     "taint-eviction-controller",
+                    "namespace",
+                    "horizontalpodautoscaling",
                 ],
             ),
             (
@@ -327,6 +338,11 @@ mod tests {
                     "root-ca-cert-publisher",
                     "taint-eviction-controller",
                 ],
+            ),
+            (
+                "horizontal-pod-autoscaler-controller,namespace-controller",
+                &[],
+                &["namespace", "horizontalpodautoscaling"],
             ),
         ];
         for (list, given, want) in cases {

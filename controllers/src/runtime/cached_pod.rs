@@ -4,7 +4,7 @@
 //! Pods are most of what a controller-manager caches (one per replica of every workload), and
 //! k8s-openapi's `Pod` lays every field of the API out inline: about 2.2 KiB for the Pod, 2.1 KiB
 //! per Container and 0.75 KiB per ContainerStatus before a single string, whatever the Pod sets.
-//! No controller here reads a container's image, command, env, resources, probes or mounts, so
+//! No controller here reads a container's image, command, env, limits, probes or mounts, so
 //! the cache keeps the fields below, with the same names and nesting as `Pod` (a reader writes
 //! `pod.spec.as_ref().and_then(|s| s.node_name.as_deref())` either way). Deserializing a watched
 //! Pod straight into this type skips the other fields without building them. What that saves at
@@ -14,7 +14,8 @@
 //! DaemonSet's and StatefulSet's identity, endpoints); the required node affinity (a DaemonSet
 //! Pod's target node); tolerations (the taint eviction controller; nearly every Pod carries the
 //! two NoExecute ones the API server's DefaultTolerationSeconds admission adds); restartPolicy (Jobs); per container its name, ports (named target ports)
-//! and restartPolicy (sidecars); volumes' names and claims (StatefulSet storage); status phase,
+//! and restartPolicy (sidecars), its requests and the Pod-level ones (the horizontal Pod
+//! autoscaler's utilization); volumes' names and claims (StatefulSet storage); status phase,
 //! reason, conditions (type, status, reason, lastTransitionTime), Pod IPs, startTime and per container its name, readiness, restart count
 //! and state (ranking, availability, Job failure policies).
 //!
@@ -22,10 +23,13 @@
 //! create or patch are written with the API's types, never from a `CachedPod`, so nothing a cache
 //! leaves out is ever written back.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{
     Affinity, ContainerPort, ContainerState, PersistentVolumeClaimVolumeSource, Pod, PodIP,
     Toleration,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +83,9 @@ pub struct CachedPodSpec {
     pub init_containers: Option<Vec<CachedContainer>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volumes: Option<Vec<CachedVolume>>,
+    /// Pod-level requests (`spec.resources`, PodLevelResources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<CachedResources>,
 }
 
 /// The kept part of a `Container`.
@@ -91,6 +98,18 @@ pub struct CachedContainer {
     pub ports: Option<Vec<ContainerPort>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<String>,
+    /// Its requests (the horizontal Pod autoscaler's utilization).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<CachedResources>,
+}
+
+/// The kept part of `ResourceRequirements`: the requests (limits and claims are read by no
+/// controller).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedResources {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<BTreeMap<String, Quantity>>,
 }
 
 /// The kept part of a `Volume`: its name and, for a claim, the claim.
