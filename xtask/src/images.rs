@@ -124,15 +124,15 @@ pub const HOST_PACKAGES: &[(&str, &str)] = &[
     ("libc6-dev", "/usr/lib/x86_64-linux-gnu/libc.a"),
 ];
 
-const BUSYBOX: &str = "/bin/busybox";
-const BASH: &str = "/bin/bash";
+pub(crate) const BUSYBOX: &str = "/bin/busybox";
+pub(crate) const BASH: &str = "/bin/bash";
 const CURL: &str = "/usr/bin/curl";
 /// GNU wget: Debian's static busybox `wget -T <seconds>` dies of SIGSEGV (e2e specs run
 /// `wget -q -O - -T 1`).
 const WGET: &str = "/usr/bin/wget";
 /// Not /bin/nc: that is an alternatives symlink which may point at another netcat.
 const NC: &str = "/bin/nc.openbsd";
-const DIG: &str = "/usr/bin/dig";
+pub(crate) const DIG: &str = "/usr/bin/dig";
 const IP: &str = "/bin/ip";
 const SS: &str = "/bin/ss";
 const NFT: &str = "/usr/sbin/nft";
@@ -144,12 +144,13 @@ const CA_CERTS: &str = "/etc/ssl/certs";
 /// Where Debian's /etc/ssl/certs symlinks point.
 const CA_CERTS_SOURCES: &str = "/usr/share/ca-certificates";
 
-const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const PATH_ENV: &str =
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Without it glibc asks DNS before /etc/hosts.
 const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n";
-const PASSWD: &str =
+pub(crate) const PASSWD: &str =
     "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
-const GROUP: &str = "root:x:0:\nnobody:x:65534:\n";
+pub(crate) const GROUP: &str = "root:x:0:\nnobody:x:65534:\n";
 
 /// The tag of upstream's pause image, which this one stands in for (build/pause/Makefile's TAG).
 const PAUSE_TAG: &str = "3.10.1";
@@ -189,7 +190,7 @@ pub fn build_pause(out: &Path) -> anyhow::Result<()> {
 
 /// The pinned `k8s.io/kubernetes` module in Go's module cache (GOMODCACHE, else GOPATH's or
 /// `~/go`'s `pkg/mod`, Go's own defaults).
-fn kubernetes_source() -> anyhow::Result<PathBuf> {
+pub(crate) fn kubernetes_source() -> anyhow::Result<PathBuf> {
     let cache = match env::var_os("GOMODCACHE").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => {
@@ -400,7 +401,7 @@ pub fn kube_proxy(kube_proxy_binary: &Path) -> anyhow::Result<Image> {
 }
 
 /// /etc/passwd, /etc/group, /etc/nsswitch.conf, /tmp and /root.
-fn base_files(passwd: &str, group: &str) -> Vec<Entry> {
+pub(crate) fn base_files(passwd: &str, group: &str) -> Vec<Entry> {
     vec![
         Entry::text("/etc/passwd", passwd, 0o644),
         Entry::text("/etc/group", group, 0o644),
@@ -412,7 +413,7 @@ fn base_files(passwd: &str, group: &str) -> Vec<Entry> {
 
 /// A symlink `/bin/<applet>` -> busybox for every applet of the host's busybox whose name is not
 /// in `taken` (the image's real tools, which must not be shadowed).
-fn busybox_applets(taken: &BTreeSet<String>) -> anyhow::Result<Vec<Entry>> {
+pub(crate) fn busybox_applets(taken: &BTreeSet<String>) -> anyhow::Result<Vec<Entry>> {
     let list = Cmd::new(BUSYBOX).arg("--list").quiet().read()?;
     Ok(applet_links(&list, taken))
 }
@@ -427,7 +428,7 @@ fn applet_links(list: &str, taken: &BTreeSet<String>) -> Vec<Entry> {
 }
 
 /// The file names of the image's regular files.
-fn basenames(entries: &[Entry]) -> BTreeSet<String> {
+pub(crate) fn basenames(entries: &[Entry]) -> BTreeSet<String> {
     entries
         .iter()
         .filter(|e| matches!(e, Entry::File { .. }))
@@ -767,6 +768,48 @@ pub fn write_archive(image: &Image, out: &Path) -> anyhow::Result<String> {
     fs::rename(&archive_path, out)
         .with_context(|| format!("moving {} to {}", archive_path.display(), out.display()))?;
     Ok(config_digest)
+}
+
+/// [`write_archive`] unless `out` was written from the same inputs: the image's definition and,
+/// for every host file it takes, its size and modification time (kept in `.<file name>.inputs`
+/// beside the archive). Returns whether it wrote. Rebuilding an unchanged image costs reading
+/// every file it holds; asking this costs a `stat` of each.
+pub fn write_archive_cached(image: &Image, out: &Path) -> anyhow::Result<bool> {
+    let key = inputs_key(image)?;
+    let file_name = out
+        .file_name()
+        .with_context(|| format!("{} has no file name", out.display()))?
+        .to_string_lossy();
+    let key_path = out.with_file_name(format!(".{file_name}.inputs"));
+    if out.is_file() && fs::read_to_string(&key_path).ok().as_deref() == Some(key.as_str()) {
+        return Ok(false);
+    }
+    let _ = fs::remove_file(&key_path);
+    write_archive(image, out)?;
+    fs::write(&key_path, key).with_context(|| format!("writing {}", key_path.display()))?;
+    Ok(true)
+}
+
+/// The digest of what [`write_archive`] makes `image` from.
+fn inputs_key(image: &Image) -> anyhow::Result<String> {
+    let mut hasher = Sha256::new();
+    hasher.update(format!("{image:?}"));
+    for entry in &image.entries {
+        if let Entry::File { src, .. } = entry {
+            let meta = fs::metadata(src).with_context(|| format!("reading {}", src.display()))?;
+            let mtime = meta
+                .modified()?
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            hasher.update(format!(
+                "{}:{}:{}\n",
+                meta.len(),
+                mtime.as_secs(),
+                mtime.subsec_nanos()
+            ));
+        }
+    }
+    Ok(format!("{:x}\n", hasher.finalize()))
 }
 
 /// A name with a registry and a tag (`registry.k8s.io/pause:3.10.1`): containerd would store a

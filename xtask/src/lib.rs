@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cluster;
 pub mod deploy;
 pub mod docker;
+pub mod e2e_images;
 pub mod exec;
 pub mod fuzz;
 pub mod helm;

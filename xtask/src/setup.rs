@@ -38,6 +38,12 @@ pub const APT_PACKAGES: &[&str] = &[
     "netcat-openbsd",
     "bind9-dnsutils",
     "bash",
+    // The e2e images (crate::e2e_images::HOST_PACKAGES).
+    "apache2-bin",
+    "nginx",
+    "stress",
+    "perl-base",
+    "util-linux",
 ];
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -108,9 +114,13 @@ fn apt_packages() -> anyhow::Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive")
     };
     apt(&["update", "-q"]).run()?;
-    apt(&["install", "-y", "-q", "--no-install-recommends"])
-        .args(&missing)
-        .run()
+    // nginx's postinst would start a web server on the machine's port 80 (the e2e images take
+    // only its binary).
+    without_service_starts(|| {
+        apt(&["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .run()
+    })
 }
 
 /// Debian's docker.io, without starting its service: on a machine with an init system its
@@ -134,6 +144,17 @@ fn docker_engine() -> anyhow::Result<()> {
             .args(["mask", "docker.service", "docker.socket"])
             .run()?;
     }
+    without_service_starts(|| {
+        Cmd::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends", package])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .run()
+    })
+}
+
+/// Runs `install` with a policy-rc.d that refuses every service start (invoke-rc.d and
+/// deb-systemd-invoke ask it), the machine's own, if it has one, restored after.
+fn without_service_starts(install: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
     let policy = Path::new("/usr/sbin/policy-rc.d");
     let saved = Path::new("/usr/sbin/policy-rc.d.kpr-saved");
     let had_one = policy.exists();
@@ -142,14 +163,11 @@ fn docker_engine() -> anyhow::Result<()> {
     }
     fs::write(
         policy,
-        "#!/bin/sh\n# cargo xtask setup --docker: start no service.\nexit 101\n",
+        "#!/bin/sh\n# cargo xtask setup: start no service.\nexit 101\n",
     )?;
     use std::os::unix::fs::PermissionsExt as _;
     fs::set_permissions(policy, fs::Permissions::from_mode(0o755))?;
-    let installed = Cmd::new("apt-get")
-        .args(["install", "-y", "-q", "--no-install-recommends", package])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .run();
+    let installed = install();
     if had_one {
         fs::rename(saved, policy)?;
     } else {

@@ -8,8 +8,9 @@
 //! there is no systemd, so the cgroup driver is cgroupfs and each kubelet gets a cgroup root of
 //! its own (`/<node>`), which is also how [`teardown`] finds every container process; the VM
 //! drops CAP_SYS_RESOURCE, so containerd must not lower oom_score_adj
-//! (`restrict_oom_score_adj`); images are imported, never pulled (no registry is reachable), and
-//! image garbage collection is off so imported images stay.
+//! (`restrict_oom_score_adj`); images are imported, never pulled: every registry's name is the
+//! node's loopback in its /etc/hosts ([`CLOSED_REGISTRIES`]), so a missing image fails at once
+//! and no registry name is looked up; image garbage collection is off so imported images stay.
 //!
 //! Owns: `<dir>/nodes/<node>` (configuration, state, logs' content), the cgroups `/<node>` and the
 //! mounts containerd and kubelet make under the node directory. Not the namespaces
@@ -31,6 +32,27 @@ pub const CLUSTER_DNS: &str = "10.96.0.10";
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 /// The sandbox image containerd runs every pod's network holder from.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.1";
+/// The registries the nodes' containerd would pull from, each resolved to the node's own
+/// loopback in the /etc/hosts containerd and kubelet see (their mount namespace's): nothing can be
+/// pulled here (the images the nodes run are imported), so a pull fails at once with the image's
+/// name (`dial tcp 127.0.0.1:443: connect: connection refused`) and no registry's name is sent
+/// to the machine's resolver. upstream's e2e images name registry.k8s.io, gcr.io and
+/// invalid.registry.k8s.io; the others are where manifests commonly pull from. (Debian 12's
+/// containerd 1.6.20 did not apply a `server` of `certs.d/<registry>/hosts.toml`: it still
+/// looked registry.k8s.io up.)
+pub const CLOSED_REGISTRIES: &[&str] = &[
+    "registry.k8s.io",
+    "invalid.registry.k8s.io",
+    "k8s.gcr.io",
+    "gcr.io",
+    "docker.io",
+    "registry-1.docker.io",
+    "index.docker.io",
+    "quay.io",
+    "ghcr.io",
+    "mcr.microsoft.com",
+    "public.ecr.aws",
+];
 /// Where Debian's containernetworking-plugins are.
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// The cgroup2 hierarchy of this hybrid-cgroup machine.
@@ -102,12 +124,49 @@ pub fn start(
     }
     for node in &started {
         wait_containerd(cp, node)?;
-        for image in images {
-            node.import_image(image)?;
-        }
+    }
+    // Every node's imports at once (each node's one after the other: they share its content
+    // store's lock).
+    let imported = Instant::now();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = started
+            .iter()
+            .map(|node| {
+                scope.spawn(move || -> anyhow::Result<()> {
+                    for image in images {
+                        node.import_image(image)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().expect("an image import thread panicked"))
+    })?;
+    println!(
+        "[ok] {} images imported into {} nodes in {:.1} s",
+        images.len(),
+        started.len(),
+        imported.elapsed().as_secs_f64()
+    );
+    for node in &started {
         start_kubelet(cp, node)?;
     }
     Ok(started)
+}
+
+/// The machine's /etc/hosts with every [`CLOSED_REGISTRIES`] name on 127.0.0.1, for the node's
+/// mount namespace.
+fn write_closed_hosts(path: &Path) -> anyhow::Result<()> {
+    let mut hosts = fs::read_to_string("/etc/hosts").unwrap_or_default();
+    if !hosts.is_empty() && !hosts.ends_with('\n') {
+        hosts.push('\n');
+    }
+    hosts.push_str("# Nothing is pulled on this node: its images are imported.\n");
+    hosts.push_str(&format!("127.0.0.1 {}\n", CLOSED_REGISTRIES.join(" ")));
+    fs::write(path, hosts)?;
+    Ok(())
 }
 
 fn start_containerd(cp: &mut ControlPlane, node: &Node) -> anyhow::Result<()> {
@@ -145,6 +204,8 @@ fn start_containerd(cp: &mut ControlPlane, node: &Node) -> anyhow::Result<()> {
         cni_conf.join("10-kpr-cluster.conflist"),
         serde_json::to_string_pretty(&conflist)?,
     )?;
+    let hosts = dir.join("hosts");
+    write_closed_hosts(&hosts)?;
     let config = format!(
         r#"version = 2
 root = "{root}"
@@ -195,10 +256,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
              exec unshare --mount --uts --propagation private -- /bin/sh -c '\
              set -e; hostname {name}; mount --make-rshared /; mount -t bpf bpffs /sys/fs/bpf; \
              mkdir -p /run/netns; mount -t tmpfs -o mode=755 netns /run/netns; \
-             mount --bind {v2}/{name} {v2}; exec {containerd} --config={config}'\n",
+             mount --bind {v2}/{name} {v2}; mount --bind {hosts} /etc/hosts; \
+             exec {containerd} --config={config}'\n",
             v2 = CGROUP2_ROOT,
             containerd = containerd.display(),
             config = config_path.display(),
+            hosts = hosts.display(),
         ),
     )?;
     cp.spawn_in(
