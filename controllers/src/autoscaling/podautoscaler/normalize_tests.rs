@@ -320,19 +320,21 @@ fn policies_count_the_changes_within_their_period() {
 fn scale_events_reuse_outdated_slots() {
     let up = rules(4, 60, 100, 120, 0);
     let down = rules(0, 0, 100, 60, 300);
-    let mut h = History::default();
-    h.scale_up_events = vec![
-        ScaleEvent {
-            change: 1,
-            at: before(200),
-            outdated: false,
-        },
-        ScaleEvent {
-            change: 2,
-            at: before(100),
-            outdated: false,
-        },
-    ];
+    let mut h = History {
+        scale_up_events: vec![
+            ScaleEvent {
+                change: 1,
+                at: before(200),
+                outdated: false,
+            },
+            ScaleEvent {
+                change: 2,
+                at: before(100),
+                outdated: false,
+            },
+        ],
+        ..History::default()
+    };
     h.store_scale_event((&up, &down), 3, 6, now());
     // The longest up period is 120 s: the first event is outdated and replaced.
     assert_eq!(h.scale_up_events.len(), 2);
