@@ -60,34 +60,9 @@ pub struct ContainerMetrics {
     pub usage: BTreeMap<String, Quantity>,
 }
 
-/// A Go duration string ("1m30.5s", "500ms") as a Duration; unparsable is zero.
-pub fn parse_go_duration(s: &str) -> Duration {
-    let mut total = 0f64;
-    let mut rest = s.trim();
-    while !rest.is_empty() {
-        let split = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let Ok(n) = rest[..split].parse::<f64>() else {
-            return Duration::ZERO;
-        };
-        rest = &rest[split..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return Duration::ZERO,
-        };
-        total += n * scale;
-        rest = &rest[unit_end..];
-    }
-    Duration::from_secs_f64(total)
+/// A metrics window (a Go duration string, "30s"); unparsable is zero.
+fn window_of(s: &str) -> Duration {
+    crate::helpers::duration::parse_go_duration(s).unwrap_or(Duration::ZERO)
 }
 
 /// One value per Pod for `resource` (upstream's `getPodMetrics` / `getContainerMetrics`): the
@@ -98,7 +73,7 @@ pub fn reduce(list: &PodMetricsList, resource: &str, container: &str) -> PodMetr
     for m in &list.items {
         let name = m.metadata.name.clone().unwrap_or_default();
         let timestamp = m.timestamp.as_ref().map_or(Timestamp::UNIX_EPOCH, |t| t.0);
-        let window = parse_go_duration(m.window.as_deref().unwrap_or_default());
+        let window = window_of(m.window.as_deref().unwrap_or_default());
         let value = if container.is_empty() {
             if m.containers.is_empty() {
                 None
@@ -177,11 +152,9 @@ mod tests {
 
     #[test]
     fn go_durations_parse() {
-        assert_eq!(parse_go_duration("30s"), Duration::from_secs(30));
-        assert_eq!(parse_go_duration("1m0s"), Duration::from_secs(60));
-        assert_eq!(parse_go_duration("1m30.5s"), Duration::from_millis(90_500));
-        assert_eq!(parse_go_duration("500ms"), Duration::from_millis(500));
-        assert_eq!(parse_go_duration("bogus"), Duration::ZERO);
+        assert_eq!(window_of("30s"), Duration::from_secs(30));
+        assert_eq!(window_of("1m30.5s"), Duration::from_millis(90_500));
+        assert_eq!(window_of("bogus"), Duration::ZERO);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //!
 //! Owns nothing but parsing and time arithmetic; zones come from the system's tz database.
 
+use crate::helpers::duration::parse_go_duration;
 use std::time::Duration;
 
 use jiff::civil::date;
@@ -203,41 +204,6 @@ pub fn load_location(name: &str) -> Result<TimeZone, String> {
         "Local" => Ok(TimeZone::system()),
         _ => TimeZone::get(name).map_err(|e| format!("unknown time zone {name}: {e}")),
     }
-}
-
-/// Go's `time.ParseDuration` for `@every` (units h, m, s, ms, us, ns; fractions allowed).
-fn parse_go_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("time: invalid duration {s:?}");
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = s.strip_prefix('+').unwrap_or(s);
-    if rest.starts_with('-') || rest.is_empty() {
-        return Err(bad());
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        let n: f64 = rest[..num_end].parse().map_err(|_| bad())?;
-        rest = &rest[num_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let secs = match &rest[..unit_end] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return Err(bad()),
-        };
-        total += n * secs;
-        rest = &rest[unit_end..];
-    }
-    Ok(Duration::from_secs_f64(total))
 }
 
 impl Schedule {
