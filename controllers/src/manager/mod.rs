@@ -219,6 +219,7 @@ mod tests {
                     "ttl-after-finished",
                     "serviceaccount",
                     "taint-eviction-controller",
+                    "disruption",
                 ],
             ),
             (
@@ -239,6 +240,7 @@ mod tests {
                     "ttl-after-finished",
                     "serviceaccount",
                     "taint-eviction-controller",
+                    "disruption",
                     "lb-ipam",
                 ],
             ),
@@ -258,6 +260,7 @@ mod tests {
                     "ttl-after-finished",
                     "serviceaccount",
                     "taint-eviction-controller",
+                    "disruption",
                 ],
             ),
             (
@@ -310,6 +313,7 @@ mod tests {
                     "serviceaccount",
                     "root-ca-cert-publisher",
                     "taint-eviction-controller",
+                    "disruption",
                 ],
             ),
             (
