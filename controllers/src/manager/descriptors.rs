@@ -399,6 +399,22 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         },
     },
     ControllerDescriptor {
+        name: "disruption",
+        aliases: &["disruption-controller"],
+        replaces: Some("disruption-controller"),
+        default_on: true,
+        needs: None,
+        help: "PodDisruptionBudget status (the budgets evictions and kubectl drain obey)",
+        new: |cx| {
+            let c = workload::disruption::Controller::new(
+                cx.client.clone(),
+                cx.informers,
+                workload::disruption::Config::default(),
+            );
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
         name: "lb-ipam",
         aliases: &[],
         replaces: None,

@@ -231,6 +231,7 @@ mod tests {
                     "taint-eviction-controller",
                     "namespace",
                     "horizontalpodautoscaling",
+                    "disruption",
                 ],
             ),
             (
@@ -253,6 +254,7 @@ mod tests {
                     "taint-eviction-controller",
                     "namespace",
                     "horizontalpodautoscaling",
+                    "disruption",
                     "lb-ipam",
                 ],
             ),
@@ -274,6 +276,7 @@ mod tests {
                     "taint-eviction-controller",
                     "namespace",
                     "horizontalpodautoscaling",
+                    "disruption",
                 ],
             ),
             (
@@ -328,6 +331,7 @@ mod tests {
                     "taint-eviction-controller",
                     "namespace",
                     "horizontalpodautoscaling",
+                    "disruption",
                 ],
             ),
             (
