@@ -7,9 +7,9 @@
 //! parallel, the last one alone.
 //!
 //! While the task runs, the queue holds the preemptor gated ([`QueueCore::begin_preemption`]):
-//! retried before its victims are being deleted, it would find them still in place and preempt
-//! again. The gate lifts before the last victim's deletion, so that deletion's event, which comes
-//! after, moves the preemptor back (upstream's order, for the same reason). Victims already
+//! retried before its victims are gone, it would find them still in place and preempt again. The
+//! gate lifts when the watch shows the last victim deleted or terminating (upstream v1.35's
+//! lastVictimsPendingPreemption), and that event moves the preemptor back. Victims already
 //! terminating get no second call, as upstream.
 //!
 //! Owns only these writes; the preemptor's own nomination is written by the failure handling in
@@ -168,7 +168,9 @@ impl Scheduler {
                 async move {
                     let name = p.metadata.name.as_deref().unwrap_or_default();
                     let patch = Patch::Strategic(json!({"status": {"nominatedNodeName": null}}));
-                    let r = api.patch_status(name, &PatchParams::default(), &patch).await;
+                    let r = api
+                        .patch_status(name, &PatchParams::default(), &patch)
+                        .await;
                     if let Err(e) = r {
                         tracing::warn!(pod = full_name(p), "clearing nominatedNodeName: {e}");
                     }
@@ -187,14 +189,30 @@ impl Scheduler {
                 }
             };
             let outcomes = join_all(rest.iter().map(&preempt)).await;
-            let failed = outcomes.contains(&Outcome::Failed);
-            queue.with(|q, _| q.end_preemption(&preemptor_uid));
-            // After a failure the last victim is spared, as upstream, and the preemptor goes back
-            // to the active queue at once rather than wait for an event that may never come.
-            let failed = failed || preempt(last).await == Outcome::Failed;
-            if failed {
-                tracing::warn!(pod = preemptor, node, "preemption failed; retrying the Pod");
-                queue.with(|q, now| q.activate(&preemptor_uid, now));
+            // After a failure the last victim is spared, as upstream.
+            let outcome = if outcomes.contains(&Outcome::Failed) {
+                Outcome::Failed
+            } else {
+                queue.with(|q, _| q.await_last_victim(&preemptor_uid, uid(last)));
+                preempt(last).await
+            };
+            match outcome {
+                // Its deletion event (or deletionTimestamp) ends the preemption and moves the
+                // preemptor.
+                Outcome::Deleted => {}
+                // Gone before the call: that event may have passed already.
+                Outcome::Gone => queue.with(|q, now| {
+                    q.end_preemption(&preemptor_uid);
+                    q.activate(&preemptor_uid, now);
+                }),
+                // Retried at once rather than wait for an event that may never come.
+                Outcome::Failed => {
+                    tracing::warn!(pod = preemptor, node, "preemption failed; retrying the Pod");
+                    queue.with(|q, now| {
+                        q.end_preemption(&preemptor_uid);
+                        q.activate(&preemptor_uid, now);
+                    });
+                }
             }
         });
     }

@@ -272,6 +272,10 @@ pub struct QueueCore {
     nominated_by_node: HashMap<String, Vec<String>>,
     /// Preemptors whose victims' API calls are under way (upstream's Evaluator.preempting).
     preempting: BTreeSet<String>,
+    /// The last victim of each preemptor whose other victims are done, by the victim's UID
+    /// (upstream's lastVictimsPendingPreemption): the preemptor stays gated until the watch
+    /// shows that victim deleted or terminating.
+    last_victims: HashMap<String, String>,
 }
 
 /// The gate that holds a preemptor while its preemption's API calls run (upstream's
@@ -298,6 +302,7 @@ impl QueueCore {
             nominated: HashMap::new(),
             nominated_by_node: HashMap::new(),
             preempting: BTreeSet::new(),
+            last_victims: HashMap::new(),
         }
     }
 
@@ -451,6 +456,7 @@ impl QueueCore {
         self.unschedulable.remove(uid);
         self.delete_nominated(uid);
         self.preempting.remove(uid);
+        self.last_victims.retain(|_, p| p != uid);
     }
 
     /// The Pod's preemption starts its API calls: until [`QueueCore::end_preemption`] it cannot
@@ -459,10 +465,31 @@ impl QueueCore {
         self.preempting.insert(uid.to_string());
     }
 
-    /// The preemption's calls are over (upstream removes the Pod from `preempting` before
-    /// deleting the last victim, whose deletion event then moves the Pod): a Pod held by the gate
-    /// waits in the unschedulable pool again, for an event its rejecting plugins care about.
+    /// The preemptor's other victims are done and `victim` is being deleted: the preemption
+    /// ends when the watch shows that victim deleted or terminating ([`QueueCore::victim_gone`]),
+    /// so the preemptor is not retried while the cache still holds it (upstream v1.35's
+    /// lastVictimsPendingPreemption; v1.34 lifts the gate before the call, a window in which any
+    /// other Pod's deletion let the preemptor through to preempt that victim a second time).
+    pub fn await_last_victim(&mut self, preemptor: &str, victim: &str) {
+        if self.preempting.contains(preemptor) {
+            self.last_victims
+                .insert(victim.to_string(), preemptor.to_string());
+        }
+    }
+
+    /// The watch shows this assigned Pod deleted or terminating: if it was a preemptor's last
+    /// victim, that preemption is over (call before the event's [`QueueCore::on_event`], which
+    /// then moves the preemptor).
+    pub fn victim_gone(&mut self, victim: &str) {
+        if let Some(p) = self.last_victims.remove(victim) {
+            self.end_preemption(&p);
+        }
+    }
+
+    /// The preemption is over: a Pod held by the gate waits in the unschedulable pool again, for
+    /// an event its rejecting plugins care about.
     pub fn end_preemption(&mut self, uid: &str) {
+        self.last_victims.retain(|_, p| p != uid);
         if !self.preempting.remove(uid) {
             return;
         }

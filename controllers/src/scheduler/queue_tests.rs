@@ -272,8 +272,9 @@ fn nominations_follow_status_and_preemption() {
 
 /// Upstream's async preemption (SchedulerAsyncPreemption, on since v1.33): a preemptor whose
 /// victims' API calls are under way is held by DefaultPreemption's PreEnqueue
-/// (IsPodRunningPreemption) whatever moves it; the gate lifts before the last victim's deletion,
-/// whose event then moves it as its rejecting plugin's hint says.
+/// (IsPodRunningPreemption) whatever moves it, until the watch shows its last victim deleted
+/// (v1.35's lastVictimsPendingPreemption); that deletion's event then moves it as its rejecting
+/// plugin's hint says.
 #[test]
 fn preemptor_is_gated_while_its_preemption_runs() {
     let t0 = Instant::now();
@@ -352,6 +353,29 @@ fn preemptor_is_gated_while_its_preemption_runs() {
                 Box::new(|q| q.on_event(ClusterEvent::AssignedPodOtherUpdate, s(5))),
             ],
             Some(Location::Unschedulable),
+        ),
+        (
+            "other Pods' deletions while the last victim is pending leave it gated",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.await_last_victim("p", "v3")),
+                Box::new(|q| q.victim_gone("other")),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodDelete, s(5))),
+            ],
+            Some(Location::Gated),
+        ),
+        (
+            "the last victim's deletion ends the preemption and its event moves the preemptor",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.await_last_victim("p", "v3")),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodDelete, s(5))),
+                Box::new(|q| q.victim_gone("v3")),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodDelete, s(6))),
+            ],
+            Some(Location::Active),
         ),
         (
             "a failed preemption activates the preemptor at once",
@@ -483,7 +507,11 @@ fn pop_takes_from_backoff_when_nothing_is_active() {
     q.add(pod("active", 0, &[]), ms(600));
     assert_eq!(popped(&mut q).as_deref(), Some("active"), "active first");
     q.done("active");
-    assert_eq!(popped(&mut q).as_deref(), Some("early"), "earliest backoff end");
+    assert_eq!(
+        popped(&mut q).as_deref(),
+        Some("early"),
+        "earliest backoff end"
+    );
     q.done("early");
     assert_eq!(popped(&mut q).as_deref(), Some("late"));
     q.done("late");

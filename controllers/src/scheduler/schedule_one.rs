@@ -600,7 +600,9 @@ impl Scheduler {
     /// from the failure handling on, and Preempt reads the latest Pod; a status write still in
     /// flight must not make the Pod look un-nominated and preempt a second time).
     fn with_nomination(&self, pod: &Arc<Pod>) -> Arc<Pod> {
-        let nominated = self.queue.with(|q, _| q.nominated_node(uid(pod)).map(str::to_string));
+        let nominated = self
+            .queue
+            .with(|q, _| q.nominated_node(uid(pod)).map(str::to_string));
         with_nominated_node(pod, nominated.as_deref())
     }
 
@@ -718,7 +720,9 @@ pub fn with_nominated_node(pod: &Arc<Pod>, node: Option<&str>) -> Arc<Pod> {
     match node.filter(|n| !n.is_empty()) {
         Some(n) if !has => {
             let mut p = (**pod).clone();
-            p.status.get_or_insert_with(Default::default).nominated_node_name = Some(n.to_string());
+            p.status
+                .get_or_insert_with(Default::default)
+                .nominated_node_name = Some(n.to_string());
             Arc::new(p)
         }
         _ => pod.clone(),

@@ -1000,10 +1000,26 @@ fn upstream_pod_eligible_to_preempt_others_rows() {
 #[test]
 fn in_memory_nomination_fills_only_an_empty_status() {
     use crate::scheduler::schedule_one::with_nominated_node;
-    let nnn = |p: &Pod| p.status.as_ref().and_then(|s| s.nominated_node_name.clone());
+    let nnn = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.nominated_node_name.clone())
+    };
     let bare = Arc::new(pod("p", "", "1", 10, json!({})));
-    assert_eq!(nnn(&with_nominated_node(&bare, Some("n1"))), Some("n1".into()));
+    assert_eq!(
+        nnn(&with_nominated_node(&bare, Some("n1"))),
+        Some("n1".into())
+    );
     assert_eq!(nnn(&with_nominated_node(&bare, None)), None);
-    let shown = Arc::new(pod("p", "", "1", 10, json!({"status": {"nominatedNodeName": "n2"}})));
-    assert_eq!(nnn(&with_nominated_node(&shown, Some("n1"))), Some("n2".into()));
+    let shown = Arc::new(pod(
+        "p",
+        "",
+        "1",
+        10,
+        json!({"status": {"nominatedNodeName": "n2"}}),
+    ));
+    assert_eq!(
+        nnn(&with_nominated_node(&shown, Some("n1"))),
+        Some("n2".into())
+    );
 }
