@@ -135,6 +135,10 @@ impl Scheduler {
                     self.queue.with(|q, _| q.delete(uid(p)));
                 }
                 let events = take_assigned_pod(&mut self.cache.lock().expect("cache lock"), old, p);
+                if p.metadata.deletion_timestamp.is_some() {
+                    // A preemption waiting for this victim is over (graceful deletion started).
+                    self.queue.with(|q, _| q.victim_gone(uid(p)));
+                }
                 if events.iter().any(|e| e.may_requeue()) {
                     self.queue.with(|q, now| {
                         for e in events {
@@ -158,6 +162,7 @@ impl Scheduler {
                 };
                 self.queue.with(|q, now| {
                     q.delete(&key);
+                    q.victim_gone(&key);
                     if removed {
                         q.on_event(ClusterEvent::AssignedPodDelete, now);
                     }

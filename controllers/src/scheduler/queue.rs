@@ -5,12 +5,18 @@
 //! assigned Pod deleted, ...) or after they have waited there for 5 minutes. Pods a PreEnqueue
 //! plugin rejects (schedulingGates) wait, gated, until an update of theirs passes PreEnqueue.
 //!
+//! With the active queue empty, `pop` takes the unschedulable Pod whose backoff ends first
+//! (upstream's SchedulerPopFromBackoffQ, on by default since v1.33).
+//!
 //! Events that happen while a Pod is being scheduled ("in flight") are remembered, so a Pod
 //! rejected by a plugin interested in one of them goes to the backoff queue instead of waiting in
 //! the unschedulable pool for an event that has already passed.
 //!
 //! Also the nominator: the Pods nominated to a node by preemption (`status.nominatedNodeName`),
-//! which Filter counts as if they were on that node.
+//! which Filter counts as if they were on that node; and the preemptors whose victims are still
+//! being patched and deleted (upstream's async preemption, on by default since v1.33: the
+//! `preempting` set its DefaultPreemption PreEnqueue checks), held gated until those API calls
+//! are over, so no Pod preempts twice for one need.
 //!
 //! Owns only queue state. [`QueueCore`] is synchronous and takes the time as an argument (tests
 //! drive it); [`SchedulingQueue`] wraps it with a lock, the real clock and a wake-up for `pop`.
@@ -264,7 +270,17 @@ pub struct QueueCore {
     seq: u64,
     nominated: HashMap<String, (String, PodInfo)>,
     nominated_by_node: HashMap<String, Vec<String>>,
+    /// Preemptors whose victims' API calls are under way (upstream's Evaluator.preempting).
+    preempting: BTreeSet<String>,
+    /// The last victim of each preemptor whose other victims are done, by the victim's UID
+    /// (upstream's lastVictimsPendingPreemption): the preemptor stays gated until the watch
+    /// shows that victim deleted or terminating.
+    last_victims: HashMap<String, String>,
 }
+
+/// The gate that holds a preemptor while its preemption's API calls run (upstream's
+/// DefaultPreemption PreEnqueue: "waiting for the preemption for this pod to be finished").
+pub const PREEMPTION_GATE: &str = "DefaultPreemption";
 
 impl QueueCore {
     pub fn new(
@@ -285,6 +301,8 @@ impl QueueCore {
             seq: 0,
             nominated: HashMap::new(),
             nominated_by_node: HashMap::new(),
+            preempting: BTreeSet::new(),
+            last_victims: HashMap::new(),
         }
     }
 
@@ -346,6 +364,9 @@ impl QueueCore {
     }
 
     fn run_pre_enqueue(&self, pod: &Pod) -> Option<&'static str> {
+        if self.preempting.contains(uid(pod)) {
+            return Some(PREEMPTION_GATE);
+        }
         let profile = pod
             .spec
             .as_ref()
@@ -434,9 +455,79 @@ impl QueueCore {
         self.with_backoff(|h, less| h.remove(uid, less));
         self.unschedulable.remove(uid);
         self.delete_nominated(uid);
+        self.preempting.remove(uid);
+        self.last_victims.retain(|_, p| p != uid);
     }
 
-    fn requeue(&mut self, e: Entry, now: Instant) {
+    /// The Pod's preemption starts its API calls: until [`QueueCore::end_preemption`] it cannot
+    /// enter the active queue (upstream's prepareCandidateAsync adding it to `preempting`).
+    pub fn begin_preemption(&mut self, uid: &str) {
+        self.preempting.insert(uid.to_string());
+    }
+
+    /// The preemptor's other victims are done and `victim` is being deleted: the preemption
+    /// ends when the watch shows that victim deleted or terminating ([`QueueCore::victim_gone`]),
+    /// so the preemptor is not retried while the cache still holds it (upstream v1.35's
+    /// lastVictimsPendingPreemption; v1.34 lifts the gate before the call, a window in which any
+    /// other Pod's deletion let the preemptor through to preempt that victim a second time).
+    pub fn await_last_victim(&mut self, preemptor: &str, victim: &str) {
+        if self.preempting.contains(preemptor) {
+            self.last_victims
+                .insert(victim.to_string(), preemptor.to_string());
+        }
+    }
+
+    /// The watch shows this assigned Pod deleted or terminating: if it was a preemptor's last
+    /// victim, that preemption is over (call before the event's [`QueueCore::on_event`], which
+    /// then moves the preemptor).
+    pub fn victim_gone(&mut self, victim: &str) {
+        if let Some(p) = self.last_victims.remove(victim) {
+            self.end_preemption(&p);
+        }
+    }
+
+    /// The preemption is over: a Pod held by the gate waits in the unschedulable pool again, for
+    /// an event its rejecting plugins care about.
+    pub fn end_preemption(&mut self, uid: &str) {
+        self.last_victims.retain(|_, p| p != uid);
+        if !self.preempting.remove(uid) {
+            return;
+        }
+        if let Some(e) = self.unschedulable.get_mut(uid) {
+            if e.gated_by == Some(PREEMPTION_GATE) {
+                e.gated_by = None;
+            }
+        }
+    }
+
+    /// Moves the Pod to the active queue now if it waits in the backoff queue or the
+    /// unschedulable pool (upstream's Activate; a gated Pod stays gated).
+    pub fn activate(&mut self, uid: &str, _now: Instant) {
+        let gated = self.unschedulable.get(uid).map(|e| e.gated_by.is_some());
+        let e = match gated {
+            Some(false) => self.unschedulable.remove(uid),
+            Some(true) => None,
+            None => self.with_backoff(|h, less| h.remove(uid, less)),
+        };
+        if let Some(e) = e {
+            self.enqueue_or_gate(e);
+        }
+    }
+
+    /// Whether the Pod's preemption is still making its API calls.
+    pub fn is_preempting(&self, uid: &str) -> bool {
+        self.preempting.contains(uid)
+    }
+
+    fn requeue(&mut self, mut e: Entry, now: Instant) {
+        let key = uid(&e.info.pod).to_string();
+        if self.preempting.contains(&key) {
+            // Upstream runs PreEnqueue on the way to the backoff queue too: a preemptor moved
+            // while its victims go waits gated, not in backoff (from where pop could take it).
+            e.gated_by = Some(PREEMPTION_GATE);
+            self.unschedulable.insert(key, e);
+            return;
+        }
         if e.last_failure.is_some() && self.backoff_expiry(&e) > now {
             self.with_backoff(|h, less| h.push(e, less));
         } else {
@@ -444,13 +535,34 @@ impl QueueCore {
         }
     }
 
-    /// The next Pod to schedule, now in flight.
+    /// The next Pod to schedule, now in flight. With the active queue empty, the Pod whose
+    /// backoff ends first is taken from the backoff queue, if it was rejected by a plugin (not an
+    /// error) and passes PreEnqueue: upstream's SchedulerPopFromBackoffQ (on by default since
+    /// v1.33) keeps an idle scheduler from waiting out backoffs.
     pub fn pop(&mut self) -> Option<QueuedPodInfo> {
-        let mut e = self.with_active(|h, less| h.pop(less))?;
+        let mut e = match self.with_active(|h, less| h.pop(less)) {
+            Some(e) => e,
+            None => self.pop_backoff()?,
+        };
         e.info.attempts += 1;
         let key = uid(&e.info.pod).to_string();
         self.in_flight.insert(key, self.seq);
         Some(e.info)
+    }
+
+    /// The unschedulable (not errored) Pod in the backoff queue whose backoff ends first, among
+    /// those PreEnqueue lets through (upstream's popBackoff, which leaves the error backoff
+    /// queue alone).
+    fn pop_backoff(&mut self) -> Option<Entry> {
+        let key = self
+            .backoff_q
+            .items
+            .iter()
+            .filter(|e| !e.info.unschedulable_plugins.is_empty())
+            .filter(|e| self.run_pre_enqueue(&e.info.pod).is_none())
+            .min_by_key(|e| self.backoff_expiry(e))
+            .map(|e| uid(&e.info.pod).to_string())?;
+        self.with_backoff(|h, less| h.remove(&key, less))
     }
 
     /// The Pod's scheduling (and binding) is over: stop recording events for it.
@@ -496,7 +608,7 @@ impl QueueCore {
             gated_by: None,
         };
         if e.info.unschedulable_plugins.is_empty() || event_helped || updated {
-            self.with_backoff(|h, less| h.push(e, less));
+            self.requeue(e, now);
         } else {
             self.unschedulable.insert(key, e);
         }
@@ -594,6 +706,12 @@ impl QueueCore {
             .push(key.clone());
         self.nominated
             .insert(key, (node.to_string(), PodInfo::new(pod)));
+    }
+
+    /// The node the Pod with this UID is nominated to, by its status or by this scheduler's
+    /// preemption (whose status write may not be observed yet).
+    pub fn nominated_node(&self, uid: &str) -> Option<&str> {
+        self.nominated.get(uid).map(|(n, _)| n.as_str())
     }
 
     /// Forgets the nomination of the Pod with this UID.

@@ -269,3 +269,256 @@ fn nominations_follow_status_and_preemption() {
     q.delete("p");
     assert!(!q.has_nominated(), "deleted with the pod");
 }
+
+/// Upstream's async preemption (SchedulerAsyncPreemption, on since v1.33): a preemptor whose
+/// victims' API calls are under way is held by DefaultPreemption's PreEnqueue
+/// (IsPodRunningPreemption) whatever moves it, until the watch shows its last victim deleted
+/// (v1.35's lastVictimsPendingPreemption); that deletion's event then moves it as its rejecting
+/// plugin's hint says.
+#[test]
+fn preemptor_is_gated_while_its_preemption_runs() {
+    let t0 = Instant::now();
+    let s = |n: u64| t0 + Duration::from_secs(n);
+    type Step<'a> = Box<dyn Fn(&mut QueueCore) + 'a>;
+    type Case<'a> = (&'a str, Vec<Step<'a>>, Option<Location>);
+    // Pops p, starts its preemption and fails it on NodeResourcesFit, as the cycle does.
+    let preempt_and_fail = |q: &mut QueueCore, now: Instant| {
+        let mut info = q.pop().expect("p");
+        q.begin_preemption("p");
+        info.unschedulable_plugins = ["NodeResourcesFit"].into_iter().collect();
+        q.add_unschedulable(info, now);
+    };
+    let cases: Vec<Case> = vec![
+        (
+            "an earlier victim's deletion during the preemption: gated, not active",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodDelete, s(5))),
+            ],
+            Some(Location::Gated),
+        ),
+        (
+            "a deletion seen while in flight gates it rather than send it to backoff",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(|q| {
+                    let mut info = q.pop().unwrap();
+                    q.begin_preemption("p");
+                    q.on_event(ClusterEvent::AssignedPodDelete, s(1));
+                    info.unschedulable_plugins = ["NodeResourcesFit"].into_iter().collect();
+                    q.add_unschedulable(info, s(1));
+                }),
+                Box::new(|q| q.flush_backoff(s(3))),
+            ],
+            Some(Location::Gated),
+        ),
+        (
+            "an update of the gated preemptor (its nomination written) keeps it gated",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodDelete, s(5))),
+                Box::new(|q| q.update(pod("p", 11, &[]), s(6))),
+            ],
+            Some(Location::Gated),
+        ),
+        (
+            "the preemption's end lifts the gate: it waits for the last victim's deletion",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodDelete, s(5))),
+                Box::new(|q| q.end_preemption("p")),
+            ],
+            Some(Location::Unschedulable),
+        ),
+        (
+            "the last victim's deletion after the end moves it",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.end_preemption("p")),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodDelete, s(5))),
+            ],
+            Some(Location::Active),
+        ),
+        (
+            "a victim's DisruptionTarget patch or deletionTimestamp (another update of an \
+             assigned Pod) moves nothing",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.end_preemption("p")),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodOtherUpdate, s(5))),
+            ],
+            Some(Location::Unschedulable),
+        ),
+        (
+            "other Pods' deletions while the last victim is pending leave it gated",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.await_last_victim("p", "v3")),
+                Box::new(|q| q.victim_gone("other")),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodDelete, s(5))),
+            ],
+            Some(Location::Gated),
+        ),
+        (
+            "the last victim's deletion ends the preemption and its event moves the preemptor",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.await_last_victim("p", "v3")),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodDelete, s(5))),
+                Box::new(|q| q.victim_gone("v3")),
+                Box::new(|q| q.on_event(ClusterEvent::AssignedPodDelete, s(6))),
+            ],
+            Some(Location::Active),
+        ),
+        (
+            "a failed preemption activates the preemptor at once",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.end_preemption("p")),
+                Box::new(|q| q.activate("p", s(1))),
+            ],
+            Some(Location::Active),
+        ),
+        (
+            "deleting the preemptor forgets its preemption",
+            vec![
+                Box::new(|q| q.add(pod("p", 10, &[]), t0)),
+                Box::new(move |q| preempt_and_fail(q, s(1))),
+                Box::new(|q| q.delete("p")),
+                Box::new(|q| q.add(pod("p", 10, &[]), s(2))),
+            ],
+            Some(Location::Active),
+        ),
+    ];
+    for (name, steps, want) in cases {
+        let mut q = queue();
+        for step in &steps {
+            step(&mut q);
+        }
+        assert_eq!(q.location("p"), want, "{name}");
+    }
+}
+
+/// Which assigned-Pod events move a Pod rejected by each plugin, as upstream's queueing hints
+/// for an assigned Pod's add, update and delete: NodeResourcesFit only for a deletion or lowered
+/// requests (isSchedulableAfterPodEvent), the affinity and spreading plugins for an add, a label
+/// change or a deletion, and nobody for another update (a status patch such as a preemption
+/// victim's DisruptionTarget condition, or its deletionTimestamp).
+#[test]
+fn upstream_queueing_hint_rows_for_assigned_pod_events() {
+    use ClusterEvent::*;
+    let rows: [(&str, [(ClusterEvent, bool); 5]); 5] = [
+        (
+            "NodeResourcesFit",
+            [
+                (AssignedPodAdd, false),
+                (AssignedPodLabelUpdate, false),
+                (AssignedPodScaleDown, true),
+                (AssignedPodOtherUpdate, false),
+                (AssignedPodDelete, true),
+            ],
+        ),
+        (
+            "InterPodAffinity",
+            [
+                (AssignedPodAdd, true),
+                (AssignedPodLabelUpdate, true),
+                (AssignedPodScaleDown, false),
+                (AssignedPodOtherUpdate, false),
+                (AssignedPodDelete, true),
+            ],
+        ),
+        (
+            "PodTopologySpread",
+            [
+                (AssignedPodAdd, true),
+                (AssignedPodLabelUpdate, true),
+                (AssignedPodScaleDown, false),
+                (AssignedPodOtherUpdate, false),
+                (AssignedPodDelete, true),
+            ],
+        ),
+        (
+            "NodePorts",
+            [
+                (AssignedPodAdd, false),
+                (AssignedPodLabelUpdate, false),
+                (AssignedPodScaleDown, false),
+                (AssignedPodOtherUpdate, false),
+                (AssignedPodDelete, true),
+            ],
+        ),
+        (
+            "TaintToleration",
+            [
+                (AssignedPodAdd, false),
+                (AssignedPodLabelUpdate, false),
+                (AssignedPodScaleDown, false),
+                (AssignedPodOtherUpdate, false),
+                (AssignedPodDelete, false),
+            ],
+        ),
+    ];
+    for (plugin, events) in rows {
+        for (event, want) in events {
+            assert_eq!(
+                plugin_interested(plugin, event),
+                want,
+                "{plugin} on {event:?}"
+            );
+        }
+    }
+}
+
+/// Upstream's SchedulerPopFromBackoffQ (on since v1.33): with nothing active, pop takes the
+/// unschedulable Pod whose backoff ends first, never one that failed with an error (its own
+/// backoff queue upstream) nor one its preemption still gates; an active Pod always comes first.
+#[test]
+fn pop_takes_from_backoff_when_nothing_is_active() {
+    let t0 = Instant::now();
+    let ms = |n: u64| t0 + Duration::from_millis(n);
+    let popped = |q: &mut QueueCore| q.pop().map(|i| i.pod.metadata.name.clone().unwrap());
+
+    let mut q = queue();
+    q.add(pod("late", 0, &[]), ms(0));
+    q.add(pod("early", 0, &[]), ms(1));
+    q.add(pod("error", 0, &[]), ms(2));
+    q.add(pod("gated", 0, &[]), ms(3));
+    fail(&mut q, "late", &["NodeResourcesFit"], ms(500));
+    fail(&mut q, "early", &["NodeResourcesFit"], ms(100));
+    fail(&mut q, "error", &[], ms(100));
+    fail(&mut q, "gated", &["NodeResourcesFit"], ms(50));
+    q.begin_preemption("gated");
+    // A deletion moves the three rejected by NodeResourcesFit to backoff (backing off till 1 s
+    // after their failure).
+    q.on_event(ClusterEvent::AssignedPodDelete, ms(600));
+    for name in ["late", "early", "error"] {
+        assert_eq!(q.location(name), Some(Location::Backoff), "{name}");
+    }
+    assert_eq!(q.location("gated"), Some(Location::Gated));
+    q.add(pod("active", 0, &[]), ms(600));
+    assert_eq!(popped(&mut q).as_deref(), Some("active"), "active first");
+    q.done("active");
+    assert_eq!(
+        popped(&mut q).as_deref(),
+        Some("early"),
+        "earliest backoff end"
+    );
+    q.done("early");
+    assert_eq!(popped(&mut q).as_deref(), Some("late"));
+    q.done("late");
+    assert_eq!(popped(&mut q), None, "errored and preempting pods stay");
+    assert_eq!(q.location("error"), Some(Location::Backoff));
+    q.end_preemption("gated");
+    assert_eq!(popped(&mut q), None, "waits for its last victim's deletion");
+    q.on_event(ClusterEvent::AssignedPodDelete, ms(700));
+    assert_eq!(popped(&mut q).as_deref(), Some("gated"));
+}

@@ -562,18 +562,27 @@ impl Scheduler {
                         }
                     }
                     metrics::metrics().preemption_attempts.inc();
+                    let preemptor = self.with_nomination(&pod);
                     let (result, s) =
-                        fw.run_post_filter(state, &pod, snapshot, &filtered, nominated);
+                        fw.run_post_filter(state, &preemptor, snapshot, &filtered, nominated);
                     fit.diagnosis.post_filter_msg = s.reasons.join(", ");
                     if s.code == Code::Error {
                         tracing::warn!(pod = full_name(&pod), "PostFilter: {s}");
                     }
-                    if let Some(r) = result.filter(|_| s.is_success()) {
-                        metrics::metrics()
-                            .preemption_victims
-                            .observe(r.victims.len() as f64);
-                        self.preempt(fw, &pod, &r.nominated_node, &r.victims, nominated);
-                        nomination = Some(Some(r.nominated_node));
+                    match result {
+                        Some(r) if s.is_success() => {
+                            metrics::metrics()
+                                .preemption_victims
+                                .observe(r.victims.len() as f64);
+                            self.preempt(fw, &pod, &r.nominated_node, &r.victims, nominated);
+                            nomination = Some(Some(r.nominated_node));
+                        }
+                        // Preemption cannot help anywhere: an earlier nomination is cleared
+                        // (upstream's NominatingMode override with an empty node).
+                        Some(r) if r.nominated_node.is_empty() && s.is_rejected() => {
+                            nomination = Some(None);
+                        }
+                        _ => {}
                     }
                 }
                 let plugins = fit.diagnosis.unschedulable_plugins.clone();
@@ -585,6 +594,17 @@ impl Scheduler {
                 self.handle_scheduling_failure(fw, info, s, nomination, plugins, start);
             }
         }
+    }
+
+    /// The Pod as preemption must judge it: with the node this scheduler nominated it to when
+    /// its status does not show that yet (upstream's nominator holds the nomination in memory
+    /// from the failure handling on, and Preempt reads the latest Pod; a status write still in
+    /// flight must not make the Pod look un-nominated and preempt a second time).
+    fn with_nomination(&self, pod: &Arc<Pod>) -> Arc<Pod> {
+        let nominated = self
+            .queue
+            .with(|q, _| q.nominated_node(uid(pod)).map(str::to_string));
+        with_nominated_node(pod, nominated.as_deref())
     }
 
     /// Upstream's handleSchedulingFailure: requeue the latest version of the Pod (unless it is
@@ -688,6 +708,25 @@ impl Scheduler {
                 tracing::debug!(pod = name, "writing the PodScheduled condition: {e}");
             }
         });
+    }
+}
+
+/// `pod` with `status.nominatedNodeName` set to `node` when its status has none.
+pub fn with_nominated_node(pod: &Arc<Pod>, node: Option<&str>) -> Arc<Pod> {
+    let has = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.nominated_node_name.as_deref())
+        .is_some_and(|n| !n.is_empty());
+    match node.filter(|n| !n.is_empty()) {
+        Some(n) if !has => {
+            let mut p = (**pod).clone();
+            p.status
+                .get_or_insert_with(Default::default)
+                .nominated_node_name = Some(n.to_string());
+            Arc::new(p)
+        }
+        _ => pod.clone(),
     }
 }
 

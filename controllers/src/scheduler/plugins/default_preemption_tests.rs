@@ -920,3 +920,106 @@ fn upstream_dry_run_victim_rows() {
         assert_eq!(got, ("node1".to_string(), names(&want)), "{name}");
     }
 }
+
+/// Upstream's TestPodEligibleToPreemptOthers rows (v1.34), plus the Pod whose nomination this
+/// scheduler holds in memory while its status write is in flight: it waits for its victims as a
+/// Pod whose status shows the nomination does.
+#[test]
+fn upstream_pod_eligible_to_preempt_others_rows() {
+    use crate::scheduler::schedule_one::with_nominated_node;
+    let terminating = json!({"metadata": {"deletionTimestamp": "2024-01-01T00:00:00Z"}});
+    let by_preemption = json!({
+        "metadata": {"deletionTimestamp": "2024-01-01T00:00:00Z"},
+        "status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}
+    });
+    let nominated = json!({"status": {"nominatedNodeName": "node1"}});
+    let high = |extra: Value| pod("p", "", "1", 1000, extra);
+    type Row = (&'static str, Pod, Vec<Pod>, Option<Status>, bool);
+    let rows: Vec<Row> = vec![
+        (
+            "Pod with nominated node",
+            high(nominated.clone()),
+            vec![pod("p1", "node1", "1", 0, terminating.clone())],
+            Some(Status::unresolvable("node(s) had untolerated taint")),
+            true,
+        ),
+        (
+            "Pod without nominated node",
+            high(json!({})),
+            vec![],
+            None,
+            true,
+        ),
+        (
+            "Pod with 'PreemptNever' preemption policy",
+            high(json!({"spec": {"preemptionPolicy": "Never"}})),
+            vec![],
+            None,
+            false,
+        ),
+        (
+            "preemption victim pod terminating, as indicated by the dedicated DisruptionTarget condition",
+            high(nominated.clone()),
+            vec![pod("p1", "node1", "1", 0, by_preemption.clone())],
+            Some(Status::unschedulable("Insufficient cpu")),
+            false,
+        ),
+        (
+            "non-victim Pods terminating",
+            high(nominated.clone()),
+            vec![pod("p1", "node1", "1", 0, terminating.clone())],
+            Some(Status::unschedulable("Insufficient cpu")),
+            true,
+        ),
+        (
+            "nominated in memory only (its status write not observed yet), victim terminating",
+            (*with_nominated_node(&Arc::new(high(json!({}))), Some("node1"))).clone(),
+            vec![pod("p1", "node1", "1", 0, by_preemption.clone())],
+            Some(Status::unschedulable("Insufficient cpu")),
+            false,
+        ),
+        (
+            "a higher-priority Pod terminating by preemption is not this Pod's victim",
+            high(nominated.clone()),
+            vec![pod("p1", "node1", "1", 2000, by_preemption.clone())],
+            Some(Status::unschedulable("Insufficient cpu")),
+            true,
+        ),
+    ];
+    for (name, p, pods, nominated_status, want) in rows {
+        let snap = snapshot(vec![node("node1", "2")], pods);
+        let filtered: HashMap<String, Status> = nominated_status
+            .into_iter()
+            .map(|s| ("node1".to_string(), s))
+            .collect();
+        let got = plugin(vec![], None).eligible(&p, &snap, &filtered);
+        assert_eq!(got.is_ok(), want, "{name}: {got:?}");
+    }
+}
+
+#[test]
+fn in_memory_nomination_fills_only_an_empty_status() {
+    use crate::scheduler::schedule_one::with_nominated_node;
+    let nnn = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.nominated_node_name.clone())
+    };
+    let bare = Arc::new(pod("p", "", "1", 10, json!({})));
+    assert_eq!(
+        nnn(&with_nominated_node(&bare, Some("n1"))),
+        Some("n1".into())
+    );
+    assert_eq!(nnn(&with_nominated_node(&bare, None)), None);
+    let shown = Arc::new(pod(
+        "p",
+        "",
+        "1",
+        10,
+        json!({"status": {"nominatedNodeName": "n2"}}),
+    ));
+    assert_eq!(
+        nnn(&with_nominated_node(&shown, Some("n1"))),
+        Some("n2".into())
+    );
+}
