@@ -312,11 +312,16 @@ fn the_controller_managers_rbac_follows_its_controllers() {
                 "kpr-controller-manager",
                 "kpr-workload-controllers",
                 GC_ROLE,
+                "kpr-namespace-controller",
             ],
         ),
         (
-            "{*,-garbagecollector}",
+            "{*,-garbagecollector,-namespace}",
             &["kpr-controller-manager", "kpr-workload-controllers"],
+        ),
+        (
+            "{namespace}",
+            &["kpr-controller-manager", "kpr-namespace-controller"],
         ),
     ];
     for (controllers, roles) in cases {
