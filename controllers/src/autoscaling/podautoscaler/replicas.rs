@@ -106,8 +106,20 @@ fn add(t: Timestamp, d: Duration) -> Timestamp {
     t.checked_add(d).unwrap_or(t)
 }
 
-/// Upstream's `groupPods`.
-fn group_pods(pods: &[&CachedPod], metrics: &PodMetrics, resource: &str, r: &Readiness) -> Groups {
+/// What both replica calculations answer when every Pod with a metric was left out.
+const NO_READY_METRICS: &str = "did not receive metrics for targeted pods (pods might be unready)";
+
+/// Upstream's `groupPods`: the selected Pods (none is an error, as in both of upstream's
+/// callers) sorted into ready, unready, ignored and missing a metric.
+fn group_pods(
+    pods: &[&CachedPod],
+    metrics: &PodMetrics,
+    resource: &str,
+    r: &Readiness,
+) -> Result<Groups, String> {
+    if pods.is_empty() {
+        return Err("no pods returned by selector while calculating replica count".to_string());
+    }
     let mut g = Groups {
         ready: 0,
         unready: BTreeSet::new(),
@@ -156,7 +168,7 @@ fn group_pods(pods: &[&CachedPod], metrics: &PodMetrics, resource: &str, r: &Rea
         }
         g.ready += 1;
     }
-    g
+    Ok(g)
 }
 
 /// Each Pod's request of `resource` in milli-units (upstream's `calculateRequests`): the
@@ -283,15 +295,10 @@ pub fn resource_replicas(
     mut metrics: PodMetrics,
     r: &Readiness,
 ) -> Result<Utilization, String> {
-    if pods.is_empty() {
-        return Err("no pods returned by selector while calculating replica count".to_string());
-    }
-    let g = group_pods(pods, &metrics, resource, r);
+    let g = group_pods(pods, &metrics, resource, r)?;
     metrics.retain(|pod, _| !g.ignored.contains(pod) && !g.unready.contains(pod));
     if metrics.is_empty() {
-        return Err(
-            "did not receive metrics for targeted pods (pods might be unready)".to_string(),
-        );
+        return Err(NO_READY_METRICS.to_string());
     }
     let requests = pod_requests(pods, container, resource)?;
     let (ratio, utilization, raw_average) =
@@ -353,15 +360,10 @@ pub fn raw_resource_replicas(
     mut metrics: PodMetrics,
     r: &Readiness,
 ) -> Result<AverageValue, String> {
-    if pods.is_empty() {
-        return Err("no pods returned by selector while calculating replica count".to_string());
-    }
-    let g = group_pods(pods, &metrics, resource, r);
+    let g = group_pods(pods, &metrics, resource, r)?;
     metrics.retain(|pod, _| !g.ignored.contains(pod) && !g.unready.contains(pod));
     if metrics.is_empty() {
-        return Err(
-            "did not receive metrics for targeted pods (pods might be unready)".to_string(),
-        );
+        return Err(NO_READY_METRICS.to_string());
     }
     let (ratio, average) = usage_ratio(&metrics, target);
     let same = AverageValue {
