@@ -6,7 +6,7 @@
 //!
 //! # Read-your-writes: which mechanism when
 //!
-//! An informer's cache lags the controller's own writes. Three mechanisms bridge that lag; each
+//! An informer's cache lags the controller's own writes. Four mechanisms bridge that lag; each
 //! fits one kind of write, and a new controller picks by what it writes:
 //!
 //! - **Expectations** (this module), for dependents created with `generateName` or deleted in
@@ -23,6 +23,12 @@
 //!   that write, so the next sync neither conflicts on a stale resourceVersion nor re-creates an
 //!   object it just created. It substitutes rather than waits: it never hides another writer's
 //!   change (it ends on the object's first informer event).
+//! - **Unseen creations** ([`crate::runtime::unseen_creations`]), the overlay for Pods made with
+//!   `generateName`, which a controller opts into through
+//!   [`crate::runtime::pod_control::PodControl::reading_own_creations`] (the DaemonSet
+//!   controller): a creation's answer observes it and the created Pod is read back until the
+//!   watch shows it, so the expectations are met as soon as the creations are answered and the
+//!   next burst does not wait for the watch.
 //! - **The generation tracker** of the EndpointSlice controller (`endpointslice::Tracker`,
 //!   upstream's `EndpointSliceTracker`): per Service, the generation (or the deletion) of every
 //!   slice it wrote; a sync whose cache has not caught up requeues instead of planning. It waits
@@ -30,8 +36,8 @@
 //!   gives up on a write after 10 seconds. It lives with that controller: nothing else plans
 //!   from a set of its own objects.
 //!
-//! Upstream has the first and the third; the overlay is kpr's, saving the conflict round trips
-//! upstream's Deployment controller lives with.
+//! Upstream has the first and the last; the two overlays are kpr's, saving the conflict round trips
+//! upstream's Deployment controller lives with and the watch's lag between a DaemonSet's bursts.
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

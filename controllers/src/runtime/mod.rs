@@ -10,6 +10,8 @@
 //! - [`expectations`]: the creations and deletions a controller is still waiting to observe, and
 //!   which of the read-your-writes mechanisms (expectations, [`written`]) fits which write;
 //! - [`written`]: the objects a controller wrote by name that its cache has not shown yet;
+//! - [`unseen_creations`]: the Pods a controller created (with `generateName`) that its Pod
+//!   informer has not shown yet, read back so a sync need not wait for the watch;
 //! - [`pod_control`]: creating a controller's Pods from its template and deleting them, with
 //!   their Events and expectations (client-go's `RealPodControl`);
 //! - [`apierrors`]: what an API error means (not found, already exists, conflict, namespace
@@ -46,5 +48,6 @@ pub mod pods;
 pub mod process;
 pub mod queue;
 pub mod ratelimit;
+pub mod unseen_creations;
 pub mod workers;
 pub mod written;

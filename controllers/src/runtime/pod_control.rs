@@ -25,6 +25,13 @@
 //! expectations too (upstream leaves them to expire after 5 minutes; nothing more is created in
 //! that namespace either way, and the record does not outlive the controller object).
 //!
+//! A controller that asks for it ([`PodControl::reading_own_creations`]) also reads its own
+//! creations: a creation's answer observes it, and the created Pod is kept
+//! ([`crate::runtime::unseen_creations`]) until the informer shows it, so the next sync plans
+//! from the cache plus those Pods without waiting for the watch. Its Pod handlers then report
+//! what the watch shows through [`PodControl::creation_shown`] and [`PodControl::pod_gone`]
+//! rather than on the expectations directly.
+//!
 //! The StatefulSet controller's Pods are not made here: upstream's `StatefulPodControl` names
 //! them, writes other Events and acts one Pod at a time; the CronJob controller creates Jobs.
 //! Both read their API errors through [`crate::runtime::apierrors`].
@@ -39,9 +46,11 @@ use kube::{Api, Client, Resource, ResourceExt};
 use crate::error::Error;
 use crate::runtime::apierrors::{api_message, is_not_found, namespace_terminating};
 use crate::runtime::batch::slow_start_batch;
+use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::claim::OwnerInfo;
 use crate::runtime::events::Recorder;
 use crate::runtime::expectations::Expectations;
+use crate::runtime::unseen_creations::UnseenCreations;
 
 /// Event reason of a Pod created (upstream's `SuccessfulCreatePodReason`).
 pub const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
@@ -149,6 +158,8 @@ pub struct PodControl {
     client: Client,
     events: Recorder,
     expectations: Expectations,
+    /// With [`PodControl::reading_own_creations`]: the Pods created and not yet shown.
+    unseen: Option<UnseenCreations>,
 }
 
 impl PodControl {
@@ -159,6 +170,46 @@ impl PodControl {
             client,
             events,
             expectations: Expectations::new(),
+            unseen: None,
+        }
+    }
+
+    /// This control's creations are observed by their answers and read back until the watch
+    /// shows them (see the module doc).
+    pub fn reading_own_creations(mut self) -> Self {
+        self.unseen = Some(UnseenCreations::default());
+        self
+    }
+
+    /// The informer showed the Pod `name` of the owner `key` for the first time (its add
+    /// handler): one creation is observed, unless its answer observed it already.
+    pub fn creation_shown(&self, key: &str, name: &str) {
+        match &self.unseen {
+            Some(u) => u.shown(key, name, &self.expectations),
+            None => self.expectations.creation_observed(key),
+        }
+    }
+
+    /// The informer showed the Pod `name` of the owner `key` deleted or terminating: nothing
+    /// is kept of its creation any more (the deletion expectations are the caller's).
+    pub fn pod_gone(&self, key: &str, name: &str) {
+        if let Some(u) = &self.unseen {
+            u.gone(key, name);
+        }
+    }
+
+    /// The Pods created for `key` that the informer has not shown yet (none unless
+    /// [`PodControl::reading_own_creations`]). Read before the cache, so that a Pod moving from
+    /// here to the cache meanwhile is found there.
+    pub fn unseen_creations(&self, key: &str) -> Vec<std::sync::Arc<CachedPod>> {
+        self.unseen.as_ref().map(|u| u.of(key)).unwrap_or_default()
+    }
+
+    /// Forgets the owner `key` (it was deleted): its expectations and kept creations.
+    pub fn forget(&self, key: &str) {
+        self.expectations.delete(key);
+        if let Some(u) = &self.unseen {
+            u.forget(key);
         }
     }
 
@@ -240,31 +291,49 @@ impl PodControl {
         F: Fn(usize) -> Result<Pod, Error>,
     {
         let key = owner.key.as_str();
+        if let Some(u) = &self.unseen {
+            u.sending(key, count);
+        }
+        // A creation's answer: with the Pod made, or None (nothing made, the watch will never
+        // show it: observed now).
+        let answered = |made: Option<Pod>| match &self.unseen {
+            Some(u) => {
+                if made.is_none() {
+                    self.expectations.creation_observed(key);
+                }
+                u.answered(key, made.map(CachedPod::from), &self.expectations);
+            }
+            None if made.is_none() => self.expectations.creation_observed(key),
+            None => {}
+        };
         let attempted = AtomicUsize::new(0);
         let (done, error) = slow_start_batch(count, SLOW_START_INITIAL_BATCH, |i| {
-            let (attempted, make) = (&attempted, &make);
+            let (attempted, make, answered) = (&attempted, &make, &answered);
             async move {
                 attempted.fetch_add(1, Ordering::Relaxed);
                 let outcome = match make(i) {
                     Err(e) => Err(e),
                     Ok(pod) => match self.create_pod(owner, &pod).await {
-                        Ok(_) => return Ok(()),
+                        Ok(made) => {
+                            answered(Some(made));
+                            return Ok(());
+                        }
                         Err(e) if namespace_terminating(&e) => {
-                            self.expectations.creation_observed(key);
+                            answered(None);
                             return Ok(());
                         }
                         Err(e) => Err(Error::kube("creating Pod for", owner.object.clone(), e)),
                     },
                 };
-                // A creation that failed will never be observed.
-                self.expectations.creation_observed(key);
+                answered(None);
                 outcome
             }
         })
         .await;
         // Nor will those never attempted after a failing batch.
-        let skipped = count.saturating_sub(attempted.load(Ordering::Relaxed));
-        self.expectations.lower(key, skipped as i64, 0);
+        for _ in attempted.load(Ordering::Relaxed)..count {
+            answered(None);
+        }
         Created { done, error }
     }
 

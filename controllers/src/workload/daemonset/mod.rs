@@ -119,6 +119,18 @@ fn daemon_pod_node(p: &CachedPod) -> Vec<String> {
     plan::target_node_name(p).into_iter().collect()
 }
 
+/// `pods` (the cache's) with this controller's creations the cache does not show yet, in name
+/// order.
+fn with_unseen(pods: &mut Vec<Arc<CachedPod>>, unseen: Vec<Arc<CachedPod>>) {
+    let known: HashSet<String> = pods.iter().map(|p| p.name_any()).collect();
+    pods.extend(
+        unseen
+            .into_iter()
+            .filter(|p| !known.contains(&p.name_any())),
+    );
+    pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+}
+
 fn node_name(n: &Node) -> &str {
     n.metadata.name.as_deref().unwrap_or_default()
 }
@@ -134,7 +146,7 @@ impl Controller {
         pod_informer.add_index(DAEMON_POD_NODE, daemon_pod_node);
         let events = Recorder::new(client.clone(), COMPONENT);
         let this = Arc::new(Controller {
-            pod_control: PodControl::new(client.clone(), events.clone()),
+            pod_control: PodControl::new(client.clone(), events.clone()).reading_own_creations(),
             events,
             client,
             config,
@@ -334,7 +346,7 @@ impl Controller {
         if let Some(r) = controller_of(pod) {
             if let Some(ds) = self.resolve(ns, r) {
                 let key = informer::key_of(ds.as_ref());
-                self.pod_control.expectations().creation_observed(&key);
+                self.pod_control.creation_shown(&key, &pod.name_any());
                 self.queue.add(key);
             }
             return;
@@ -385,6 +397,7 @@ impl Controller {
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         if let Some(ds) = self.resolve(ns, r) {
             let key = informer::key_of(ds.as_ref());
+            self.pod_control.pod_gone(&key, &pod.name_any());
             self.pod_control
                 .expectations()
                 .deletion_observed(&key, &pods::pod_key(pod));
@@ -450,7 +463,7 @@ impl Controller {
     pub async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(ds) = self.daemon_sets.get(ns, name) else {
-            self.pod_control.expectations().delete(key);
+            self.pod_control.forget(key);
             return Ok(());
         };
         let nodes = self.node_list();
@@ -483,7 +496,11 @@ impl Controller {
         // this DaemonSet created is already in the cache; asked after, they could have been met
         // by Pods that arrived after the read, and manage would create them a second time.
         let satisfied = self.pod_control.expectations().satisfied(key);
-        let claimed = self.claim_pods(&ds, &selector).await?;
+        // This controller's creations the watch has not shown yet, read before the cache
+        // (runtime::unseen_creations): with them, the plan sees every Pod it made.
+        let unseen = self.pod_control.unseen_creations(key);
+        let mut claimed = self.claim_pods(&ds, &selector).await?;
+        with_unseen(&mut claimed, unseen);
 
         if !satisfied {
             // Only the status; observedGeneration stays, this generation was not acted on.
@@ -610,6 +627,7 @@ impl Controller {
         claimed: &[Arc<CachedPod>],
     ) -> Vec<Arc<CachedPod>> {
         let uid = ds.uid().unwrap_or_default();
+        let unseen = self.pod_control.unseen_creations(&informer::key_of(ds));
         let mut pods: Vec<Arc<CachedPod>> = self
             .pods
             .index(CONTROLLER_UID, &uid)
@@ -628,7 +646,7 @@ impl Controller {
                 })
                 .cloned(),
         );
-        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        with_unseen(&mut pods, unseen);
         pods
     }
 
@@ -650,6 +668,7 @@ impl Controller {
             self.queue.add_after(key.to_string(), after);
         }
         let burst = self.config.burst_replicas;
+        let more = changes.create_on.len() > burst;
         let create_on: Vec<String> = changes.create_on.into_iter().take(burst).collect();
         let delete: Vec<String> = changes.delete.into_iter().take(burst).collect();
         if create_on.is_empty() && delete.is_empty() {
@@ -689,7 +708,14 @@ impl Controller {
         }
         match first_err {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => {
+                // More to create than one burst: the next sync need not wait for the watch to
+                // show this one's Pods (it reads them back), so it is queued now.
+                if more {
+                    self.queue.add(key.to_string());
+                }
+                Ok(())
+            }
         }
     }
 
