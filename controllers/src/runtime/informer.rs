@@ -14,7 +14,7 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, StreamExt as _};
@@ -40,6 +40,22 @@ static WATCH_LIST: AtomicBool = AtomicBool::new(true);
 /// v1.34 uses them) or list then watch, for API servers without them.
 pub fn set_watch_list(on: bool) {
     WATCH_LIST.store(on, Ordering::Relaxed);
+}
+
+/// Makes a client for one watch thread, on that thread's runtime (see [`set_watch_client`]).
+type ClientFactory = Box<dyn Fn() -> Option<Client> + Send + Sync>;
+
+static WATCH_CLIENT: OnceLock<ClientFactory> = OnceLock::new();
+
+/// How each informer's watch thread makes the client its watch runs on (the binaries set it
+/// before the informers start, from the process's client configuration; unset, a watch uses the
+/// client its [`Informers`] were given). A kube client reads its responses in tasks on the
+/// runtime it was built on: a watch on the process's shared client has its socket read by the
+/// same two worker threads that run every sync, so a burst of syncs delays the read, the API
+/// server finds the watcher unresponsive (its per-watcher buffer is small), closes it, and the
+/// events wait for the re-watch. Built on the watch's own thread, the client reads there.
+pub fn set_watch_client(make: impl Fn() -> Option<Client> + Send + Sync + 'static) {
+    let _ = WATCH_CLIENT.set(Box::new(make));
 }
 
 /// The watcher configuration every informer and monitor starts from (see [`set_watch_list`]).
@@ -268,7 +284,7 @@ impl<K: Watched> Informer<K> {
         if let Some(selector) = *self.fields.lock().expect("fields lock") {
             config = config.fields(selector);
         }
-        let reader = async move {
+        let reader = move |client: Client| async move {
             let api: Api<K> = Api::all(client);
             let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             loop {
@@ -297,7 +313,10 @@ impl<K: Watched> Informer<K> {
                     .enable_all()
                     .build()
                 {
-                    Ok(rt) => rt.block_on(reader),
+                    Ok(rt) => rt.block_on(async move {
+                        let own = WATCH_CLIENT.get().and_then(|make| make());
+                        reader(own.unwrap_or(client)).await
+                    }),
                     Err(e) => tracing::error!(kind, "watch thread: building its runtime: {e}"),
                 }
             });

@@ -47,12 +47,25 @@ pub async fn client(
             .await
             .context("inferring the Kubernetes client configuration")?,
     };
-    let builder =
-        kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
-    Ok(match limit.layer() {
-        Some(layer) => builder.with_layer(&layer).build(),
-        None => builder.build(),
-    })
+    let layer = limit.layer();
+    let build = move |config: kube::Config| -> anyhow::Result<kube::Client> {
+        let builder = kube::client::ClientBuilder::try_from(config)
+            .context("building the Kubernetes client")?;
+        Ok(match &layer {
+            Some(layer) => builder.with_layer(layer).build(),
+            None => builder.build(),
+        })
+    };
+    let client = build(config.clone())?;
+    // Each watch on a client of its own thread, under the same request limit (one bucket).
+    crate::runtime::informer::set_watch_client(move || match build(config.clone()) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!("the watch's own client: {e:#}; watching on the shared one");
+            None
+        }
+    });
+    Ok(client)
 }
 
 /// The leader election identity: the host name and the process id.
