@@ -135,6 +135,13 @@ impl<T: Item> RateLimiter<T> {
     }
 }
 
+/// How long a controller waits after a change of one of its Pods that only moves its status
+/// counts (bound, Running, Ready) before it syncs: kwok or a kubelet make a controller's Pods
+/// Ready within moments of each other, so the group costs one status write instead of one per
+/// Pod (see [`WorkQueue::add_coalesced`]). kube-controller-manager syncs at once and coalesces
+/// only while its workers are busy; an accepted difference (docs/WORKLOADS.md).
+pub const STATUS_COALESCE: Duration = Duration::from_millis(250);
+
 struct State<T> {
     queue: VecDeque<T>,
     dirty: HashSet<T>,

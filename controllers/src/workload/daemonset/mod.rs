@@ -54,7 +54,7 @@ use crate::runtime::events::Recorder;
 use crate::runtime::informer::{self, EventHandlers, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
-use crate::runtime::queue::WorkQueue;
+use crate::runtime::queue::{WorkQueue, STATUS_COALESCE};
 use crate::runtime::workers::{run_workers_of, wait_for_caches};
 
 use crate::runtime::cached_pod::CachedPod;
@@ -374,7 +374,18 @@ impl Controller {
         }
         if let Some(r) = cur_ref {
             if let Some(ds) = self.resolve(ns, r) {
-                self.enqueue(&ds);
+                let labels_changed = old.metadata.labels != cur.metadata.labels;
+                if ref_changed
+                    || labels_changed
+                    || pods::is_pod_active(old) != pods::is_pod_active(cur)
+                {
+                    self.enqueue(&ds);
+                } else {
+                    // Only the status counts move (bound, Running, Ready): one sync, and one
+                    // status write, for the Pods that change together.
+                    self.queue
+                        .add_coalesced(informer::key_of(ds.as_ref()), STATUS_COALESCE);
+                }
                 let min_ready = plan::min_ready_seconds(&ds);
                 if !pods::is_pod_ready(old) && pods::is_pod_ready(cur) && min_ready > 0 {
                     self.queue.add_after(

@@ -78,12 +78,9 @@ pub use crate::runtime::pod_control::{
     FAILED_CREATE, FAILED_DELETE, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE,
 };
 
-/// How long a ReplicaSet waits after a change of one of its Pods that needs no Pod created or
-/// deleted (bound, Running, Ready) before it is synced (a quarter of a second). Such changes only move status counts, and
-/// kwok or a kubelet make a ReplicaSet's Pods Ready within moments of each other: one status write
-/// for the group instead of one per Pod. kube-controller-manager syncs at once and coalesces only
-/// when its workers are busy; this is an accepted difference (docs/WORKLOADS.md).
-pub const STATUS_COALESCE: Duration = Duration::from_millis(250);
+/// A change of a ReplicaSet's Pod that needs no Pod created or deleted waits this long
+/// (runtime's [`crate::runtime::queue::STATUS_COALESCE`]).
+pub use crate::runtime::queue::STATUS_COALESCE;
 
 /// The status fields a ReplicaSet's status write names (absent ones as null, so a value that
 /// went away is cleared).
