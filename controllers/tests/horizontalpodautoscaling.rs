@@ -22,7 +22,15 @@
 //!   scale-up, which turns the direction round, so no change;
 //! - `burst`: 2 Pods at 200 % with a `behavior` scale-up policy of 1 Pod per 10 minutes: 3, not
 //!   8 (ScalingLimited True, ScaleUpLimit);
-//! - bad input: a target Deployment that does not exist, a target kind (Lease) without a scale
+//! - bounds and rules: maxReplicas caps 8 at 3 (TooManyReplicas), minReplicas lifts 1 to 3
+//!   (TooFewReplicas, "Current number of replicas below Spec.MinReplicas"), a target at 0
+//!   replicas is left alone (ScalingActive False, ScalingDisabled), a memory AverageValue target,
+//!   a Pending Pod (unready), a Percent scale-down policy (ScaleDownLimit), scale-up
+//!   `selectPolicy: Disabled` (ScaleUpLimit), a CPU and a ContainerResource memory metric (the
+//!   higher proposal wins), two autoscalers of one Deployment (AmbiguousSelector on both; the
+//!   names in the message sorted, upstream lists them in a map's order);
+//! - bad input: a Pod without the CPU request (FailedGetResourceMetric naming the container and
+//!   the Pod); a target Deployment that does not exist, a target kind (Lease) without a scale
 //!   subresource and a kind the API server does not serve (AbleToScale False, FailedGetScale); Pods the metrics API has no samples
 //!   of (ScalingActive False, FailedGetResourceMetric).
 //!
@@ -69,6 +77,8 @@ struct World {
 /// The decision a step waits for.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Want {
+    /// [`ANY`]: whatever the timing made it, and so ScalingLimited (both left out of the
+    /// record).
     desired: i32,
     current: i32,
     /// The CPU's averageUtilization in currentMetrics (`None`: no metric status).
@@ -80,6 +90,8 @@ struct Want {
     limited: Option<(&'static str, &'static str)>,
 }
 
+/// A desired count that depends on which syncs happened first.
+const ANY: i32 = -1;
 const ACTIVE: Option<(&str, &str)> = Some(("True", "ValidMetricFound"));
 const IN_RANGE: Option<(&str, &str)> = Some(("False", "DesiredWithinRange"));
 const SAME: (&str, &str) = ("True", "ReadyForNewScale");
@@ -162,13 +174,19 @@ impl World {
     /// An autoscaler `name` for `target` ((apiVersion, kind, name)): 1 to 10 replicas, CPU at
     /// 50 % of the requests, with `behavior`.
     async fn hpa(&self, name: &str, target: (&str, &str, &str), behavior: Value) {
-        self.create::<HorizontalPodAutoscaler>(json!({"metadata": {"name": name}, "spec": {
+        self.hpa_with(name, target, json!({"behavior": behavior}))
+            .await;
+    }
+
+    /// The same with `spec` merged over those defaults.
+    async fn hpa_with(&self, name: &str, target: (&str, &str, &str), spec: Value) {
+        let mut hpa = json!({"metadata": {"name": name}, "spec": {
             "scaleTargetRef": {"apiVersion": target.0, "kind": target.1, "name": target.2},
             "minReplicas": 1, "maxReplicas": 10,
             "metrics": [{"type": "Resource", "resource": {"name": "cpu",
-                "target": {"type": "Utilization", "averageUtilization": 50}}}],
-            "behavior": behavior}}))
-            .await;
+                "target": {"type": "Utilization", "averageUtilization": 50}}}]}});
+        json_patch::merge(&mut hpa["spec"], &spec);
+        self.create::<HorizontalPodAutoscaler>(hpa).await;
     }
 
     /// Waits until autoscaler `name` shows `want`, then records its status (and, when its
@@ -180,8 +198,14 @@ impl World {
                 let api = api.clone();
                 async move {
                     let hpa = api.get(name).await.map_err(|e| e.to_string())?;
-                    let status = status_record(&hpa);
+                    let mut status = status_record(&hpa);
                     if matches(&status, &want) {
+                        if want.desired == ANY {
+                            status["desired"] = Value::Null;
+                            if let Some(c) = status["conditions"].as_array_mut() {
+                                c.retain(|c| c[0] != "ScalingLimited");
+                            }
+                        }
                         Ok(status)
                     } else {
                         Err(status.to_string())
@@ -198,10 +222,10 @@ impl World {
                 .unwrap()
                 .spec
                 .unwrap()
-                .replicas;
+                .replicas
+                .unwrap_or(0);
             assert_eq!(
-                replicas,
-                Some(want.current),
+                replicas, want.current,
                 "{:?} {step}: the scale of {d}",
                 self.cluster.flavour
             );
@@ -238,7 +262,14 @@ fn status_record(hpa: &HorizontalPodAutoscaler) -> Value {
         .conditions
         .unwrap_or_default()
         .into_iter()
-        .map(|c| json!([c.type_, c.status, c.reason, c.message]))
+        .map(|c| {
+            json!([
+                c.type_,
+                c.status,
+                c.reason,
+                c.message.as_deref().map(normalise)
+            ])
+        })
         .collect();
     json!({
         "desired": s.desired_replicas,
@@ -246,6 +277,25 @@ fn status_record(hpa: &HorizontalPodAutoscaler) -> Value {
         "currentMetrics": s.current_metrics,
         "conditions": conditions,
     })
+}
+
+/// A message with the list in its brackets sorted: upstream names the autoscalers of an
+/// ambiguous selector in a map's order (`[hpa/twin-2 hpa/twin-1]`), kpr sorted.
+fn normalise(message: &str) -> String {
+    let (Some(open), Some(close)) = (message.find('['), message.rfind(']')) else {
+        return message.to_string();
+    };
+    if close < open {
+        return message.to_string();
+    }
+    let mut items: Vec<&str> = message[open + 1..close].split(' ').collect();
+    items.sort_unstable();
+    format!(
+        "{}[{}]{}",
+        &message[..open],
+        items.join(" "),
+        &message[close + 1..]
+    )
 }
 
 fn condition<'a>(status: &'a Value, type_: &str) -> Option<(&'a str, &'a str)> {
@@ -264,12 +314,12 @@ fn matches(status: &Value, want: &Want) -> bool {
         .map(|u| u as i32);
     // A zero is left out of the status.
     let replicas = |k: &str| status[k].as_i64().unwrap_or(0);
-    replicas("desired") == i64::from(want.desired)
+    (want.desired == ANY || replicas("desired") == i64::from(want.desired))
         && replicas("current") == i64::from(want.current)
         && utilization == want.utilization
         && condition(status, "AbleToScale") == Some(want.able)
         && condition(status, "ScalingActive") == want.active
-        && condition(status, "ScalingLimited") == want.limited
+        && (want.desired == ANY || condition(status, "ScalingLimited") == want.limited)
 }
 
 /// The autoscaler's Events by autoscaler: (type, reason, message), each once.
@@ -293,7 +343,7 @@ async fn hpa_events(
             .insert((
                 e.type_.unwrap_or_default(),
                 e.reason.unwrap_or_default(),
-                e.message.unwrap_or_default(),
+                normalise(&e.message.unwrap_or_default()),
             ));
     }
     Ok(out)
@@ -426,6 +476,251 @@ async fn limited(w: &mut World) {
     w.step("scale-up policy", "burst", want, Some("burst"))
         .await;
     w.event("burst", "SuccessfulRescale").await;
+}
+
+/// The replica bounds, a target at zero, an average memory value, two autoscalers of one target.
+async fn limits(w: &mut World) {
+    let window0 = json!({"scaleDown": {"stabilizationWindowSeconds": 0}});
+    // 8 recommended, 3 at most.
+    w.deployment("cap", 2).await;
+    for p in ["cap-a", "cap-b"] {
+        w.pod("cap", p, true).await;
+        w.usage("cap", p, Some(200));
+    }
+    w.hpa_with(
+        "cap",
+        ("apps/v1", "Deployment", "cap"),
+        json!({"maxReplicas": 3, "behavior": window0}),
+    )
+    .await;
+    let want = Want {
+        desired: 3,
+        current: 3,
+        utilization: Some(200),
+        able: SAME,
+        active: ACTIVE,
+        limited: Some(("True", "TooManyReplicas")),
+    };
+    w.step("maxReplicas", "cap", want, Some("cap")).await;
+
+    // 1 recommended, 3 at least.
+    w.deployment("floor", 2).await;
+    for p in ["floor-a", "floor-b"] {
+        w.pod("floor", p, true).await;
+        w.usage("floor", p, Some(10));
+    }
+    w.hpa_with(
+        "floor",
+        ("apps/v1", "Deployment", "floor"),
+        json!({"minReplicas": 3, "behavior": window0}),
+    )
+    .await;
+    let want = Want {
+        desired: 3,
+        current: 3,
+        utilization: Some(10),
+        able: SAME,
+        active: ACTIVE,
+        limited: Some(("True", "TooFewReplicas")),
+    };
+    w.step("minReplicas", "floor", want, Some("floor")).await;
+
+    // A target scaled to zero by hand: the autoscaler keeps off.
+    w.deployment("zero", 0).await;
+    w.hpa("zero", ("apps/v1", "Deployment", "zero"), window0.clone())
+        .await;
+    let want = Want {
+        desired: 0,
+        current: 0,
+        utilization: None,
+        able: ("True", "SucceededGetScale"),
+        active: Some(("False", "ScalingDisabled")),
+        limited: None,
+    };
+    w.step("target at zero", "zero", want, Some("zero")).await;
+
+    // 10Mi per Pod against an average of 4Mi: ceil(2.5 × 2) = 5.
+    w.deployment("mem", 2).await;
+    for p in ["mem-a", "mem-b"] {
+        w.pod("mem", p, true).await;
+        w.usage("mem", p, Some(30));
+    }
+    w.hpa_with(
+        "mem",
+        ("apps/v1", "Deployment", "mem"),
+        json!({"metrics": [{"type": "Resource", "resource": {"name": "memory",
+                "target": {"type": "AverageValue", "averageValue": "4Mi"}}}],
+               "behavior": window0}),
+    )
+    .await;
+    let want = Want {
+        desired: 5,
+        current: 5,
+        utilization: None,
+        able: SAME,
+        active: ACTIVE,
+        limited: IN_RANGE,
+    };
+    w.step("memory average", "mem", want, Some("mem")).await;
+
+    // Two autoscalers of one Deployment: neither acts.
+    w.deployment("twin", 1).await;
+    w.pod("twin", "twin-a", true).await;
+    w.usage("twin", "twin-a", Some(50));
+    // The first one's first sync may come before the second exists (and scale by itself, and
+    // write ScalingLimited, which stays).
+    let ambiguous = Want {
+        desired: ANY,
+        current: 1,
+        utilization: None,
+        able: ("True", "SucceededGetScale"),
+        active: Some(("False", "AmbiguousSelector")),
+        limited: None,
+    };
+    for h in ["twin-1", "twin-2"] {
+        w.hpa(h, ("apps/v1", "Deployment", "twin"), window0.clone())
+            .await;
+    }
+    for h in ["twin-1", "twin-2"] {
+        w.step("ambiguous selector", h, ambiguous, Some("twin"))
+            .await;
+        w.event(h, "AmbiguousSelector").await;
+    }
+}
+
+/// More of the rules: Pending Pods, scale-down and disabled scale-up policies, two metrics (one
+/// of a container), a Pod without the request.
+async fn more_rules(w: &mut World) {
+    let window0 = json!({"scaleDown": {"stabilizationWindowSeconds": 0}});
+    // A Pending Pod counts as unready: 0 % on a scale-up, which turns it round.
+    w.deployment("pend", 2).await;
+    for p in ["pend-a", "pend-b"] {
+        w.pod("pend", p, true).await;
+        w.usage("pend", p, Some(60));
+    }
+    w.create::<Pod>(
+        json!({"metadata": {"name": "pend-c", "labels": {"app": "pend"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"requests": {"cpu": "100m"}}}]}}),
+    )
+    .await;
+    w.usage("pend", "pend-c", Some(100));
+    w.hpa("pend", ("apps/v1", "Deployment", "pend"), window0.clone())
+        .await;
+    let stay = Want {
+        desired: 2,
+        current: 2,
+        utilization: Some(60),
+        able: SAME,
+        active: ACTIVE,
+        limited: IN_RANGE,
+    };
+    w.step("pending pod", "pend", stay, Some("pend")).await;
+
+    // 1 recommended, half the replicas per 10 minutes may go: 2.
+    w.deployment("trim", 4).await;
+    for p in ["trim-a", "trim-b", "trim-c", "trim-d"] {
+        w.pod("trim", p, true).await;
+        w.usage("trim", p, Some(10));
+    }
+    w.hpa(
+        "trim",
+        ("apps/v1", "Deployment", "trim"),
+        json!({"scaleDown": {"stabilizationWindowSeconds": 0,
+            "policies": [{"type": "Percent", "value": 50, "periodSeconds": 600}]}}),
+    )
+    .await;
+    let want = Want {
+        desired: 2,
+        current: 2,
+        utilization: Some(10),
+        able: SAME,
+        active: ACTIVE,
+        limited: Some(("True", "ScaleDownLimit")),
+    };
+    w.step("scale-down policy", "trim", want, Some("trim"))
+        .await;
+
+    // Scale-up disabled: 8 recommended, 2 kept.
+    w.deployment("frozen", 2).await;
+    for p in ["frozen-a", "frozen-b"] {
+        w.pod("frozen", p, true).await;
+        w.usage("frozen", p, Some(200));
+    }
+    w.hpa(
+        "frozen",
+        ("apps/v1", "Deployment", "frozen"),
+        json!({"scaleUp": {"selectPolicy": "Disabled"},
+               "scaleDown": {"stabilizationWindowSeconds": 0}}),
+    )
+    .await;
+    let want = Want {
+        desired: 2,
+        current: 2,
+        utilization: Some(200),
+        able: SAME,
+        active: ACTIVE,
+        limited: Some(("True", "ScaleUpLimit")),
+    };
+    w.step("scale-up disabled", "frozen", want, Some("frozen"))
+        .await;
+
+    // CPU at 40 % of 50 % wants 2; container c's 10Mi against an average of 8Mi wants 3.
+    w.deployment("multi", 2).await;
+    for p in ["multi-a", "multi-b"] {
+        w.pod("multi", p, true).await;
+        w.usage("multi", p, Some(40));
+    }
+    w.hpa_with(
+        "multi",
+        ("apps/v1", "Deployment", "multi"),
+        json!({"metrics": [
+            {"type": "Resource", "resource": {"name": "cpu",
+                "target": {"type": "Utilization", "averageUtilization": 50}}},
+            {"type": "ContainerResource", "containerResource": {"name": "memory",
+                "container": "c", "target": {"type": "AverageValue", "averageValue": "8Mi"}}}],
+            "behavior": window0}),
+    )
+    .await;
+    let want = Want {
+        desired: 3,
+        current: 3,
+        utilization: Some(40),
+        able: SAME,
+        active: ACTIVE,
+        limited: IN_RANGE,
+    };
+    w.step("two metrics", "multi", want, Some("multi")).await;
+
+    // A Pod without a CPU request: no utilisation can be computed.
+    w.deployment("noreq", 1).await;
+    w.create::<Pod>(
+        json!({"metadata": {"name": "noreq-a", "labels": {"app": "noreq"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}),
+    )
+    .await;
+    w.api::<Pod>()
+        .patch_status(
+            "noreq-a",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": {"phase": "Running", "startTime": STARTED,
+                "conditions": [{"type": "Ready", "status": "True",
+                    "lastTransitionTime": "2026-01-01T00:00:10Z"}]}})),
+        )
+        .await
+        .unwrap();
+    w.usage("noreq", "noreq-a", Some(50));
+    w.hpa("noreq", ("apps/v1", "Deployment", "noreq"), window0)
+        .await;
+    let want = Want {
+        desired: 0,
+        current: 1,
+        utilization: None,
+        able: ("True", "SucceededGetScale"),
+        active: Some(("False", "FailedGetResourceMetric")),
+        limited: None,
+    };
+    w.step("no request", "noreq", want, Some("noreq")).await;
 }
 
 /// Targets that do not exist or cannot scale, and no metrics at all.
@@ -569,6 +864,8 @@ async fn scenario(flavour: Flavour) -> Record {
     up_and_down(&mut w).await;
     missing_and_unready(&mut w).await;
     limited(&mut w).await;
+    limits(&mut w).await;
+    more_rules(&mut w).await;
     bad_input(&mut w).await;
 
     let events = hpa_events(&w.api::<Event>()).await.unwrap();
