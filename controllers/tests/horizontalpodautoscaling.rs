@@ -71,7 +71,8 @@ struct World {
     cluster: Cluster,
     client: Client,
     script: Script,
-    record: Record,
+    /// Every step's record (the scenario groups run at once; each key is unique).
+    record: std::sync::Mutex<Record>,
 }
 
 /// The decision a step waits for.
@@ -191,7 +192,7 @@ impl World {
 
     /// Waits until autoscaler `name` shows `want`, then records its status (and, when its
     /// target is a Deployment, the Deployment's scale) under `step`.
-    async fn step(&mut self, step: &str, name: &str, want: Want, scale: Option<&str>) {
+    async fn step(&self, step: &str, name: &str, want: Want, scale: Option<&str>) {
         let api = self.api::<HorizontalPodAutoscaler>();
         let status = self
             .eventually(&format!("{step}: {name} at {want:?}"), || {
@@ -213,7 +214,10 @@ impl World {
                 }
             })
             .await;
-        self.record.push((format!("{step}: {name} status"), status));
+        self.record
+            .lock()
+            .unwrap()
+            .push((format!("{step}: {name} status"), status));
         if let Some(d) = scale {
             let replicas = self
                 .api::<Deployment>()
@@ -230,6 +234,8 @@ impl World {
                 self.cluster.flavour
             );
             self.record
+                .lock()
+                .unwrap()
                 .push((format!("{step}: {d} scale"), json!(replicas)));
         }
     }
@@ -350,7 +356,7 @@ async fn hpa_events(
 }
 
 /// Scale up, tolerance, stabilised scale-down.
-async fn up_and_down(w: &mut World) {
+async fn up_and_down(w: &World) {
     w.deployment("web", 2).await;
     for p in ["web-a", "web-b"] {
         w.pod("web", p, true).await;
@@ -414,7 +420,7 @@ async fn up_and_down(w: &mut World) {
 }
 
 /// Missing samples and unready Pods turn a decision round.
-async fn missing_and_unready(w: &mut World) {
+async fn missing_and_unready(w: &World) {
     let window0 = json!({"scaleDown": {"stabilizationWindowSeconds": 0}});
     let stay = |utilization| Want {
         desired: 2,
@@ -450,7 +456,7 @@ async fn missing_and_unready(w: &mut World) {
 }
 
 /// A `behavior` scale-up policy limits the step.
-async fn limited(w: &mut World) {
+async fn limited(w: &World) {
     w.deployment("burst", 2).await;
     for p in ["burst-a", "burst-b"] {
         w.pod("burst", p, true).await;
@@ -479,7 +485,7 @@ async fn limited(w: &mut World) {
 }
 
 /// The replica bounds, a target at zero, an average memory value, two autoscalers of one target.
-async fn limits(w: &mut World) {
+async fn limits(w: &World) {
     let window0 = json!({"scaleDown": {"stabilizationWindowSeconds": 0}});
     // 8 recommended, 3 at most.
     w.deployment("cap", 2).await;
@@ -590,7 +596,7 @@ async fn limits(w: &mut World) {
 
 /// More of the rules: Pending Pods, scale-down and disabled scale-up policies, two metrics (one
 /// of a container), a Pod without the request.
-async fn more_rules(w: &mut World) {
+async fn more_rules(w: &World) {
     let window0 = json!({"scaleDown": {"stabilizationWindowSeconds": 0}});
     // A Pending Pod counts as unready: 0 % on a scale-up, which turns it round.
     w.deployment("pend", 2).await;
@@ -724,7 +730,7 @@ async fn more_rules(w: &mut World) {
 }
 
 /// Targets that do not exist or cannot scale, and no metrics at all.
-async fn bad_input(w: &mut World) {
+async fn bad_input(w: &World) {
     let no_scale = Want {
         desired: 0,
         current: 0,
@@ -844,11 +850,11 @@ async fn scenario(flavour: Flavour) -> Record {
         .await
         .unwrap();
     register_metrics(&client, port, flavour).await;
-    let mut w = World {
+    let w = World {
         cluster,
         client,
         script,
-        record: Vec::new(),
+        record: Default::default(),
     };
     Api::<Namespace>::all(w.client.clone())
         .create(
@@ -861,12 +867,15 @@ async fn scenario(flavour: Flavour) -> Record {
     w.create::<ServiceAccount>(json!({"metadata": {"name": "default"}}))
         .await;
 
-    up_and_down(&mut w).await;
-    missing_and_unready(&mut w).await;
-    limited(&mut w).await;
-    limits(&mut w).await;
-    more_rules(&mut w).await;
-    bad_input(&mut w).await;
+    // Independent autoscalers, targets and Pods: the groups run side by side.
+    tokio::join!(
+        up_and_down(&w),
+        missing_and_unready(&w),
+        limited(&w),
+        limits(&w),
+        more_rules(&w),
+        bad_input(&w),
+    );
 
     let events = hpa_events(&w.api::<Event>()).await.unwrap();
     let mut by_reason: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
@@ -878,10 +887,10 @@ async fn scenario(flavour: Flavour) -> Record {
                 .push((type_, message));
         }
     }
-    w.record
-        .extend(by_reason.into_iter().map(|(k, v)| (k, json!(v))));
     w.cluster.check_alive().unwrap();
-    w.record
+    let mut record = w.record.into_inner().unwrap();
+    record.extend(by_reason.into_iter().map(|(k, v)| (k, json!(v))));
+    record
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
