@@ -34,7 +34,8 @@
 //!   subresource and a kind the API server does not serve (AbleToScale False, FailedGetScale); Pods the metrics API has no samples
 //!   of (ScalingActive False, FailedGetResourceMetric).
 //!
-//! Requires the reference binaries (`cargo xtask setup --k8s`).
+//! Requires the reference binaries (`cargo xtask setup --k8s`). About 20-25 s (both managers at
+//! once, the scenario groups side by side).
 
 mod common;
 
