@@ -41,6 +41,9 @@ pub struct Cluster {
     controllers: String,
     /// Our manager's environment (RUST_LOG, say).
     env: Vec<(String, String)>,
+    /// Flags both managers get besides `--controllers` (kube-controller-manager's names, e.g.
+    /// `--horizontal-pod-autoscaler-sync-period=1s`; ours takes the same).
+    flags: Vec<String>,
     /// The process name the controller manager runs under now (a restart gets a new one, so the
     /// first log stays).
     manager: Mutex<String>,
@@ -58,12 +61,40 @@ impl Cluster {
         env: Vec<(String, String)>,
         prepare: impl FnOnce(&mut ControlPlane) -> anyhow::Result<()>,
     ) -> anyhow::Result<Cluster> {
+        Self::start_inner(flavour, controllers, opts, env, Vec::new(), prepare)
+    }
+
+    /// As [`Cluster::start`], both managers also getting `flags`; kube-controller-manager then
+    /// starts after `prepare`, as ours does.
+    pub fn start_with_flags(
+        flavour: Flavour,
+        controllers: &str,
+        opts: Options,
+        flags: Vec<String>,
+        prepare: impl FnOnce(&mut ControlPlane) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Cluster> {
+        Self::start_inner(flavour, controllers, opts, Vec::new(), flags, prepare)
+    }
+
+    fn start_inner(
+        flavour: Flavour,
+        controllers: &str,
+        opts: Options,
+        env: Vec<(String, String)>,
+        flags: Vec<String>,
+        prepare: impl FnOnce(&mut ControlPlane) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Cluster> {
+        let upstream_now = flavour == Flavour::Upstream && flags.is_empty();
         let opts = Options {
-            upstream_controllers: (flavour == Flavour::Upstream).then(|| controllers.to_string()),
+            upstream_controllers: upstream_now.then(|| controllers.to_string()),
             ..opts
         };
         let mut cp = ControlPlane::start(opts)?;
         prepare(&mut cp)?;
+        if flavour == Flavour::Upstream && !upstream_now {
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            cp.start_upstream_controller_manager_with(controllers, &flags)?;
+        }
         let cluster = Cluster {
             flavour,
             kubeconfig: cp.admin_kubeconfig().to_path_buf(),
@@ -71,6 +102,7 @@ impl Cluster {
             cp: Mutex::new(cp),
             controllers: controllers.to_string(),
             env,
+            flags,
             manager: Mutex::new("kube-controller-manager".into()),
             restarts: Mutex::new(0),
         };
@@ -114,6 +146,7 @@ impl Cluster {
             // As kube-controller-manager gets it (root-ca-cert-publisher needs it).
             format!("--root-ca-file={}", self.cp().pki.ca_cert.display()),
         ];
+        let args = args.into_iter().chain(self.flags.iter().cloned()).collect();
         self.cp()
             .spawn_in(name, &program, args, self.env.clone(), None)?;
         *self.manager.lock().unwrap() = name.to_string();
@@ -171,9 +204,11 @@ impl Cluster {
             *r
         };
         match self.flavour {
-            Flavour::Upstream => self
-                .cp()
-                .start_upstream_controller_manager(&self.controllers),
+            Flavour::Upstream => {
+                let flags: Vec<&str> = self.flags.iter().map(String::as_str).collect();
+                self.cp()
+                    .start_upstream_controller_manager_with(&self.controllers, &flags)
+            }
             Flavour::Kpr => self.start_ours(&format!("controller-manager-restart-{n}")),
         }
     }

@@ -14,7 +14,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SanType,
 };
 
-/// A client identity: its certificate and key files.
+/// An identity: its certificate and key files (a client's, or a test server's).
 #[derive(Debug, Clone)]
 pub struct ClientCert {
     pub cert: PathBuf,
@@ -110,6 +110,28 @@ impl Pki {
                 .push(DnType::OrganizationName, group);
         }
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key_pair)?;
+        let out = ClientCert {
+            cert: self.dir.join(format!("{file_stem}.crt")),
+            key: self.dir.join(format!("{file_stem}.key")),
+        };
+        write(&out.cert, &cert.pem())?;
+        write(&out.key, &key.serialize_pem())?;
+        Ok(out)
+    }
+}
+
+impl Pki {
+    /// A serving certificate for `names` (DNS names) signed by the CA, for a server a test runs
+    /// behind the API server (an aggregated API's backend).
+    pub fn server(&self, file_stem: &str, names: &[&str]) -> anyhow::Result<ClientCert> {
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, file_stem);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.ca, &self.ca_key_pair)?;
         let out = ClientCert {
