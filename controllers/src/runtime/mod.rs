@@ -48,3 +48,6 @@ pub mod queue;
 pub mod ratelimit;
 pub mod workers;
 pub mod written;
+
+#[cfg(test)]
+pub mod testing;
