@@ -41,7 +41,9 @@ use crate::runtime::cache::{Indexed, Key};
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_workers_of, wait_for_caches, AbortOnDrop};
+use crate::runtime::workers::{
+    run_key_workers, wait_for_caches, AbortOnDrop, SyncKey, WorkersConfig,
+};
 
 /// The work queue's (and metrics') name, as upstream.
 pub const QUEUE_NAME: &str = "endpoint_slice";
@@ -122,18 +124,9 @@ impl Tracker {
     }
 }
 
-/// The EndpointSlice controller's settings.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Concurrent syncs (the controller-manager's `--concurrency`, default 16).
-    pub workers: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self { workers: 16 }
-    }
-}
+/// The EndpointSlice controller's settings: concurrent syncs (the controller-manager's
+/// `--concurrency`, default 16).
+pub type Config = WorkersConfig<16>;
 
 /// The running controller.
 pub struct Controller {
@@ -199,13 +192,7 @@ impl Controller {
             workers = self.config.workers,
             "endpointslice controller started"
         );
-        run_workers_of(
-            &self,
-            &self.queue,
-            self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
-        )
-        .await;
+        run_key_workers(&self, &self.queue, self.config.workers).await;
     }
 
     /// Stops the workers (the queue stops handing out keys).
@@ -241,9 +228,11 @@ impl Controller {
     }
 
     // ---- sync ----
+}
 
+impl SyncKey for Controller {
     /// Plans and applies the slices of the Service `key`.
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let svc_key: Key = (ns.to_string(), name.to_string());
         let existing = self.slices.index(SLICE_SERVICE, key);
@@ -267,7 +256,9 @@ impl Controller {
         }
         Ok(())
     }
+}
 
+impl Controller {
     /// Deletes the managed slices of a Service that is no longer in the cache.
     async fn delete_slices_of_gone_service(
         &self,

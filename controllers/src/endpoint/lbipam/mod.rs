@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_workers_of, wait_for_caches};
+use crate::runtime::workers::{run_key_workers, wait_for_caches, SyncKey};
 use pool::{Allocator, Pool};
 
 /// The work queue's (and metrics') name.
@@ -183,13 +183,7 @@ impl Controller {
             );
         }
         tracing::info!(workers = self.workers, "lb-ipam controller started");
-        run_workers_of(
-            &self,
-            &self.queue,
-            self.workers,
-            |this, key: String| async move { this.sync(&key).await },
-        )
-        .await;
+        run_key_workers(&self, &self.queue, self.workers).await;
     }
 
     /// Stops the workers (the queue stops handing out keys).
@@ -204,10 +198,12 @@ impl Controller {
             }
         }
     }
+}
 
+impl SyncKey for Controller {
     /// Decides and writes the address of the Service `key`; a Service gone from the cache (its
     /// finalizer removed by someone else) releases its address.
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(svc) = self.services.get(ns, name) else {
             self.alloc.lock().expect("allocator lock").release(key);

@@ -55,7 +55,9 @@ use crate::runtime::informer::{self, EventHandlers, Informers, CONTROLLER_UID, N
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_workers_of, wait_for_caches};
+use crate::runtime::workers::{
+    run_key_workers, run_workers_of, wait_for_caches, BurstConfig, SyncKey,
+};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Clock, Eligibility, FailedPodsBackoff, NodeChanges};
@@ -75,24 +77,10 @@ pub const DAEMON_POD_NODE: &str = "daemonset-pod-node";
 /// How often the failed-Pod backoff forgets stale entries (upstream's `BackoffGCInterval`).
 const BACKOFF_GC_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The DaemonSet controller's settings.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Concurrent syncs (`--concurrent-daemonset-syncs`, default 2), and as many node-update
-    /// workers.
-    pub workers: usize,
-    /// Creations or deletions per sync (upstream's `BurstReplicas`, 250).
-    pub burst_replicas: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            workers: 2,
-            burst_replicas: plan::BURST_REPLICAS,
-        }
-    }
-}
+/// The DaemonSet controller's settings: concurrent syncs (`--concurrent-daemonset-syncs`,
+/// default 2), and as many node-update workers; creations or deletions per sync (upstream's
+/// `BurstReplicas`, 250).
+pub type Config = BurstConfig<2, { plan::BURST_REPLICAS }>;
 
 /// The running controller.
 pub struct Controller {
@@ -180,12 +168,7 @@ impl Controller {
             workers = self.config.workers,
             "daemonset controller started"
         );
-        let syncs = run_workers_of(
-            &self,
-            &self.queue,
-            self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
-        );
+        let syncs = run_key_workers(&self, &self.queue, self.config.workers);
         let node_syncs = run_workers_of(
             &self,
             &self.node_queue,
@@ -445,9 +428,11 @@ impl Controller {
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         nodes
     }
+}
 
+impl SyncKey for Controller {
     /// One sync of the DaemonSet `key` (DS-3).
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(ds) = self.daemon_sets.get(ns, name) else {
             self.pod_control.expectations().delete(key);
@@ -517,7 +502,9 @@ impl Controller {
             _ => Ok(()),
         }
     }
+}
 
+impl Controller {
     /// `manage`, then the rolling update when the strategy is RollingUpdate and manage's own
     /// creations and deletions are observed, then history cleanup.
     #[allow(clippy::too_many_arguments)]

@@ -52,7 +52,7 @@ use crate::runtime::informer::{self, EventHandlers, Informers, CONTROLLER_UID, N
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_workers_of, wait_for_caches};
+use crate::runtime::workers::{run_key_workers, run_workers_of, wait_for_caches, SyncKey};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Ctx, Manage, SYNC_JOB_BATCH_PERIOD, TRACKING_FINALIZER};
@@ -148,12 +148,7 @@ impl Controller {
     pub async fn run(self: Arc<Self>) {
         wait_for_caches("job", &[&*self.jobs, &*self.pods]).await;
         tracing::info!(workers = self.config.workers, "job controller started");
-        let jobs = run_workers_of(
-            &self,
-            &self.queue,
-            self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
-        );
+        let jobs = run_key_workers(&self, &self.queue, self.config.workers);
         let orphans = run_workers_of(
             &self,
             &self.orphans,
@@ -524,9 +519,11 @@ impl Controller {
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         Ok(pods)
     }
+}
 
+impl SyncKey for Controller {
     /// One sync of the Job `key` (`syncJob`).
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(job) = self.jobs.get(ns, name) else {
             self.pod_control.expectations().delete(key);
@@ -656,7 +653,9 @@ impl Controller {
             .await?;
         manage_err.map_or(Ok(()), Err)
     }
+}
 
+impl Controller {
     /// Creates `count` Pods in slow-start batches; returns how many were (or will be)
     /// created and the first error.
     async fn create_pods(

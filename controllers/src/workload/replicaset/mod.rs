@@ -57,7 +57,7 @@ use crate::runtime::informer::{
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_controller;
+use crate::runtime::workers::{run_controller, BurstConfig, SyncKey};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::Manage;
@@ -136,23 +136,9 @@ impl Flavor for ReplicaSets {
 /// The ReplicaSet controller.
 pub type Controller = Base<ReplicaSets>;
 
-/// The ReplicaSet controller's settings.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Concurrent syncs (`--concurrent-replicaset-syncs`, default 5).
-    pub workers: usize,
-    /// Creations or deletions per sync (upstream's `BurstReplicas`, 500).
-    pub burst_replicas: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            workers: 5,
-            burst_replicas: plan::BURST_REPLICAS,
-        }
-    }
-}
+/// The ReplicaSet controller's settings: concurrent syncs (`--concurrent-replicaset-syncs`,
+/// default 5); creations or deletions per sync (upstream's `BurstReplicas`, 500).
+pub type Config = BurstConfig<5, { plan::BURST_REPLICAS }>;
 
 /// The running controller, for objects of the flavor `F`.
 pub struct Base<F: Flavor> {
@@ -225,7 +211,6 @@ impl<F: Flavor> Base<F> {
             &[&*self.replica_sets, &*self.pods],
             &self.queue,
             self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }
@@ -393,9 +378,11 @@ impl<F: Flavor> Base<F> {
             }
         })
     }
+}
 
+impl<F: Flavor> SyncKey for Base<F> {
     /// One sync of the ReplicaSet `key` (RS-3).
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(object) = self.replica_sets.get(ns, name) else {
             self.pod_control.expectations().delete(key);
@@ -466,7 +453,9 @@ impl<F: Flavor> Base<F> {
         }
         Ok(())
     }
+}
 
+impl<F: Flavor> Base<F> {
     /// Creates `n` Pods in slow-start batches (RS-4, CTL-10); the pod control observes the
     /// creations that failed or were never attempted, since the watch will never show them.
     async fn create_pods(

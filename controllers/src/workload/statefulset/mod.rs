@@ -59,7 +59,7 @@ use crate::runtime::history;
 use crate::runtime::informer::{self, controller_uid, EventHandlers, Informers, NAMESPACE};
 use crate::runtime::pods::{is_pod_ready, pod_key};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_controller;
+use crate::runtime::workers::{run_controller, SyncKey, WorkersConfig};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Action, DeleteReason, Group, Pass, UpdateRevision};
@@ -74,18 +74,9 @@ pub const COMPONENT: &str = "statefulset-controller";
 /// set named `<parent>` may own (upstream lists the namespace and filters on `isMemberOf`).
 pub const MEMBER: &str = "statefulset-member";
 
-/// The StatefulSet controller's settings.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Concurrent syncs (`--concurrent-statefulset-syncs`, default 5).
-    pub workers: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self { workers: 5 }
-    }
-}
+/// The StatefulSet controller's settings: concurrent syncs (`--concurrent-statefulset-syncs`,
+/// default 5).
+pub type Config = WorkersConfig<5>;
 
 /// The running controller.
 pub struct Controller {
@@ -161,7 +152,6 @@ impl Controller {
             &[&*self.sets, &*self.pods, &*self.revisions, &*self.claims],
             &self.queue,
             self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }
@@ -288,9 +278,11 @@ impl Controller {
     }
 
     // ---- sync ----
+}
 
+impl SyncKey for Controller {
     /// One sync of the set `key`.
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(set) = self.sets.get(ns, name) else {
             self.expectations.delete(key);
@@ -371,7 +363,9 @@ impl Controller {
         }
         Ok(())
     }
+}
 
+impl Controller {
     /// `UpdateStatefulSet` up to the history truncation: the revisions, the update, the status.
     /// Returns the status and the current and update revision names, or the error with the
     /// names known so far.
