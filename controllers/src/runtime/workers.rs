@@ -151,6 +151,18 @@ pub async fn run_key_workers<C: SyncKey>(
     run_workers_of(controller, queue, workers, sync_key).await;
 }
 
+/// The end of the run of a controller with work of its own between its caches and its workers:
+/// logs `<name> controller started` with the worker count, then runs [`run_key_workers`].
+pub async fn start_key_workers<C: SyncKey>(
+    controller: &Arc<C>,
+    name: &str,
+    queue: &Arc<WorkQueue<String>>,
+    workers: usize,
+) {
+    tracing::info!(workers, "{name} controller started");
+    run_key_workers(controller, queue, workers).await;
+}
+
 /// One worker's call of [`SyncKey::sync`].
 async fn sync_key<C: SyncKey>(controller: Arc<C>, key: String) -> crate::Result<()> {
     controller.sync(&key).await

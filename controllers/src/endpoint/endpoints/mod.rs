@@ -37,7 +37,7 @@ use crate::runtime::cache::Indexed;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_key_workers, wait_for_caches, SyncKey, WorkersConfig};
+use crate::runtime::workers::{start_key_workers, wait_for_caches, SyncKey, WorkersConfig};
 use crate::runtime::written::Written;
 
 /// The work queue's (and metrics') name, as upstream.
@@ -89,11 +89,7 @@ impl Controller {
         for key in leftovers(&self.endpoints, &self.services) {
             self.queue.add(key);
         }
-        tracing::info!(
-            workers = self.config.workers,
-            "endpoints controller started"
-        );
-        run_key_workers(&self, &self.queue, self.config.workers).await;
+        start_key_workers(&self, "endpoints", &self.queue, self.config.workers).await;
     }
 
     /// Stops the workers (the queue stops handing out keys).
@@ -197,11 +193,6 @@ pub fn leftovers(endpoints: &Indexed<Endpoints>, services: &Indexed<Service>) ->
         })
         .map(|ep| informer::key_of(ep.as_ref()))
         .collect()
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::{
-    run_key_workers, wait_for_caches, AbortOnDrop, SyncKey, WorkersConfig,
+    start_key_workers, wait_for_caches, AbortOnDrop, SyncKey, WorkersConfig,
 };
 
 /// The work queue's (and metrics') name, as upstream.
@@ -188,11 +188,7 @@ impl Controller {
         }
         // Dropping this future (leadership lost) stops the sweep too.
         let _background = AbortOnDrop(background);
-        tracing::info!(
-            workers = self.config.workers,
-            "endpointslice controller started"
-        );
-        run_key_workers(&self, &self.queue, self.config.workers).await;
+        start_key_workers(&self, "endpointslice", &self.queue, self.config.workers).await;
     }
 
     /// Stops the workers (the queue stops handing out keys).
@@ -390,11 +386,6 @@ pub fn orphans(
         })
         .cloned()
         .collect()
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

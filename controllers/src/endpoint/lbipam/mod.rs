@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_key_workers, wait_for_caches, SyncKey};
+use crate::runtime::workers::{start_key_workers, wait_for_caches, SyncKey};
 use pool::{Allocator, Pool};
 
 /// The work queue's (and metrics') name.
@@ -182,8 +182,7 @@ impl Controller {
                 alloc.assigned()
             );
         }
-        tracing::info!(workers = self.workers, "lb-ipam controller started");
-        run_key_workers(&self, &self.queue, self.workers).await;
+        start_key_workers(&self, "lb-ipam", &self.queue, self.workers).await;
     }
 
     /// Stops the workers (the queue stops handing out keys).
@@ -218,11 +217,6 @@ impl SyncKey for Controller {
         }
         Ok(())
     }
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 async fn patch_finalizers(api: &Api<Service>, svc: &Service, add: bool) -> Result<()> {

@@ -527,11 +527,6 @@ impl Controller {
     }
 }
 
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
-}
-
 #[cfg(test)]
 #[path = "plan_tests.rs"]
 mod plan_tests;

@@ -308,20 +308,11 @@ impl Controller {
     }
 
     fn pod_added(&self, pod: &CachedPod) {
-        if pod.metadata.deletion_timestamp.is_some() {
-            // Seen first already terminating (after a restart): a deletion, not a creation.
-            self.pod_deleted(pod);
+        let expectations = self.pod_control.expectations();
+        if !claim::pod_added(&self.daemon_sets, expectations, &self.queue, pod) {
             return;
         }
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(r) = controller_of(pod) {
-            if let Some(ds) = self.resolve(ns, r) {
-                let key = informer::key_of(ds.as_ref());
-                self.pod_control.expectations().creation_observed(&key);
-                self.queue.add(key);
-            }
-            return;
-        }
         for ds in self.selecting(ns, pod.metadata.labels.as_ref()) {
             self.enqueue(&ds);
         }
@@ -364,15 +355,8 @@ impl Controller {
     }
 
     fn pod_deleted(&self, pod: &CachedPod) {
-        let Some(r) = controller_of(pod) else { return };
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(ds) = self.resolve(ns, r) {
-            let key = informer::key_of(ds.as_ref());
-            self.pod_control
-                .expectations()
-                .deletion_observed(&key, &pods::pod_key(pod));
-            self.queue.add(key);
-        }
+        let expectations = self.pod_control.expectations();
+        claim::pod_deleted(&self.daemon_sets, expectations, &self.queue, pod);
     }
 
     fn on_node(&self, old: Option<&Arc<Node>>, new: Option<&Arc<Node>>) {
@@ -575,14 +559,7 @@ impl Controller {
         let owner = OwnerInfo::of(ds.as_ref());
         let ds_api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &ns);
         let pod_api: Api<CachedPod> = Api::namespaced(self.client.clone(), &ns);
-        let name = ds.name_any();
-        let recheck = || async {
-            let fresh = ds_api
-                .get_opt(&name)
-                .await
-                .map_err(|e| Error::kube("re-reading before adoption", ds.object_name(), e))?;
-            claim::recheck_owner(&owner, fresh.as_ref())
-        };
+        let recheck = || claim::reread_owner(&ds_api, &owner, ds.object_name());
         let mut claimed = claim::claim(&pod_api, &owner, plan, recheck).await?;
         claimed.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         Ok(claimed)
@@ -747,14 +724,7 @@ impl Controller {
         let owner = OwnerInfo::of(ds.as_ref());
         let ds_api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &ns);
         let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
-        let name = ds.name_any();
-        let recheck = || async {
-            let fresh = ds_api
-                .get_opt(&name)
-                .await
-                .map_err(|e| Error::kube("re-reading before adoption", ds.object_name(), e))?;
-            claim::recheck_owner(&owner, fresh.as_ref())
-        };
+        let recheck = || claim::reread_owner(&ds_api, &owner, ds.object_name());
         claim::claim(&api, &owner, plan, recheck).await
     }
 
@@ -903,11 +873,6 @@ impl Controller {
             err,
         ))
     }
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

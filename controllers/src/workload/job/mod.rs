@@ -480,14 +480,7 @@ impl Controller {
             .collect();
         let api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
         let jobs_api: Api<Job> = Api::namespaced(self.client.clone(), ns);
-        let name = job.name_any();
-        let recheck = || async {
-            let fresh = jobs_api
-                .get_opt(&name)
-                .await
-                .map_err(|e| Error::kube("re-reading before adoption", job.object_name(), e))?;
-            claim::recheck_owner(&owner, fresh.as_ref())
-        };
+        let recheck = || claim::reread_owner(&jobs_api, &owner, job.object_name());
         let mut pods = claim::claim(&api, &owner, claim_plan, recheck).await?;
         for p in pods.iter_mut() {
             let adopted = p
@@ -861,11 +854,6 @@ impl Controller {
             );
         }
     }
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

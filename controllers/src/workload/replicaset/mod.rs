@@ -278,22 +278,10 @@ impl<F: Flavor> Base<F> {
     }
 
     fn pod_added(&self, pod: &CachedPod) {
-        if pod.metadata.deletion_timestamp.is_some() {
-            // Seen first already terminating (after a restart): a deletion, not a creation.
-            self.pod_deleted(pod);
-            return;
+        let expectations = self.pod_control.expectations();
+        if claim::pod_added(&self.replica_sets, expectations, &self.queue, pod) {
+            self.enqueue_selecting(pod);
         }
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(r) = plan::controller_of(pod) {
-            if let Some(rs) = self.resolve(ns, r) {
-                let key = informer::key_of(rs.as_ref());
-                self.pod_control.expectations().creation_observed(&key);
-                self.queue.add(key);
-            }
-            return;
-        }
-        // An orphan: every ReplicaSet selecting it may adopt it. No creation is observed.
-        self.enqueue_selecting(pod);
     }
 
     fn pod_updated(&self, old: &CachedPod, cur: &CachedPod) {
@@ -343,17 +331,8 @@ impl<F: Flavor> Base<F> {
     }
 
     fn pod_deleted(&self, pod: &CachedPod) {
-        let Some(r) = plan::controller_of(pod) else {
-            return;
-        };
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(rs) = self.resolve(ns, r) {
-            let key = informer::key_of(rs.as_ref());
-            self.pod_control
-                .expectations()
-                .deletion_observed(&key, &pods::pod_key(pod));
-            self.queue.add(key);
-        }
+        let expectations = self.pod_control.expectations();
+        claim::pod_deleted(&self.replica_sets, expectations, &self.queue, pod);
     }
 
     // ---- sync ----
@@ -407,12 +386,7 @@ impl<F: Flavor> SyncKey for Base<F> {
         let deleting = rs.metadata.deletion_timestamp.is_some();
         let plan = claim::claim_plan(&uid, &selector, deleting, active);
         let rs_api: Api<F::Object> = Api::namespaced(self.client.clone(), ns);
-        let recheck = || async {
-            let fresh = rs_api.get_opt(name).await.map_err(|e| {
-                Error::kube("re-reading before adoption", F::KIND.object_name(&rs), e)
-            })?;
-            claim::recheck_owner(&owner, fresh.as_ref())
-        };
+        let recheck = || claim::reread_owner(&rs_api, &owner, F::KIND.object_name(&rs));
         let claim_api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
         let mut active = claim::claim(&claim_api, &owner, plan, recheck).await?;
         active.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -582,11 +556,6 @@ fn status_patch(
         "metadata": {"uid": rs.metadata.uid},
         "status": body,
     })
-}
-
-/// Creates the ReplicaSet controller on `informers` (see [`Base::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

@@ -212,20 +212,9 @@ impl Controller {
     }
 
     fn pod_added(&self, pod: &CachedPod) {
-        if pod.metadata.deletion_timestamp.is_some() {
-            self.pod_deleted(pod);
-            return;
+        if claim::pod_added(&self.sets, &self.expectations, &self.queue, pod) {
+            self.enqueue_selecting(pod);
         }
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(r) = controller_of(pod) {
-            if let Some(set) = self.resolve(ns, r) {
-                let key = informer::key_of(set.as_ref());
-                self.expectations.creation_observed(&key);
-                self.queue.add(key);
-            }
-            return;
-        }
-        self.enqueue_selecting(pod);
     }
 
     fn pod_updated(&self, old: &CachedPod, cur: &CachedPod) {
@@ -266,15 +255,7 @@ impl Controller {
     }
 
     fn pod_deleted(&self, pod: &CachedPod) {
-        let Some(r) = controller_of(pod) else {
-            return;
-        };
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(set) = self.resolve(ns, r) {
-            let key = informer::key_of(set.as_ref());
-            self.expectations.deletion_observed(&key, &pod_key(pod));
-            self.queue.add(key);
-        }
+        claim::pod_deleted(&self.sets, &self.expectations, &self.queue, pod);
     }
 
     // ---- sync ----
@@ -305,13 +286,7 @@ impl SyncKey for Controller {
         let set_api: Api<StatefulSet> = Api::namespaced(self.client.clone(), ns);
         let rev_api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), ns);
         let pod_api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
-        let recheck = || async {
-            let fresh = set_api
-                .get_opt(name)
-                .await
-                .map_err(|e| Error::kube("re-reading before adoption", set.object_name(), e))?;
-            claim::recheck_owner(&owner, fresh.as_ref())
-        };
+        let recheck = || claim::reread_owner(&set_api, &owner, set.object_name());
 
         // adoptOrphanRevisions
         let mut revisions =
@@ -801,11 +776,6 @@ pub fn status_patch(set: &StatefulSet, status: &StatefulSetStatus) -> Value {
             "conditions": Value::Null,
         }
     })
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]
