@@ -6,6 +6,7 @@
 //! every controller may import this module; it imports neither (the layers test keeps it so).
 
 pub mod clock;
+pub mod containers;
 pub mod discovery;
 pub mod duration;
 pub mod hash;

@@ -61,20 +61,12 @@ fn address(pod: &CachedPod, ip: String) -> EndpointAddress {
 }
 
 fn ports_for(svc: &Service, pod: &CachedPod) -> Vec<EndpointPort> {
-    let ports = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.clone())
-        .unwrap_or_default();
-    ports
-        .iter()
-        .filter_map(|sp| {
-            Some(EndpointPort {
-                name: sp.name.clone(),
-                port: endpointutil::resolve_target_port(pod, sp)?,
-                protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
-                app_protocol: sp.app_protocol.clone(),
-            })
+    endpointutil::resolved_ports(svc, pod)
+        .map(|(sp, port, protocol)| EndpointPort {
+            name: sp.name.clone(),
+            port,
+            protocol: Some(protocol),
+            app_protocol: sp.app_protocol.clone(),
         })
         .collect()
 }

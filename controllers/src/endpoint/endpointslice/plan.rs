@@ -137,20 +137,12 @@ fn family_ip(pod: &CachedPod, address_type: &str) -> Option<IpAddr> {
 
 /// The endpoint ports of one Pod: every Service port whose target resolves on it.
 pub fn endpoint_ports(svc: &Service, pod: &CachedPod) -> Vec<EndpointPort> {
-    let ports = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.clone())
-        .unwrap_or_default();
-    ports
-        .iter()
-        .filter_map(|sp| {
-            Some(EndpointPort {
-                name: Some(sp.name.clone().unwrap_or_default()),
-                port: Some(endpointutil::resolve_target_port(pod, sp)?),
-                protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
-                app_protocol: sp.app_protocol.clone(),
-            })
+    endpointutil::resolved_ports(svc, pod)
+        .map(|(sp, port, protocol)| EndpointPort {
+            name: Some(sp.name.clone().unwrap_or_default()),
+            port: Some(port),
+            protocol: Some(protocol),
+            app_protocol: sp.app_protocol.clone(),
         })
         .collect()
 }
