@@ -10,7 +10,7 @@ use controllers::runtime::cached_pod::CachedPod;
 use controllers::runtime::informer::Informers;
 use controllers::runtime::pods;
 use controllers::workload::replicaset::{
-    new, plan, Config, COMPONENT, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE,
+    plan, Config, Controller, COMPONENT, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE,
 };
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -114,7 +114,7 @@ async fn replicaset_against_the_reference_api_server() {
     .unwrap();
     let namespace = cp.test_namespace("rs").unwrap();
     let informers = Informers::new(client.clone());
-    let controller = new(client.clone(), &informers, Config::default());
+    let controller = Controller::new(client.clone(), &informers, Config::default());
     informers.start();
     let run = tokio::spawn(controller.clone().run());
     let ns = Ns {
