@@ -29,9 +29,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::events::recorded_by;
 use common::{Cluster, Flavour};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, ServiceAccount};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -167,19 +168,11 @@ fn deleting(p: &Option<Pod>) -> bool {
 }
 
 async fn messages(events: &Api<Event>, pod: &str) -> Vec<String> {
-    let lp = ListParams::default().fields(&format!(
-        "involvedObject.kind=Pod,involvedObject.name={pod},reason=TaintManagerEviction"
-    ));
-    events
-        .list(&lp)
+    let fields =
+        format!("involvedObject.kind=Pod,involvedObject.name={pod},reason=TaintManagerEviction");
+    recorded_by(events, &fields, "taint-eviction-controller")
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|e| {
-            e.source.as_ref().and_then(|s| s.component.as_deref())
-                == Some("taint-eviction-controller")
-        })
         .filter_map(|e| e.message)
         .collect()
 }

@@ -6,6 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod common;
+
+use common::cluster::lift_not_ready_taint;
+use common::events::recorded_by;
+
 use controllers::runtime::cached_pod::CachedPod;
 use controllers::runtime::informer::Informers;
 use controllers::runtime::pods;
@@ -53,19 +58,12 @@ impl Ns {
     /// The messages of the `reason` Events on ReplicaSet `name` from our component.
     async fn event_messages(&self, name: &str, reason: &str) -> Vec<String> {
         let uid = self.rs.get(name).await.unwrap().metadata.uid;
-        let lp = ListParams::default().fields(&format!(
-            "involvedObject.kind=ReplicaSet,involvedObject.name={name},reason={reason}"
-        ));
-        self.events
-            .list(&lp)
+        let fields =
+            format!("involvedObject.kind=ReplicaSet,involvedObject.name={name},reason={reason}");
+        recorded_by(&self.events, &fields, COMPONENT)
             .await
-            .unwrap()
-            .items
             .into_iter()
-            .filter(|e| {
-                e.involved_object.uid == uid
-                    && e.source.as_ref().and_then(|s| s.component.as_deref()) == Some(COMPONENT)
-            })
+            .filter(|e| e.involved_object.uid == uid)
             .filter_map(|e| e.message)
             .collect()
     }
@@ -98,20 +96,11 @@ async fn replicaset_against_the_reference_api_server() {
     let mut opts = controlplane::Options::minimal(controlplane::run_dir("rs-api"));
     opts.upstream_scheduler = true;
     opts.kwok_nodes = 3;
-    let cp = tokio::task::block_in_place(|| controlplane::ControlPlane::start(opts)).unwrap();
+    let mut cp = tokio::task::block_in_place(|| controlplane::ControlPlane::start(opts)).unwrap();
     let client = cp.client().await.unwrap();
     // New Nodes are tainted not-ready until kube-controller-manager's node lifecycle controller
     // lifts it; that controller does not run here.
-    cp.kubectl_run(
-        &[
-            "taint",
-            "nodes",
-            "--all",
-            "node.kubernetes.io/not-ready:NoSchedule-",
-        ],
-        None,
-    )
-    .unwrap();
+    lift_not_ready_taint(&mut cp).unwrap();
     let namespace = cp.test_namespace("rs").unwrap();
     let informers = Informers::new(client.clone());
     let controller = Controller::new(client.clone(), &informers, Config::default());

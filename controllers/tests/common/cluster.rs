@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use controlplane::{ControlPlane, Options};
@@ -99,25 +99,14 @@ impl Cluster {
         what: &str,
         wait: Duration,
         poll: Duration,
-        mut check: F,
+        check: F,
     ) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let start = Instant::now();
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            assert!(
-                start.elapsed() < wait,
-                "{:?}: timed out after {wait:?} waiting for {what}\n{}",
-                self.flavour,
-                self.manager_log()
-            );
-            tokio::time::sleep(poll).await;
-        }
+        let failure = |m| format!("{:?}: {m}\n{}", self.flavour, self.manager_log());
+        super::wait::eventually(what, wait, poll, failure, check).await
     }
 
     /// The control plane of `flavour` for this test binary, made by `start` on first use.

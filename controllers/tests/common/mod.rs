@@ -12,8 +12,10 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod cluster;
+pub mod events;
 pub mod kubelet;
 pub mod run;
+pub mod wait;
 pub mod watch;
 
 pub use cluster::{Cluster, Flavour};
