@@ -12,8 +12,9 @@ use std::time::Duration;
 use crate::helpers::containers::long_running;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::queue::{Bucket, ItemBackoff, RateLimiter, WorkQueue};
-use k8s_openapi::api::core::v1::{Service, ServicePort};
+use k8s_openapi::api::core::v1::{ObjectReference, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt as _;
 
 /// The three EndpointSlice conditions of one Pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +95,17 @@ pub fn publish_not_ready(svc: &Service) -> bool {
         .as_ref()
         .and_then(|s| s.publish_not_ready_addresses)
         .unwrap_or(false)
+}
+
+/// The reference to a Pod an endpoint's `targetRef` holds (kind, namespace, name, uid).
+pub fn pod_reference(pod: &CachedPod) -> ObjectReference {
+    ObjectReference {
+        kind: Some("Pod".into()),
+        namespace: pod.namespace(),
+        name: Some(pod.name_any()),
+        uid: pod.uid(),
+        ..Default::default()
+    }
 }
 
 /// Resolves a Service port's targetPort on one Pod as upstream's `FindPort` (used by both the

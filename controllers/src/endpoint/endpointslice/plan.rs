@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::{
     Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
 };
@@ -224,13 +224,7 @@ pub fn pod_endpoint(svc: &Service, pod: &CachedPod, ip: IpAddr, zone: Option<Str
         hostname,
         node_name: spec.and_then(|s| s.node_name.clone()),
         zone,
-        target_ref: Some(ObjectReference {
-            kind: Some("Pod".into()),
-            namespace: pod.namespace(),
-            name: Some(pod.name_any()),
-            uid: pod.uid(),
-            ..Default::default()
-        }),
+        target_ref: Some(endpointutil::pod_reference(pod)),
         ..Default::default()
     };
     ep.hints = hints(svc, &ep);

@@ -338,11 +338,9 @@ impl Controller {
             if let Some(ds) = self.resolve(ns, r) {
                 self.enqueue(&ds);
                 let min_ready = plan::min_ready_seconds(&ds);
-                if !pods::is_pod_ready(old) && pods::is_pod_ready(cur) && min_ready > 0 {
-                    self.queue.add_after(
-                        informer::key_of(ds.as_ref()),
-                        Duration::from_secs(min_ready as u64 + 1),
-                    );
+                if let Some(after) = pods::available_after(old, cur, min_ready) {
+                    let after = after + Duration::from_secs(1);
+                    self.queue.add_after(informer::key_of(ds.as_ref()), after);
                 }
             }
             return;

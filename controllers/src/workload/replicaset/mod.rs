@@ -317,10 +317,9 @@ impl<F: Flavor> Base<F> {
                     self.queue.add_coalesced(key.clone(), STATUS_COALESCE);
                 }
                 let min_ready = plan::min_ready_seconds(&F::view(rs));
-                if !pods::is_pod_ready(old) && pods::is_pod_ready(cur) && min_ready > 0 {
+                if let Some(after) = pods::available_after(old, cur, min_ready) {
                     // Look again when the Pod turns available.
-                    self.queue
-                        .add_after(key, Duration::from_secs(min_ready as u64));
+                    self.queue.add_after(key, after);
                 }
             }
             return;

@@ -57,7 +57,7 @@ use crate::runtime::events::Recorder;
 use crate::runtime::expectations::Expectations;
 use crate::runtime::history;
 use crate::runtime::informer::{self, controller_uid, EventHandlers, Informers, NAMESPACE};
-use crate::runtime::pods::{is_pod_ready, pod_key};
+use crate::runtime::pods::{available_after, pod_key};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::{run_controller, SyncKey, WorkersConfig};
 
@@ -243,9 +243,8 @@ impl Controller {
             }
             self.queue.add(key.clone());
             let min_ready = plan::min_ready_seconds(&set);
-            if !is_pod_ready(old) && is_pod_ready(cur) && min_ready > 0 {
-                self.queue
-                    .add_after(key, Duration::from_secs(min_ready as u64));
+            if let Some(after) = available_after(old, cur, min_ready) {
+                self.queue.add_after(key, after);
             }
             return;
         }
