@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::Client;
 use serde_json::{json, Value};
 
@@ -68,4 +69,17 @@ pub fn owned_pod(
         v["metadata"]["ownerReferences"] = controller_ref(api_version, kind, n, uid);
     }
     v
+}
+
+/// A Pod's Ready condition: True since `ready_since`, or False when `None`.
+pub fn ready_condition(ready_since: Option<&str>) -> Value {
+    match ready_since {
+        Some(t) => json!({"type": "Ready", "status": "True", "lastTransitionTime": t}),
+        None => json!({"type": "Ready", "status": "False"}),
+    }
+}
+
+/// Sets the image of the template's first container (`kubectl set image`).
+pub fn set_template_image(template: &mut PodTemplateSpec, image: &str) {
+    template.spec.as_mut().unwrap().containers[0].image = Some(image.into());
 }
