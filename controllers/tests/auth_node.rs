@@ -29,10 +29,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::events::recorded_by;
 use common::{Cluster, Flavour};
-use controlplane::Options;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, ServiceAccount};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -42,41 +42,17 @@ const CONTROLLERS: &str =
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// How often a wait looks again.
+const POLL: Duration = Duration::from_millis(100);
+
 const DESCRIPTION_ANNOTATION: &str = "kubernetes.io/description";
 
-async fn eventually<T, F, Fut>(what: &str, cluster: &Cluster, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "{:?}: timed out after {WAIT:?} waiting for {what}\n{}",
-            cluster.flavour,
-            cluster.manager_log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn start(flavour: Flavour) -> Cluster {
-    let opts = Options::minimal(controlplane::run_dir(&format!(
-        "auth-node-{}",
-        flavour.tag()
-    )));
     let controllers = match flavour {
         Flavour::Upstream => format!("{CONTROLLERS},node-lifecycle-controller"),
         Flavour::Kpr => CONTROLLERS.to_string(),
     };
-    tokio::task::block_in_place(|| {
-        Cluster::start(flavour, &controllers, opts, Vec::new(), |_| Ok(()))
-    })
-    .expect("starting the control plane")
+    Cluster::start_minimal(flavour, "auth-node", &controllers)
 }
 
 async fn namespaces(cluster: &Cluster, client: &Client) {
@@ -91,10 +67,11 @@ async fn namespaces(cluster: &Cluster, client: &Client) {
     .unwrap();
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns_name);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns_name);
-    let first = eventually("the default ServiceAccount", cluster, || async {
-        sas.get_opt("default").await.unwrap()
-    })
-    .await;
+    let first = cluster
+        .eventually("the default ServiceAccount", WAIT, POLL, || async {
+            sas.get_opt("default").await.unwrap()
+        })
+        .await;
     let published = |want_ca: String| {
         let cms = cms.clone();
         move || {
@@ -112,26 +89,31 @@ async fn namespaces(cluster: &Cluster, client: &Client) {
             }
         }
     };
-    let cm = eventually(
-        "kube-root-ca.crt with the CA",
-        cluster,
-        published(ca.clone()),
-    )
-    .await;
+    let cm = cluster
+        .eventually(
+            "kube-root-ca.crt with the CA",
+            WAIT,
+            POLL,
+            published(ca.clone()),
+        )
+        .await;
 
     // Deleted: both come back (new objects).
     sas.delete("default", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the default ServiceAccount again", cluster, || async {
-        let sa = sas.get_opt("default").await.unwrap()?;
-        (sa.metadata.uid != first.metadata.uid).then_some(())
-    })
-    .await;
+    cluster
+        .eventually("the default ServiceAccount again", WAIT, POLL, || async {
+            let sa = sas.get_opt("default").await.unwrap()?;
+            (sa.metadata.uid != first.metadata.uid).then_some(())
+        })
+        .await;
     cms.delete("kube-root-ca.crt", &DeleteParams::default())
         .await
         .unwrap();
-    let again = eventually("kube-root-ca.crt again", cluster, published(ca.clone())).await;
+    let again = cluster
+        .eventually("kube-root-ca.crt again", WAIT, POLL, published(ca.clone()))
+        .await;
     assert_ne!(again.metadata.uid, cm.metadata.uid);
 
     // Edited: the data is put back whole.
@@ -142,7 +124,9 @@ async fn namespaces(cluster: &Cluster, client: &Client) {
     )
     .await
     .unwrap();
-    eventually("kube-root-ca.crt repaired", cluster, published(ca)).await;
+    cluster
+        .eventually("kube-root-ca.crt repaired", WAIT, POLL, published(ca))
+        .await;
 }
 
 fn pod(name: &str, node: &str, tolerations: serde_json::Value) -> Pod {
@@ -184,19 +168,11 @@ fn deleting(p: &Option<Pod>) -> bool {
 }
 
 async fn messages(events: &Api<Event>, pod: &str) -> Vec<String> {
-    let lp = ListParams::default().fields(&format!(
-        "involvedObject.kind=Pod,involvedObject.name={pod},reason=TaintManagerEviction"
-    ));
-    events
-        .list(&lp)
+    let fields =
+        format!("involvedObject.kind=Pod,involvedObject.name={pod},reason=TaintManagerEviction");
+    recorded_by(events, &fields, "taint-eviction-controller")
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|e| {
-            e.source.as_ref().and_then(|s| s.component.as_deref())
-                == Some("taint-eviction-controller")
-        })
         .filter_map(|e| e.message)
         .collect()
 }
@@ -224,10 +200,11 @@ async fn taints(cluster: &Cluster, client: &Client) {
     let events: Api<Event> = Api::namespaced(client.clone(), ns);
     // The ServiceAccount admission takes Pods once the default ServiceAccount exists.
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    eventually("the default ServiceAccount", cluster, || async {
-        sas.get_opt("default").await.unwrap()
-    })
-    .await;
+    cluster
+        .eventually("the default ServiceAccount", WAIT, POLL, || async {
+            sas.get_opt("default").await.unwrap()
+        })
+        .await;
     let pp = PostParams::default();
     for p in [
         pod("untolerating", "evicting", json!([])),
@@ -241,12 +218,13 @@ async fn taints(cluster: &Cluster, client: &Client) {
     taint(&nodes, "evicting", true).await;
     taint(&nodes, "relenting", true).await;
     let t0 = Instant::now();
-    let evicted = eventually("the untolerating Pod evicted", cluster, || async {
-        let p = pods.get_opt("untolerating").await.unwrap();
-        deleting(&p).then_some(p)
-    })
-    .await
-    .expect("a bound Pod stays, terminating");
+    let evicted = cluster
+        .eventually("the untolerating Pod evicted", WAIT, POLL, || async {
+            let p = pods.get_opt("untolerating").await.unwrap();
+            deleting(&p).then_some(p)
+        })
+        .await
+        .expect("a bound Pod stays, terminating");
     let condition = evicted
         .status
         .and_then(|s| s.conditions)
@@ -272,10 +250,11 @@ async fn taints(cluster: &Cluster, client: &Client) {
         "{:?}: a Pod tolerating the taint for 4 s was evicted within 3 s",
         cluster.flavour
     );
-    eventually("the four-seconds Pod evicted", cluster, || async {
-        deleting(&pods.get_opt("four-seconds").await.unwrap()).then_some(())
-    })
-    .await;
+    cluster
+        .eventually("the four-seconds Pod evicted", WAIT, POLL, || async {
+            deleting(&pods.get_opt("four-seconds").await.unwrap()).then_some(())
+        })
+        .await;
 
     tokio::time::sleep(Duration::from_secs(9).saturating_sub(t0.elapsed())).await;
     assert!(
@@ -303,14 +282,15 @@ async fn taints(cluster: &Cluster, client: &Client) {
             "Cancelling deletion of Pod taint-scenario/reprieved",
         ),
     ] {
-        eventually(&format!("the Event {want:?}"), cluster, || async {
-            messages(&events, pod)
-                .await
-                .iter()
-                .any(|m| m == want)
-                .then_some(())
-        })
-        .await;
+        cluster
+            .eventually(&format!("the Event {want:?}"), WAIT, POLL, || async {
+                messages(&events, pod)
+                    .await
+                    .iter()
+                    .any(|m| m == want)
+                    .then_some(())
+            })
+            .await;
     }
     assert!(
         messages(&events, "for-ever").await.is_empty(),

@@ -132,26 +132,7 @@ async fn differential(scenario: Scenario) {
     );
 }
 
-macro_rules! scenario_tests {
-    ($($scenario:ident => $upstream:ident, $kpr:ident, $diff:ident;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $upstream() {
-            check(Flavour::Upstream, Scenario::$scenario).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $kpr() {
-            check(Flavour::Kpr, Scenario::$scenario).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $diff() {
-            differential(Scenario::$scenario).await;
-        }
-    )*};
-}
-
-scenario_tests! {
+common::scenario_tests! {
     Parallel => upstream_job_parallelism_2_of_5, kpr_job_parallelism_2_of_5, differential_job_parallelism_2_of_5;
     Indexed => upstream_indexed_job, kpr_indexed_job, differential_indexed_job;
     BackoffLimit => upstream_job_backoff_limit, kpr_job_backoff_limit, differential_job_backoff_limit;

@@ -16,7 +16,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
 
 use controllers::endpoint::lbipam;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -34,22 +36,12 @@ const SYSTEM: &str = "kube-system";
 const ACCOUNT: &str = "kpr-controller-manager";
 const POOL: &str = "198.51.100.0/29";
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::wait::eventually(what, WAIT, Duration::from_millis(100), |m| m, check).await
 }
 
 async fn lease_holder(client: &Client) -> Option<String> {

@@ -436,26 +436,7 @@ async fn differential(scenario: Scenario) {
     );
 }
 
-macro_rules! scenario_tests {
-    ($($scenario:ident => $upstream:ident, $kpr:ident, $diff:ident;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $upstream() {
-            check(Flavour::Upstream, Scenario::$scenario).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $kpr() {
-            check(Flavour::Kpr, Scenario::$scenario).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $diff() {
-            differential(Scenario::$scenario).await;
-        }
-    )*};
-}
-
-scenario_tests! {
+common::scenario_tests! {
     Coverage => upstream_daemonset_coverage, kpr_daemonset_coverage, differential_daemonset_coverage;
     Taints => upstream_daemonset_taints, kpr_daemonset_taints, differential_daemonset_taints;
     Rolling => upstream_daemonset_rolling_max_unavailable, kpr_daemonset_rolling_max_unavailable, differential_daemonset_rolling_max_unavailable;

@@ -28,7 +28,9 @@
 //! status subresource; the "Nodes forbidden" case is the real RBAC authorizer's 403.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
 
 use controllers::endpoint::endpointslice::plan::{
     LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY,
@@ -53,22 +55,12 @@ const WAIT: Duration = Duration::from_secs(60);
 static MANAGERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Polls `check` until it returns Some or `timeout` passes.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::wait::eventually(what, timeout, Duration::from_millis(100), |m| m, check).await
 }
 
 /// One test's view of the shared control plane: its namespace and an admin client.

@@ -22,7 +22,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Cluster, Flavour};
-use controlplane::Options;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -36,37 +35,13 @@ const CONTROLLERS: &str = "namespace-controller,serviceaccount-controller";
 /// content held by a finalizer.
 const WAIT: Duration = Duration::from_secs(60);
 
+/// How often a wait looks again.
+const POLL: Duration = Duration::from_millis(200);
+
 const GROUP: &str = "nstest.example.com";
 
-async fn eventually<T, F, Fut>(what: &str, cluster: &Cluster, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "{:?}: timed out after {WAIT:?} waiting for {what}\n{}",
-            cluster.flavour,
-            cluster.manager_log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 fn start(flavour: Flavour) -> Cluster {
-    let opts = Options::minimal(controlplane::run_dir(&format!(
-        "namespace-{}",
-        flavour.tag()
-    )));
-    tokio::task::block_in_place(|| {
-        Cluster::start(flavour, CONTROLLERS, opts, Vec::new(), |_| Ok(()))
-    })
-    .expect("starting the control plane")
+    Cluster::start_minimal(flavour, "namespace", CONTROLLERS)
 }
 
 fn widgets() -> ApiResource {
@@ -97,22 +72,24 @@ async fn create_crd(cluster: &Cluster, client: &Client) {
     )
     .await
     .unwrap();
-    eventually("the CRD established", cluster, || async {
-        let crd = crds.get(&format!("widgets.{GROUP}")).await.unwrap();
-        crd.status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
+    cluster
+        .eventually("the CRD established", WAIT, POLL, || async {
+            let crd = crds.get(&format!("widgets.{GROUP}")).await.unwrap();
+            crd.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
     // Served (discovery and the REST path) shortly after being established.
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &widgets());
-    eventually("widgets served", cluster, || async {
-        api.list(&Default::default()).await.ok().map(|_| ())
-    })
-    .await;
+    cluster
+        .eventually("widgets served", WAIT, POLL, || async {
+            api.list(&Default::default()).await.ok().map(|_| ())
+        })
+        .await;
 }
 
 /// A new namespace (with `finalizers` of its own) whose default ServiceAccount exists.
@@ -127,10 +104,11 @@ async fn create_namespace(cluster: &Cluster, client: &Client, name: &str, finali
     .await
     .unwrap();
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    eventually("the default ServiceAccount", cluster, || async {
-        sas.get_opt("default").await.unwrap()
-    })
-    .await;
+    cluster
+        .eventually("the default ServiceAccount", WAIT, POLL, || async {
+            sas.get_opt("default").await.unwrap()
+        })
+        .await;
 }
 
 async fn create<K>(client: &Client, ns: &str, v: serde_json::Value)
@@ -187,10 +165,11 @@ async fn content(cluster: &Cluster, client: &Client) {
 
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.delete(ns, &DeleteParams::default()).await.unwrap();
-    eventually("the namespace gone", cluster, || async {
-        nss.get_opt(ns).await.unwrap().is_none().then_some(())
-    })
-    .await;
+    cluster
+        .eventually("the namespace gone", WAIT, POLL, || async {
+            nss.get_opt(ns).await.unwrap().is_none().then_some(())
+        })
+        .await;
     // Its content went with it (a namespace of the same name would find none of it).
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
@@ -265,11 +244,12 @@ async fn finalizers(cluster: &Cluster, client: &Client) {
             "Some content in the namespace has finalizers remaining: example.com/hold in 1 resource instances",
         ),
     ];
-    let seen = eventually("the remaining-content conditions", cluster, || async {
-        let n = nss.get(ns).await.unwrap();
-        (conditions(&n) == remaining).then_some(n)
-    })
-    .await;
+    let seen = cluster
+        .eventually("the remaining-content conditions", WAIT, POLL, || async {
+            let n = nss.get(ns).await.unwrap();
+            (conditions(&n) == remaining).then_some(n)
+        })
+        .await;
     assert_eq!(
         seen.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Terminating")
@@ -309,12 +289,13 @@ async fn finalizers(cluster: &Cluster, client: &Client) {
             "All content-preserving finalizers finished",
         ),
     ];
-    let released = eventually("the namespace released", cluster, || async {
-        let n = nss.get(ns).await.unwrap();
-        let finalizers = n.spec.as_ref().and_then(|s| s.finalizers.clone());
-        (finalizers == Some(vec!["example.com/keep".to_string()])).then_some(n)
-    })
-    .await;
+    let released = cluster
+        .eventually("the namespace released", WAIT, POLL, || async {
+            let n = nss.get(ns).await.unwrap();
+            let finalizers = n.spec.as_ref().and_then(|s| s.finalizers.clone());
+            (finalizers == Some(vec!["example.com/keep".to_string()])).then_some(n)
+        })
+        .await;
     assert_eq!(conditions(&released), ok, "{:?}", cluster.flavour);
     assert!(ws.get_opt("held").await.unwrap().is_none());
 
@@ -324,10 +305,11 @@ async fn finalizers(cluster: &Cluster, client: &Client) {
     nss.replace_subresource("finalize", ns, &PostParams::default(), &done)
         .await
         .unwrap();
-    eventually("the namespace gone", cluster, || async {
-        nss.get_opt(ns).await.unwrap().is_none().then_some(())
-    })
-    .await;
+    cluster
+        .eventually("the namespace gone", WAIT, POLL, || async {
+            nss.get_opt(ns).await.unwrap().is_none().then_some(())
+        })
+        .await;
 }
 
 async fn scenario(flavour: Flavour) {

@@ -4,6 +4,10 @@
 
 use std::time::Duration;
 
+mod common;
+
+use common::events::recorded_by;
+
 use controllers::runtime::events::Recorder;
 use controllers::runtime::pod_control::*;
 use controllers::Error;
@@ -25,19 +29,13 @@ fn pod(labels: serde_json::Value, image: &str) -> Pod {
 async fn events(api: &Api<Event>, owner: &Owner, n: usize) -> Vec<(String, String)> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let lp = ListParams::default().fields(&format!(
+        let fields = format!(
             "involvedObject.name={}",
             owner.reference.name.as_deref().unwrap_or_default()
-        ));
-        let mut found: Vec<(String, String)> = api
-            .list(&lp)
+        );
+        let mut found: Vec<(String, String)> = recorded_by(api, &fields, "pod-control-test")
             .await
-            .unwrap()
-            .items
             .into_iter()
-            .filter(|e| {
-                e.source.as_ref().and_then(|s| s.component.as_deref()) == Some("pod-control-test")
-            })
             .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
             .collect();
         if found.len() >= n {

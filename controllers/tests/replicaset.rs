@@ -6,11 +6,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod common;
+
+use common::cluster::lift_not_ready_taint;
+use common::events::recorded_by;
+
 use controllers::runtime::cached_pod::CachedPod;
 use controllers::runtime::informer::Informers;
 use controllers::runtime::pods;
 use controllers::workload::replicaset::{
-    new, plan, Config, COMPONENT, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE,
+    plan, Config, Controller, COMPONENT, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE,
 };
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -53,19 +58,12 @@ impl Ns {
     /// The messages of the `reason` Events on ReplicaSet `name` from our component.
     async fn event_messages(&self, name: &str, reason: &str) -> Vec<String> {
         let uid = self.rs.get(name).await.unwrap().metadata.uid;
-        let lp = ListParams::default().fields(&format!(
-            "involvedObject.kind=ReplicaSet,involvedObject.name={name},reason={reason}"
-        ));
-        self.events
-            .list(&lp)
+        let fields =
+            format!("involvedObject.kind=ReplicaSet,involvedObject.name={name},reason={reason}");
+        recorded_by(&self.events, &fields, COMPONENT)
             .await
-            .unwrap()
-            .items
             .into_iter()
-            .filter(|e| {
-                e.involved_object.uid == uid
-                    && e.source.as_ref().and_then(|s| s.component.as_deref()) == Some(COMPONENT)
-            })
+            .filter(|e| e.involved_object.uid == uid)
             .filter_map(|e| e.message)
             .collect()
     }
@@ -98,23 +96,14 @@ async fn replicaset_against_the_reference_api_server() {
     let mut opts = controlplane::Options::minimal(controlplane::run_dir("rs-api"));
     opts.upstream_scheduler = true;
     opts.kwok_nodes = 3;
-    let cp = tokio::task::block_in_place(|| controlplane::ControlPlane::start(opts)).unwrap();
+    let mut cp = tokio::task::block_in_place(|| controlplane::ControlPlane::start(opts)).unwrap();
     let client = cp.client().await.unwrap();
     // New Nodes are tainted not-ready until kube-controller-manager's node lifecycle controller
     // lifts it; that controller does not run here.
-    cp.kubectl_run(
-        &[
-            "taint",
-            "nodes",
-            "--all",
-            "node.kubernetes.io/not-ready:NoSchedule-",
-        ],
-        None,
-    )
-    .unwrap();
+    lift_not_ready_taint(&mut cp).unwrap();
     let namespace = cp.test_namespace("rs").unwrap();
     let informers = Informers::new(client.clone());
-    let controller = new(client.clone(), &informers, Config::default());
+    let controller = Controller::new(client.clone(), &informers, Config::default());
     informers.start();
     let run = tokio::spawn(controller.clone().run());
     let ns = Ns {

@@ -108,26 +108,7 @@ async fn differential(scenario: Scenario) {
     }
 }
 
-macro_rules! scenario_tests {
-    ($($scenario:ident => $upstream:ident, $kpr:ident, $diff:ident;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $upstream() {
-            check(Flavour::Upstream, Scenario::$scenario).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $kpr() {
-            check(Flavour::Kpr, Scenario::$scenario).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $diff() {
-            differential(Scenario::$scenario).await;
-        }
-    )*};
-}
-
-scenario_tests! {
+common::scenario_tests! {
     Ordered => upstream_ordered_ready_scale_and_claims, kpr_ordered_ready_scale_and_claims, differential_ordered_ready_scale_and_claims;
     Partition => upstream_partitioned_rolling_update, kpr_partitioned_rolling_update, differential_partitioned_rolling_update;
     Retention => upstream_parallel_retention_delete, kpr_parallel_retention_delete, differential_parallel_retention_delete;

@@ -51,26 +51,7 @@ async fn restart(flavour: Flavour) {
     );
 }
 
-macro_rules! scenario_tests {
-    ($($scenario:ident => $upstream:ident, $kpr:ident, $diff:ident;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $upstream() {
-            check(Flavour::Upstream, Scenario::$scenario).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $kpr() {
-            check(Flavour::Kpr, Scenario::$scenario).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $diff() {
-            differential(Scenario::$scenario).await;
-        }
-    )*};
-}
-
-scenario_tests! {
+common::scenario_tests! {
     RolloutAndUndo => upstream_rollout_and_undo, kpr_rollout_and_undo, differential_rollout_and_undo;
     ProportionalScaling => upstream_proportional_scaling, kpr_proportional_scaling, differential_proportional_scaling;
     ScaleDownRanking => upstream_scale_down_ranking, kpr_scale_down_ranking, differential_scale_down_ranking;

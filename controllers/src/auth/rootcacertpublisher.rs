@@ -29,7 +29,7 @@ use crate::runtime::apierrors;
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::Informers;
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_controller;
+use crate::runtime::workers::{run_controller, SyncKey};
 
 /// The controller's name in logs.
 pub const NAME: &str = "root-ca-cert-publisher";
@@ -204,7 +204,6 @@ impl Controller {
             &[&*self.config_maps, &*self.namespaces],
             &self.queue,
             self.config.workers,
-            |this, ns: String| async move { this.sync(&ns).await },
         )
         .await;
     }
@@ -213,9 +212,11 @@ impl Controller {
     pub fn shut_down(&self) {
         self.queue.shut_down();
     }
+}
 
+impl SyncKey for Controller {
     /// `syncNamespace`: creates the namespace's ConfigMap, or puts its CA and annotation back.
-    pub async fn sync(&self, ns: &str) -> Result<()> {
+    async fn sync(&self, ns: &str) -> Result<()> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
         let object = || format!("ConfigMap {ns}/{CONFIG_MAP}");
         let Some(cm) = self.config_maps.get(ns, CONFIG_MAP) else {

@@ -23,7 +23,7 @@ use crate::runtime::apierrors;
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::Informers;
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_controller;
+use crate::runtime::workers::{run_controller, SyncKey};
 
 /// The controller's name in logs.
 pub const NAME: &str = "serviceaccount";
@@ -98,7 +98,6 @@ impl Controller {
             &[&*self.accounts, &*self.namespaces],
             &self.queue,
             self.config.workers,
-            |this, ns: String| async move { this.sync(&ns).await },
         )
         .await;
     }
@@ -121,9 +120,11 @@ impl Controller {
             _ => Vec::new(),
         }
     }
+}
 
+impl SyncKey for Controller {
     /// `syncNamespace`: creates the accounts the namespace lacks.
-    pub async fn sync(&self, ns: &str) -> Result<()> {
+    async fn sync(&self, ns: &str) -> Result<()> {
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), ns);
         let mut failures = Vec::new();
         for name in self.missing(ns) {

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use controllers::endpoint::lbipam::pool::Pool;
 use controllers::manager::{self, ManagerConfig, Setting};
-use controllers::runtime::leader::{self, LeaderConfig};
+use controllers::runtime::leader::LeaderConfig;
 
 /// Runs kpr's controllers (the list is in `--help` under `--controllers`) against a Kubernetes
 /// API server.
@@ -126,7 +126,7 @@ struct Args {
     kube_api_burst: u32,
 }
 
-use controllers::runtime::process::{client, identity, serve_metrics};
+use controllers::runtime::process::{client, identity, run_until_signalled, serve_metrics};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -206,17 +206,6 @@ async fn main() -> anyhow::Result<()> {
     }
     let names: Vec<&str> = cfg.controllers.iter().map(|d| d.name).collect();
     tracing::info!("controller-manager starting: {}", names.join(","));
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing SIGTERM handler")?;
-    tokio::select! {
-        r = manager::run(client.clone(), cfg) => r.context("controller-manager stopped")?,
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
-        _ = term.recv() => tracing::info!("terminated"),
-    }
-    if let Some(l) = leader {
-        leader::release(&client, &l)
-            .await
-            .context("releasing the leader Lease")?;
-    }
-    Ok(())
+    let work = manager::run(client.clone(), cfg);
+    run_until_signalled(&client, leader.as_ref(), "controller-manager", work).await
 }

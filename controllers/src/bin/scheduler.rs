@@ -47,7 +47,7 @@ struct Args {
     verbosity: u8,
 }
 
-use controllers::runtime::process::{client, identity, serve_metrics};
+use controllers::runtime::process::{client, identity, run_until_signalled, serve_metrics};
 
 fn duration(field: &str, v: Option<&str>, default: Duration) -> anyhow::Result<Duration> {
     match v {
@@ -152,22 +152,11 @@ async fn main() -> anyhow::Result<()> {
         scheduler::run(informers, sched).await;
         Ok(())
     };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing SIGTERM handler")?;
-    tokio::select! {
-        r = async {
-            match leader.clone() {
-                Some(l) => leader::run_as_leader(client.clone(), l, work).await,
-                None => work.await,
-            }
-        } => r.context("scheduler stopped")?,
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
-        _ = term.recv() => tracing::info!("terminated"),
-    }
-    if let Some(l) = leader {
-        leader::release(&client, &l)
-            .await
-            .context("releasing the leader Lease")?;
-    }
-    Ok(())
+    let led = async {
+        match leader.clone() {
+            Some(l) => leader::run_as_leader(client.clone(), l, work).await,
+            None => work.await,
+        }
+    };
+    run_until_signalled(&client, leader.as_ref(), "scheduler", led).await
 }

@@ -9,10 +9,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::helpers::containers::long_running;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::queue::{Bucket, ItemBackoff, RateLimiter, WorkQueue};
-use k8s_openapi::api::core::v1::{Service, ServicePort};
+use k8s_openapi::api::core::v1::{ObjectReference, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt as _;
 
 /// The three EndpointSlice conditions of one Pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +97,17 @@ pub fn publish_not_ready(svc: &Service) -> bool {
         .unwrap_or(false)
 }
 
+/// The reference to a Pod an endpoint's `targetRef` holds (kind, namespace, name, uid).
+pub fn pod_reference(pod: &CachedPod) -> ObjectReference {
+    ObjectReference {
+        kind: Some("Pod".into()),
+        namespace: pod.namespace(),
+        name: Some(pod.name_any()),
+        uid: pod.uid(),
+        ..Default::default()
+    }
+}
+
 /// Resolves a Service port's targetPort on one Pod as upstream's `FindPort` (used by both the
 /// Endpoints and the EndpointSlice controller): a number is used as is (default: the Service port),
 /// a name is looked up among the ports with the same protocol of the Pod's containers, then of its
@@ -110,14 +123,7 @@ pub fn resolve_target_port(pod: &CachedPod, port: &ServicePort) -> Option<i32> {
                 return Some(n);
             }
             let spec = pod.spec.as_ref()?;
-            let sidecars = spec
-                .init_containers
-                .iter()
-                .flatten()
-                .filter(|c| c.restart_policy.as_deref() == Some("Always"));
-            spec.containers
-                .iter()
-                .chain(sidecars)
+            long_running(&spec.containers, spec.init_containers.as_ref())
                 .flat_map(|c| c.ports.iter().flatten())
                 .find_map(|cp| {
                     let same_protocol = cp.protocol.as_deref().unwrap_or("TCP") == protocol;
@@ -126,6 +132,26 @@ pub fn resolve_target_port(pod: &CachedPod, port: &ServicePort) -> Option<i32> {
                 })
         }
     }
+}
+
+/// The Service's ports whose target resolves on `pod` ([`resolve_target_port`]), in the Service's
+/// order, each with the resolved port and its protocol (`TCP` when unset): what both controllers
+/// turn into their endpoint ports.
+pub fn resolved_ports<'a>(
+    svc: &'a Service,
+    pod: &'a CachedPod,
+) -> impl Iterator<Item = (&'a ServicePort, i32, String)> + 'a {
+    svc.spec
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .filter_map(move |sp| {
+            let port = resolve_target_port(pod, sp)?;
+            Some((
+                sp,
+                port,
+                sp.protocol.clone().unwrap_or_else(|| "TCP".into()),
+            ))
+        })
 }
 
 /// The work queue of an endpoint controller: a failed sync is retried after 1 s doubling up to

@@ -186,8 +186,7 @@ mod tests {
     #[tokio::test]
     async fn lookups_go_both_ways_and_a_relabelled_pod_concerns_old_and_new_services() {
         // The client is never used: events go through the informers' own dispatch.
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let informers = Informers::new(kube::Client::try_from(config).unwrap());
+        let informers = Informers::new(crate::runtime::testing::offline_client());
         let (svc_inf, pod_inf) = register(&informers);
         for s in [
             svc("web", json!({"app": "web"})),

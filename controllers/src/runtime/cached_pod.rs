@@ -172,6 +172,12 @@ pub struct CachedContainerStatus {
     pub state: Option<ContainerState>,
 }
 
+impl crate::helpers::containers::RestartPolicy for CachedContainer {
+    fn restart_policy(&self) -> Option<&str> {
+        self.restart_policy.as_deref()
+    }
+}
+
 impl k8s_openapi::Resource for CachedPod {
     const API_VERSION: &'static str = <Pod as k8s_openapi::Resource>::API_VERSION;
     const GROUP: &'static str = <Pod as k8s_openapi::Resource>::GROUP;

@@ -25,7 +25,13 @@ use crate::helpers::meta::object_name;
 use crate::helpers::selector::Selector;
 use crate::runtime::apierrors::{has_code, is_not_found};
 
-use super::informer::{controller_uid, Informer, Watched};
+use super::cache::Indexed;
+use super::cached_pod::CachedPod;
+use super::expectations::Expectations;
+use super::informer::{controller_uid, key_of, Informer, Watched};
+use super::pods::pod_key;
+use super::queue::WorkQueue;
+use crate::helpers::meta::controller_of_object;
 
 /// Cache index: key = the namespace of an object without a controller reference (the orphans an
 /// owner may adopt, upstream's orphan key of its controller indexes). One index per informer,
@@ -223,7 +229,7 @@ where
 /// `resolveControllerRef`: the object of kind `K` a controller reference names, when the cache
 /// holds it with that uid (a re-created owner of the same name is another owner).
 pub fn resolve_controller_ref<K>(
-    cache: &crate::runtime::cache::Indexed<K>,
+    cache: &Indexed<K>,
     namespace: &str,
     r: &OwnerReference,
 ) -> Option<Arc<K>>
@@ -236,6 +242,91 @@ where
     cache
         .get(namespace, &r.name)
         .filter(|o| o.meta().uid.as_deref() == Some(r.uid.as_str()))
+}
+
+/// The `recheck` of [`claim`] for an owner read through `api` (upstream's
+/// `RecheckDeletionTimestamp` over an uncached get): re-reads it by name and checks it with
+/// [`recheck_owner`]; a failed read is an error naming `object` (the owner's `Kind ns/name`).
+pub async fn reread_owner<O>(api: &Api<O>, owner: &OwnerInfo, object: String) -> Result<()>
+where
+    O: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let fresh = api
+        .get_opt(&owner.name)
+        .await
+        .map_err(|e| Error::kube("re-reading before adoption", object, e))?;
+    recheck_owner(owner, fresh.as_ref())
+}
+
+/// What observes an owner's Pods coming and going through the watch: its [`Expectations`], or
+/// its [`crate::runtime::pod_control::PodControl`] when that reads its own creations back (the
+/// creation may have been observed by its answer already).
+pub trait PodObserver {
+    /// The watch showed `pod` of the owner `key` for the first time.
+    fn creation_seen(&self, key: &str, pod: &CachedPod);
+    /// The watch showed `pod` of the owner `key` deleted (or first seen terminating).
+    fn deletion_seen(&self, key: &str, pod: &CachedPod);
+}
+
+impl PodObserver for Expectations {
+    fn creation_seen(&self, key: &str, _pod: &CachedPod) {
+        self.creation_observed(key);
+    }
+
+    fn deletion_seen(&self, key: &str, pod: &CachedPod) {
+        self.deletion_observed(key, &pod_key(pod));
+    }
+}
+
+/// Upstream's `addPod` as the ReplicaSet, StatefulSet and DaemonSet controllers share it: a Pod
+/// first seen terminating (after a restart) is a deletion, not a creation ([`pod_deleted`]); one
+/// with a controller reference is a creation its owner (when `owners` holds it) observes, and
+/// queues that owner. `true` for an orphan: the caller queues the owners selecting it, which may
+/// adopt it (no creation is observed).
+pub fn pod_added<K>(
+    owners: &Indexed<K>,
+    expectations: &impl PodObserver,
+    queue: &WorkQueue<String>,
+    pod: &CachedPod,
+) -> bool
+where
+    K: Resource<DynamicType = ()> + ResourceExt + Clone,
+{
+    if pod.metadata.deletion_timestamp.is_some() {
+        pod_deleted(owners, expectations, queue, pod);
+        return false;
+    }
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let Some(r) = controller_of_object(pod) else {
+        return true;
+    };
+    if let Some(owner) = resolve_controller_ref(owners, ns, r) {
+        let key = key_of(owner.as_ref());
+        expectations.creation_seen(&key, pod);
+        queue.add(key);
+    }
+    false
+}
+
+/// Upstream's `deletePod` as the ReplicaSet, StatefulSet and DaemonSet controllers share it: the
+/// Pod's owner (when it has one and `owners` holds it) observes the deletion and is queued.
+pub fn pod_deleted<K>(
+    owners: &Indexed<K>,
+    expectations: &impl PodObserver,
+    queue: &WorkQueue<String>,
+    pod: &CachedPod,
+) where
+    K: Resource<DynamicType = ()> + ResourceExt + Clone,
+{
+    let Some(r) = controller_of_object(pod) else {
+        return;
+    };
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    if let Some(owner) = resolve_controller_ref(owners, ns, r) {
+        let key = key_of(owner.as_ref());
+        expectations.deletion_seen(&key, pod);
+        queue.add(key);
+    }
 }
 
 /// The recheck `claim` needs: `fresh` is the owner as the API server has it now (`None`: gone).

@@ -26,7 +26,9 @@
 //! - [`history`]: ControllerRevision history (StatefulSet and DaemonSet);
 //! - [`leader`]: Lease-based leader election;
 //! - [`ratelimit`]: the client-side request limit (`--kube-api-qps` / `--kube-api-burst`);
-//! - [`process`]: what the binaries share around their work (client, identity, `/metrics`).
+//! - [`process`]: what the binaries share around their work (client, identity, `/metrics`,
+//!   running until a signal);
+//! - `testing` (test builds only): what the controllers' handler tests share.
 //!
 //! Nothing here knows a particular controller, and nothing here imports one (the layers test,
 //! `controllers/tests/layers.rs`, keeps it so); controllers never talk to each other through it
@@ -51,3 +53,6 @@ pub mod ratelimit;
 pub mod unseen_creations;
 pub mod workers;
 pub mod written;
+
+#[cfg(test)]
+pub mod testing;

@@ -391,6 +391,18 @@ impl PodControl {
     }
 }
 
+impl crate::runtime::claim::PodObserver for PodControl {
+    fn creation_seen(&self, key: &str, pod: &CachedPod) {
+        self.creation_shown(key, pod.metadata.name.as_deref().unwrap_or_default());
+    }
+
+    fn deletion_seen(&self, key: &str, pod: &CachedPod) {
+        self.pod_gone(key, pod.metadata.name.as_deref().unwrap_or_default());
+        self.expectations
+            .deletion_observed(key, &crate::runtime::pods::pod_key(pod));
+    }
+}
+
 #[cfg(test)]
 #[path = "pod_control_tests.rs"]
 mod tests;

@@ -57,6 +57,18 @@ pub fn is_pod_ready(pod: &CachedPod) -> bool {
     ready_condition(pod).is_some_and(|c| c.status == "True")
 }
 
+/// How long until a Pod that has just turned Ready (`old` not Ready, `cur` Ready) is available,
+/// which upstream's Pod update handlers queue its owner again after: `min_ready_seconds`, or
+/// `None` when it did not just turn Ready or `min_ready_seconds` is 0.
+pub fn available_after(
+    old: &CachedPod,
+    cur: &CachedPod,
+    min_ready_seconds: i32,
+) -> Option<std::time::Duration> {
+    (!is_pod_ready(old) && is_pod_ready(cur) && min_ready_seconds > 0)
+        .then(|| std::time::Duration::from_secs(min_ready_seconds as u64))
+}
+
 /// Ready for at least `min_ready_seconds` at `now` (`IsPodAvailable`): with 0 every ready Pod is
 /// available; otherwise the Ready condition's lastTransitionTime must be set and at least that
 /// long ago.

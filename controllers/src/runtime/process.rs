@@ -1,8 +1,39 @@
 //! What the process binaries (`controller-manager`, `scheduler`) share around their work: the
-//! Kubernetes client from a kubeconfig, the leader election identity, and the `/metrics` and
-//! `/healthz` endpoint. Owns no controller and no scheduling.
+//! Kubernetes client from a kubeconfig, the leader election identity, the `/metrics` and
+//! `/healthz` endpoint, and running until a signal. Owns no controller and no scheduling.
+
+use std::future::Future;
 
 use anyhow::Context as _;
+
+use super::leader::{self, LeaderConfig};
+
+/// Runs `work` until it ends or the process is interrupted (SIGINT) or terminated (SIGTERM), then
+/// gives up the leader Lease when there is one (so a successor need not wait for it to expire).
+/// `what` names the binary in the error of a `work` that failed (`<what> stopped`).
+pub async fn run_until_signalled<E>(
+    client: &kube::Client,
+    leader: Option<&LeaderConfig>,
+    what: &str,
+    work: impl Future<Output = Result<(), E>>,
+) -> anyhow::Result<()>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing SIGTERM handler")?;
+    tokio::select! {
+        r = work => r.with_context(|| format!("{what} stopped"))?,
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+        _ = term.recv() => tracing::info!("terminated"),
+    }
+    if let Some(l) = leader {
+        leader::release(client, l)
+            .await
+            .context("releasing the leader Lease")?;
+    }
+    Ok(())
+}
 
 /// Serves `/metrics` (the process's Prometheus registry) and `/healthz` on `addr` until the
 /// process ends; a failure to bind names `--metrics-bind-address`.

@@ -3,8 +3,9 @@
 //! workers drain its work queue (CTL-1, CTL-2): each takes a key, runs the controller's sync for
 //! it, `forget`s the key on success and re-queues it rate-limited on error. A sync that panics
 //! counts as an error (the key is retried, the worker goes on), as upstream's workers are restarted
-//! after a crash. [`run_controller`] is the whole of it for a controller with one queue; one with
-//! more queues or work before its workers calls the two parts.
+//! after a crash. [`run_controller`] is the whole of it for a controller with one queue of keys
+//! synced by its [`SyncKey`]; one with more queues or work before its workers calls the parts
+//! ([`wait_for_caches`], [`run_key_workers`], [`run_workers_of`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,6 +16,40 @@ use futures::FutureExt as _;
 use super::cache::Indexed;
 use super::queue::{Item, WorkQueue};
 use crate::helpers::clock::{Clock, SystemClock};
+
+/// The settings of a controller whose only setting is its workers (its `--concurrent-*-syncs`,
+/// `DEFAULT` unless set): each such controller's `Config` is this type with its own default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkersConfig<const DEFAULT: usize> {
+    /// Concurrent syncs.
+    pub workers: usize,
+}
+
+impl<const DEFAULT: usize> Default for WorkersConfig<DEFAULT> {
+    fn default() -> Self {
+        Self { workers: DEFAULT }
+    }
+}
+
+/// The settings of a controller creating Pods in bursts (ReplicaSet, DaemonSet): its workers
+/// (`--concurrent-*-syncs`, `WORKERS` unless set) and the creations or deletions one sync makes
+/// at most (upstream's `BurstReplicas`, `BURST`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BurstConfig<const WORKERS: usize, const BURST: usize> {
+    /// Concurrent syncs.
+    pub workers: usize,
+    /// Creations or deletions per sync.
+    pub burst_replicas: usize,
+}
+
+impl<const WORKERS: usize, const BURST: usize> Default for BurstConfig<WORKERS, BURST> {
+    fn default() -> Self {
+        Self {
+            workers: WORKERS,
+            burst_replicas: BURST,
+        }
+    }
+}
 
 /// The settings of a controller that reads the time (Job, CronJob, TTL-after-finished): its
 /// workers (each one's `--concurrent-*-syncs`, 5 by default for all three as upstream) and where
@@ -66,10 +101,30 @@ pub async fn wait_for_caches(controller: &str, caches: &[&dyn Synced]) {
     tracing::info!(controller, "caches are synced");
 }
 
-/// A controller's whole run: waits for `caches`, then runs `workers` workers calling
-/// `sync(controller, key)` for each key of `queue`, until the queue is shut down (or this future
-/// is dropped: leadership lost).
-pub async fn run_controller<C, T, F, Fut>(
+/// A controller's sync of one key of its work queue (upstream's `syncHandler`): what its workers
+/// call for each key ([`run_controller`], [`run_key_workers`]).
+pub trait SyncKey: Send + Sync + 'static {
+    /// Brings the object `key` names (`namespace/name`, or a name) to its desired state; an
+    /// error re-queues the key rate-limited.
+    fn sync(&self, key: &str) -> impl Future<Output = crate::Result<()>> + Send;
+}
+
+/// A controller's whole run: waits for `caches`, then runs `workers` workers calling the
+/// controller's [`SyncKey::sync`] for each key of `queue`, until the queue is shut down (or this
+/// future is dropped: leadership lost).
+pub async fn run_controller<C: SyncKey>(
+    controller: &Arc<C>,
+    name: &str,
+    caches: &[&dyn Synced],
+    queue: &Arc<WorkQueue<String>>,
+    workers: usize,
+) {
+    run_controller_with(controller, name, caches, queue, workers, sync_key).await;
+}
+
+/// [`run_controller`] with the workers calling `sync(controller, key)` instead of the
+/// controller's [`SyncKey::sync`].
+pub async fn run_controller_with<C, T, F, Fut>(
     controller: &Arc<C>,
     name: &str,
     caches: &[&dyn Synced],
@@ -85,6 +140,32 @@ pub async fn run_controller<C, T, F, Fut>(
     wait_for_caches(name, caches).await;
     tracing::info!(controller = name, workers, "controller started");
     run_workers_of(controller, queue, workers, sync).await;
+}
+
+/// Runs `workers` workers over `queue`, calling the controller's [`SyncKey::sync`] for each key.
+pub async fn run_key_workers<C: SyncKey>(
+    controller: &Arc<C>,
+    queue: &Arc<WorkQueue<String>>,
+    workers: usize,
+) {
+    run_workers_of(controller, queue, workers, sync_key).await;
+}
+
+/// The end of the run of a controller with work of its own between its caches and its workers:
+/// logs `<name> controller started` with the worker count, then runs [`run_key_workers`].
+pub async fn start_key_workers<C: SyncKey>(
+    controller: &Arc<C>,
+    name: &str,
+    queue: &Arc<WorkQueue<String>>,
+    workers: usize,
+) {
+    tracing::info!(workers, "{name} controller started");
+    run_key_workers(controller, queue, workers).await;
+}
+
+/// One worker's call of [`SyncKey::sync`].
+async fn sync_key<C: SyncKey>(controller: Arc<C>, key: String) -> crate::Result<()> {
+    controller.sync(&key).await
 }
 
 /// Runs `workers` workers over `queue`, calling `sync(controller, item)` for each item (the

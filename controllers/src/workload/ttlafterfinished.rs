@@ -21,7 +21,7 @@ use crate::helpers::meta::ObjectName as _;
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_controller;
+use crate::runtime::workers::{run_controller, SyncKey};
 
 use crate::helpers::job::{self as jobutil, is_finished};
 
@@ -103,7 +103,6 @@ impl Controller {
             &[&*self.jobs],
             &self.queue,
             self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }
@@ -127,9 +126,11 @@ impl Controller {
         }
         Ok(Some(at))
     }
+}
 
+impl SyncKey for Controller {
     /// One look at the Job `key` (`processJob`).
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(job) = self.jobs.get(ns, name) else {
             return Ok(());

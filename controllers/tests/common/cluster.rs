@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use controlplane::{ControlPlane, Options};
@@ -110,6 +111,34 @@ impl Cluster {
             cluster.start_ours("controller-manager")?;
         }
         Ok(cluster)
+    }
+
+    /// [`Cluster::start`] on a minimal control plane (no scheduler, no nodes) under the run
+    /// directory `<suite>-<flavour>`, from a test on the runtime's thread; panics when it cannot
+    /// start.
+    pub fn start_minimal(flavour: Flavour, suite: &str, controllers: &str) -> Cluster {
+        let opts = Options::minimal(controlplane::run_dir(&format!("{suite}-{}", flavour.tag())));
+        tokio::task::block_in_place(|| {
+            Cluster::start(flavour, controllers, opts, Vec::new(), |_| Ok(()))
+        })
+        .expect("starting the control plane")
+    }
+
+    /// Polls `check` every `poll` until it gives a value; after `wait`, fails naming `what`, the
+    /// flavour and the controller manager's log.
+    pub async fn eventually<T, F, Fut>(
+        &self,
+        what: &str,
+        wait: Duration,
+        poll: Duration,
+        check: F,
+    ) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let failure = |m| format!("{:?}: {m}\n{}", self.flavour, self.manager_log());
+        super::wait::eventually(what, wait, poll, failure, check).await
     }
 
     /// The control plane of `flavour` for this test binary, made by `start` on first use.

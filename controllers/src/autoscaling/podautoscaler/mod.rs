@@ -42,7 +42,7 @@ use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{key_of, split_key, Informers, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_controller;
+use crate::runtime::workers::{run_controller, SyncKey};
 
 use normalize::History;
 use plan::{Inputs, Outcome, ScaleView, Settings};
@@ -139,20 +139,14 @@ impl Controller {
     pub async fn run(self: Arc<Self>) {
         let queue = self.queue.clone();
         let workers = self.config.workers;
-        run_controller(
-            &self,
-            NAME,
-            &[&*self.hpas, &*self.pods],
-            &queue,
-            workers,
-            |c, key| async move { c.sync(&key).await },
-        )
-        .await;
+        run_controller(&self, NAME, &[&*self.hpas, &*self.pods], &queue, workers).await;
     }
+}
 
+impl SyncKey for Controller {
     /// One sync of the autoscaler `key` ("namespace/name"); queues it again one period later
     /// unless it is gone. Errors are logged, not retried sooner, as upstream.
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = split_key(key);
         let Some(hpa) = self.hpas.get(ns, name) else {
             tracing::info!(hpa = key, "Horizontal Pod Autoscaler has been deleted");
@@ -167,7 +161,9 @@ impl Controller {
             .add_coalesced(key.to_string(), self.config.sync_period);
         Ok(())
     }
+}
 
+impl Controller {
     async fn reconcile(&self, hpa: &HorizontalPodAutoscaler, key: &str) -> Result<()> {
         let (ns, name) = split_key(key);
         let target = hpa

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
+use crate::helpers::containers::long_running;
 use crate::helpers::quantity::parse_milli;
 use crate::runtime::cached_pod::CachedPod;
 
@@ -199,13 +200,8 @@ pub fn pod_requests(
             out.insert(name, parse_milli(&q.0).unwrap_or(0));
             continue;
         }
-        let sidecars = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .filter(|c| c.restart_policy.as_deref() == Some("Always"));
         let mut sum = 0i64;
-        for c in spec.containers.iter().chain(sidecars) {
+        for c in long_running(&spec.containers, spec.init_containers.as_ref()) {
             if !container.is_empty() && container != c.name {
                 continue;
             }

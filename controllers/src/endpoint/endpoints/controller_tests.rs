@@ -3,9 +3,10 @@
 
 use super::*;
 use kube::runtime::watcher::Event;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::runtime::informer::Informer;
+use crate::runtime::testing::{drain_sorted, obj, offline};
 
 struct World {
     controller: Arc<Controller>,
@@ -16,10 +17,7 @@ struct World {
 }
 
 fn world() -> World {
-    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-    let client = Client::try_from(config).unwrap();
-    let informers = Informers::new(client.clone());
-    let controller = Controller::new(client, &informers, Config::default());
+    let (controller, informers) = offline(|c, i| Controller::new(c, i, Config::default()));
     World {
         controller,
         services: informers.get::<Service>(),
@@ -27,10 +25,6 @@ fn world() -> World {
         endpoints: informers.get::<Endpoints>(),
         _informers: informers,
     }
-}
-
-fn obj<K: serde::de::DeserializeOwned>(v: Value) -> K {
-    serde_json::from_value(v).unwrap()
 }
 
 fn svc(name: &str, app: &str) -> Service {
@@ -51,15 +45,7 @@ fn endpoints(name: &str) -> Endpoints {
 
 impl World {
     async fn queued(&self) -> Vec<String> {
-        let q = &self.controller.queue;
-        let mut keys = Vec::new();
-        while !q.is_empty() {
-            let k = q.get().await.unwrap();
-            q.done(&k);
-            keys.push(k);
-        }
-        keys.sort();
-        keys
+        drain_sorted(&self.controller.queue).await
     }
 }
 

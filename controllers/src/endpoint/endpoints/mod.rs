@@ -37,24 +37,15 @@ use crate::runtime::cache::Indexed;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_workers_of, wait_for_caches};
+use crate::runtime::workers::{start_key_workers, wait_for_caches, SyncKey, WorkersConfig};
 use crate::runtime::written::Written;
 
 /// The work queue's (and metrics') name, as upstream.
 pub const QUEUE_NAME: &str = "endpoint";
 
-/// The Endpoints controller's settings.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Concurrent syncs (the controller-manager's `--concurrency`, default 16).
-    pub workers: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self { workers: 16 }
-    }
-}
+/// The Endpoints controller's settings: concurrent syncs (the controller-manager's
+/// `--concurrency`, default 16).
+pub type Config = WorkersConfig<16>;
 
 /// The running controller.
 pub struct Controller {
@@ -98,17 +89,7 @@ impl Controller {
         for key in leftovers(&self.endpoints, &self.services) {
             self.queue.add(key);
         }
-        tracing::info!(
-            workers = self.config.workers,
-            "endpoints controller started"
-        );
-        run_workers_of(
-            &self,
-            &self.queue,
-            self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
-        )
-        .await;
+        start_key_workers(&self, "endpoints", &self.queue, self.config.workers).await;
     }
 
     /// Stops the workers (the queue stops handing out keys).
@@ -128,10 +109,12 @@ impl Controller {
     }
 
     // ---- sync ----
+}
 
+impl SyncKey for Controller {
     /// Computes and writes the Endpoints of the Service `key` (EP-4), or deletes them when the
     /// Service is gone (EP-5).
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let existing = self.written.fresh(ns, name, self.endpoints.get(ns, name));
         let Some(svc) = self.services.get(ns, name) else {
@@ -165,7 +148,9 @@ impl Controller {
         self.written.record(sent, written);
         Ok(())
     }
+}
 
+impl Controller {
     /// Deletes the Endpoints of a Service that is gone (only that object: the uid precondition
     /// spares one written since the cache saw it).
     async fn delete_leftover(&self, ep: &Endpoints) -> Result<()> {
@@ -208,11 +193,6 @@ pub fn leftovers(endpoints: &Indexed<Endpoints>, services: &Indexed<Service>) ->
         })
         .map(|ep| informer::key_of(ep.as_ref()))
         .collect()
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

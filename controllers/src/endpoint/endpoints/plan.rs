@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Service,
+    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Service,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
@@ -50,31 +50,17 @@ fn address(pod: &CachedPod, ip: String) -> EndpointAddress {
         ip,
         hostname: spec.and_then(|s| s.hostname.clone()),
         node_name: spec.and_then(|s| s.node_name.clone()),
-        target_ref: Some(ObjectReference {
-            kind: Some("Pod".into()),
-            namespace: pod.namespace(),
-            name: Some(pod.name_any()),
-            uid: pod.uid(),
-            ..Default::default()
-        }),
+        target_ref: Some(endpointutil::pod_reference(pod)),
     }
 }
 
 fn ports_for(svc: &Service, pod: &CachedPod) -> Vec<EndpointPort> {
-    let ports = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.clone())
-        .unwrap_or_default();
-    ports
-        .iter()
-        .filter_map(|sp| {
-            Some(EndpointPort {
-                name: sp.name.clone(),
-                port: endpointutil::resolve_target_port(pod, sp)?,
-                protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
-                app_protocol: sp.app_protocol.clone(),
-            })
+    endpointutil::resolved_ports(svc, pod)
+        .map(|(sp, port, protocol)| EndpointPort {
+            name: sp.name.clone(),
+            port,
+            protocol: Some(protocol),
+            app_protocol: sp.app_protocol.clone(),
         })
         .collect()
 }

@@ -4,9 +4,10 @@
 
 use super::*;
 use kube::runtime::watcher::Event;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::runtime::informer::Informer;
+use crate::runtime::testing::{drain_sorted, obj, offline};
 
 struct World {
     controller: Arc<Controller>,
@@ -18,10 +19,7 @@ struct World {
 }
 
 fn world() -> World {
-    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-    let client = Client::try_from(config).unwrap();
-    let informers = Informers::new(client.clone());
-    let controller = Controller::new(client, &informers, Config::default());
+    let (controller, informers) = offline(|c, i| Controller::new(c, i, Config::default()));
     World {
         controller,
         services: informers.get::<Service>(),
@@ -30,10 +28,6 @@ fn world() -> World {
         slices: informers.get::<EndpointSlice>(),
         _informers: informers,
     }
-}
-
-fn obj<K: serde::de::DeserializeOwned>(v: Value) -> K {
-    serde_json::from_value(v).unwrap()
 }
 
 fn svc(name: &str, app: &str) -> Service {
@@ -65,15 +59,7 @@ fn slice(name: &str, service: &str, managed_by: &str) -> EndpointSlice {
 
 impl World {
     async fn queued(&self) -> Vec<String> {
-        let q = &self.controller.queue;
-        let mut keys = Vec::new();
-        while !q.is_empty() {
-            let k = q.get().await.unwrap();
-            q.done(&k);
-            keys.push(k);
-        }
-        keys.sort();
-        keys
+        drain_sorted(&self.controller.queue).await
     }
 }
 

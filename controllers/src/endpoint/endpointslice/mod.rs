@@ -41,7 +41,9 @@ use crate::runtime::cache::{Indexed, Key};
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_workers_of, wait_for_caches, AbortOnDrop};
+use crate::runtime::workers::{
+    start_key_workers, wait_for_caches, AbortOnDrop, SyncKey, WorkersConfig,
+};
 
 /// The work queue's (and metrics') name, as upstream.
 pub const QUEUE_NAME: &str = "endpoint_slice";
@@ -122,18 +124,9 @@ impl Tracker {
     }
 }
 
-/// The EndpointSlice controller's settings.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Concurrent syncs (the controller-manager's `--concurrency`, default 16).
-    pub workers: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self { workers: 16 }
-    }
-}
+/// The EndpointSlice controller's settings: concurrent syncs (the controller-manager's
+/// `--concurrency`, default 16).
+pub type Config = WorkersConfig<16>;
 
 /// The running controller.
 pub struct Controller {
@@ -195,17 +188,7 @@ impl Controller {
         }
         // Dropping this future (leadership lost) stops the sweep too.
         let _background = AbortOnDrop(background);
-        tracing::info!(
-            workers = self.config.workers,
-            "endpointslice controller started"
-        );
-        run_workers_of(
-            &self,
-            &self.queue,
-            self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
-        )
-        .await;
+        start_key_workers(&self, "endpointslice", &self.queue, self.config.workers).await;
     }
 
     /// Stops the workers (the queue stops handing out keys).
@@ -241,9 +224,11 @@ impl Controller {
     }
 
     // ---- sync ----
+}
 
+impl SyncKey for Controller {
     /// Plans and applies the slices of the Service `key`.
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let svc_key: Key = (ns.to_string(), name.to_string());
         let existing = self.slices.index(SLICE_SERVICE, key);
@@ -267,7 +252,9 @@ impl Controller {
         }
         Ok(())
     }
+}
 
+impl Controller {
     /// Deletes the managed slices of a Service that is no longer in the cache.
     async fn delete_slices_of_gone_service(
         &self,
@@ -399,11 +386,6 @@ pub fn orphans(
         })
         .cloned()
         .collect()
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

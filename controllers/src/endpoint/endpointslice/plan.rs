@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::{
     Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
 };
@@ -137,20 +137,12 @@ fn family_ip(pod: &CachedPod, address_type: &str) -> Option<IpAddr> {
 
 /// The endpoint ports of one Pod: every Service port whose target resolves on it.
 pub fn endpoint_ports(svc: &Service, pod: &CachedPod) -> Vec<EndpointPort> {
-    let ports = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.clone())
-        .unwrap_or_default();
-    ports
-        .iter()
-        .filter_map(|sp| {
-            Some(EndpointPort {
-                name: Some(sp.name.clone().unwrap_or_default()),
-                port: Some(endpointutil::resolve_target_port(pod, sp)?),
-                protocol: Some(sp.protocol.clone().unwrap_or_else(|| "TCP".into())),
-                app_protocol: sp.app_protocol.clone(),
-            })
+    endpointutil::resolved_ports(svc, pod)
+        .map(|(sp, port, protocol)| EndpointPort {
+            name: Some(sp.name.clone().unwrap_or_default()),
+            port: Some(port),
+            protocol: Some(protocol),
+            app_protocol: sp.app_protocol.clone(),
         })
         .collect()
 }
@@ -232,13 +224,7 @@ pub fn pod_endpoint(svc: &Service, pod: &CachedPod, ip: IpAddr, zone: Option<Str
         hostname,
         node_name: spec.and_then(|s| s.node_name.clone()),
         zone,
-        target_ref: Some(ObjectReference {
-            kind: Some("Pod".into()),
-            namespace: pod.namespace(),
-            name: Some(pod.name_any()),
-            uid: pod.uid(),
-            ..Default::default()
-        }),
+        target_ref: Some(endpointutil::pod_reference(pod)),
         ..Default::default()
     };
     ep.hints = hints(svc, &ep);

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::runtime::cache::Indexed;
 use crate::runtime::informer::{self, Informers};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_workers_of, wait_for_caches};
+use crate::runtime::workers::{start_key_workers, wait_for_caches, SyncKey};
 use pool::{Allocator, Pool};
 
 /// The work queue's (and metrics') name.
@@ -182,14 +182,7 @@ impl Controller {
                 alloc.assigned()
             );
         }
-        tracing::info!(workers = self.workers, "lb-ipam controller started");
-        run_workers_of(
-            &self,
-            &self.queue,
-            self.workers,
-            |this, key: String| async move { this.sync(&key).await },
-        )
-        .await;
+        start_key_workers(&self, "lb-ipam", &self.queue, self.workers).await;
     }
 
     /// Stops the workers (the queue stops handing out keys).
@@ -204,10 +197,12 @@ impl Controller {
             }
         }
     }
+}
 
+impl SyncKey for Controller {
     /// Decides and writes the address of the Service `key`; a Service gone from the cache (its
     /// finalizer removed by someone else) releases its address.
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(svc) = self.services.get(ns, name) else {
             self.alloc.lock().expect("allocator lock").release(key);
@@ -222,11 +217,6 @@ impl Controller {
         }
         Ok(())
     }
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 async fn patch_finalizers(api: &Api<Service>, svc: &Service, add: bool) -> Result<()> {

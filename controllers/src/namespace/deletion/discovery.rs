@@ -11,53 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube::core::discovery::v2::APIGroupDiscoveryList;
 
-/// A group/version/resource.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Gvr {
-    /// API group (empty for the core group).
-    pub group: String,
-    /// Version.
-    pub version: String,
-    /// Plural resource name.
-    pub resource: String,
-}
-
-impl Gvr {
-    /// A group/version/resource from its parts.
-    pub fn new(group: &str, version: &str, resource: &str) -> Gvr {
-        Gvr {
-            group: group.to_string(),
-            version: version.to_string(),
-            resource: resource.to_string(),
-        }
-    }
-
-    /// `core/v1` Pods, deleted before anything else (`OrderedNamespaceDeletion`, GA in v1.34).
-    pub fn pods() -> Gvr {
-        Gvr::new("", "v1", "pods")
-    }
-
-    /// `group/version`, or `version` for the core group.
-    pub fn api_version(&self) -> String {
-        group_version(&self.group, &self.version)
-    }
-}
-
-/// How Go's `%v` prints a `schema.GroupVersionResource` (`{ v1 pods}`), which upstream's
-/// messages show.
-impl std::fmt::Display for Gvr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{{{} {} {}}}", self.group, self.version, self.resource)
-    }
-}
-
-fn group_version(group: &str, version: &str) -> String {
-    if group.is_empty() {
-        version.to_string()
-    } else {
-        format!("{group}/{version}")
-    }
-}
+pub use crate::helpers::discovery::Gvr;
+use crate::helpers::discovery::{group_version, group_versions, is_namespaced};
 
 /// One discovered resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,43 +79,27 @@ pub fn preferred_namespaced(docs: &[APIGroupDiscoveryList]) -> Discovered {
     let mut preferred: BTreeMap<String, String> = BTreeMap::new();
     // Group versions in discovery order, for a stable output.
     let mut order: Vec<(String, String)> = Vec::new();
-    for group in docs.iter().flat_map(|d| &d.items) {
-        let name = group
-            .metadata
-            .as_ref()
-            .and_then(|m| m.name.clone())
-            .unwrap_or_default();
-        for version in &group.versions {
-            let Some(v) = version.version.clone() else {
-                continue;
-            };
+    for gv in group_versions(docs) {
+        let (name, v) = (gv.group, gv.version);
+        if gv.stale {
             let gv = group_version(&name, &v);
-            if version.freshness.as_deref() == Some("Stale") {
-                out.failed
-                    .insert(gv.clone(), format!("stale GroupVersion discovery: {gv}"));
-                continue;
+            out.failed
+                .insert(gv.clone(), format!("stale GroupVersion discovery: {gv}"));
+            continue;
+        }
+        preferred.entry(name.clone()).or_insert_with(|| v.clone());
+        order.push((name.clone(), v.clone()));
+        for (plural, res) in gv.resources {
+            let key = (name.clone(), plural.clone());
+            let is_preferred = preferred.get(&name) == Some(&v);
+            if chosen.contains_key(&key) && !is_preferred {
+                continue; // only the preferred version overrides
             }
-            preferred.entry(name.clone()).or_insert_with(|| v.clone());
-            order.push((name.clone(), v.clone()));
-            for res in &version.resources {
-                let Some(plural) = res.resource.clone() else {
-                    continue;
-                };
-                if plural.contains('/') {
-                    continue;
-                }
-                let key = (name.clone(), plural.clone());
-                let is_preferred = preferred.get(&name) == Some(&v);
-                if chosen.contains_key(&key) && !is_preferred {
-                    continue; // only the preferred version overrides
-                }
-                let resource = Resource {
-                    name: plural,
-                    verbs: res.verbs.clone(),
-                };
-                let namespaced = res.scope.as_deref() == Some("Namespaced");
-                chosen.insert(key, (v.clone(), resource, namespaced));
-            }
+            let resource = Resource {
+                name: plural,
+                verbs: res.verbs.clone(),
+            };
+            chosen.insert(key, (v.clone(), resource, is_namespaced(res)));
         }
     }
     for (group, version) in order {

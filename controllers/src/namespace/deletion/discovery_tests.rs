@@ -126,7 +126,7 @@ fn group_versions_parse_as_apimachinery_does() {
 
 #[test]
 fn the_display_of_a_gvr_is_go_s() {
-    assert_eq!(Gvr::pods().to_string(), "{ v1 pods}");
+    assert_eq!(Gvr::pods().go_string(), "{ v1 pods}");
     assert_eq!(Gvr::pods().api_version(), "v1");
     assert_eq!(gvr_api_version(), "example.com/v1");
 }

@@ -515,13 +515,7 @@ impl Retry {
 
 /// The kube-rs description of a resource (no kind: only its path is used).
 fn api_resource(gvr: &Gvr) -> ApiResource {
-    ApiResource {
-        group: gvr.group.clone(),
-        version: gvr.version.clone(),
-        api_version: gvr.api_version(),
-        kind: String::new(),
-        plural: gvr.resource.clone(),
-    }
+    gvr.api_resource("")
 }
 
 /// A client of one resource in one namespace (lists read as metadata only).

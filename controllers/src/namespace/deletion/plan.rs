@@ -112,7 +112,8 @@ pub fn after_deletion(
             finalizers: BTreeMap::new(),
         },
         Some(format!(
-            "unexpected items still remain in namespace: {namespace} for gvr: {gvr}"
+            "unexpected items still remain in namespace: {namespace} for gvr: {}",
+            gvr.go_string()
         )),
     )
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use crate::helpers::containers::long_running;
 pub use crate::helpers::quantity::{parse_milli, parse_value};
 
 /// kube-scheduler's DefaultMilliCPURequest: what a container without a CPU request counts as
@@ -370,14 +371,7 @@ pub fn host_ports(pod: &Pod) -> Vec<HostPort> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };
-    let sidecars = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .filter(|c| c.restart_policy.as_deref() == Some("Always"));
-    spec.containers
-        .iter()
-        .chain(sidecars)
+    long_running(&spec.containers, spec.init_containers.as_ref())
         .flat_map(|c| c.ports.iter().flatten())
         .filter_map(|p| {
             let port = p.host_port.filter(|&hp| hp > 0)?;

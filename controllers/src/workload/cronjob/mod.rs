@@ -39,7 +39,7 @@ use crate::runtime::cache::Indexed;
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{self, Informers, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_controller;
+use crate::runtime::workers::{run_controller, SyncKey};
 
 use plan::Decision;
 
@@ -87,7 +87,6 @@ impl Controller {
             &[&*self.cron_jobs, &*self.jobs],
             &self.queue,
             self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }
@@ -197,9 +196,11 @@ impl Controller {
             }
         }
     }
+}
 
+impl SyncKey for Controller {
     /// One sync of the CronJob `key`.
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(cached) = self.cron_jobs.get(ns, name) else {
             return Ok(());
@@ -241,7 +242,9 @@ impl Controller {
         }
         sync_err.map_or(Ok(()), Err)
     }
+}
 
+impl Controller {
     /// `syncCronJob`: returns when to look again, whether the status changed, and an error.
     async fn sync_cron_job(
         &self,
@@ -522,11 +525,6 @@ impl Controller {
             }
         }
     }
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

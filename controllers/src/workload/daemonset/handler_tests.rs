@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::Informer;
+use crate::runtime::testing::{drain_sorted, obj, offline, owned_pod};
 
 struct World {
     controller: Arc<Controller>,
@@ -19,10 +20,7 @@ struct World {
 }
 
 fn world() -> World {
-    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-    let client = Client::try_from(config).unwrap();
-    let informers = Informers::new(client.clone());
-    let controller = Controller::new(client, &informers, Config::default());
+    let (controller, informers) = offline(|c, i| Controller::new(c, i, Config::default()));
     let w = World {
         controller,
         daemon_sets: informers.get::<DaemonSet>(),
@@ -48,14 +46,15 @@ fn world() -> World {
 
 /// A Pod labelled `app`, controlled by DaemonSet `owner` (name, uid) when given, bound to `node`.
 fn pod(name: &str, rv: &str, app: &str, owner: Option<(&str, &str)>, node: &str) -> CachedPod {
-    let mut v = json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
-                                    "resourceVersion": rv, "labels": {"app": app}},
-                       "spec": {"nodeName": node, "containers": []}});
-    if let Some((n, uid)) = owner {
-        v["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet",
-            "name": n, "uid": uid, "controller": true}]);
-    }
-    serde_json::from_value(v).unwrap()
+    let mut v = owned_pod(
+        name,
+        rv,
+        json!({"app": app}),
+        ("apps/v1", "DaemonSet"),
+        owner,
+    );
+    v["spec"] = json!({"nodeName": node, "containers": []});
+    obj(v)
 }
 
 fn node(name: &str, rv: &str, extra: Value) -> Node {
@@ -64,24 +63,13 @@ fn node(name: &str, rv: &str, extra: Value) -> Node {
     serde_json::from_value(v).unwrap()
 }
 
-async fn drain(q: &WorkQueue<String>) -> Vec<String> {
-    let mut keys = Vec::new();
-    while !q.is_empty() {
-        let k = q.get().await.unwrap();
-        q.done(&k);
-        keys.push(k);
-    }
-    keys.sort();
-    keys
-}
-
 impl World {
     async fn queued(&self) -> Vec<String> {
-        drain(&self.controller.queue).await
+        drain_sorted(&self.controller.queue).await
     }
 
     async fn node_updates(&self) -> Vec<String> {
-        drain(&self.controller.node_queue).await
+        drain_sorted(&self.controller.node_queue).await
     }
 }
 

@@ -55,7 +55,9 @@ use crate::runtime::informer::{self, EventHandlers, Informers, CONTROLLER_UID, N
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::{WorkQueue, STATUS_COALESCE};
-use crate::runtime::workers::{run_workers_of, wait_for_caches};
+use crate::runtime::workers::{
+    run_key_workers, run_workers_of, wait_for_caches, BurstConfig, SyncKey,
+};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Clock, Eligibility, FailedPodsBackoff, NodeChanges};
@@ -75,24 +77,10 @@ pub const DAEMON_POD_NODE: &str = "daemonset-pod-node";
 /// How often the failed-Pod backoff forgets stale entries (upstream's `BackoffGCInterval`).
 const BACKOFF_GC_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The DaemonSet controller's settings.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Concurrent syncs (`--concurrent-daemonset-syncs`, default 2), and as many node-update
-    /// workers.
-    pub workers: usize,
-    /// Creations or deletions per sync (upstream's `BurstReplicas`, 250).
-    pub burst_replicas: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            workers: 2,
-            burst_replicas: plan::BURST_REPLICAS,
-        }
-    }
-}
+/// The DaemonSet controller's settings: concurrent syncs (`--concurrent-daemonset-syncs`,
+/// default 2), and as many node-update workers; creations or deletions per sync (upstream's
+/// `BurstReplicas`, 250).
+pub type Config = BurstConfig<2, { plan::BURST_REPLICAS }>;
 
 /// The running controller.
 pub struct Controller {
@@ -192,12 +180,7 @@ impl Controller {
             workers = self.config.workers,
             "daemonset controller started"
         );
-        let syncs = run_workers_of(
-            &self,
-            &self.queue,
-            self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
-        );
+        let syncs = run_key_workers(&self, &self.queue, self.config.workers);
         let node_syncs = run_workers_of(
             &self,
             &self.node_queue,
@@ -253,7 +236,7 @@ impl Controller {
 
     fn daemon_set_deleted(&self, ds: &DaemonSet) {
         let key = informer::key_of(ds);
-        self.pod_control.expectations().delete(&key);
+        self.pod_control.forget(&key);
         self.queue.add(key);
     }
 
@@ -337,20 +320,11 @@ impl Controller {
     }
 
     fn pod_added(&self, pod: &CachedPod) {
-        if pod.metadata.deletion_timestamp.is_some() {
-            // Seen first already terminating (after a restart): a deletion, not a creation.
-            self.pod_deleted(pod);
+        // Through the pod control: a creation its answer observed is not counted again.
+        if !claim::pod_added(&self.daemon_sets, &self.pod_control, &self.queue, pod) {
             return;
         }
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(r) = controller_of(pod) {
-            if let Some(ds) = self.resolve(ns, r) {
-                let key = informer::key_of(ds.as_ref());
-                self.pod_control.creation_shown(&key, &pod.name_any());
-                self.queue.add(key);
-            }
-            return;
-        }
         for ds in self.selecting(ns, pod.metadata.labels.as_ref()) {
             self.enqueue(&ds);
         }
@@ -387,11 +361,9 @@ impl Controller {
                         .add_coalesced(informer::key_of(ds.as_ref()), STATUS_COALESCE);
                 }
                 let min_ready = plan::min_ready_seconds(&ds);
-                if !pods::is_pod_ready(old) && pods::is_pod_ready(cur) && min_ready > 0 {
-                    self.queue.add_after(
-                        informer::key_of(ds.as_ref()),
-                        Duration::from_secs(min_ready as u64 + 1),
-                    );
+                if let Some(after) = pods::available_after(old, cur, min_ready) {
+                    let after = after + Duration::from_secs(1);
+                    self.queue.add_after(informer::key_of(ds.as_ref()), after);
                 }
             }
             return;
@@ -404,16 +376,8 @@ impl Controller {
     }
 
     fn pod_deleted(&self, pod: &CachedPod) {
-        let Some(r) = controller_of(pod) else { return };
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(ds) = self.resolve(ns, r) {
-            let key = informer::key_of(ds.as_ref());
-            self.pod_control.pod_gone(&key, &pod.name_any());
-            self.pod_control
-                .expectations()
-                .deletion_observed(&key, &pods::pod_key(pod));
-            self.queue.add(key);
-        }
+        // Through the pod control: it keeps the creations the watch has not shown yet.
+        claim::pod_deleted(&self.daemon_sets, &self.pod_control, &self.queue, pod);
     }
 
     fn on_node(&self, old: Option<&Arc<Node>>, new: Option<&Arc<Node>>) {
@@ -469,9 +433,11 @@ impl Controller {
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         nodes
     }
+}
 
+impl SyncKey for Controller {
     /// One sync of the DaemonSet `key` (DS-3).
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(ds) = self.daemon_sets.get(ns, name) else {
             self.pod_control.forget(key);
@@ -545,7 +511,9 @@ impl Controller {
             _ => Ok(()),
         }
     }
+}
 
+impl Controller {
     /// `manage`, then the rolling update when the strategy is RollingUpdate and manage's own
     /// creations and deletions are observed, then history cleanup.
     #[allow(clippy::too_many_arguments)]
@@ -616,14 +584,7 @@ impl Controller {
         let owner = OwnerInfo::of(ds.as_ref());
         let ds_api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &ns);
         let pod_api: Api<CachedPod> = Api::namespaced(self.client.clone(), &ns);
-        let name = ds.name_any();
-        let recheck = || async {
-            let fresh = ds_api
-                .get_opt(&name)
-                .await
-                .map_err(|e| Error::kube("re-reading before adoption", ds.object_name(), e))?;
-            claim::recheck_owner(&owner, fresh.as_ref())
-        };
+        let recheck = || claim::reread_owner(&ds_api, &owner, ds.object_name());
         let mut claimed = claim::claim(&pod_api, &owner, plan, recheck).await?;
         claimed.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         Ok(claimed)
@@ -797,14 +758,7 @@ impl Controller {
         let owner = OwnerInfo::of(ds.as_ref());
         let ds_api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &ns);
         let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
-        let name = ds.name_any();
-        let recheck = || async {
-            let fresh = ds_api
-                .get_opt(&name)
-                .await
-                .map_err(|e| Error::kube("re-reading before adoption", ds.object_name(), e))?;
-            claim::recheck_owner(&owner, fresh.as_ref())
-        };
+        let recheck = || claim::reread_owner(&ds_api, &owner, ds.object_name());
         claim::claim(&api, &owner, plan, recheck).await
     }
 
@@ -953,11 +907,6 @@ impl Controller {
             err,
         ))
     }
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

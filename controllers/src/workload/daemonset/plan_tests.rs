@@ -68,10 +68,7 @@ fn pod_full(
     ready_since: Option<&str>,
     extra: Value,
 ) -> Arc<CachedPod> {
-    let cond = match ready_since {
-        Some(t) => json!({"type": "Ready", "status": "True", "lastTransitionTime": t}),
-        None => json!({"type": "Ready", "status": "False"}),
-    };
+    let cond = crate::runtime::testing::ready_condition(ready_since);
     let mut v = json!({
         "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
                      "creationTimestamp": "2026-01-01T00:00:00Z",

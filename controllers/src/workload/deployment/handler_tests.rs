@@ -3,6 +3,7 @@
 use super::*;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer;
+use crate::runtime::testing::{controller_ref, drain_sorted, offline};
 use kube::runtime::watcher::Event as Watch;
 use serde_json::{json, Value};
 
@@ -16,7 +17,7 @@ fn deployment(name: &str, uid: &str, strategy: &str) -> Deployment {
 }
 
 fn controller(kind: &str, name: &str, uid: &str) -> Value {
-    json!([{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": true}])
+    controller_ref("apps/v1", kind, name, uid)
 }
 
 fn replica_set(name: &str, app: &str, rv: &str, owner: Option<(&str, &str)>) -> ReplicaSet {
@@ -49,11 +50,7 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
-        // Never contacted: handlers only read caches and queue keys.
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let client = Client::try_from(config).unwrap();
-        let informers = Informers::new(client.clone());
-        let ctl = Controller::new(client, &informers, Config::default());
+        let (ctl, informers) = offline(|c, i| Controller::new(c, i, Config::default()));
         let f = Fixture {
             d: informers.get::<Deployment>(),
             rs: informers.get::<ReplicaSet>(),
@@ -71,15 +68,7 @@ impl Fixture {
     }
 
     async fn drain(&self) -> Vec<String> {
-        let q = self.ctl.queue();
-        let mut keys = Vec::new();
-        while !q.is_empty() {
-            let k = q.get().await.unwrap();
-            q.done(&k);
-            keys.push(k);
-        }
-        keys.sort();
-        keys
+        drain_sorted(self.ctl.queue()).await
     }
 }
 

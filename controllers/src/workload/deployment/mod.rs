@@ -31,7 +31,7 @@ use crate::runtime::claim::{self, claim_plan, recheck_owner, OwnerInfo, ORPHAN_N
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{key_of, split_key, Informers, CONTROLLER_UID, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_controller;
+use crate::runtime::workers::{run_controller_with, WorkersConfig};
 
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::written::Written;
@@ -44,18 +44,9 @@ pub const COMPONENT: &str = "deployment-controller";
 /// `maxRetries`; with the default backoff that is about 82 s of retrying).
 const MAX_RETRIES: u32 = 15;
 
-/// The controller's settings.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// `--concurrent-deployment-syncs`: Deployments synced at once (upstream default 5).
-    pub workers: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self { workers: 5 }
-    }
-}
+/// The Deployment controller's settings: `--concurrent-deployment-syncs`, Deployments synced at
+/// once (upstream default 5).
+pub type Config = WorkersConfig<5>;
 
 /// The Deployment controller.
 pub struct Controller {
@@ -146,7 +137,7 @@ impl Controller {
 
     /// Waits for the caches, then runs the workers until the queue shuts down.
     pub async fn run(self: Arc<Self>) {
-        run_controller(
+        run_controller_with(
             &self,
             "deployment",
             &[&*self.deployments, &*self.replica_sets, &*self.pods],

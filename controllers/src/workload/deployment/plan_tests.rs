@@ -48,15 +48,7 @@ fn image(d: &Deployment) -> String {
 
 /// A template change (kubectl set image): a new generation.
 fn set_image(d: &mut Deployment, image: &str) {
-    d.spec
-        .as_mut()
-        .unwrap()
-        .template
-        .spec
-        .as_mut()
-        .unwrap()
-        .containers[0]
-        .image = Some(image.into());
+    crate::runtime::testing::set_template_image(&mut d.spec.as_mut().unwrap().template, image);
     *d.metadata.generation.get_or_insert(0) += 1;
 }
 

@@ -52,7 +52,7 @@ use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{key_of, split_key, Informers, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_workers_of, wait_for_caches};
+use crate::runtime::workers::{run_key_workers, run_workers_of, wait_for_caches, SyncKey};
 
 use finders::{Caches, ControllerScale};
 use plan::Counting;
@@ -198,12 +198,7 @@ impl Controller {
         )
         .await;
         tracing::info!(controller = NAME, "controller started");
-        let main = run_workers_of(
-            &self,
-            &self.queue,
-            1,
-            |c, key| async move { c.sync(&key).await },
-        );
+        let main = run_key_workers(&self, &self.queue, 1);
         // The recheck queue only moves a budget back to the main queue when its time comes.
         let recheck = run_workers_of(&self, &self.recheck, 1, |c, key| async move {
             c.queue.add_rate_limited(key);
@@ -221,9 +216,11 @@ impl Controller {
         self.recheck.shut_down();
         self.stale.shut_down();
     }
+}
 
+impl SyncKey for Controller {
     /// Syncs the budget `ns/name` (upstream's `sync`).
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = split_key(key);
         let Some(pdb) = self.pdbs.get(ns, name) else {
             return Ok(());
@@ -249,7 +246,9 @@ impl Controller {
             }
         }
     }
+}
 
+impl Controller {
     /// `trySync`.
     async fn try_sync(&self, pdb: &PodDisruptionBudget) -> std::result::Result<(), SyncError> {
         let ns = pdb.metadata.namespace.as_deref().unwrap_or_default();

@@ -12,41 +12,8 @@ use kube::core::discovery::v2::APIGroupDiscoveryList;
 use kube::core::ApiResource;
 use kube::Client;
 
-/// A group/version/resource.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Gvr {
-    /// API group (empty for the core group).
-    pub group: String,
-    /// Version.
-    pub version: String,
-    /// Plural resource name.
-    pub resource: String,
-}
-
-impl Gvr {
-    /// `group/version`, or `version` for the core group.
-    pub fn api_version(&self) -> String {
-        api_version(&self.group, &self.version)
-    }
-}
-
-impl std::fmt::Display for Gvr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.group.is_empty() {
-            write!(f, "{}/{}", self.version, self.resource)
-        } else {
-            write!(f, "{}/{}/{}", self.group, self.version, self.resource)
-        }
-    }
-}
-
-fn api_version(group: &str, version: &str) -> String {
-    if group.is_empty() {
-        version.to_string()
-    } else {
-        format!("{group}/{version}")
-    }
-}
+pub use crate::helpers::discovery::Gvr;
+use crate::helpers::discovery::{group_versions, is_namespaced};
 
 /// Splits an `apiVersion` into group and version (`v1` is the core group); `None` when it has
 /// more than one slash or an empty part.
@@ -85,13 +52,7 @@ impl Mapping {
 
 /// The kube-rs description of a resource.
 pub fn api_resource(gvr: &Gvr, info: &ResourceInfo) -> ApiResource {
-    ApiResource {
-        group: gvr.group.clone(),
-        version: gvr.version.clone(),
-        api_version: gvr.api_version(),
-        kind: info.kind.clone(),
-        plural: gvr.resource.clone(),
-    }
+    gvr.api_resource(&info.kind)
 }
 
 /// `(group, version, kind)` to resource, over every served (non-stale) version.
@@ -128,50 +89,35 @@ pub fn parse(lists: &[APIGroupDiscoveryList]) -> Discovered {
     let mut out = Discovered::default();
     // (group, resource) -> the version chosen.
     let mut preferred: BTreeMap<(String, String), (String, ResourceInfo, bool)> = BTreeMap::new();
-    for group in lists.iter().flat_map(|l| &l.items) {
-        let name = group
-            .metadata
-            .as_ref()
-            .and_then(|m| m.name.clone())
-            .unwrap_or_default();
-        // Versions come in preference order: the first is the group's preferred version.
-        for version in &group.versions {
-            let Some(v) = version.version.clone() else {
+    // Versions come in preference order: the first is the group's preferred version.
+    for gv in group_versions(lists) {
+        let (name, v) = (gv.group, gv.version);
+        if gv.stale {
+            out.failed.insert((name, v));
+            continue;
+        }
+        for (plural, res) in gv.resources {
+            let Some(kind) = res.response_kind.as_ref().and_then(|k| k.kind.clone()) else {
                 continue;
             };
-            if version.freshness.as_deref() == Some("Stale") {
-                out.failed.insert((name.clone(), v));
-                continue;
-            }
-            for res in &version.resources {
-                let Some(plural) = res.resource.clone() else {
-                    continue;
-                };
-                if plural.contains('/') {
-                    continue;
-                }
-                let Some(kind) = res.response_kind.as_ref().and_then(|k| k.kind.clone()) else {
-                    continue;
-                };
-                let info = ResourceInfo {
-                    kind: kind.clone(),
-                    namespaced: res.scope.as_deref() == Some("Namespaced"),
-                };
-                let gvr = Gvr {
-                    group: name.clone(),
-                    version: v.clone(),
-                    resource: plural.clone(),
-                };
-                out.by_gvk_insert(&gvr, &info);
-                // Upstream ServerPreferredResources: a group-resource at the preferred version,
-                // else at the first version serving it.
-                let deletable = REQUIRED_VERBS
-                    .iter()
-                    .all(|verb| res.verbs.iter().any(|x| x == verb));
-                preferred
-                    .entry((name.clone(), plural))
-                    .or_insert((v.clone(), info, deletable));
-            }
+            let info = ResourceInfo {
+                kind: kind.clone(),
+                namespaced: is_namespaced(res),
+            };
+            let gvr = Gvr {
+                group: name.clone(),
+                version: v.clone(),
+                resource: plural.clone(),
+            };
+            out.by_gvk_insert(&gvr, &info);
+            // Upstream ServerPreferredResources: a group-resource at the preferred version,
+            // else at the first version serving it.
+            let deletable = REQUIRED_VERBS
+                .iter()
+                .all(|verb| res.verbs.iter().any(|x| x == verb));
+            preferred
+                .entry((name.clone(), plural))
+                .or_insert((v.clone(), info, deletable));
         }
     }
     for ((group, resource), (version, info, deletable)) in preferred {
@@ -264,7 +210,7 @@ mod tests {
     #[test]
     fn gc2_deletable_resources_are_the_preferred_versions_with_delete_list_watch() {
         let d = parse(&sample());
-        let got: Vec<String> = d.deletable.keys().map(|g| g.to_string()).collect();
+        let got: Vec<String> = d.deletable.keys().map(|g| g.path()).collect();
         assert_eq!(
             got,
             [

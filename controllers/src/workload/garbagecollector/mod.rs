@@ -394,12 +394,12 @@ impl GarbageCollector {
         let added: Vec<String> = new
             .keys()
             .filter(|g| !old.contains_key(*g))
-            .map(ToString::to_string)
+            .map(Gvr::path)
             .collect();
         let removed: Vec<String> = old
             .keys()
             .filter(|g| !new.contains_key(*g))
-            .map(ToString::to_string)
+            .map(Gvr::path)
             .collect();
         tracing::info!(
             ?added,

@@ -215,7 +215,7 @@ impl Monitor {
         let ar = super::discovery::api_resource(gvr, info);
         let synced = Arc::new(AtomicBool::new(false));
         let flag = synced.clone();
-        let name = gvr.to_string();
+        let name = gvr.path();
         let task = tokio::spawn(async move {
             let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client, &ar);
             let mut store = MonitorStore::new(&ar.api_version, &ar.kind);

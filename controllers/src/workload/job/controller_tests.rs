@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::Informer;
+use crate::runtime::testing::{drain, offline, owned_pod};
 
 struct World {
     controller: Arc<Controller>,
@@ -35,10 +36,7 @@ fn job(name: &str, uid: &str, finished: bool) -> Job {
 }
 
 fn world() -> World {
-    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-    let client = Client::try_from(config).unwrap();
-    let informers = Informers::new(client.clone());
-    let controller = Controller::new(client, &informers, Config::default());
+    let (controller, informers) = offline(|c, i| Controller::new(c, i, Config::default()));
     let w = World {
         controller,
         jobs: informers.get::<Job>(),
@@ -53,28 +51,11 @@ fn world() -> World {
 
 /// A Pod of Job `owner` (name, uid), with or without the tracking finalizer.
 fn pod(name: &str, rv: &str, owner: Option<(&str, &str)>, finalizer: bool) -> CachedPod {
-    let mut v = json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
-                                    "resourceVersion": rv, "labels": {"job": "pi"}}});
-    if let Some((n, uid)) = owner {
-        v["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job",
-            "name": n, "uid": uid, "controller": true}]);
-    }
+    let mut v = owned_pod(name, rv, json!({"job": "pi"}), ("batch/v1", "Job"), owner);
     if finalizer {
         v["metadata"]["finalizers"] = json!([TRACKING_FINALIZER]);
     }
     serde_json::from_value(v).unwrap()
-}
-
-impl World {
-    async fn drain<T: crate::runtime::queue::Item>(q: &WorkQueue<T>) -> Vec<T> {
-        let mut out = Vec::new();
-        while !q.is_empty() {
-            let k = q.get().await.unwrap();
-            q.done(&k);
-            out.push(k);
-        }
-        out
-    }
 }
 
 #[tokio::test]
@@ -82,7 +63,7 @@ async fn job2_handlers_queue_jobs_and_observe_expectations() {
     let w = world();
     let c = &w.controller;
     assert_eq!(
-        World::drain(&c.queue).await,
+        drain(&c.queue).await,
         ["ns/pi", "ns/done"],
         "JOB-2 a new Job is synced at once"
     );
@@ -121,7 +102,7 @@ async fn job2_handlers_queue_jobs_and_observe_expectations() {
     );
 
     // Orphans with the finalizer, and Pods of finished Jobs, go to the orphan queue.
-    World::drain(&c.orphans).await;
+    drain(&c.orphans).await;
     w.pods
         .dispatch(&Event::Apply(pod("orphan", "1", None, true)));
     w.pods
@@ -133,7 +114,7 @@ async fn job2_handlers_queue_jobs_and_observe_expectations() {
         true,
     )));
     assert_eq!(
-        World::drain(&c.orphans).await,
+        drain(&c.orphans).await,
         [
             OrphanKey::Pod("ns".into(), "orphan".into()),
             OrphanKey::Pod("ns".into(), "late".into()),
@@ -142,22 +123,22 @@ async fn job2_handlers_queue_jobs_and_observe_expectations() {
     );
 
     // A finished Job's update queues its Pods for finalizer removal, not a sync.
-    World::drain(&c.queue).await;
+    drain(&c.queue).await;
     let mut finished = job("pi", "uid-pi", true);
     finished.metadata.resource_version = Some("2".into());
     w.jobs.dispatch(&Event::Apply(finished));
-    assert_eq!(World::drain(&c.queue).await, Vec::<String>::new());
+    assert_eq!(drain(&c.queue).await, Vec::<String>::new());
     assert_eq!(
-        World::drain(&c.orphans).await,
+        drain(&c.orphans).await,
         [OrphanKey::Job("ns".into(), "uid-pi".into())]
     );
 
     // A deleted Job: synced once more (to forget it), its Pods' finalizers removed.
     w.jobs
         .dispatch(&Event::Delete(job("done", "uid-done", true)));
-    assert_eq!(World::drain(&c.queue).await, ["ns/done"]);
+    assert_eq!(drain(&c.queue).await, ["ns/done"]);
     assert_eq!(
-        World::drain(&c.orphans).await,
+        drain(&c.orphans).await,
         [OrphanKey::Job("ns".into(), "uid-done".into())]
     );
 }

@@ -52,7 +52,7 @@ use crate::runtime::informer::{self, EventHandlers, Informers, CONTROLLER_UID, N
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::{run_workers_of, wait_for_caches};
+use crate::runtime::workers::{run_key_workers, run_workers_of, wait_for_caches, SyncKey};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Ctx, Manage, SYNC_JOB_BATCH_PERIOD, TRACKING_FINALIZER};
@@ -148,12 +148,7 @@ impl Controller {
     pub async fn run(self: Arc<Self>) {
         wait_for_caches("job", &[&*self.jobs, &*self.pods]).await;
         tracing::info!(workers = self.config.workers, "job controller started");
-        let jobs = run_workers_of(
-            &self,
-            &self.queue,
-            self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
-        );
+        let jobs = run_key_workers(&self, &self.queue, self.config.workers);
         let orphans = run_workers_of(
             &self,
             &self.orphans,
@@ -485,14 +480,7 @@ impl Controller {
             .collect();
         let api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
         let jobs_api: Api<Job> = Api::namespaced(self.client.clone(), ns);
-        let name = job.name_any();
-        let recheck = || async {
-            let fresh = jobs_api
-                .get_opt(&name)
-                .await
-                .map_err(|e| Error::kube("re-reading before adoption", job.object_name(), e))?;
-            claim::recheck_owner(&owner, fresh.as_ref())
-        };
+        let recheck = || claim::reread_owner(&jobs_api, &owner, job.object_name());
         let mut pods = claim::claim(&api, &owner, claim_plan, recheck).await?;
         for p in pods.iter_mut() {
             let adopted = p
@@ -524,9 +512,11 @@ impl Controller {
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         Ok(pods)
     }
+}
 
+impl SyncKey for Controller {
     /// One sync of the Job `key` (`syncJob`).
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(job) = self.jobs.get(ns, name) else {
             self.pod_control.expectations().delete(key);
@@ -656,7 +646,9 @@ impl Controller {
             .await?;
         manage_err.map_or(Ok(()), Err)
     }
+}
 
+impl Controller {
     /// Creates `count` Pods in slow-start batches; returns how many were (or will be)
     /// created and the first error.
     async fn create_pods(
@@ -862,11 +854,6 @@ impl Controller {
             );
         }
     }
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

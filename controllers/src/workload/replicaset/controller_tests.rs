@@ -6,9 +6,11 @@ use super::*;
 use crate::runtime::expectations::Expectations;
 use kube::runtime::watcher::Event;
 use serde_json::json;
+use std::time::Duration;
 
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::Informer;
+use crate::runtime::testing::{drain_sorted, offline, owned_pod};
 
 struct World {
     controller: Arc<Controller>,
@@ -18,10 +20,7 @@ struct World {
 }
 
 fn world() -> World {
-    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-    let client = Client::try_from(config).unwrap();
-    let informers = Informers::new(client.clone());
-    let controller = Controller::new(client, &informers, Config::default());
+    let (controller, informers) = offline(|c, i| Controller::new(c, i, Config::default()));
     let w = World {
         controller,
         replica_sets: informers.get::<ReplicaSet>(),
@@ -51,12 +50,13 @@ fn replica_set(name: &str, uid: &str, selector: serde_json::Value, min_ready: i3
 
 /// A Pod: `owner` = (name, uid) of its controlling ReplicaSet.
 fn pod(name: &str, rv: &str, owner: Option<(&str, &str)>, extra: serde_json::Value) -> CachedPod {
-    let mut v = json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
-                                    "resourceVersion": rv, "labels": {"app": "web"}}});
-    if let Some((n, uid)) = owner {
-        v["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-            "name": n, "uid": uid, "controller": true}]);
-    }
+    let mut v = owned_pod(
+        name,
+        rv,
+        json!({"app": "web"}),
+        ("apps/v1", "ReplicaSet"),
+        owner,
+    );
     json_patch::merge(&mut v, &extra);
     serde_json::from_value(v).unwrap()
 }
@@ -64,15 +64,7 @@ fn pod(name: &str, rv: &str, owner: Option<(&str, &str)>, extra: serde_json::Val
 impl World {
     /// The keys queued so far (drained).
     async fn queued(&self) -> Vec<String> {
-        let q = &self.controller.queue;
-        let mut keys = Vec::new();
-        while !q.is_empty() {
-            let k = q.get().await.unwrap();
-            q.done(&k);
-            keys.push(k);
-        }
-        keys.sort();
-        keys
+        drain_sorted(&self.controller.queue).await
     }
 
     /// As [`queued`](Self::queued), after the status coalescing window has passed.

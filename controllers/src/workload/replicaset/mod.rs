@@ -36,7 +36,6 @@ pub mod plan;
 pub mod replication;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -57,7 +56,7 @@ use crate::runtime::informer::{
 use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_controller;
+use crate::runtime::workers::{run_controller, BurstConfig, SyncKey};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::Manage;
@@ -133,23 +132,9 @@ impl Flavor for ReplicaSets {
 /// The ReplicaSet controller.
 pub type Controller = Base<ReplicaSets>;
 
-/// The ReplicaSet controller's settings.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Concurrent syncs (`--concurrent-replicaset-syncs`, default 5).
-    pub workers: usize,
-    /// Creations or deletions per sync (upstream's `BurstReplicas`, 500).
-    pub burst_replicas: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            workers: 5,
-            burst_replicas: plan::BURST_REPLICAS,
-        }
-    }
-}
+/// The ReplicaSet controller's settings: concurrent syncs (`--concurrent-replicaset-syncs`,
+/// default 5); creations or deletions per sync (upstream's `BurstReplicas`, 500).
+pub type Config = BurstConfig<5, { plan::BURST_REPLICAS }>;
 
 /// The running controller, for objects of the flavor `F`.
 pub struct Base<F: Flavor> {
@@ -222,7 +207,6 @@ impl<F: Flavor> Base<F> {
             &[&*self.replica_sets, &*self.pods],
             &self.queue,
             self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }
@@ -290,22 +274,10 @@ impl<F: Flavor> Base<F> {
     }
 
     fn pod_added(&self, pod: &CachedPod) {
-        if pod.metadata.deletion_timestamp.is_some() {
-            // Seen first already terminating (after a restart): a deletion, not a creation.
-            self.pod_deleted(pod);
-            return;
+        let expectations = self.pod_control.expectations();
+        if claim::pod_added(&self.replica_sets, expectations, &self.queue, pod) {
+            self.enqueue_selecting(pod);
         }
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(r) = plan::controller_of(pod) {
-            if let Some(rs) = self.resolve(ns, r) {
-                let key = informer::key_of(rs.as_ref());
-                self.pod_control.expectations().creation_observed(&key);
-                self.queue.add(key);
-            }
-            return;
-        }
-        // An orphan: every ReplicaSet selecting it may adopt it. No creation is observed.
-        self.enqueue_selecting(pod);
     }
 
     fn pod_updated(&self, old: &CachedPod, cur: &CachedPod) {
@@ -341,10 +313,9 @@ impl<F: Flavor> Base<F> {
                     self.queue.add_coalesced(key.clone(), STATUS_COALESCE);
                 }
                 let min_ready = plan::min_ready_seconds(&F::view(rs));
-                if !pods::is_pod_ready(old) && pods::is_pod_ready(cur) && min_ready > 0 {
+                if let Some(after) = pods::available_after(old, cur, min_ready) {
                     // Look again when the Pod turns available.
-                    self.queue
-                        .add_after(key, Duration::from_secs(min_ready as u64));
+                    self.queue.add_after(key, after);
                 }
             }
             return;
@@ -355,17 +326,8 @@ impl<F: Flavor> Base<F> {
     }
 
     fn pod_deleted(&self, pod: &CachedPod) {
-        let Some(r) = plan::controller_of(pod) else {
-            return;
-        };
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(rs) = self.resolve(ns, r) {
-            let key = informer::key_of(rs.as_ref());
-            self.pod_control
-                .expectations()
-                .deletion_observed(&key, &pods::pod_key(pod));
-            self.queue.add(key);
-        }
+        let expectations = self.pod_control.expectations();
+        claim::pod_deleted(&self.replica_sets, expectations, &self.queue, pod);
     }
 
     // ---- sync ----
@@ -390,9 +352,11 @@ impl<F: Flavor> Base<F> {
             }
         })
     }
+}
 
+impl<F: Flavor> SyncKey for Base<F> {
     /// One sync of the ReplicaSet `key` (RS-3).
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(object) = self.replica_sets.get(ns, name) else {
             self.pod_control.expectations().delete(key);
@@ -417,12 +381,7 @@ impl<F: Flavor> Base<F> {
         let deleting = rs.metadata.deletion_timestamp.is_some();
         let plan = claim::claim_plan(&uid, &selector, deleting, active);
         let rs_api: Api<F::Object> = Api::namespaced(self.client.clone(), ns);
-        let recheck = || async {
-            let fresh = rs_api.get_opt(name).await.map_err(|e| {
-                Error::kube("re-reading before adoption", F::KIND.object_name(&rs), e)
-            })?;
-            claim::recheck_owner(&owner, fresh.as_ref())
-        };
+        let recheck = || claim::reread_owner(&rs_api, &owner, F::KIND.object_name(&rs));
         let claim_api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
         let mut active = claim::claim(&claim_api, &owner, plan, recheck).await?;
         active.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -463,7 +422,9 @@ impl<F: Flavor> Base<F> {
         }
         Ok(())
     }
+}
 
+impl<F: Flavor> Base<F> {
     /// Creates `n` Pods in slow-start batches (RS-4, CTL-10); the pod control observes the
     /// creations that failed or were never attempted, since the watch will never show them.
     async fn create_pods(
@@ -590,11 +551,6 @@ fn status_patch(
         "metadata": {"uid": rs.metadata.uid},
         "status": body,
     })
-}
-
-/// Creates the ReplicaSet controller on `informers` (see [`Base::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

@@ -31,10 +31,7 @@ fn rs() -> ReplicaSet {
 
 /// A Pod of the ReplicaSet: `ready_since` None = not ready.
 fn pod_with(name: &str, ready_since: Option<&str>, extra: serde_json::Value) -> Arc<CachedPod> {
-    let cond = match ready_since {
-        Some(t) => json!({"type": "Ready", "status": "True", "lastTransitionTime": t}),
-        None => json!({"type": "Ready", "status": "False"}),
-    };
+    let cond = crate::runtime::testing::ready_condition(ready_since);
     let mut v = json!({
         "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
                      "creationTimestamp": "2026-01-01T00:00:00Z",

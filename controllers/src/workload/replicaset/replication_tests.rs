@@ -177,23 +177,13 @@ fn status_as_upstream_writes_it_for_a_replication_controller() {
 
 #[tokio::test]
 async fn pod_events_wake_the_replication_controller_of_their_kind_only() {
-    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-    let client = Client::try_from(config).unwrap();
-    let informers = Informers::new(client.clone());
-    let controller = new(client, &informers, Config::default());
+    let (controller, informers) =
+        crate::runtime::testing::offline(|c, i| new(c, i, Config::default()));
     informers
         .get::<ReplicationController>()
         .dispatch(&Event::Apply(rc(json!({}))));
     let pods = informers.get::<CachedPod>();
-    let drain = || async {
-        let mut keys = Vec::new();
-        while !controller.queue.is_empty() {
-            let k = controller.queue.get().await.unwrap();
-            controller.queue.done(&k);
-            keys.push(k);
-        }
-        keys
-    };
+    let drain = || crate::runtime::testing::drain(&controller.queue);
     assert_eq!(drain().await, ["ns/web"], "the RC itself is queued");
 
     controller

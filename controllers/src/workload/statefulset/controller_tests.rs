@@ -8,6 +8,7 @@ use serde_json::json;
 
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::Informer;
+use crate::runtime::testing::{drain_sorted, offline, owned_pod};
 
 struct World {
     controller: Arc<Controller>,
@@ -27,10 +28,7 @@ fn set(name: &str, uid: &str, selector: Value, min_ready: i32) -> StatefulSet {
 }
 
 fn world() -> World {
-    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-    let client = Client::try_from(config).unwrap();
-    let informers = Informers::new(client.clone());
-    let controller = Controller::new(client, &informers, Config::default());
+    let (controller, informers) = offline(|c, i| Controller::new(c, i, Config::default()));
     let w = World {
         controller,
         sets: informers.get::<StatefulSet>(),
@@ -55,12 +53,13 @@ fn world() -> World {
 
 /// A Pod: `owner` = (name, uid) of its controlling set; `extra` merged into it.
 fn pod(name: &str, rv: &str, owner: Option<(&str, &str)>, extra: Value) -> CachedPod {
-    let mut v = json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
-                                    "resourceVersion": rv, "labels": {"app": "web"}}});
-    if let Some((n, uid)) = owner {
-        v["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "StatefulSet",
-            "name": n, "uid": uid, "controller": true}]);
-    }
+    let mut v = owned_pod(
+        name,
+        rv,
+        json!({"app": "web"}),
+        ("apps/v1", "StatefulSet"),
+        owner,
+    );
     json_patch::merge(&mut v, &extra);
     serde_json::from_value(v).unwrap()
 }
@@ -73,15 +72,7 @@ fn ready(ready: bool) -> Value {
 impl World {
     /// The keys queued so far (drained).
     async fn queued(&self) -> Vec<String> {
-        let q = &self.controller.queue;
-        let mut keys = Vec::new();
-        while !q.is_empty() {
-            let k = q.get().await.unwrap();
-            q.done(&k);
-            keys.push(k);
-        }
-        keys.sort();
-        keys
+        drain_sorted(&self.controller.queue).await
     }
 }
 

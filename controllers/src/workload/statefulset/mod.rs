@@ -57,9 +57,9 @@ use crate::runtime::events::Recorder;
 use crate::runtime::expectations::Expectations;
 use crate::runtime::history;
 use crate::runtime::informer::{self, controller_uid, EventHandlers, Informers, NAMESPACE};
-use crate::runtime::pods::{is_pod_ready, pod_key};
+use crate::runtime::pods::{available_after, pod_key};
 use crate::runtime::queue::WorkQueue;
-use crate::runtime::workers::run_controller;
+use crate::runtime::workers::{run_controller, SyncKey, WorkersConfig};
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Action, DeleteReason, Group, Pass, UpdateRevision};
@@ -74,18 +74,9 @@ pub const COMPONENT: &str = "statefulset-controller";
 /// set named `<parent>` may own (upstream lists the namespace and filters on `isMemberOf`).
 pub const MEMBER: &str = "statefulset-member";
 
-/// The StatefulSet controller's settings.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Concurrent syncs (`--concurrent-statefulset-syncs`, default 5).
-    pub workers: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self { workers: 5 }
-    }
-}
+/// The StatefulSet controller's settings: concurrent syncs (`--concurrent-statefulset-syncs`,
+/// default 5).
+pub type Config = WorkersConfig<5>;
 
 /// The running controller.
 pub struct Controller {
@@ -161,7 +152,6 @@ impl Controller {
             &[&*self.sets, &*self.pods, &*self.revisions, &*self.claims],
             &self.queue,
             self.config.workers,
-            |this, key: String| async move { this.sync(&key).await },
         )
         .await;
     }
@@ -222,20 +212,9 @@ impl Controller {
     }
 
     fn pod_added(&self, pod: &CachedPod) {
-        if pod.metadata.deletion_timestamp.is_some() {
-            self.pod_deleted(pod);
-            return;
+        if claim::pod_added(&self.sets, &self.expectations, &self.queue, pod) {
+            self.enqueue_selecting(pod);
         }
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(r) = controller_of(pod) {
-            if let Some(set) = self.resolve(ns, r) {
-                let key = informer::key_of(set.as_ref());
-                self.expectations.creation_observed(&key);
-                self.queue.add(key);
-            }
-            return;
-        }
-        self.enqueue_selecting(pod);
     }
 
     fn pod_updated(&self, old: &CachedPod, cur: &CachedPod) {
@@ -264,9 +243,8 @@ impl Controller {
             }
             self.queue.add(key.clone());
             let min_ready = plan::min_ready_seconds(&set);
-            if !is_pod_ready(old) && is_pod_ready(cur) && min_ready > 0 {
-                self.queue
-                    .add_after(key, Duration::from_secs(min_ready as u64));
+            if let Some(after) = available_after(old, cur, min_ready) {
+                self.queue.add_after(key, after);
             }
             return;
         }
@@ -276,21 +254,15 @@ impl Controller {
     }
 
     fn pod_deleted(&self, pod: &CachedPod) {
-        let Some(r) = controller_of(pod) else {
-            return;
-        };
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        if let Some(set) = self.resolve(ns, r) {
-            let key = informer::key_of(set.as_ref());
-            self.expectations.deletion_observed(&key, &pod_key(pod));
-            self.queue.add(key);
-        }
+        claim::pod_deleted(&self.sets, &self.expectations, &self.queue, pod);
     }
 
     // ---- sync ----
+}
 
+impl SyncKey for Controller {
     /// One sync of the set `key`.
-    pub async fn sync(&self, key: &str) -> Result<()> {
+    async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
         let Some(set) = self.sets.get(ns, name) else {
             self.expectations.delete(key);
@@ -313,13 +285,7 @@ impl Controller {
         let set_api: Api<StatefulSet> = Api::namespaced(self.client.clone(), ns);
         let rev_api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), ns);
         let pod_api: Api<CachedPod> = Api::namespaced(self.client.clone(), ns);
-        let recheck = || async {
-            let fresh = set_api
-                .get_opt(name)
-                .await
-                .map_err(|e| Error::kube("re-reading before adoption", set.object_name(), e))?;
-            claim::recheck_owner(&owner, fresh.as_ref())
-        };
+        let recheck = || claim::reread_owner(&set_api, &owner, set.object_name());
 
         // adoptOrphanRevisions
         let mut revisions =
@@ -371,7 +337,9 @@ impl Controller {
         }
         Ok(())
     }
+}
 
+impl Controller {
     /// `UpdateStatefulSet` up to the history truncation: the revisions, the update, the status.
     /// Returns the status and the current and update revision names, or the error with the
     /// names known so far.
@@ -807,11 +775,6 @@ pub fn status_patch(set: &StatefulSet, status: &StatefulSetStatus) -> Value {
             "conditions": Value::Null,
         }
     })
-}
-
-/// Creates the controller on `informers` (see [`Controller::new`]).
-pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
-    Controller::new(client, informers, config)
 }
 
 #[cfg(test)]

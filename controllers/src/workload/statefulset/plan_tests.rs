@@ -52,15 +52,7 @@ fn set(replicas: i32, extra: Value) -> StatefulSet {
 
 fn with_image(s: &StatefulSet, image: &str) -> StatefulSet {
     let mut s = s.clone();
-    s.spec
-        .as_mut()
-        .unwrap()
-        .template
-        .spec
-        .as_mut()
-        .unwrap()
-        .containers[0]
-        .image = Some(image.into());
+    crate::runtime::testing::set_template_image(&mut s.spec.as_mut().unwrap().template, image);
     s
 }
 
