@@ -1,6 +1,7 @@
 //! Small, pure Kubernetes helpers that every controller and the scheduler may use, as upstream keeps
 //! them in apimachinery and component-helpers: label selectors, owner references, int-or-percent,
-//! Pod readiness and phase, node affinity and taint matching, hashing, a clock.
+//! Pod readiness and phase, node affinity and taint matching, hashing, resource quantities, a
+//! clock.
 //!
 //! No I/O, no caches, no controller: every function takes the objects it needs. The runtime and
 //! every controller may import this module; it imports neither (the layers test keeps it so).
