@@ -118,7 +118,7 @@ pub enum Evaluator {
 /// `kubernetes.io/`), under `requests.` (extended resources cannot be overcommitted, so only
 /// requests are quota'd).
 fn is_extended_for_quota(name: &str) -> bool {
-    name.starts_with("requests.") && is_extended(name)
+    name.starts_with("requests.") && !is_native(name)
 }
 
 fn is_native(name: &str) -> bool {
