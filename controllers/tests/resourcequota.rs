@@ -144,7 +144,7 @@ async fn used(quotas: &Api<ResourceQuota>) -> Table {
             .into_iter()
             .map(|(k, v)| (k, v.0))
             .collect();
-        out.insert(name, used);
+        out.insert(*name, used);
     }
     out
 }
