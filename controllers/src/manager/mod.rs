@@ -239,6 +239,7 @@ mod tests {
                     "namespace",
                     "horizontalpodautoscaling",
                     "disruption",
+                    "resourcequota",
                 ],
             ),
             (
@@ -262,6 +263,7 @@ mod tests {
                     "namespace",
                     "horizontalpodautoscaling",
                     "disruption",
+                    "resourcequota",
                     "lb-ipam",
                 ],
             ),
@@ -284,6 +286,7 @@ mod tests {
                     "namespace",
                     "horizontalpodautoscaling",
                     "disruption",
+                    "resourcequota",
                 ],
             ),
             (
@@ -339,6 +342,7 @@ mod tests {
                     "namespace",
                     "horizontalpodautoscaling",
                     "disruption",
+                    "resourcequota",
                 ],
             ),
             (
@@ -354,6 +358,11 @@ mod tests {
                 "horizontal-pod-autoscaler-controller,namespace-controller",
                 &[],
                 &["namespace", "horizontalpodautoscaling"],
+            ),
+            (
+                "resourcequota-controller",
+                &[],
+                &["resourcequota"],
             ),
         ];
         for (list, given, want) in cases {

@@ -480,9 +480,15 @@ pub fn pod_matches_scope(req: &ScopeRequirement, pod: &CachedPod) -> bool {
 
 /// A Service's quota type (`GetQuotaServiceType`): NodePort, LoadBalancer or none.
 pub fn service_quota_type(svc: &Service) -> &str {
-    match svc.spec.as_ref().and_then(|s| s.type_.as_deref()) {
-        Some(t @ ("NodePort" | "LoadBalancer")) => t,
-        _ => "",
+    let t = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.type_.as_deref())
+        .unwrap_or_default();
+    if matches!(t, "NodePort" | "LoadBalancer") {
+        t
+    } else {
+        ""
     }
 }
 

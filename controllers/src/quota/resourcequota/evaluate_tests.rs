@@ -10,6 +10,9 @@ use serde_json::{json, Value};
 use super::evaluate::*;
 use crate::runtime::cached_pod::CachedPod;
 
+/// A table row: the case's name, the object, and the usage it must give (resource, quantity).
+type Case<'a, R> = (&'a str, Value, Vec<(R, &'a str)>);
+
 fn pod(v: Value) -> CachedPod {
     serde_json::from_value(v).unwrap()
 }
@@ -110,7 +113,7 @@ fn evaluators_claim_the_resource_names_upstream_gives_them() {
 #[test]
 fn pod_usage_sums_containers_and_takes_the_larger_init_container() {
     // upstream TestPodEvaluatorUsage, case by case.
-    let cases: Vec<(&str, Value, Vec<(&str, &str)>)> = vec![
+    let cases: Vec<Case<&str>> = vec![
         (
             "init container CPU",
             json!({"spec": {"initContainers": [container(json!({"cpu": "1m"}), json!({"cpu": "2m"}))],
@@ -461,7 +464,7 @@ fn claim(v: Value) -> PersistentVolumeClaim {
 fn claim_usage_charges_storage_to_its_class() {
     // upstream TestPersistentVolumeClaimEvaluatorUsage.
     let gold = "gold.storageclass.storage.k8s.io/";
-    let cases: Vec<(&str, Value, Vec<(String, &str)>)> = vec![
+    let cases: Vec<Case<String>> = vec![
         (
             "no class",
             json!({"spec": {"resources": {"requests": {"storage": "10Gi"}}}}),
