@@ -13,6 +13,7 @@
 //! - [`auth`]: what every namespace gets for its Pods to reach the API server (the `default`
 //!   ServiceAccount, the `kube-root-ca.crt` ConfigMap);
 //! - [`node`]: what Nodes decide for the Pods bound to them (NoExecute taint eviction);
+//! - [`quota`]: ResourceQuota usage (the resourcequota controller);
 //! - [`manager`]: the descriptor table of controllers and the `controller-manager` that runs the
 //!   selected ones;
 //! - [`scheduler`]: kube-scheduler's framework and default plugins, run by the `scheduler` binary.
@@ -29,6 +30,7 @@ pub mod helpers;
 pub mod manager;
 pub mod namespace;
 pub mod node;
+pub mod quota;
 pub mod runtime;
 pub mod scheduler;
 pub mod workload;

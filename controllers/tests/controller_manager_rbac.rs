@@ -3,8 +3,8 @@
 //! decides): the manifest is applied with `kubectl apply -f`, a token of its ServiceAccount is
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
-//! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace) and
-//! leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
+//! resourcequota) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
 //! it is deleted, holds the Lease, and releases it on SIGTERM; nothing it does is denied (the log
@@ -23,7 +23,9 @@ mod common;
 use controllers::endpoint::lbipam;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Endpoints, Namespace, Node, Pod, ResourceQuota, Secret, Service,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -59,7 +61,7 @@ fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, log: &Path) -> Child {
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota",
         ])
         .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--lb-pool", POOL])
@@ -349,6 +351,62 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
             .then_some(())
     })
     .await;
+
+    // The resourcequota controller, under deploy/workload-controllers.yaml's RBAC: a quota's
+    // usage is counted (Pods and Services from the shared caches, Secrets and Deployments through
+    // their own metadata watches) and comes down when a counted object is deleted.
+    let quota_ns = "rbac-quota";
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": quota_ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), quota_ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "counted"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let quotas: Api<ResourceQuota> = Api::namespaced(admin.clone(), quota_ns);
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "q"}, "spec": {"hard": {
+                "secrets": "5", "count/deployments.apps": "5", "pods": "5", "services": "5"}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let quota_used = |secrets: &'static str| {
+        let quotas = quotas.clone();
+        move || {
+            let quotas = quotas.clone();
+            async move {
+                let used = quotas.get("q").await.unwrap().status?.used?;
+                let used: Vec<(String, String)> = used.into_iter().map(|(k, v)| (k, v.0)).collect();
+                let want: Vec<(String, String)> = [
+                    ("count/deployments.apps", "0"),
+                    ("pods", "0"),
+                    ("secrets", secrets),
+                    ("services", "0"),
+                ]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+                (used == want).then_some(())
+            }
+        }
+    };
+    eventually("the quota's usage counted", quota_used("1")).await;
+    secrets
+        .delete("counted", &Default::default())
+        .await
+        .unwrap();
+    eventually("the quota's usage replenished", quota_used("0")).await;
 
     // SIGTERM: the Lease is released (an update the Role grants) and the process exits cleanly.
     let pid = cm.id().expect("controller-manager running").to_string();

@@ -17,13 +17,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The controller groups: each module under one of these is a controller.
-const GROUPS: [&str; 6] = [
+const GROUPS: [&str; 7] = [
     "endpoint",
     "workload",
     "auth",
     "node",
     "namespace",
     "autoscaling",
+    "quota",
 ];
 
 /// Modules of the endpoint group its controllers may share.

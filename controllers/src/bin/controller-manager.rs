@@ -108,6 +108,14 @@ struct Args {
     /// After a Pod starts, how long a readiness change counts as its initial readiness.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     horizontal_pod_autoscaler_initial_readiness_delay: std::time::Duration,
+    /// ResourceQuotas synced at once, per queue (kube-controller-manager's
+    /// `--concurrent-resource-quota-syncs`).
+    #[arg(long, default_value_t = 5)]
+    concurrent_resource_quota_syncs: usize,
+    /// How often every ResourceQuota's usage is recomputed in full (kube-controller-manager's
+    /// `--resource-quota-sync-period`, a Go-style duration such as 5m0s).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    resource_quota_sync_period: Duration,
     /// Serve Prometheus metrics (`/metrics`, kube-controller-manager's workqueue metric names)
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
@@ -193,6 +201,8 @@ async fn main() -> anyhow::Result<()> {
                     initial_readiness_delay: args.horizontal_pod_autoscaler_initial_readiness_delay,
                 },
             },
+            resourcequota: args.concurrent_resource_quota_syncs,
+            resource_quota_sync_period: args.resource_quota_sync_period,
         },
     };
     if let Some(addr) = args.metrics_bind_address {

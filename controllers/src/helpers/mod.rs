@@ -1,7 +1,8 @@
 //! Small, pure Kubernetes helpers that every controller and the scheduler may use, as upstream keeps
 //! them in apimachinery and component-helpers: label selectors, owner references, int-or-percent,
-//! Pod readiness and phase, node affinity and taint matching, hashing, a clock, a Pod's
-//! long-running containers, group/version/resources and the aggregated discovery documents.
+//! Pod readiness and phase, node affinity and taint matching, hashing, resource quantities, a
+//! clock, a Pod's long-running containers, group/version/resources and the aggregated discovery
+//! documents.
 //!
 //! No I/O, no caches, no controller: every function takes the objects it needs. The runtime and
 //! every controller may import this module; it imports neither (the layers test keeps it so).

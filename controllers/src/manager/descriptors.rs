@@ -16,7 +16,7 @@ use super::{Concurrency, ManagerConfig};
 use crate::endpoint::lbipam::pool::Pool;
 use crate::error::{Error, Result};
 use crate::runtime::informer::Informers;
-use crate::{auth, autoscaling, endpoint, namespace, node, workload};
+use crate::{auth, autoscaling, endpoint, namespace, node, quota, workload};
 
 /// A running controller: ends only on an error (or never).
 pub type Task = BoxFuture<'static, Result<()>>;
@@ -411,6 +411,22 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
                 cx.informers,
                 workload::disruption::Config::default(),
             );
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "resourcequota",
+        aliases: &["resourcequota-controller"],
+        replaces: Some("resourcequota-controller"),
+        default_on: true,
+        needs: None,
+        help: "usage in ResourceQuotas' status, recomputed every --resource-quota-sync-period and on changes",
+        new: |cx| {
+            let config = quota::resourcequota::Config {
+                workers: cx.concurrency.resourcequota,
+                resync_period: cx.concurrency.resource_quota_sync_period,
+            };
+            let c = quota::resourcequota::Controller::new(cx.client.clone(), cx.informers, config);
             Ok(forever(c.run()))
         },
     },

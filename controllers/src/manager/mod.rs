@@ -85,6 +85,11 @@ pub struct Concurrency {
     pub namespace_sync_period: std::time::Duration,
     /// The horizontal Pod autoscaler's workers and `--horizontal-pod-autoscaler-*` settings.
     pub horizontal_pod_autoscaler: crate::autoscaling::podautoscaler::Config,
+    /// `--concurrent-resource-quota-syncs` (upstream default 5).
+    pub resourcequota: usize,
+    /// `--resource-quota-sync-period` (upstream default 5 m). Not a worker count: the
+    /// resourcequota controller's full recalculation period, carried with the others.
+    pub resource_quota_sync_period: std::time::Duration,
 }
 
 impl Default for Concurrency {
@@ -104,6 +109,8 @@ impl Default for Concurrency {
             namespace: 10,
             namespace_sync_period: std::time::Duration::from_secs(300),
             horizontal_pod_autoscaler: Default::default(),
+            resourcequota: 5,
+            resource_quota_sync_period: std::time::Duration::from_secs(300),
         }
     }
 }
@@ -232,6 +239,7 @@ mod tests {
                     "namespace",
                     "horizontalpodautoscaling",
                     "disruption",
+                    "resourcequota",
                 ],
             ),
             (
@@ -255,6 +263,7 @@ mod tests {
                     "namespace",
                     "horizontalpodautoscaling",
                     "disruption",
+                    "resourcequota",
                     "lb-ipam",
                 ],
             ),
@@ -277,6 +286,7 @@ mod tests {
                     "namespace",
                     "horizontalpodautoscaling",
                     "disruption",
+                    "resourcequota",
                 ],
             ),
             (
@@ -332,6 +342,7 @@ mod tests {
                     "namespace",
                     "horizontalpodautoscaling",
                     "disruption",
+                    "resourcequota",
                 ],
             ),
             (
@@ -347,6 +358,11 @@ mod tests {
                 "horizontal-pod-autoscaler-controller,namespace-controller",
                 &[],
                 &["namespace", "horizontalpodautoscaling"],
+            ),
+            (
+                "resourcequota-controller",
+                &[],
+                &["resourcequota"],
             ),
         ];
         for (list, given, want) in cases {

@@ -4,7 +4,7 @@
 //! Pods are most of what a controller-manager caches (one per replica of every workload), and
 //! k8s-openapi's `Pod` lays every field of the API out inline: about 2.2 KiB for the Pod, 2.1 KiB
 //! per Container and 0.75 KiB per ContainerStatus before a single string, whatever the Pod sets.
-//! No controller here reads a container's image, command, env, limits, probes or mounts, so
+//! No controller here reads a container's image, command, env, probes or mounts, so
 //! the cache keeps the fields below, with the same names and nesting as `Pod` (a reader writes
 //! `pod.spec.as_ref().and_then(|s| s.node_name.as_deref())` either way). Deserializing a watched
 //! Pod straight into this type skips the other fields without building them. What that saves at
@@ -17,7 +17,10 @@
 //! and restartPolicy (sidecars), its requests and the Pod-level ones (the horizontal Pod
 //! autoscaler's utilization); volumes' names and claims (StatefulSet storage); status phase,
 //! reason, conditions (type, status, reason, lastTransitionTime), Pod IPs, startTime and per container its name, readiness, restart count
-//! and state (ranking, availability, Job failure policies).
+//! and state (ranking, availability, Job failure policies). For quota usage (the resourcequota
+//! controller): each container's and the Pod-level requests and limits, overhead,
+//! priorityClassName, activeDeadlineSeconds, status.qosClass and each container status's
+//! resources (what an in-place resize actuated).
 //!
 //! Owns the type and its mapping to the API's `Pod`; no controller logic. Pods the controllers
 //! create or patch are written with the API's types, never from a `CachedPod`, so nothing a cache
@@ -83,9 +86,25 @@ pub struct CachedPodSpec {
     pub init_containers: Option<Vec<CachedContainer>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volumes: Option<Vec<CachedVolume>>,
-    /// Pod-level requests (`spec.resources`, PodLevelResources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead: Option<BTreeMap<String, Quantity>>,
+    /// Pod-level requests and limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<CachedResources>,
+}
+
+/// A container's (or the Pod's) resource requests and limits.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedResources {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<BTreeMap<String, Quantity>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<BTreeMap<String, Quantity>>,
 }
 
 /// The kept part of a `Container`.
@@ -98,18 +117,10 @@ pub struct CachedContainer {
     pub ports: Option<Vec<ContainerPort>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<String>,
-    /// Its requests (the horizontal Pod autoscaler's utilization).
+    /// Its requests (the horizontal Pod autoscaler's utilization, quota usage) and limits
+    /// (quota usage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<CachedResources>,
-}
-
-/// The kept part of `ResourceRequirements`: the requests (limits and claims are read by no
-/// controller).
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CachedResources {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requests: Option<BTreeMap<String, Quantity>>,
 }
 
 /// The kept part of a `Volume`: its name and, for a claim, the claim.
@@ -142,6 +153,8 @@ pub struct CachedPodStatus {
     pub container_statuses: Option<Vec<CachedContainerStatus>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_container_statuses: Option<Vec<CachedContainerStatus>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos_class: Option<String>,
 }
 
 /// The kept part of a `PodCondition` (its message and probe time are read by no controller).
@@ -170,6 +183,9 @@ pub struct CachedContainerStatus {
     pub restart_count: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<ContainerState>,
+    /// The resources the runtime actuated (in-place resize).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<CachedResources>,
 }
 
 impl crate::helpers::containers::RestartPolicy for CachedContainer {
