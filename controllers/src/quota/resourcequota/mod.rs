@@ -196,8 +196,14 @@ impl Controller {
                     self.add_quota(n);
                 }
             }
-            // A deleted quota has no status to write.
-            _ => {}
+            // A deleted quota has no status to write; the namespace's quotas counting quotas
+            // are replenished.
+            (Some(o), None) => {
+                if let Some(ns) = o.metadata.namespace.as_deref() {
+                    self.replenish(ns, &Evaluator::Count(GroupResource::core("resourcequotas")));
+                }
+            }
+            (None, None) => {}
         }
     }
 
@@ -301,6 +307,20 @@ impl Controller {
                     no_scope,
                     |c| evaluate::claim_usage(c),
                 ),
+                // The quotas themselves from this controller's own cache, as upstream counts them
+                // from the informer it syncs from: a separate watch could still lack the quota
+                // being synced, and a new quota would record itself uncounted until the next
+                // full recalculation (nothing else resyncs it).
+                Evaluator::Count(gr) if *gr == GroupResource::core("resourcequotas") => {
+                    let n = self.quotas.index(NAMESPACE, namespace).len() as i64;
+                    evaluate::usage_of(
+                        &resources,
+                        &scopes,
+                        std::iter::once(()).filter(|_| n > 0),
+                        no_scope,
+                        |_| count_usage(&resources, n),
+                    )
+                }
                 Evaluator::Count(gr) => {
                     let counter =
                         self.counts().counter(gr).await.map_err(|e| {
@@ -322,14 +342,7 @@ impl Controller {
                         &scopes,
                         std::iter::once(()).filter(|_| n > 0),
                         no_scope,
-                        |_| {
-                            resources
-                                .iter()
-                                .map(|r| {
-                                    (r.clone(), crate::helpers::quantity::Quantity::from_int(n))
-                                })
-                                .collect()
-                        },
+                        |_| count_usage(&resources, n),
                     )
                 }
             };
@@ -373,3 +386,11 @@ fn no_scope<T>(_: &evaluate::ScopeRequirement, _: &T) -> bool {
 #[cfg(test)]
 #[path = "evaluate_tests.rs"]
 mod evaluate_tests;
+
+/// `n` objects of each of `resources` (an object count's usage).
+fn count_usage(resources: &BTreeSet<String>, n: i64) -> ResourceList {
+    resources
+        .iter()
+        .map(|r| (r.clone(), crate::helpers::quantity::Quantity::from_int(n)))
+        .collect()
+}
