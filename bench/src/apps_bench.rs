@@ -6,8 +6,8 @@
 //! complete every running Pod a Job owns).
 //!
 //! Workloads ([`Workload`]), each measured per controller manager started with only its
-//! controller (`--controllers=job`, `daemonset`, `statefulset` or `cronjob`, the same names in
-//! both):
+//! controller (`--controllers=job`, `daemonset`, `statefulset`, `cronjob` or `podgc`, the same
+//! names in both):
 //! - jobs: N Jobs of C completions with parallelism P created at once; the clock runs until every
 //!   Job has the Complete condition.
 //! - daemonset: one DaemonSet over every kwok node (M); the clock runs until M Pods are updated
@@ -20,6 +20,9 @@
 //!   and recorded lastScheduleTime. No warm-up object: the controller has most of a minute to
 //!   sync before the first scheduled time, and a CronJob could not prove it sooner. `--quick`
 //!   leaves it out of the default workloads (it waits for a minute); naming it runs it.
+//! - podgc: N terminated Pods created before the manager starts with `--controllers=podgc` and
+//!   `--terminated-pod-gc-threshold=T`; the clock runs from its start until T are left. Always on a
+//!   control plane of its own, even with `--quick` ([`super::apps_podgc`] runs it).
 //!
 //! "Done" is what `kubectl rollout status` (or `kubectl wait --for=condition=Complete` for a Job)
 //! decides, seen through a watch. At full size every workload gets a fresh control plane and
