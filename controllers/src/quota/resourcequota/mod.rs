@@ -269,6 +269,32 @@ impl Controller {
         }
     }
 
+    /// How many objects of `gr` `namespace` holds, or None when the API server serves no such
+    /// countable resource. The quotas themselves come from this controller's own cache, as
+    /// upstream counts them from the informer it syncs from: a separate watch could still lack
+    /// the quota being synced, and a new quota would record itself uncounted until the next full
+    /// recalculation (nothing else resyncs it).
+    async fn object_count(&self, gr: &GroupResource, namespace: &str) -> Result<Option<i64>> {
+        if *gr == GroupResource::core("resourcequotas") {
+            return Ok(Some(self.quotas.index(NAMESPACE, namespace).len() as i64));
+        }
+        let counter = self
+            .counts()
+            .counter(gr)
+            .await
+            .map_err(|e| Error::kube("discovering", format!("the resource {gr}"), e))?;
+        let Some(counter) = counter else {
+            return Ok(None);
+        };
+        if !counter.wait_synced(COUNT_SYNC_TIMEOUT).await {
+            return Err(Error::Invalid {
+                object: format!("the count of {gr}"),
+                reason: "its watch has not listed it yet".into(),
+            });
+        }
+        Ok(Some(counter.count(namespace) as i64))
+    }
+
     /// The usage of the resources of `hard` some evaluator tracks, by evaluator
     /// (`CalculateUsage`). Count resources the API server does not serve are left out.
     async fn usage(&self, quota: &ResourceQuota, namespace: &str) -> Result<ResourceList> {
@@ -307,36 +333,11 @@ impl Controller {
                     no_scope,
                     |c| evaluate::claim_usage(c),
                 ),
-                // The quotas themselves from this controller's own cache, as upstream counts them
-                // from the informer it syncs from: a separate watch could still lack the quota
-                // being synced, and a new quota would record itself uncounted until the next
-                // full recalculation (nothing else resyncs it).
-                Evaluator::Count(gr) if *gr == GroupResource::core("resourcequotas") => {
-                    let n = self.quotas.index(NAMESPACE, namespace).len() as i64;
-                    evaluate::usage_of(
-                        &resources,
-                        &scopes,
-                        std::iter::once(()).filter(|_| n > 0),
-                        no_scope,
-                        |_| count_usage(&resources, n),
-                    )
-                }
                 Evaluator::Count(gr) => {
-                    let counter =
-                        self.counts().counter(gr).await.map_err(|e| {
-                            Error::kube("discovering", format!("the resource {gr}"), e)
-                        })?;
-                    let Some(counter) = counter else {
+                    let Some(n) = self.object_count(gr, namespace).await? else {
                         tracing::debug!(resource = %gr, "resourcequota: not a countable resource");
                         continue;
                     };
-                    if !counter.wait_synced(COUNT_SYNC_TIMEOUT).await {
-                        return Err(Error::Invalid {
-                            object: format!("the count of {gr}"),
-                            reason: "its watch has not listed it yet".into(),
-                        });
-                    }
-                    let n = counter.count(namespace) as i64;
                     evaluate::usage_of(
                         &resources,
                         &scopes,
