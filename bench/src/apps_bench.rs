@@ -6,8 +6,8 @@
 //! complete every running Pod a Job owns).
 //!
 //! Workloads ([`Workload`]), each measured per controller manager started with only its
-//! controller (`--controllers=job`, `daemonset`, `statefulset` or `cronjob`, the same names in
-//! both):
+//! controller (`--controllers=job`, `daemonset`, `statefulset`, `cronjob` or `podgc`, the same
+//! names in both):
 //! - jobs: N Jobs of C completions with parallelism P created at once; the clock runs until every
 //!   Job has the Complete condition.
 //! - daemonset: one DaemonSet over every kwok node (M); the clock runs until M Pods are updated
@@ -20,6 +20,9 @@
 //!   and recorded lastScheduleTime. No warm-up object: the controller has most of a minute to
 //!   sync before the first scheduled time, and a CronJob could not prove it sooner. `--quick`
 //!   leaves it out of the default workloads (it waits for a minute); naming it runs it.
+//! - podgc: N terminated Pods created before the manager starts with `--controllers=podgc` and
+//!   `--terminated-pod-gc-threshold=T`; the clock runs from its start until T are left. Always on a
+//!   control plane of its own, even with `--quick` ([`super::apps_podgc`] runs it).
 //!
 //! "Done" is what `kubectl rollout status` (or `kubectl wait --for=condition=Complete` for a Job)
 //! decides, seen through a watch. At full size every workload gets a fresh control plane and
@@ -65,6 +68,10 @@ pub const DAEMONSET_NODES: usize = 1_000;
 pub const STATEFULSETS: usize = 100;
 pub const STATEFULSET_REPLICAS: usize = 3;
 pub const CRONJOBS: usize = 1_000;
+/// 10,000 terminated Pods; kube-controller-manager's `--terminated-pod-gc-threshold` set to
+/// 1,000 for both managers.
+pub const PODGC_PODS: usize = 10_000;
+pub const PODGC_THRESHOLD: usize = 1_000;
 /// `--quick`: a smoke of each workload.
 const QUICK: Sizes = Sizes {
     jobs: 3,
@@ -74,6 +81,8 @@ const QUICK: Sizes = Sizes {
     statefulsets: 2,
     statefulset_replicas: 2,
     cronjobs: 2,
+    podgc_pods: 20,
+    podgc_threshold: 10,
 };
 /// The DaemonSet's rolling update's maxUnavailable.
 const DAEMONSET_MAX_UNAVAILABLE: &str = "10%";
@@ -94,6 +103,8 @@ pub struct Sizes {
     pub statefulsets: usize,
     pub statefulset_replicas: usize,
     pub cronjobs: usize,
+    pub podgc_pods: usize,
+    pub podgc_threshold: usize,
 }
 
 impl Sizes {
@@ -110,6 +121,8 @@ impl Sizes {
             statefulsets: args.statefulsets,
             statefulset_replicas: args.statefulset_replicas,
             cronjobs: args.cronjobs,
+            podgc_pods: args.podgc_pods,
+            podgc_threshold: args.podgc_threshold,
         };
         for (flag, v) in [
             ("--jobs", sizes.jobs),
@@ -119,10 +132,19 @@ impl Sizes {
             ("--statefulsets", sizes.statefulsets),
             ("--statefulset-replicas", sizes.statefulset_replicas),
             ("--cronjobs", sizes.cronjobs),
+            ("--podgc-pods", sizes.podgc_pods),
+            ("--podgc-threshold", sizes.podgc_threshold),
         ] {
             if v == 0 {
                 bail!("{flag} 0: must be at least 1");
             }
+        }
+        if sizes.podgc_threshold >= sizes.podgc_pods {
+            bail!(
+                "--podgc-threshold {} must be below --podgc-pods {}: nothing would be collected",
+                sizes.podgc_threshold,
+                sizes.podgc_pods
+            );
         }
         Ok(sizes)
     }
@@ -135,11 +157,12 @@ pub enum Workload {
     DaemonSet,
     StatefulSet,
     CronJobs,
+    PodGc,
 }
 
 impl Workload {
     /// `--apps-workloads` values, in the order they run by default.
-    pub const NAMES: &[&str] = &["jobs", "daemonset", "statefulset", "cronjobs"];
+    pub const NAMES: &[&str] = &["jobs", "daemonset", "statefulset", "cronjobs", "podgc"];
 
     pub fn parse(name: &str) -> anyhow::Result<Workload> {
         match name.trim() {
@@ -147,6 +170,7 @@ impl Workload {
             "daemonset" | "daemonsets" => Ok(Workload::DaemonSet),
             "statefulset" | "statefulsets" => Ok(Workload::StatefulSet),
             "cronjobs" | "cronjob" => Ok(Workload::CronJobs),
+            "podgc" => Ok(Workload::PodGc),
             other => bail!(
                 "--apps-workloads: unknown workload {other:?} (known: {})",
                 Workload::NAMES.join(", ")
@@ -154,12 +178,13 @@ impl Workload {
         }
     }
 
-    fn tag(self) -> &'static str {
+    pub(crate) fn tag(self) -> &'static str {
         match self {
             Workload::Jobs => "jobs",
             Workload::DaemonSet => "daemonset",
             Workload::StatefulSet => "statefulset",
             Workload::CronJobs => "cronjobs",
+            Workload::PodGc => "podgc",
         }
     }
 
@@ -170,11 +195,12 @@ impl Workload {
             Workload::DaemonSet => "daemonset",
             Workload::StatefulSet => "statefulset",
             Workload::CronJobs => "cronjob",
+            Workload::PodGc => "podgc",
         }
     }
 
     /// What is created, as the table says it.
-    fn describe(self, z: &Sizes, nodes: usize) -> String {
+    pub(crate) fn describe(self, z: &Sizes, nodes: usize) -> String {
         match self {
             Workload::Jobs => format!(
                 "{} Jobs x {} completions (parallelism {})",
@@ -193,6 +219,11 @@ impl Workload {
                  created",
                 z.cronjobs
             ),
+            Workload::PodGc => format!(
+                "{} terminated Pods, --terminated-pod-gc-threshold={}; done: seconds from the \
+                 manager's start to {} left",
+                z.podgc_pods, z.podgc_threshold, z.podgc_threshold
+            ),
         }
     }
 
@@ -207,6 +238,8 @@ impl Workload {
             }
             // Its Jobs are not run: no Job controller is started.
             Workload::CronJobs => 1,
+            // Its Pods are bound to a Node kwok does not manage (`apps_podgc`).
+            Workload::PodGc => 1,
         }
         .max(1)
     }
@@ -218,6 +251,7 @@ impl Workload {
             Workload::DaemonSet => 2 * z.daemonset_nodes,
             Workload::StatefulSet => z.statefulsets * z.statefulset_replicas,
             Workload::CronJobs => 0,
+            Workload::PodGc => z.podgc_pods,
         }
     }
 }
@@ -275,14 +309,17 @@ pub fn command(args: &BenchArgs, plan: &Plan) -> String {
         write!(
             command,
             " --jobs {} --job-completions {} --job-parallelism {} --daemonset-nodes {} \
-             --statefulsets {} --statefulset-replicas {} --cronjobs {}",
+             --statefulsets {} --statefulset-replicas {} --cronjobs {} --podgc-pods {} \
+             --podgc-threshold {}",
             z.jobs,
             z.job_completions,
             z.job_parallelism,
             z.daemonset_nodes,
             z.statefulsets,
             z.statefulset_replicas,
-            z.cronjobs
+            z.cronjobs,
+            z.podgc_pods,
+            z.podgc_threshold
         )
         .unwrap();
     }
@@ -336,6 +373,8 @@ pub struct AppsRun {
     pub requests: Option<Requests>,
     /// The manager's peak memory (VmHWM) when the last phase was done.
     pub peak_memory_mib: Option<f64>,
+    /// What was checked of the outcome beyond the clock's condition (podgc: which Pods were kept).
+    pub check: Option<String>,
     pub error: Option<String>,
 }
 
@@ -374,13 +413,8 @@ pub fn run(
         commit: super::report::tree_state(),
         runs: Vec::new(),
     };
-    let sessions: Vec<Vec<Workload>> = if plan.shared {
-        vec![plan.workloads.clone()]
-    } else {
-        plan.workloads.iter().map(|&w| vec![w]).collect()
-    };
     let mut failures = Vec::new();
-    for workloads in &sessions {
+    for workloads in &sessions(plan) {
         for &manager in &plan.managers {
             let runs = session(&rt, manager, workloads, plan.sizes, files);
             for r in &runs {
@@ -395,6 +429,21 @@ pub fn run(
     Ok((bench, failures))
 }
 
+/// The workloads each control plane runs: all on one (`--quick`) or one each; podgc always has
+/// one of its own (its Pods exist before its manager starts, and every terminated Pod counts
+/// toward the threshold: another workload's finished Pods would be collected with them).
+fn sessions(plan: &Plan) -> Vec<Vec<Workload>> {
+    if !plan.shared {
+        return plan.workloads.iter().map(|&w| vec![w]).collect();
+    }
+    let (podgc, rest): (Vec<Workload>, Vec<Workload>) =
+        plan.workloads.iter().partition(|&&w| w == Workload::PodGc);
+    [rest, podgc]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 /// One control plane and manager running `workloads` in turn; one row each.
 fn session(
     rt: &tokio::runtime::Runtime,
@@ -403,6 +452,9 @@ fn session(
     sizes: Sizes,
     files: Files<'_>,
 ) -> Vec<AppsRun> {
+    if workloads == [Workload::PodGc] {
+        return vec![super::apps_podgc::run(rt, manager, sizes, files)];
+    }
     let nodes = workloads.iter().map(|w| w.nodes(&sizes)).max().unwrap_or(1);
     let mut runs: Vec<AppsRun> = workloads
         .iter()
@@ -502,7 +554,7 @@ impl Session {
         let warmup_ns = cp.test_namespace("warmup")?;
         let controllers: Vec<&str> = workloads.iter().map(|w| w.controller()).collect();
         let started = Instant::now();
-        let (flags, pid) = wc::start_manager(&mut cp, manager, &controllers.join(","))?;
+        let (flags, pid) = wc::start_manager(&mut cp, manager, &controllers.join(","), &[])?;
         let mut s = Session {
             cp,
             client,
@@ -533,6 +585,7 @@ impl Session {
                     }
                     // Nothing a CronJob does can be seen before a minute starts.
                     Workload::CronJobs => Ok(()),
+                    Workload::PodGc => bail!("podgc runs on a control plane of its own"),
                 }
                 .with_context(|| format!("the {} warm-up", w.tag()))
             }
@@ -615,6 +668,7 @@ impl Session {
                 self.phases(rt, api, objects, z.statefulset_replicas, timeout, run, None)
             }
             Workload::CronJobs => self.cronjobs(rt, &ns, z.cronjobs, timeout, run),
+            Workload::PodGc => bail!("podgc runs on a control plane of its own"),
         };
         let window = result.map_err(|e| self.explain(rt, e, &ns))?;
         let memory = vm_hwm_kib(self.pid)? as f64 / 1024.0;
@@ -1099,20 +1153,27 @@ pub fn markdown(b: &AppsBench) -> String {
     let mut summarized = std::collections::HashSet::new();
     for r in &b.runs {
         let Some(q) = &r.requests else { continue };
-        // A shared session's log is one: its kinds are the whole session's, said once.
-        if b.shared && !summarized.insert(&r.manager) {
+        // A shared session's log is one: its kinds are the whole session's, said once. podgc
+        // always has its own control plane.
+        let shared = b.shared && r.workload != Workload::PodGc.tag();
+        if shared && !summarized.insert(&r.manager) {
             continue;
         }
         let (kinds, failed) = kinds_summary(q);
-        let all = if b.shared {
+        let all = if shared {
             String::new()
+        } else if r.workload == Workload::PodGc.tag() {
+            format!(
+                " (from its start, as the clock; {} in all until it was stopped)",
+                q.total
+            )
         } else {
             format!(
                 " ({} in all, {} before the first create)",
                 q.total, q.startup
             )
         };
-        if b.shared {
+        if shared {
             writeln!(
                 s,
                 "\n{}, every workload's control plane: by kind: {kinds}; not 2xx: {failed}.",
@@ -1120,9 +1181,11 @@ pub fn markdown(b: &AppsBench) -> String {
             )
             .unwrap();
         } else {
+            let check = r.check.as_ref().map_or(String::new(), |c| format!(" {c}."));
             writeln!(
                 s,
-                "\n{}, {}: {} requests in the phases{all}; by kind: {kinds}; not 2xx: {failed}.",
+                "\n{}, {}: {} requests in the phases{all}; by kind: {kinds}; not 2xx: \
+                 {failed}.{check}",
                 r.workload,
                 r.manager,
                 q.work()
@@ -1273,11 +1336,18 @@ mod tests {
             statefulsets: 100,
             statefulset_replicas: 3,
             cronjobs: 1_000,
+            podgc_pods: 10_000,
+            podgc_threshold: 1_000,
         };
         let cases = [
             ("Jobs: every completion's Pod is kept", Workload::Jobs, 50),
             ("DaemonSet: one node per Pod", Workload::DaemonSet, 1_000),
             ("StatefulSets: 300 Pods", Workload::StatefulSet, 3),
+            (
+                "podgc: its Pods are on a Node of their own",
+                Workload::PodGc,
+                1,
+            ),
         ];
         for (name, w, want) in cases {
             assert_eq!(w.nodes(&z), want, "{name}");
@@ -1321,11 +1391,12 @@ mod tests {
             Workload::DaemonSet,
             Workload::StatefulSet,
             Workload::CronJobs,
+            Workload::PodGc,
         ];
         assert_eq!(plan(&["--apps"]), all, "a full run has every workload");
         assert_eq!(
             plan(&["--quick"]),
-            all[..3],
+            [all[0], all[1], all[2], all[4]],
             "the smoke waits for no minute"
         );
         assert_eq!(
@@ -1342,6 +1413,7 @@ mod tests {
             (" daemonset", Workload::DaemonSet),
             ("statefulsets", Workload::StatefulSet),
             ("cronjob", Workload::CronJobs),
+            ("podgc", Workload::PodGc),
         ] {
             assert_eq!(Workload::parse(name).unwrap(), want, "{name}");
         }
@@ -1350,5 +1422,49 @@ mod tests {
             e.contains("\"replicaset\"") && e.contains("jobs, daemonset"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn podgc_has_a_control_plane_of_its_own() {
+        use clap::Parser as _;
+        let sessions = |args: &[&str]| {
+            let args = BenchArgs::try_parse_from([&["kpr-bench"], args].concat()).unwrap();
+            sessions(&Plan::from_args(&args).unwrap())
+        };
+        use Workload::*;
+        assert_eq!(
+            sessions(&["--quick"]),
+            [vec![Jobs, DaemonSet, StatefulSet], vec![PodGc]],
+            "quick: the others share one, podgc its own"
+        );
+        assert_eq!(
+            sessions(&["--quick", "--apps-workloads", "podgc"]),
+            [vec![PodGc]],
+            "quick, podgc alone"
+        );
+        assert_eq!(
+            sessions(&["--apps", "--apps-workloads", "jobs,podgc"]),
+            [vec![Jobs], vec![PodGc]],
+            "full size: one each"
+        );
+    }
+
+    #[test]
+    fn the_podgc_threshold_must_leave_something_to_collect() {
+        use clap::Parser as _;
+        let sizes = |args: &[&str]| {
+            let args = BenchArgs::try_parse_from([&["kpr-bench"], args].concat()).unwrap();
+            Sizes::from_args(&args)
+        };
+        let z = sizes(&["--apps"]).unwrap();
+        assert_eq!((z.podgc_pods, z.podgc_threshold), (10_000, 1_000));
+        let e = sizes(&["--podgc-pods", "100", "--podgc-threshold", "100"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--podgc-threshold 100 must be below --podgc-pods 100"),
+            "{e}"
+        );
+        assert!(sizes(&["--podgc-threshold", "0"]).is_err());
     }
 }

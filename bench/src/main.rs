@@ -19,6 +19,7 @@ use kpr_tests::{Cluster, ClusterSpec};
 
 mod api_state;
 mod apps_bench;
+mod apps_podgc;
 mod backend;
 mod baseline;
 mod control_plane;
@@ -156,12 +157,12 @@ pub struct BenchArgs {
     /// Skip the apps smoke that --quick runs.
     #[arg(long)]
     pub no_apps: bool,
-    /// Apps benchmark workloads: jobs, daemonset, statefulset, cronjobs (--quick leaves cronjobs
-    /// out unless named: it waits for a minute to start).
+    /// Apps benchmark workloads: jobs, daemonset, statefulset, cronjobs, podgc (--quick leaves
+    /// cronjobs out unless named: it waits for a minute to start).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "jobs,daemonset,statefulset,cronjobs"
+        default_value = "jobs,daemonset,statefulset,cronjobs,podgc"
     )]
     pub apps_workloads: Vec<String>,
     /// Controller managers the apps benchmark measures, in order (as --managers).
@@ -188,6 +189,12 @@ pub struct BenchArgs {
     /// Every-minute CronJobs the apps benchmark creates.
     #[arg(long, default_value_t = apps_bench::CRONJOBS)]
     pub cronjobs: usize,
+    /// Terminated Pods the apps benchmark's podgc workload creates before the manager starts.
+    #[arg(long, default_value_t = apps_bench::PODGC_PODS)]
+    pub podgc_pods: usize,
+    /// `--terminated-pod-gc-threshold` of both managers in the podgc workload.
+    #[arg(long, default_value_t = apps_bench::PODGC_THRESHOLD)]
+    pub podgc_threshold: usize,
     /// Where the proxies get their Services: `file` (kpr's agents and our imitations of
     /// kube-proxy's rule layouts, from manifests) or `kube` (only the proxies row: the real
     /// kube-proxy and kpr's agents, each fed by the same reference kube-apiserver; outputs

@@ -411,7 +411,7 @@ fn measure(
 
     // The manager, and the warm-up Deployment that proves its controllers are synced and working.
     let started = Instant::now();
-    let (flags, pid) = start_manager(&mut cp, manager, CONTROLLERS)?;
+    let (flags, pid) = start_manager(&mut cp, manager, CONTROLLERS, &[])?;
     run.flags = flags;
     let log = cp.log(manager.process());
     // A failed phase says what the Pods were doing and what the manager last logged.
@@ -649,17 +649,20 @@ pub(crate) fn start_control_plane(
     Ok((cp, client, audit_log))
 }
 
-/// Starts `manager` with `--controllers=<controllers>` (the same names for both managers) on
-/// `cp`, and returns its flags as the report shows them (no credentials or paths) and its pid.
+/// Starts `manager` with `--controllers=<controllers>` (the same names for both managers) and
+/// `extra` flags (both managers' own, e.g. `--terminated-pod-gc-threshold=1000`) on `cp`, and
+/// returns its flags as the report shows them (no credentials or paths) and its pid.
 pub(crate) fn start_manager(
     cp: &mut ControlPlane,
     manager: Manager,
     controllers: &str,
+    extra: &[&str],
 ) -> anyhow::Result<(Vec<String>, u32)> {
     let mut flags = vec![format!("--controllers={controllers}")];
     if manager == Manager::KprAll {
         flags = vec!["--controllers=*".to_string()];
     }
+    flags.extend(extra.iter().map(|s| s.to_string()));
     match manager {
         Manager::Kpr | Manager::KprAll => {
             let kubeconfig = kpr_kubeconfig(cp)?;
@@ -668,10 +671,11 @@ pub(crate) fn start_manager(
             let program = crate::kpr_binary("controller-manager");
             cp.spawn_program(manager.process(), &program, args)?;
         }
-        Manager::Upstream => cp.start_upstream_controller_manager(controllers)?,
+        Manager::Upstream => cp.start_upstream_controller_manager_with(controllers, extra)?,
         Manager::UpstreamUnthrottled => {
             flags.extend(UNTHROTTLED.iter().map(|s| s.to_string()));
-            cp.start_upstream_controller_manager_with(controllers, UNTHROTTLED)?;
+            let with: Vec<&str> = UNTHROTTLED.iter().chain(extra).copied().collect();
+            cp.start_upstream_controller_manager_with(controllers, &with)?;
         }
     }
     let pid = cp

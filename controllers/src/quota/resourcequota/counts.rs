@@ -25,6 +25,7 @@ use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client};
 
 use super::evaluate::GroupResource;
+use crate::helpers::discovery::{group_versions, is_namespaced, Gvr};
 
 /// The shortest time between two discovery reads for an unknown resource.
 pub const REDISCOVERY: Duration = Duration::from_secs(30);
@@ -153,53 +154,30 @@ impl Counts {
 /// The countable resources (namespaced, with create, list, watch and delete) at their preferred
 /// versions, from aggregated discovery (`/api` then `/apis`).
 async fn discover(client: &Client) -> Result<HashMap<GroupResource, ApiResource>, kube::Error> {
-    let core = client.list_core_api_versions_aggregated().await?;
-    let apis = client.list_api_groups_aggregated().await?;
+    let docs = [
+        client.list_core_api_versions_aggregated().await?,
+        client.list_api_groups_aggregated().await?,
+    ];
     let mut out = HashMap::new();
-    for group in core.items.iter().chain(&apis.items) {
-        let name = group
-            .metadata
-            .as_ref()
-            .and_then(|m| m.name.clone())
-            .unwrap_or_default();
-        // Versions come in preference order: a resource is taken at the first serving it.
-        for version in &group.versions {
-            let Some(v) = version.version.clone() else {
+    // Versions come in preference order: a resource is taken at the first serving it.
+    for gv in group_versions(&docs).into_iter().filter(|gv| !gv.stale) {
+        for (plural, res) in gv.resources {
+            let countable = is_namespaced(res)
+                && ["create", "list", "watch", "delete"]
+                    .iter()
+                    .all(|verb| res.verbs.iter().any(|x| x == verb));
+            let Some(kind) = res.response_kind.as_ref().and_then(|k| k.kind.as_deref()) else {
                 continue;
             };
-            if version.freshness.as_deref() == Some("Stale") {
+            if !countable {
                 continue;
             }
-            for res in &version.resources {
-                let Some(plural) = res.resource.clone() else {
-                    continue;
-                };
-                let countable = res.scope.as_deref() == Some("Namespaced")
-                    && ["create", "list", "watch", "delete"]
-                        .iter()
-                        .all(|verb| res.verbs.iter().any(|x| x == verb));
-                let Some(kind) = res.response_kind.as_ref().and_then(|k| k.kind.clone()) else {
-                    continue;
-                };
-                if !countable || plural.contains('/') {
-                    continue;
-                }
-                let gr = GroupResource {
-                    group: name.clone(),
-                    resource: plural.clone(),
-                };
-                out.entry(gr).or_insert_with(|| ApiResource {
-                    group: name.clone(),
-                    version: v.clone(),
-                    api_version: if name.is_empty() {
-                        v.clone()
-                    } else {
-                        format!("{name}/{v}")
-                    },
-                    kind,
-                    plural,
-                });
-            }
+            let gr = GroupResource {
+                group: gv.group.clone(),
+                resource: plural.clone(),
+            };
+            out.entry(gr)
+                .or_insert_with(|| Gvr::new(&gv.group, &gv.version, &plural).api_resource(kind));
         }
     }
     Ok(out)

@@ -196,8 +196,14 @@ impl Controller {
                     self.add_quota(n);
                 }
             }
-            // A deleted quota has no status to write.
-            _ => {}
+            // A deleted quota has no status to write; the namespace's quotas counting quotas
+            // are replenished.
+            (Some(o), None) => {
+                if let Some(ns) = o.metadata.namespace.as_deref() {
+                    self.replenish(ns, &Evaluator::Count(GroupResource::core("resourcequotas")));
+                }
+            }
+            (None, None) => {}
         }
     }
 
@@ -263,6 +269,32 @@ impl Controller {
         }
     }
 
+    /// How many objects of `gr` `namespace` holds, or None when the API server serves no such
+    /// countable resource. The quotas themselves come from this controller's own cache, as
+    /// upstream counts them from the informer it syncs from: a separate watch could still lack
+    /// the quota being synced, and a new quota would record itself uncounted until the next full
+    /// recalculation (nothing else resyncs it).
+    async fn object_count(&self, gr: &GroupResource, namespace: &str) -> Result<Option<i64>> {
+        if *gr == GroupResource::core("resourcequotas") {
+            return Ok(Some(self.quotas.index(NAMESPACE, namespace).len() as i64));
+        }
+        let counter = self
+            .counts()
+            .counter(gr)
+            .await
+            .map_err(|e| Error::kube("discovering", format!("the resource {gr}"), e))?;
+        let Some(counter) = counter else {
+            return Ok(None);
+        };
+        if !counter.wait_synced(COUNT_SYNC_TIMEOUT).await {
+            return Err(Error::Invalid {
+                object: format!("the count of {gr}"),
+                reason: "its watch has not listed it yet".into(),
+            });
+        }
+        Ok(Some(counter.count(namespace) as i64))
+    }
+
     /// The usage of the resources of `hard` some evaluator tracks, by evaluator
     /// (`CalculateUsage`). Count resources the API server does not serve are left out.
     async fn usage(&self, quota: &ResourceQuota, namespace: &str) -> Result<ResourceList> {
@@ -302,34 +334,16 @@ impl Controller {
                     |c| evaluate::claim_usage(c),
                 ),
                 Evaluator::Count(gr) => {
-                    let counter =
-                        self.counts().counter(gr).await.map_err(|e| {
-                            Error::kube("discovering", format!("the resource {gr}"), e)
-                        })?;
-                    let Some(counter) = counter else {
+                    let Some(n) = self.object_count(gr, namespace).await? else {
                         tracing::debug!(resource = %gr, "resourcequota: not a countable resource");
                         continue;
                     };
-                    if !counter.wait_synced(COUNT_SYNC_TIMEOUT).await {
-                        return Err(Error::Invalid {
-                            object: format!("the count of {gr}"),
-                            reason: "its watch has not listed it yet".into(),
-                        });
-                    }
-                    let n = counter.count(namespace) as i64;
                     evaluate::usage_of(
                         &resources,
                         &scopes,
                         std::iter::once(()).filter(|_| n > 0),
                         no_scope,
-                        |_| {
-                            resources
-                                .iter()
-                                .map(|r| {
-                                    (r.clone(), crate::helpers::quantity::Quantity::from_int(n))
-                                })
-                                .collect()
-                        },
+                        |_| count_usage(&resources, n),
                     )
                 }
             };
@@ -373,3 +387,11 @@ fn no_scope<T>(_: &evaluate::ScopeRequirement, _: &T) -> bool {
 #[cfg(test)]
 #[path = "evaluate_tests.rs"]
 mod evaluate_tests;
+
+/// `n` objects of each of `resources` (an object count's usage).
+fn count_usage(resources: &BTreeSet<String>, n: i64) -> ResourceList {
+    resources
+        .iter()
+        .map(|r| (r.clone(), crate::helpers::quantity::Quantity::from_int(n)))
+        .collect()
+}
