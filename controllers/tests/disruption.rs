@@ -28,7 +28,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Cluster, Flavour};
 use controlplane::Options;
@@ -69,30 +69,18 @@ impl World {
             + serde::Serialize
             + std::fmt::Debug,
     {
-        let obj: K = serde_json::from_value(v).unwrap();
-        self.api::<K>()
-            .create(&PostParams::default(), &obj)
-            .await
-            .unwrap_or_else(|e| panic!("creating {}: {e}", K::kind(&())))
+        common::cluster::create_in(&self.client, NS, v).await
     }
 
-    async fn eventually<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    async fn eventually<T, F, Fut>(&self, what: &str, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, String>>,
     {
-        let start = Instant::now();
-        loop {
-            match check().await {
-                Ok(v) => return v,
-                Err(last) if start.elapsed() > WAIT => panic!(
-                    "{:?}: timed out after {WAIT:?} waiting for {what}; last: {last}\n{}",
-                    self.cluster.flavour,
-                    self.cluster.manager_log()
-                ),
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
+        let poll = Duration::from_millis(100);
+        self.cluster
+            .eventually_showing(what, WAIT, poll, check)
+            .await
     }
 
     /// A Pod with `labels`, controlled by `owner` ((kind, apiVersion, name, uid)), Running and

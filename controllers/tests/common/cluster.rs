@@ -141,6 +141,45 @@ impl Cluster {
         super::wait::eventually(what, wait, poll, failure, check).await
     }
 
+    /// [`Cluster::eventually`] for a check that says what it saw: a timeout shows the last.
+    pub async fn eventually_showing<T, F, Fut>(
+        &self,
+        what: &str,
+        wait: Duration,
+        poll: Duration,
+        mut check: F,
+    ) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        let last = Mutex::new(String::new());
+        let failure = |m| {
+            let last = last.lock().map(|l| l.clone()).unwrap_or_default();
+            format!(
+                "{:?}: {m}; last: {last}\n{}",
+                self.flavour,
+                self.manager_log()
+            )
+        };
+        let last = &last;
+        let check = move || {
+            let f = check();
+            async move {
+                match f.await {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        if let Ok(mut l) = last.lock() {
+                            *l = e;
+                        }
+                        None
+                    }
+                }
+            }
+        };
+        super::wait::eventually(what, wait, poll, failure, check).await
+    }
+
     /// The control plane of `flavour` for this test binary, made by `start` on first use.
     pub fn shared(
         flavour: Flavour,
@@ -266,4 +305,20 @@ pub fn lift_not_ready_taint(cp: &mut ControlPlane) -> anyhow::Result<()> {
         None,
     )?;
     Ok(())
+}
+
+/// Creates the object `v` (its JSON) in the namespace `ns`; a failure panics naming its kind.
+pub async fn create_in<K>(client: &kube::Client, ns: &str, v: serde_json::Value) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let obj: K = serde_json::from_value(v).unwrap();
+    kube::Api::<K>::namespaced(client.clone(), ns)
+        .create(&kube::api::PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("creating {}: {e}", K::kind(&())))
 }
