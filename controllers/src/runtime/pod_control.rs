@@ -296,15 +296,13 @@ impl PodControl {
         }
         // A creation's answer: with the Pod made, or None (nothing made, the watch will never
         // show it: observed now).
-        let answered = |made: Option<Pod>| match &self.unseen {
-            Some(u) => {
-                if made.is_none() {
-                    self.expectations.creation_observed(key);
-                }
+        let answered = |made: Option<Pod>| {
+            if made.is_none() {
+                self.expectations.creation_observed(key);
+            }
+            if let Some(u) = &self.unseen {
                 u.answered(key, made.map(CachedPod::from), &self.expectations);
             }
-            None if made.is_none() => self.expectations.creation_observed(key),
-            None => {}
         };
         let attempted = AtomicUsize::new(0);
         let (done, error) = slow_start_batch(count, SLOW_START_INITIAL_BATCH, |i| {

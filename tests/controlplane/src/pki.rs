@@ -110,6 +110,12 @@ impl Pki {
                 .push(DnType::OrganizationName, group);
         }
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.issue(file_stem, params)
+    }
+
+    /// A new key and the certificate of `params` signed by the CA, written as
+    /// `<file_stem>.crt` / `.key` in the PKI's directory.
+    fn issue(&self, file_stem: &str, params: CertificateParams) -> anyhow::Result<ClientCert> {
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.ca, &self.ca_key_pair)?;
         let out = ClientCert {
@@ -132,15 +138,7 @@ impl Pki {
             .distinguished_name
             .push(DnType::CommonName, file_stem);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &self.ca, &self.ca_key_pair)?;
-        let out = ClientCert {
-            cert: self.dir.join(format!("{file_stem}.crt")),
-            key: self.dir.join(format!("{file_stem}.key")),
-        };
-        write(&out.cert, &cert.pem())?;
-        write(&out.key, &key.serialize_pem())?;
-        Ok(out)
+        self.issue(file_stem, params)
     }
 }
 
