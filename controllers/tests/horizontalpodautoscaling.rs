@@ -2,8 +2,8 @@
 //! scenario runs once with kube-controller-manager and once with our `controller-manager`, both
 //! with `--controllers horizontalpodautoscaling` and a 1 s `--horizontal-pod-autoscaler-sync-period`,
 //! each on its own API server with its own scripted metrics source (a `metrics.k8s.io/v1beta1`
-//! server in this test, registered through the aggregation layer: see
-//! `horizontalpodautoscaling/metrics_server.rs`). No workload controller, scheduler or kubelet
+//! server, registered through the aggregation layer: see
+//! `controlplane::metrics_server`). No workload controller, scheduler or kubelet
 //! runs: the test writes the Deployments and their Pods (Running, with a start time long past,
 //! Ready or not) and plays the Deployment controller where a step needs more Pods. Each step
 //! waits until the autoscaler's status shows the decision upstream's algorithm makes (desired
@@ -39,21 +39,16 @@
 
 mod common;
 
-mod horizontalpodautoscaling {
-    pub mod metrics_server;
-}
-
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Cluster, Flavour};
+use controlplane::metrics_server::{self, Script};
 use controlplane::Options;
-use horizontalpodautoscaling::metrics_server::{self, Script};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Service, ServiceAccount};
-use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ServiceAccount};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
 use serde_json::{json, Value};
@@ -771,52 +766,6 @@ async fn bad_input(w: &World) {
     w.event("dry", "FailedComputeMetricsReplicas").await;
 }
 
-/// The Service and APIService through which the API server serves `metrics.k8s.io` from the
-/// scripted server on `port`; waits until the aggregator finds it available.
-async fn register_metrics(client: &Client, port: u16, flavour: Flavour) {
-    let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
-    services
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "scripted-metrics"},
-                "spec": {"type": "ExternalName", "externalName": "localhost"}}))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let apiservices: Api<APIService> = Api::all(client.clone());
-    apiservices
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "v1beta1.metrics.k8s.io"},
-                "spec": {"group": "metrics.k8s.io", "version": "v1beta1",
-                    "service": {"namespace": "kube-system", "name": "scripted-metrics", "port": port},
-                    "insecureSkipTLSVerify": true,
-                    "groupPriorityMinimum": 100, "versionPriority": 100}}))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let start = Instant::now();
-    loop {
-        let s = apiservices.get("v1beta1.metrics.k8s.io").await.unwrap();
-        let available = s
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| c.type_ == "Available"))
-            .map(|c| (c.status.clone(), c.message.clone()));
-        if available.as_ref().is_some_and(|a| a.0 == "True") {
-            return;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "{flavour:?}: the scripted metrics APIService is not available: {available:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 async fn scenario(flavour: Flavour) -> Record {
     let opts = Options::minimal(controlplane::run_dir(&format!("hpa-{}", flavour.tag())));
     let flags = vec!["--horizontal-pod-autoscaler-sync-period=1s".to_string()];
@@ -838,7 +787,9 @@ async fn scenario(flavour: Flavour) -> Record {
     let client = controlplane::client_from(&cluster.kubeconfig)
         .await
         .unwrap();
-    register_metrics(&client, port, flavour).await;
+    metrics_server::register(&client, port, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{flavour:?}: {e:#}"));
     let w = World {
         cluster,
         client,

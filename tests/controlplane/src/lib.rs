@@ -19,6 +19,7 @@
 
 pub mod binaries;
 pub mod cluster;
+pub mod metrics_server;
 pub mod network;
 pub mod nodes;
 pub mod panics;

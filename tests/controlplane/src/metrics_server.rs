@@ -4,14 +4,21 @@
 //! namespace by label selector (list) and of one Pod (get). It serves TLS (a certificate from the
 //! control plane's CA) on loopback; the API server reaches it through the aggregation layer, an
 //! APIService whose Service is an ExternalName `localhost` (the aggregator dials
-//! `https://<externalName>:<port>` for those, so nothing leaves loopback).
+//! `https://<externalName>:<port>` for those, so nothing leaves loopback): [`register`] creates
+//! both. The HPA differential suite and the HPA benchmark serve their Pods' usage from it.
 //!
-//! Owns: its listening sockets and the script.
+//! Owns: its listening sockets, the script, and the Service and APIService it registers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use kube::api::{Api, PostParams};
 
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
@@ -25,6 +32,53 @@ use tokio_rustls::rustls::pki_types::pem::PemObject as _;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
+
+/// The APIService's name.
+pub const API_SERVICE: &str = "v1beta1.metrics.k8s.io";
+
+/// Creates the Service (ExternalName `localhost`, in kube-system) and the APIService through
+/// which the API server serves `metrics.k8s.io` from the server on `port`, and waits (up to
+/// `wait`) until the aggregator finds it available.
+pub async fn register(client: &kube::Client, port: u16, wait: Duration) -> anyhow::Result<()> {
+    let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "scripted-metrics"},
+                "spec": {"type": "ExternalName", "externalName": "localhost"}}))?,
+        )
+        .await
+        .context("creating Service kube-system/scripted-metrics")?;
+    let apiservices: Api<APIService> = Api::all(client.clone());
+    apiservices
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": API_SERVICE},
+                "spec": {"group": "metrics.k8s.io", "version": "v1beta1",
+                    "service": {"namespace": "kube-system", "name": "scripted-metrics", "port": port},
+                    "insecureSkipTLSVerify": true,
+                    "groupPriorityMinimum": 100, "versionPriority": 100}}))?,
+        )
+        .await
+        .with_context(|| format!("creating APIService {API_SERVICE}"))?;
+    let start = Instant::now();
+    loop {
+        let s = apiservices.get(API_SERVICE).await?;
+        let available = s
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Available"))
+            .map(|c| (c.status.clone(), c.message.clone()));
+        if available.as_ref().is_some_and(|a| a.0 == "True") {
+            return Ok(());
+        }
+        if start.elapsed() > wait {
+            bail!("the scripted metrics APIService is not available: {available:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 /// What one Pod reports: its labels (the list's selector matches them) and its CPU usage in
 /// millicores, `None` for a Pod the metrics API has no sample of.
