@@ -6,8 +6,8 @@
 //! complete every running Pod a Job owns).
 //!
 //! Workloads ([`Workload`]), each measured per controller manager started with only its
-//! controller (`--controllers=job`, `daemonset`, `statefulset`, `cronjob` or `podgc`, the same
-//! names in both):
+//! controller (`--controllers=job`, `daemonset`, `statefulset`, `cronjob`, `podgc`,
+//! `resourcequota` or `horizontalpodautoscaling`, the same names in both):
 //! - jobs: N Jobs of C completions with parallelism P created at once; the clock runs until every
 //!   Job has the Complete condition.
 //! - daemonset: one DaemonSet over every kwok node (M); the clock runs until M Pods are updated
@@ -23,6 +23,14 @@
 //! - podgc: N terminated Pods created before the manager starts with `--controllers=podgc` and
 //!   `--terminated-pod-gc-threshold=T`; the clock runs from its start until T are left. Always on a
 //!   control plane of its own, even with `--quick` ([`super::apps_podgc`] runs it).
+//! - quota: N objects (Pods, ConfigMaps, Secrets) and three ResourceQuotas created before the
+//!   manager starts with `--controllers=resourcequota`; the clock runs from its start until every
+//!   quota's usage is recorded, then from deleting a tenth of them until the usage shows it.
+//!   Always on a control plane of its own ([`super::apps_quota`]).
+//! - hpa: N Deployments with their Pods and N autoscalers over a scripted metrics API; ready is
+//!   every autoscaler's first decision, then the clock runs from the Pods' usage doubling until
+//!   every Deployment is scaled up, and from its dropping until every one is scaled down.
+//!   Always on a control plane of its own ([`super::apps_hpa`]).
 //!
 //! "Done" is what `kubectl rollout status` (or `kubectl wait --for=condition=Complete` for a Job)
 //! decides, seen through a watch. At full size every workload gets a fresh control plane and
@@ -72,6 +80,10 @@ pub const CRONJOBS: usize = 1_000;
 /// 1,000 for both managers.
 pub const PODGC_PODS: usize = 10_000;
 pub const PODGC_THRESHOLD: usize = 1_000;
+/// The issue's quota size: 10,000 objects under three ResourceQuotas.
+pub const QUOTA_OBJECTS: usize = 10_000;
+/// The issue's autoscaler count: 1,000 HorizontalPodAutoscalers, one per Deployment.
+pub const HPA_AUTOSCALERS: usize = 1_000;
 /// `--quick`: a smoke of each workload.
 const QUICK: Sizes = Sizes {
     jobs: 3,
@@ -83,6 +95,9 @@ const QUICK: Sizes = Sizes {
     cronjobs: 2,
     podgc_pods: 20,
     podgc_threshold: 10,
+    quota_objects: 20,
+    hpa_autoscalers: 3,
+    hpa_sync_seconds: 1,
 };
 /// The DaemonSet's rolling update's maxUnavailable.
 const DAEMONSET_MAX_UNAVAILABLE: &str = "10%";
@@ -105,6 +120,10 @@ pub struct Sizes {
     pub cronjobs: usize,
     pub podgc_pods: usize,
     pub podgc_threshold: usize,
+    pub quota_objects: usize,
+    pub hpa_autoscalers: usize,
+    /// Both managers' `--horizontal-pod-autoscaler-sync-period`, in seconds.
+    pub hpa_sync_seconds: usize,
 }
 
 impl Sizes {
@@ -123,6 +142,9 @@ impl Sizes {
             cronjobs: args.cronjobs,
             podgc_pods: args.podgc_pods,
             podgc_threshold: args.podgc_threshold,
+            quota_objects: args.quota_objects,
+            hpa_autoscalers: args.hpa_autoscalers,
+            hpa_sync_seconds: args.hpa_sync_period,
         };
         for (flag, v) in [
             ("--jobs", sizes.jobs),
@@ -134,6 +156,9 @@ impl Sizes {
             ("--cronjobs", sizes.cronjobs),
             ("--podgc-pods", sizes.podgc_pods),
             ("--podgc-threshold", sizes.podgc_threshold),
+            ("--quota-objects", sizes.quota_objects),
+            ("--hpa-autoscalers", sizes.hpa_autoscalers),
+            ("--hpa-sync-period", sizes.hpa_sync_seconds),
         ] {
             if v == 0 {
                 bail!("{flag} 0: must be at least 1");
@@ -158,11 +183,21 @@ pub enum Workload {
     StatefulSet,
     CronJobs,
     PodGc,
+    Quota,
+    Hpa,
 }
 
 impl Workload {
     /// `--apps-workloads` values, in the order they run by default.
-    pub const NAMES: &[&str] = &["jobs", "daemonset", "statefulset", "cronjobs", "podgc"];
+    pub const NAMES: &[&str] = &[
+        "jobs",
+        "daemonset",
+        "statefulset",
+        "cronjobs",
+        "podgc",
+        "quota",
+        "hpa",
+    ];
 
     pub fn parse(name: &str) -> anyhow::Result<Workload> {
         match name.trim() {
@@ -171,6 +206,8 @@ impl Workload {
             "statefulset" | "statefulsets" => Ok(Workload::StatefulSet),
             "cronjobs" | "cronjob" => Ok(Workload::CronJobs),
             "podgc" => Ok(Workload::PodGc),
+            "quota" | "resourcequota" => Ok(Workload::Quota),
+            "hpa" | "horizontalpodautoscaling" => Ok(Workload::Hpa),
             other => bail!(
                 "--apps-workloads: unknown workload {other:?} (known: {})",
                 Workload::NAMES.join(", ")
@@ -185,6 +222,8 @@ impl Workload {
             Workload::StatefulSet => "statefulset",
             Workload::CronJobs => "cronjobs",
             Workload::PodGc => "podgc",
+            Workload::Quota => "quota",
+            Workload::Hpa => "hpa",
         }
     }
 
@@ -196,6 +235,8 @@ impl Workload {
             Workload::StatefulSet => "statefulset",
             Workload::CronJobs => "cronjob",
             Workload::PodGc => "podgc",
+            Workload::Quota => "resourcequota",
+            Workload::Hpa => "horizontalpodautoscaling",
         }
     }
 
@@ -224,6 +265,23 @@ impl Workload {
                  manager's start to {} left",
                 z.podgc_pods, z.podgc_threshold, z.podgc_threshold
             ),
+            Workload::Quota => format!(
+                "{} objects (half Pods, a quarter ConfigMaps, the rest Secrets) under 3 \
+                 ResourceQuotas; done: seconds from the manager's start to every usage \
+                 recorded; second phase: a tenth of the Pods and ConfigMaps deleted, to the \
+                 usage showing it",
+                z.quota_objects
+            ),
+            Workload::Hpa => format!(
+                "{} autoscalers over {} Deployments of {} Pods, sync period {} s; ready: to \
+                 every first decision; done: usage 50 -> 100 %, to all scaled to {}; second \
+                 phase: 100 -> 25 %, to all scaled to 1",
+                z.hpa_autoscalers,
+                z.hpa_autoscalers,
+                super::apps_hpa::REPLICAS,
+                z.hpa_sync_seconds,
+                2 * super::apps_hpa::REPLICAS
+            ),
         }
     }
 
@@ -239,9 +297,17 @@ impl Workload {
             // Its Jobs are not run: no Job controller is started.
             Workload::CronJobs => 1,
             // Its Pods are bound to a Node kwok does not manage (`apps_podgc`).
-            Workload::PodGc => 1,
+            Workload::PodGc | Workload::Quota | Workload::Hpa => 1,
         }
         .max(1)
+    }
+
+    /// Whether it needs a control plane of its own even with `--quick`: podgc's Pods exist
+    /// before its manager starts, and every terminated Pod counts toward the threshold (another
+    /// workload's finished Pods would be collected with them); quota counts every object of its
+    /// namespace from the manager's start; hpa serves a metrics API of its own.
+    pub(crate) fn own_control_plane(self) -> bool {
+        matches!(self, Workload::PodGc | Workload::Quota | Workload::Hpa)
     }
 
     /// Pods it creates (the bound of its phases' timeout).
@@ -252,6 +318,8 @@ impl Workload {
             Workload::StatefulSet => z.statefulsets * z.statefulset_replicas,
             Workload::CronJobs => 0,
             Workload::PodGc => z.podgc_pods,
+            Workload::Quota => z.quota_objects / 2,
+            Workload::Hpa => z.hpa_autoscalers * super::apps_hpa::REPLICAS as usize,
         }
     }
 }
@@ -310,7 +378,7 @@ pub fn command(args: &BenchArgs, plan: &Plan) -> String {
             command,
             " --jobs {} --job-completions {} --job-parallelism {} --daemonset-nodes {} \
              --statefulsets {} --statefulset-replicas {} --cronjobs {} --podgc-pods {} \
-             --podgc-threshold {}",
+             --podgc-threshold {} --quota-objects {} --hpa-autoscalers {} --hpa-sync-period {}",
             z.jobs,
             z.job_completions,
             z.job_parallelism,
@@ -319,7 +387,10 @@ pub fn command(args: &BenchArgs, plan: &Plan) -> String {
             z.statefulset_replicas,
             z.cronjobs,
             z.podgc_pods,
-            z.podgc_threshold
+            z.podgc_threshold,
+            z.quota_objects,
+            z.hpa_autoscalers,
+            z.hpa_sync_seconds
         )
         .unwrap();
     }
@@ -429,17 +500,16 @@ pub fn run(
     Ok((bench, failures))
 }
 
-/// The workloads each control plane runs: all on one (`--quick`) or one each; podgc always has
-/// one of its own (its Pods exist before its manager starts, and every terminated Pod counts
-/// toward the threshold: another workload's finished Pods would be collected with them).
+/// The workloads each control plane runs: all on one (`--quick`) or one each; podgc, quota and
+/// hpa always have one of their own each ([`Workload::own_control_plane`]).
 fn sessions(plan: &Plan) -> Vec<Vec<Workload>> {
     if !plan.shared {
         return plan.workloads.iter().map(|&w| vec![w]).collect();
     }
-    let (podgc, rest): (Vec<Workload>, Vec<Workload>) =
-        plan.workloads.iter().partition(|&&w| w == Workload::PodGc);
-    [rest, podgc]
-        .into_iter()
+    let (own, rest): (Vec<Workload>, Vec<Workload>) =
+        plan.workloads.iter().partition(|w| w.own_control_plane());
+    std::iter::once(rest)
+        .chain(own.into_iter().map(|w| vec![w]))
         .filter(|s| !s.is_empty())
         .collect()
 }
@@ -452,8 +522,11 @@ fn session(
     sizes: Sizes,
     files: Files<'_>,
 ) -> Vec<AppsRun> {
-    if workloads == [Workload::PodGc] {
-        return vec![super::apps_podgc::run(rt, manager, sizes, files)];
+    match workloads {
+        [Workload::PodGc] => return vec![super::apps_podgc::run(rt, manager, sizes, files)],
+        [Workload::Quota] => return vec![super::apps_quota::run(rt, manager, sizes, files)],
+        [Workload::Hpa] => return vec![super::apps_hpa::run(rt, manager, sizes, files)],
+        _ => {}
     }
     let nodes = workloads.iter().map(|w| w.nodes(&sizes)).max().unwrap_or(1);
     let mut runs: Vec<AppsRun> = workloads
@@ -585,7 +658,9 @@ impl Session {
                     }
                     // Nothing a CronJob does can be seen before a minute starts.
                     Workload::CronJobs => Ok(()),
-                    Workload::PodGc => bail!("podgc runs on a control plane of its own"),
+                    Workload::PodGc | Workload::Quota | Workload::Hpa => {
+                        bail!("{} runs on a control plane of its own", w.tag())
+                    }
                 }
                 .with_context(|| format!("the {} warm-up", w.tag()))
             }
@@ -668,7 +743,9 @@ impl Session {
                 self.phases(rt, api, objects, z.statefulset_replicas, timeout, run, None)
             }
             Workload::CronJobs => self.cronjobs(rt, &ns, z.cronjobs, timeout, run),
-            Workload::PodGc => bail!("podgc runs on a control plane of its own"),
+            Workload::PodGc | Workload::Quota | Workload::Hpa => {
+                bail!("{} runs on a control plane of its own", w.tag())
+            }
         };
         let window = result.map_err(|e| self.explain(rt, e, &ns))?;
         let memory = vm_hwm_kib(self.pid)? as f64 / 1024.0;
@@ -1153,9 +1230,10 @@ pub fn markdown(b: &AppsBench) -> String {
     let mut summarized = std::collections::HashSet::new();
     for r in &b.runs {
         let Some(q) = &r.requests else { continue };
-        // A shared session's log is one: its kinds are the whole session's, said once. podgc
-        // always has its own control plane.
-        let shared = b.shared && r.workload != Workload::PodGc.tag();
+        // A shared session's log is one: its kinds are the whole session's, said once. podgc,
+        // quota and hpa always have their own control plane.
+        let own = Workload::parse(&r.workload).is_ok_and(|w| w.own_control_plane());
+        let shared = b.shared && !own;
         if shared && !summarized.insert(&r.manager) {
             continue;
         }
@@ -1166,6 +1244,18 @@ pub fn markdown(b: &AppsBench) -> String {
             format!(
                 " (from its start, as the clock; {} in all until it was stopped)",
                 q.total
+            )
+        } else if r.workload == Workload::Quota.tag() {
+            format!(
+                " (from its start to the last usage recorded: {} + {}; {} in all until it \
+                 was stopped)",
+                q.create, q.rolling_update, q.total
+            )
+        } else if r.workload == Workload::Hpa.tag() {
+            format!(
+                " (the scale-up and scale-down phases: {} + {}; {} before them, from its start \
+                 through every first decision; {} in all)",
+                q.create, q.rolling_update, q.startup, q.total
             )
         } else {
             format!(
@@ -1338,6 +1428,9 @@ mod tests {
             cronjobs: 1_000,
             podgc_pods: 10_000,
             podgc_threshold: 1_000,
+            quota_objects: 10_000,
+            hpa_autoscalers: 1_000,
+            hpa_sync_seconds: 15,
         };
         let cases = [
             ("Jobs: every completion's Pod is kept", Workload::Jobs, 50),
@@ -1348,6 +1441,8 @@ mod tests {
                 Workload::PodGc,
                 1,
             ),
+            ("quota: its Pods too", Workload::Quota, 1),
+            ("hpa: its Pods too", Workload::Hpa, 1),
         ];
         for (name, w, want) in cases {
             assert_eq!(w.nodes(&z), want, "{name}");
@@ -1392,11 +1487,13 @@ mod tests {
             Workload::StatefulSet,
             Workload::CronJobs,
             Workload::PodGc,
+            Workload::Quota,
+            Workload::Hpa,
         ];
         assert_eq!(plan(&["--apps"]), all, "a full run has every workload");
         assert_eq!(
             plan(&["--quick"]),
-            [all[0], all[1], all[2], all[4]],
+            [all[0], all[1], all[2], all[4], all[5], all[6]],
             "the smoke waits for no minute"
         );
         assert_eq!(
@@ -1414,6 +1511,8 @@ mod tests {
             ("statefulsets", Workload::StatefulSet),
             ("cronjob", Workload::CronJobs),
             ("podgc", Workload::PodGc),
+            ("resourcequota", Workload::Quota),
+            ("hpa", Workload::Hpa),
         ] {
             assert_eq!(Workload::parse(name).unwrap(), want, "{name}");
         }
@@ -1425,7 +1524,7 @@ mod tests {
     }
 
     #[test]
-    fn podgc_has_a_control_plane_of_its_own() {
+    fn podgc_quota_and_hpa_have_a_control_plane_of_their_own() {
         use clap::Parser as _;
         let sessions = |args: &[&str]| {
             let args = BenchArgs::try_parse_from([&["kpr-bench"], args].concat()).unwrap();
@@ -1434,8 +1533,13 @@ mod tests {
         use Workload::*;
         assert_eq!(
             sessions(&["--quick"]),
-            [vec![Jobs, DaemonSet, StatefulSet], vec![PodGc]],
-            "quick: the others share one, podgc its own"
+            [
+                vec![Jobs, DaemonSet, StatefulSet],
+                vec![PodGc],
+                vec![Quota],
+                vec![Hpa]
+            ],
+            "quick: the others share one, podgc, quota and hpa one each"
         );
         assert_eq!(
             sessions(&["--quick", "--apps-workloads", "podgc"]),
@@ -1443,8 +1547,8 @@ mod tests {
             "quick, podgc alone"
         );
         assert_eq!(
-            sessions(&["--apps", "--apps-workloads", "jobs,podgc"]),
-            [vec![Jobs], vec![PodGc]],
+            sessions(&["--apps", "--apps-workloads", "jobs,podgc,hpa"]),
+            [vec![Jobs], vec![PodGc], vec![Hpa]],
             "full size: one each"
         );
     }

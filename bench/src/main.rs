@@ -19,7 +19,9 @@ use kpr_tests::{Cluster, ClusterSpec};
 
 mod api_state;
 mod apps_bench;
+mod apps_hpa;
 mod apps_podgc;
+mod apps_quota;
 mod backend;
 mod baseline;
 mod control_plane;
@@ -157,12 +159,12 @@ pub struct BenchArgs {
     /// Skip the apps smoke that --quick runs.
     #[arg(long)]
     pub no_apps: bool,
-    /// Apps benchmark workloads: jobs, daemonset, statefulset, cronjobs, podgc (--quick leaves
-    /// cronjobs out unless named: it waits for a minute to start).
+    /// Apps benchmark workloads: jobs, daemonset, statefulset, cronjobs, podgc, quota, hpa
+    /// (--quick leaves cronjobs out unless named: it waits for a minute to start).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "jobs,daemonset,statefulset,cronjobs,podgc"
+        default_value = "jobs,daemonset,statefulset,cronjobs,podgc,quota,hpa"
     )]
     pub apps_workloads: Vec<String>,
     /// Controller managers the apps benchmark measures, in order (as --managers).
@@ -195,6 +197,16 @@ pub struct BenchArgs {
     /// `--terminated-pod-gc-threshold` of both managers in the podgc workload.
     #[arg(long, default_value_t = apps_bench::PODGC_THRESHOLD)]
     pub podgc_threshold: usize,
+    /// Objects (Pods, ConfigMaps, Secrets) the apps benchmark's quota workload counts.
+    #[arg(long, default_value_t = apps_bench::QUOTA_OBJECTS)]
+    pub quota_objects: usize,
+    /// HorizontalPodAutoscalers (one per Deployment) of the apps benchmark's hpa workload.
+    #[arg(long, default_value_t = apps_bench::HPA_AUTOSCALERS)]
+    pub hpa_autoscalers: usize,
+    /// Both managers' `--horizontal-pod-autoscaler-sync-period` (seconds) in the hpa workload
+    /// (kube-controller-manager's default; --quick uses 1).
+    #[arg(long, default_value_t = 15)]
+    pub hpa_sync_period: usize,
     /// Where the proxies get their Services: `file` (kpr's agents and our imitations of
     /// kube-proxy's rule layouts, from manifests) or `kube` (only the proxies row: the real
     /// kube-proxy and kpr's agents, each fed by the same reference kube-apiserver; outputs
