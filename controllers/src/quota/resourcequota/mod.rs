@@ -23,7 +23,11 @@
 //!
 //! Two queues as upstream, `resourcequota_primary` and `resourcequota_priority`, each with
 //! `--concurrent-resource-quota-syncs` (5) workers; a failed status update (a conflict with the
-//! admission plugin's own write) is retried rate-limited. No Events (upstream records none).
+//! admission plugin's own write) is retried rate-limited. A quota synced again before the cache
+//! shows the previous sync's status write is read through the runtime's written overlay
+//! ([`Written`]), so a burst of replenishments does not end in conflicts with this controller's
+//! own writes (upstream lives with those: each costs a failed update and a retry). No Events
+//! (upstream records none).
 
 pub mod counts;
 pub mod evaluate;
@@ -43,6 +47,7 @@ use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::informer::{key_of, split_key, Informers, NAMESPACE};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::{run_workers_of, wait_for_caches};
+use crate::runtime::written::Written;
 
 use counts::Counts;
 use evaluate::{Evaluator, GroupResource, ResourceList};
@@ -80,6 +85,8 @@ pub struct Controller {
     services: Arc<Indexed<Service>>,
     claims: Arc<Indexed<PersistentVolumeClaim>>,
     counts: OnceLock<Counts>,
+    /// Status writes not yet seen in the quota cache.
+    written: Written<ResourceQuota>,
     /// The full recalculations and replenishments.
     queue: Arc<WorkQueue<String>>,
     /// Quotas whose status lacks what their spec asks (synced first).
@@ -102,6 +109,7 @@ impl Controller {
             services: services.cache(),
             claims: claims.cache(),
             counts: OnceLock::new(),
+            written: Written::new(),
             queue: WorkQueue::new("resourcequota_primary"),
             priority: WorkQueue::new("resourcequota_priority"),
         });
@@ -185,6 +193,13 @@ impl Controller {
     }
 
     fn quota_changed(&self, old: Option<&Arc<ResourceQuota>>, new: Option<&Arc<ResourceQuota>>) {
+        if let Some(q) = new.or(old) {
+            let m = &q.metadata;
+            self.written.forget(
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default(),
+            );
+        }
         match (old, new) {
             (None, Some(q)) => self.add_quota(q),
             // Only a change of spec.hard: status changes are this controller's (or admission's).
@@ -355,7 +370,7 @@ impl Controller {
     /// Recomputes one quota and writes its status when it changed (`syncResourceQuota`).
     pub async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = split_key(key);
-        let Some(quota) = self.quotas.get(ns, name) else {
+        let Some(quota) = self.written.fresh(ns, name, self.quotas.get(ns, name)) else {
             return Ok(());
         };
         let usage = self.usage(&quota, ns).await?;
@@ -365,11 +380,14 @@ impl Controller {
         let mut updated = (*quota).clone();
         updated.status = Some(status);
         let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), ns);
-        api.replace_status(name, &PostParams::default(), &updated)
+        let written = api
+            .replace_status(name, &PostParams::default(), &updated)
             .await
             .map_err(|e| {
                 Error::kube("updating the status of", format!("ResourceQuota {key}"), e)
             })?;
+        self.written
+            .record(quota.metadata.resource_version.clone(), written);
         Ok(())
     }
 
