@@ -1,8 +1,9 @@
 //! Read-your-writes for a controller's own writes of objects it names: the object a write
 //! returned, kept until the informer's cache shows that write (or anything newer). Which of the
 //! runtime's read-your-writes mechanisms fits which write: [`crate::runtime::expectations`].
-//! Used by the Deployment controller (its ReplicaSets and its own status) and the Endpoints
-//! controller (its Endpoints); knows no controller.
+//! Used by the Deployment controller (its ReplicaSets and its own status), the Endpoints
+//! controller (its Endpoints) and the ResourceQuota controller (quota status); knows no
+//! controller.
 //!
 //! A sync that starts before the cache has caught up with the previous sync's writes would
 //! otherwise plan from the older object: its writes then fail with a conflict (the
