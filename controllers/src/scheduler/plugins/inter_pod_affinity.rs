@@ -14,6 +14,12 @@
 //! (MatchLabelKeysInPodAffinity is GA and locked on).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// The hasher of this plugin's maps and sets: they are probed once per existing Pod per
+/// scheduling cycle (every Pod of every node at 5,000 nodes), where SipHash's cost showed in
+/// profiles (docs/BENCHMARKS.md, scheduler_perf's affinity workloads at 5,000 nodes). No key
+/// comes from outside the cluster's own objects.
+type Fast = foldhash::fast::RandomState;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 
@@ -81,7 +87,7 @@ type CachedTerms = (Weak<Pod>, Arc<PodTerms>);
 /// dropped. A Pod's affinity is immutable, and an updated Pod is a new object anyway.
 #[derive(Default)]
 struct TermsCache {
-    map: RwLock<HashMap<usize, CachedTerms>>,
+    map: RwLock<HashMap<usize, CachedTerms, Fast>>,
     /// Size at which the next insertion first drops the entries of Pods no longer alive.
     purge_at: AtomicUsize,
 }
@@ -111,7 +117,7 @@ impl TermsCache {
 /// `selector`.
 #[derive(Debug, Clone)]
 pub(crate) struct AffinityTerm {
-    namespaces: HashSet<String>,
+    namespaces: HashSet<String, Fast>,
     namespace_selector: Selector,
     selector: Selector,
     topology_key: String,
@@ -311,7 +317,7 @@ fn node_labels(node: &NodeInfo) -> Option<&BTreeMap<String, String>> {
 /// Counts per topology pair, as topology key -> value -> count (lookups by `&str`, no
 /// allocation on the Filter path). Entries that drop to zero are removed, as upstream.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct TopologyCounts(HashMap<String, HashMap<String, i64>>);
+struct TopologyCounts(HashMap<String, HashMap<String, i64, Fast>, Fast>);
 
 impl TopologyCounts {
     fn is_empty(&self) -> bool {
@@ -334,7 +340,7 @@ impl TopologyCounts {
         };
         // Look up before inserting: keys are only allocated for new pairs.
         if !self.0.contains_key(key) {
-            self.0.insert(key.to_string(), HashMap::new());
+            self.0.insert(key.to_string(), HashMap::default());
         }
         let values = self.0.get_mut(key).expect("inserted above");
         match values.get_mut(value) {
@@ -647,7 +653,7 @@ impl FilterPlugin for InterPodAffinity {
 }
 
 /// Score per topology pair, as key -> value -> score.
-type ScoreMap = HashMap<String, HashMap<String, i64>>;
+type ScoreMap = HashMap<String, HashMap<String, i64, Fast>, Fast>;
 
 #[derive(Debug, Clone)]
 struct PreScoreState {
@@ -665,10 +671,16 @@ fn process_term(
 ) {
     if term.matches(pod, ns_labels) {
         if let Some(v) = node_labels.get(&term.topology_key) {
-            *m.entry(term.topology_key.clone())
-                .or_default()
-                .entry(v.clone())
-                .or_default() += weight * multiplier;
+            // Look up before inserting: keys are only allocated for new pairs.
+            let delta = weight * multiplier;
+            if let Some(c) = m.get_mut(&term.topology_key).and_then(|vs| vs.get_mut(v)) {
+                *c += delta;
+            } else {
+                *m.entry(term.topology_key.clone())
+                    .or_default()
+                    .entry(v.clone())
+                    .or_default() += delta;
+            }
         }
     }
 }
@@ -802,7 +814,7 @@ impl PreScorePlugin for InterPodAffinity {
         }
         let ns_labels = snapshot.namespace_labels.get(namespace_of(pod));
 
-        let mut score = ScoreMap::new();
+        let mut score = ScoreMap::default();
         let mut visit = |node: &NodeInfo, pods: &mut dyn Iterator<Item = &PodInfo>| {
             let Some(labels) = node_labels(node) else {
                 return;
