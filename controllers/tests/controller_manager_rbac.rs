@@ -4,7 +4,7 @@
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
 //! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
-//! resourcequota) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! resourcequota, the four volume controllers) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
 //! it is deleted, holds the Lease, and releases it on SIGTERM; nothing it does is denied (the log
@@ -61,7 +61,7 @@ fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, log: &Path) -> Child {
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume",
         ])
         .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--lb-pool", POOL])

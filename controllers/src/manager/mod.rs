@@ -90,6 +90,9 @@ pub struct Concurrency {
     /// `--resource-quota-sync-period` (upstream default 5 m). Not a worker count: the
     /// resourcequota controller's full recalculation period, carried with the others.
     pub resource_quota_sync_period: std::time::Duration,
+    /// `--pvclaimbinder-sync-period` (upstream default 15 s): how often the
+    /// persistentvolume-binder syncs every claim and volume again.
+    pub pvclaimbinder_sync_period: std::time::Duration,
 }
 
 impl Default for Concurrency {
@@ -111,6 +114,7 @@ impl Default for Concurrency {
             horizontal_pod_autoscaler: Default::default(),
             resourcequota: 5,
             resource_quota_sync_period: std::time::Duration::from_secs(300),
+            pvclaimbinder_sync_period: std::time::Duration::from_secs(15),
         }
     }
 }
