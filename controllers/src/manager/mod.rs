@@ -244,6 +244,10 @@ mod tests {
                     "horizontalpodautoscaling",
                     "disruption",
                     "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
                 ],
             ),
             (
@@ -268,6 +272,10 @@ mod tests {
                     "horizontalpodautoscaling",
                     "disruption",
                     "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
                     "lb-ipam",
                 ],
             ),
@@ -291,6 +299,10 @@ mod tests {
                     "horizontalpodautoscaling",
                     "disruption",
                     "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
                 ],
             ),
             (
@@ -347,6 +359,10 @@ mod tests {
                     "horizontalpodautoscaling",
                     "disruption",
                     "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
                 ],
             ),
             (
@@ -367,6 +383,16 @@ mod tests {
                 "resourcequota-controller",
                 &[],
                 &["resourcequota"],
+            ),
+            (
+                "persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller,ephemeral-volume-controller",
+                &[],
+                &[
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
+                ],
             ),
         ];
         for (list, given, want) in cases {

@@ -232,3 +232,52 @@ impl SyncKey for Controller {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_claim_per_ephemeral_volume_owned_by_the_pod_or_a_conflict() {
+        let pod: CachedPod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+            "spec": {"volumes": [
+                {"name": "a", "ephemeral": {"volumeClaimTemplate": {
+                    "metadata": {"labels": {"l": "1"}}, "spec": {"storageClassName": "c"}}}},
+                {"name": "b", "persistentVolumeClaim": {"claimName": "x"}},
+                {"name": "c", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
+            ]}
+        }))
+        .unwrap();
+        let foreign: Arc<PersistentVolumeClaim> = Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": "p-c", "namespace": "ns"}}))
+                .unwrap(),
+        );
+        let steps = plan(&pod, |n| (n == "p-c").then(|| foreign.clone()));
+        let [Step::Create(created), Step::Conflict { volume, error }] = &steps[..] else {
+            panic!("{steps:?}")
+        };
+        assert_eq!(created.metadata.name.as_deref(), Some("p-a"));
+        let owner = &created.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                owner.uid.as_str(),
+                owner.controller,
+                owner.block_owner_deletion
+            ),
+            ("uid-p", Some(true), Some(true))
+        );
+        assert_eq!(created.metadata.labels.as_ref().unwrap()["l"], "1");
+        assert_eq!(
+            created.spec.as_ref().unwrap().storage_class_name.as_deref(),
+            Some("c")
+        );
+        assert_eq!(volume, "c");
+        assert_eq!(
+            error,
+            "PVC ns/p-c was not created for pod ns/p (pod is not owner)"
+        );
+    }
+}

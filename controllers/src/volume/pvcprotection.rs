@@ -279,3 +279,57 @@ impl SyncKey for Controller {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn claim(owner_uid: Option<&str>) -> PersistentVolumeClaim {
+        let mut v = json!({"metadata": {"name": "p-scratch", "namespace": "ns"}});
+        if let Some(uid) = owner_uid {
+            v["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Pod",
+                "name": "p", "uid": uid, "controller": true}]);
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn pod(node: &str, volume: serde_json::Value, shut_down: bool) -> CachedPod {
+        let mut v = json!({"metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+                           "spec": {"nodeName": node, "volumes": [volume]}});
+        if shut_down {
+            v["metadata"]["deletionTimestamp"] = json!("2024-01-01T00:00:00Z");
+            v["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn only_scheduled_pods_use_claims_and_ephemeral_ones_only_their_own() {
+        let by_name = json!({"name": "d", "persistentVolumeClaim": {"claimName": "p-scratch"}});
+        let eph = json!({"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}});
+        let uses =
+            |p: &CachedPod, c: &PersistentVolumeClaim| pod_uses_claim(&PodView::of_cached(p), c);
+        assert!(uses(&pod("n", by_name.clone(), false), &claim(None)));
+        assert!(!uses(&pod("", by_name.clone(), false), &claim(None)));
+        assert!(uses(&pod("n", by_name, true), &claim(None)));
+        assert!(uses(&pod("n", eph.clone(), false), &claim(Some("uid-p"))));
+        assert!(!uses(
+            &pod("n", eph.clone(), false),
+            &claim(Some("someone-else"))
+        ));
+        assert!(!uses(&pod("n", eph, true), &claim(Some("uid-p"))));
+    }
+
+    #[test]
+    fn the_finalizer_is_added_or_checked() {
+        assert_eq!(plan(&claim(None)), Step::AddFinalizer);
+        let mut c = claim(None);
+        c.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        assert_eq!(plan(&c), Step::Nothing);
+        c.metadata.deletion_timestamp =
+            serde_json::from_value(json!("2024-01-01T00:00:00Z")).unwrap();
+        assert_eq!(plan(&c), Step::RemoveUnlessUsed);
+    }
+}

@@ -115,3 +115,27 @@ impl SyncKey for Controller {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pv(v: serde_json::Value) -> PersistentVolume {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn the_finalizer_comes_on_and_goes_once_not_bound() {
+        let fresh = pv(serde_json::json!({"metadata": {"name": "v"}}));
+        assert_eq!(plan(&fresh), Step::AddFinalizer);
+        let deleting = |phase: &str| {
+            pv(
+                serde_json::json!({"metadata": {"name": "v", "finalizers": [FINALIZER],
+                "deletionTimestamp": "2024-01-01T00:00:00Z"}, "status": {"phase": phase}}),
+            )
+        };
+        assert_eq!(plan(&deleting("Bound")), Step::Nothing);
+        assert_eq!(plan(&deleting("Released")), Step::RemoveFinalizer);
+        assert_eq!(plan(&deleting("Available")), Step::RemoveFinalizer);
+    }
+}

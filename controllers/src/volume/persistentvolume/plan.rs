@@ -563,3 +563,7 @@ pub fn default_class<'a>(
     });
     defaults.first().copied()
 }
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;
