@@ -197,7 +197,11 @@ impl Controller {
                 this.resync();
             }
         };
-        futures::join!(claims, volumes, resync);
+        // The resync stops with the workers (queues shut down, or leadership lost).
+        tokio::select! {
+            _ = async { futures::join!(claims, volumes) } => {}
+            () = resync => {}
+        }
     }
 
     /// Stops the workers.
