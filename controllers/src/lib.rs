@@ -33,6 +33,7 @@ pub mod node;
 pub mod quota;
 pub mod runtime;
 pub mod scheduler;
+pub mod volume;
 pub mod workload;
 
 pub use error::{Error, Result};

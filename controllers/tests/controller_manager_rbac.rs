@@ -4,7 +4,7 @@
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
 //! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
-//! resourcequota) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! resourcequota, the four volume controllers) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
 //! it is deleted, holds the Lease, and releases it on SIGTERM; nothing it does is denied (the log
@@ -24,7 +24,8 @@ use controllers::endpoint::lbipam;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Endpoints, Namespace, Node, Pod, ResourceQuota, Secret, Service,
+    ConfigMap, Endpoints, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+    ResourceQuota, Secret, Service,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -61,7 +62,7 @@ fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, log: &Path) -> Child {
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume",
         ])
         .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--lb-pool", POOL])
@@ -407,6 +408,57 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         .await
         .unwrap();
     eventually("the quota's usage replenished", quota_used("0")).await;
+
+    // The volume controllers, under deploy/workload-controllers.yaml's RBAC: a claim is bound to
+    // a volume (both updated, both statuses written, both finalizers added) and, deleted, its
+    // volume of policy Delete (a host path under /tmp that does not exist) is deleted (the
+    // finalizers removed, the volume deleted).
+    let volume_ns = "rbac-volumes";
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": volume_ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let volume_name = format!("rbac-volume-{}", std::process::id());
+    pvs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": volume_name}, "spec": {
+            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "rbac", "persistentVolumeReclaimPolicy": "Delete",
+            "hostPath": {"path": format!("/tmp/kpr-rbac-absent-{}", std::process::id())}}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), volume_ns);
+    pvcs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "data"}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "rbac",
+            "resources": {"requests": {"storage": "1Gi"}}}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    eventually("the claim bound", || async {
+        let c = pvcs.get("data").await.unwrap();
+        let bound = c.status?.phase.as_deref() == Some("Bound");
+        let protected = c.metadata.finalizers.unwrap_or_default().len() == 1;
+        (bound && protected).then_some(())
+    })
+    .await;
+    pvcs.delete("data", &Default::default()).await.unwrap();
+    eventually("the released volume deleted", || async {
+        pvs.get_opt(&volume_name)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
 
     // SIGTERM: the Lease is released (an update the Role grants) and the process exits cleanly.
     let pid = cm.id().expect("controller-manager running").to_string();

@@ -17,7 +17,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The controller groups: each module under one of these is a controller.
-const GROUPS: [&str; 7] = [
+const GROUPS: [&str; 8] = [
     "endpoint",
     "workload",
     "auth",
@@ -25,6 +25,7 @@ const GROUPS: [&str; 7] = [
     "namespace",
     "autoscaling",
     "quota",
+    "volume",
 ];
 
 /// Modules of the endpoint group its controllers may share.

@@ -116,6 +116,10 @@ struct Args {
     /// `--resource-quota-sync-period`, a Go-style duration such as 5m0s).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     resource_quota_sync_period: Duration,
+    /// How often the persistentvolume-binder syncs every claim and volume again
+    /// (kube-controller-manager's `--pvclaimbinder-sync-period`).
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pvclaimbinder_sync_period: Duration,
     /// Serve Prometheus metrics (`/metrics`, kube-controller-manager's workqueue metric names)
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
@@ -203,6 +207,7 @@ async fn main() -> anyhow::Result<()> {
             },
             resourcequota: args.concurrent_resource_quota_syncs,
             resource_quota_sync_period: args.resource_quota_sync_period,
+            pvclaimbinder_sync_period: args.pvclaimbinder_sync_period,
         },
     };
     if let Some(addr) = args.metrics_bind_address {

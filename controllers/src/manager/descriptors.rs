@@ -16,7 +16,7 @@ use super::{Concurrency, ManagerConfig};
 use crate::endpoint::lbipam::pool::Pool;
 use crate::error::{Error, Result};
 use crate::runtime::informer::Informers;
-use crate::{auth, autoscaling, endpoint, namespace, node, quota, workload};
+use crate::{auth, autoscaling, endpoint, namespace, node, quota, volume, workload};
 
 /// A running controller: ends only on an error (or never).
 pub type Task = BoxFuture<'static, Result<()>>;
@@ -427,6 +427,61 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
                 resync_period: cx.concurrency.resource_quota_sync_period,
             };
             let c = quota::resourcequota::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    // Issue 39: storage (binding claims to volumes, the protection finalizers, ephemeral claims).
+    ControllerDescriptor {
+        name: "persistentvolume-binder",
+        aliases: &["persistentvolume-binder-controller"],
+        replaces: Some("persistentvolume-binder-controller"),
+        default_on: true,
+        needs: None,
+        help: "binding of PersistentVolumeClaims to PersistentVolumes, the external-provisioner handshake and reclaiming released volumes",
+        new: |cx| {
+            let c = volume::persistentvolume::Controller::new(
+                cx.client.clone(),
+                cx.informers,
+                volume::persistentvolume::Config {
+                    sync_period: cx.concurrency.pvclaimbinder_sync_period,
+                },
+            );
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "persistentvolume-protection",
+        aliases: &["persistentvolume-protection-controller"],
+        replaces: Some("persistentvolume-protection-controller"),
+        default_on: true,
+        needs: None,
+        help: "the kubernetes.io/pv-protection finalizer: a bound PersistentVolume stays until unbound",
+        new: |cx| {
+            let c = volume::pvprotection::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "persistentvolumeclaim-protection",
+        aliases: &["persistentvolumeclaim-protection-controller"],
+        replaces: Some("persistentvolumeclaim-protection-controller"),
+        default_on: true,
+        needs: None,
+        help: "the kubernetes.io/pvc-protection finalizer: a claim stays while a Pod uses it",
+        new: |cx| {
+            let c = volume::pvcprotection::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "ephemeral-volume",
+        aliases: &["ephemeral-volume-controller"],
+        replaces: Some("ephemeral-volume-controller"),
+        default_on: true,
+        needs: None,
+        help: "the PersistentVolumeClaims of Pods' generic ephemeral volumes",
+        new: |cx| {
+            let c = volume::ephemeral::Controller::new(cx.client.clone(), cx.informers);
             Ok(forever(c.run()))
         },
     },

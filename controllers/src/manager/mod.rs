@@ -90,6 +90,9 @@ pub struct Concurrency {
     /// `--resource-quota-sync-period` (upstream default 5 m). Not a worker count: the
     /// resourcequota controller's full recalculation period, carried with the others.
     pub resource_quota_sync_period: std::time::Duration,
+    /// `--pvclaimbinder-sync-period` (upstream default 15 s): how often the
+    /// persistentvolume-binder syncs every claim and volume again.
+    pub pvclaimbinder_sync_period: std::time::Duration,
 }
 
 impl Default for Concurrency {
@@ -111,6 +114,7 @@ impl Default for Concurrency {
             horizontal_pod_autoscaler: Default::default(),
             resourcequota: 5,
             resource_quota_sync_period: std::time::Duration::from_secs(300),
+            pvclaimbinder_sync_period: std::time::Duration::from_secs(15),
         }
     }
 }
@@ -240,6 +244,10 @@ mod tests {
                     "horizontalpodautoscaling",
                     "disruption",
                     "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
                 ],
             ),
             (
@@ -264,6 +272,10 @@ mod tests {
                     "horizontalpodautoscaling",
                     "disruption",
                     "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
                     "lb-ipam",
                 ],
             ),
@@ -287,6 +299,10 @@ mod tests {
                     "horizontalpodautoscaling",
                     "disruption",
                     "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
                 ],
             ),
             (
@@ -343,6 +359,10 @@ mod tests {
                     "horizontalpodautoscaling",
                     "disruption",
                     "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
                 ],
             ),
             (
@@ -363,6 +383,16 @@ mod tests {
                 "resourcequota-controller",
                 &[],
                 &["resourcequota"],
+            ),
+            (
+                "persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller,ephemeral-volume-controller",
+                &[],
+                &[
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
+                ],
             ),
         ];
         for (list, given, want) in cases {

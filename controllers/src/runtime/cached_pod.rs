@@ -15,7 +15,8 @@
 //! Pod's target node); tolerations (the taint eviction controller; nearly every Pod carries the
 //! two NoExecute ones the API server's DefaultTolerationSeconds admission adds); restartPolicy (Jobs); per container its name, ports (named target ports)
 //! and restartPolicy (sidecars), its requests and the Pod-level ones (the horizontal Pod
-//! autoscaler's utilization); volumes' names and claims (StatefulSet storage); status phase,
+//! autoscaler's utilization); volumes' names, claims and ephemeral claim templates (StatefulSet storage, the volume
+//! controllers); status phase,
 //! reason, conditions (type, status, reason, lastTransitionTime), Pod IPs, startTime and per container its name, readiness, restart count
 //! and state (ranking, availability, Job failure policies). For quota usage (the resourcequota
 //! controller): each container's and the Pod-level requests and limits, overhead,
@@ -29,8 +30,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, ContainerPort, ContainerState, PersistentVolumeClaimVolumeSource, Pod, PodIP,
-    Toleration,
+    Affinity, ContainerPort, ContainerState, EphemeralVolumeSource,
+    PersistentVolumeClaimVolumeSource, Pod, PodIP, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -60,6 +61,21 @@ impl CachedPod {
     /// Succeeded or Failed: the Pod has terminated and never runs again.
     pub fn is_terminal(&self) -> bool {
         matches!(self.phase(), "Succeeded" | "Failed")
+    }
+
+    /// The names of the claims the Pod's volumes use, in its namespace: a claim volume's
+    /// `claimName`, a generic ephemeral volume's `<pod>-<volume>` (`ephemeral.VolumeClaimName`).
+    pub fn claim_names(&self) -> Vec<String> {
+        let pod = self.metadata.name.as_deref().unwrap_or_default();
+        self.spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| match (&v.persistent_volume_claim, &v.ephemeral) {
+                (Some(c), _) => Some(c.claim_name.clone()),
+                (None, Some(_)) => Some(format!("{pod}-{}", v.name)),
+                (None, None) => None,
+            })
+            .collect()
     }
 }
 
@@ -123,7 +139,8 @@ pub struct CachedContainer {
     pub resources: Option<CachedResources>,
 }
 
-/// The kept part of a `Volume`: its name and, for a claim, the claim.
+/// The kept part of a `Volume`: its name and, for a claim, the claim; for a generic ephemeral
+/// volume, its claim template (the ephemeral-volume controller creates the claim from it).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CachedVolume {
@@ -131,6 +148,9 @@ pub struct CachedVolume {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_volume_claim: Option<PersistentVolumeClaimVolumeSource>,
+    /// Boxed: set on few Pods, and large inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral: Option<Box<EphemeralVolumeSource>>,
 }
 
 /// The kept part of a `PodStatus`.
