@@ -410,9 +410,9 @@ impl Registry {
                 [pre_score, score]
             )
         });
-        r.register(plugins::volume_restrictions::NAME, |_| {
+        r.register(plugins::volume_restrictions::NAME, |ctx| {
             built!(
-                plugins::volume_restrictions::VolumeRestrictions::new(),
+                plugins::volume_restrictions::VolumeRestrictions::new(ctx.objects.clone()),
                 [pre_filter, filter]
             )
         });
