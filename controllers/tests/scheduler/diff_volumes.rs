@@ -315,6 +315,7 @@ async fn script(client: &Client, imp: Impl) -> anyhow::Result<BTreeMap<String, S
 /// Each step's outcome under kube-scheduler and kpr.
 pub struct Report {
     pub rows: Vec<(String, String, String)>,
+    pub elapsed: Duration,
 }
 
 impl Report {
@@ -327,7 +328,10 @@ impl Report {
     }
 
     pub fn table(&self) -> String {
-        let mut out = String::from("step | kube-scheduler | kpr\n");
+        let mut out = format!(
+            "both scripts in {:.1?}\nstep | kube-scheduler | kpr\n",
+            self.elapsed
+        );
         for (step, u, k) in &self.rows {
             out.push_str(&format!("{step} | {u} | {k}\n"));
         }
@@ -337,6 +341,7 @@ impl Report {
 
 /// Both scripts at once (separate worlds), then step by step side by side.
 pub async fn run(client: &Client) -> anyhow::Result<Report> {
+    let start = Instant::now();
     let (u, k) = tokio::join!(script(client, Impl::Upstream), script(client, Impl::Kpr));
     let (u, k) = (
         u.context("under kube-scheduler")?,
@@ -345,6 +350,7 @@ pub async fn run(client: &Client) -> anyhow::Result<Report> {
     let steps: std::collections::BTreeSet<&String> = u.keys().chain(k.keys()).collect();
     let missing = || "(missing)".to_string();
     Ok(Report {
+        elapsed: start.elapsed(),
         rows: steps
             .into_iter()
             .map(|s| {

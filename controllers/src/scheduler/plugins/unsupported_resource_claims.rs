@@ -4,7 +4,9 @@
 //! alone (Skip) and rejects the others as UnschedulableAndUnresolvable, saying this scheduler does
 //! not support them, rather than placing them on a node their devices may not reach. The guard
 //! also stands in for DynamicResources' PostFilter, whose rejection reason is part of
-//! kube-scheduler's FitError messages. A profile that names DynamicResources explicitly is a
+//! kube-scheduler's FitError messages: "no new claims to deallocate" after its PreFilter ran, and
+//! an error "not found" (its PreFilter state missing) when an earlier PreFilter plugin rejected
+//! the Pod, which ends PostFilter before preemption, as upstream. A profile that names DynamicResources explicitly is a
 //! configuration error (see the registry).
 
 use k8s_openapi::api::core::v1::Pod;
@@ -35,13 +37,17 @@ impl Plugin for UnsupportedGuard {
     }
 }
 
+/// Written by PreFilter (upstream's DynamicResources writes its state before it skips).
+const STATE_KEY: &str = "PreFilterDynamicResources";
+
 impl PreFilterPlugin for UnsupportedGuard {
     fn pre_filter(
         &self,
-        _state: &mut CycleState,
+        state: &mut CycleState,
         pod: &Pod,
         _snapshot: &Snapshot,
     ) -> (Option<PreFilterResult>, Status) {
+        state.write(STATE_KEY, ());
         let claims = pod
             .spec
             .as_ref()
@@ -65,12 +71,15 @@ impl PreFilterPlugin for UnsupportedGuard {
 impl PostFilterPlugin for UnsupportedGuard {
     fn post_filter(
         &self,
-        _state: &CycleState,
+        state: &CycleState,
         _pod: &Pod,
         _snapshot: &Snapshot,
         _filtered: &HashMap<String, Status>,
         _framework: &dyn FilterRunner,
     ) -> (Option<PostFilterResult>, Status) {
+        if state.read::<()>(STATE_KEY).is_none() {
+            return (None, Status::error("not found"));
+        }
         (None, Status::unschedulable("no new claims to deallocate"))
     }
 }

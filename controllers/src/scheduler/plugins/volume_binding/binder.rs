@@ -1,13 +1,13 @@
 //! The volume binder's decisions, as upstream's volumebinding/binder.go and
 //! component-helpers' `FindMatchingVolume`: sort a Pod's claims into bound, unbound-immediate and
-//! unbound-WaitForFirstConsumer ([`pod_volume_claims`]), the nodes the local volumes of bound
-//! claims pin the Pod to ([`eligible_nodes`]), and per node whether the bound volumes reach it
-//! and every delayed claim finds a volume or can be provisioned there ([`find_pod_volumes`]).
+//! unbound-WaitForFirstConsumer ([`pod_volume_claims`]), and per node whether the bound volumes
+//! reach it and every delayed claim finds a volume or can be provisioned there
+//! ([`find_pod_volumes`]).
 //!
 //! Owns pure functions over the objects the [`AssumeCache`](super::assume_cache::AssumeCache)
 //! shows (informer objects with this scheduler's assumed bindings laid over them); no API calls.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -23,7 +23,7 @@ use crate::scheduler::plugins::volume_util::{
 /// Filter reasons, word for word upstream's ConflictReasons.
 pub const ERR_REASON_BIND_CONFLICT: &str =
     "node(s) didn't find available persistent volumes to bind";
-pub const ERR_REASON_NODE_CONFLICT: &str = "node(s) had volume node affinity conflict";
+pub const ERR_REASON_NODE_CONFLICT: &str = "node(s) didn't match PersistentVolume's node affinity";
 pub const ERR_REASON_PV_NOT_EXIST: &str =
     "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)";
 
@@ -104,62 +104,6 @@ pub fn pod_volume_claims(pod: &Pod, cache: &AssumeCache) -> Result<PodVolumeClai
         }
     }
     Ok(out)
-}
-
-/// `GetLocalPersistentVolumeNodeNames`: the hostnames a volume's required node affinity names
-/// with `kubernetes.io/hostname In` (the union over terms of each term's intersection).
-pub fn local_volume_node_names(pv: &PersistentVolume) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let Some(req) = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_affinity.as_ref())
-        .and_then(|a| a.required.as_ref())
-    else {
-        return out;
-    };
-    for term in &req.node_selector_terms {
-        let mut nodes: Option<BTreeSet<String>> = None;
-        for e in term.match_expressions.iter().flatten() {
-            if e.key == "kubernetes.io/hostname" && e.operator == "In" {
-                let vals: BTreeSet<String> = e.values.iter().flatten().cloned().collect();
-                nodes = Some(match nodes {
-                    None => vals,
-                    Some(n) => n.intersection(&vals).cloned().collect(),
-                });
-            }
-        }
-        out.extend(nodes.unwrap_or_default());
-    }
-    out
-}
-
-/// `GetEligibleNodes`: with bound claims on local volumes, only the nodes those volumes name
-/// (intersected); None when there is no such restriction (or a volume is missing).
-pub fn eligible_nodes(
-    bound: &[Arc<PersistentVolumeClaim>],
-    cache: &AssumeCache,
-) -> Option<BTreeSet<String>> {
-    let mut eligible: Option<BTreeSet<String>> = None;
-    let mut missing = false;
-    for pvc in bound {
-        let Some(pv) = cache.get_pv(claim_volume_name(pvc)) else {
-            missing = true;
-            continue;
-        };
-        let names = local_volume_node_names(&pv);
-        if names.is_empty() {
-            continue;
-        }
-        eligible = Some(match eligible {
-            None => names,
-            Some(e) => e.intersection(&names).cloned().collect(),
-        });
-    }
-    if missing {
-        return None;
-    }
-    eligible
 }
 
 /// `CheckVolumeModeMismatches`: Filesystem unless said otherwise, on both sides.

@@ -1,10 +1,9 @@
 //! Upstream's volumebinding tables (volume_binding_test.go, binder_test.go) and
-//! component-helpers' FindMatchingVolume cases, restated: PreFilter's errors and its narrowing
-//! to local volumes' nodes, Filter's reasons per node for bound and WaitForFirstConsumer claims
+//! component-helpers' FindMatchingVolume cases, restated: PreFilter's errors, Filter's reasons per node for bound and WaitForFirstConsumer claims
 //! (static matching by class, size, access modes, volume mode, selector and node affinity; the
 //! provisioner and allowedTopologies), and Reserve / Unreserve in the assume cache.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -131,7 +130,7 @@ fn plugin(objects: StaticObjects) -> VolumeBinding {
 /// A status's code and reasons.
 type Outcome = (Code, Vec<String>);
 
-/// PreFilter then Filter on each node: (PreFilter's code and reasons, the narrowed nodes) or
+/// PreFilter then Filter on each node: PreFilter's code and reasons when it fails, or
 /// each node's (code, reasons).
 fn run(pl: &VolumeBinding, pod: &Pod, nodes: &[Node]) -> Result<Vec<Outcome>, Outcome> {
     let mut st = CycleState::new();
@@ -222,7 +221,7 @@ fn pre_filter_errors_as_upstream() {
 }
 
 #[test]
-fn bound_claims_narrow_to_local_volume_nodes_and_check_node_affinity() {
+fn bound_claims_check_their_volumes_node_affinity_on_every_node() {
     let pl = plugin(objects(
         vec![
             pv(
@@ -255,26 +254,10 @@ fn bound_claims_narrow_to_local_volume_nodes_and_check_node_affinity() {
             pvc("c-gone", WFFC, "1Gi", bound_to("gone")),
         ],
     ));
-    let narrowed = |claims: &[&str]| {
-        let mut st = CycleState::new();
-        let (r, s) = pl.pre_filter(&mut st, &pod(claims), &Snapshot::default());
-        assert!(s.is_success(), "{s}");
-        r.and_then(|r| r.node_names)
-    };
-    let set = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>());
-    assert_eq!(narrowed(&["c1"]), set(&["n1"]));
-    assert_eq!(
-        narrowed(&["c1", "c2"]),
-        set(&[]),
-        "two local volumes on different nodes: none"
-    );
-    assert_eq!(narrowed(&["cz"]), None, "zonal volume: no narrowing");
-    assert_eq!(
-        narrowed(&["c1", "c-gone"]),
-        None,
-        "a missing volume: no narrowing"
-    );
-
+    // Every node is filtered: no PreFilter narrowing to the local volume's node (as v1.34).
+    let mut st = CycleState::new();
+    let (r, s) = pl.pre_filter(&mut st, &pod(&["c1"]), &Snapshot::default());
+    assert!(s.is_success() && r.is_none(), "{s}");
     let nodes = [node("n1", "z1"), node("n2", "z2")];
     assert_eq!(
         run(&pl, &pod(&["c1"]), &nodes),

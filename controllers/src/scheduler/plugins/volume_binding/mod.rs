@@ -4,8 +4,10 @@
 //!
 //! - PreFilter: every claim must exist (a generic ephemeral volume's must exist and be the
 //!   Pod's), not be lost or being deleted; an unbound claim of an immediate class fails the Pod
-//!   ("pod has unbound immediate PersistentVolumeClaims") until the PV controller binds it;
-//!   bound local volumes narrow the nodes to the hostnames they name.
+//!   ("pod has unbound immediate PersistentVolumeClaims") until the PV controller binds it.
+//!   PreFilter does not narrow the nodes to those a bound local volume names: kube-scheduler
+//!   v1.34 filters every node (its FitError counts them "didn't match PersistentVolume's node
+//!   affinity"), and so does this one.
 //! - Filter: bound volumes' node affinity; for WaitForFirstConsumer claims, a matching
 //!   Available volume on the node, or a class that can provision there ([`binder`]).
 //! - Reserve / Unreserve: the chosen volumes' claimRef and the provisioned claims'
@@ -35,8 +37,7 @@ use kube::{Api, Client};
 
 use self::assume_cache::AssumeCache;
 use self::binder::{
-    claim_fully_bound, eligible_nodes, find_pod_volumes, pod_volume_claims, PodVolumeClaims,
-    PodVolumes,
+    claim_fully_bound, find_pod_volumes, pod_volume_claims, PodVolumeClaims, PodVolumes,
 };
 use super::volume_util::{self as vu, claim_volume_name, volume_fits_node_labels};
 use crate::scheduler::framework::{
@@ -346,9 +347,6 @@ impl PreFilterPlugin for VolumeBinding {
                 Status::unresolvable("pod has unbound immediate PersistentVolumeClaims"),
             );
         }
-        let result = eligible_nodes(&claims.bound, &self.cache).map(|n| PreFilterResult {
-            node_names: Some(n),
-        });
         state.write(
             STATE_KEY,
             StateData {
@@ -356,7 +354,7 @@ impl PreFilterPlugin for VolumeBinding {
                 ..StateData::default()
             },
         );
-        (result, Status::success())
+        (None, Status::success())
     }
 }
 
