@@ -121,4 +121,64 @@ mod tests {
             assert_eq!(s.code, code, "{name}");
         }
     }
+
+    /// A FilterRunner the guard's PostFilter never calls.
+    struct NoRunner;
+    impl FilterRunner for NoRunner {
+        fn run_filters(
+            &self,
+            _: &CycleState,
+            _: &Pod,
+            _: &crate::scheduler::framework::NodeInfo,
+        ) -> Status {
+            unreachable!()
+        }
+        fn remove_pod(
+            &self,
+            _: &mut CycleState,
+            _: &Pod,
+            _: &crate::scheduler::framework::PodInfo,
+            _: &crate::scheduler::framework::NodeInfo,
+        ) -> Status {
+            unreachable!()
+        }
+        fn add_pod(
+            &self,
+            _: &mut CycleState,
+            _: &Pod,
+            _: &crate::scheduler::framework::PodInfo,
+            _: &crate::scheduler::framework::NodeInfo,
+        ) -> Status {
+            unreachable!()
+        }
+    }
+
+    #[test]
+    fn post_filter_without_its_prefilter_state_is_not_found() {
+        let pod: Pod = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": []}}),
+        )
+        .unwrap();
+        let guard = UnsupportedGuard::new();
+        let post = |st: &CycleState| {
+            guard
+                .post_filter(st, &pod, &Snapshot::default(), &HashMap::new(), &NoRunner)
+                .1
+        };
+        let s = post(&CycleState::new());
+        assert_eq!(
+            (s.code, s.reasons),
+            (Code::Error, vec!["not found".to_string()])
+        );
+        let mut st = CycleState::new();
+        let _ = guard.pre_filter(&mut st, &pod, &Snapshot::default());
+        let s = post(&st);
+        assert_eq!(
+            (s.code, s.reasons),
+            (
+                Code::Unschedulable,
+                vec!["no new claims to deallocate".to_string()]
+            )
+        );
+    }
 }
