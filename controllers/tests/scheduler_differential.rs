@@ -16,8 +16,14 @@
 //!    nominated node and victims, or the node, of issue 37's cases and upstream's preemption
 //!    tables, upstream's expected answer under both schedulers (`diff_preemption`).
 //!
-//! The parts run at once; they share no nodes or namespaces (3 shares the `*-place` schedulers
-//! with 2, on nodes of its own).
+//! 4. Volumes, with kube-controller-manager's persistentvolume-binder completing the bindings:
+//!    a StatefulSet-like set on local WaitForFirstConsumer volumes (nodes chosen, volumes bound,
+//!    a deleted Pod back on its volume's node), Pods that fit nowhere for their volumes (a full
+//!    node, a zone, CSI attach limits, no matching volume, a missing or unbound immediate claim)
+//!    and a claim to provision: the same outcome under both schedulers (`diff_volumes`).
+//!
+//! The parts run at once; they share no nodes or namespaces (3 and 4 share the `*-place`
+//! schedulers with 2, on nodes of their own).
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
 /// This suite's own modules, in `scheduler/`.
@@ -26,10 +32,11 @@ mod scheduler {
     pub mod diff_placement;
     pub mod diff_preemption;
     pub mod diff_probes;
+    pub mod diff_volumes;
 }
 
 use scheduler::diff_cluster::{DiffCluster, Impl};
-use scheduler::{diff_placement, diff_preemption, diff_probes};
+use scheduler::{diff_placement, diff_preemption, diff_probes, diff_volumes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kpr_scheduler_matches_kube_scheduler() {
@@ -45,6 +52,15 @@ async fn kpr_scheduler_matches_kube_scheduler() {
     diff_preemption::setup(&cluster.client)
         .await
         .expect("preemption rows' nodes");
+    diff_volumes::setup(&cluster.client)
+        .await
+        .expect("volume nodes, classes, volumes and CSINodes");
+    tokio::task::block_in_place(|| {
+        cluster
+            .cp
+            .start_upstream_controller_manager_with("persistentvolume-binder", &[])
+    })
+    .expect("starting kube-controller-manager's persistentvolume-binder");
     cluster
         .start_schedulers()
         .await
@@ -52,12 +68,20 @@ async fn kpr_scheduler_matches_kube_scheduler() {
     let logs = cluster.cp.logs_dir();
     let client = &cluster.client;
     let sets = diff_placement::Set::all();
-    let (probes, placements, preemption) = tokio::join!(
+    let (probes, placements, preemption, volumes) = tokio::join!(
         diff_probes::run(client),
         futures::future::join_all(sets.iter().map(|s| diff_placement::run(client, *s))),
         diff_preemption::run(client),
+        diff_volumes::run(client),
     );
     let mut failures = Vec::new();
+    match volumes {
+        Ok(r) => {
+            eprintln!("volume steps:\n{}", r.table());
+            failures.extend(r.differences());
+        }
+        Err(e) => failures.push(format!("volumes: {e:#}")),
+    }
     match preemption {
         Ok(r) => {
             eprintln!("preemption and spread rows:\n{}", r.table());

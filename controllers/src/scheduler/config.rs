@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::framework::runtime::Framework;
-use super::plugins::unsupported_volumes::NOT_BUILT;
+use super::plugins::unsupported_resource_claims::NOT_BUILT;
 use super::queue::Backoff;
 use super::registry::{BuildContext, BuildError, Built, Point, Registry, DEFAULT_MULTI_POINT};
 use crate::runtime::ratelimit::ClientLimit;
@@ -305,7 +305,7 @@ pub fn build_profile(
         for (j, e) in set.enabled.iter().enumerate() {
             if NOT_BUILT.contains(&e.name.as_str()) {
                 return Err(format!(
-                    "{at}.plugins.{field}.enabled[{j}].name: {} is not supported by this scheduler (it needs the PersistentVolume / CSI / DRA machinery, which is not built)",
+                    "{at}.plugins.{field}.enabled[{j}].name: {} is not supported by this scheduler (it needs the DRA machinery, which is not built)",
                     e.name
                 ));
             }
@@ -317,8 +317,8 @@ pub fn build_profile(
             }
         }
     }
-    // Defaults, without the plugins not built: the guards stand in for VolumeBinding and
-    // DynamicResources (registered under those names), VolumeZone and NodeVolumeLimits go.
+    // Defaults, without the plugins not built: the guard stands in for DynamicResources
+    // (registered under that name).
     let defaults: Vec<PluginRef> = DEFAULT_MULTI_POINT
         .iter()
         .filter(|(n, _)| registry.get(n).is_some())

@@ -159,8 +159,8 @@ fn profiles_build_as_upstream_merges_and_expands_them() {
         ),
         (
             "a plugin this scheduler does not build is refused by name",
-            "profiles:\n- plugins:\n    multiPoint:\n      enabled:\n      - name: VolumeBinding\n",
-            Err("profiles[0].plugins.multiPoint.enabled[0].name: VolumeBinding is not supported by this scheduler (it needs the PersistentVolume / CSI / DRA machinery, which is not built)"),
+            "profiles:\n- plugins:\n    multiPoint:\n      enabled:\n      - name: DynamicResources\n",
+            Err("profiles[0].plugins.multiPoint.enabled[0].name: DynamicResources is not supported by this scheduler (it needs the DRA machinery, which is not built)"),
         ),
         (
             "a plugin at a point it does not extend",

@@ -1,14 +1,16 @@
 //! The scheduler's informer event handlers (upstream's pkg/scheduler/eventhandlers.go): Nodes
 //! and bound Pods go into the cache, unbound Pods of this scheduler's profiles into the queue,
 //! Namespaces' labels into the cache (for namespace selectors); each change that can make an
-//! unschedulable Pod schedulable is a [`ClusterEvent`] for the queue.
+//! unschedulable Pod schedulable is a [`ClusterEvent`] for the queue (added or changed claims,
+//! volumes, storage classes and CSINodes too: the volume plugins read them from the informers).
 //!
 //! Owns the filtering of updates (heartbeats and kubelet status writes change nothing for
 //! scheduling and are dropped here); no API calls.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 
 use super::cache::Cache;
 use super::framework::types::pod_requests;
@@ -85,6 +87,31 @@ pub(super) fn add_all_event_handlers(sched: &Arc<Scheduler>, informers: &Informe
     informers
         .get::<Node>()
         .on_change(Box::new(move |old, new| s.on_node(old, new)));
+    // Additions and updates only: upstream's volume plugins register no deletions.
+    let s = sched.clone();
+    informers
+        .get::<PersistentVolumeClaim>()
+        .on_change(Box::new(move |_, new| {
+            s.on_storage_change(new.is_some(), ClusterEvent::PvcChange)
+        }));
+    let s = sched.clone();
+    informers
+        .get::<PersistentVolume>()
+        .on_change(Box::new(move |_, new| {
+            s.on_storage_change(new.is_some(), ClusterEvent::PvChange)
+        }));
+    let s = sched.clone();
+    informers
+        .get::<StorageClass>()
+        .on_change(Box::new(move |_, new| {
+            s.on_storage_change(new.is_some(), ClusterEvent::StorageClassChange)
+        }));
+    let s = sched.clone();
+    informers
+        .get::<CSINode>()
+        .on_change(Box::new(move |_, new| {
+            s.on_storage_change(new.is_some(), ClusterEvent::CsiNodeChange)
+        }));
     let s = sched.clone();
     informers
         .get::<Namespace>()
@@ -99,6 +126,12 @@ pub(super) fn add_all_event_handlers(sched: &Arc<Scheduler>, informers: &Informe
 }
 
 impl Scheduler {
+    fn on_storage_change(&self, added_or_updated: bool, event: ClusterEvent) {
+        if added_or_updated {
+            self.queue.with(|q, now| q.on_event(event, now));
+        }
+    }
+
     fn on_node(&self, old: Option<&Arc<Node>>, new: Option<&Arc<Node>>) {
         match (old, new) {
             (_, None) => {

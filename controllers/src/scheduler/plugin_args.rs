@@ -570,8 +570,7 @@ impl PluginArgs for PodTopologySpreadArgs {
 // VolumeBinding
 // ---------------------------------------------------------------------------------------------
 
-/// VolumeBindingArgs. The plugin here is a guard that refuses Pods with claims (volume binding
-/// is not built), so these are validated and otherwise unused.
+/// VolumeBindingArgs: PreBind's wait for the PV controller is bounded by `bindTimeoutSeconds`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct VolumeBindingArgs {

@@ -50,6 +50,14 @@ pub enum ClusterEvent {
     /// Any other update of an assigned Pod (upstream's general Pod/Update, "other").
     AssignedPodOtherUpdate,
     AssignedPodDelete,
+    /// A PersistentVolumeClaim added or updated.
+    PvcChange,
+    /// A PersistentVolume added or updated.
+    PvChange,
+    /// A StorageClass added or updated.
+    StorageClassChange,
+    /// A CSINode added or updated.
+    CsiNodeChange,
 }
 
 impl ClusterEvent {
@@ -84,10 +92,29 @@ pub fn plugin_interested(plugin: &str, event: ClusterEvent) -> bool {
             )
         }
         // Upstream: Pod/Add|UpdatePodLabel|Delete and Node/Add|Update.
-        "InterPodAffinity" | "PodTopologySpread" => !matches!(event, AssignedPodScaleDown),
-        // Claims this scheduler cannot handle stay unschedulable whatever the cluster does (a Pod
-        // update or the 5-minute flush retries them).
-        "VolumeBinding" | "DynamicResources" => false,
+        "InterPodAffinity" | "PodTopologySpread" => matches!(
+            event,
+            NodeAdd | NodeUpdate | AssignedPodAdd | AssignedPodLabelUpdate | AssignedPodDelete
+        ),
+        // Upstream: PVC, PV, StorageClass and CSINode Add|Update, Node Add|Update (and
+        // CSIDriver / CSIStorageCapacity, which nothing here reads).
+        "VolumeBinding" => matches!(
+            event,
+            NodeAdd | NodeUpdate | PvcChange | PvChange | StorageClassChange | CsiNodeChange
+        ),
+        // Upstream: PVC and PV Add|Update, StorageClass Add, Node Add|Update.
+        "VolumeZone" => matches!(
+            event,
+            NodeAdd | NodeUpdate | PvcChange | PvChange | StorageClassChange
+        ),
+        // Upstream: CSINode Add|Update, Pod Delete, PVC Add (and VolumeAttachment Delete).
+        "NodeVolumeLimits" => matches!(
+            event,
+            NodeAdd | NodeUpdate | CsiNodeChange | PvcChange | AssignedPodDelete
+        ),
+        // Resource claims this scheduler cannot handle stay unschedulable whatever the cluster
+        // does (a Pod update or the 5-minute flush retries them).
+        "DynamicResources" => false,
         _ => true,
     }
 }

@@ -7,10 +7,9 @@
 //! run-time interface check); [`Built::implements`] answers the config's "does this plugin
 //! extend Filter" questions from it.
 //!
-//! Not built (need PersistentVolume / CSI / DRA machinery): VolumeBinding, VolumeZone,
-//! NodeVolumeLimits, DynamicResources. In the default set, VolumeBinding and DynamicResources are
-//! replaced by [`UnsupportedGuard`] (Pods with claims are unresolvable, with a message saying so);
-//! VolumeZone and NodeVolumeLimits are dropped. Naming any of them in a profile is a config error.
+//! Not built (needs the DRA machinery): DynamicResources. In the default set it is replaced by
+//! [`UnsupportedGuard`] (Pods with resource claims are unresolvable, with a message saying so);
+//! naming it in a profile is a config error.
 //!
 //! A plugin with args is registered with its typed args ([`Registry::register_with_args`]):
 //! the registry decodes, defaults and validates them ([`plugin_args`]) before the plugin's
@@ -30,7 +29,7 @@ use super::framework::{
 };
 use super::plugin_args::{self, PluginArgs, VolumeBindingArgs};
 use super::plugins;
-use super::plugins::unsupported_volumes::{Unsupported, UnsupportedGuard};
+use super::plugins::unsupported_resource_claims::UnsupportedGuard;
 
 /// The extension points, with their KubeSchedulerConfiguration field names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -329,14 +328,33 @@ impl Registry {
                 .ok_or("DefaultBinder needs an API client")?;
             built!(plugins::default_binder::DefaultBinder::new(client), [bind])
         });
-        r.register_with_args("VolumeBinding", |_: VolumeBindingArgs, _| {
-            built!(UnsupportedGuard::new(Unsupported::Claims), [pre_filter])
+        r.register_with_args(
+            plugins::volume_binding::NAME,
+            |args: VolumeBindingArgs, ctx| {
+                built!(
+                    plugins::volume_binding::VolumeBinding::new(
+                        &args,
+                        ctx.objects.clone(),
+                        ctx.client.clone()
+                    ),
+                    [pre_filter, filter, pre_score, score, reserve, pre_bind]
+                )
+            },
+        );
+        r.register(plugins::volume_zone::NAME, |ctx| {
+            built!(
+                plugins::volume_zone::VolumeZone::new(ctx.objects.clone()),
+                [pre_filter, filter]
+            )
+        });
+        r.register(plugins::node_volume_limits::NAME, |ctx| {
+            built!(
+                plugins::node_volume_limits::NodeVolumeLimits::new(ctx.objects.clone()),
+                [pre_filter, filter]
+            )
         });
         r.register("DynamicResources", |_| {
-            built!(
-                UnsupportedGuard::new(Unsupported::ResourceClaims),
-                [pre_filter, post_filter]
-            )
+            built!(UnsupportedGuard::new(), [pre_filter, post_filter])
         });
         r.register(plugins::node_unschedulable::NAME, |_| {
             built!(
@@ -392,9 +410,9 @@ impl Registry {
                 [pre_score, score]
             )
         });
-        r.register(plugins::volume_restrictions::NAME, |_| {
+        r.register(plugins::volume_restrictions::NAME, |ctx| {
             built!(
-                plugins::volume_restrictions::VolumeRestrictions::new(),
+                plugins::volume_restrictions::VolumeRestrictions::new(ctx.objects.clone()),
                 [pre_filter, filter]
             )
         });
@@ -415,7 +433,7 @@ mod tests {
     #[test]
     fn every_default_plugin_is_built_or_refused_by_name() {
         let r = Registry::builtin();
-        let not_built = plugins::unsupported_volumes::NOT_BUILT;
+        let not_built = plugins::unsupported_resource_claims::NOT_BUILT;
         for (name, _) in DEFAULT_MULTI_POINT {
             assert!(
                 r.get(name).is_some() || not_built.contains(&name),
@@ -466,11 +484,11 @@ mod tests {
         );
         assert_eq!(
             names(fw.pre_filter.iter().map(|p| p.name()).collect()),
-            "NodeAffinity,NodePorts,NodeResourcesFit,VolumeRestrictions,VolumeBinding,PodTopologySpread,InterPodAffinity,DynamicResources"
+            "NodeAffinity,NodePorts,NodeResourcesFit,VolumeRestrictions,NodeVolumeLimits,VolumeBinding,VolumeZone,PodTopologySpread,InterPodAffinity,DynamicResources"
         );
         assert_eq!(
             names(fw.filter.iter().map(|p| p.name()).collect()),
-            "NodeUnschedulable,NodeName,TaintToleration,NodeAffinity,NodePorts,NodeResourcesFit,VolumeRestrictions,PodTopologySpread,InterPodAffinity"
+            "NodeUnschedulable,NodeName,TaintToleration,NodeAffinity,NodePorts,NodeResourcesFit,VolumeRestrictions,NodeVolumeLimits,VolumeBinding,VolumeZone,PodTopologySpread,InterPodAffinity"
         );
         assert_eq!(
             names(fw.post_filter.iter().map(|p| p.name()).collect()),
@@ -478,7 +496,7 @@ mod tests {
         );
         assert_eq!(
             names(fw.pre_score.iter().map(|p| p.name()).collect()),
-            "TaintToleration,NodeAffinity,NodeResourcesFit,PodTopologySpread,InterPodAffinity,NodeResourcesBalancedAllocation,ImageLocality"
+            "TaintToleration,NodeAffinity,NodeResourcesFit,VolumeBinding,PodTopologySpread,InterPodAffinity,NodeResourcesBalancedAllocation,ImageLocality"
         );
         let scores: Vec<String> = fw
             .score
@@ -487,7 +505,7 @@ mod tests {
             .collect();
         assert_eq!(
             scores.join(","),
-            "TaintToleration=3,NodeAffinity=2,NodeResourcesFit=1,PodTopologySpread=2,InterPodAffinity=2,NodeResourcesBalancedAllocation=1,ImageLocality=1"
+            "TaintToleration=3,NodeAffinity=2,NodeResourcesFit=1,VolumeBinding=1,PodTopologySpread=2,InterPodAffinity=2,NodeResourcesBalancedAllocation=1,ImageLocality=1"
         );
         assert_eq!(
             names(fw.bind.iter().map(|p| p.name()).collect()),

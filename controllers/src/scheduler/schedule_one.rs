@@ -56,6 +56,10 @@ pub struct Diagnosis {
     pub unschedulable_plugins: BTreeSet<&'static str>,
     pub pre_filter_msg: String,
     pub post_filter_msg: String,
+    /// PostFilter failed with an error (e.g. DynamicResources' "not found" when an earlier
+    /// PreFilter rejected the Pod): kube-scheduler v1.34 appends that message as it is, with no
+    /// closing period.
+    pub post_filter_error: bool,
 }
 
 impl Diagnosis {
@@ -103,7 +107,9 @@ impl fmt::Display for FitError {
                 write!(f, " {}.", list.join(", "))?;
             }
         }
-        if !d.post_filter_msg.is_empty() {
+        if d.post_filter_error {
+            write!(f, " {}", d.post_filter_msg)?;
+        } else if !d.post_filter_msg.is_empty() {
             // kube-scheduler v1.34 ends the message with one period even when the PostFilter
             // message (preemption's own FitError) already ends with one.
             write!(f, " {}.", d.post_filter_msg.trim_end_matches('.'))?;
@@ -566,6 +572,7 @@ impl Scheduler {
                     let (result, s) =
                         fw.run_post_filter(state, &preemptor, snapshot, &filtered, nominated);
                     fit.diagnosis.post_filter_msg = s.reasons.join(", ");
+                    fit.diagnosis.post_filter_error = s.code == Code::Error;
                     if s.code == Code::Error {
                         tracing::warn!(pod = full_name(&pod), "PostFilter: {s}");
                     }

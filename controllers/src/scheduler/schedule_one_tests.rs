@@ -386,4 +386,19 @@ fn fit_error_message_is_kube_schedulers() {
         };
         assert_eq!(e.to_string(), want, "{name}");
     }
+    // A PreFilter rejection leaves DynamicResources' PostFilter without its state: its error is
+    // appended as it is (observed from kube-scheduler v1.34 in the differential suite).
+    let e = FitError {
+        num_all_nodes: 3,
+        diagnosis: Diagnosis {
+            pre_filter_msg: "pod has unbound immediate PersistentVolumeClaims".into(),
+            post_filter_msg: "not found".into(),
+            post_filter_error: true,
+            ..Default::default()
+        },
+    };
+    assert_eq!(
+        e.to_string(),
+        "0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found"
+    );
 }

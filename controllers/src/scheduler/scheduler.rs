@@ -16,8 +16,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Pod, ReplicationController, Service};
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, Pod, ReplicationController, Service,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::Client;
 
 use super::cache::Cache;
@@ -38,6 +41,10 @@ pub struct InformerObjects {
     rss: Arc<Indexed<ReplicaSet>>,
     stss: Arc<Indexed<StatefulSet>>,
     pdbs: Arc<Indexed<PodDisruptionBudget>>,
+    pvcs: Arc<Indexed<PersistentVolumeClaim>>,
+    pvs: Arc<Indexed<PersistentVolume>>,
+    classes: Arc<Indexed<StorageClass>>,
+    csi_nodes: Arc<Indexed<CSINode>>,
 }
 
 impl InformerObjects {
@@ -49,6 +56,10 @@ impl InformerObjects {
             rss: informers.get::<ReplicaSet>().cache(),
             stss: informers.get::<StatefulSet>().cache(),
             pdbs: informers.get::<PodDisruptionBudget>().cache(),
+            pvcs: informers.get::<PersistentVolumeClaim>().cache(),
+            pvs: informers.get::<PersistentVolume>().cache(),
+            classes: informers.get::<StorageClass>().cache(),
+            csi_nodes: informers.get::<CSINode>().cache(),
         }
     }
 }
@@ -68,6 +79,27 @@ impl ClusterObjects for InformerObjects {
     }
     fn pod_disruption_budgets(&self, namespace: &str) -> Vec<Arc<PodDisruptionBudget>> {
         self.pdbs.index(NAMESPACE, namespace)
+    }
+    fn persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolumeClaim>> {
+        self.pvcs.get(namespace, name)
+    }
+    fn persistent_volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        self.pvs.get("", name)
+    }
+    fn persistent_volumes(&self) -> Vec<Arc<PersistentVolume>> {
+        let mut pvs = self.pvs.all();
+        pvs.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        pvs
+    }
+    fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>> {
+        self.classes.get("", name)
+    }
+    fn csi_node(&self, name: &str) -> Option<Arc<CSINode>> {
+        self.csi_nodes.get("", name)
     }
 }
 

@@ -18,8 +18,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Pod, ReplicationController, Service};
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, Pod, ReplicationController, Service,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 
 pub use types::{NodeInfo, PodInfo, Resource, Snapshot};
 
@@ -211,14 +214,25 @@ pub struct PreFilterResult {
 
 /// The cluster objects some plugins read besides nodes and Pods (PodTopologySpread's system
 /// default constraints select by the Pod's Services and owning ReplicaSets / StatefulSets /
-/// ReplicationControllers; DefaultPreemption respects PodDisruptionBudgets). The scheduler
-/// implements it over its informer caches; tests over vectors. Plugins get it at construction.
+/// ReplicationControllers; DefaultPreemption respects PodDisruptionBudgets; the volume plugins
+/// read claims, volumes, classes and CSINodes). The scheduler implements it over its informer
+/// caches; tests over vectors. Plugins get it at construction.
 pub trait ClusterObjects: Send + Sync {
     fn services(&self, namespace: &str) -> Vec<Arc<Service>>;
     fn replication_controllers(&self, namespace: &str) -> Vec<Arc<ReplicationController>>;
     fn replica_sets(&self, namespace: &str) -> Vec<Arc<ReplicaSet>>;
     fn stateful_sets(&self, namespace: &str) -> Vec<Arc<StatefulSet>>;
     fn pod_disruption_budgets(&self, namespace: &str) -> Vec<Arc<PodDisruptionBudget>>;
+    fn persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolumeClaim>>;
+    fn persistent_volume(&self, name: &str) -> Option<Arc<PersistentVolume>>;
+    /// Every PersistentVolume, in name order.
+    fn persistent_volumes(&self) -> Vec<Arc<PersistentVolume>>;
+    fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>>;
+    fn csi_node(&self, name: &str) -> Option<Arc<CSINode>>;
 }
 
 /// [`ClusterObjects`] over plain vectors (tests, and a scheduler run without those informers).
@@ -229,6 +243,19 @@ pub struct StaticObjects {
     pub replica_sets: Vec<Arc<ReplicaSet>>,
     pub stateful_sets: Vec<Arc<StatefulSet>>,
     pub pod_disruption_budgets: Vec<Arc<PodDisruptionBudget>>,
+    pub persistent_volume_claims: Vec<Arc<PersistentVolumeClaim>>,
+    pub persistent_volumes: Vec<Arc<PersistentVolume>>,
+    pub storage_classes: Vec<Arc<StorageClass>>,
+    pub csi_nodes: Vec<Arc<CSINode>>,
+}
+
+fn named<K: kube::Resource>(objs: &[Arc<K>], ns: Option<&str>, name: &str) -> Option<Arc<K>> {
+    objs.iter()
+        .find(|o| {
+            o.meta().name.as_deref() == Some(name)
+                && ns.is_none_or(|ns| o.meta().namespace.as_deref() == Some(ns))
+        })
+        .cloned()
 }
 
 fn in_namespace<K: kube::Resource>(objs: &[Arc<K>], ns: &str) -> Vec<Arc<K>> {
@@ -253,6 +280,27 @@ impl ClusterObjects for StaticObjects {
     }
     fn pod_disruption_budgets(&self, namespace: &str) -> Vec<Arc<PodDisruptionBudget>> {
         in_namespace(&self.pod_disruption_budgets, namespace)
+    }
+    fn persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolumeClaim>> {
+        named(&self.persistent_volume_claims, Some(namespace), name)
+    }
+    fn persistent_volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        named(&self.persistent_volumes, None, name)
+    }
+    fn persistent_volumes(&self) -> Vec<Arc<PersistentVolume>> {
+        let mut pvs = self.persistent_volumes.clone();
+        pvs.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        pvs
+    }
+    fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>> {
+        named(&self.storage_classes, None, name)
+    }
+    fn csi_node(&self, name: &str) -> Option<Arc<CSINode>> {
+        named(&self.csi_nodes, None, name)
     }
 }
 

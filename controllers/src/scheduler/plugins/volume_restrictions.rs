@@ -1,36 +1,96 @@
-//! VolumeRestrictions (PreFilter, Filter), the part that needs only the Pod and the node: a Pod
-//! may not join a node where another Pod already uses the same GCE persistent disk, AWS EBS
-//! volume, ISCSI IQN or RBD image, unless both mount it read-only (EBS: never shared), as
-//! upstream v1.34's `volumerestrictions` plugin ("node(s) had no available disk").
+//! VolumeRestrictions (PreFilter, Filter), as upstream v1.34's `volumerestrictions` plugin:
 //!
-//! Not implemented: upstream's ReadWriteOncePod check (a Pod whose PersistentVolumeClaim has the
-//! ReadWriteOncePod access mode may not be scheduled while another Pod uses that claim, and a
-//! missing claim is UnschedulableAndUnresolvable). It needs the PersistentVolumeClaim objects and
-//! the snapshot's claim usage, which this plugin is not given (the framework's
-//! [`ClusterObjects`](crate::scheduler::framework::ClusterObjects) carries no claims); Pods with
-//! claims are kept away by the runtime's guard for volumes it cannot handle. Accordingly there is
-//! no PreFilter `add_pod` / `remove_pod`: the disk conflicts read the node's Pods directly.
+//! - a Pod may not join a node where another Pod already uses the same GCE persistent disk, AWS
+//!   EBS volume, ISCSI IQN or RBD image, unless both mount it read-only (EBS: never shared)
+//!   ("node(s) had no available disk");
+//! - a Pod whose PersistentVolumeClaim has the ReadWriteOncePod access mode may not be scheduled
+//!   while another Pod (on any node) uses that claim ("node has pod using PersistentVolumeClaim
+//!   with the same name and ReadWriteOncePod access mode", Unschedulable: preempting the user
+//!   helps; PreFilter's `add_pod` / `remove_pod` keep the count for preemption), and a claim
+//!   that does not exist is UnschedulableAndUnresolvable already in PreFilter.
+//!
+//! The disk conflicts read the node's Pods directly.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, Volume};
 
 use crate::scheduler::framework::{
-    CycleState, FilterPlugin, NodeInfo, Plugin, PreFilterPlugin, PreFilterResult, Snapshot, Status,
+    ClusterObjects, CycleState, FilterPlugin, NodeInfo, Plugin, PodInfo, PreFilterPlugin,
+    PreFilterResult, Snapshot, StaticObjects, Status,
 };
 
 pub const NAME: &str = "VolumeRestrictions";
+const STATE_KEY: &str = "PreFilterVolumeRestrictions";
 
 /// Upstream's ErrReasonDiskConflict.
 pub const ERR_REASON_DISK_CONFLICT: &str = "node(s) had no available disk";
+/// Upstream's ErrReasonReadWriteOncePodConflict.
+pub const ERR_REASON_RWOP_CONFLICT: &str =
+    "node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod access mode";
 
 /// The plugin; it has no arguments.
-#[derive(Debug, Default)]
-pub struct VolumeRestrictions;
+pub struct VolumeRestrictions {
+    objects: Arc<dyn ClusterObjects>,
+}
+
+impl Default for VolumeRestrictions {
+    fn default() -> Self {
+        VolumeRestrictions::new(Arc::new(StaticObjects::default()))
+    }
+}
+
+/// PreFilter's findings: the Pod's ReadWriteOncePod claims (`namespace/name`) and how many
+/// Pods in the snapshot use them.
+#[derive(Debug, Clone, Default)]
+struct PreFilterState {
+    rwop_claims: BTreeSet<String>,
+    conflicting: i64,
+}
 
 impl VolumeRestrictions {
     /// The plugin has no arguments; any given are ignored, as upstream ignores them.
-    pub fn new() -> Self {
-        VolumeRestrictions
+    pub fn new(objects: Arc<dyn ClusterObjects>) -> Self {
+        VolumeRestrictions { objects }
     }
+
+    /// `readWriteOncePodPVCsForPod`: the Pod's claims (generic ephemeral volumes' excluded, as
+    /// upstream) with the ReadWriteOncePod mode; a missing claim is an error.
+    fn rwop_claims(&self, pod: &Pod) -> Result<BTreeSet<String>, String> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let mut out = BTreeSet::new();
+        for v in pod_volumes(pod) {
+            let Some(c) = &v.persistent_volume_claim else {
+                continue;
+            };
+            let Some(pvc) = self.objects.persistent_volume_claim(ns, &c.claim_name) else {
+                return Err(format!(
+                    "persistentvolumeclaim {:?} not found",
+                    c.claim_name
+                ));
+            };
+            let rwop = pvc
+                .spec
+                .iter()
+                .flat_map(|s| s.access_modes.iter().flatten())
+                .any(|m| m == "ReadWriteOncePod");
+            if rwop {
+                out.insert(format!("{ns}/{}", c.claim_name));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// How many of `claims` the Pod uses (upstream's PVCRefCounts of a node, per Pod).
+fn uses(pod: &Pod, claims: &BTreeSet<String>) -> i64 {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    pod_volumes(pod)
+        .iter()
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .filter(|c| claims.contains(&format!("{ns}/{}", c.claim_name)))
+        .count() as i64
 }
 
 fn pod_volumes(pod: &Pod) -> &[Volume] {
@@ -105,25 +165,71 @@ impl Plugin for VolumeRestrictions {
 impl PreFilterPlugin for VolumeRestrictions {
     fn pre_filter(
         &self,
-        _state: &mut CycleState,
+        state: &mut CycleState,
         pod: &Pod,
-        _snapshot: &Snapshot,
+        snapshot: &Snapshot,
     ) -> (Option<PreFilterResult>, Status) {
-        if pod_volumes(pod).iter().any(needs_restrictions_check) {
-            (None, Status::success())
+        let needs_check = pod_volumes(pod).iter().any(needs_restrictions_check);
+        let rwop_claims = match self.rwop_claims(pod) {
+            Ok(c) => c,
+            Err(e) => return (None, Status::unresolvable(e)),
+        };
+        let conflicting = if rwop_claims.is_empty() {
+            0
         } else {
-            (None, Status::skip())
+            snapshot
+                .nodes
+                .iter()
+                .flat_map(|n| n.pods.iter())
+                .map(|p| uses(&p.pod, &rwop_claims))
+                .sum()
+        };
+        if !needs_check && conflicting == 0 {
+            return (None, Status::skip());
         }
+        state.write(
+            STATE_KEY,
+            PreFilterState {
+                rwop_claims,
+                conflicting,
+            },
+        );
+        (None, Status::success())
+    }
+
+    fn add_pod(&self, state: &mut CycleState, _pod: &Pod, added: &PodInfo, _: &NodeInfo) -> Status {
+        if let Some(s) = state.read_mut::<PreFilterState>(STATE_KEY) {
+            s.conflicting += uses(&added.pod, &s.rwop_claims);
+        }
+        Status::success()
+    }
+
+    fn remove_pod(
+        &self,
+        state: &mut CycleState,
+        _pod: &Pod,
+        removed: &PodInfo,
+        _: &NodeInfo,
+    ) -> Status {
+        if let Some(s) = state.read_mut::<PreFilterState>(STATE_KEY) {
+            s.conflicting -= uses(&removed.pod, &s.rwop_claims);
+        }
+        Status::success()
     }
 }
 
 impl FilterPlugin for VolumeRestrictions {
-    fn filter(&self, _state: &CycleState, pod: &Pod, node: &NodeInfo) -> Status {
-        if satisfies_volume_conflicts(pod, node) {
-            Status::success()
-        } else {
-            Status::unschedulable(ERR_REASON_DISK_CONFLICT)
+    fn filter(&self, state: &CycleState, pod: &Pod, node: &NodeInfo) -> Status {
+        if !satisfies_volume_conflicts(pod, node) {
+            return Status::unschedulable(ERR_REASON_DISK_CONFLICT);
         }
+        if state
+            .read::<PreFilterState>(STATE_KEY)
+            .is_some_and(|s| s.conflicting > 0)
+        {
+            return Status::unschedulable(ERR_REASON_RWOP_CONFLICT);
+        }
+        Status::success()
     }
 }
 
@@ -241,15 +347,72 @@ mod tests {
                 .map(|(i, v)| with_volumes(&format!("e{i}"), v))
                 .collect();
             let snap = snapshot(vec![node_info(node("n", json!({})), existing)]);
-            let (_, pre) = VolumeRestrictions.pre_filter(&mut CycleState::new(), &p, &snap);
+            let pl = VolumeRestrictions::default();
+            let (_, pre) = pl.pre_filter(&mut CycleState::new(), &p, &snap);
             match want {
                 None => assert!(pre.is_skip(), "{name}: PreFilter {pre}"),
                 Some(want) => {
                     assert!(pre.is_success(), "{name}: PreFilter {pre}");
-                    let got = run_filter(Some(&VolumeRestrictions), &VolumeRestrictions, &p, &snap);
+                    let got = run_filter(Some(&pl), &pl, &p, &snap);
                     assert_eq!(got, vec![want], "{name}");
                 }
             }
         }
+    }
+
+    /// Upstream's ReadWriteOncePod cases: a claim in use by a Pod on any node rejects the Pod on
+    /// every node; unused, or without the mode, it does not; a missing claim is unresolvable.
+    #[test]
+    fn read_write_once_pod_claims() {
+        let claim = |name: &str, mode: &str| {
+            Arc::new(
+                serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"},
+                    "spec": {"accessModes": [mode]}}))
+                .unwrap(),
+            )
+        };
+        let pl = VolumeRestrictions::new(Arc::new(StaticObjects {
+            persistent_volume_claims: vec![
+                claim("rwop", "ReadWriteOncePod"),
+                claim("rwo", "ReadWriteOnce"),
+            ],
+            ..StaticObjects::default()
+        }));
+        let using = |name: &str, c: &str| {
+            let mut p = with_volumes(
+                name,
+                json!([{"name": "v", "persistentVolumeClaim": {"claimName": c}}]),
+            );
+            p.metadata.namespace = Some("default".into());
+            p
+        };
+        let conflict = || status(Code::Unschedulable, &[ERR_REASON_RWOP_CONFLICT]);
+        let snap = snapshot(vec![
+            node_info(
+                node("n1", json!({})),
+                vec![using("a", "rwop"), using("b", "rwo")],
+            ),
+            node_info(node("n2", json!({})), vec![]),
+        ]);
+        let p = using("p", "rwop");
+        let (_, pre) = pl.pre_filter(&mut CycleState::new(), &p, &snap);
+        assert!(pre.is_success(), "{pre}");
+        assert_eq!(
+            run_filter(Some(&pl), &pl, &p, &snap),
+            vec![conflict(), conflict()]
+        );
+        let (_, pre) = pl.pre_filter(&mut CycleState::new(), &using("q", "rwo"), &snap);
+        assert!(pre.is_skip(), "a ReadWriteOnce claim in use: {pre}");
+        let empty = snapshot(vec![node_info(node("n2", json!({})), vec![])]);
+        let (_, pre) = pl.pre_filter(&mut CycleState::new(), &p, &empty);
+        assert!(pre.is_skip(), "an unused ReadWriteOncePod claim: {pre}");
+        let (_, pre) = pl.pre_filter(&mut CycleState::new(), &using("m", "missing"), &snap);
+        assert_eq!(
+            (pre.code, pre.reasons),
+            (
+                Code::UnschedulableAndUnresolvable,
+                vec!["persistentvolumeclaim \"missing\" not found".to_string()]
+            )
+        );
     }
 }
