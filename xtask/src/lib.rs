@@ -15,6 +15,7 @@ pub mod helm;
 pub mod images;
 pub mod k8s;
 pub mod kind;
+pub mod metrics_server;
 pub mod setup;
 pub mod test;
 pub mod vm;

@@ -24,6 +24,9 @@ pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// The issuer of service-account tokens.
 const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+/// The CN of kube-apiserver's front-proxy client certificate, the one name aggregated API servers
+/// accept the request headers from (kubeadm's).
+const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
 
 /// Which upstream components run beside etcd and kube-apiserver.
 #[derive(Debug, Clone)]
@@ -386,6 +389,24 @@ impl ControlPlane {
                 kubelet_client.key.display()
             ));
             args.push("--kubelet-preferred-address-types=InternalIP".into());
+            // The aggregation layer as kubeadm configures it (the front proxy's client
+            // certificate and the request headers an aggregated API server such as
+            // metrics-server trusts), here from the cluster CA restricted to that one name.
+            let front_proxy = self
+                .pki
+                .client("front-proxy-client", FRONT_PROXY_CLIENT, None)?;
+            args.extend([
+                format!("--proxy-client-cert-file={}", front_proxy.cert.display()),
+                format!("--proxy-client-key-file={}", front_proxy.key.display()),
+                format!("--requestheader-client-ca-file={}", pki.ca_cert.display()),
+                format!("--requestheader-allowed-names={FRONT_PROXY_CLIENT}"),
+                "--requestheader-username-headers=X-Remote-User".into(),
+                "--requestheader-group-headers=X-Remote-Group".into(),
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+                // The control plane runs beside the nodes, where no Service proxy runs: the
+                // aggregator dials an APIService's endpoints, not its ClusterIP.
+                "--enable-aggregator-routing=true".into(),
+            ]);
         } else {
             // The `kubernetes` Service's endpoint would be 127.0.0.1, which EndpointSlice
             // validation refuses; nothing on loopback-only control planes can use it anyway.

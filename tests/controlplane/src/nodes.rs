@@ -306,6 +306,15 @@ fn start_kubelet(cp: &mut ControlPlane, node: &Node) -> anyhow::Result<()> {
         .client(&stem, &format!("system:node:{name}"), Some("system:nodes"))?;
     let kubeconfig = dir.join("kubeconfig");
     crate::cluster::write_kubeconfig_file(&kubeconfig, &cp.network_server_url(), &cp.pki, &cert)?;
+    // A serving certificate from the cluster CA (as kubeadm's serverTLSBootstrap gets one signed),
+    // not the kubelet's self-signed default: clients given the CA (metrics-server's
+    // --kubelet-certificate-authority) verify the node by its name and addresses.
+    let mut serving_names = vec![name.clone()];
+    serving_names.extend(node.address.node_ips().split(',').map(str::to_string));
+    let serving_names: Vec<&str> = serving_names.iter().map(String::as_str).collect();
+    let serving = cp
+        .pki
+        .server(&format!("kubelet-serving-{name}"), &serving_names)?;
     let config = json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -315,6 +324,8 @@ fn start_kubelet(cp: &mut ControlPlane, node: &Node) -> anyhow::Result<()> {
             "x509": {"clientCAFile": cp.pki.ca_cert},
         },
         "authorization": {"mode": "Webhook"},
+        "tlsCertFile": serving.cert,
+        "tlsPrivateKeyFile": serving.key,
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": format!("/{name}"),
         "failCgroupV1": false,

@@ -129,8 +129,8 @@ impl Pki {
 }
 
 impl Pki {
-    /// A serving certificate for `names` (DNS names) signed by the CA, for a server a test runs
-    /// behind the API server (an aggregated API's backend).
+    /// A serving certificate for `names` (DNS names or IP addresses) signed by the CA, for a
+    /// server a test runs behind the API server (an aggregated API's backend) or a node's kubelet.
     pub fn server(&self, file_stem: &str, names: &[&str]) -> anyhow::Result<ClientCert> {
         let mut params =
             CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;

@@ -13,6 +13,7 @@
 
 pub mod e2e;
 pub mod helm;
+pub mod hpa_demo;
 pub mod nodes;
 pub mod smoke;
 pub mod switch;
@@ -65,6 +66,10 @@ pub enum ClusterCommand {
     /// helm upgrade to another backend with the kube-proxy ConfigMap, smoke, helm uninstall, and
     /// nothing left (in the API, and on the nodes after deploy/cleanup.yaml).
     Helm(helm::HelmArgs),
+    /// The HorizontalPodAutoscaler on real metrics (a cluster up with --metrics-server): a
+    /// resource-consumer Deployment under CPU load, then none; replicas over time and the HPA's
+    /// Events, whoever runs its controller.
+    HpaDemo(hpa_demo::HpaDemoArgs),
     /// List what every Service proxy left on each node (rules, eBPF pins, links) and check that
     /// only the running proxy's own state is there.
     Leftovers,
@@ -105,6 +110,11 @@ pub struct UpArgs {
     /// laid out as kind lays out a dual-stack cluster.
     #[arg(long, value_enum, default_value_t = crate::deploy::IpFamilies::Ipv4)]
     pub ip_family: crate::deploy::IpFamilies,
+    /// Deploy metrics-server (the pinned release, built here) on the real nodes, so the resource
+    /// metrics API (`kubectl top`, the HPA) has the kubelets' samples; needs --nodes (kwok nodes
+    /// have no kubelet: without it a cluster has no metrics.k8s.io and the HPA says so).
+    #[arg(long)]
+    pub metrics_server: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -124,6 +134,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Proxy(proxy_args) => switch::run(&cluster, proxy_args),
         ClusterCommand::Leftovers => switch::leftovers(&cluster),
         ClusterCommand::Smoke => smoke::run(&cluster),
+        ClusterCommand::HpaDemo(demo_args) => hpa_demo::run(&cluster, demo_args),
         ClusterCommand::Helm(helm_args) => helm::run(&cluster, helm_args),
         ClusterCommand::Matrix(matrix_args) => e2e::matrix(&args.name, matrix_args),
         ClusterCommand::E2e(e2e_args) => {
@@ -181,6 +192,12 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         bail!(
             "a cluster already runs in {} (or its processes do): `cargo xtask cluster down` first",
             cluster.dir.display()
+        );
+    }
+    if args.metrics_server && args.nodes == 0 {
+        bail!(
+            "--metrics-server needs real nodes (--nodes N): it scrapes the kubelets, and kwok \
+             nodes have none"
         );
     }
     crate::k8s::build()?;
@@ -283,6 +300,7 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         "nodes": args.nodes,
         "ip_family": ip_family_name(args.ip_family),
         "proxy": nodes::ProxyChoice::from_args(args).describe(),
+        "metrics_server": args.metrics_server,
     });
     fs::write(cluster.state_path(), serde_json::to_string_pretty(&state)?)?;
     println!(

@@ -81,16 +81,25 @@ impl ProxyChoice {
 pub struct RealNodes {
     network: ClusterNetwork,
     images: Vec<PathBuf>,
+    /// Deploy metrics-server once CoreDNS is ready (its image is among `images`).
+    metrics_server: bool,
 }
 
 /// Builds kpr's binaries (`--binaries`) and the images, and creates the cluster network.
 pub fn prepare(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<RealNodes> {
     crate::bench::build(args.binaries)?;
-    let images = build_images(args.binaries)?;
+    let mut images = build_images(args.binaries)?;
+    if args.metrics_server {
+        images.push(metrics_server_image()?);
+    }
     let dual = args.ip_family == IpFamilies::Dual;
     let network = ClusterNetwork::plan(&cluster.name, args.nodes, dual)?;
     network.create()?;
-    Ok(RealNodes { network, images })
+    Ok(RealNodes {
+        network,
+        images,
+        metrics_server: args.metrics_server,
+    })
 }
 
 impl RealNodes {
@@ -125,6 +134,9 @@ impl RealNodes {
         }
         rollout(cp, "deployment/coredns", Duration::from_secs(180))?;
         println!("[ok] CoreDNS ready");
+        if self.metrics_server {
+            crate::metrics_server::deploy(cp, self.network.nodes.len())?;
+        }
         Ok(())
     }
 }
@@ -317,6 +329,16 @@ pub fn build_images(binaries: crate::Profile) -> anyhow::Result<Vec<PathBuf>> {
         out.display()
     );
     Ok(archives)
+}
+
+/// metrics-server's image in `<target>/cluster-images` (built first if the pinned module changed).
+fn metrics_server_image() -> anyhow::Result<PathBuf> {
+    let binary = crate::metrics_server::build()?;
+    let image = crate::metrics_server::image(&binary, &crate::metrics_server::version()?);
+    let path = target_dir().join("cluster-images/metrics-server.tar");
+    images::write_archive_cached(&image, &path)
+        .with_context(|| format!("writing the metrics-server image to {}", path.display()))?;
+    Ok(path)
 }
 
 fn coredns_image(binary: &Path) -> images::Image {

@@ -1,9 +1,11 @@
 //! The scale subresource of any scalable resource (upstream's scale client over a RESTMapper):
-//! the target's `apiVersion` and `kind` are resolved to its resource through the API server's
-//! discovery of that group version (cached, so a sync costs no discovery), and its `/scale` is
-//! read and written. A kind the group version does not serve is upstream's error, `no matches
-//! for kind "K" in group "G"`; a target that does not exist or has no scale subresource is the
-//! API server's answer to the read.
+//! the target's group (from its `apiVersion`) and `kind` are resolved to its resource through the
+//! API server's discovery of that group, in any version it serves, the preferred one first, as
+//! upstream's `RESTMappings(groupKind)` does: the version the `apiVersion` names need not be served
+//! (upstream's e2e specs still write `apps/v1beta2`). Cached, so a sync costs no discovery; its
+//! `/scale` is read and written. A kind no version of the group serves is upstream's error, `no
+//! matches for kind "K" in group "G"`; a target that does not exist or has no scale subresource is
+//! the API server's answer to the read.
 //!
 //! Owns: this resolution and the two requests.
 
@@ -32,19 +34,13 @@ pub fn message(e: &kube::Error) -> String {
 }
 
 impl Resolver {
-    /// The resource of `kind` in `api_version`.
+    /// The resource of `kind` in the group `api_version` names.
     pub async fn resolve(
         &self,
         client: &Client,
         api_version: &str,
         kind: &str,
     ) -> Result<ApiResource, String> {
-        let key = (api_version.to_string(), kind.to_string());
-        if let Some((ar, at)) = self.cache.lock().expect("resolver lock").get(&key) {
-            if at.elapsed() < RESOLVED_TTL {
-                return Ok(ar.clone());
-            }
-        }
         let (group, version) = match api_version.split_once('/') {
             Some((g, v)) => (g, v),
             None => ("", api_version),
@@ -52,35 +48,78 @@ impl Resolver {
         if version.is_empty() || api_version.matches('/').count() > 1 {
             return Err(format!("unexpected GroupVersion string: {api_version}"));
         }
+        let key = (group.to_string(), kind.to_string());
+        if let Some((ar, at)) = self.cache.lock().expect("resolver lock").get(&key) {
+            if at.elapsed() < RESOLVED_TTL {
+                return Ok(ar.clone());
+            }
+        }
         let no_match = || format!("no matches for kind {kind:?} in group {group:?}");
-        let listed = if group.is_empty() {
-            client.list_core_api_resources(version).await
+        let versions = if group.is_empty() {
+            vec!["v1".to_string()]
         } else {
-            client.list_api_group_resources(api_version).await
+            let groups = client.list_api_groups().await.map_err(|e| message(&e))?;
+            let Some(served) = groups.groups.into_iter().find(|g| g.name == group) else {
+                return Err(no_match());
+            };
+            served_versions(
+                served.preferred_version.map(|v| v.version),
+                served.versions.into_iter().map(|v| v.version),
+            )
         };
-        let list: APIResourceList = match listed {
-            Ok(list) => list,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Err(no_match()),
-            Err(e) => return Err(message(&e)),
-        };
-        let found = list
-            .resources
-            .iter()
-            .find(|r| r.kind == kind && !r.name.contains('/'))
-            .ok_or_else(no_match)?;
-        let ar = ApiResource {
-            group: group.to_string(),
-            version: version.to_string(),
-            api_version: api_version.to_string(),
-            kind: kind.to_string(),
-            plural: found.name.clone(),
-        };
-        self.cache
-            .lock()
-            .expect("resolver lock")
-            .insert(key, (ar.clone(), Instant::now()));
-        Ok(ar)
+        for version in versions {
+            let group_version = if group.is_empty() {
+                version.clone()
+            } else {
+                format!("{group}/{version}")
+            };
+            let listed = if group.is_empty() {
+                client.list_core_api_resources(&version).await
+            } else {
+                client.list_api_group_resources(&group_version).await
+            };
+            let list: APIResourceList = match listed {
+                Ok(list) => list,
+                Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                Err(e) => return Err(message(&e)),
+            };
+            let Some(found) = list
+                .resources
+                .iter()
+                .find(|r| r.kind == kind && !r.name.contains('/'))
+            else {
+                continue;
+            };
+            let ar = ApiResource {
+                group: group.to_string(),
+                version,
+                api_version: group_version,
+                kind: kind.to_string(),
+                plural: found.name.clone(),
+            };
+            self.cache
+                .lock()
+                .expect("resolver lock")
+                .insert(key, (ar.clone(), Instant::now()));
+            return Ok(ar);
+        }
+        Err(no_match())
     }
+}
+
+/// The versions to look a kind up in: the preferred one first, then the others in the order the
+/// API server lists them (upstream's RESTMapper's priority).
+fn served_versions(
+    preferred: Option<String>,
+    listed: impl IntoIterator<Item = String>,
+) -> Vec<String> {
+    let mut versions: Vec<String> = preferred.into_iter().collect();
+    for version in listed {
+        if !versions.contains(&version) {
+            versions.push(version);
+        }
+    }
+    versions
 }
 
 /// Reads the scale of `name`.
@@ -105,4 +144,19 @@ pub async fn update(
     let name = scale.metadata.name.clone().unwrap_or_default();
     api.replace_scale(&name, &PostParams::default(), scale)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preferred_version_is_tried_first_then_the_listed_order() {
+        let listed = ["v1beta1", "v1", "v2"].map(String::from);
+        assert_eq!(
+            served_versions(Some("v1".into()), listed.clone()),
+            ["v1", "v1beta1", "v2"]
+        );
+        assert_eq!(served_versions(None, listed), ["v1beta1", "v1", "v2"]);
+    }
 }
