@@ -514,6 +514,35 @@ fn sessions(plan: &Plan) -> Vec<Vec<Workload>> {
         .collect()
 }
 
+/// A workload that has a control plane of its own ([`Workload::own_control_plane`]) under
+/// `manager`: its row, with the error in it when it failed.
+fn own_session(
+    rt: &tokio::runtime::Runtime,
+    manager: Manager,
+    w: Workload,
+    z: Sizes,
+    files: Files<'_>,
+) -> AppsRun {
+    let mut run = AppsRun {
+        workload: w.tag().into(),
+        what: w.describe(&z, 1),
+        manager: manager.name().into(),
+        nodes: 1,
+        ..AppsRun::default()
+    };
+    println!("bench: apps, {}: {}", manager.name(), run.what);
+    let measured = match w {
+        Workload::PodGc => super::apps_podgc::measure(rt, manager, z, files, &mut run),
+        Workload::Quota => super::apps_quota::measure(rt, manager, z, files, &mut run),
+        Workload::Hpa => super::apps_hpa::measure(rt, manager, z, files, &mut run),
+        _ => Err(anyhow::anyhow!("{} shares its control plane", w.tag())),
+    };
+    if let Err(e) = measured {
+        run.error = Some(format!("{e:#}"));
+    }
+    run
+}
+
 /// One control plane and manager running `workloads` in turn; one row each.
 fn session(
     rt: &tokio::runtime::Runtime,
@@ -522,11 +551,10 @@ fn session(
     sizes: Sizes,
     files: Files<'_>,
 ) -> Vec<AppsRun> {
-    match workloads {
-        [Workload::PodGc] => return vec![super::apps_podgc::run(rt, manager, sizes, files)],
-        [Workload::Quota] => return vec![super::apps_quota::run(rt, manager, sizes, files)],
-        [Workload::Hpa] => return vec![super::apps_hpa::run(rt, manager, sizes, files)],
-        _ => {}
+    if let [w] = *workloads {
+        if w.own_control_plane() {
+            return vec![own_session(rt, manager, w, sizes, files)];
+        }
     }
     let nodes = workloads.iter().map(|w| w.nodes(&sizes)).max().unwrap_or(1);
     let mut runs: Vec<AppsRun> = workloads

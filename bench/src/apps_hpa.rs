@@ -38,7 +38,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 
-use super::apps_bench::{AppsRun, Phase, Sizes, Workload};
+use super::apps_bench::{AppsRun, Phase, Sizes};
 use super::workload_controllers::{
     self as wc, count_requests, cpu_seconds, guarded, vm_hwm_kib, Files, Manager, IMAGE,
     WRITE_CONCURRENCY,
@@ -54,32 +54,6 @@ pub const CPU_REQUEST_MILLI: u32 = 100;
 /// CPU initialisation period or initial readiness delay.
 const STARTED: &str = "2026-01-01T00:00:00Z";
 
-/// Runs the workload under `manager` on a control plane of its own: one row.
-pub(crate) fn run(
-    rt: &tokio::runtime::Runtime,
-    manager: Manager,
-    z: Sizes,
-    files: Files<'_>,
-) -> AppsRun {
-    let w = Workload::Hpa;
-    let mut run = AppsRun {
-        workload: w.tag().into(),
-        what: w.describe(&z, 1),
-        manager: manager.name().into(),
-        nodes: 1,
-        ..AppsRun::default()
-    };
-    println!(
-        "bench: apps, {}: hpa over {} autoscalers",
-        manager.name(),
-        z.hpa_autoscalers
-    );
-    if let Err(e) = measure(rt, manager, z, files, &mut run) {
-        run.error = Some(format!("{e:#}"));
-    }
-    run
-}
-
 fn deployment_name(i: usize) -> String {
     format!("d-{i:04}")
 }
@@ -88,7 +62,8 @@ fn pod_name(i: usize, r: i32) -> String {
     format!("{}-{r}", deployment_name(i))
 }
 
-fn measure(
+/// Measures the workload under `manager` on a control plane of its own into `run`.
+pub(crate) fn measure(
     rt: &tokio::runtime::Runtime,
     manager: Manager,
     z: Sizes,
@@ -165,7 +140,7 @@ fn measure(
         bail!(
             "{e:#}: {} of {n} autoscalers active; the manager's log: {}",
             *active.borrow(),
-            tail(&cp, manager)
+            wc::manager_log_tail(&cp, manager)
         );
     }
     run.ready_seconds = Some(clock.elapsed().as_secs_f64());
@@ -195,7 +170,7 @@ fn measure(
             bail!(
                 "{e:#}: Deployments by replicas {:?}, want {n} at {want}; the manager's log: {}",
                 *scales.borrow(),
-                tail(&cp, manager)
+                wc::manager_log_tail(&cp, manager)
             );
         }
         let seconds = clock.elapsed().as_secs_f64();
@@ -223,15 +198,6 @@ fn measure(
         Err(e) => run.error = Some(format!("counting requests: {e:#}")),
     }
     Ok(())
-}
-
-fn tail(cp: &controlplane::ControlPlane, manager: Manager) -> String {
-    let log = cp.log(manager.process());
-    format!(
-        "{}:\n{}",
-        log.display(),
-        controlplane::process::tail(&log, 20)
-    )
 }
 
 /// Every Pod of the `n` Deployments reports `cpu_milli`.

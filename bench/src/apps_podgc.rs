@@ -32,7 +32,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 
-use super::apps_bench::{AppsRun, Phase, Sizes, Workload};
+use super::apps_bench::{AppsRun, Phase, Sizes};
 use super::workload_controllers::{
     self as wc, count_requests, cpu_seconds, guarded, vm_hwm_kib, Files, Manager, IMAGE,
     WRITE_CONCURRENCY,
@@ -41,34 +41,8 @@ use super::workload_controllers::{
 /// The Node the terminated Pods are bound to; kwok does not manage it.
 pub const NODE: &str = "podgc-node";
 
-/// Runs the workload under `manager` on a control plane of its own: one row.
-pub(crate) fn run(
-    rt: &tokio::runtime::Runtime,
-    manager: Manager,
-    z: Sizes,
-    files: Files<'_>,
-) -> AppsRun {
-    let w = Workload::PodGc;
-    let mut run = AppsRun {
-        workload: w.tag().into(),
-        what: w.describe(&z, 1),
-        manager: manager.name().into(),
-        nodes: 1,
-        ..AppsRun::default()
-    };
-    println!(
-        "bench: apps, {}: podgc over {} terminated Pods, threshold {}",
-        manager.name(),
-        z.podgc_pods,
-        z.podgc_threshold
-    );
-    if let Err(e) = measure(rt, manager, z, files, &mut run) {
-        run.error = Some(format!("{e:#}"));
-    }
-    run
-}
-
-fn measure(
+/// Measures the workload under `manager` on a control plane of its own into `run`.
+pub(crate) fn measure(
     rt: &tokio::runtime::Runtime,
     manager: Manager,
     z: Sizes,
@@ -144,12 +118,10 @@ fn measure(
     };
     let timeout = Duration::from_secs(600 + n as u64 / 2);
     if let Err(e) = rt.block_on(guarded(&mut cp, timeout, wait)) {
-        let log = cp.log(manager.process());
         bail!(
-            "{e:#}: {} terminated Pods left, want {keep}; last lines of {}:\n{}",
+            "{e:#}: {} terminated Pods left, want {keep}; the manager's log: {}",
             *count.borrow(),
-            log.display(),
-            controlplane::process::tail(&log, 20)
+            wc::manager_log_tail(&cp, manager)
         );
     }
     let seconds = clock.elapsed().as_secs_f64();

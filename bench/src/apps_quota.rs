@@ -33,7 +33,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 
-use super::apps_bench::{AppsRun, Phase, Sizes, Workload};
+use super::apps_bench::{AppsRun, Phase, Sizes};
 use super::workload_controllers::{
     self as wc, count_requests, cpu_seconds, guarded, vm_hwm_kib, Files, Manager, IMAGE,
     WRITE_CONCURRENCY,
@@ -59,32 +59,6 @@ const QUOTAS: &[(&str, &[&str], Option<&str>)] = &[
     ("compute", &["requests.cpu", "requests.memory"], None),
     ("not-best-effort", &["pods"], Some("NotBestEffort")),
 ];
-
-/// Runs the workload under `manager` on a control plane of its own: one row.
-pub(crate) fn run(
-    rt: &tokio::runtime::Runtime,
-    manager: Manager,
-    z: Sizes,
-    files: Files<'_>,
-) -> AppsRun {
-    let w = Workload::Quota;
-    let mut run = AppsRun {
-        workload: w.tag().into(),
-        what: w.describe(&z, 1),
-        manager: manager.name().into(),
-        nodes: 1,
-        ..AppsRun::default()
-    };
-    println!(
-        "bench: apps, {}: quota over {} objects",
-        manager.name(),
-        z.quota_objects
-    );
-    if let Err(e) = measure(rt, manager, z, files, &mut run) {
-        run.error = Some(format!("{e:#}"));
-    }
-    run
-}
 
 /// One object of the namespace: which kind, its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +86,8 @@ fn object_name(i: usize) -> String {
     format!("o-{i:05}")
 }
 
-fn measure(
+/// Measures the workload under `manager` on a control plane of its own into `run`.
+pub(crate) fn measure(
     rt: &tokio::runtime::Runtime,
     manager: Manager,
     z: Sizes,
@@ -168,7 +143,7 @@ fn measure(
     if let Err(e) = rt.block_on(guarded(&mut cp, timeout, first)) {
         bail!(
             "{e:#}: want {expected:?}; the manager's log: {}",
-            tail(&cp, manager)
+            wc::manager_log_tail(&cp, manager)
         );
     }
     let seconds = clock.elapsed().as_secs_f64();
@@ -199,7 +174,7 @@ fn measure(
     if let Err(e) = rt.block_on(guarded(&mut cp, timeout, second)) {
         bail!(
             "{e:#}: want {after:?}; the manager's log: {}",
-            tail(&cp, manager)
+            wc::manager_log_tail(&cp, manager)
         );
     }
     let seconds = clock.elapsed().as_secs_f64();
@@ -245,15 +220,6 @@ async fn wait_usage(
             _ = report.tick() => println!("  {label}: waiting for {what}: {:?}", *seen.borrow()),
         }
     }
-}
-
-fn tail(cp: &controlplane::ControlPlane, manager: Manager) -> String {
-    let log = cp.log(manager.process());
-    format!(
-        "{}:\n{}",
-        log.display(),
-        controlplane::process::tail(&log, 20)
-    )
 }
 
 /// The Node (no kwok annotation) and the `n` objects of [`kind_of`].

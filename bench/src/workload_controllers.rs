@@ -687,6 +687,16 @@ pub(crate) fn start_manager(
     Ok((flags, pid))
 }
 
+/// The path and last 20 lines of `manager`'s log on `cp`, for an error message.
+pub(crate) fn manager_log_tail(cp: &ControlPlane, manager: Manager) -> String {
+    let log = cp.log(manager.process());
+    format!(
+        "{}:\n{}",
+        log.display(),
+        controlplane::process::tail(&log, 20)
+    )
+}
+
 /// kwok as `ControlPlane::start_kwok` runs it, plus `config` and warnings-only logs (at info it
 /// logs every lease renewal of every node), managing `nodes` nodes `kwok-node-<i>` created here
 /// like that function's (110 Pods each, no taints but the API server's not-ready one).

@@ -714,6 +714,28 @@ async fn more_rules(w: &World) {
 }
 
 /// Targets that do not exist or cannot scale, and no metrics at all.
+/// A target named in a version of its group the API server no longer serves (upstream's e2e
+/// specs write `apps/v1beta2`): the kind is found in a version that is served.
+async fn unserved_version(w: &World) {
+    w.deployment("old", 2).await;
+    for p in ["old-a", "old-b"] {
+        w.pod("old", p, true).await;
+        w.usage("old", p, Some(100));
+    }
+    w.hpa("old", ("apps/v1beta2", "Deployment", "old"), json!(null))
+        .await;
+    let want = Want {
+        desired: 4,
+        current: 4,
+        utilization: Some(100),
+        able: SAME,
+        active: ACTIVE,
+        limited: IN_RANGE,
+    };
+    w.step("unserved version", "old", want, Some("old")).await;
+    w.event("old", "SuccessfulRescale").await;
+}
+
 async fn bad_input(w: &World) {
     let no_scale = Want {
         desired: 0,
@@ -815,6 +837,7 @@ async fn scenario(flavour: Flavour) -> Record {
         limits(&w),
         more_rules(&w),
         bad_input(&w),
+        unserved_version(&w),
     );
 
     let events = hpa_events(&w.api::<Event>()).await.unwrap();
