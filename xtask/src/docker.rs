@@ -80,13 +80,17 @@ impl Engine {
     /// `docker --host <socket> ...`, with Debian's client of the same release (another `docker`
     /// may come first on PATH).
     pub fn docker(&self) -> Cmd {
-        let client = Path::new(DEBIAN_CLIENT);
-        let client = if client.is_file() {
-            client.to_path_buf()
-        } else {
-            PathBuf::from("docker")
-        };
-        Cmd::new(client).arg("--host").arg(self.host())
+        Cmd::new(client()).arg("--host").arg(self.host())
+    }
+}
+
+/// Debian's docker client if installed, else `docker` from PATH.
+pub fn client() -> PathBuf {
+    let client = Path::new(DEBIAN_CLIENT);
+    if client.is_file() {
+        client.to_path_buf()
+    } else {
+        PathBuf::from("docker")
     }
 }
 
@@ -225,6 +229,14 @@ fn cgroup_mounts(mountinfo: &str) -> String {
 
 /// dockerd when this process started it: [`down`] reaps it (this machine's init may not).
 static STARTED: std::sync::Mutex<Option<std::process::Child>> = std::sync::Mutex::new(None);
+
+/// The engine, if it runs.
+pub fn running() -> Option<Engine> {
+    running_pid().map(|pid| Engine {
+        pid,
+        socket: socket(),
+    })
+}
 
 /// dockerd's pid from its pid file, if that process runs.
 fn running_pid() -> Option<u32> {
@@ -375,7 +387,7 @@ pub fn smoke() -> anyhow::Result<()> {
 }
 
 /// Fails with the lines that differ between two [`host_network_state`]s.
-fn compare(before: &str, now: &str, when: &str) -> anyhow::Result<()> {
+pub fn compare(before: &str, now: &str, when: &str) -> anyhow::Result<()> {
     if before != now {
         bail!(
             "the machine's network state changed ({when}):\n{}",

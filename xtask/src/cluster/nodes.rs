@@ -319,7 +319,7 @@ pub fn build_images(binaries: crate::Profile) -> anyhow::Result<Vec<PathBuf>> {
     Ok(archives)
 }
 
-fn coredns_image(binary: &Path) -> images::Image {
+pub(crate) fn coredns_image(binary: &Path) -> images::Image {
     images::Image {
         name: "registry.k8s.io/coredns/coredns:v1.12.1".into(),
         entrypoint: vec!["/coredns".into()],
