@@ -159,6 +159,22 @@ fn run_local(args: &KindArgs) -> anyhow::Result<()> {
     result
 }
 
+/// Where the cgroup2 hierarchy is mounted on a machine with hybrid cgroups.
+const HYBRID_CGROUP2: &str = "/sys/fs/cgroup/unified";
+
+/// Whether this machine mounts cgroup2 at [`HYBRID_CGROUP2`] (its kind nodes then do too).
+fn hybrid_cgroups() -> bool {
+    fs::read_to_string("/proc/self/mountinfo").is_ok_and(|text| {
+        text.lines().any(|line| {
+            line.split(' ').nth(4) == Some(HYBRID_CGROUP2)
+                && line
+                    .split(" - ")
+                    .nth(1)
+                    .is_some_and(|r| r.starts_with("cgroup2 "))
+        })
+    })
+}
+
 /// `<target>/kind`.
 fn local_dir() -> PathBuf {
     target_dir().join("kind")
@@ -402,7 +418,12 @@ impl Kind {
             deploy::CONTROLLER_MANIFEST,
             deploy::SMOKE_MANIFEST,
         ] {
-            let text = deploy::render_file(file, &self.render)?;
+            let mut text = deploy::render_file(file, &self.render)?;
+            // The nodes share this machine's cgroup layout: on hybrid cgroups (v1 controllers,
+            // cgroup2 under unified/) the agent's cgroup v2 root is there.
+            if self.local.is_some() && file == deploy::AGENT_MANIFEST && hybrid_cgroups() {
+                text = deploy::with_cgroup_root(&text, HYBRID_CGROUP2)?;
+            }
             let path = dir.join(file);
             fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
             println!("rendered {}", path.display());

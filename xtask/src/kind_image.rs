@@ -129,10 +129,21 @@ pub fn node_image(engine: &Engine) -> anyhow::Result<String> {
         &name,
         &[
             "ENV container=docker",
-            "STOPSIGNAL SIGRTMIN+3",
             r#"ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]"#,
         ],
     )?;
+    // systemd stops on SIGRTMIN+3 (SIGTERM re-executes it); `docker import` takes no STOPSIGNAL,
+    // a build without a RUN step does (and needs no network).
+    Cmd::new("bash")
+        .args([
+            "-c",
+            r#"set -euo pipefail; printf 'FROM %s\nSTOPSIGNAL SIGRTMIN+3\n' "$1" | "$2" --host "$3" build -q -t "$1" -"#,
+            "stopsignal",
+            &name,
+        ])
+        .arg(crate::docker::client())
+        .arg(engine.host())
+        .run()?;
     fs::write(&stamp_path, stamp)?;
     println!(
         "[ok] {name} built in {:.0} s",
@@ -477,9 +488,15 @@ ExecStart=/kind/bin/import-images.sh
 WantedBy=multi-user.target
 ";
 
+/// The kubelet starts once the images are in, and with /sys/fs/cgroup a shared mount: the
+/// entrypoint makes it private on a cgroup v1 host, and a pod mounting it (or the cgroup2
+/// hierarchy under it) with HostToContainer propagation, as kpr's agent does, fails then.
 const KUBELET_AFTER_IMPORT: &str = "[Unit]
 After=kind-import-images.service
 Wants=kind-import-images.service
+
+[Service]
+ExecStartPre=/bin/mount --make-rshared /sys/fs/cgroup
 ";
 
 /// Lays kind's images/base files, the binaries and the manifests into the node root filesystem
@@ -518,6 +535,10 @@ fn node_files(rootfs: &Path) -> anyhow::Result<()> {
         .map(|l| {
             if l.trim_start().starts_with("sandbox_image") {
                 format!("  sandbox_image = \"{pause}\"")
+            } else if l.trim_start().starts_with("restrict_oom_score_adj") {
+                // These machines lack CAP_SYS_RESOURCE: lowering a process's oom_score_adj below
+                // containerd's own (static pods ask -998) fails, and with it the pod's runc.
+                "  restrict_oom_score_adj = true".to_string()
             } else {
                 l.to_string()
             }

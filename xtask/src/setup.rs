@@ -80,6 +80,7 @@ pub fn run_with(args: &SetupArgs) -> anyhow::Result<()> {
     }
     if args.docker || args.kind {
         docker_engine()?;
+        debian_package("jq", "the engine's runtime wrapper edits OCI specs with it")?;
     }
     if args.kind {
         debian_package(
