@@ -467,12 +467,53 @@ impl Kind {
         self.kubectl()
             .args(["rollout", "status", &deployment, TIMEOUT])
             .args(ns)
+            .run()?;
+        if self.local.is_some() {
+            // CoreDNS started before any Service proxy ran: seen here (2026-12-02), its pods kept
+            // failing to list from 10.96.0.1 (i/o timeout) after kpr served it, while a new
+            // connection from their network namespace got through; new pods are ready at once.
+            self.kubectl()
+                .args([
+                    "rollout",
+                    "restart",
+                    "deployment/coredns",
+                    "-n",
+                    "kube-system",
+                ])
+                .run()?;
+            self.kubectl()
+                .args([
+                    "rollout",
+                    "status",
+                    "deployment/coredns",
+                    "-n",
+                    "kube-system",
+                ])
+                .arg(TIMEOUT)
+                .run()?;
+        }
+        Ok(())
+    }
+
+    /// `--local`: the smoke test's image (agnhost), made by [`crate::images`] from the reference
+    /// build, loaded into the nodes (the node image carries only what kubeadm and kind deploy).
+    fn load_smoke_image(&self) -> anyhow::Result<()> {
+        let image = crate::images::agnhost(&crate::k8s::bin_dir().join("agnhost"))?;
+        let archive = local_dir().join("agnhost.tar");
+        crate::images::write_archive_cached(&image, &archive)?;
+        self.cmd("kind")
+            .args(["load", "image-archive"])
+            .arg(&archive)
+            .args(["--name", &self.render.cluster])
             .run()
     }
 
     fn smoke_test(&self, dir: &Path) -> anyhow::Result<()> {
         step("smoke test: ClusterIP from a pod, ClusterIP and NodePort from a node (and over IPv6 on a dual-stack cluster)");
         let ns = ["-n", deploy::SMOKE_NAMESPACE];
+        if self.local.is_some() {
+            self.load_smoke_image()?;
+        }
         self.kubectl()
             .args(["apply", "-f"])
             .arg(dir.join(deploy::SMOKE_MANIFEST))
