@@ -44,6 +44,7 @@ pub fn run_with(profile: Profile, args: &[OsString]) -> anyhow::Result<()> {
         k8s: true,
         helm: false,
         docker: false,
+        kind: false,
     })?;
     build(profile)?;
     let dir = profile.dir();

@@ -80,13 +80,17 @@ impl Engine {
     /// `docker --host <socket> ...`, with Debian's client of the same release (another `docker`
     /// may come first on PATH).
     pub fn docker(&self) -> Cmd {
-        let client = Path::new(DEBIAN_CLIENT);
-        let client = if client.is_file() {
-            client.to_path_buf()
-        } else {
-            PathBuf::from("docker")
-        };
-        Cmd::new(client).arg("--host").arg(self.host())
+        Cmd::new(client()).arg("--host").arg(self.host())
+    }
+}
+
+/// Debian's docker client if installed, else `docker` from PATH.
+pub fn client() -> PathBuf {
+    let client = Path::new(DEBIAN_CLIENT);
+    if client.is_file() {
+        client.to_path_buf()
+    } else {
+        PathBuf::from("docker")
     }
 }
 
@@ -120,7 +124,15 @@ pub fn up() -> anyhow::Result<Engine> {
     // Its own configuration file: /etc/docker/daemon.json, if the machine has one, is not read.
     // The daemon's identity key would go to /etc/docker/key.json (dockerd 20.10's default).
     let config = dir.join("daemon.json");
-    let settings = serde_json::json!({ "deprecated-key-path": dir.join("key.json") });
+    let runtime = dir.join(BOUNDED_RUNC);
+    fs::write(&runtime, BOUNDED_RUNC_SCRIPT)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(&runtime, fs::Permissions::from_mode(0o755))?;
+    let settings = serde_json::json!({
+        "deprecated-key-path": dir.join("key.json"),
+        "runtimes": { BOUNDED_RUNC: { "path": runtime } },
+        "default-runtime": BOUNDED_RUNC,
+    });
     fs::write(&config, format!("{settings}\n"))?;
     if !Path::new("/run/netns").join(NETNS).exists() {
         Cmd::new("ip").args(["netns", "add", NETNS]).run()?;
@@ -185,6 +197,60 @@ pub fn up() -> anyhow::Result<Engine> {
     Ok(engine)
 }
 
+/// The runtime dockerd runs containers with: runc, given an OCI spec whose capabilities are those
+/// of this machine's bounding set. dockerd 20.10 gives a `--privileged` container (every kind node
+/// is one) every capability it knows, and runc fails (`unable to apply caps: operation not
+/// permitted`) where the machine itself lacks one (these machines have no CAP_SYS_RESOURCE); and
+/// it knows none of CAP_PERFMON, CAP_BPF, CAP_CHECKPOINT_RESTORE, which pods in a node ask for.
+const BOUNDED_RUNC: &str = "runc-bounded";
+const BOUNDED_RUNC_SCRIPT: &str = r#"#!/bin/bash
+# runc, with the capabilities of the container's spec (`create --bundle DIR`) or of the process
+# (`exec --process FILE`) cut to this process's bounding set (xtask/src/docker.rs).
+set -euo pipefail
+spec=
+filter=
+prev=
+for arg in "$@"; do
+  case "$prev" in
+    --bundle | -b) spec="$arg/config.json" filter=.process.capabilities ;;
+    --process | -p) spec="$arg" filter=.capabilities ;;
+  esac
+  case "$arg" in
+    --bundle=*) spec="${arg#--bundle=}/config.json" filter=.process.capabilities ;;
+    --process=*) spec="${arg#--process=}" filter=.capabilities ;;
+  esac
+  prev="$arg"
+done
+if [ -n "$spec" ] && [ -f "$spec" ]; then
+  bnd=$((16#$(awk '/^CapBnd:/ {print $2}' /proc/self/status)))
+  names=(CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP
+    LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER
+    SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE
+    SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP
+    MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF
+    CHECKPOINT_RESTORE)
+  have=()
+  missing=()
+  for i in "${!names[@]}"; do
+    if (( (bnd >> i & 1) == 0 )); then
+      missing+=("\"CAP_${names[$i]}\"")
+    else
+      have+=("\"CAP_${names[$i]}\"")
+    fi
+  done
+  # A privileged container's set (every capability dockerd knows, 37 or more) becomes every one
+  # this machine has: dockerd 20.10 does not know CAP_PERFMON, CAP_BPF, CAP_CHECKPOINT_RESTORE,
+  # which the pods inside a kind node ask for. Any other set loses what the machine lacks.
+  drop="[$(IFS=,; echo "${missing[*]}")]"
+  all="[$(IFS=,; echo "${have[*]}")]"
+  jq --argjson drop "$drop" --argjson all "$all" \
+    "if $filter then $filter |= with_entries(.value = (if (.value | length) >= 37 then \$all else .value - \$drop end)) else . end" \
+    "$spec" >"$spec.bounded"
+  mv "$spec.bounded" "$spec"
+fi
+exec runc "$@"
+"#;
+
 /// Shell commands that mount, under /sys/fs/cgroup, what this machine has mounted there (the
 /// tmpfs holding cgroup v1 hierarchies, each hierarchy with its controllers, the cgroup2 one), in
 /// `/proc/self/mountinfo` order (parents first).
@@ -225,6 +291,14 @@ fn cgroup_mounts(mountinfo: &str) -> String {
 
 /// dockerd when this process started it: [`down`] reaps it (this machine's init may not).
 static STARTED: std::sync::Mutex<Option<std::process::Child>> = std::sync::Mutex::new(None);
+
+/// The engine, if it runs.
+pub fn running() -> Option<Engine> {
+    running_pid().map(|pid| Engine {
+        pid,
+        socket: socket(),
+    })
+}
 
 /// dockerd's pid from its pid file, if that process runs.
 fn running_pid() -> Option<u32> {
@@ -375,7 +449,7 @@ pub fn smoke() -> anyhow::Result<()> {
 }
 
 /// Fails with the lines that differ between two [`host_network_state`]s.
-fn compare(before: &str, now: &str, when: &str) -> anyhow::Result<()> {
+pub fn compare(before: &str, now: &str, when: &str) -> anyhow::Result<()> {
     if before != now {
         bail!(
             "the machine's network state changed ({when}):\n{}",

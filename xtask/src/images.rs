@@ -153,7 +153,7 @@ pub(crate) const PASSWD: &str =
 pub(crate) const GROUP: &str = "root:x:0:\nnobody:x:65534:\n";
 
 /// The tag of upstream's pause image, which this one stands in for (build/pause/Makefile's TAG).
-const PAUSE_TAG: &str = "3.10.1";
+pub(crate) const PAUSE_TAG: &str = "3.10.1";
 
 /// Where [`build_pause`] puts the pause binary: `<target>/k8s/bin/pause`.
 pub fn pause_binary() -> PathBuf {
@@ -188,10 +188,17 @@ pub fn build_pause(out: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("moving {} to {}", partial.display(), out.display()))
 }
 
-/// The pinned `k8s.io/kubernetes` module in Go's module cache (GOMODCACHE, else GOPATH's or
-/// `~/go`'s `pkg/mod`, Go's own defaults).
+/// The pinned `k8s.io/kubernetes` module in Go's module cache.
 pub(crate) fn kubernetes_source() -> anyhow::Result<PathBuf> {
-    let cache = match env::var_os("GOMODCACHE").filter(|v| !v.is_empty()) {
+    Ok(go_mod_cache()?.join(format!(
+        "k8s.io/kubernetes@{}",
+        crate::k8s::kubernetes_version()?
+    )))
+}
+
+/// Go's module cache: GOMODCACHE, else GOPATH's or `~/go`'s `pkg/mod` (Go's own defaults).
+pub(crate) fn go_mod_cache() -> anyhow::Result<PathBuf> {
+    Ok(match env::var_os("GOMODCACHE").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => {
             let gopath = env::var_os("GOPATH")
@@ -200,11 +207,7 @@ pub(crate) fn kubernetes_source() -> anyhow::Result<PathBuf> {
                 .context("neither GOMODCACHE, GOPATH nor HOME is set")?;
             gopath.join("pkg/mod")
         }
-    };
-    Ok(cache.join(format!(
-        "k8s.io/kubernetes@{}",
-        crate::k8s::kubernetes_version()?
-    )))
+    })
 }
 
 /// `registry.k8s.io/pause:3.10.1`: the sandbox every Pod's containers join.

@@ -148,7 +148,7 @@ fn go_compile(
 
 /// The version strings the Kubernetes build scripts stamp in (`kubectl version` refuses the
 /// `v0.0.0-master` default).
-fn version_ldflags(version: &str) -> anyhow::Result<String> {
+pub(crate) fn version_ldflags(version: &str) -> anyhow::Result<String> {
     let (major, minor) = version
         .trim_start_matches('v')
         .split_once('.')

@@ -3,17 +3,28 @@
 //! controller-manager, waits for them, and runs a smoke test (echo servers behind a ClusterIP and a
 //! NodePort Service, reached from a pod and from a node). `--down` deletes the cluster; `--dry-run`
 //! prints every step and the rendered manifests without Docker.
+//!
+//! `--local` runs it where no registry can be reached and no Docker engine runs (this project's
+//! machines): the engine of `cargo xtask docker` in its own network namespace (kind's network,
+//! its published ports and everything the nodes do stay there; kubectl runs in that namespace),
+//! kind from `<target>/kind/bin`, the node image and the runtime base built here
+//! ([`crate::kind_image`]), kpr's image from binaries built on the host
+//! (deploy/Dockerfile.prebuilt). Its kubeconfig is `<target>/kind/kubeconfig`. `--local --down`
+//! also stops the engine and checks the machine's network state is what it was before `up`.
 
+use std::cell::RefCell;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use clap::Args;
 
 use crate::deploy::{self, IpFamilies, Render};
+use crate::docker::{self, Engine};
 use crate::exec::Cmd;
 use crate::setup::find_on_path;
-use crate::{target_dir, workspace_root};
+use crate::{kind_image, kind_tools, target_dir, workspace_root, Profile};
 
 #[derive(Debug, Clone, Args)]
 pub struct KindArgs {
@@ -34,6 +45,13 @@ pub struct KindArgs {
     /// backend that serves IPv6: nftables or iptables).
     #[arg(long, value_enum, default_value_t = IpFamilies::Ipv4)]
     pub ip_family: IpFamilies,
+    /// Build everything here and run on the engine of `cargo xtask docker` (see the module doc);
+    /// `cargo xtask setup --kind` installs what it needs.
+    #[arg(long)]
+    pub local: bool,
+    /// With --local: which cargo build of kpr's binaries the image carries.
+    #[arg(long, value_enum, default_value_t = Profile::Release)]
+    pub binaries: Profile,
 }
 
 /// How many requests each smoke check sends.
@@ -41,27 +59,130 @@ pub(crate) const SMOKE_REQUESTS: usize = 6;
 const TIMEOUT: &str = "--timeout=300s";
 
 pub fn run(args: &KindArgs) -> anyhow::Result<()> {
+    if args.local && !args.dry_run {
+        return run_local(args);
+    }
     check_tools(args.dry_run)?;
-    let kind = Kind::new(args);
+    let kind = Kind::new(args, None);
     if args.down {
         return kind
             .cmd("kind")
             .args(["delete", "cluster", "--name", &args.cluster])
             .run();
     }
-    let existed = kind.create_cluster()?;
-    kind.build_and_load_image()?;
+    up(&kind)
+}
+
+fn up(kind: &Kind) -> anyhow::Result<()> {
+    let existed = kind.timed("create the cluster", || kind.create_cluster())?;
+    kind.timed("build and load the image", || kind.build_and_load_image())?;
     let dir = kind.render_manifests()?;
-    kind.deploy(&dir, existed)?;
-    kind.smoke_test(&dir)?;
+    kind.timed("deploy", || kind.deploy(&dir, existed))?;
+    kind.timed("smoke test", || kind.smoke_test(&dir))?;
+    kind.print_times();
+    let kubectl = match &kind.local {
+        Some(_) => format!(
+            "KUBECONFIG={} ip netns exec {} kubectl",
+            local_kubeconfig().display(),
+            docker::NETNS
+        ),
+        None => "kubectl".to_string(),
+    };
     println!(
-        "\nkpr ({}) runs on kind cluster {:?}: kubectl --context {} -n {} get pods",
-        args.backend,
-        args.cluster,
+        "\nkpr ({}) runs on kind cluster {:?}: {kubectl} --context {} -n {} get pods",
+        kind.render.backend,
+        kind.render.cluster,
         kind.context,
         deploy::SYSTEM_NAMESPACE
     );
     Ok(())
+}
+
+/// `--local`: see the module doc.
+fn run_local(args: &KindArgs) -> anyhow::Result<()> {
+    let before = local_dir().join("host-network.before");
+    if args.down {
+        let kind = Kind::new(args, docker::running());
+        if kind.local.is_some() {
+            kind.cmd("kind")
+                .args(["delete", "cluster", "--name", &args.cluster])
+                .run()?;
+        }
+        docker::down()?;
+        let _ = fs::remove_file(local_kubeconfig());
+        return match fs::read_to_string(&before) {
+            Ok(saved) => {
+                docker::compare(&saved, &docker::host_network_state()?, "after --down")?;
+                fs::remove_file(&before)?;
+                Ok(())
+            }
+            Err(_) => {
+                println!("(no network state saved by `up` to compare with)");
+                Ok(())
+            }
+        };
+    }
+    let started = Instant::now();
+    for (what, path) in [
+        ("kind", kind_tools::kind_binary()),
+        ("kubeadm", kind_tools::bin_dir().join("kubeadm")),
+        ("kubectl", crate::k8s::bin_dir().join("kubectl")),
+        ("kubelet", crate::k8s::bin_dir().join("kubelet")),
+    ] {
+        ensure!(
+            path.is_file(),
+            "{what} is missing ({}): `cargo xtask setup --k8s --kind` builds it",
+            path.display()
+        );
+    }
+    fs::create_dir_all(local_dir())?;
+    if docker::running().is_none() {
+        fs::write(&before, docker::host_network_state()?)?;
+    }
+    let engine = docker::up()?;
+    let kind = Kind::new(args, Some(engine));
+    let engine = kind.local.as_ref().expect("local");
+    let node_image = kind.timed("build the node image", || kind_image::node_image(engine))?;
+    kind.timed("import the runtime base", || {
+        kind_image::runtime_base(engine)
+    })?;
+    let kind = Kind {
+        node_image: Some(node_image),
+        ..kind
+    };
+    let result = up(&kind);
+    println!(
+        "cargo xtask kind --local: {:.0} s in all; `cargo xtask kind --local --down` deletes the \
+         cluster and stops the engine",
+        started.elapsed().as_secs_f64()
+    );
+    result
+}
+
+/// Where the cgroup2 hierarchy is mounted on a machine with hybrid cgroups.
+const HYBRID_CGROUP2: &str = "/sys/fs/cgroup/unified";
+
+/// Whether this machine mounts cgroup2 at [`HYBRID_CGROUP2`] (its kind nodes then do too).
+fn hybrid_cgroups() -> bool {
+    fs::read_to_string("/proc/self/mountinfo").is_ok_and(|text| {
+        text.lines().any(|line| {
+            line.split(' ').nth(4) == Some(HYBRID_CGROUP2)
+                && line
+                    .split(" - ")
+                    .nth(1)
+                    .is_some_and(|r| r.starts_with("cgroup2 "))
+        })
+    })
+}
+
+/// `<target>/kind`.
+fn local_dir() -> PathBuf {
+    target_dir().join("kind")
+}
+
+/// The kubeconfig kind writes with `--local` (never the user's `~/.kube/config`).
+pub fn local_kubeconfig() -> PathBuf {
+    local_dir().join("kubeconfig")
 }
 
 /// docker, kind and kubectl on PATH; says which are missing and where to get them.
@@ -107,10 +228,16 @@ struct Kind {
     context: String,
     dry_run: bool,
     root: PathBuf,
+    /// `--local`: the engine everything runs on.
+    local: Option<Engine>,
+    /// `--local`: the node image built here.
+    node_image: Option<String>,
+    binaries: Profile,
+    times: RefCell<Vec<(String, Duration)>>,
 }
 
 impl Kind {
-    fn new(args: &KindArgs) -> Self {
+    fn new(args: &KindArgs, local: Option<Engine>) -> Self {
         Kind {
             render: Render {
                 backend: args.backend.clone(),
@@ -120,15 +247,67 @@ impl Kind {
             context: format!("kind-{}", args.cluster),
             dry_run: args.dry_run,
             root: workspace_root(),
+            local,
+            node_image: None,
+            binaries: args.binaries,
+            times: RefCell::new(Vec::new()),
         }
     }
 
+    /// `program`; with `--local`, kind and docker talk to the local engine (kind finds Debian's
+    /// client of the engine's release first on PATH) and kubectl runs in its network namespace.
     fn cmd(&self, program: &str) -> Cmd {
-        Cmd::new(program).dry_run(self.dry_run)
+        let Some(engine) = &self.local else {
+            return Cmd::new(program).dry_run(self.dry_run);
+        };
+        match program {
+            "docker" => engine.docker(),
+            "kubectl" => Cmd::new("ip")
+                .args(["netns", "exec", docker::NETNS])
+                .arg(crate::k8s::bin_dir().join("kubectl"))
+                .env("KUBECONFIG", local_kubeconfig()),
+            "kind" => {
+                let path = local_dir().join("path");
+                let _ = fs::create_dir_all(&path);
+                let link = path.join("docker");
+                if fs::read_link(&link).ok() != Some(docker::client()) {
+                    let _ = fs::remove_file(&link);
+                    let _ = std::os::unix::fs::symlink(docker::client(), &link);
+                }
+                let search = std::env::var_os("PATH").unwrap_or_default();
+                let mut dirs = vec![path];
+                dirs.extend(std::env::split_paths(&search));
+                Cmd::new(kind_tools::kind_binary())
+                    .env("DOCKER_HOST", engine.host())
+                    .env("KUBECONFIG", local_kubeconfig())
+                    .env(
+                        "PATH",
+                        std::env::join_paths(dirs).unwrap_or_else(|_| search.clone()),
+                    )
+            }
+            other => Cmd::new(other),
+        }
     }
 
     fn kubectl(&self) -> Cmd {
         self.cmd("kubectl").args(["--context", &self.context])
+    }
+
+    /// Runs one step and keeps its time for [`Kind::print_times`].
+    fn timed<T>(&self, what: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+        let started = Instant::now();
+        let result = f();
+        let took = started.elapsed();
+        println!("[time] {what}: {:.0} s", took.as_secs_f64());
+        self.times.borrow_mut().push((what.to_string(), took));
+        result
+    }
+
+    fn print_times(&self) {
+        step("times");
+        for (what, took) in self.times.borrow().iter() {
+            println!("{what}: {:.0} s", took.as_secs_f64());
+        }
     }
 
     /// Creates the cluster unless it exists; returns whether it existed.
@@ -143,7 +322,8 @@ impl Kind {
             return Ok(true);
         }
         let config = deploy::deploy_dir().join(self.render.kind_config());
-        self.cmd("kind")
+        let mut create = self
+            .cmd("kind")
             .args([
                 "create",
                 "cluster",
@@ -151,19 +331,26 @@ impl Kind {
                 &self.render.cluster,
                 "--config",
             ])
-            .arg(&config)
-            .run()?;
+            .arg(&config);
+        if let Some(image) = &self.node_image {
+            create = create.args(["--image", image]);
+        }
+        create.run()?;
         Ok(false)
     }
 
     fn build_and_load_image(&self) -> anyhow::Result<()> {
         step("build the image and load it into the nodes");
-        let dockerfile = deploy::deploy_dir().join(deploy::DOCKERFILE);
-        self.cmd("docker")
-            .args(["build", "-t", deploy::IMAGE, "-f"])
-            .arg(&dockerfile)
-            .arg(&self.root)
-            .run()?;
+        if self.local.is_some() {
+            self.build_prebuilt_image()?;
+        } else {
+            let dockerfile = deploy::deploy_dir().join(deploy::DOCKERFILE);
+            self.cmd("docker")
+                .args(["build", "-t", deploy::IMAGE, "-f"])
+                .arg(&dockerfile)
+                .arg(&self.root)
+                .run()?;
+        }
         self.cmd("kind")
             .args([
                 "load",
@@ -173,6 +360,49 @@ impl Kind {
                 &self.render.cluster,
             ])
             .run()
+    }
+
+    /// `--local`: kpr's binaries built on the host (debug info stripped, as a shipped image
+    /// would be), then deploy/Dockerfile.prebuilt on [`kind_image::RUNTIME_BASE`].
+    fn build_prebuilt_image(&self) -> anyhow::Result<()> {
+        let mut build =
+            Cmd::new("cargo").args(["build", "-p", "proxy", "-p", "controllers", "--bins"]);
+        if self.binaries == Profile::Release {
+            build = build.arg("--release");
+        }
+        build.dir(&self.root).run()?;
+        let context = local_dir().join("image-context");
+        fs::create_dir_all(&context)?;
+        for name in ["proxy", "controller-manager", "scheduler"] {
+            Cmd::new("objcopy")
+                .arg("--strip-debug")
+                .arg(self.binaries.dir().join(name))
+                .arg(context.join(name))
+                .run()
+                .with_context(|| format!("stripping {name} for the image"))?;
+        }
+        let started = Instant::now();
+        self.cmd("docker")
+            .args(["build", "-t", deploy::IMAGE, "-f"])
+            .arg(deploy::deploy_dir().join("Dockerfile.prebuilt"))
+            .args([
+                "--build-arg",
+                &format!("RUNTIME_BASE={}", kind_image::RUNTIME_BASE),
+            ])
+            .arg(&context)
+            .run()?;
+        let size = self
+            .cmd("docker")
+            .args(["image", "inspect", "-f", "{{.Size}}", deploy::IMAGE])
+            .read()?;
+        let size: f64 = size.trim().parse().unwrap_or(0.0);
+        println!(
+            "[ok] {} built in {:.0} s, {:.0} MiB",
+            deploy::IMAGE,
+            started.elapsed().as_secs_f64(),
+            size / (1u64 << 20) as f64
+        );
+        Ok(())
     }
 
     /// Writes the rendered manifests to `target/kind/<cluster>/` (printing them on a dry run).
@@ -188,7 +418,12 @@ impl Kind {
             deploy::CONTROLLER_MANIFEST,
             deploy::SMOKE_MANIFEST,
         ] {
-            let text = deploy::render_file(file, &self.render)?;
+            let mut text = deploy::render_file(file, &self.render)?;
+            // The nodes share this machine's cgroup layout: on hybrid cgroups (v1 controllers,
+            // cgroup2 under unified/) the agent's cgroup v2 root is there.
+            if self.local.is_some() && file == deploy::AGENT_MANIFEST && hybrid_cgroups() {
+                text = deploy::with_cgroup_root(&text, HYBRID_CGROUP2)?;
+            }
             let path = dir.join(file);
             fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
             println!("rendered {}", path.display());
@@ -232,12 +467,53 @@ impl Kind {
         self.kubectl()
             .args(["rollout", "status", &deployment, TIMEOUT])
             .args(ns)
+            .run()?;
+        if self.local.is_some() {
+            // CoreDNS started before any Service proxy ran: seen here (2026-12-02), its pods kept
+            // failing to list from 10.96.0.1 (i/o timeout) after kpr served it, while a new
+            // connection from their network namespace got through; new pods are ready at once.
+            self.kubectl()
+                .args([
+                    "rollout",
+                    "restart",
+                    "deployment/coredns",
+                    "-n",
+                    "kube-system",
+                ])
+                .run()?;
+            self.kubectl()
+                .args([
+                    "rollout",
+                    "status",
+                    "deployment/coredns",
+                    "-n",
+                    "kube-system",
+                ])
+                .arg(TIMEOUT)
+                .run()?;
+        }
+        Ok(())
+    }
+
+    /// `--local`: the smoke test's image (agnhost), made by [`crate::images`] from the reference
+    /// build, loaded into the nodes (the node image carries only what kubeadm and kind deploy).
+    fn load_smoke_image(&self) -> anyhow::Result<()> {
+        let image = crate::images::agnhost(&crate::k8s::bin_dir().join("agnhost"))?;
+        let archive = local_dir().join("agnhost.tar");
+        crate::images::write_archive_cached(&image, &archive)?;
+        self.cmd("kind")
+            .args(["load", "image-archive"])
+            .arg(&archive)
+            .args(["--name", &self.render.cluster])
             .run()
     }
 
     fn smoke_test(&self, dir: &Path) -> anyhow::Result<()> {
         step("smoke test: ClusterIP from a pod, ClusterIP and NodePort from a node (and over IPv6 on a dual-stack cluster)");
         let ns = ["-n", deploy::SMOKE_NAMESPACE];
+        if self.local.is_some() {
+            self.load_smoke_image()?;
+        }
         self.kubectl()
             .args(["apply", "-f"])
             .arg(dir.join(deploy::SMOKE_MANIFEST))
@@ -424,6 +700,8 @@ mod tests {
             down: false,
             dry_run: true,
             ip_family: IpFamilies::Ipv4,
+            local: false,
+            binaries: Profile::Release,
         };
         run(&args).unwrap();
         let dir = target_dir().join("kind").join(&cluster);
@@ -444,6 +722,8 @@ mod tests {
             down: false,
             dry_run: true,
             ip_family: IpFamilies::Dual,
+            local: false,
+            binaries: Profile::Release,
         };
         run(&args).unwrap();
         let dir = target_dir().join("kind").join(&cluster);

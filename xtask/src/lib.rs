@@ -15,6 +15,8 @@ pub mod helm;
 pub mod images;
 pub mod k8s;
 pub mod kind;
+pub mod kind_image;
+pub mod kind_tools;
 pub mod metrics_server;
 pub mod setup;
 pub mod test;

@@ -21,7 +21,8 @@ enum Command {
     /// Install what building and testing needs (Debian packages, the pinned nightly with rust-src,
     /// bpf-linker), skipping what is present; --k8s also builds the reference Kubernetes binaries,
     /// --helm Helm (for deploy/helm/kpr), --docker installs Debian's docker.io (its engine is
-    /// started only by `cargo xtask docker`).
+    /// started only by `cargo xtask docker`), --kind that and kind, crictl, kubeadm and
+    /// debootstrap for `cargo xtask kind --local`.
     Setup(setup::SetupArgs),
     /// Setup, build, lints (rustfmt, clippy, the eBPF crate's clippy) and every test, then a summary.
     Test(test::TestArgs),

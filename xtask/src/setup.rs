@@ -63,6 +63,10 @@ pub struct SetupArgs {
     /// network namespace of its own. Installing starts no daemon.
     #[arg(long)]
     pub docker: bool,
+    /// Also what `cargo xtask kind --local` needs: the Docker engine (as --docker), debootstrap,
+    /// and kind, crictl and kubeadm built (pinned in xtask/k8s/kind/go.mod) into target/kind/bin.
+    #[arg(long)]
+    pub kind: bool,
 }
 
 /// `cargo xtask setup [--k8s] [--helm]`.
@@ -74,8 +78,16 @@ pub fn run_with(args: &SetupArgs) -> anyhow::Result<()> {
     if args.helm {
         crate::helm::build()?;
     }
-    if args.docker {
+    if args.docker || args.kind {
         docker_engine()?;
+        debian_package("jq", "the engine's runtime wrapper edits OCI specs with it")?;
+    }
+    if args.kind {
+        debian_package(
+            "debootstrap",
+            "building the kind node image's root filesystem",
+        )?;
+        crate::kind_tools::build()?;
     }
     Ok(())
 }
@@ -150,6 +162,22 @@ fn docker_engine() -> anyhow::Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive")
             .run()
     })
+}
+
+/// One Debian package, installed unless it is.
+fn debian_package(package: &str, why: &str) -> anyhow::Result<()> {
+    let status = fs::read_to_string(DPKG_STATUS)
+        .with_context(|| format!("reading {DPKG_STATUS} (setup supports Debian 12 only)"))?;
+    if installed_packages(&status).contains(&package) {
+        println!("[ok] {package} already installed");
+        return Ok(());
+    }
+    require_root("installing Debian packages")?;
+    println!("[install] {package} ({why})");
+    Cmd::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends", package])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .run()
 }
 
 /// Runs `install` with a policy-rc.d that refuses every service start (invoke-rc.d and

@@ -47,6 +47,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             k8s: true,
             helm: true,
             docker: false,
+            kind: false,
         })
     }) && summary.step("build", || {
         Cmd::new("cargo")

@@ -341,7 +341,7 @@ fn metrics_server_image() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-fn coredns_image(binary: &Path) -> images::Image {
+pub(crate) fn coredns_image(binary: &Path) -> images::Image {
     images::Image {
         name: "registry.k8s.io/coredns/coredns:v1.12.1".into(),
         entrypoint: vec!["/coredns".into()],
