@@ -79,6 +79,21 @@ impl CachedPod {
     }
 }
 
+/// The Pod cache's index of Pods by the claims they use, as `namespace/claim`
+/// ([`CachedPod::claim_names`]): one index for every controller that looks Pods up by claim
+/// (the volume binder, pvc-protection, ephemeral-volume), registered by each with
+/// [`claim_keys`] (registering it again replaces it with itself), computed once per Pod change.
+pub const POD_CLAIMS: &str = "pod-claims";
+
+/// The keys of [`POD_CLAIMS`] for `p`.
+pub fn claim_keys(p: &CachedPod) -> Vec<String> {
+    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+    p.claim_names()
+        .into_iter()
+        .map(|c| format!("{ns}/{c}"))
+        .collect()
+}
+
 /// The kept part of a `PodSpec`.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]

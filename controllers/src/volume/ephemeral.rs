@@ -21,7 +21,7 @@ use kube::{Api, Client};
 use crate::error::{Error, Result};
 use crate::helpers::meta;
 use crate::runtime::cache::Indexed;
-use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::cached_pod::{claim_keys, CachedPod, POD_CLAIMS};
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{split_key, Informers};
 use crate::runtime::queue::WorkQueue;
@@ -32,17 +32,6 @@ pub const NAME: &str = "ephemeral-volume";
 
 /// The work queue's name and the Events' source component, as upstream.
 pub const QUEUE_NAME: &str = "ephemeral_volume";
-
-/// The Pod cache's index of Pods by the claims they use (`namespace/claim`).
-pub const POD_CLAIMS: &str = "ephemeral-volume-pod-claims";
-
-fn pod_claims(p: &CachedPod) -> Vec<String> {
-    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
-    p.claim_names()
-        .into_iter()
-        .map(|c| format!("{ns}/{c}"))
-        .collect()
-}
 
 fn has_ephemeral(p: &CachedPod) -> bool {
     p.spec
@@ -139,7 +128,7 @@ impl Controller {
     /// Registers the controller's handlers on the shared Pod and claim informers.
     pub fn new(client: Client, informers: &Informers) -> Arc<Controller> {
         let pod_informer = informers.get::<CachedPod>();
-        pod_informer.add_index(POD_CLAIMS, pod_claims);
+        pod_informer.add_index(POD_CLAIMS, claim_keys);
         let pvc_informer = informers.get::<PersistentVolumeClaim>();
         let this = Arc::new(Controller {
             recorder: Recorder::new(client.clone(), QUEUE_NAME),

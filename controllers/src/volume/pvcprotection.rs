@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 
@@ -23,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::helpers::meta;
 use crate::runtime::apierrors;
 use crate::runtime::cache::Indexed;
-use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::cached_pod::{claim_keys, CachedPod, POD_CLAIMS};
 use crate::runtime::informer::{split_key, Informers};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::{run_controller, SyncKey};
@@ -36,17 +37,6 @@ pub const QUEUE_NAME: &str = "pvcprotection";
 
 /// The finalizer.
 pub const FINALIZER: &str = "kubernetes.io/pvc-protection";
-
-/// The Pod cache's index of Pods by the claims they use (`namespace/claim`).
-pub const POD_CLAIMS: &str = "pvc-protection-pod-claims";
-
-fn pod_claims(p: &CachedPod) -> Vec<String> {
-    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
-    p.claim_names()
-        .into_iter()
-        .map(|c| format!("{ns}/{c}"))
-        .collect()
-}
 
 /// What to do with a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,55 +78,52 @@ pub struct PodView<'a> {
 impl<'a> PodView<'a> {
     pub fn of_cached(p: &'a CachedPod) -> PodView<'a> {
         let spec = p.spec.as_ref();
-        PodView {
-            namespace: p.metadata.namespace.as_deref().unwrap_or_default(),
-            name: p.metadata.name.as_deref().unwrap_or_default(),
-            uid: p.metadata.uid.as_deref(),
-            node_name: spec
-                .and_then(|s| s.node_name.as_deref())
-                .unwrap_or_default(),
-            shut_down: p.metadata.deletion_timestamp.is_some()
-                && p.metadata.deletion_grace_period_seconds == Some(0),
-            volumes: spec
-                .iter()
-                .flat_map(|s| s.volumes.iter().flatten())
-                .map(|v| {
-                    (
-                        v.name.as_str(),
-                        v.persistent_volume_claim
-                            .as_ref()
-                            .map(|c| c.claim_name.as_str()),
-                        v.ephemeral.is_some(),
-                    )
-                })
-                .collect(),
-        }
+        let volumes = spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        PodView::new(
+            &p.metadata,
+            spec.and_then(|s| s.node_name.as_deref()),
+            volumes.map(|v| {
+                let claim = v.persistent_volume_claim.as_ref();
+                (
+                    v.name.as_str(),
+                    claim.map(|c| c.claim_name.as_str()),
+                    v.ephemeral.is_some(),
+                )
+            }),
+        )
     }
 
     pub fn of_pod(p: &'a Pod) -> PodView<'a> {
         let spec = p.spec.as_ref();
+        let volumes = spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        PodView::new(
+            &p.metadata,
+            spec.and_then(|s| s.node_name.as_deref()),
+            volumes.map(|v| {
+                let claim = v.persistent_volume_claim.as_ref();
+                (
+                    v.name.as_str(),
+                    claim.map(|c| c.claim_name.as_str()),
+                    v.ephemeral.is_some(),
+                )
+            }),
+        )
+    }
+
+    /// The view of a Pod's metadata, node and volumes (name, claim name, whether ephemeral).
+    fn new(
+        meta: &'a ObjectMeta,
+        node_name: Option<&'a str>,
+        volumes: impl Iterator<Item = (&'a str, Option<&'a str>, bool)>,
+    ) -> PodView<'a> {
         PodView {
-            namespace: p.metadata.namespace.as_deref().unwrap_or_default(),
-            name: p.metadata.name.as_deref().unwrap_or_default(),
-            uid: p.metadata.uid.as_deref(),
-            node_name: spec
-                .and_then(|s| s.node_name.as_deref())
-                .unwrap_or_default(),
-            shut_down: p.metadata.deletion_timestamp.is_some()
-                && p.metadata.deletion_grace_period_seconds == Some(0),
-            volumes: spec
-                .iter()
-                .flat_map(|s| s.volumes.iter().flatten())
-                .map(|v| {
-                    (
-                        v.name.as_str(),
-                        v.persistent_volume_claim
-                            .as_ref()
-                            .map(|c| c.claim_name.as_str()),
-                        v.ephemeral.is_some(),
-                    )
-                })
-                .collect(),
+            namespace: meta.namespace.as_deref().unwrap_or_default(),
+            name: meta.name.as_deref().unwrap_or_default(),
+            uid: meta.uid.as_deref(),
+            node_name: node_name.unwrap_or_default(),
+            shut_down: meta.deletion_timestamp.is_some()
+                && meta.deletion_grace_period_seconds == Some(0),
+            volumes: volumes.collect(),
         }
     }
 }
@@ -174,7 +161,7 @@ impl Controller {
     pub fn new(client: Client, informers: &Informers) -> Arc<Controller> {
         let pvc_informer = informers.get::<PersistentVolumeClaim>();
         let pod_informer = informers.get::<CachedPod>();
-        pod_informer.add_index(POD_CLAIMS, pod_claims);
+        pod_informer.add_index(POD_CLAIMS, claim_keys);
         let this = Arc::new(Controller {
             client,
             claims: pvc_informer.cache(),
@@ -204,7 +191,7 @@ impl Controller {
                 if !deleted && !p.is_terminal() && scheduled {
                     return;
                 }
-                for key in pod_claims(p) {
+                for key in claim_keys(p) {
                     c.queue.add(key);
                 }
             };

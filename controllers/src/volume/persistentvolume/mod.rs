@@ -46,7 +46,7 @@ use kube::{Api, Client, Resource};
 use crate::error::{Error, Result};
 use crate::runtime::apierrors;
 use crate::runtime::cache::Indexed;
-use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::cached_pod::{claim_keys, CachedPod, POD_CLAIMS};
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::{split_key, Informers};
 use crate::runtime::queue::WorkQueue;
@@ -64,17 +64,6 @@ pub const COMPONENT: &str = "persistentvolume-controller";
 /// The claim queue's and the volume queue's names, as upstream.
 pub const CLAIM_QUEUE: &str = "claims";
 pub const VOLUME_QUEUE: &str = "volumes";
-
-/// The Pod cache's index of Pods by the claims they use (`namespace/claim`).
-pub const POD_CLAIMS: &str = "persistentvolume-binder-pod-claims";
-
-fn pod_claims(p: &CachedPod) -> Vec<String> {
-    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
-    p.claim_names()
-        .into_iter()
-        .map(|c| format!("{ns}/{c}"))
-        .collect()
-}
 
 /// The controller's settings.
 #[derive(Clone)]
@@ -140,7 +129,7 @@ impl Controller {
         let pvc_informer = informers.get::<PersistentVolumeClaim>();
         let sc_informer = informers.get::<StorageClass>();
         let pod_informer = informers.get::<CachedPod>();
-        pod_informer.add_index(POD_CLAIMS, pod_claims);
+        pod_informer.add_index(POD_CLAIMS, claim_keys);
         let this = Arc::new(Controller {
             recorder: Recorder::new(client.clone(), COMPONENT),
             client,
