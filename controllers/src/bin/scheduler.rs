@@ -88,6 +88,7 @@ async fn main() -> anyhow::Result<()> {
     let ctx = BuildContext {
         objects: Arc::new(InformerObjects::new(&informers)),
         client: Some(client.clone()),
+        ..BuildContext::default()
     };
     let cfg = config::build(&file, &Registry::builtin(), &ctx).map_err(|e| match &args.config {
         Some(p) => anyhow::anyhow!("--config {}: {e}", p.display()),

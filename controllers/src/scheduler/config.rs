@@ -507,6 +507,10 @@ pub fn build(
         Some(p) if p > 0 => p as usize,
         Some(p) => return Err(format!("parallelism: {p} must be greater than 0")),
     };
+    let ctx = &BuildContext {
+        workers: super::framework::runtime::workers(parallelism),
+        ..ctx.clone()
+    };
     let percentage = match cfg.percentage_of_nodes_to_score {
         None => 0,
         Some(p) if (0..=100).contains(&p) => p as u32,

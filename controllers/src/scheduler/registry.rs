@@ -201,6 +201,9 @@ pub struct BuildContext {
     pub objects: Arc<dyn ClusterObjects>,
     /// The API client (DefaultBinder). None in tests that bind with a plugin of their own.
     pub client: Option<kube::Client>,
+    /// Threads a plugin's own pass over every node may use (the configuration's `parallelism`
+    /// at most the cores; set by [`config::build`](super::config::build)).
+    pub workers: usize,
 }
 
 impl Default for BuildContext {
@@ -208,6 +211,9 @@ impl Default for BuildContext {
         BuildContext {
             objects: Arc::new(StaticObjects::default()),
             client: None,
+            workers: super::framework::runtime::workers(
+                super::framework::runtime::DEFAULT_PARALLELISM,
+            ),
         }
     }
 }
@@ -416,9 +422,9 @@ impl Registry {
                 [pre_filter, filter]
             )
         });
-        r.register_with_args(plugins::inter_pod_affinity::NAME, |args, _| {
+        r.register_with_args(plugins::inter_pod_affinity::NAME, |args, ctx| {
             built!(
-                plugins::inter_pod_affinity::InterPodAffinity::new(args),
+                plugins::inter_pod_affinity::InterPodAffinity::new(args, ctx.workers),
                 [pre_filter, filter, pre_score, score]
             )
         });

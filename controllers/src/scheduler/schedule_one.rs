@@ -173,12 +173,9 @@ pub struct Algorithm {
 
 impl Algorithm {
     pub fn new(parallelism: usize, percentage_of_nodes_to_score: u32) -> Algorithm {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
         Algorithm {
             next_start_node_index: 0,
-            workers: parallelism.clamp(1, cores.max(1)),
+            workers: super::framework::runtime::workers(parallelism),
             percentage_of_nodes_to_score,
         }
     }

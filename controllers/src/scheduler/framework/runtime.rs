@@ -10,8 +10,8 @@
 //! - PostFilter in order until one succeeds, with [`CycleFilterRunner`] as preemption's what-if;
 //! - PreScore, then Score in parallel over the feasible nodes, NormalizeScore and the weights;
 //! - Reserve / Unreserve, Permit, PreBind, Bind, PostBind for the binding cycle;
-//! - [`parallelize`], upstream's parallelizer: chunks handed to scoped threads, at most
-//!   `parallelism` and the machine's cores.
+//! - [`parallelize`] and [`parallel_fold`], upstream's parallelizer: chunks handed to scoped
+//!   threads, at most `parallelism` and the machine's cores ([`workers`]).
 //!
 //! Owns no API calls, no clock and no choice between nodes: which nodes to filter, when to stop
 //! and which node wins belong to [`schedule_one`](crate::scheduler::schedule_one).
@@ -103,6 +103,15 @@ fn uid(pod: &Pod) -> &str {
     pod.metadata.uid.as_deref().unwrap_or_default()
 }
 
+/// The threads a parallel loop may use: the configured `parallelism`, at most the machine's
+/// cores (more threads than cores only add switches on a CPU-bound loop).
+pub fn workers(parallelism: usize) -> usize {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    parallelism.clamp(1, cores.max(1))
+}
+
 /// Upstream's parallelizer chunk size: about sqrt(n), at most n/parallelism + 1.
 fn chunk_size(n: usize, parallelism: usize) -> usize {
     let s = (n as f64).sqrt() as usize;
@@ -150,6 +159,46 @@ pub fn parallelize<T: Send>(
         let mut all = work();
         for h in handles {
             all.extend(h.join().expect("scheduler worker panicked"));
+        }
+        all
+    })
+}
+
+/// Folds `f(acc, i)` for i in 0..n over up to `workers` threads (the caller's included), each
+/// thread into an accumulator of its own made by `init`; returns the accumulators (one per
+/// thread that ran) for the caller to merge. The plugins' PreFilter / PreScore passes over every
+/// node use it as upstream's use `Parallelizer().Until` with a per-node merge under a lock: here
+/// the merge happens once per thread instead of once per node.
+pub fn parallel_fold<A: Send>(
+    n: usize,
+    workers: usize,
+    init: impl Fn() -> A + Sync,
+    f: impl Fn(&mut A, usize) + Sync,
+) -> Vec<A> {
+    let chunk = chunk_size(n, workers);
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut acc = init();
+        loop {
+            let start = next.fetch_add(chunk, Ordering::Relaxed);
+            if start >= n {
+                break;
+            }
+            for i in start..(start + chunk).min(n) {
+                f(&mut acc, i);
+            }
+        }
+        acc
+    };
+    let threads = workers.min(n.div_ceil(chunk)).max(1);
+    if threads == 1 || n < MIN_NODES_FOR_THREADS {
+        return vec![work()];
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+        let mut all = vec![work()];
+        for h in handles {
+            all.push(h.join().expect("scheduler worker panicked"));
         }
         all
     })

@@ -634,7 +634,7 @@ fn preemption_simulates_victims_through_prefilter_extensions() {
     // The incoming Pod has required anti-affinity to app=x per host; node1's only app=x Pod is a
     // lower-priority victim, node2's is of higher priority. Only node1 can be helped, and only
     // because InterPodAffinity's remove_pod forgets the victim.
-    let ipa = Arc::new(InterPodAffinity::new(valid(None)));
+    let ipa = Arc::new(InterPodAffinity::new(valid(None), 1));
     let runner = Runner {
         pre: vec![ipa.clone()],
         filters: vec![Arc::new(CpuFit), ipa.clone()],

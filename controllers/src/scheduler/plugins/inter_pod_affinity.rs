@@ -26,6 +26,7 @@ use std::sync::{Arc, RwLock, Weak};
 use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, WeightedPodAffinityTerm};
 
 use crate::helpers::selector::Selector;
+use crate::scheduler::framework::runtime::parallel_fold;
 use crate::scheduler::framework::{
     CycleState, FilterPlugin, NodeInfo, NodeScore, Plugin, PodInfo, PreFilterPlugin,
     PreFilterResult, PreScorePlugin, ScorePlugin, Snapshot, Status, MAX_NODE_SCORE,
@@ -53,15 +54,19 @@ const PRE_SCORE_STATE_KEY: &str = "PreScoreInterPodAffinity";
 pub struct InterPodAffinity {
     args: InterPodAffinityArgs,
     terms: TermsCache,
+    /// Threads PreFilter's and PreScore's passes over every node may use.
+    workers: usize,
 }
 
 impl InterPodAffinity {
-    /// Builds the plugin from its validated args. The plugin reads no cluster objects besides
-    /// the snapshot.
-    pub fn new(args: InterPodAffinityArgs) -> Self {
+    /// Builds the plugin from its validated args; its passes over every node's Pods run on up
+    /// to `workers` threads, as upstream's run on its parallelizer. The plugin reads no cluster
+    /// objects besides the snapshot.
+    pub fn new(args: InterPodAffinityArgs, workers: usize) -> Self {
         InterPodAffinity {
             args,
             terms: TermsCache::default(),
+            workers: workers.max(1),
         }
     }
 
@@ -360,6 +365,21 @@ impl TopologyCounts {
         }
     }
 
+    /// Adds another thread's counts (counts are only added in PreFilter, so no pair drops to
+    /// zero here).
+    fn merge(&mut self, other: TopologyCounts) {
+        if self.0.is_empty() {
+            *self = other;
+            return;
+        }
+        for (key, values) in other.0 {
+            let mine = self.0.entry(key).or_default();
+            for (value, c) in values {
+                *mine.entry(value).or_default() += c;
+            }
+        }
+    }
+
     /// Each anti-affinity term that `pod` matches counts for the node's pair of its key.
     fn update_with_anti_affinity_terms(
         &mut self,
@@ -481,49 +501,67 @@ impl PreFilterPlugin for InterPodAffinity {
         let ns_labels = namespace_labels.as_deref();
 
         // Existing Pods' required anti-affinity: only nodes that have such Pods.
+        let with_anti = &snapshot.have_pods_with_required_anti_affinity;
         let mut existing = TopologyCounts::default();
-        for &i in &snapshot.have_pods_with_required_anti_affinity {
-            let node = &snapshot.nodes[i];
-            let labels = node_labels(node);
-            if node.node.is_none() {
-                continue;
-            }
-            for &p in &node.pods_with_required_anti_affinity {
-                let existing_terms = self.terms.get(&node.pods[p].pod);
-                existing.update_with_anti_affinity_terms(
-                    &existing_terms.required_anti_affinity,
-                    pod,
-                    ns_labels,
-                    labels,
-                    1,
-                );
-            }
+        for part in parallel_fold(
+            with_anti.len(),
+            self.workers,
+            TopologyCounts::default,
+            |c, i| {
+                let node = &snapshot.nodes[with_anti[i]];
+                if node.node.is_none() {
+                    return;
+                }
+                let labels = node_labels(node);
+                for &p in &node.pods_with_required_anti_affinity {
+                    let existing_terms = self.terms.get(&node.pods[p].pod);
+                    c.update_with_anti_affinity_terms(
+                        &existing_terms.required_anti_affinity,
+                        pod,
+                        ns_labels,
+                        labels,
+                        1,
+                    );
+                }
+            },
+        ) {
+            existing.merge(part);
         }
 
         // The incoming Pod's required terms against every existing Pod.
         let mut affinity_counts = TopologyCounts::default();
         let mut anti_affinity_counts = TopologyCounts::default();
         if !terms.required_affinity.is_empty() || !terms.required_anti_affinity.is_empty() {
-            for node in &snapshot.nodes {
-                if node.node.is_none() {
-                    continue;
-                }
-                let labels = node_labels(node);
-                for existing_pod in &node.pods {
-                    affinity_counts.update_with_affinity_terms(
-                        &terms.required_affinity,
-                        &existing_pod.pod,
-                        labels,
-                        1,
-                    );
-                    anti_affinity_counts.update_with_anti_affinity_terms(
-                        &terms.required_anti_affinity,
-                        &existing_pod.pod,
-                        None,
-                        labels,
-                        1,
-                    );
-                }
+            let parts = parallel_fold(
+                snapshot.nodes.len(),
+                self.workers,
+                <(TopologyCounts, TopologyCounts)>::default,
+                |(aff, anti), i| {
+                    let node = &snapshot.nodes[i];
+                    if node.node.is_none() {
+                        return;
+                    }
+                    let labels = node_labels(node);
+                    for existing_pod in &node.pods {
+                        aff.update_with_affinity_terms(
+                            &terms.required_affinity,
+                            &existing_pod.pod,
+                            labels,
+                            1,
+                        );
+                        anti.update_with_anti_affinity_terms(
+                            &terms.required_anti_affinity,
+                            &existing_pod.pod,
+                            None,
+                            labels,
+                            1,
+                        );
+                    }
+                },
+            );
+            for (aff, anti) in parts {
+                affinity_counts.merge(aff);
+                anti_affinity_counts.merge(anti);
             }
         }
 
@@ -767,6 +805,21 @@ impl InterPodAffinity {
     }
 }
 
+/// Adds another thread's scores per pair. Unlike the PreFilter counts, a pair whose sum is zero
+/// stays, as upstream's map keeps it (Score reads it as 0 either way).
+fn merge_scores(m: &mut ScoreMap, other: ScoreMap) {
+    if m.is_empty() {
+        *m = other;
+        return;
+    }
+    for (key, values) in other {
+        let mine = m.entry(key).or_default();
+        for (value, c) in values {
+            *mine.entry(value).or_default() += c;
+        }
+    }
+}
+
 fn has_preferred(pod: &Pod) -> bool {
     let Some(a) = pod.spec.as_ref().and_then(|s| s.affinity.as_ref()) else {
         return false;
@@ -814,27 +867,44 @@ impl PreScorePlugin for InterPodAffinity {
         }
         let ns_labels = snapshot.namespace_labels.get(namespace_of(pod));
 
-        let mut score = ScoreMap::default();
-        let mut visit = |node: &NodeInfo, pods: &mut dyn Iterator<Item = &PodInfo>| {
-            let Some(labels) = node_labels(node) else {
-                return;
+        let visit =
+            |m: &mut ScoreMap, node: &NodeInfo, pods: &mut dyn Iterator<Item = &PodInfo>| {
+                let Some(labels) = node_labels(node) else {
+                    return;
+                };
+                for existing in pods {
+                    self.process_existing_pod(m, &terms, ns_labels, existing, labels, pod);
+                }
             };
-            for existing in pods {
-                self.process_existing_pod(&mut score, &terms, ns_labels, existing, labels, pod);
-            }
-        };
-        if has_constraints {
-            for node in &snapshot.nodes {
-                visit(node, &mut node.pods.iter());
-            }
+        let parts = if has_constraints {
+            parallel_fold(
+                snapshot.nodes.len(),
+                self.workers,
+                ScoreMap::default,
+                |m, i| {
+                    let node = &snapshot.nodes[i];
+                    visit(m, node, &mut node.pods.iter());
+                },
+            )
         } else {
-            for &i in &snapshot.have_pods_with_affinity {
-                let node = &snapshot.nodes[i];
-                visit(
-                    node,
-                    &mut node.pods_with_affinity.iter().map(|&p| &node.pods[p]),
-                );
-            }
+            let with_affinity = &snapshot.have_pods_with_affinity;
+            parallel_fold(
+                with_affinity.len(),
+                self.workers,
+                ScoreMap::default,
+                |m, i| {
+                    let node = &snapshot.nodes[with_affinity[i]];
+                    visit(
+                        m,
+                        node,
+                        &mut node.pods_with_affinity.iter().map(|&p| &node.pods[p]),
+                    );
+                },
+            )
+        };
+        let mut score = ScoreMap::default();
+        for part in parts {
+            merge_scores(&mut score, part);
         }
         if score.is_empty() {
             return Status::skip();

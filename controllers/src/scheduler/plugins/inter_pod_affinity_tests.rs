@@ -54,7 +54,7 @@ fn snapshot(nodes: Vec<NodeInfo>, pods: &[Value], ns_labels: &[(&str, Value)]) -
 }
 
 fn plugin(args: Option<Value>) -> InterPodAffinity {
-    InterPodAffinity::new(valid(args.as_ref()))
+    InterPodAffinity::new(valid(args.as_ref()), 1)
 }
 
 fn term(key: &str, op: &str, values: &[&str], topology: &str) -> Value {
@@ -845,5 +845,83 @@ fn existing_pods_terms_are_parsed_once_per_pod_object_and_leniently() {
     assert_eq!(
         live, 3,
         "the dropped Pod's entry is gone; updated, mixed and fresh stay"
+    );
+}
+
+#[test]
+fn passes_over_every_node_give_the_same_answers_on_one_thread_and_on_four() {
+    // 240 nodes in three zones (enough for the parallel passes to use threads), one or two Pods
+    // each: every fifth with a required anti-affinity against role=web on its zone, every third
+    // with a required affinity to role=web (scored with hardPodAffinityWeight), every seventh
+    // preferring role=web away from its node.
+    let nodes: Vec<NodeInfo> = (0..240)
+        .map(|i| {
+            node(
+                &format!("n{i}"),
+                json!({"zone": format!("z{}", i % 3), "kubernetes.io/hostname": format!("n{i}")}),
+            )
+        })
+        .collect();
+    let mut pods = Vec::new();
+    for i in 0..240 {
+        let n = format!("n{i}");
+        let mut affinity = serde_json::Map::new();
+        if i % 5 == 0 && i % 3 != 0 {
+            affinity.insert(
+                "podAntiAffinity".into(),
+                json!({"requiredDuringSchedulingIgnoredDuringExecution": [
+                    term("role", "In", &["web"], "kubernetes.io/hostname")]}),
+            );
+        }
+        if i % 3 == 0 {
+            affinity.insert(
+                "podAffinity".into(),
+                json!({"requiredDuringSchedulingIgnoredDuringExecution": [
+                    term("role", "In", &["web"], "zone")]}),
+            );
+        }
+        if i % 7 == 0 {
+            affinity.insert(
+                "podAntiAffinity".into(),
+                json!({"preferredDuringSchedulingIgnoredDuringExecution": [
+                    weighted(4, term("role", "In", &["web"], "kubernetes.io/hostname"))]}),
+            );
+        }
+        pods.push(
+            json!({"node": n, "labels": {"app": format!("a{}", i % 4)}, "affinity": affinity}),
+        );
+        if i % 2 == 0 {
+            pods.push(json!({"node": n, "labels": {"app": "db"}}));
+        }
+    }
+    let snap = snapshot(nodes, &pods, &[]);
+    let incoming = pod(
+        1,
+        &json!({"labels": {"role": "web"}, "affinity": {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [term("app", "In", &["a1", "a2"], "zone")],
+                "preferredDuringSchedulingIgnoredDuringExecution": [weighted(5, term("app", "In", &["db"], "kubernetes.io/hostname"))]
+            },
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [term("app", "In", &["a3"], "kubernetes.io/hostname")],
+                "preferredDuringSchedulingIgnoredDuringExecution": [weighted(3, term("app", "In", &["a0"], "zone"))]
+            }
+        }}),
+    );
+    let one = InterPodAffinity::new(valid(None), 1);
+    let four = InterPodAffinity::new(valid(None), 4);
+    let filtered = filter_all(&one, &incoming, &snap);
+    assert_eq!(filtered, filter_all(&four, &incoming, &snap));
+    let rejected = filtered.iter().filter(|r| r.is_some()).count();
+    assert!(
+        rejected > 0 && rejected < filtered.len(),
+        "the case must both admit and reject nodes: {rejected} of {} rejected",
+        filtered.len()
+    );
+    let scored = scores(&one, &incoming, &snap).expect("scored");
+    assert_eq!(Some(&scored), scores(&four, &incoming, &snap).as_ref());
+    assert!(
+        scored.iter().min() != scored.iter().max(),
+        "the case must score nodes differently"
     );
 }
