@@ -6,8 +6,9 @@
 //!
 //! Owns only values and pure functions; the scheduler cache builds and updates them.
 
+use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -119,6 +120,11 @@ pub struct PodInfo {
     pub has_affinity: bool,
     /// Has required pod anti-affinity terms.
     pub has_required_anti_affinity: bool,
+    /// InterPodAffinity's parsed terms of this Pod, set by that plugin the first time it reads
+    /// them (upstream's PodInfo carries them as `RequiredAffinityTerms` and its siblings). Typed
+    /// by the plugin, so the framework does not depend on it; clones made after it is set share
+    /// it, so each Pod object's selectors are parsed once rather than in every cycle.
+    pub affinity_terms: OnceLock<Arc<dyn Any + Send + Sync>>,
 }
 
 impl PodInfo {
@@ -158,6 +164,7 @@ impl PodInfo {
             non_zero_memory: non_zero.memory,
             has_affinity: has_pod_affinity || required_anti || preferred_anti,
             has_required_anti_affinity: required_anti,
+            affinity_terms: OnceLock::new(),
             pod,
         }
     }

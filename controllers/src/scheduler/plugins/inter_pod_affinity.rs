@@ -7,8 +7,8 @@
 //! to 0..=100. `add_pod` / `remove_pod` keep the PreFilter counts right for preemption's
 //! simulation.
 //!
-//! Owns only this plugin's cycle state and a cache of existing Pods' parsed terms (upstream keeps
-//! them in its PodInfo). A term's `namespaceSelector` is resolved against
+//! Owns only this plugin's cycle state and existing Pods' parsed terms, kept in their
+//! [`PodInfo`] as upstream keeps them. A term's `namespaceSelector` is resolved against
 //! [`Snapshot::namespace_labels`]; `matchLabelKeys` / `mismatchLabelKeys` are not read here because
 //! the v1.34 API server merges them into the term's `labelSelector` when the Pod is created
 //! (MatchLabelKeysInPodAffinity is GA and locked on).
@@ -20,8 +20,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 /// profiles (docs/BENCHMARKS.md, scheduler_perf's affinity workloads at 5,000 nodes). No key
 /// comes from outside the cluster's own objects.
 type Fast = foldhash::fast::RandomState;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, WeightedPodAffinityTerm};
 
@@ -53,7 +52,6 @@ const PRE_SCORE_STATE_KEY: &str = "PreScoreInterPodAffinity";
 /// The InterPodAffinity plugin.
 pub struct InterPodAffinity {
     args: InterPodAffinityArgs,
-    terms: TermsCache,
     /// Threads PreFilter's and PreScore's passes over every node may use.
     workers: usize,
 }
@@ -65,7 +63,6 @@ impl InterPodAffinity {
     pub fn new(args: InterPodAffinityArgs, workers: usize) -> Self {
         InterPodAffinity {
             args,
-            terms: TermsCache::default(),
             workers: workers.max(1),
         }
     }
@@ -82,38 +79,59 @@ impl Plugin for InterPodAffinity {
     }
 }
 
-/// A Pod object (by weak reference) and its parsed terms.
-type CachedTerms = (Weak<Pod>, Arc<PodTerms>);
-
-/// The parsed terms of existing Pods, so that each Pod's selectors are parsed once rather than
-/// in every cycle (upstream keeps them in its PodInfo). Keyed by the address of the Pod object
-/// the scheduler cache shares; the weak reference both proves the entry belongs to that object
-/// (its allocation cannot be reused while the weak reference lives) and lets dead entries be
-/// dropped. A Pod's affinity is immutable, and an updated Pod is a new object anyway.
-#[derive(Default)]
-struct TermsCache {
-    map: RwLock<HashMap<usize, CachedTerms, Fast>>,
-    /// Size at which the next insertion first drops the entries of Pods no longer alive.
-    purge_at: AtomicUsize,
+/// The parsed terms of an existing Pod, kept in its [`PodInfo`] (parsed on first use).
+fn terms_of(info: &PodInfo) -> Arc<PodTerms> {
+    let any = info
+        .affinity_terms
+        .get_or_init(|| Arc::new(PodTerms::parse_lenient(&info.pod)));
+    // Only this plugin sets the slot, always to PodTerms; parse again rather than fail if not.
+    Arc::clone(any)
+        .downcast::<PodTerms>()
+        .unwrap_or_else(|_| Arc::new(PodTerms::parse_lenient(&info.pod)))
 }
 
-impl TermsCache {
-    fn get(&self, pod: &Arc<Pod>) -> Arc<PodTerms> {
-        let key = Arc::as_ptr(pod) as usize;
-        if let Some((weak, terms)) = self.map.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            if weak.strong_count() > 0 && std::ptr::eq(weak.as_ptr(), Arc::as_ptr(pod)) {
-                return terms.clone();
+/// The namespaces a term names. Most terms name one (their own Pod's), and a term is matched
+/// against every existing Pod in every cycle, so a short list compared in order costs less than
+/// hashing each Pod's namespace; a namespaceSelector resolved over many namespaces becomes a set.
+#[derive(Debug, Clone)]
+enum Namespaces {
+    List(Vec<String>),
+    Set(HashSet<String, Fast>),
+}
+
+/// Past this many names, a term's namespaces are a set.
+const NAMESPACE_LIST_MAX: usize = 8;
+
+impl Namespaces {
+    fn new(names: impl IntoIterator<Item = String>) -> Namespaces {
+        let mut out = Namespaces::List(Vec::new());
+        for n in names {
+            out.insert(n);
+        }
+        out
+    }
+
+    fn contains(&self, ns: &str) -> bool {
+        match self {
+            Namespaces::List(v) => v.iter().any(|n| n == ns),
+            Namespaces::Set(s) => s.contains(ns),
+        }
+    }
+
+    fn insert(&mut self, ns: String) {
+        match self {
+            Namespaces::List(v) => {
+                if !v.contains(&ns) {
+                    v.push(ns);
+                    if v.len() > NAMESPACE_LIST_MAX {
+                        *self = Namespaces::Set(std::mem::take(v).into_iter().collect());
+                    }
+                }
+            }
+            Namespaces::Set(s) => {
+                s.insert(ns);
             }
         }
-        let terms = Arc::new(PodTerms::parse_lenient(pod));
-        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= self.purge_at.load(Ordering::Relaxed) {
-            map.retain(|_, (w, _)| w.strong_count() > 0);
-            self.purge_at
-                .store((2 * map.len()).max(1024), Ordering::Relaxed);
-        }
-        map.insert(key, (Arc::downgrade(pod), terms.clone()));
-        terms
     }
 }
 
@@ -122,7 +140,7 @@ impl TermsCache {
 /// `selector`.
 #[derive(Debug, Clone)]
 pub(crate) struct AffinityTerm {
-    namespaces: HashSet<String, Fast>,
+    namespaces: Namespaces,
     namespace_selector: Selector,
     selector: Selector,
     topology_key: String,
@@ -137,9 +155,9 @@ impl AffinityTerm {
             .map_err(|e| format!("{path}.namespaceSelector: {e}"))?;
         let names = term.namespaces.as_deref().unwrap_or_default();
         let namespaces = if names.is_empty() && term.namespace_selector.is_none() {
-            std::iter::once(namespace_of(owner).to_string()).collect()
+            Namespaces::new([namespace_of(owner).to_string()])
         } else {
-            names.iter().cloned().collect()
+            Namespaces::new(names.iter().cloned())
         };
         Ok(AffinityTerm {
             namespaces,
@@ -514,7 +532,7 @@ impl PreFilterPlugin for InterPodAffinity {
                 }
                 let labels = node_labels(node);
                 for &p in &node.pods_with_required_anti_affinity {
-                    let existing_terms = self.terms.get(&node.pods[p].pod);
+                    let existing_terms = terms_of(&node.pods[p]);
                     c.update_with_anti_affinity_terms(
                         &existing_terms.required_anti_affinity,
                         pod,
@@ -594,7 +612,7 @@ impl PreFilterPlugin for InterPodAffinity {
         node: &NodeInfo,
     ) -> Status {
         if let Some(s) = state.read_mut::<PreFilterState>(PRE_FILTER_STATE_KEY) {
-            let terms = self.terms.get(&added.pod);
+            let terms = terms_of(added);
             s.update_with_pod(pod, &added.pod, &terms, node, 1);
         }
         Status::success()
@@ -608,7 +626,7 @@ impl PreFilterPlugin for InterPodAffinity {
         node: &NodeInfo,
     ) -> Status {
         if let Some(s) = state.read_mut::<PreFilterState>(PRE_FILTER_STATE_KEY) {
-            let terms = self.terms.get(&removed.pod);
+            let terms = terms_of(removed);
             s.update_with_pod(pod, &removed.pod, &terms, node, -1);
         }
         Status::success()
@@ -779,7 +797,7 @@ impl InterPodAffinity {
         if !existing.has_affinity {
             return;
         }
-        let existing_terms = self.terms.get(existing_pod);
+        let existing_terms = terms_of(existing);
         if self.args.hard_pod_affinity_weight > 0 {
             let w = i64::from(self.args.hard_pod_affinity_weight);
             for t in &existing_terms.required_affinity {

@@ -810,19 +810,22 @@ fn args_are_validated_naming_the_field() {
 }
 
 #[test]
-fn existing_pods_terms_are_parsed_once_per_pod_object_and_leniently() {
-    let cache = TermsCache::default();
+fn existing_pods_terms_are_parsed_once_per_pod_info_and_leniently() {
     let anti = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {"a": "b"}}, "topologyKey": "zone"}]}});
-    let p = Arc::new(pod(1, &json!({"affinity": anti})));
-    let first = cache.get(&p);
+    let info = PodInfo::new(Arc::new(pod(1, &json!({"affinity": anti}))));
+    let first = terms_of(&info);
     assert_eq!(first.required_anti_affinity.len(), 1);
-    assert!(Arc::ptr_eq(&first, &cache.get(&p)), "same object: cached");
-    // An updated Pod is a new object: parsed again.
-    let updated = Arc::new(pod(1, &json!({})));
-    assert!(cache.get(&updated).required_anti_affinity.is_empty());
+    assert!(Arc::ptr_eq(&first, &terms_of(&info)), "parsed once");
+    assert!(
+        Arc::ptr_eq(&first, &terms_of(&info.clone())),
+        "clones made after the first read share the parsed terms"
+    );
+    // An updated Pod is a new PodInfo: parsed again.
+    let updated = PodInfo::new(Arc::new(pod(1, &json!({}))));
+    assert!(terms_of(&updated).required_anti_affinity.is_empty());
     // A kind of terms with an invalid selector is dropped; the others stay.
-    let mixed = Arc::new(pod(
+    let mixed = PodInfo::new(Arc::new(pod(
         2,
         &json!({"affinity": {
             "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
@@ -830,22 +833,26 @@ fn existing_pods_terms_are_parsed_once_per_pod_object_and_leniently() {
             "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                 {"labelSelector": {"matchLabels": {"a": "b"}}, "topologyKey": "zone"}]}
         }}),
-    ));
-    let t = cache.get(&mixed);
+    )));
+    let t = terms_of(&mixed);
     assert!(t.required_affinity.is_empty());
     assert_eq!(t.required_anti_affinity.len(), 1);
-    // Entries of dropped Pods are purged once the map grows past the threshold.
-    drop(p);
-    cache
-        .purge_at
-        .store(0, std::sync::atomic::Ordering::Relaxed);
-    let fresh = Arc::new(pod(3, &json!({})));
-    cache.get(&fresh);
-    let live = cache.map.read().unwrap().len();
-    assert_eq!(
-        live, 3,
-        "the dropped Pod's entry is gone; updated, mixed and fresh stay"
+}
+
+#[test]
+fn a_term_naming_many_namespaces_matches_each_of_them() {
+    let mut n = Namespaces::new((0..3).map(|i| format!("ns{i}")));
+    assert!(matches!(n, Namespaces::List(_)));
+    for i in 3..20 {
+        n.insert(format!("ns{i}"));
+    }
+    n.insert("ns0".to_string());
+    assert!(
+        matches!(n, Namespaces::Set(_)),
+        "past the list's size: a set"
     );
+    assert!((0..20).all(|i| n.contains(&format!("ns{i}"))));
+    assert!(!n.contains("ns20") && !n.contains("ns"));
 }
 
 #[test]
