@@ -118,6 +118,20 @@ fn parse_table_size(s: &str) -> Result<crate::maglev::TableSize, String> {
     s.parse()
 }
 
+/// Largest map size accepted (entries): far beyond any cluster, short of sizes whose
+/// preallocation alone would take gigabytes.
+const MAP_SIZE_MAX: u32 = 1 << 26;
+
+fn parse_map_size(s: &str) -> Result<u32, String> {
+    let n: u32 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of entries"))?;
+    if !(16..=MAP_SIZE_MAX).contains(&n) {
+        return Err(format!("{n} entries: a map size is 16 to {MAP_SIZE_MAX}"));
+    }
+    Ok(n)
+}
+
 fn parse_cidr(s: &str) -> Result<IpNet, String> {
     s.parse::<IpNet>()
         .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
@@ -188,6 +202,35 @@ pub struct RunArgs {
     /// bpffs directory where the eBPF backend pins maps and links.
     #[arg(long, default_value = "/sys/fs/bpf/kpr")]
     pub bpffs_path: PathBuf,
+    /// eBPF map sizes (entries). A map pinned by an earlier agent with another size is resized
+    /// at start with its entries carried over; the start log gives each map's kernel memory.
+    /// Frontends (address, port, protocol) and backend sets: KPR_SERVICES, KPR_RR.
+    #[arg(long, default_value_t = 262_144, value_parser = parse_map_size)]
+    pub bpf_lb_services_max: u32,
+    /// eBPF: backend slots over all sets (KPR_SLOTS; a maglev Service takes
+    /// --maglev-table-size slots per set).
+    #[arg(long, default_value_t = 1_048_576, value_parser = parse_map_size)]
+    pub bpf_lb_slots_max: u32,
+    /// eBPF: distinct endpoints (KPR_BACKENDS, KPR_COUNTERS).
+    #[arg(long, default_value_t = 1_048_576, value_parser = parse_map_size)]
+    pub bpf_lb_backends_max: u32,
+    /// eBPF: session-affinity entries (KPR_AFFINITY, LRU: allocated whole at creation).
+    #[arg(long, default_value_t = 65_536, value_parser = parse_map_size)]
+    pub bpf_affinity_max: u32,
+    /// eBPF: translated sockets tracked for least-connection and socket destruction (KPR_SOCKS).
+    #[arg(long, default_value_t = 262_144, value_parser = parse_map_size)]
+    pub bpf_sockets_max: u32,
+    /// eBPF: reverse translations and unconnected-UDP flows (KPR_REVNAT, KPR_UDP_FWD; LRU:
+    /// allocated whole at creation).
+    #[arg(long, default_value_t = 262_144, value_parser = parse_map_size)]
+    pub bpf_flows_max: u32,
+    /// eBPF: flows of traffic from outside the node tracked by the tc program (KPR_CT; LRU:
+    /// allocated whole at creation).
+    #[arg(long, default_value_t = 262_144, value_parser = parse_map_size)]
+    pub bpf_ct_max: u32,
+    /// eBPF: loadBalancerSourceRanges entries (KPR_SRC_RANGES).
+    #[arg(long, default_value_t = 65_536, value_parser = parse_map_size)]
+    pub bpf_source_ranges_max: u32,
     /// iptables flavour: legacy or nft (default: detected).
     #[arg(long, value_parser = ["legacy", "nft"])]
     pub iptables_mode: Option<String>,
@@ -357,6 +400,35 @@ mod tests {
         assert_eq!(r.balance, Algorithm::LeastConn);
         assert_eq!(r.cluster_cidr.len(), 2);
         assert_eq!(r.min_sync_period, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn map_size_flags_set_the_ebpf_maps_and_reject_sizes_out_of_range() {
+        let Command::Run(r) = Cli::try_parse_from([
+            "proxy",
+            "run",
+            "--bpf-ct-max",
+            "1048576",
+            "--bpf-flows-max=4096",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("run")
+        };
+        assert_eq!((r.bpf_ct_max, r.bpf_flows_max), (1_048_576, 4096));
+        assert_eq!(r.bpf_affinity_max, 65_536, "the default");
+        let e = Cli::try_parse_from(["proxy", "run", "--bpf-lb-services-max", "8"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--bpf-lb-services-max") && e.contains("16 to"),
+            "{e}"
+        );
+        let e = Cli::try_parse_from(["proxy", "run", "--bpf-ct-max", "lots"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a number of entries"), "{e}");
     }
 
     #[test]

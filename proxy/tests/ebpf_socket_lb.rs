@@ -10,13 +10,14 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use ebpf_support::*;
-use proxy::dataplane::ebpf::maps::{Table, SERVICES, SLOTS};
+use proxy::dataplane::ebpf::maps::{Table, CT, SERVICES, SLOTS};
+use proxy::dataplane::ebpf::resize::footprints;
 use proxy::dataplane::ebpf::MapSizes;
 use proxy::dataplane::Dataplane;
 use proxy::error::DataplaneError;
 use proxy::model::{Algorithm, Protocol};
 use proxy::state::ProxyState;
-use proxy_common::{ServiceKey, ServiceValue, SlotKey};
+use proxy_common::{CtKey, CtValue, ServiceKey, ServiceValue, SlotKey};
 
 /// Not a test: the body of the client processes the tests spawn (see `ebpf_support::run_client`).
 #[test]
@@ -310,6 +311,84 @@ fn restart_reuses_pins_and_keeps_balancing_state() {
     let live = fx.dp().live().counters().unwrap();
     let totals: Vec<u64> = live.values().map(|c| c.total).collect();
     assert_eq!(totals, vec![3, 3, 3, 3], "{live:?}");
+}
+
+#[test]
+fn restart_with_other_map_sizes_resizes_them_keeping_every_entry() {
+    let mut fx = Fixture::new("resize", 4);
+    let mut state = one_service(&fx, &[0, 1, 2, 3], Algorithm::RoundRobin);
+    fx.sync(&mut state, &full());
+    let n = name("web", Protocol::Tcp);
+    let set = fx.dp().set_ids(&n);
+    assert_eq!(
+        pod_counts(&fx.client_lines(&format!("tcp {} 3", vip(80)))).len(),
+        3
+    );
+    let dir = fx.dp().bpffs_path().join("maps");
+    // A flow the tc program tracked (the test writes it: this dataplane has no tc path).
+    let flow = CtKey {
+        sport: 4242,
+        ..CtKey::default()
+    };
+    Table::<CtKey, CtValue>::from_pin(&dir, CT)
+        .unwrap()
+        .put(flow, CtValue::default(), &"test".into(), &mut 0)
+        .unwrap();
+    let before = footprints(&dir);
+    let ct_before = before.iter().find(|f| f.name == CT).unwrap().clone();
+    assert_eq!(ct_before.max_entries, MapSizes::default().conntrack);
+
+    drop(fx.dp.take());
+    let sizes = MapSizes {
+        services: 1024,
+        backend_slots: 4096,
+        backends: 4096,
+        affinity: 1024,
+        sockets: 2048,
+        flows: 2048,
+        conntrack: 8192,
+        source_ranges: 1024,
+    };
+    fx.restart_with(sizes);
+    let after = footprints(&dir);
+    for f in &after {
+        if let Some(want) = sizes.of(f.name) {
+            assert_eq!(f.max_entries, want, "{} resized", f.name);
+        }
+    }
+    for (b, a) in before.iter().zip(&after) {
+        eprintln!(
+            "{}: {} entries {:?} bytes -> {} entries {:?} bytes",
+            b.name, b.max_entries, b.kernel_bytes, a.max_entries, a.kernel_bytes
+        );
+    }
+    let ct_after = after.iter().find(|f| f.name == CT).unwrap();
+    assert!(
+        ct_after.kernel_bytes.unwrap() < ct_before.kernel_bytes.unwrap(),
+        "a smaller preallocated LRU map costs less kernel memory: {ct_before:?} -> {ct_after:?}"
+    );
+    let leftovers: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with("_RESIZING"))
+        .collect();
+    assert!(leftovers.is_empty(), "set-aside pins left: {leftovers:?}");
+    assert!(
+        Table::<CtKey, CtValue>::from_pin(&dir, CT)
+            .unwrap()
+            .get(&flow)
+            .unwrap()
+            .is_some(),
+        "the tracked flow was carried over"
+    );
+    // Frontends, sets, backends, counters and the round-robin cursor were carried over: the
+    // agent finds its ids again, and 5 more connections continue the rotation (3 + 5 = 2 each).
+    fx.sync(&mut state, &full());
+    assert_eq!(fx.dp().set_ids(&n), set);
+    let _ = fx.client_lines(&format!("tcp {} 5", vip(80)));
+    let live = fx.dp().live().counters().unwrap();
+    let totals: Vec<u64> = live.values().map(|c| c.total).collect();
+    assert_eq!(totals, vec![2, 2, 2, 2], "{live:?}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use anyhow::Context;
 use proxy::cli::InspectArgs;
 use proxy::dataplane::ebpf::inspect::{AffinityClient, FrontendView, MapSnapshot, SlotView};
+use proxy::dataplane::ebpf::resize::{footprints, Footprint};
 use proxy::dataplane::ebpf::sockterm::TermCounts;
 use proxy::status::{ServiceView, StateView};
 
@@ -230,8 +231,17 @@ fn frontend_json(f: &FrontendView) -> serde_json::Value {
 }
 
 /// `inspect --maps --json`: the snapshot as one JSON document.
-fn maps_json(snap: &MapSnapshot, destroyed: Option<TermCounts>) -> serde_json::Value {
+fn maps_json(
+    snap: &MapSnapshot,
+    destroyed: Option<TermCounts>,
+    footprints: &[Footprint],
+) -> serde_json::Value {
     serde_json::json!({
+        "maps": footprints.iter().map(|f| serde_json::json!({
+            "name": f.name,
+            "max_entries": f.max_entries,
+            "kernel_bytes": f.kernel_bytes,
+        })).collect::<Vec<_>>(),
         "frontends": snap.frontends.iter().map(frontend_json).collect::<Vec<_>>(),
         "cluster_ips": snap.vips,
         "sockets_destroyed": destroyed.map(|d| serde_json::json!({
@@ -246,10 +256,11 @@ fn maps_json(snap: &MapSnapshot, destroyed: Option<TermCounts>) -> serde_json::V
 fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
     let snap = MapSnapshot::read(&args.bpffs_path).context("proxy inspect --maps")?;
     // Absent from the pins of an agent older than socket destruction.
-    let destroyed =
-        TermCounts::from_pin(&proxy::dataplane::ebpf::inspect::maps_dir(&args.bpffs_path)).ok();
+    let maps_dir = proxy::dataplane::ebpf::inspect::maps_dir(&args.bpffs_path);
+    let destroyed = TermCounts::from_pin(&maps_dir).ok();
+    let footprints = footprints(&maps_dir);
     if args.json {
-        println!("{}", maps_json(&snap, destroyed));
+        println!("{}", maps_json(&snap, destroyed, &footprints));
         return Ok(());
     }
     let (maps, links) = proxy::dataplane::ebpf::inspect::pinned(&args.bpffs_path);
@@ -273,6 +284,21 @@ fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
             } else {
                 String::new()
             }
+        );
+    }
+    let total: u64 = footprints.iter().filter_map(|f| f.kernel_bytes).sum();
+    println!(
+        "map sizes (--bpf-*-max), {:.1} MiB of kernel memory in all:",
+        total as f64 / 1048576.0
+    );
+    for f in &footprints {
+        println!(
+            "  {:<20} {:>9} entries at most  {}",
+            f.name,
+            f.max_entries,
+            f.kernel_bytes
+                .map(|b| format!("{:>8.1} MiB", b as f64 / 1048576.0))
+                .unwrap_or_else(|| "kernel memory not reported".into())
         );
     }
     for f in &snap.frontends {

@@ -60,6 +60,16 @@ fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
         cgroup_path: args.cgroup_path.clone(),
         bpffs_path: args.bpffs_path.clone(),
         iptables_mode: args.iptables_mode.clone(),
+        ebpf_map_sizes: proxy::dataplane::ebpf::MapSizes {
+            services: args.bpf_lb_services_max,
+            backend_slots: args.bpf_lb_slots_max,
+            backends: args.bpf_lb_backends_max,
+            affinity: args.bpf_affinity_max,
+            sockets: args.bpf_sockets_max,
+            flows: args.bpf_flows_max,
+            conntrack: args.bpf_ct_max,
+            source_ranges: args.bpf_source_ranges_max,
+        },
     })
 }
 

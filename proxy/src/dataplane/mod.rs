@@ -55,6 +55,8 @@ pub struct BackendConfig {
     pub bpffs_path: PathBuf,
     /// `--iptables-mode` (iptables): `legacy`, `nft`, or `None` to detect.
     pub iptables_mode: Option<String>,
+    /// `--bpf-*-max` (ebpf): the maps' sizes; pinned maps of other sizes are resized.
+    pub ebpf_map_sizes: ebpf::MapSizes,
 }
 
 impl BackendConfig {
@@ -84,6 +86,7 @@ impl Default for BackendConfig {
             cgroup_path: None,
             bpffs_path: PathBuf::from("/sys/fs/bpf/kpr"),
             iptables_mode: None,
+            ebpf_map_sizes: ebpf::MapSizes::default(),
         }
     }
 }

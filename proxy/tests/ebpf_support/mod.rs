@@ -143,7 +143,12 @@ impl Fixture {
 
     /// A new dataplane on the same pins (an agent restart).
     pub fn restart(&mut self) {
-        let opts = socket_only(MapSizes::default());
+        self.restart_with(MapSizes::default());
+    }
+
+    /// A new dataplane on the same pins, asking for other map sizes.
+    pub fn restart_with(&mut self, sizes: MapSizes) {
+        let opts = socket_only(sizes);
         self.dp = Some(EbpfDataplane::with_options(&self.cfg, opts).expect("restart"));
     }
 

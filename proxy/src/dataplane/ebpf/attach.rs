@@ -73,7 +73,8 @@ impl Default for MapSizes {
 }
 
 impl MapSizes {
-    fn of(&self, map: &str) -> Option<u32> {
+    /// The size asked for `map`; None for the fixed-size arrays.
+    pub fn of(&self, map: &str) -> Option<u32> {
         Some(match map {
             maps::SERVICES | maps::RR => self.services,
             maps::SLOTS => self.backend_slots,

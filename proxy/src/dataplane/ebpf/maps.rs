@@ -117,8 +117,12 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
 
     /// Opens the map pinned at `dir/name`.
     pub fn from_pin(dir: &Path, name: &'static str) -> Result<Self, DataplaneError> {
-        let path = dir.join(name);
-        let data = MapData::from_pin(&path)
+        Self::from_pin_path(name, &dir.join(name))
+    }
+
+    /// Opens the map `name` pinned at `path` (a resize's set-aside pin has another name).
+    pub fn from_pin_path(name: &'static str, path: &Path) -> Result<Self, DataplaneError> {
+        let data = MapData::from_pin(path)
             .map_err(|e| map_err(name, &format!("opening the pin {}", path.display()), e))?;
         let map = if name == AFFINITY || name == REVNAT || name == UDP_FWD || name == CT {
             Map::LruHashMap(data)
@@ -151,6 +155,34 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
             return Ok(());
         }
         self.put_now(key, value, object)
+    }
+
+    /// Writes `entries` one syscall each (a resize's copy); with `keep_existing`, a key the map
+    /// already holds keeps its value (`BPF_NOEXIST`). Returns how many were written. A map too
+    /// small for them is [`DataplaneError::MapFull`] naming the map.
+    pub fn insert_all(
+        &mut self,
+        entries: Vec<(K, V)>,
+        keep_existing: bool,
+    ) -> Result<usize, DataplaneError> {
+        const BPF_NOEXIST: u64 = 1;
+        let flags = if keep_existing { BPF_NOEXIST } else { 0 };
+        let mut written = 0;
+        for (key, value) in entries {
+            match self.map.insert(key, value, flags) {
+                Ok(()) => written += 1,
+                Err(e) if keep_existing && errno(&e) == Some(libc::EEXIST) => {}
+                Err(e) => {
+                    return Err(self.write_err(
+                        &key,
+                        "an entry carried over by a resize",
+                        errno(&e),
+                        &e.to_string(),
+                    ))
+                }
+            }
+        }
+        Ok(written)
     }
 
     fn put_now(&mut self, key: K, value: V, object: &str) -> Result<(), DataplaneError> {
@@ -391,8 +423,12 @@ impl Ranges {
 
     /// Opens the trie pinned at `dir/KPR_SRC_RANGES`.
     pub fn from_pin(dir: &Path) -> Result<Self, DataplaneError> {
-        let path = dir.join(SRC_RANGES);
-        let data = MapData::from_pin(&path).map_err(|e| {
+        Self::from_pin_path(&dir.join(SRC_RANGES))
+    }
+
+    /// Opens the trie pinned at `path` (a resize's set-aside pin has another name).
+    pub fn from_pin_path(path: &Path) -> Result<Self, DataplaneError> {
+        let data = MapData::from_pin(path).map_err(|e| {
             map_err(
                 SRC_RANGES,
                 &format!("opening the pin {}", path.display()),

@@ -59,6 +59,7 @@ mod logs;
 pub mod maps;
 pub mod object;
 pub mod programmed;
+pub mod resize;
 pub mod sockterm;
 pub mod tc;
 pub mod trace;
@@ -136,11 +137,17 @@ impl EbpfDataplane {
     /// to every non-loopback interface of the calling thread's network namespace, and pins maps
     /// and links under `cfg.bpffs_path`, with the default map sizes.
     pub fn new(cfg: &BackendConfig) -> Result<Self, DataplaneError> {
-        Self::with_options(cfg, EbpfOptions::default())
+        Self::with_options(
+            cfg,
+            EbpfOptions {
+                map_sizes: cfg.ebpf_map_sizes,
+                ..EbpfOptions::default()
+            },
+        )
     }
 
-    /// As [`EbpfDataplane::new`], with explicit options. Map sizes apply when maps are created;
-    /// maps that are already pinned keep the size they were created with.
+    /// As [`EbpfDataplane::new`], with explicit options. A pinned map of another size than
+    /// asked for is resized, its entries carried over (see [`resize`]).
     pub fn with_options(cfg: &BackendConfig, opts: EbpfOptions) -> Result<Self, DataplaneError> {
         let sizes = opts.map_sizes;
         object::embedded()?;
@@ -163,7 +170,9 @@ impl EbpfDataplane {
             Ok(btf) => sockterm::probe_btf(btf),
             Err(why) => sockterm::Support::Missing(why.clone()),
         };
+        let mut resized = resize::set_aside(&pins, &sizes)?;
         let mut ebpf = attach::load(&pins, &sizes, &mut support)?;
+        resize::copy_entries(&pins, &mut resized)?;
         let logs = logs::LogDrain::start(&mut ebpf);
         let mut maps = Maps::take(&mut ebpf)?;
         let programmed = Programmed::recover(&maps)?;
@@ -179,9 +188,11 @@ impl EbpfDataplane {
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
         let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
         tc.refresh(&mut ebpf)?;
+        resize::finish(&pins, resized)?;
         let term = sockterm::SockTerminator::new(&mut ebpf, &support, btf.as_ref().ok());
         drop(btf);
         attach::log_verified(&ebpf);
+        resize::log_footprints(&pins);
         Ok(EbpfDataplane {
             pins,
             compile_ctx: compile::CompileContext {
