@@ -15,7 +15,7 @@ use proxy::dataplane::ebpf::resize::footprints;
 use proxy::dataplane::ebpf::MapSizes;
 use proxy::dataplane::Dataplane;
 use proxy::error::DataplaneError;
-use proxy::model::{Algorithm, Protocol};
+use proxy::model::{Algorithm, Protocol, ServicePortName};
 use proxy::state::ProxyState;
 use proxy_common::{CtKey, CtValue, ServiceKey, ServiceValue, SlotKey};
 
@@ -287,9 +287,10 @@ fn a_dual_stack_socket_reaches_an_ipv4_service_through_its_v4_mapped_address() {
     assert_eq!(lines, vec![format!("peer {mapped}")]);
 }
 
-#[test]
-fn restart_reuses_pins_and_keeps_balancing_state() {
-    let mut fx = Fixture::new("restart", 4);
+/// Four pods behind one round-robin Service, programmed, and 3 connections made through it:
+/// the fixture, its state, the port's name and its backend set ids.
+fn serving_three_of_four(tag: &str) -> (Fixture, ProxyState, ServicePortName, Vec<u32>) {
+    let mut fx = Fixture::new(tag, 4);
     let mut state = one_service(&fx, &[0, 1, 2, 3], Algorithm::RoundRobin);
     fx.sync(&mut state, &full());
     let n = name("web", Protocol::Tcp);
@@ -298,6 +299,12 @@ fn restart_reuses_pins_and_keeps_balancing_state() {
         pod_counts(&fx.client_lines(&format!("tcp {} 3", vip(80)))).len(),
         3
     );
+    (fx, state, n, set)
+}
+
+#[test]
+fn restart_reuses_pins_and_keeps_balancing_state() {
+    let (mut fx, mut state, n, set) = serving_three_of_four("restart");
     // The agent goes away without cleanup: pinned links keep translating.
     drop(fx.dp.take());
     let counts = pod_counts(&fx.client_lines(&format!("tcp {} 4", vip(80))));
@@ -315,15 +322,7 @@ fn restart_reuses_pins_and_keeps_balancing_state() {
 
 #[test]
 fn restart_with_other_map_sizes_resizes_them_keeping_every_entry() {
-    let mut fx = Fixture::new("resize", 4);
-    let mut state = one_service(&fx, &[0, 1, 2, 3], Algorithm::RoundRobin);
-    fx.sync(&mut state, &full());
-    let n = name("web", Protocol::Tcp);
-    let set = fx.dp().set_ids(&n);
-    assert_eq!(
-        pod_counts(&fx.client_lines(&format!("tcp {} 3", vip(80)))).len(),
-        3
-    );
+    let (mut fx, mut state, n, set) = serving_three_of_four("resize");
     let dir = fx.dp().bpffs_path().join("maps");
     // A flow the tc program tracked (the test writes it: this dataplane has no tc path).
     let flow = CtKey {

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use proxy::cli::InspectArgs;
 use proxy::dataplane::ebpf::inspect::{AffinityClient, FrontendView, MapSnapshot, SlotView};
-use proxy::dataplane::ebpf::resize::{footprints, Footprint};
+use proxy::dataplane::ebpf::resize::{footprints, total_mib, Footprint};
 use proxy::dataplane::ebpf::sockterm::TermCounts;
 use proxy::status::{ServiceView, StateView};
 
@@ -286,20 +286,12 @@ fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
             }
         );
     }
-    let total: u64 = footprints.iter().filter_map(|f| f.kernel_bytes).sum();
     println!(
         "map sizes (--bpf-*-max), {:.1} MiB of kernel memory in all:",
-        total as f64 / 1048576.0
+        total_mib(&footprints)
     );
     for f in &footprints {
-        println!(
-            "  {:<20} {:>9} entries at most  {}",
-            f.name,
-            f.max_entries,
-            f.kernel_bytes
-                .map(|b| format!("{:>8.1} MiB", b as f64 / 1048576.0))
-                .unwrap_or_else(|| "kernel memory not reported".into())
-        );
+        println!("  {}: {}", f.name, f.describe());
     }
     for f in &snap.frontends {
         print_frontend(f);

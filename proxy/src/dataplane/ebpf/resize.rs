@@ -90,34 +90,28 @@ pub fn set_aside(pins: &Pins, sizes: &MapSizes) -> Result<Vec<Resized>, Dataplan
         };
         let pin = dir.join(name);
         let aside = dir.join(format!("{name}{ASIDE}"));
-        if aside.exists() {
+        let from = if aside.exists() {
             // A previous agent stopped mid-resize. The map it created may have another size
             // than the one asked for now: drop it (what it held beyond the set-aside entries is
             // flows of the few moments that agent ran) and resize from the set-aside map.
             if pin.exists() && max_entries(name, &pin)? != to {
                 fs::remove_file(&pin).map_err(io_err(format!("removing {}", pin.display())))?;
             }
-            let from = max_entries(name, &aside)?;
-            out.push(Resized {
-                name,
-                from,
-                to,
-                aside,
-                copied: 0,
-            });
-            continue;
-        }
-        if !pin.exists() {
-            continue;
-        }
-        let from = max_entries(name, &pin)?;
-        if from == to {
-            continue;
-        }
-        fs::rename(&pin, &aside).map_err(io_err(format!(
-            "setting {} aside to resize it",
-            pin.display()
-        )))?;
+            max_entries(name, &aside)?
+        } else {
+            if !pin.exists() {
+                continue;
+            }
+            let from = max_entries(name, &pin)?;
+            if from == to {
+                continue;
+            }
+            fs::rename(&pin, &aside).map_err(io_err(format!(
+                "setting {} aside to resize it",
+                pin.display()
+            )))?;
+            from
+        };
         out.push(Resized {
             name,
             from,
@@ -225,6 +219,24 @@ pub struct Footprint {
     pub kernel_bytes: Option<u64>,
 }
 
+impl Footprint {
+    /// "N entries at most, X MiB of kernel memory", for logs and `proxy inspect --maps`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} entries at most, {}",
+            self.max_entries,
+            self.kernel_bytes
+                .map(|b| format!("{:.1} MiB of kernel memory", b as f64 / 1048576.0))
+                .unwrap_or_else(|| "kernel memory not reported".into())
+        )
+    }
+}
+
+/// The kernel memory of all `maps` in MiB.
+pub fn total_mib(maps: &[Footprint]) -> f64 {
+    maps.iter().filter_map(|f| f.kernel_bytes).sum::<u64>() as f64 / 1048576.0
+}
+
 /// The kernel memory charged for the map behind `data` (`memlock` in its fd's fdinfo).
 fn kernel_bytes(data: &MapData) -> Option<u64> {
     let fd = data.fd().as_fd().as_raw_fd();
@@ -252,20 +264,12 @@ pub fn footprints(maps_dir: &Path) -> Vec<Footprint> {
 /// Logs each map's size and kernel memory, and the total (at start, after loading).
 pub fn log_footprints(pins: &Pins) {
     let all = footprints(&pins.maps());
-    let total: u64 = all.iter().filter_map(|f| f.kernel_bytes).sum();
     for f in &all {
-        tracing::info!(
-            "ebpf: map {}: {} entries at most, {}",
-            f.name,
-            f.max_entries,
-            f.kernel_bytes
-                .map(|b| format!("{:.1} MiB of kernel memory", b as f64 / 1048576.0))
-                .unwrap_or_else(|| "kernel memory not reported".into())
-        );
+        tracing::info!("ebpf: map {}: {}", f.name, f.describe());
     }
     tracing::info!(
         "ebpf: {} maps, {:.1} MiB of kernel memory in all (sizes: --bpf-*-max flags)",
         all.len(),
-        total as f64 / 1048576.0
+        total_mib(&all)
     );
 }
