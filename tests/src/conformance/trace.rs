@@ -23,7 +23,6 @@ use super::family::Family;
 use super::{scenario, Backend, Expect, Rig, Step};
 use crate::cluster::ECHO_PORT;
 use crate::probe::ProbeLine;
-use crate::Cluster;
 
 /// The scenarios whose connection steps are traced.
 pub const SCENARIOS: &[&str] = &[
@@ -119,18 +118,20 @@ pub fn parse(text: &str) -> Result<Traced, String> {
     Err(format!("a decision this test does not know: `{line}`"))
 }
 
+/// A pod's endpoint address by its name (what the echo servers answer with).
+pub type PodAddr<'a> = &'a dyn Fn(&str) -> Option<SocketAddr>;
+
 /// The endpoint address of each answered connection (`None` for an error), in order.
 fn answers(
-    cluster: &Cluster,
+    pod_addr: PodAddr<'_>,
     lines: &[ProbeLine],
 ) -> Result<Vec<Result<SocketAddr, String>>, String> {
     lines
         .iter()
         .filter_map(|l| match l {
             ProbeLine::Reply(r) => Some(
-                cluster
-                    .pod(&r.pod)
-                    .map(|p| Ok(SocketAddr::new(p.ip.into(), ECHO_PORT)))
+                pod_addr(&r.pod)
+                    .map(Ok)
                     .ok_or_else(|| format!("{} answered: not a pod of the cluster", r.pod)),
             ),
             ProbeLine::Error(e) => Some(Ok(Err(e.clone()))),
@@ -143,11 +144,11 @@ fn answers(
 /// a client on one endpoint.
 pub fn agree(
     traced: &Traced,
-    cluster: &Cluster,
+    pod_addr: PodAddr<'_>,
     lines: &[ProbeLine],
     sticky_service: bool,
 ) -> Result<(), String> {
-    let got = answers(cluster, lines)?;
+    let got = answers(pod_addr, lines)?;
     if got.is_empty() {
         return Err("the probe made no connection".into());
     }
@@ -224,6 +225,11 @@ pub fn agree(
 /// checking each connection step against its trace; panics naming the scenario and the step.
 pub fn run(backend: Backend) {
     let cluster = super::rig::cluster(Family::V4).unwrap_or_else(|e| panic!("cluster: {e}"));
+    let pod_addr = |name: &str| {
+        cluster
+            .pod(name)
+            .map(|p| SocketAddr::new(p.ip.into(), ECHO_PORT))
+    };
     for name in SCENARIOS {
         let sc = scenario(name).unwrap_or_else(|| panic!("no scenario {name}"));
         let rig = Rig::start(&cluster, backend, Family::V4, &sc)
@@ -246,13 +252,13 @@ pub fn run(backend: Backend) {
                 .probe_lines(p, Family::V4)
                 .unwrap_or_else(|e| fail(e, &text));
             let sticky = p.expect == Expect::Sticky;
-            agree(&traced, rig.cluster(), &lines, sticky)
+            agree(&traced, &pod_addr, &lines, sticky)
                 .unwrap_or_else(|e| fail(format!("{e}; probe {args}: {lines:?}"), &text));
             if sticky {
                 // The connections made the client's affinity entry: the trace now names it.
                 let after = rig.trace(src, &to, &[]).unwrap_or_else(|e| fail(e, ""));
                 let traced = parse(&after).unwrap_or_else(|e| fail(e, &after));
-                let first = answers(rig.cluster(), &lines)
+                let first = answers(&pod_addr, &lines)
                     .ok()
                     .and_then(|a| a.first().cloned())
                     .and_then(Result::ok);
@@ -300,5 +306,67 @@ mod tests {
             Traced::Drop
         );
         assert!(parse("no decision").is_err());
+    }
+
+    fn reply(pod: &str) -> ProbeLine {
+        ProbeLine::Reply(crate::client::Reply {
+            pod: pod.into(),
+            peer: "10.244.200.2:1".parse().unwrap(),
+        })
+    }
+
+    fn err(kind: &str) -> ProbeLine {
+        ProbeLine::Error(kind.into())
+    }
+
+    /// The check fails whenever the connections did not get what the trace said.
+    #[test]
+    fn disagreement_fails() {
+        let addr = |i: u8| -> SocketAddr { format!("10.244.{i}.2:8080").parse().unwrap() };
+        let pods = |name: &str| {
+            name.strip_prefix("pod")?
+                .parse::<u8>()
+                .ok()
+                .map(|i| addr(i + 1))
+        };
+        let one = Traced::One {
+            pick: addr(1),
+            named: vec![addr(1), addr(2)],
+            sticky: false,
+        };
+        assert!(agree(&one, &pods, &[reply("pod0"), reply("pod1")], false).is_ok());
+        assert!(
+            agree(&one, &pods, &[reply("pod1"), reply("pod0")], false).is_err(),
+            "first"
+        );
+        assert!(
+            agree(&one, &pods, &[reply("pod0"), reply("pod2")], false).is_err(),
+            "named"
+        );
+        let sticky = Traced::One {
+            pick: addr(1),
+            named: vec![addr(1)],
+            sticky: true,
+        };
+        assert!(agree(&sticky, &pods, &[reply("pod0"), reply("pod1")], true).is_err());
+        let set = Traced::OneOf(vec![addr(1), addr(2)]);
+        let rr = [reply("pod0"), reply("pod1"), reply("pod0"), reply("pod1")];
+        assert!(agree(&set, &pods, &rr, false).is_ok());
+        let one_only = [reply("pod0"), reply("pod0"), reply("pod0"), reply("pod0")];
+        assert!(
+            agree(&set, &pods, &one_only, false).is_err(),
+            "each answers"
+        );
+        assert!(
+            agree(&set, &pods, &one_only, true).is_ok(),
+            "affinity sticks"
+        );
+        assert!(agree(&set, &pods, &[reply("pod0"), err("timeout")], false).is_err());
+        assert!(agree(&Traced::Reject, &pods, &[err("reset")], false).is_ok());
+        assert!(agree(&Traced::Reject, &pods, &[err("timeout")], false).is_err());
+        assert!(agree(&Traced::Drop, &pods, &[err("refused")], false).is_err());
+        assert!(agree(&Traced::Drop, &pods, &[reply("pod0")], false).is_err());
+        assert!(agree(&Traced::Close, &pods, &[err("closed")], false).is_ok());
+        assert!(agree(&Traced::Untouched, &pods, &[reply("pod0")], false).is_err());
     }
 }
