@@ -322,6 +322,12 @@ pub enum TraceBackend {
     Ebpf,
     /// The `ip kpr` / `ip6 kpr` table of this network namespace (run it in the node's).
     Nftables,
+    /// The `KPR-` chains of this network namespace (`iptables-save` / `ip6tables-save` of
+    /// --iptables-mode; run it in the node's).
+    Iptables,
+    /// The `kpr-userspace` table of this network namespace and the running agent's listeners
+    /// (`GET /trace` on --metrics-bind-address).
+    Userspace,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -349,6 +355,13 @@ pub struct TraceArgs {
     /// bpffs directory of the eBPF backend's pins.
     #[arg(long, default_value = "/sys/fs/bpf/kpr")]
     pub bpffs_path: PathBuf,
+    /// The iptables backend's mode (`legacy` or `nft`); default: the one whose tables hold
+    /// rules, as the agent detects it.
+    #[arg(long)]
+    pub iptables_mode: Option<String>,
+    /// The userspace backend: the agent's metrics address (where `/trace` is served).
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: SocketAddr,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -453,6 +466,38 @@ mod tests {
             panic!("not trace")
         };
         assert_eq!(t.backend, TraceBackend::Nftables);
+        let cli = Cli::try_parse_from([
+            "proxy",
+            "trace",
+            "--backend",
+            "iptables",
+            "--iptables-mode",
+            "legacy",
+            "10.0.0.1",
+            "10.96.0.10:80",
+        ])
+        .unwrap();
+        let Command::Trace(t) = cli.command else {
+            panic!("not trace")
+        };
+        assert_eq!(t.backend, TraceBackend::Iptables);
+        assert_eq!(t.iptables_mode.as_deref(), Some("legacy"));
+        let cli = Cli::try_parse_from([
+            "proxy",
+            "trace",
+            "--backend",
+            "userspace",
+            "--metrics-bind-address",
+            "127.0.0.1:20249",
+            "10.0.0.1",
+            "10.96.0.10:80",
+        ])
+        .unwrap();
+        let Command::Trace(t) = cli.command else {
+            panic!("not trace")
+        };
+        assert_eq!(t.backend, TraceBackend::Userspace);
+        assert_eq!(t.metrics_bind_address.port(), 20249);
         let e = Cli::try_parse_from(["proxy", "trace", "10.0.0.1", "10.96.0.10:80/icmp"])
             .unwrap_err()
             .to_string();

@@ -1,16 +1,17 @@
-//! The agent's HTTP endpoints: `/metrics` and `/state` on the metrics address, `/healthz` and
-//! `/livez` on the healthz address.
+//! The agent's HTTP endpoints: `/metrics`, `/state` and `/trace` on the metrics address, `/healthz`
+//! and `/livez` on the healthz address.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::dataplane::{TraceQuery, TraceView};
 use crate::metrics::Metrics;
 use crate::status::{Health, StateView};
 use crate::sync::StateQuery;
@@ -41,8 +42,34 @@ async fn state(State(s): State<Shared>) -> Result<Json<StateView>, (StatusCode, 
             "the sync runner is not running".to_string(),
         )
     };
-    s.queries.send(tx).await.map_err(|_| unavailable())?;
+    s.queries
+        .send(StateQuery::State(tx))
+        .await
+        .map_err(|_| unavailable())?;
     rx.await.map(Json).map_err(|_| unavailable())
+}
+
+/// `GET /trace?src=&dst=&port=&proto=[&src_port=]`: the dataplane's own decision for that new
+/// connection (`proxy trace --backend userspace`); 501 from a backend that decides in the kernel.
+async fn trace(
+    State(s): State<Shared>,
+    Query(q): Query<TraceQuery>,
+) -> Result<Json<TraceView>, (StatusCode, String)> {
+    let (tx, rx) = oneshot::channel();
+    let unavailable = || {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the sync runner is not running".to_string(),
+        )
+    };
+    s.queries
+        .send(StateQuery::Trace(q, tx))
+        .await
+        .map_err(|_| unavailable())?;
+    match rx.await.map_err(|_| unavailable())? {
+        Ok(view) => Ok(Json(view)),
+        Err(why) => Err((StatusCode::NOT_IMPLEMENTED, why)),
+    }
 }
 
 async fn healthz(State(s): State<Shared>) -> (StatusCode, String) {
@@ -72,6 +99,7 @@ pub async fn start(
     let metrics_app = Router::new()
         .route("/metrics", get(metrics))
         .route("/state", get(state))
+        .route("/trace", get(trace))
         .with_state(shared.clone());
     let health_app = Router::new()
         .route("/healthz", get(healthz))

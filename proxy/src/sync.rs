@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::dataplane::Dataplane;
+use crate::dataplane::{Dataplane, TraceQuery, TraceView};
 
 use crate::healthcheck::HealthCheckServers;
 use crate::metrics::{FamilyLabel, Metrics, TrafficPolicyLabel};
@@ -29,8 +29,13 @@ pub struct SyncTiming {
     pub full_sync_period: Duration,
 }
 
-/// A request for the current [`StateView`].
-pub type StateQuery = oneshot::Sender<StateView>;
+/// A request the HTTP endpoints send the runner (which owns the dataplane).
+pub enum StateQuery {
+    /// `GET /state`: the current [`StateView`].
+    State(oneshot::Sender<StateView>),
+    /// `GET /trace`: the dataplane's own decision for a new connection.
+    Trace(TraceQuery, oneshot::Sender<Result<TraceView, String>>),
+}
 
 pub struct Runner {
     tracker: Tracker,
@@ -107,7 +112,8 @@ impl Runner {
                     }
                 },
                 q = queries.recv() => match q {
-                    Some(reply) => { let _ = reply.send(self.view()); }
+                    Some(StateQuery::State(reply)) => { let _ = reply.send(self.view()); }
+                    Some(StateQuery::Trace(q, reply)) => { let _ = reply.send(self.dataplane.trace(&q)); }
                     None if !events_open => return,
                     None => {}
                 },

@@ -1,6 +1,7 @@
 //! `proxy trace SRC DST:PORT/PROTO`: which Service, endpoint set and decision a new connection
-//! gets, worked out from the eBPF backend's pinned maps or the nftables backend's tables as they
-//! are.
+//! gets, worked out from the eBPF backend's pinned maps, the nftables backend's tables or the
+//! iptables backend's chains as they are, or, for the userspace backend, its table and the
+//! running agent's listener state (`GET /trace`).
 
 use anyhow::Context;
 use proxy::cli::{TraceArgs, TraceBackend};
@@ -9,9 +10,9 @@ use proxy::dataplane::ebpf::trace::{self, TraceRequest};
 
 /// The nftables backend: the family's table of this network namespace.
 fn run_nftables(args: &TraceArgs) -> anyhow::Result<()> {
-    use proxy::dataplane::nftables::trace::{self as nft_trace, TableSnapshot};
+    use proxy::dataplane::nftables::trace as nft_trace;
     let family = proxy::model::IpFamily::of(&args.dst.addr);
-    let table = TableSnapshot::read(family)
+    let table = nft_trace::read_table(family)
         .context("proxy trace: reading the kpr table (run it in the node's network namespace)")?;
     let req = nft_trace::TraceRequest {
         src: args.src,
@@ -26,6 +27,98 @@ fn run_nftables(args: &TraceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The iptables backend: the family's `KPR-` chains of this network namespace.
+fn run_iptables(args: &TraceArgs) -> anyhow::Result<()> {
+    use proxy::dataplane::iptables::exec::Mode;
+    use proxy::dataplane::iptables::trace::{self as ipt, Env, Snapshot};
+    let mode = match args.iptables_mode.as_deref() {
+        Some(m) => Mode::parse(m)?,
+        None => Mode::detect(),
+    };
+    let tool = mode.tool(proxy::model::IpFamily::of(&args.dst.addr));
+    let snap = Snapshot::read(tool).context(
+        "proxy trace: reading the iptables rules (run it in the node's network namespace)",
+    )?;
+    if !snap.programmed() {
+        anyhow::bail!(
+            "proxy trace: {} shows no KPR-SERVICES chain: the iptables backend has not programmed \
+             this network namespace in {} mode (--iptables-mode)",
+            tool.binary("save"),
+            match mode {
+                Mode::Legacy => "legacy",
+                Mode::Nft => "nft",
+            }
+        );
+    }
+    let req = ipt::TraceRequest {
+        src: args.src,
+        src_port: args.src_port,
+        dst: args.dst.addr,
+        port: args.dst.port,
+        proto: args.dst.proto,
+    };
+    let t = ipt::trace(&snap, &Env::read(), &req)
+        .map_err(|e| anyhow::anyhow!("proxy trace: {}: {e}", tool.binary("save")))?;
+    print!("{}", ipt::render(&req, tool, &t));
+    Ok(())
+}
+
+/// The userspace backend: the kernel's verdict from the `kpr-userspace` table, then (for a
+/// redirected connection) the agent's listener.
+fn run_userspace(args: &TraceArgs) -> anyhow::Result<()> {
+    use proxy::dataplane::userspace::trace::{kernel, read_table, render_kernel, KernelVerdict};
+    use proxy::dataplane::{TraceQuery, TraceView};
+    let q = TraceQuery {
+        src: args.src,
+        src_port: args.src_port,
+        dst: args.dst.addr,
+        port: args.dst.port,
+        proto: args.dst.proto,
+    };
+    let table = read_table(proxy::model::IpFamily::of(&q.dst)).context(
+        "proxy trace: reading the kpr-userspace table (run it in the node's network namespace)",
+    )?;
+    let mut steps = Vec::new();
+    let verdict = kernel(&table, &q, &mut steps);
+    print!("{}", render_kernel(&q, &steps));
+    let decision = match verdict {
+        KernelVerdict::Reject(why) => format!("reject ({why})"),
+        KernelVerdict::Drop(why) => format!("drop ({why})"),
+        KernelVerdict::Untouched => "untouched: not a Service address of this table".into(),
+        KernelVerdict::Redirect(_) => {
+            let mut url = format!(
+                "http://{}/trace?src={}&dst={}&port={}&proto={}",
+                args.metrics_bind_address,
+                q.src,
+                q.dst,
+                q.port,
+                q.proto.as_str()
+            );
+            if let Some(p) = q.src_port {
+                url.push_str(&format!("&src_port={p}"));
+            }
+            let resp = reqwest::blocking::get(&url)
+                .with_context(|| format!("proxy trace: asking the agent ({url})"))?;
+            let status = resp.status();
+            if !status.is_success() {
+                anyhow::bail!(
+                    "proxy trace: {url}: {status}: {}",
+                    resp.text().unwrap_or_default().trim()
+                );
+            }
+            let view: TraceView = resp
+                .json()
+                .with_context(|| format!("proxy trace: {url}: not a trace"))?;
+            for s in &view.steps {
+                println!("{s}");
+            }
+            view.decision
+        }
+    };
+    println!("decision: {decision}");
+    Ok(())
+}
+
 pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
     if args.src.is_ipv4() != args.dst.addr.is_ipv4() {
         anyhow::bail!(
@@ -35,8 +128,11 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
             args.dst.addr
         );
     }
-    if args.backend == TraceBackend::Nftables {
-        return run_nftables(args);
+    match args.backend {
+        TraceBackend::Nftables => return run_nftables(args),
+        TraceBackend::Iptables => return run_iptables(args),
+        TraceBackend::Userspace => return run_userspace(args),
+        TraceBackend::Ebpf => {}
     }
     let snap = MapSnapshot::read(&args.bpffs_path).context("proxy trace")?;
     let netns_cookie = match &args.netns {

@@ -116,6 +116,38 @@ pub trait Dataplane: Send {
     fn families(&self) -> &'static [crate::model::IpFamily] {
         &[crate::model::IpFamily::V4]
     }
+
+    /// `GET /trace`: what the backend's own state (not the kernel's) decides for a new
+    /// connection. Only the userspace backend decides in the agent; the others' decisions are in
+    /// the kernel, and `proxy trace --backend NAME` reads them there.
+    fn trace(&self, q: &TraceQuery) -> Result<TraceView, String> {
+        let _ = q;
+        Err(format!(
+            "the {name} backend decides in the kernel, not in the agent: run `proxy trace \
+             --backend {name}` in the node's network namespace",
+            name = self.name()
+        ))
+    }
+}
+
+/// A new connection `proxy trace` asks the agent about (`GET /trace?src=&dst=&port=&proto=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+pub struct TraceQuery {
+    pub src: std::net::IpAddr,
+    #[serde(default)]
+    pub src_port: Option<u16>,
+    pub dst: std::net::IpAddr,
+    pub port: u16,
+    pub proto: crate::model::Protocol,
+}
+
+/// The agent's answer: the steps it took and its decision (`dnat to ...`, `reject (...)`,
+/// `drop (...)`, as `proxy trace` prints them), with the endpoints it may pick.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+pub struct TraceView {
+    pub steps: Vec<String>,
+    pub decision: String,
+    pub endpoints: Vec<std::net::SocketAddr>,
 }
 
 impl Backend {

@@ -4,10 +4,11 @@
 //! namespace of the calling thread. Small transactions (incremental syncs) go through the thread's
 //! long-lived libnftables context ([`libnft`]); large ones (full syncs) and hosts without
 //! libnftables run `nft -f -`, whose memory is returned when it exits. [`netlink`] writes the
-//! elements of a new table without nft's parser.
+//! elements of a new table without nft's parser; [`snapshot`] reads a table back (`nft -j`).
 
 mod libnft;
 pub mod netlink;
+pub mod snapshot;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

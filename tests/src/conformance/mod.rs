@@ -34,6 +34,7 @@ pub mod exceptions;
 pub mod family;
 mod rig;
 pub mod scenarios;
+pub mod trace;
 
 use std::fmt;
 
@@ -71,6 +72,19 @@ impl Backend {
             Backend::IptablesNft => vec!["iptables", "--iptables-mode", "nft"],
             Backend::IptablesLegacy => vec!["iptables", "--iptables-mode", "legacy"],
             Backend::Ebpf => vec!["ebpf"],
+        }
+    }
+}
+
+impl Backend {
+    /// `proxy trace` flags reading this backend's state.
+    pub fn trace_args(self) -> Vec<&'static str> {
+        match self {
+            Backend::Userspace => vec!["--backend", "userspace"],
+            Backend::Nftables => vec!["--backend", "nftables"],
+            Backend::IptablesNft => vec!["--backend", "iptables", "--iptables-mode", "nft"],
+            Backend::IptablesLegacy => vec!["--backend", "iptables", "--iptables-mode", "legacy"],
+            Backend::Ebpf => vec!["--backend", "ebpf"],
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::family::{is_node_address, Family};
 use super::{Backend, Expect, From, Probe, Scenario, Src, Step, UdpFlow};
-use crate::cluster::{ClusterSpec, CLIENT_IP, PODCLIENT_IP};
+use crate::cluster::{ClusterSpec, CLIENT_IP, NODE_IP, PODCLIENT_IP};
 use crate::probe::{parse_probe_output, probe_command, run_probe, ProbeLine};
 use crate::{Agent, AgentOptions, Cgroup, Cluster, HarnessError, Netns};
 
@@ -220,7 +220,15 @@ impl<'c> Rig<'c> {
     }
 
     fn probe(&self, p: &Probe, f: Family) -> Result<(), String> {
-        let (ns, cg, client) = self.source(p.from, f);
+        let (lines, args) = self.probe_lines(p, f)?;
+        let client = self.source(p.from, f).2;
+        check(&p.expect, &lines, client).map_err(|e| format!("{e}; probe {args:?}"))
+    }
+
+    /// Runs the probe's connections over `f` and returns what each got (and the probe's
+    /// arguments, to name it), without checking them.
+    pub fn probe_lines(&self, p: &Probe, f: Family) -> Result<(Vec<ProbeLine>, String), String> {
+        let (ns, cg, _) = self.source(p.from, f);
         let count = p.count.to_string();
         let proto = p.proto.as_str();
         let timeout = match p.expect {
@@ -237,7 +245,43 @@ impl<'c> Rig<'c> {
         if !out.stderr.trim().is_empty() && out.lines.is_empty() {
             return Err(format!("probe {args:?} printed nothing: {}", out.stderr));
         }
-        check(&p.expect, &out.lines, client).map_err(|e| format!("{e}; probe {args:?}"))
+        Ok((out.lines, format!("{args:?}")))
+    }
+
+    /// The address a connection from `from` leaves with over `f` (the node's: its address on
+    /// the client side).
+    pub fn source_addr(&self, from: From, f: Family) -> IpAddr {
+        match self.source(from, f).2 {
+            Some(ip) => ip,
+            None => f.addr(NODE_IP),
+        }
+    }
+
+    /// `proxy trace` of this rig's backend in the node's namespace for a new connection from
+    /// `src` to `to` (`ADDR:PORT/PROTO`), with `extra` arguments; its output.
+    pub fn trace(&self, src: IpAddr, to: &str, extra: &[&str]) -> Result<String, String> {
+        let bin = crate::agent::proxy_binary().map_err(|e| e.to_string())?;
+        let mut cmd = self.cluster.node.exec(bin).map_err(|e| e.to_string())?;
+        cmd.arg("trace")
+            .args(self.backend.trace_args())
+            .args(extra)
+            .arg(src.to_string())
+            .arg(to);
+        let out = cmd.output().map_err(|e| format!("proxy trace: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(format!(
+                "proxy trace {src} {to} failed ({}): {}\n{text}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(text)
+    }
+
+    /// The cluster the rig runs in.
+    pub fn cluster(&self) -> &Cluster {
+        self.cluster
     }
 
     fn hold(

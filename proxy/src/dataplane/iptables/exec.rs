@@ -1,7 +1,7 @@
 //! Running the iptables tools in the mode this node uses (legacy or nft).
 //!
 //! Owns: mode detection and the only calls to `iptables`, `iptables-save` and
-//! `iptables-restore`. All run in the calling thread's network namespace and wait for the xtables
+//! `iptables-restore` (`save` for `proxy trace`). All run in the calling thread's network namespace and wait for the xtables
 //! lock (`-w`).
 
 use std::io::Write as _;
@@ -161,6 +161,18 @@ pub fn iptables(tool: Tool, args: &[&str]) -> Result<bool, DataplaneError> {
         .output()
         .map_err(|e| DataplaneError::io(format!("running {bin}"), e))?;
     Ok(out.status.success())
+}
+
+/// Every table `iptables-save` prints for `tool` (`proxy trace` reads the nat and filter rules).
+pub fn save(tool: Tool) -> Result<String, DataplaneError> {
+    let bin = tool.binary("save");
+    let out = Command::new(&bin)
+        .output()
+        .map_err(|e| DataplaneError::io(format!("running {bin}"), e))?;
+    if !out.status.success() {
+        return Err(command_error(bin, out.status, &out.stderr, None));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The chains of `table` whose names start with `prefix` (one `iptables-save`; only the first

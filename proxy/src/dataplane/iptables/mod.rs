@@ -18,7 +18,8 @@
 //!
 //! Files: `compile` (the rules of one service port), `plan` (one sync's restore input and how it
 //! renders), `ruleset` (the hooks and the node-wide rules), `steer` (moving a least-connection
-//! pick), `buckets` and `hairpin` (the shared chains' bookkeeping), `exec` (running the tools).
+//! pick), `buckets` and `hairpin` (the shared chains' bookkeeping), `exec` (running the tools),
+//! `trace` (`proxy trace`: a new connection walked through the rules `iptables-save` prints).
 //! The sync itself is the shared rule driver's (`dataplane::rules`).
 
 pub mod buckets;
@@ -28,6 +29,7 @@ pub mod hairpin;
 mod plan;
 mod ruleset;
 mod steer;
+pub mod trace;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;

@@ -17,137 +17,23 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde_json::Value;
 
+pub use crate::nft::snapshot::TableSnapshot;
+
 use super::compile::RR_BUCKETS;
 use super::ruleset::{self, Fam, CLASSES, LC_SLOTS, RR_COUNTS};
 use crate::error::DataplaneError;
 use crate::model::{IpFamily, Protocol};
 
-/// One table as `nft -j list table` prints it: its sets and maps with their elements, and its
-/// chains' rules (as JSON, searched for the references the trace needs).
-#[derive(Debug, Clone, Default)]
-pub struct TableSnapshot {
-    pub family: Option<IpFamily>,
-    /// name -> elements (`elem` of a set or map; absent when empty).
-    sets: std::collections::HashMap<String, Vec<Value>>,
-    /// chain name -> its rules' expressions.
-    chains: std::collections::HashMap<String, Vec<Value>>,
-}
-
-impl TableSnapshot {
-    /// Parses the output of `nft -j list table <family> kpr`.
-    pub fn parse(json: &str) -> Result<TableSnapshot, String> {
-        let doc: Value = serde_json::from_str(json).map_err(|e| format!("nft -j output: {e}"))?;
-        let items = doc["nftables"]
-            .as_array()
-            .ok_or("nft -j output without an `nftables` list")?;
-        let mut t = TableSnapshot::default();
-        for item in items {
-            if let Some(s) = item.get("set").or_else(|| item.get("map")) {
-                let name = s["name"].as_str().unwrap_or_default().to_string();
-                let elems = s["elem"].as_array().cloned().unwrap_or_default();
-                t.sets.insert(name, elems);
-                if t.family.is_none() {
-                    t.family = match s["family"].as_str() {
-                        Some("ip") => Some(IpFamily::V4),
-                        Some("ip6") => Some(IpFamily::V6),
-                        _ => None,
-                    };
-                }
-            } else if let Some(r) = item.get("rule") {
-                let chain = r["chain"].as_str().unwrap_or_default().to_string();
-                t.chains.entry(chain).or_default().push(r["expr"].clone());
-            }
-        }
-        Ok(t)
-    }
-
-    /// Reads `family`'s table in this network namespace.
-    pub fn read(family: IpFamily) -> Result<TableSnapshot, DataplaneError> {
-        let f = ruleset::fam(family);
-        let (nf, name) = f
-            .table
-            .split_once(' ')
-            .unwrap_or((f.table, ruleset::TABLE_NAME));
-        let json = crate::nft::query(&["-j", "list", "table", nf, name])?;
-        let mut t = TableSnapshot::parse(&json).map_err(DataplaneError::Other)?;
-        t.family = Some(family);
-        Ok(t)
-    }
-
-    fn elems(&self, set: &str) -> &[Value] {
-        self.sets.get(set).map(Vec::as_slice).unwrap_or_default()
-    }
-
-    /// Whether `set` (of addresses, prefixes or ranges) holds `addr`.
-    fn has_addr(&self, set: &str, addr: IpAddr) -> bool {
-        self.elems(set).iter().any(|e| addr_matches(e, addr))
-    }
-
-    /// Whether a set of concatenated keys holds `key` exactly.
-    fn has_key(&self, set: &str, key: &[Value]) -> bool {
-        self.elems(set).iter().any(|e| key_matches(e, key))
-    }
-
-    /// The data of `map` for `key` (a concatenation, or one value).
-    fn lookup(&self, map: &str, key: &[Value]) -> Option<&Value> {
-        self.elems(map).iter().find_map(|e| {
-            let pair = e.as_array()?;
-            let (k, v) = (pair.first()?, pair.get(1)?);
-            key_matches(k, key).then_some(v)
-        })
-    }
-
-    /// Whether some rule of `chain` refers to `@set`.
-    fn chain_uses(&self, chain: &str, set: &str) -> bool {
-        let needle = format!("\"@{set}\"");
-        self.chains
-            .get(chain)
-            .is_some_and(|rules| rules.iter().any(|r| r.to_string().contains(&needle)))
-    }
-}
-
-fn addr_matches(e: &Value, addr: IpAddr) -> bool {
-    let parse = |v: &Value| v.as_str().and_then(|s| s.parse::<IpAddr>().ok());
-    if let Some(a) = parse(e) {
-        return a == addr;
-    }
-    if let Some(p) = e.get("prefix") {
-        let (Some(a), Some(len)) = (parse(&p["addr"]), p["len"].as_u64()) else {
-            return false;
-        };
-        return ipnet::IpNet::new(a, len as u8).is_ok_and(|n| n.contains(&addr));
-    }
-    if let Some(r) = e.get("range").and_then(Value::as_array) {
-        if let (Some(lo), Some(hi)) = (r.first().and_then(parse), r.get(1).and_then(parse)) {
-            return lo <= addr && addr <= hi;
-        }
-    }
-    if let Some(inner) = e.get("elem") {
-        return addr_matches(&inner["val"], addr);
-    }
-    false
-}
-
-/// Whether an element key (`{"concat": [...]}` or one value, possibly wrapped in `elem`)
-/// matches `key`; an address part may be a prefix or a range.
-fn key_matches(e: &Value, key: &[Value]) -> bool {
-    if let Some(inner) = e.get("elem") {
-        return key_matches(&inner["val"], key);
-    }
-    let parts: Vec<&Value> = match e.get("concat").and_then(Value::as_array) {
-        Some(parts) => parts.iter().collect(),
-        None => vec![e],
-    };
-    parts.len() == key.len()
-        && parts.iter().zip(key).all(|(p, k)| {
-            if *p == k {
-                return true;
-            }
-            match k.as_str().and_then(|s| s.parse::<IpAddr>().ok()) {
-                Some(addr) => addr_matches(p, addr),
-                None => false,
-            }
-        })
+/// Reads `family`'s kpr table in this network namespace.
+pub fn read_table(family: IpFamily) -> Result<TableSnapshot, DataplaneError> {
+    let f = ruleset::fam(family);
+    let (nf, name) = f
+        .table
+        .split_once(' ')
+        .unwrap_or((f.table, ruleset::TABLE_NAME));
+    let mut t = crate::nft::snapshot::read(nf, name)?;
+    t.family = Some(family);
+    Ok(t)
 }
 
 /// What a trace asks: a new connection from `src` to `dst:port/proto`.

@@ -118,6 +118,114 @@ impl Balancer {
         }
     }
 
+    /// What [`pick`](Self::pick) would give the next new connection from `client` (without
+    /// moving a cursor or touching an affinity entry), for `proxy trace`: the endpoint when the
+    /// state decides it (affinity entry, Maglev slot with a known source port, the round-robin
+    /// cursor, the least-loaded endpoint), and how. `None` when no candidate of the client's
+    /// family is left, or a Maglev flow without its source port.
+    pub fn peek(
+        &self,
+        svc: &ServicePort,
+        candidates: &[Endpoint],
+        maglev: Option<&MaglevTable>,
+        client: IpAddr,
+        client_port: Option<u16>,
+        service: SocketAddr,
+    ) -> (Option<SocketAddr>, String) {
+        let usable: Vec<SocketAddr> = candidates
+            .iter()
+            .map(Endpoint::socket_addr)
+            .filter(|a| a.is_ipv4() == client.is_ipv4())
+            .collect();
+        if usable.is_empty() {
+            return (None, "no candidate of the client's family".into());
+        }
+        if let Some(timeout) = svc.affinity {
+            let entry = self
+                .affinity
+                .lock()
+                .expect("affinity lock")
+                .get(&(svc.name.clone(), client))
+                .copied();
+            let why = match entry {
+                Some((ep, last)) if last.elapsed() <= timeout && usable.contains(&ep) => {
+                    return (
+                        Some(ep),
+                        format!(
+                            "session affinity: this client's entry, last used {}s ago of {}s",
+                            last.elapsed().as_secs(),
+                            timeout.as_secs()
+                        ),
+                    );
+                }
+                Some((ep, last)) if usable.contains(&ep) => {
+                    format!("affinity entry expired ({}s old)", last.elapsed().as_secs())
+                }
+                Some((ep, _)) => format!("affinity entry's {ep} is no candidate any more"),
+                None => "no affinity entry for this client yet".into(),
+            };
+            let (pick, how) = self.peek_choice(svc, &usable, maglev, client, client_port, service);
+            return (pick, format!("{why}; {how}"));
+        }
+        self.peek_choice(svc, &usable, maglev, client, client_port, service)
+    }
+
+    fn peek_choice(
+        &self,
+        svc: &ServicePort,
+        usable: &[SocketAddr],
+        maglev: Option<&MaglevTable>,
+        client: IpAddr,
+        client_port: Option<u16>,
+        service: SocketAddr,
+    ) -> (Option<SocketAddr>, String) {
+        if let (Algorithm::Maglev, Some(table)) = (svc.algorithm, maglev) {
+            let Some(port) = client_port else {
+                return (
+                    None,
+                    "maglev: the slot depends on the source port (pass --src-port)".into(),
+                );
+            };
+            let flow = Flow {
+                client: SocketAddr::new(client, port),
+                service,
+            };
+            let slot = table.slot_of(crate::maglev::flow_hash(flow.client, flow.service));
+            if let Some(ep) = maglev_pick(table, flow, usable) {
+                return (Some(ep), format!("maglev slot {slot} of {}", table.size()));
+            }
+        }
+        let cursor = self
+            .cursors
+            .lock()
+            .expect("cursor lock")
+            .get(&svc.name)
+            .copied()
+            .unwrap_or(0);
+        let start = cursor % usable.len();
+        match svc.algorithm {
+            Algorithm::RoundRobin | Algorithm::Maglev => (
+                Some(usable[start]),
+                format!(
+                    "round robin: the cursor is at {start} of {} candidates",
+                    usable.len()
+                ),
+            ),
+            Algorithm::LeastConn => {
+                let active = self.active.lock().expect("active counters lock");
+                let pick = crate::balance::least_loaded(
+                    crate::balance::from_cursor(usable.len(), start).map(|i| usable[i]),
+                    |a| active.get(a).copied().unwrap_or(0),
+                );
+                let n = pick.map_or(0, |p| active.get(&p).copied().unwrap_or(0));
+                (
+                    pick,
+                    format!("least connections: {n} active, the fewest (ties from the cursor at {start})"),
+                )
+            }
+        }
+    }
+
     /// Starts counting a connection to `endpoint`.
     pub fn acquire(self: &Arc<Self>, endpoint: SocketAddr) -> ActiveGuard {
         *self
@@ -271,6 +379,51 @@ mod tests {
         drop(busy);
         drop(held);
         assert!(b.active_connections().is_empty());
+    }
+
+    /// What `peek` says is what the next `pick` gives, for every algorithm, and peeking moves
+    /// nothing.
+    #[test]
+    fn peek_names_the_next_pick() {
+        let service: SocketAddr = "10.96.0.10:80".parse().unwrap();
+        let e = eps(3);
+        for (algorithm, affinity) in [
+            (Algorithm::RoundRobin, false),
+            (Algorithm::LeastConn, false),
+            (Algorithm::RoundRobin, true),
+        ] {
+            let b = Arc::new(Balancer::default());
+            let s = svc(algorithm, affinity);
+            let _busy = b.acquire(e[1].socket_addr());
+            for _ in 0..5 {
+                let (peeked, how) = b.peek(&s, &e, None, CLIENT, None, service);
+                assert_eq!(
+                    b.peek(&s, &e, None, CLIENT, None, service).0,
+                    peeked,
+                    "peeking twice gives the same"
+                );
+                assert_eq!(
+                    b.pick(&s, &e, None, flow(), &[]),
+                    peeked,
+                    "{algorithm:?} {how}"
+                );
+            }
+            let (_, how) = b.peek(&s, &e, None, CLIENT, None, service);
+            assert_eq!(how.contains("affinity"), affinity, "{how}");
+        }
+        let s = svc(Algorithm::Maglev, false);
+        let table = crate::maglev::MaglevTable::new(
+            e.iter().map(Endpoint::socket_addr),
+            crate::maglev::TableSize::default(),
+        );
+        let b = Balancer::default();
+        let (none, how) = b.peek(&s, &e, Some(&table), CLIENT, None, service);
+        assert!(none.is_none() && how.contains("--src-port"), "{how}");
+        for port in 40000..40010 {
+            let (peeked, _) = b.peek(&s, &e, Some(&table), CLIENT, Some(port), service);
+            let f = flow_from(port);
+            assert_eq!(peeked, b.pick(&s, &e, Some(&table), f, &[]));
+        }
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! exceptions, inherent to a proxy that opens its own connections: the endpoint always sees the
 //! node as the source (no client-IP preservation under eTP Local); a TCP connection that must be
 //! dropped is closed instead (the handshake has completed by then); no SCTP. IPv6 is served where
-//! the kernel has it (`/proc/sys/net/ipv6`) and an IPv6 listener can be opened.
+//! the kernel has it (`/proc/sys/net/ipv6`) and an IPv6 listener can be opened. `trace` answers
+//! `proxy trace` (the table's verdict, and the listener's next pick from the balancer's state).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -25,6 +26,7 @@ mod balancer;
 mod rules;
 mod table;
 mod tcp;
+pub mod trace;
 mod udp;
 
 use balancer::Balancer;
@@ -369,6 +371,13 @@ impl Dataplane for UserspaceDataplane {
 
     fn live_view(&self) -> Option<Arc<dyn LiveView>> {
         Some(self.shared.balancer.clone())
+    }
+
+    fn trace(
+        &self,
+        q: &crate::dataplane::TraceQuery,
+    ) -> Result<crate::dataplane::TraceView, String> {
+        Ok(trace::listener(&self.shared, q))
     }
 
     fn families(&self) -> &'static [IpFamily] {
