@@ -53,6 +53,9 @@ pub const CLOSED_REGISTRIES: &[&str] = &[
     "mcr.microsoft.com",
     "public.ecr.aws",
 ];
+/// Where kind's local-path-provisioner keeps a node's volumes: each node's own (see
+/// start_containerd).
+pub const LOCAL_PATH_DIR: &str = "/var/local-path-provisioner";
 /// Where Debian's containernetworking-plugins are.
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// The cgroup2 hierarchy of this hybrid-cgroup machine.
@@ -247,7 +250,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     // nodes' agents must not share pins), its cgroup v2 subtree seen as the cgroup2 root (where
     // kpr's socket programs attach, covering this node's pods and nothing else), and shared
     // propagation (pods' Bidirectional mounts need it). kubelet joins it (see start_kubelet).
+    // Its /var/local-path-provisioner is its own too (a directory of the node's): where kind's
+    // local-path-provisioner keeps a node's volumes (xtask's `cluster up --local-path`), so a
+    // volume made on one node is on that node only, as on kind's node containers.
     let name = &node.address.name;
+    let local_path = dir.join("local-path-provisioner");
+    fs::create_dir_all(&local_path)?;
     let script = dir.join("containerd.sh");
     fs::write(
         &script,
@@ -257,8 +265,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
              set -e; hostname {name}; mount --make-rshared /; mount -t bpf bpffs /sys/fs/bpf; \
              mkdir -p /run/netns; mount -t tmpfs -o mode=755 netns /run/netns; \
              mount --bind {v2}/{name} {v2}; mount --bind {hosts} /etc/hosts; \
+             mkdir -p {LOCAL_PATH_DIR}; mount --bind {local_path} {LOCAL_PATH_DIR}; \
              exec {containerd} --config={config}'\n",
             v2 = CGROUP2_ROOT,
+            local_path = local_path.display(),
             containerd = containerd.display(),
             config = config_path.display(),
             hosts = hosts.display(),

@@ -334,6 +334,7 @@ fn up_args_for(proxy: &str, nodes: usize) -> anyhow::Result<super::UpArgs> {
         binaries: crate::Profile::Release,
         ip_family: crate::deploy::IpFamilies::Ipv4,
         metrics_server: false,
+        local_path: false,
     })
 }
 

@@ -16,6 +16,7 @@ pub mod helm;
 pub mod hpa_demo;
 pub mod nodes;
 pub mod smoke;
+pub mod statefulset_demo;
 pub mod switch;
 
 use std::fs;
@@ -70,6 +71,10 @@ pub enum ClusterCommand {
     /// resource-consumer Deployment under CPU load, then none; replicas over time and the HPA's
     /// Events, whoever runs its controller.
     HpaDemo(hpa_demo::HpaDemoArgs),
+    /// A StatefulSet keeps its data (a cluster up with --nodes N --local-path): the tutorial's
+    /// StatefulSet, each replica's file read back by its next Pod on the node of its volume,
+    /// scale down and up, `whenScaled: Delete`, the namespace deleted; each step timed.
+    StatefulsetDemo,
     /// List what every Service proxy left on each node (rules, eBPF pins, links) and check that
     /// only the running proxy's own state is there.
     Leftovers,
@@ -115,6 +120,12 @@ pub struct UpArgs {
     /// have no kubelet: without it a cluster has no metrics.k8s.io and the HPA says so).
     #[arg(long)]
     pub metrics_server: bool,
+    /// Deploy kind's default storage on the real nodes: rancher's local-path-provisioner (the
+    /// pinned release, built here) and its StorageClass `standard`, marked default,
+    /// WaitForFirstConsumer, reclaim Delete, so claims get volumes on their Pod's node; needs
+    /// --nodes.
+    #[arg(long)]
+    pub local_path: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -135,6 +146,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Leftovers => switch::leftovers(&cluster),
         ClusterCommand::Smoke => smoke::run(&cluster),
         ClusterCommand::HpaDemo(demo_args) => hpa_demo::run(&cluster, demo_args),
+        ClusterCommand::StatefulsetDemo => statefulset_demo::run(&cluster),
         ClusterCommand::Helm(helm_args) => helm::run(&cluster, helm_args),
         ClusterCommand::Matrix(matrix_args) => e2e::matrix(&args.name, matrix_args),
         ClusterCommand::E2e(e2e_args) => {
@@ -198,6 +210,12 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         bail!(
             "--metrics-server needs real nodes (--nodes N): it scrapes the kubelets, and kwok \
              nodes have none"
+        );
+    }
+    if args.local_path && args.nodes == 0 {
+        bail!(
+            "--local-path needs real nodes (--nodes N): its volumes are directories on the \
+             node, made by a helper Pod there, and kwok nodes run no Pods"
         );
     }
     crate::k8s::build()?;
@@ -301,6 +319,7 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         "ip_family": ip_family_name(args.ip_family),
         "proxy": nodes::ProxyChoice::from_args(args).describe(),
         "metrics_server": args.metrics_server,
+        "local_path": args.local_path,
     });
     fs::write(cluster.state_path(), serde_json::to_string_pretty(&state)?)?;
     println!(

@@ -83,6 +83,8 @@ pub struct RealNodes {
     images: Vec<PathBuf>,
     /// Deploy metrics-server once CoreDNS is ready (its image is among `images`).
     metrics_server: bool,
+    /// Deploy the local-path-provisioner once CoreDNS is ready (its image is among `images`).
+    local_path: bool,
 }
 
 /// Builds kpr's binaries (`--binaries`) and the images, and creates the cluster network.
@@ -92,6 +94,9 @@ pub fn prepare(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<RealNodes> {
     if args.metrics_server {
         images.push(metrics_server_image()?);
     }
+    if args.local_path {
+        images.push(local_path_image()?);
+    }
     let dual = args.ip_family == IpFamilies::Dual;
     let network = ClusterNetwork::plan(&cluster.name, args.nodes, dual)?;
     network.create()?;
@@ -99,6 +104,7 @@ pub fn prepare(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<RealNodes> {
         network,
         images,
         metrics_server: args.metrics_server,
+        local_path: args.local_path,
     })
 }
 
@@ -136,6 +142,9 @@ impl RealNodes {
         println!("[ok] CoreDNS ready");
         if self.metrics_server {
             crate::metrics_server::deploy(cp, self.network.nodes.len())?;
+        }
+        if self.local_path {
+            crate::local_path::deploy(cp)?;
         }
         Ok(())
     }
@@ -338,6 +347,21 @@ fn metrics_server_image() -> anyhow::Result<PathBuf> {
     let path = target_dir().join("cluster-images/metrics-server.tar");
     images::write_archive_cached(&image, &path)
         .with_context(|| format!("writing the metrics-server image to {}", path.display()))?;
+    Ok(path)
+}
+
+/// The local-path-provisioner's image in `<target>/cluster-images` (built first if the pinned
+/// module changed).
+fn local_path_image() -> anyhow::Result<PathBuf> {
+    let binary = crate::local_path::build()?;
+    let image = crate::local_path::image(&binary, &crate::local_path::version()?);
+    let path = target_dir().join("cluster-images/local-path-provisioner.tar");
+    images::write_archive_cached(&image, &path).with_context(|| {
+        format!(
+            "writing the local-path-provisioner image to {}",
+            path.display()
+        )
+    })?;
     Ok(path)
 }
 
