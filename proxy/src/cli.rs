@@ -126,8 +126,8 @@ fn parse_map_size(s: &str) -> Result<u32, String> {
     let n: u32 = s
         .parse()
         .map_err(|_| format!("{s:?} is not a number of entries"))?;
-    if !(16..=MAP_SIZE_MAX).contains(&n) {
-        return Err(format!("{n} entries: a map size is 16 to {MAP_SIZE_MAX}"));
+    if !(1..=MAP_SIZE_MAX).contains(&n) {
+        return Err(format!("{n} entries: a map size is 1 to {MAP_SIZE_MAX}"));
     }
     Ok(n)
 }
@@ -431,11 +431,11 @@ mod tests {
         };
         assert_eq!((r.bpf_ct_max, r.bpf_flows_max), (1_048_576, 4096));
         assert_eq!(r.bpf_affinity_max, 65_536, "the default");
-        let e = Cli::try_parse_from(["proxy", "run", "--bpf-lb-services-max", "8"])
+        let e = Cli::try_parse_from(["proxy", "run", "--bpf-lb-services-max", "0"])
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("--bpf-lb-services-max") && e.contains("16 to"),
+            e.contains("--bpf-lb-services-max") && e.contains("1 to"),
             "{e}"
         );
         let e = Cli::try_parse_from(["proxy", "run", "--bpf-ct-max", "lots"])

@@ -353,79 +353,6 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
     );
 }
 
-/// `union bpf_attr` for `BPF_MAP_CREATE` (fields up to `max_entries`/`map_flags`; the rest zero).
-#[repr(C)]
-struct MapCreateAttr {
-    map_type: u32,
-    key_size: u32,
-    value_size: u32,
-    max_entries: u32,
-    map_flags: u32,
-    rest: [u32; 27],
-}
-
-/// `union bpf_attr` for `BPF_OBJ_PIN`.
-#[repr(C)]
-struct ObjPinAttr {
-    pathname: u64,
-    bpf_fd: u32,
-    file_flags: u32,
-    rest: [u32; 28],
-}
-
-fn bpf(cmd: libc::c_long, attr: *mut u8, size: usize) -> i64 {
-    // SAFETY: `attr` points to a live, fully initialised attribute struct of `size` bytes.
-    unsafe { libc::syscall(libc::SYS_bpf, cmd, attr, size as u32) }
-}
-
-/// Replaces the pinned hash map `name` of an agent's `--bpffs-path` with an empty one of
-/// `max_entries` (same key and value sizes): the restarted agent reuses the pin, so a test can
-/// make one map tiny.
-fn pin_tiny_hash(bpffs: &std::path::Path, name: &str, key: usize, value: usize, max_entries: u32) {
-    const BPF_MAP_CREATE: libc::c_long = 0;
-    const BPF_OBJ_PIN: libc::c_long = 6;
-    let mut create = MapCreateAttr {
-        map_type: 1, // BPF_MAP_TYPE_HASH
-        key_size: key as u32,
-        value_size: value as u32,
-        max_entries,
-        map_flags: 1, // BPF_F_NO_PREALLOC, as the object declares it
-        rest: [0; 27],
-    };
-    let fd = bpf(
-        BPF_MAP_CREATE,
-        (&mut create as *mut MapCreateAttr).cast(),
-        std::mem::size_of::<MapCreateAttr>(),
-    );
-    assert!(
-        fd >= 0,
-        "BPF_MAP_CREATE: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: a fresh descriptor owned here (closed on drop).
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
-    let path = bpffs.join("maps").join(name);
-    std::fs::remove_file(&path).unwrap_or_else(|e| panic!("unpinning {}: {e}", path.display()));
-    let cpath = std::ffi::CString::new(path.to_string_lossy().as_bytes()).unwrap();
-    let mut pin = ObjPinAttr {
-        pathname: cpath.as_ptr() as u64,
-        bpf_fd: std::os::fd::AsRawFd::as_raw_fd(&fd) as u32,
-        file_flags: 0,
-        rest: [0; 28],
-    };
-    let rc = bpf(
-        BPF_OBJ_PIN,
-        (&mut pin as *mut ObjPinAttr).cast(),
-        std::mem::size_of::<ObjPinAttr>(),
-    );
-    assert!(
-        rc == 0,
-        "BPF_OBJ_PIN {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-}
-
 #[test]
 fn program_logs_reach_the_agent_log_and_a_full_map_names_the_service_and_counts() {
     let _one = one_agent();
@@ -434,26 +361,20 @@ fn program_logs_reach_the_agent_log_and_a_full_map_names_the_service_and_counts(
     let web = Service::new("web").cluster_ip("10.96.0.10").tcp(80, 8080);
     let web_s = EndpointSlice::for_service(&web).ready_all(cluster.pod_ips());
     let opts = agent_options(&cgroup);
-    let agent = Agent::start(&cluster.node, &opts, &[("web.yaml", yaml(&[&web, &web_s]))])
+    let mut agent = Agent::start(&cluster.node, &opts, &[("web.yaml", yaml(&[&web, &web_s]))])
         .unwrap_or_else(|e| panic!("agent: {e}"));
-    let bpffs = agent.bpffs_path().expect("ebpf agent").to_path_buf();
     agent.kill();
-    // One socket slot; three service entries (web takes two: its frontend and its clusterIP).
-    pin_tiny_hash(
-        &bpffs,
-        "KPR_SOCKS",
-        8,
-        std::mem::size_of::<proxy_common::SockBackend>(),
-        1,
-    );
-    pin_tiny_hash(
-        &bpffs,
-        "KPR_SERVICES",
-        std::mem::size_of::<proxy_common::ServiceKey>(),
-        std::mem::size_of::<proxy_common::ServiceValue>(),
-        3,
-    );
-    agent.restart().unwrap_or_else(|e| panic!("restart: {e}"));
+    // Restarted with one socket slot and three service entries (web takes two: its frontend
+    // and its clusterIP): the pinned maps are resized down, web's entries carried over.
+    agent
+        .restart_with(&["--bpf-sockets-max=1", "--bpf-lb-services-max=3"])
+        .unwrap_or_else(|e| panic!("restart with tiny maps: {e}"));
+    agent
+        .wait_for_log(
+            "map KPR_SERVICES resized from 262144 to 3 entries",
+            Duration::from_secs(5),
+        )
+        .unwrap_or_else(|e| panic!("{e}:\n{}", agent.log()));
 
     // The second held socket finds KPR_SOCKS full: the program's aya-log warning is in the log.
     let mut held = spawn_client(&cluster.podclient, &cgroup, "hold 10.96.0.10:80 2");

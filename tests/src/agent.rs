@@ -221,6 +221,15 @@ impl<'n> Agent<'n> {
         self.spawn()
     }
 
+    /// As [`Agent::restart`], with `args` added to its flags from now on (an upgrade that
+    /// changes a setting, on the same pins and manifests).
+    pub fn restart_with(&mut self, args: &[&str]) -> Result<(), HarnessError> {
+        self.opts
+            .extra_args
+            .extend(args.iter().map(|a| a.to_string()));
+        self.restart()
+    }
+
     /// Starts the process (appending to the log) and waits for the first healthy `/healthz`.
     fn spawn(&self) -> Result<(), HarnessError> {
         let io = |what: String| move |e| HarnessError::Io { what, source: e };

@@ -158,31 +158,34 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
     }
 
     /// Writes `entries` one syscall each (a resize's copy); with `keep_existing`, a key the map
-    /// already holds keeps its value (`BPF_NOEXIST`). Returns how many were written. A map too
-    /// small for them is [`DataplaneError::MapFull`] naming the map.
+    /// already holds keeps its value (`BPF_NOEXIST`). Returns how many were written and how
+    /// many did not fit (a map resized below what it held: the agent's next sync names the
+    /// Services left out, as for any full map).
     pub fn insert_all(
         &mut self,
         entries: Vec<(K, V)>,
         keep_existing: bool,
-    ) -> Result<usize, DataplaneError> {
+    ) -> Result<(usize, usize), DataplaneError> {
         const BPF_NOEXIST: u64 = 1;
         let flags = if keep_existing { BPF_NOEXIST } else { 0 };
+        let total = entries.len();
         let mut written = 0;
-        for (key, value) in entries {
+        for (i, (key, value)) in entries.into_iter().enumerate() {
             match self.map.insert(key, value, flags) {
                 Ok(()) => written += 1,
                 Err(e) if keep_existing && errno(&e) == Some(libc::EEXIST) => {}
-                Err(e) => {
-                    return Err(self.write_err(
-                        &key,
-                        "an entry carried over by a resize",
-                        errno(&e),
-                        &e.to_string(),
-                    ))
-                }
+                Err(e) => match self.write_err(
+                    &key,
+                    "an entry carried over by a resize",
+                    errno(&e),
+                    &e.to_string(),
+                ) {
+                    DataplaneError::MapFull { .. } => return Ok((written, total - i)),
+                    other => return Err(other),
+                },
             }
         }
-        Ok(written)
+        Ok((written, 0))
     }
 
     fn put_now(&mut self, key: K, value: V, object: &str) -> Result<(), DataplaneError> {

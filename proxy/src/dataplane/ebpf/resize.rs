@@ -57,6 +57,8 @@ pub struct Resized {
     aside: PathBuf,
     /// Entries carried over by the first copy.
     pub copied: usize,
+    /// Entries that did not fit in the new size (a map made smaller than what it held).
+    pub dropped: usize,
 }
 
 fn io_err(what: String) -> impl FnOnce(std::io::Error) -> DataplaneError {
@@ -118,6 +120,7 @@ pub fn set_aside(pins: &Pins, sizes: &MapSizes) -> Result<Vec<Resized>, Dataplan
             to,
             aside,
             copied: 0,
+            dropped: 0,
         });
     }
     Ok(out)
@@ -128,7 +131,7 @@ pub fn set_aside(pins: &Pins, sizes: &MapSizes) -> Result<Vec<Resized>, Dataplan
 pub fn copy_entries(pins: &Pins, resized: &mut [Resized]) -> Result<(), DataplaneError> {
     let dir = pins.maps();
     for r in resized.iter_mut() {
-        r.copied = copy_one(r.name, &r.aside, &dir.join(r.name), false)?;
+        (r.copied, r.dropped) = copy_one(r.name, &r.aside, &dir.join(r.name), false)?;
     }
     Ok(())
 }
@@ -140,10 +143,19 @@ pub fn finish(pins: &Pins, resized: Vec<Resized>) -> Result<(), DataplaneError> 
     let dir = pins.maps();
     for r in resized {
         let late = if PROGRAM_WRITTEN.contains(&r.name) {
-            copy_one(r.name, &r.aside, &dir.join(r.name), true)?
+            copy_one(r.name, &r.aside, &dir.join(r.name), true)?.0
         } else {
             0
         };
+        if r.dropped > 0 {
+            tracing::warn!(
+                "ebpf: map {}: {} entries did not fit in its new size of {} (what they served \
+                 is programmed again, or named as not fitting, by the next sync)",
+                r.name,
+                r.dropped,
+                r.to
+            );
+        }
         fs::remove_file(&r.aside).map_err(io_err(format!("removing {}", r.aside.display())))?;
         tracing::info!(
             "ebpf: map {} resized from {} to {} entries; {} entries carried over{}",
@@ -162,13 +174,14 @@ pub fn finish(pins: &Pins, resized: Vec<Resized>) -> Result<(), DataplaneError> 
 }
 
 /// Copies the entries of the map pinned at `from` into the one pinned at `to`; with
-/// `keep_existing`, entries the new map already has stay. Returns how many were written.
+/// `keep_existing`, entries the new map already has stay. Returns how many were written and
+/// how many did not fit.
 fn copy_one(
     name: &'static str,
     from: &Path,
     to: &Path,
     keep_existing: bool,
-) -> Result<usize, DataplaneError> {
+) -> Result<(usize, usize), DataplaneError> {
     match name {
         maps::SERVICES => copy::<ServiceKey, ServiceValue>(name, from, to, keep_existing),
         maps::SLOTS => copy::<SlotKey, u32>(name, from, to, keep_existing),
@@ -184,14 +197,20 @@ fn copy_one(
         maps::SRC_RANGES => {
             let old = Ranges::from_pin_path(from)?;
             let mut new = Ranges::from_pin_path(to)?;
+            let keys = old.keys()?;
+            let total = keys.len();
             let mut ops = 0;
-            for k in old.keys()? {
-                new.put(&k, "a source range carried over", &mut ops)?;
+            for (i, k) in keys.iter().enumerate() {
+                match new.put(k, "a source range carried over", &mut ops) {
+                    Ok(()) => {}
+                    Err(DataplaneError::MapFull { .. }) => return Ok((i, total - i)),
+                    Err(e) => return Err(e),
+                }
             }
-            Ok(ops)
+            Ok((total, 0))
         }
         // Arrays have a fixed size: never resized.
-        _ => Ok(0),
+        _ => Ok((0, 0)),
     }
 }
 
@@ -200,7 +219,7 @@ fn copy<K, V>(
     from: &Path,
     to: &Path,
     keep_existing: bool,
-) -> Result<usize, DataplaneError>
+) -> Result<(usize, usize), DataplaneError>
 where
     K: Pod + Debug + Eq + Hash + Default,
     V: Pod + Default,
