@@ -45,6 +45,10 @@ pub enum DockerCommand {
     Down,
     /// Up, `docker version`, `docker info`, down; the machine's network state must not change.
     Smoke,
+    /// Up, then kpr's image from deploy/Dockerfile (the Rust build stage included) on bases made
+    /// here (xtask/src/image_build.rs); its build time and size are printed. The engine keeps
+    /// running (`down` stops it).
+    Image,
 }
 
 pub fn run(args: &DockerArgs) -> anyhow::Result<()> {
@@ -57,6 +61,7 @@ pub fn run(args: &DockerArgs) -> anyhow::Result<()> {
         }
         DockerCommand::Down => down(),
         DockerCommand::Smoke => smoke(),
+        DockerCommand::Image => crate::image_build::build(&up_saving_state()?),
     }
 }
 
@@ -103,6 +108,25 @@ fn socket() -> PathBuf {
 
 fn pid_file() -> PathBuf {
     dir().join("docker.pid")
+}
+
+/// Where [`up_saving_state`] keeps the machine's network state from before the engine started
+/// (`cargo xtask kind --local --down` compares with it).
+pub fn state_before_up() -> PathBuf {
+    target_dir().join("kind/host-network.before")
+}
+
+/// [`up`]; if the engine does not run yet, the machine's network state is saved first to
+/// [`state_before_up`].
+pub fn up_saving_state() -> anyhow::Result<Engine> {
+    if running().is_none() {
+        let path = state_before_up();
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        fs::write(&path, host_network_state()?)?;
+    }
+    up()
 }
 
 /// Starts dockerd unless it runs already; waits until it answers.

@@ -26,6 +26,9 @@ use crate::exec::Cmd;
 use crate::setup::find_on_path;
 use crate::{kind_image, kind_tools, target_dir, workspace_root, Profile};
 
+mod helm;
+mod matrix;
+
 #[derive(Debug, Clone, Args)]
 pub struct KindArgs {
     /// Dataplane backend the agent DaemonSet runs with.
@@ -52,6 +55,25 @@ pub struct KindArgs {
     /// With --local: which cargo build of kpr's binaries the image carries.
     #[arg(long, value_enum, default_value_t = Profile::Release)]
     pub binaries: Profile,
+    /// With --local: kpr's image from binaries built on the host (deploy/Dockerfile.prebuilt,
+    /// `--binaries`) or from deploy/Dockerfile itself, its Rust build stage included, on the
+    /// build base `cargo xtask docker image` makes (xtask/src/image_build.rs).
+    #[arg(long, value_enum, default_value_t = ImageSource::Prebuilt)]
+    pub image: ImageSource,
+    /// With --local: every backend, switching, the rollback to kube-proxy and forward again, then
+    /// a dual-stack cluster through every backend, each followed by the smoke test; prints a table
+    /// (also `<target>/kind/MATRIX.md`) and deletes the clusters it made.
+    #[arg(long, requires = "local", conflicts_with_all = ["down", "ip_family", "backend"])]
+    pub matrix: bool,
+}
+
+/// Where `--local` gets kpr's image from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ImageSource {
+    /// deploy/Dockerfile.prebuilt with the host's `cargo build`.
+    Prebuilt,
+    /// deploy/Dockerfile (`cargo xtask docker image`), tagged kpr:dev.
+    Dockerfile,
 }
 
 /// How many requests each smoke check sends.
@@ -78,7 +100,7 @@ fn up(kind: &Kind) -> anyhow::Result<()> {
     kind.timed("build and load the image", || kind.build_and_load_image())?;
     let dir = kind.render_manifests()?;
     kind.timed("deploy", || kind.deploy(&dir, existed))?;
-    kind.timed("smoke test", || kind.smoke_test(&dir))?;
+    kind.timed("smoke test", || kind.smoke_test(&dir, true))?;
     kind.print_times();
     let kubectl = match &kind.local {
         Some(_) => format!(
@@ -100,7 +122,7 @@ fn up(kind: &Kind) -> anyhow::Result<()> {
 
 /// `--local`: see the module doc.
 fn run_local(args: &KindArgs) -> anyhow::Result<()> {
-    let before = local_dir().join("host-network.before");
+    let before = docker::state_before_up();
     if args.down {
         let kind = Kind::new(args, docker::running());
         if kind.local.is_some() {
@@ -136,10 +158,7 @@ fn run_local(args: &KindArgs) -> anyhow::Result<()> {
         );
     }
     fs::create_dir_all(local_dir())?;
-    if docker::running().is_none() {
-        fs::write(&before, docker::host_network_state()?)?;
-    }
-    let engine = docker::up()?;
+    let engine = docker::up_saving_state()?;
     let kind = Kind::new(args, Some(engine));
     let engine = kind.local.as_ref().expect("local");
     let node_image = kind.timed("build the node image", || kind_image::node_image(engine))?;
@@ -150,7 +169,11 @@ fn run_local(args: &KindArgs) -> anyhow::Result<()> {
         node_image: Some(node_image),
         ..kind
     };
-    let result = up(&kind);
+    let result = if args.matrix {
+        matrix::run(&kind)
+    } else {
+        up(&kind)
+    };
     println!(
         "cargo xtask kind --local: {:.0} s in all; `cargo xtask kind --local --down` deletes the \
          cluster and stops the engine",
@@ -233,6 +256,7 @@ struct Kind {
     /// `--local`: the node image built here.
     node_image: Option<String>,
     binaries: Profile,
+    image: ImageSource,
     times: RefCell<Vec<(String, Duration)>>,
 }
 
@@ -250,6 +274,7 @@ impl Kind {
             local,
             node_image: None,
             binaries: args.binaries,
+            image: args.image,
             times: RefCell::new(Vec::new()),
         }
     }
@@ -341,8 +366,16 @@ impl Kind {
 
     fn build_and_load_image(&self) -> anyhow::Result<()> {
         step("build the image and load it into the nodes");
-        if self.local.is_some() {
-            self.build_prebuilt_image()?;
+        if let Some(engine) = &self.local {
+            if self.image == ImageSource::Dockerfile {
+                crate::image_build::build(engine)?;
+                engine
+                    .docker()
+                    .args(["tag", crate::image_build::IMAGE, deploy::IMAGE])
+                    .run()?;
+            } else {
+                self.build_prebuilt_image()?;
+            }
         } else {
             let dockerfile = deploy::deploy_dir().join(deploy::DOCKERFILE);
             self.cmd("docker")
@@ -438,6 +471,7 @@ impl Kind {
     /// pods are restarted too: the image keeps its tag, so `apply` alone would not pick up a rebuild.
     fn deploy(&self, dir: &Path, existed: bool) -> anyhow::Result<()> {
         step("deploy the agent and the controller-manager");
+        self.check_cgroup_scope()?;
         for file in [deploy::AGENT_MANIFEST, deploy::CONTROLLER_MANIFEST] {
             self.kubectl()
                 .args(["apply", "-f"])
@@ -469,36 +503,110 @@ impl Kind {
             .args(ns)
             .run()?;
         if self.local.is_some() {
-            // CoreDNS started before any Service proxy ran: seen here (2026-12-02), its pods kept
-            // failing to list from 10.96.0.1 (i/o timeout) after kpr served it, while a new
-            // connection from their network namespace got through; new pods are ready at once.
-            self.kubectl()
-                .args([
-                    "rollout",
-                    "restart",
-                    "deployment/coredns",
-                    "-n",
-                    "kube-system",
-                ])
-                .run()?;
-            self.kubectl()
-                .args([
-                    "rollout",
-                    "status",
-                    "deployment/coredns",
-                    "-n",
-                    "kube-system",
-                ])
-                .arg(TIMEOUT)
-                .run()?;
+            self.coredns_ready()?;
         }
         Ok(())
+    }
+
+    /// CoreDNS answering through the Service proxy. Seen here (2026-12-02): CoreDNS pods that
+    /// started before any Service proxy ran kept failing to list from 10.96.0.1 (i/o timeout) after
+    /// kpr served it. If they are not ready within a minute, what they and the nodes' conntrack
+    /// tables say about 10.96.0.1 is printed, then they are restarted.
+    fn coredns_ready(&self) -> anyhow::Result<()> {
+        let coredns = ["-n", "kube-system", "deployment/coredns"];
+        let ready = self
+            .kubectl()
+            .args(["rollout", "status", "--timeout=60s"])
+            .args(coredns)
+            .run();
+        if ready.is_ok() {
+            println!("[ok] CoreDNS ready without a restart");
+            return Ok(());
+        }
+        println!("CoreDNS is not ready a minute after the agent: what it and the nodes say");
+        let _ = self
+            .kubectl()
+            .args(["logs", "--tail=8", "--prefix", "-l", "k8s-app=kube-dns"])
+            .args(["-n", "kube-system"])
+            .run();
+        for node in self.node_names() {
+            let _ = self
+                .cmd("docker")
+                .args(["exec", &node, "conntrack", "-L", "-d", "10.96.0.1"])
+                .run();
+        }
+        self.kubectl()
+            .args(["rollout", "restart"])
+            .args(coredns)
+            .run()?;
+        self.kubectl()
+            .args(["rollout", "status", TIMEOUT])
+            .args(coredns)
+            .run()
+    }
+
+    /// `--local` with the eBPF backend: the cgroup v2 root the agent attaches its socket programs
+    /// to must be the node's own, not this machine's. A node with hybrid cgroups and no cgroup
+    /// namespace (dockerd 20.10 on cgroup v1) is given a cgroup2 mount of the whole hierarchy;
+    /// programs attached there would rewrite every process's connect() on the machine.
+    fn check_cgroup_scope(&self) -> anyhow::Result<()> {
+        if self.local.is_none() || self.render.backend != "ebpf" || self.dry_run {
+            return Ok(());
+        }
+        use std::os::unix::fs::MetadataExt as _;
+        let root = if hybrid_cgroups() {
+            HYBRID_CGROUP2
+        } else {
+            "/sys/fs/cgroup"
+        };
+        let host = fs::metadata(root)?.ino();
+        for node in self.node_names() {
+            let inode = self
+                .cmd("docker")
+                .args(["exec", &node, "stat", "-c", "%i", root])
+                .quiet()
+                .read()?;
+            ensure!(
+                inode.trim() != host.to_string(),
+                "{node}: its {root} is this machine's cgroup2 root (inode {host}): the eBPF \
+                 agent would attach there for every process of the machine; refusing"
+            );
+            println!(
+                "[ok] {node}: {root} is its own cgroup (inode {}), not the machine's",
+                inode.trim()
+            );
+        }
+        Ok(())
+    }
+
+    /// The cluster's node containers.
+    fn node_names(&self) -> Vec<String> {
+        self.cmd("kind")
+            .args(["get", "nodes", "--name", &self.render.cluster])
+            .read()
+            .map(|out| {
+                out.lines()
+                    .map(|l| l.trim().to_owned())
+                    .filter(|l| !l.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// `--local`: the smoke test's image (agnhost), made by [`crate::images`] from the reference
     /// build, loaded into the nodes (the node image carries only what kubeadm and kind deploy).
     fn load_smoke_image(&self) -> anyhow::Result<()> {
         let image = crate::images::agnhost(&crate::k8s::bin_dir().join("agnhost"))?;
+        let loaded = self.node_names().iter().all(|node| {
+            self.cmd("docker")
+                .args(["exec", node, "crictl", "inspecti", &image.name])
+                .quiet()
+                .read()
+                .is_ok()
+        });
+        if loaded {
+            return Ok(());
+        }
         let archive = local_dir().join("agnhost.tar");
         crate::images::write_archive_cached(&image, &archive)?;
         self.cmd("kind")
@@ -508,7 +616,8 @@ impl Kind {
             .run()
     }
 
-    fn smoke_test(&self, dir: &Path) -> anyhow::Result<()> {
+    /// Returns the answers' summary lines; `kpr_runs`: print `proxy inspect` from the agent too.
+    fn smoke_test(&self, dir: &Path, kpr_runs: bool) -> anyhow::Result<Vec<String>> {
         step("smoke test: ClusterIP from a pod, ClusterIP and NodePort from a node (and over IPv6 on a dual-stack cluster)");
         let ns = ["-n", deploy::SMOKE_NAMESPACE];
         if self.local.is_some() {
@@ -596,15 +705,17 @@ impl Kind {
             let out = prefix.args(["sh", "-c", &curl_loop(&url)]).read()?;
             results.push((what, out));
         }
-        self.kubectl()
-            .args([
-                "exec",
-                "-n",
-                deploy::SYSTEM_NAMESPACE,
-                &format!("daemonset/{}", deploy::AGENT_DAEMONSET),
-            ])
-            .args(["--", "proxy", "inspect"])
-            .run()?;
+        if kpr_runs {
+            self.kubectl()
+                .args([
+                    "exec",
+                    "-n",
+                    deploy::SYSTEM_NAMESPACE,
+                    &format!("daemonset/{}", deploy::AGENT_DAEMONSET),
+                ])
+                .args(["--", "proxy", "inspect"])
+                .run()?;
+        }
         report(&results, self.dry_run)
     }
 
@@ -646,12 +757,13 @@ pub(crate) fn of_family(addrs: &str, v6: bool) -> Option<&str> {
 }
 
 /// Prints which echo pods answered each check; every request must have been answered.
-pub(crate) fn report(results: &[(&str, String)], dry_run: bool) -> anyhow::Result<()> {
+pub(crate) fn report(results: &[(&str, String)], dry_run: bool) -> anyhow::Result<Vec<String>> {
     step("smoke test result");
     if dry_run {
         println!("dry run: no requests were sent");
-        return Ok(());
+        return Ok(Vec::new());
     }
+    let mut lines = Vec::new();
     for (what, out) in results {
         let answers: Vec<&str> = out
             .lines()
@@ -661,18 +773,20 @@ pub(crate) fn report(results: &[(&str, String)], dry_run: bool) -> anyhow::Resul
         let mut pods = answers.clone();
         pods.sort_unstable();
         pods.dedup();
-        println!(
+        let line = format!(
             "{what}: {}/{SMOKE_REQUESTS} answered, by {}",
             answers.len(),
             pods.join(", ")
         );
+        println!("{line}");
+        lines.push(line);
         ensure!(
             answers.len() == SMOKE_REQUESTS,
             "{what}: expected {SMOKE_REQUESTS} answers, got {}",
             answers.len()
         );
     }
-    Ok(())
+    Ok(lines)
 }
 
 fn step(what: &str) {
@@ -702,6 +816,8 @@ mod tests {
             ip_family: IpFamilies::Ipv4,
             local: false,
             binaries: Profile::Release,
+            image: ImageSource::Prebuilt,
+            matrix: false,
         };
         run(&args).unwrap();
         let dir = target_dir().join("kind").join(&cluster);
@@ -724,6 +840,8 @@ mod tests {
             ip_family: IpFamilies::Dual,
             local: false,
             binaries: Profile::Release,
+            image: ImageSource::Prebuilt,
+            matrix: false,
         };
         run(&args).unwrap();
         let dir = target_dir().join("kind").join(&cluster);
@@ -743,6 +861,9 @@ mod tests {
         let err = report(&short, false).unwrap_err().to_string();
         assert!(err.contains("expected 6 answers, got 2"), "{err}");
         let full = [("pod -> ClusterIP", "a\nb\na\nb\na\nb\n".to_owned())];
-        report(&full, false).unwrap();
+        assert_eq!(
+            report(&full, false).unwrap(),
+            ["pod -> ClusterIP: 6/6 answered, by a, b"]
+        );
     }
 }

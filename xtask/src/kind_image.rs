@@ -154,7 +154,7 @@ pub fn node_image(engine: &Engine) -> anyhow::Result<String> {
 
 /// A bookworm root filesystem at `<target>/kind/<name>` with `packages`, made once (its stamp
 /// names the packages).
-fn debootstrap(name: &str, packages: &[&str]) -> anyhow::Result<PathBuf> {
+pub(crate) fn debootstrap(name: &str, packages: &[&str]) -> anyhow::Result<PathBuf> {
     let rootfs = dir().join(name);
     let stamp_path = dir().join(format!("{name}.stamp"));
     let stamp = format!("{SUITE} minbase {}\n", packages.join(","));
@@ -201,7 +201,7 @@ fn debootstrap(name: &str, packages: &[&str]) -> anyhow::Result<PathBuf> {
     Ok(rootfs)
 }
 
-fn has_image(engine: &Engine, name: &str) -> anyhow::Result<bool> {
+pub(crate) fn has_image(engine: &Engine, name: &str) -> anyhow::Result<bool> {
     let out = engine
         .docker()
         .args(["image", "ls", "-q", name])
@@ -211,7 +211,12 @@ fn has_image(engine: &Engine, name: &str) -> anyhow::Result<bool> {
 }
 
 /// `docker import` of a root filesystem (streamed as a tar) with Dockerfile-like `changes`.
-fn import(engine: &Engine, rootfs: &Path, name: &str, changes: &[&str]) -> anyhow::Result<()> {
+pub(crate) fn import(
+    engine: &Engine,
+    rootfs: &Path,
+    name: &str,
+    changes: &[&str],
+) -> anyhow::Result<()> {
     println!("[import] {} as {name}", rootfs.display());
     let started = Instant::now();
     // tar | docker import, with the arguments as the script's positional parameters.

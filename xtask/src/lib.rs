@@ -12,6 +12,7 @@ pub mod e2e_images;
 pub mod exec;
 pub mod fuzz;
 pub mod helm;
+pub mod image_build;
 pub mod images;
 pub mod k8s;
 pub mod kind;

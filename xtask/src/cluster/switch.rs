@@ -492,7 +492,7 @@ impl Item {
     }
 }
 
-fn is_proxy(owner: &str) -> bool {
+pub(crate) fn is_proxy(owner: &str) -> bool {
     owner.starts_with("kpr ") || owner.starts_with("kube-proxy ")
 }
 
@@ -638,7 +638,7 @@ fn in_netns(node: &NodeRef, argv: &[&str]) -> anyhow::Result<String> {
 }
 
 /// `nft list tables` attributed.
-fn nft_tables(listing: &str) -> Vec<Item> {
+pub(crate) fn nft_tables(listing: &str) -> Vec<Item> {
     listing
         .lines()
         .filter_map(|l| l.trim().strip_prefix("table "))
@@ -659,7 +659,7 @@ fn nft_tables(listing: &str) -> Vec<Item> {
 
 /// The user chains of an `iptables-save` output (builtin chains have a policy, user chains `-`),
 /// as `table CHAIN`, attributed.
-fn chains(saved: &str, kind: &str) -> Vec<Item> {
+pub(crate) fn chains(saved: &str, kind: &str) -> Vec<Item> {
     let mut table = "";
     let mut out = Vec::new();
     for line in saved.lines() {
