@@ -176,6 +176,14 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
+    /// One case: what it is, the role synced, the other roles in the cache, the rules written.
+    type Case = (
+        &'static str,
+        Arc<ClusterRole>,
+        Vec<Arc<ClusterRole>>,
+        Option<serde_json::Value>,
+    );
+
     /// Upstream's `TestSyncClusterRole` table, in its terms: the roles in the cache, the one
     /// synced, and the rules written (or none).
     #[test]
@@ -198,12 +206,7 @@ mod tests {
         };
         let foo_bar = json!([{"matchLabels": {"foo": "bar"}}]);
         let both = json!([{"matchLabels": {"foo": "bar"}}, {"matchLabels": {"other": "baz"}}]);
-        let cases: Vec<(
-            &str,
-            Arc<ClusterRole>,
-            Vec<Arc<ClusterRole>>,
-            Option<serde_json::Value>,
-        )> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "no aggregation rule: nothing",
                 role(json!({"metadata": {"name": "plain"}, "rules": [rule("get", "pods")]})),
