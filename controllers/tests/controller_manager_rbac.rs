@@ -4,7 +4,8 @@
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
 //! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
-//! resourcequota, the four volume controllers) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! resourcequota, the four volume controllers, clusterrole-aggregation, ttl, csrapproving,
+//! csrsigning, csrcleaner) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
 //! it is deleted, holds the Lease, and releases it on SIGTERM; nothing it does is denied (the log
@@ -55,16 +56,18 @@ async fn lease_holder(client: &Client) -> Option<String> {
     lease.spec?.holder_identity
 }
 
-fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, log: &Path) -> Child {
+fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, ca_key: &Path, log: &Path) -> Child {
     let out = std::fs::File::create(log).unwrap();
     let err = out.try_clone().unwrap();
     Command::new(binary)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,clusterrole-aggregation,ttl,csrapproving,csrsigning,csrcleaner",
         ])
         .args(["--root-ca-file", ca.to_str().unwrap()])
+        .args(["--cluster-signing-cert-file", ca.to_str().unwrap()])
+        .args(["--cluster-signing-key-file", ca_key.to_str().unwrap()])
         .args(["--lb-pool", POOL])
         .args(["--leader-elect", "--leader-elect-identity", "cm-rbac"])
         .env("RUST_LOG", "info")
@@ -168,7 +171,7 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         .dir
         .join("logs")
         .join(format!("controller-manager-{ns}.log"));
-    let mut cm = spawn(&binary, &kubeconfig, &cp.pki.ca_cert, &log);
+    let mut cm = spawn(&binary, &kubeconfig, &cp.pki.ca_cert, &cp.pki.ca_key, &log);
     let shown_log = || std::fs::read_to_string(&log).unwrap_or_default();
 
     eventually("the Lease held by cm-rbac", || async {
@@ -457,6 +460,55 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
             .unwrap()
             .is_none()
             .then_some(())
+    })
+    .await;
+
+    // clusterrole-aggregation: the bootstrap `view` role gets its rules (a patch with escalate).
+    eventually("the view ClusterRole aggregated", || async {
+        let view = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())
+            .get("view")
+            .await
+            .unwrap();
+        view.rules.is_some_and(|r| !r.is_empty()).then_some(())
+    })
+    .await;
+    // ttl: the Node's annotation (a patch).
+    eventually("the ttl annotation on the Node", || async {
+        let n = Api::<Node>::all(admin.clone()).get(&node).await.unwrap();
+        n.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("node.alpha.kubernetes.io/ttl")
+            .then_some(())
+    })
+    .await;
+    // csrapproving and csrsigning: a kubelet client request made by the admin is approved (a
+    // SubjectAccessReview, the approval subresource, `approve` on its signer) and signed (the
+    // status subresource, `sign` on its signer).
+    let csrs: Api<k8s_openapi::api::certificates::v1::CertificateSigningRequest> =
+        Api::all(admin.clone());
+    let request = {
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.serialize_request(&key).unwrap().pem().unwrap()
+    };
+    let mut csr: k8s_openapi::api::certificates::v1::CertificateSigningRequest =
+        serde_json::from_value(json!({"metadata": {"name": format!("{ns}-kubelet")},
+            "spec": {"request": "", "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                     "usages": ["digital signature", "client auth"]}}))
+        .unwrap();
+    csr.spec.request = k8s_openapi::ByteString(request.into_bytes());
+    csrs.create(&PostParams::default(), &csr).await.unwrap();
+    eventually("the kubelet's request approved and signed", || async {
+        let c = csrs.get(&format!("{ns}-kubelet")).await.unwrap();
+        let signed = c.status?.certificate.is_some_and(|b| !b.0.is_empty());
+        signed.then_some(())
     })
     .await;
 

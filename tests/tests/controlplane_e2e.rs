@@ -219,6 +219,7 @@ async fn api_objects_become_connections_through_controller_and_agent() {
         controllers: manager::parse_controllers("endpointslice").unwrap(),
         lb_pool: None,
         root_ca_file: None,
+        signing: Default::default(),
         leader: None,
         concurrency: controllers::manager::Concurrency {
             endpoints: 4,

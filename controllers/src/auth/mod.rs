@@ -1,10 +1,17 @@
 //! kube-controller-manager's controllers giving every namespace what its Pods need to reach the
 //! API server (SIG Auth's part of the controller manager): [`serviceaccount`] (the `default`
 //! ServiceAccount) and [`rootcacertpublisher`] (the `kube-root-ca.crt` ConfigMap the API server's
-//! projected token volumes read the CA from).
+//! projected token volumes read the CA from) and [`clusterroleaggregation`] (the rules of
+//! aggregated ClusterRoles such as `admin`, `edit` and `view`), and the CertificateSigningRequest
+//! controllers kubelets get their certificates through: [`csrapproving`], [`csrsigning`] and
+//! [`csrcleaner`].
 //!
 //! Each is a small controller on the shared [`crate::runtime`]; none imports a sibling (the
 //! layers test keeps it so).
 
+pub mod clusterroleaggregation;
+pub mod csrapproving;
+pub mod csrcleaner;
+pub mod csrsigning;
 pub mod rootcacertpublisher;
 pub mod serviceaccount;

@@ -28,6 +28,38 @@ struct Args {
     /// controller does not run).
     #[arg(long)]
     root_ca_file: Option<PathBuf>,
+    /// The PEM certificate of the CA csrsigning signs every kubernetes.io signer's approved
+    /// requests with (kube-controller-manager's flag; without it or a per-signer pair, csrsigning
+    /// does not run).
+    #[arg(long)]
+    cluster_signing_cert_file: Option<PathBuf>,
+    /// Its PEM (PKCS#8) key.
+    #[arg(long)]
+    cluster_signing_key_file: Option<PathBuf>,
+    /// The CA of kubernetes.io/kubelet-serving only (with its key file).
+    #[arg(long)]
+    cluster_signing_kubelet_serving_cert_file: Option<PathBuf>,
+    #[arg(long)]
+    cluster_signing_kubelet_serving_key_file: Option<PathBuf>,
+    /// The CA of kubernetes.io/kube-apiserver-client-kubelet only (with its key file).
+    #[arg(long)]
+    cluster_signing_kubelet_client_cert_file: Option<PathBuf>,
+    #[arg(long)]
+    cluster_signing_kubelet_client_key_file: Option<PathBuf>,
+    /// The CA of kubernetes.io/kube-apiserver-client only (with its key file).
+    #[arg(long)]
+    cluster_signing_kube_apiserver_client_cert_file: Option<PathBuf>,
+    #[arg(long)]
+    cluster_signing_kube_apiserver_client_key_file: Option<PathBuf>,
+    /// The CA of kubernetes.io/legacy-unknown only (with its key file).
+    #[arg(long)]
+    cluster_signing_legacy_unknown_cert_file: Option<PathBuf>,
+    #[arg(long)]
+    cluster_signing_legacy_unknown_key_file: Option<PathBuf>,
+    /// The longest life of a signed certificate (a request's spec.expirationSeconds may ask for
+    /// less).
+    #[arg(long, default_value = "8760h", value_parser = humantime::parse_duration)]
+    cluster_signing_duration: Duration,
     /// Run controllers only while holding the leader Lease.
     #[arg(long)]
     leader_elect: bool,
@@ -150,9 +182,11 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let args = Args::parse();
+    let signing = signing_config(&args)?;
     let given: Vec<Setting> = [
         (Setting::LbPool, args.lb_pool.is_some()),
         (Setting::RootCaFile, args.root_ca_file.is_some()),
+        (Setting::ClusterSigning, signing.any()),
     ]
     .into_iter()
     .filter_map(|(s, on)| on.then_some(s))
@@ -179,6 +213,7 @@ async fn main() -> anyhow::Result<()> {
         controllers,
         lb_pool: args.lb_pool,
         root_ca_file: args.root_ca_file,
+        signing,
         leader: leader.clone(),
         concurrency: manager::Concurrency {
             endpoints: args.concurrency,
@@ -223,4 +258,67 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!("controller-manager starting: {}", names.join(","));
     let work = manager::run(client.clone(), cfg);
     run_until_signalled(&client, leader.as_ref(), "controller-manager", work).await
+}
+
+/// The `--cluster-signing-*` flags: a certificate without its key (or the reverse) is an error
+/// naming both flags.
+fn signing_config(args: &Args) -> anyhow::Result<controllers::auth::csrsigning::SigningConfig> {
+    use controllers::auth::csrsigning::{CaFiles, SigningConfig};
+    use controllers::helpers::csr;
+    fn pair(
+        what: &str,
+        cert: &Option<PathBuf>,
+        key: &Option<PathBuf>,
+    ) -> anyhow::Result<Option<CaFiles>> {
+        match (cert, key) {
+            (Some(cert), Some(key)) => Ok(Some(CaFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            })),
+            (None, None) => Ok(None),
+            _ => anyhow::bail!(
+                "--cluster-signing-{what}cert-file and --cluster-signing-{what}key-file go together"
+            ),
+        }
+    }
+    let mut config = SigningConfig {
+        default: pair(
+            "",
+            &args.cluster_signing_cert_file,
+            &args.cluster_signing_key_file,
+        )?,
+        duration: args.cluster_signing_duration,
+        ..Default::default()
+    };
+    for (signer, what, cert, key) in [
+        (
+            csr::KUBELET_SERVING,
+            "kubelet-serving-",
+            &args.cluster_signing_kubelet_serving_cert_file,
+            &args.cluster_signing_kubelet_serving_key_file,
+        ),
+        (
+            csr::KUBE_APISERVER_CLIENT_KUBELET,
+            "kubelet-client-",
+            &args.cluster_signing_kubelet_client_cert_file,
+            &args.cluster_signing_kubelet_client_key_file,
+        ),
+        (
+            csr::KUBE_APISERVER_CLIENT,
+            "kube-apiserver-client-",
+            &args.cluster_signing_kube_apiserver_client_cert_file,
+            &args.cluster_signing_kube_apiserver_client_key_file,
+        ),
+        (
+            csr::LEGACY_UNKNOWN,
+            "legacy-unknown-",
+            &args.cluster_signing_legacy_unknown_cert_file,
+            &args.cluster_signing_legacy_unknown_key_file,
+        ),
+    ] {
+        if let Some(files) = pair(what, cert, key)? {
+            config.per_signer.insert(signer, files);
+        }
+    }
+    Ok(config)
 }

@@ -1,6 +1,6 @@
 //! Small, pure Kubernetes helpers that every controller and the scheduler may use, as upstream keeps
 //! them in apimachinery and component-helpers: label selectors, owner references, int-or-percent,
-//! Pod readiness and phase, node affinity and taint matching, hashing, resource quantities, a
+//! Pod readiness and phase, CertificateSigningRequests, node affinity and taint matching, hashing, resource quantities, a
 //! clock, a Pod's long-running containers, group/version/resources and the aggregated discovery
 //! documents.
 //!
@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod containers;
+pub mod csr;
 pub mod discovery;
 pub mod duration;
 pub mod hash;

@@ -35,6 +35,8 @@ pub struct ControllerContext<'a> {
     pub lb_pool: Option<Pool>,
     /// The cluster CA the root-ca-cert-publisher publishes (`--root-ca-file`).
     pub root_ca_file: Option<std::path::PathBuf>,
+    /// The CAs csrsigning signs with (`--cluster-signing-*`).
+    pub signing: crate::auth::csrsigning::SigningConfig,
 }
 
 /// One controller the manager can run.
@@ -75,6 +77,8 @@ pub enum Setting {
     LbPool,
     /// `--root-ca-file`: the cluster's CA bundle, as kube-controller-manager takes it.
     RootCaFile,
+    /// `--cluster-signing-cert-file` and `--cluster-signing-key-file` (or a per-signer pair).
+    ClusterSigning,
 }
 
 impl Setting {
@@ -83,6 +87,7 @@ impl Setting {
         match self {
             Setting::LbPool => cfg.lb_pool.is_some(),
             Setting::RootCaFile => cfg.root_ca_file.is_some(),
+            Setting::ClusterSigning => cfg.signing.any(),
         }
     }
 
@@ -91,6 +96,7 @@ impl Setting {
         match self {
             Setting::LbPool => "--lb-pool",
             Setting::RootCaFile => "--root-ca-file",
+            Setting::ClusterSigning => "--cluster-signing-cert-file",
         }
     }
 
@@ -101,6 +107,11 @@ impl Setting {
             Setting::RootCaFile => {
                 "the PEM file of the CA that signed kube-apiserver's serving certificate, \
                  published in every namespace as the kube-root-ca.crt ConfigMap"
+            }
+            Setting::ClusterSigning => {
+                "the PEM certificate and PKCS#8 key of the CA that signs approved \
+                 CertificateSigningRequests (with --cluster-signing-key-file, or the per-signer \
+                 --cluster-signing-<signer>-cert-file and -key-file pairs)"
             }
         }
     }
@@ -482,6 +493,72 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         help: "the PersistentVolumeClaims of Pods' generic ephemeral volumes",
         new: |cx| {
             let c = volume::ephemeral::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    // Issue 43: the housekeeping controllers a kpr-only cluster needs.
+    ControllerDescriptor {
+        name: "clusterrole-aggregation",
+        aliases: &["clusterrole-aggregation-controller"],
+        replaces: Some("clusterrole-aggregation-controller"),
+        default_on: true,
+        needs: None,
+        help: "the rules of ClusterRoles with an aggregationRule (admin, edit, view): the union of the ClusterRoles their selectors match",
+        new: |cx| {
+            let c = auth::clusterroleaggregation::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "ttl",
+        aliases: &["ttl-controller"],
+        replaces: Some("ttl-controller"),
+        default_on: true,
+        needs: None,
+        help: "the node.alpha.kubernetes.io/ttl annotation (how long kubelets cache Secrets and ConfigMaps) from the cluster's size",
+        new: |cx| {
+            let c = node::ttl::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "csrapproving",
+        aliases: &["certificatesigningrequest-approving-controller"],
+        replaces: Some("certificatesigningrequest-approving-controller"),
+        default_on: true,
+        needs: None,
+        help: "approval of kubelets' client CertificateSigningRequests their requester may make (a SubjectAccessReview)",
+        new: |cx| {
+            let c = auth::csrapproving::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "csrsigning",
+        aliases: &["certificatesigningrequest-signing-controller"],
+        replaces: Some("certificatesigningrequest-signing-controller"),
+        default_on: true,
+        needs: Some(Setting::ClusterSigning),
+        help: "certificates for approved CertificateSigningRequests of the kubernetes.io signers, from the CA of --cluster-signing-cert-file",
+        new: |cx| {
+            let signers =
+                auth::csrsigning::Controller::all(&cx.client, cx.informers, &cx.signing)?;
+            if signers.is_empty() {
+                return Err(Setting::ClusterSigning.missing("csrsigning"));
+            }
+            let runs = signers.into_iter().map(|c| c.run());
+            Ok(forever(futures::future::join_all(runs).map(|_| ())))
+        },
+    },
+    ControllerDescriptor {
+        name: "csrcleaner",
+        aliases: &["certificatesigningrequest-cleaner-controller"],
+        replaces: Some("certificatesigningrequest-cleaner-controller"),
+        default_on: true,
+        needs: None,
+        help: "deletion of CertificateSigningRequests an hour after they were issued, denied or failed, a day after they were made, or once their certificate expired",
+        new: |cx| {
+            let c = auth::csrcleaner::Controller::new(cx.client.clone(), cx.informers);
             Ok(forever(c.run()))
         },
     },

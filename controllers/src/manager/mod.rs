@@ -128,6 +128,8 @@ pub struct ManagerConfig {
     pub lb_pool: Option<Pool>,
     /// The cluster CA for root-ca-cert-publisher (required when it runs).
     pub root_ca_file: Option<std::path::PathBuf>,
+    /// The CAs csrsigning signs with (`--cluster-signing-*`).
+    pub signing: crate::auth::csrsigning::SigningConfig,
     /// Run only while holding this Lease.
     pub leader: Option<LeaderConfig>,
     /// Workers per controller.
@@ -166,6 +168,7 @@ async fn run_controllers(client: Client, cfg: ManagerConfig) -> Result<()> {
         concurrency: cfg.concurrency,
         lb_pool: cfg.lb_pool.clone(),
         root_ca_file: cfg.root_ca_file.clone(),
+        signing: cfg.signing.clone(),
     };
     let mut built = Vec::new();
     for d in &cfg.controllers {
@@ -248,6 +251,10 @@ mod tests {
                     "persistentvolume-protection",
                     "persistentvolumeclaim-protection",
                     "ephemeral-volume",
+                    "clusterrole-aggregation",
+                    "ttl",
+                    "csrapproving",
+                    "csrcleaner",
                 ],
             ),
             (
@@ -276,6 +283,10 @@ mod tests {
                     "persistentvolume-protection",
                     "persistentvolumeclaim-protection",
                     "ephemeral-volume",
+                    "clusterrole-aggregation",
+                    "ttl",
+                    "csrapproving",
+                    "csrcleaner",
                     "lb-ipam",
                 ],
             ),
@@ -303,6 +314,10 @@ mod tests {
                     "persistentvolume-protection",
                     "persistentvolumeclaim-protection",
                     "ephemeral-volume",
+                    "clusterrole-aggregation",
+                    "ttl",
+                    "csrapproving",
+                    "csrcleaner",
                 ],
             ),
             (
@@ -363,6 +378,10 @@ mod tests {
                     "persistentvolume-protection",
                     "persistentvolumeclaim-protection",
                     "ephemeral-volume",
+                    "clusterrole-aggregation",
+                    "ttl",
+                    "csrapproving",
+                    "csrcleaner",
                 ],
             ),
             (
@@ -392,6 +411,50 @@ mod tests {
                     "persistentvolume-protection",
                     "persistentvolumeclaim-protection",
                     "ephemeral-volume",
+                ],
+            ),
+            (
+                "*,-lb-ipam",
+                &[Setting::ClusterSigning],
+                &[
+                    "garbagecollector",
+                    "endpointslice",
+                    "endpoints",
+                    "replicaset",
+                    "replicationcontroller",
+                    "podgc",
+                    "deployment",
+                    "daemonset",
+                    "statefulset",
+                    "job",
+                    "cronjob",
+                    "ttl-after-finished",
+                    "serviceaccount",
+                    "taint-eviction-controller",
+                    "namespace",
+                    "horizontalpodautoscaling",
+                    "disruption",
+                    "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
+                    "clusterrole-aggregation",
+                    "ttl",
+                    "csrapproving",
+                    "csrsigning",
+                    "csrcleaner",
+                ],
+            ),
+            (
+                "clusterrole-aggregation-controller,ttl-controller,certificatesigningrequest-approving-controller,certificatesigningrequest-signing-controller,certificatesigningrequest-cleaner-controller",
+                &[],
+                &[
+                    "clusterrole-aggregation",
+                    "ttl",
+                    "csrapproving",
+                    "csrsigning",
+                    "csrcleaner",
                 ],
             ),
         ];
@@ -438,6 +501,7 @@ mod tests {
             controllers: parse_controllers(list).unwrap(),
             lb_pool: pool.map(|p| p.parse().unwrap()),
             root_ca_file: None,
+            signing: Default::default(),
             leader: None,
             concurrency: Concurrency::default(),
         };
@@ -458,6 +522,7 @@ mod tests {
             controllers: parse_controllers(list).unwrap(),
             lb_pool: None,
             root_ca_file: file.map(Into::into),
+            signing: Default::default(),
             leader: None,
             concurrency: Concurrency::default(),
         };

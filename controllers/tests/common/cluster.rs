@@ -213,6 +213,15 @@ impl Cluster {
             self.controllers.clone(),
             // As kube-controller-manager gets it (root-ca-cert-publisher needs it).
             format!("--root-ca-file={}", self.cp().pki.ca_cert.display()),
+            // As kube-controller-manager gets them (csrsigning signs with the cluster's CA).
+            format!(
+                "--cluster-signing-cert-file={}",
+                self.cp().pki.ca_cert.display()
+            ),
+            format!(
+                "--cluster-signing-key-file={}",
+                self.cp().pki.ca_key.display()
+            ),
         ];
         let args = args.into_iter().chain(self.flags.iter().cloned()).collect();
         self.cp()

@@ -277,6 +277,10 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
                 // The cluster CA root-ca-cert-publisher publishes as kube-root-ca.crt (what
                 // kube-controller-manager gets as its own --root-ca-file).
                 format!("--root-ca-file={}", cp.pki.ca_cert.display()),
+                // The CA csrsigning signs kubelets' and clients' certificates with (what
+                // kube-controller-manager gets as --cluster-signing-cert-file / -key-file).
+                format!("--cluster-signing-cert-file={}", cp.pki.ca_cert.display()),
+                format!("--cluster-signing-key-file={}", cp.pki.ca_key.display()),
             ];
             cp.spawn_program("kpr-controller-manager", &binary, args)?;
         }
