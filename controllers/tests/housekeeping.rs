@@ -441,20 +441,28 @@ async fn certificates(cluster: &Cluster, client: &Client) {
 
 async fn cleaner(cluster: &Cluster, client: &Client) {
     let api: Api<CertificateSigningRequest> = Api::all(client.clone());
-    cluster
-        .eventually(
-            "the request denied long ago deleted",
-            WAIT,
-            POLL,
-            || async {
-                api.get_opt("denied-long-ago")
-                    .await
-                    .unwrap()
-                    .is_none()
-                    .then_some(())
-            },
-        )
-        .await;
+    // kube-controller-manager v1.34's cleaner makes its first pass at start without waiting for
+    // its informer (cleaner.go's Run starts `wait.UntilWithContext` with no cache sync), so
+    // whether it sees the seeded requests is a race, and the next pass is an hour later: in
+    // the first run of this suite it deleted nothing in 30 s. kpr's cleaner passes once its
+    // cache is synced (docs/WORKLOADS.md, Housekeeping): only kpr's deletion is awaited; that
+    // a request denied now stays holds for both.
+    if cluster.flavour == Flavour::Kpr {
+        cluster
+            .eventually(
+                "the request denied long ago deleted",
+                WAIT,
+                POLL,
+                || async {
+                    api.get_opt("denied-long-ago")
+                        .await
+                        .unwrap()
+                        .is_none()
+                        .then_some(())
+                },
+            )
+            .await;
+    }
     assert!(
         api.get_opt("denied-now").await.unwrap().is_some(),
         "{:?}: the request denied now was deleted",
