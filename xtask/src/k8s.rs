@@ -109,6 +109,39 @@ fn go_build(
     Ok(())
 }
 
+/// Builds one main package of a component pinned in a Go module of its own (`module`, with its
+/// go.mod and go.sum) into `out/<name>`, unless `out/.stamp` says those files and `ldflags` are
+/// what the binary was built from; returns the binary. `what` names it in the build line.
+pub(crate) fn build_pinned_component(
+    module: &Path,
+    out: &Path,
+    package: (&str, &str),
+    ldflags: &str,
+    what: &str,
+) -> anyhow::Result<PathBuf> {
+    use sha2::{Digest as _, Sha256};
+    let binary = out.join(package.1);
+    let mut hasher = Sha256::new();
+    for file in ["go.mod", "go.sum"] {
+        let path = module.join(file);
+        hasher.update(fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
+    }
+    hasher.update(ldflags.as_bytes());
+    let stamp = format!("{:x}\n", hasher.finalize());
+    let stamp_path = out.join(".stamp");
+    if binary.is_file() && fs::read_to_string(&stamp_path).ok().as_deref() == Some(stamp.as_str()) {
+        return Ok(binary);
+    }
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    println!(
+        "[build] {what} into {} (cold: a few minutes)",
+        out.display()
+    );
+    go_compile_package(module, out, package, ldflags)?;
+    fs::write(&stamp_path, stamp).with_context(|| format!("writing {}", stamp_path.display()))?;
+    Ok(binary)
+}
+
 /// `go build` of one main package of the module in `module` into `out/<name>` (used for Helm,
 /// pinned in a module of its own: crate::helm).
 pub(crate) fn go_compile_package(

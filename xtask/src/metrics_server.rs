@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use sha2::{Digest as _, Sha256};
 
 use crate::images::{Entry, Image};
 use crate::{target_dir, workspace_root};
@@ -51,28 +50,14 @@ pub fn image_name(version: &str) -> String {
 /// its path.
 pub fn build() -> anyhow::Result<PathBuf> {
     let version = version()?;
-    let out = target_dir().join("metrics-server");
-    let binary = out.join(PACKAGE.1);
-    let mut hasher = Sha256::new();
-    for file in ["go.mod", "go.sum"] {
-        let path = module_dir().join(file);
-        hasher.update(fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
-    }
     let ldflags = format!("-s -w -X k8s.io/client-go/pkg/version.gitVersion={version}");
-    hasher.update(ldflags.as_bytes());
-    let stamp = format!("{:x}\n", hasher.finalize());
-    let stamp_path = out.join(".stamp");
-    if binary.is_file() && fs::read_to_string(&stamp_path).ok().as_deref() == Some(stamp.as_str()) {
-        return Ok(binary);
-    }
-    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    println!(
-        "[build] metrics-server {version} into {} (cold: a few minutes)",
-        out.display()
-    );
-    crate::k8s::go_compile_package(&module_dir(), &out, PACKAGE, &ldflags)?;
-    fs::write(&stamp_path, stamp).with_context(|| format!("writing {}", stamp_path.display()))?;
-    Ok(binary)
+    crate::k8s::build_pinned_component(
+        &module_dir(),
+        &target_dir().join("metrics-server"),
+        PACKAGE,
+        &ldflags,
+        &format!("metrics-server {version}"),
+    )
 }
 
 /// The image: the static binary alone, run as upstream's distroless image runs it (user 65534;
