@@ -210,19 +210,9 @@ impl SyncKey for Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rcgen::{CertificateParams, DnType, KeyPair, SanType};
+    use crate::helpers::csr::tests::request;
+    use rcgen::SanType;
     use serde_json::json;
-
-    fn request(org: &str, cn: &str, sans: Vec<SanType>) -> String {
-        let mut params = CertificateParams::default();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, org);
-        params.distinguished_name.push(DnType::CommonName, cn);
-        params.subject_alt_names = sans;
-        let key = KeyPair::generate().unwrap();
-        params.serialize_request(&key).unwrap().pem().unwrap()
-    }
 
     fn csr(pem: &str, signer: &str, user: &str, usages: &[&str]) -> CertificateSigningRequest {
         let mut c: CertificateSigningRequest = serde_json::from_value(json!({
@@ -239,7 +229,7 @@ mod tests {
     /// Upstream's `TestHandle` and `TestRecognizers` cases, in plan terms.
     #[test]
     fn which_requests_are_reviewed() {
-        let node = request("system:nodes", "system:node:n1", vec![]);
+        let node = request(&["system:nodes"], "system:node:n1", vec![]);
         let kubelet = csr::KUBE_APISERVER_CLIENT_KUBELET;
         // A bootstrap request (the requester is not the node): nodeclient only.
         assert_eq!(
@@ -270,7 +260,7 @@ mod tests {
                 "a DNS name",
                 csr(
                     &request(
-                        "system:nodes",
+                        &["system:nodes"],
                         "system:node:n1",
                         vec![SanType::DnsName("n1".try_into().unwrap())],
                     ),
@@ -282,7 +272,7 @@ mod tests {
             (
                 "another organization",
                 csr(
-                    &request("other", "system:node:n1", vec![]),
+                    &request(&["other"], "system:node:n1", vec![]),
                     kubelet,
                     "u",
                     &CLIENT,
@@ -309,7 +299,7 @@ mod tests {
 
     #[test]
     fn the_review_and_the_condition_are_upstreams() {
-        let node = request("system:nodes", "system:node:n1", vec![]);
+        let node = request(&["system:nodes"], "system:node:n1", vec![]);
         let c = csr(
             &node,
             csr::KUBE_APISERVER_CLIENT_KUBELET,

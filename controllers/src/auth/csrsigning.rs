@@ -589,6 +589,7 @@ impl SyncKey for Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::helpers::csr::tests::request;
     use rcgen::BasicConstraints;
     use serde_json::json;
     use x509_parser::extensions::ParsedExtension;
@@ -604,17 +605,6 @@ mod tests {
         let cert = params.self_signed(&key).unwrap();
         let pem = cert.pem();
         (Ca::from_pem(&pem, &key.serialize_pem()).unwrap(), pem)
-    }
-
-    fn request(org: &str, cn: &str, sans: Vec<SanType>) -> String {
-        let mut params = CertificateParams::default();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, org);
-        params.distinguished_name.push(DnType::CommonName, cn);
-        params.subject_alt_names = sans;
-        let key = KeyPair::generate().unwrap();
-        params.serialize_request(&key).unwrap().pem().unwrap()
     }
 
     fn csr(
@@ -708,7 +698,7 @@ mod tests {
     /// Upstream's `TestSignerHandle` / `TestHandle` decisions.
     #[test]
     fn which_requests_are_signed_or_failed() {
-        let node_client = request("system:nodes", "system:node:n1", vec![]);
+        let node_client = request(&["system:nodes"], "system:node:n1", vec![]);
         let client_usages = ["digital signature", "key encipherment", "client auth"];
         let kubelet = csr::KUBE_APISERVER_CLIENT_KUBELET;
         assert!(matches!(
@@ -775,7 +765,7 @@ mod tests {
             )
         );
         // An API server client without client auth: Failed.
-        let any = request("o", "someone", vec![]);
+        let any = request(&["o"], "someone", vec![]);
         assert_eq!(
             plan(
                 &csr(
@@ -804,7 +794,7 @@ mod tests {
     fn the_issued_certificate_chains_to_the_ca_and_carries_the_request() {
         let (ca, ca_pem) = ca();
         let pem = request(
-            "system:nodes",
+            &["system:nodes"],
             "system:node:n1",
             vec![
                 SanType::DnsName("n1.example".try_into().unwrap()),
@@ -880,7 +870,7 @@ mod tests {
     fn a_pkcs1_rsa_ca_signs() {
         let ca_pem = include_str!("testdata/rsa-pkcs1-ca.crt");
         let ca = Ca::from_pem(ca_pem, include_str!("testdata/rsa-pkcs1-ca.key")).unwrap();
-        let pem = request("team", "alice", vec![]);
+        let pem = request(&["team"], "alice", vec![]);
         let der = csr::parse(pem.as_bytes()).unwrap().der;
         let out = issue(
             &ca,

@@ -227,12 +227,13 @@ pub fn not_after(pem: &[u8]) -> Result<i64, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rcgen::{CertificateParams, DnType, KeyPair, SanType};
 
-    /// A request made as a kubelet makes it (rcgen in the place of Go's x509).
-    pub fn request(org: &[&str], cn: &str, sans: Vec<SanType>) -> String {
+    /// A request made as a kubelet makes it (rcgen in the place of Go's x509); the CSR
+    /// controllers' tests make theirs with it too.
+    pub(crate) fn request(org: &[&str], cn: &str, sans: Vec<SanType>) -> String {
         let mut params = CertificateParams::default();
         for o in org {
             params.distinguished_name.push(DnType::OrganizationName, *o);
