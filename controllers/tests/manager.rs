@@ -784,3 +784,45 @@ async fn slices_are_written_without_zones_when_nodes_are_forbidden() {
     assert_eq!(e.node_name.as_deref(), Some(node.as_str()));
     assert_eq!(e.zone, None, "no zone without read access to Nodes");
 }
+
+/// The upstream controller table (`manager::upstream`) is kube-controller-manager's own: the
+/// reference binary's `--help` lists the same controllers and the same ones off by default. A
+/// release bump that adds or renames one fails here, before a `--controllers kpr` cluster would
+/// leave it running in kube-controller-manager or missing from a cluster without it.
+#[test]
+fn upstream_controller_table_matches_the_reference_binary() {
+    use controllers::manager::upstream::{UpstreamDefault, UPSTREAM_CONTROLLERS};
+    let bin = controlplane::Binaries::locate()
+        .expect("reference binaries")
+        .path("kube-controller-manager");
+    let out = std::process::Command::new(&bin)
+        .arg("--help")
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
+    let help =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let list = |label: &str| -> Vec<String> {
+        let line = help
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(label))
+            .unwrap_or_else(|| panic!("no {label:?} line in kube-controller-manager --help"));
+        let line = line.split(" (default").next().unwrap();
+        line.split(',').map(|s| s.trim().to_string()).collect()
+    };
+    let all = list("All controllers:");
+    let off = list("Disabled-by-default controllers:");
+    let ours: Vec<_> = UPSTREAM_CONTROLLERS
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    assert_eq!(
+        ours, all,
+        "manager::upstream's names against kube-controller-manager --help"
+    );
+    let ours_off: Vec<_> = UPSTREAM_CONTROLLERS
+        .iter()
+        .filter(|(_, d)| *d == UpstreamDefault::OffByDefault)
+        .map(|(n, _)| n.to_string())
+        .collect();
+    assert_eq!(ours_off, off, "controllers off by default");
+}

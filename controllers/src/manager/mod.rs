@@ -6,6 +6,7 @@
 //! handlers. A controller that fails stops the manager with an error naming it.
 
 pub mod descriptors;
+pub mod upstream;
 
 use futures::future::select_all;
 use kube::Client;

@@ -324,7 +324,7 @@ fn up_args_for(proxy: &str, nodes: usize) -> anyhow::Result<super::UpArgs> {
         },
     };
     Ok(super::UpArgs {
-        controllers: super::Who::Upstream,
+        controllers: super::Controllers::Upstream,
         scheduler: super::Who::Upstream,
         kwok_nodes: 0,
         nodes,

@@ -83,12 +83,11 @@ pub enum ClusterCommand {
 #[derive(Debug, Args)]
 pub struct UpArgs {
     /// Who runs the controllers: kube-controller-manager (all of them); kpr, whose
-    /// controller-manager runs the controllers kpr has (garbage collector, EndpointSlice,
-    /// Endpoints, ReplicaSet, ReplicationController, Deployment, StatefulSet, DaemonSet, Job,
-    /// CronJob, ttl-after-finished, podgc, ServiceAccount, root CA publisher, taint eviction)
-    /// beside kube-controller-manager with those turned off; or nobody.
-    #[arg(long, value_enum, default_value_t = Who::Upstream)]
-    pub controllers: Who,
+    /// controller-manager runs every controller kpr has, beside a kube-controller-manager that
+    /// runs only the ones kpr lacks (none started when kpr has them all); kpr-only, no
+    /// kube-controller-manager whatever kpr lacks (named at start); or nobody.
+    #[arg(long, value_enum, default_value_t = Controllers::Upstream)]
+    pub controllers: Controllers,
     /// Who schedules Pods: kube-scheduler, kpr's scheduler, or nobody.
     #[arg(long, value_enum, default_value_t = Who::Upstream)]
     pub scheduler: Who,
@@ -126,6 +125,36 @@ pub struct UpArgs {
     /// --nodes.
     #[arg(long)]
     pub local_path: bool,
+}
+
+/// Who runs the controllers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Controllers {
+    /// kube-controller-manager, every controller.
+    Upstream,
+    /// kpr's controller-manager, and kube-controller-manager for what kpr lacks.
+    Kpr,
+    /// kpr's controller-manager alone.
+    KprOnly,
+    /// Nobody.
+    None,
+}
+
+impl Controllers {
+    /// Whether kpr's controller-manager runs.
+    pub fn kpr(self) -> bool {
+        matches!(self, Controllers::Kpr | Controllers::KprOnly)
+    }
+
+    /// kube-controller-manager's `--controllers`, or `None` when it does not run.
+    fn upstream_list(self) -> Option<String> {
+        match self {
+            Controllers::Upstream => Some("*".to_string()),
+            // What kpr lacks, from its descriptor table against kube-controller-manager's list.
+            Controllers::Kpr => controllers::manager::upstream::upstream_remainder(),
+            Controllers::KprOnly | Controllers::None => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -224,7 +253,7 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let controller_manager = if args.controllers == Who::Kpr {
+    let controller_manager = if args.controllers.kpr() {
         Cmd::new("cargo")
             .args(["build", "-p", "controllers", "--bin", "controller-manager"])
             .dir(workspace_root())
@@ -250,16 +279,7 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
     }
     let opts = Options {
         lifetime: Lifetime::Detached,
-        upstream_controllers: match args.controllers {
-            Who::Upstream => Some("*".to_string()),
-            Who::Kpr => Some(
-                // What kpr's controller-manager replaces, from its descriptor table.
-                controllers::manager::descriptors::replaced_upstream()
-                    .iter()
-                    .fold("*".to_string(), |list, name| format!("{list},-{name}")),
-            ),
-            Who::None => None,
-        },
+        upstream_controllers: args.controllers.upstream_list(),
         upstream_scheduler: args.scheduler == Who::Upstream,
         scheduler_program: scheduler,
         kwok_nodes: args.kwok_nodes,
@@ -308,6 +328,23 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
             bail!("starting the cluster panicked (everything started was stopped)");
         }
     };
+    describe_controllers(args.controllers);
+    let kpr_alone = args.controllers.upstream_list().is_none()
+        && args.controllers != Controllers::None
+        && args.scheduler == Who::Kpr
+        && args.nodes > 0
+        && args.proxy == nodes::Proxy::Kpr;
+    if kpr_alone {
+        let upstream = upstream_components(&cluster.dir, &cp)?;
+        if !upstream.is_empty() {
+            teardown(cluster);
+            bail!(
+                "the cluster was to run without kube-controller-manager, kube-scheduler and \
+                 kube-proxy, but these run: {} (everything started was stopped)",
+                upstream.join(", ")
+            );
+        }
+    }
     let kubeconfig = cp.admin_kubeconfig().to_path_buf();
     let server = cp.server_url();
     let logs = cp.dir.join("logs");
@@ -324,6 +361,7 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         "proxy": nodes::ProxyChoice::from_args(args).describe(),
         "metrics_server": args.metrics_server,
         "local_path": args.local_path,
+        "kpr_alone": kpr_alone,
     });
     fs::write(cluster.state_path(), serde_json::to_string_pretty(&state)?)?;
     println!(
@@ -487,6 +525,74 @@ pub(crate) fn read_state(cluster: &Cluster) -> anyhow::Result<serde_json::Value>
 }
 
 /// Every process whose command line mentions `dir` (each component is given a file in it).
+/// The upstream components kpr replaces: kube-controller-manager, kube-scheduler, kube-proxy.
+const UPSTREAM_COMPONENTS: [&str; 3] = ["kube-controller-manager", "kube-scheduler", "kube-proxy"];
+
+/// Says which controllers kube-controller-manager runs beside kpr's, or what a cluster without it
+/// lacks.
+fn describe_controllers(who: Controllers) {
+    let lacking = controllers::manager::upstream::not_replaced();
+    match who {
+        Controllers::Kpr if lacking.is_empty() => println!(
+            "controllers: kpr's controller-manager runs every controller kube-controller-manager \
+             would; kube-controller-manager not started"
+        ),
+        Controllers::Kpr => println!(
+            "controllers: kpr's controller-manager, and kube-controller-manager for the {} kpr \
+             lacks: {}",
+            lacking.len(),
+            lacking.join(", ")
+        ),
+        Controllers::KprOnly if !lacking.is_empty() => println!(
+            "controllers: kpr's controller-manager alone; nobody runs what kube-controller-manager \
+             would and kpr lacks: {}",
+            lacking.join(", ")
+        ),
+        _ => {}
+    }
+}
+
+/// Processes of the cluster and Pods that are kube-controller-manager, kube-scheduler or
+/// kube-proxy, each named with where it was found.
+fn upstream_components(dir: &Path, cp: &ControlPlane) -> anyhow::Result<Vec<String>> {
+    let mut found: Vec<String> = processes_of(dir)
+        .into_iter()
+        .filter_map(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let program = cmdline.split(|&b| b == 0).next()?;
+            let program = String::from_utf8_lossy(program);
+            let base = program.rsplit('/').next()?.to_string();
+            UPSTREAM_COMPONENTS
+                .contains(&base.as_str())
+                .then(|| format!("process {base} (pid {pid})"))
+        })
+        .collect();
+    let pods: serde_json::Value =
+        serde_json::from_str(&cp.kubectl_run(&["get", "pods", "-A", "-o", "json"], None)?)?;
+    for pod in pods["items"].as_array().into_iter().flatten() {
+        let containers = pod["spec"]["containers"].as_array().into_iter().flatten();
+        for c in containers {
+            let words = c["command"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .chain(std::iter::once(&c["image"]))
+                .filter_map(|w| w.as_str());
+            if let Some(component) = words
+                .flat_map(|w| UPSTREAM_COMPONENTS.iter().filter(move |u| w.contains(*u)))
+                .next()
+            {
+                found.push(format!(
+                    "{component} in Pod {}/{}",
+                    pod["metadata"]["namespace"].as_str().unwrap_or("?"),
+                    pod["metadata"]["name"].as_str().unwrap_or("?")
+                ));
+            }
+        }
+    }
+    Ok(found)
+}
+
 fn processes_of(dir: &Path) -> Vec<u32> {
     // With the separator: `<target>/cluster` must not match `<target>/cluster-sw`'s processes.
     let needle = format!("{}/", dir.to_string_lossy());
