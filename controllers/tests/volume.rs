@@ -25,7 +25,9 @@
 //! - protection: a claim used by a scheduled Pod keeps its finalizer (and stays) while the Pod
 //!   exists; a Bound volume deleted stays until its claim goes;
 //! - ephemeral: a Pod's ephemeral volume gets its claim (owner, labels, spec); a claim of that
-//!   name the Pod does not own gets the Warning FailedBinding Event on the Pod.
+//!   name the Pod does not own gets the Warning FailedBinding Event on the Pod;
+//! - VolumeAttributesClass protection: a class gets the `kubernetes.io/vac-protection`
+//!   finalizer; deleted while a claim and a volume name it, it stays until both are gone.
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
@@ -40,13 +42,13 @@ use common::{Cluster, Flavour};
 use k8s_openapi::api::core::v1::{
     Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
 /// kube-controller-manager's names of the controllers under test; ours takes the same.
-const CONTROLLERS: &str = "persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller,ephemeral-volume-controller";
+const CONTROLLERS: &str = "persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller,ephemeral-volume-controller,volumeattributesclass-protection-controller";
 
 const NS: &str = "volumes";
 const WAIT: Duration = Duration::from_secs(30);
@@ -762,6 +764,87 @@ async fn ephemeral(f: &Fixture<'_>) {
     .await;
 }
 
+async fn vac_protection(f: &Fixture<'_>) {
+    let flavour = f.cluster.flavour;
+    let client = f.pvcs.clone().into_client();
+    let vacs: Api<VolumeAttributesClass> = Api::all(client.clone());
+    vacs.create(
+        &PostParams::default(),
+        &serde_json::from_value(
+            json!({"metadata": {"name": "gold"}, "driverName": "csi.example.com",
+            "parameters": {"iops": "3000"}}),
+        )
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    f.cluster
+        .eventually(
+            "gold has kubernetes.io/vac-protection",
+            WAIT,
+            POLL,
+            || async {
+                let v = vacs.get("gold").await.unwrap();
+                finalizers(&v.metadata)
+                    .contains(&"kubernetes.io/vac-protection".to_string())
+                    .then_some(())
+            },
+        )
+        .await;
+    // A claim (of a class nobody provisions: it stays Pending) and a released volume name it.
+    create_in::<PersistentVolumeClaim>(
+        &client,
+        NS,
+        json!({"metadata": {"name": "c-vac"},
+               "spec": {"accessModes": RWO, "storageClassName": "gold-none",
+                        "volumeAttributesClassName": "gold",
+                        "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .await;
+    f.pvs
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(pv(
+                "pv-vac",
+                "1Gi",
+                "gold-none",
+                &["ReadWriteOnce"],
+                json!({"spec": {"volumeAttributesClassName": "gold", "hostPath": null,
+                       "csi": {"driver": "csi.example.com", "volumeHandle": "vac-1"}}}),
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    vacs.delete("gold", &DeleteParams::default()).await.unwrap();
+    let stays = |what: &'static str| {
+        let vacs = vacs.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let v = vacs.get("gold").await.unwrap();
+            assert!(v.metadata.deletion_timestamp.is_some(), "{flavour:?}");
+            assert_eq!(
+                finalizers(&v.metadata),
+                vec!["kubernetes.io/vac-protection".to_string()],
+                "{flavour:?}: a class {what} lost its finalizer"
+            );
+        }
+    };
+    stays("a claim and a volume name").await;
+    f.pvcs
+        .delete("c-vac", &DeleteParams::default())
+        .await
+        .unwrap();
+    f.gone(&f.pvcs, "c-vac").await;
+    stays("a volume names").await;
+    f.pvs
+        .delete("pv-vac", &DeleteParams::default())
+        .await
+        .unwrap();
+    f.gone(&f.pvs, "pv-vac").await;
+    f.gone(&vacs, "gold").await;
+}
+
 async fn scenario(flavour: Flavour) {
     let cluster = Cluster::start_minimal(flavour, "volume", CONTROLLERS);
     let client: Client = controlplane::client_from(&cluster.kubeconfig)
@@ -794,6 +877,7 @@ async fn scenario(flavour: Flavour) {
     reclaim(&f).await;
     protection(&f).await;
     ephemeral(&f).await;
+    vac_protection(&f).await;
     cluster.check_alive().unwrap();
 }
 

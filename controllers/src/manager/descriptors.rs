@@ -496,6 +496,18 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
             Ok(forever(c.run()))
         },
     },
+    ControllerDescriptor {
+        name: "volumeattributesclass-protection",
+        aliases: &["volumeattributesclass-protection-controller"],
+        replaces: Some("volumeattributesclass-protection-controller"),
+        default_on: true,
+        needs: None,
+        help: "the kubernetes.io/vac-protection finalizer: a VolumeAttributesClass stays while a claim or a volume names it",
+        new: |cx| {
+            let c = volume::vacprotection::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
     // Issue 43: the housekeeping controllers a kpr-only cluster needs.
     ControllerDescriptor {
         name: "clusterrole-aggregation",

@@ -7,7 +7,9 @@
 //! - [`pvcprotection`] and [`pvprotection`]: the `kubernetes.io/pvc-protection` and
 //!   `kubernetes.io/pv-protection` finalizers that keep a claim in use by a Pod, and a bound
 //!   volume, from going;
-//! - [`ephemeral`]: `ephemeral-volume`, the claims of Pods' generic ephemeral volumes.
+//! - [`ephemeral`]: `ephemeral-volume`, the claims of Pods' generic ephemeral volumes;
+//! - [`vacprotection`]: the `kubernetes.io/vac-protection` finalizer that keeps a
+//!   VolumeAttributesClass a claim or a volume names from going.
 //!
 //! What they do and how they differ from upstream is in docs/VOLUMES.md.
 
@@ -15,3 +17,4 @@ pub mod ephemeral;
 pub mod persistentvolume;
 pub mod pvcprotection;
 pub mod pvprotection;
+pub mod vacprotection;
