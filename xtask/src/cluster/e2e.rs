@@ -198,6 +198,12 @@ pub fn results_dir() -> PathBuf {
     crate::target_dir().join("e2e")
 }
 
+/// Whole control planes the table can compare (`--proxies` takes them too): `upstream`, kube-proxy
+/// (nftables), kube-controller-manager and kube-scheduler; `kpr-alone`, kpr's agent (nftables),
+/// controller-manager (`--controllers kpr-only`) and scheduler, none of the three upstream
+/// components (the harness checks). For upstream's `[Conformance]` suite side by side.
+pub const PLANES: &[&str] = &["upstream", "kpr-alone"];
+
 /// Every Service proxy the e2e table compares, as `--proxies` names them.
 pub const PROXIES: &[&str] = &[
     "kube-proxy-iptables",
@@ -210,7 +216,8 @@ pub const PROXIES: &[&str] = &[
 
 #[derive(Debug, Clone, Args)]
 pub struct MatrixArgs {
-    /// Which proxies, comma-separated (default: all of them).
+    /// Which proxies (or whole control planes: `upstream`, `kpr-alone`), comma-separated
+    /// (default: every proxy).
     #[arg(long, value_delimiter = ',', default_values_t = PROXIES.iter().map(|p| p.to_string()))]
     pub proxies: Vec<String>,
     /// Real nodes per cluster (3: one spec needs three schedulable nodes).
@@ -220,6 +227,9 @@ pub struct MatrixArgs {
     /// several `--name`s side by side each write their proxies' files there).
     #[arg(long)]
     pub table_only: bool,
+    /// Which build of kpr's binaries the clusters run.
+    #[arg(long, value_enum, default_value_t = crate::Profile::Release)]
+    pub binaries: crate::Profile,
     #[command(flatten)]
     pub e2e: E2eArgs,
 }
@@ -236,7 +246,7 @@ pub fn matrix(name: &str, args: &MatrixArgs) -> anyhow::Result<()> {
     fs::create_dir_all(&dir)?;
     let mut columns = Vec::new();
     for proxy in args.proxies.iter().filter(|_| !args.table_only) {
-        let up_args = up_args_for(proxy, args.nodes)?;
+        let up_args = up_args_for(proxy, args.nodes, args.binaries)?;
         let started = Instant::now();
         super::teardown(&cluster);
         let result = super::up(&cluster, &up_args).and_then(|()| run(&cluster, &args.e2e));
@@ -280,10 +290,11 @@ pub fn matrix(name: &str, args: &MatrixArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every proxy's outcomes saved in `dir`, in [`PROXIES`] order.
+/// Every proxy's (and control plane's) outcomes saved in `dir`, in [`PROXIES`] then [`PLANES`]
+/// order.
 fn read_results(dir: &Path) -> anyhow::Result<Vec<(String, u64, Vec<Outcome>)>> {
     let mut columns = Vec::new();
-    for proxy in PROXIES {
+    for proxy in PROXIES.iter().chain(PLANES) {
         let path = dir.join(format!("{proxy}.json"));
         let Ok(text) = fs::read_to_string(&path) else {
             continue;
@@ -310,28 +321,41 @@ fn read_results(dir: &Path) -> anyhow::Result<Vec<(String, u64, Vec<Outcome>)>> 
 }
 
 /// The `cluster up` arguments for a `--proxies` name.
-fn up_args_for(proxy: &str, nodes: usize) -> anyhow::Result<super::UpArgs> {
+fn up_args_for(
+    proxy: &str,
+    nodes: usize,
+    binaries: crate::Profile,
+) -> anyhow::Result<super::UpArgs> {
     use super::nodes::{Mode, Proxy};
+    use super::{Controllers, Who};
+    let mut controllers = Controllers::Upstream;
+    let mut scheduler = Who::Upstream;
     let (proxy, backend, mode) = match proxy {
         "kube-proxy-iptables" => (Proxy::KubeProxy, "nftables", Mode::Iptables),
-        "kube-proxy-nftables" => (Proxy::KubeProxy, "nftables", Mode::Nftables),
+        "kube-proxy-nftables" | "upstream" => (Proxy::KubeProxy, "nftables", Mode::Nftables),
+        "kpr-alone" => {
+            controllers = Controllers::KprOnly;
+            scheduler = Who::Kpr;
+            (Proxy::Kpr, "nftables", Mode::Nftables)
+        }
         kpr => match kpr.strip_prefix("kpr-") {
             Some(b) if crate::deploy::BACKENDS.contains(&b) => (Proxy::Kpr, b, Mode::Nftables),
             _ => bail!(
-                "unknown proxy {kpr:?}: expected one of {}",
-                PROXIES.join(", ")
+                "unknown proxy {kpr:?}: expected one of {}, or a control plane: {}",
+                PROXIES.join(", "),
+                PLANES.join(", ")
             ),
         },
     };
     Ok(super::UpArgs {
-        controllers: super::Controllers::Upstream,
-        scheduler: super::Who::Upstream,
+        controllers,
+        scheduler,
         kwok_nodes: 0,
         nodes,
         proxy,
         backend: backend.to_string(),
         mode,
-        binaries: crate::Profile::Release,
+        binaries,
         ip_family: crate::deploy::IpFamilies::Ipv4,
         metrics_server: false,
         local_path: false,
@@ -341,7 +365,7 @@ fn up_args_for(proxy: &str, nodes: usize) -> anyhow::Result<super::UpArgs> {
 /// Markdown: totals per proxy, then one row per spec that any proxy did not pass.
 fn table(columns: &[(String, u64, Vec<Outcome>)]) -> String {
     let mut out =
-        String::from("| proxy | passed | failed | skipped | minutes |\n|---|---|---|---|---|\n");
+        String::from("| cluster | passed | failed | skipped | minutes |\n|---|---|---|---|---|\n");
     for (proxy, took, outcomes) in columns {
         out.push_str(&format!(
             "| {proxy} | {} | {} | {} | {:.1} |\n",
@@ -390,9 +414,8 @@ pub fn smoke() -> anyhow::Result<()> {
     // The debug binaries `cargo xtask test` built and tested: a release build only for this
     // would cost CI minutes and prove nothing more about the rules they program.
     let up_args = super::UpArgs {
-        binaries: crate::Profile::Debug,
         ip_family: crate::deploy::IpFamilies::Dual,
-        ..up_args_for("kpr-nftables", 1)?
+        ..up_args_for("kpr-nftables", 1, crate::Profile::Debug)?
     };
     let e2e_args = E2eArgs {
         focus: SMOKE_FOCUS.to_string(),
@@ -430,6 +453,28 @@ const SMOKE_FOCUS: &str = r"\[sig-network\] Services should (serve a basic endpo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `kpr-alone` is kpr's agent, controller-manager alone and scheduler; `upstream` the three
+    /// upstream components; a name that is neither is refused with both lists.
+    #[test]
+    fn control_planes_map_to_their_components() {
+        use crate::cluster::nodes::Proxy;
+        use crate::cluster::{Controllers, Who};
+        let kpr = up_args_for("kpr-alone", 2, crate::Profile::Debug).unwrap();
+        assert_eq!(
+            (kpr.controllers, kpr.scheduler, kpr.proxy, kpr.backend.as_str()),
+            (Controllers::KprOnly, Who::Kpr, Proxy::Kpr, "nftables")
+        );
+        let up = up_args_for("upstream", 2, crate::Profile::Debug).unwrap();
+        assert_eq!(
+            (up.controllers, up.scheduler, up.proxy),
+            (Controllers::Upstream, Who::Upstream, Proxy::KubeProxy)
+        );
+        let err = up_args_for("kpr-everything", 2, crate::Profile::Debug)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kpr-alone") && err.contains("kube-proxy-nftables"), "{err}");
+    }
 
     #[test]
     fn a_panic_in_a_cluster_process_log_is_a_failed_outcome() {
