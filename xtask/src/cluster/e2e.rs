@@ -16,7 +16,7 @@ use clap::Args;
 use controlplane::network::netns_path;
 use serde_json::Value;
 
-use super::Cluster;
+use super::{usage, Cluster};
 use crate::exec::Cmd;
 
 /// The Services tests the table covers.
@@ -249,15 +249,22 @@ pub fn matrix(name: &str, args: &MatrixArgs) -> anyhow::Result<()> {
         let up_args = up_args_for(proxy, args.nodes, args.binaries)?;
         let started = Instant::now();
         super::teardown(&cluster);
-        let result = super::up(&cluster, &up_args).and_then(|()| run(&cluster, &args.e2e));
+        let result = super::up(&cluster, &up_args).and_then(|()| {
+            // The components' use idle (a minute after the cluster is up), then over the suite.
+            let idle = usage::measure(&cluster, IDLE_WINDOW);
+            let sampler = usage::Sampler::start(&cluster);
+            let outcomes = run(&cluster, &args.e2e);
+            let suite = sampler.stop();
+            outcomes.map(|o| (o, Some((idle, suite))))
+        });
         let took = started.elapsed().as_secs();
         super::down(&cluster)?;
-        let outcomes = match result {
-            Ok(outcomes) => outcomes,
+        let (outcomes, used) = match result {
+            Ok(ran) => ran,
             Err(e) => {
                 // One proxy that cannot come up must not cost the others their run.
                 eprintln!("error: the e2e run with {proxy}: {e:#}");
-                vec![Outcome {
+                let failed = vec![Outcome {
                     name: "(cluster up and suite run)".into(),
                     state: "failed".into(),
                     message: format!("{e:#}")
@@ -265,7 +272,8 @@ pub fn matrix(name: &str, args: &MatrixArgs) -> anyhow::Result<()> {
                         .next()
                         .unwrap_or_default()
                         .to_string(),
-                }]
+                }];
+                (failed, None)
             }
         };
         let json: Vec<Value> = outcomes
@@ -275,9 +283,13 @@ pub fn matrix(name: &str, args: &MatrixArgs) -> anyhow::Result<()> {
         fs::write(
             dir.join(format!("{proxy}.json")),
             serde_json::to_string_pretty(
-                &serde_json::json!({"proxy": proxy, "seconds": took, "outcomes": json}),
+                &serde_json::json!({"proxy": proxy, "seconds": took, "outcomes": json,
+                    "usage": used.as_ref().map(|(idle, suite)| serde_json::json!({"idle": idle, "suite": suite}))}),
             )?,
         )?;
+        if let Some((idle, suite)) = &used {
+            println!("{}", usage_table(proxy, idle, suite));
+        }
         columns.push((proxy.clone(), took, outcomes));
     }
     if args.table_only {
@@ -288,6 +300,29 @@ pub fn matrix(name: &str, args: &MatrixArgs) -> anyhow::Result<()> {
     println!("{table}");
     println!("written to {}", dir.join("E2E.md").display());
     Ok(())
+}
+
+/// How long the components' idle use is measured for, once the cluster is up.
+const IDLE_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Markdown: each component's CPU idle and over the suite, and its peak memory.
+fn usage_table(cluster: &str, idle: &usage::Usage, suite: &usage::Usage) -> String {
+    let mut out = format!(
+        "| {cluster}: component | instances | idle CPU (% of a core) | CPU over the suite (s, {:.0} s) | peak RSS of one instance (MiB) |\n|---|---|---|---|---|\n",
+        suite.seconds
+    );
+    for (name, s) in &suite.components {
+        let idle_pct = idle
+            .components
+            .get(name)
+            .map(|i| 100.0 * i.cpu_seconds / idle.seconds.max(1.0))
+            .unwrap_or(0.0);
+        out.push_str(&format!(
+            "| {name} | {} | {idle_pct:.1} | {:.1} | {:.1} |\n",
+            s.instances, s.cpu_seconds, s.peak_rss_mib
+        ));
+    }
+    out
 }
 
 /// Every proxy's (and control plane's) outcomes saved in `dir`, in [`PROXIES`] then [`PLANES`]
@@ -462,7 +497,12 @@ mod tests {
         use crate::cluster::{Controllers, Who};
         let kpr = up_args_for("kpr-alone", 2, crate::Profile::Debug).unwrap();
         assert_eq!(
-            (kpr.controllers, kpr.scheduler, kpr.proxy, kpr.backend.as_str()),
+            (
+                kpr.controllers,
+                kpr.scheduler,
+                kpr.proxy,
+                kpr.backend.as_str()
+            ),
             (Controllers::KprOnly, Who::Kpr, Proxy::Kpr, "nftables")
         );
         let up = up_args_for("upstream", 2, crate::Profile::Debug).unwrap();
@@ -473,7 +513,10 @@ mod tests {
         let err = up_args_for("kpr-everything", 2, crate::Profile::Debug)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("kpr-alone") && err.contains("kube-proxy-nftables"), "{err}");
+        assert!(
+            err.contains("kpr-alone") && err.contains("kube-proxy-nftables"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod nodes;
 pub mod smoke;
 pub mod statefulset_demo;
 pub mod switch;
+pub mod usage;
 
 use std::fs;
 use std::path::{Path, PathBuf};
