@@ -26,6 +26,9 @@
 //!   exists; a Bound volume deleted stays until its claim goes;
 //! - ephemeral: a Pod's ephemeral volume gets its claim (owner, labels, spec); a claim of that
 //!   name the Pod does not own gets the Warning FailedBinding Event on the Pod;
+//! - expansion: a Bound claim of an expandable class asks for more; a CSI volume's claim gets the
+//!   ExternalExpanding Event (an external resizer's job), a GCE PD volume's (migrated to CSI) the
+//!   Event naming the migration and the storage-resizer annotation naming the CSI driver;
 //! - VolumeAttributesClass protection: a class gets the `kubernetes.io/vac-protection`
 //!   finalizer; deleted while a claim and a volume name it, it stays until both are gone.
 //!
@@ -48,7 +51,7 @@ use kube::{Api, Client};
 use serde_json::json;
 
 /// kube-controller-manager's names of the controllers under test; ours takes the same.
-const CONTROLLERS: &str = "persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller,ephemeral-volume-controller,volumeattributesclass-protection-controller";
+const CONTROLLERS: &str = "persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller,ephemeral-volume-controller,volumeattributesclass-protection-controller,persistentvolume-expander-controller";
 
 const NS: &str = "volumes";
 const WAIT: Duration = Duration::from_secs(30);
@@ -764,6 +767,105 @@ async fn ephemeral(f: &Fixture<'_>) {
     .await;
 }
 
+async fn expansion(f: &Fixture<'_>) {
+    let flavour = f.cluster.flavour;
+    let client = f.pvcs.clone().into_client();
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "grow"},
+                "provisioner": "csi.example.com", "allowVolumeExpansion": true}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    for (kind, source) in [
+        (
+            "csi",
+            json!({"csi": {"driver": "csi.example.com", "volumeHandle": "grow-1"}}),
+        ),
+        ("gce", json!({"gcePersistentDisk": {"pdName": "grow-2"}})),
+    ] {
+        let mut spec = source;
+        spec["hostPath"] = serde_json::Value::Null;
+        spec["claimRef"] = json!({"namespace": NS, "name": format!("c-grow-{kind}")});
+        f.pvs
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(pv(
+                    &format!("pv-grow-{kind}"),
+                    "1Gi",
+                    "grow",
+                    &["ReadWriteOnce"],
+                    json!({"spec": spec}),
+                ))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        f.pvcs
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(pvc(
+                    &format!("c-grow-{kind}"),
+                    "1Gi",
+                    "grow",
+                    RWO,
+                    json!({}),
+                ))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    for kind in ["csi", "gce"] {
+        let name = format!("c-grow-{kind}");
+        f.claim_in(&name, "Bound").await;
+        f.pvcs
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}})),
+            )
+            .await
+            .unwrap();
+    }
+    f.event(
+        "c-grow-csi",
+        "ExternalExpanding",
+        "waiting for an external controller to expand this PVC",
+        "volume_expand",
+    )
+    .await;
+    f.event(
+        "c-grow-gce",
+        "ExternalExpanding",
+        "CSI migration enabled for kubernetes.io/gce-pd; waiting for external resizer to expand the pvc",
+        "volume_expand",
+    )
+    .await;
+    f.cluster
+        .eventually(
+            "c-grow-gce's storage-resizer annotation",
+            WAIT,
+            POLL,
+            || async {
+                let c = f.pvcs.get("c-grow-gce").await.unwrap();
+                (annotations(&c.metadata).get("volume.kubernetes.io/storage-resizer")
+                    == Some(&"pd.csi.storage.gke.io".to_string()))
+                .then_some(())
+            },
+        )
+        .await;
+    let csi = f.pvcs.get("c-grow-csi").await.unwrap();
+    assert_eq!(
+        annotations(&csi.metadata).get("volume.kubernetes.io/storage-resizer"),
+        None,
+        "{flavour:?}: a CSI claim is its driver's resizer's already"
+    );
+}
+
 async fn vac_protection(f: &Fixture<'_>) {
     let flavour = f.cluster.flavour;
     let client = f.pvcs.clone().into_client();
@@ -877,6 +979,7 @@ async fn scenario(flavour: Flavour) {
     reclaim(&f).await;
     protection(&f).await;
     ephemeral(&f).await;
+    expansion(&f).await;
     vac_protection(&f).await;
     cluster.check_alive().unwrap();
 }

@@ -497,6 +497,18 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         },
     },
     ControllerDescriptor {
+        name: "persistentvolume-expander",
+        aliases: &["persistentvolume-expander-controller"],
+        replaces: Some("persistentvolume-expander-controller"),
+        default_on: true,
+        needs: None,
+        help: "a Bound claim whose request grew is handed to its volume's resizer (the CSI external-resizer)",
+        new: |cx| {
+            let c = volume::expand::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
         name: "volumeattributesclass-protection",
         aliases: &["volumeattributesclass-protection-controller"],
         replaces: Some("volumeattributesclass-protection-controller"),

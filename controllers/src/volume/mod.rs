@@ -8,12 +8,14 @@
 //!   `kubernetes.io/pv-protection` finalizers that keep a claim in use by a Pod, and a bound
 //!   volume, from going;
 //! - [`ephemeral`]: `ephemeral-volume`, the claims of Pods' generic ephemeral volumes;
+//! - [`expand`]: `persistentvolume-expander`, handing a grown claim to its volume's resizer;
 //! - [`vacprotection`]: the `kubernetes.io/vac-protection` finalizer that keeps a
 //!   VolumeAttributesClass a claim or a volume names from going.
 //!
 //! What they do and how they differ from upstream is in docs/VOLUMES.md.
 
 pub mod ephemeral;
+pub mod expand;
 pub mod persistentvolume;
 pub mod pvcprotection;
 pub mod pvprotection;
