@@ -56,6 +56,10 @@ pub const CLOSED_REGISTRIES: &[&str] = &[
 /// Where kind's local-path-provisioner keeps a node's volumes: each node's own (see
 /// start_containerd).
 pub const LOCAL_PATH_DIR: &str = "/var/local-path-provisioner";
+
+/// Where kubelet keeps its device-plugin socket, whatever its `--root-dir`: a node's own
+/// directory is mounted there in its mount namespace.
+pub const DEVICE_PLUGINS_DIR: &str = "/var/lib/kubelet/device-plugins";
 /// Where Debian's containernetworking-plugins are.
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// The cgroup2 hierarchy of this hybrid-cgroup machine.
@@ -256,6 +260,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     let name = &node.address.name;
     let local_path = dir.join("local-path-provisioner");
     fs::create_dir_all(&local_path)?;
+    // kubelet's device-plugin socket is at a fixed path whatever its --root-dir
+    // (/var/lib/kubelet/device-plugins/kubelet.sock): nodes sharing it race at start (one
+    // kubelet removes the other's socket, or fails with "address already in use"), so each
+    // node has its own directory there.
+    let device_plugins = dir.join("device-plugins");
+    fs::create_dir_all(&device_plugins)?;
     let script = dir.join("containerd.sh");
     fs::write(
         &script,
@@ -266,9 +276,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
              mkdir -p /run/netns; mount -t tmpfs -o mode=755 netns /run/netns; \
              mount --bind {v2}/{name} {v2}; mount --bind {hosts} /etc/hosts; \
              mkdir -p {LOCAL_PATH_DIR}; mount --bind {local_path} {LOCAL_PATH_DIR}; \
+             mkdir -p {DEVICE_PLUGINS_DIR}; mount --bind {device_plugins} {DEVICE_PLUGINS_DIR}; \
              exec {containerd} --config={config}'\n",
             v2 = CGROUP2_ROOT,
             local_path = local_path.display(),
+            device_plugins = device_plugins.display(),
             containerd = containerd.display(),
             config = config_path.display(),
             hosts = hosts.display(),
