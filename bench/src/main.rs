@@ -25,6 +25,7 @@ mod apps_quota;
 mod backend;
 mod baseline;
 mod control_plane;
+mod failover;
 mod proxies_bench;
 mod report;
 mod scheduler_bench;
@@ -132,6 +133,16 @@ pub struct BenchArgs {
     /// target/bench/scheduler.{json,md}.
     #[arg(long, conflicts_with_all = ["only_control_plane", "controllers", "no_scheduler"])]
     pub scheduler: bool,
+    /// Only the leader fail-over scenario (issue 42, scenario 5): two replicas each of the
+    /// controller manager and the scheduler, leaders killed with SIGKILL while 100 Deployments
+    /// x 10 replicas roll out on 50 kwok nodes (--quick: 20 x 5 on 10); takeover times,
+    /// duplicate Pods and ReplicaSets, unscheduled Pods. Outputs target/bench/failover.{json,md}.
+    #[arg(long, conflicts_with_all = ["only_control_plane", "controllers", "scheduler"])]
+    pub failover: bool,
+    /// Whose components the fail-over runs: kpr, upstream (kube-controller-manager and
+    /// kube-scheduler), comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "kpr,upstream")]
+    pub failover_planes: Vec<String>,
     /// Skip the scheduler smoke that --quick runs.
     #[arg(long)]
     pub no_scheduler: bool,
@@ -487,6 +498,24 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let apps = apps.expect("set with --apps");
         let command = apps_bench::command(args, &apps);
         let (_, failed) = apps_bench::run(&apps, &plan.out_dir, command)?;
+        if !failed.is_empty() {
+            bail!("failed:\n  {}", failed.join("\n  "));
+        }
+        return Ok(());
+    }
+    if args.failover {
+        let planes = args
+            .failover_planes
+            .iter()
+            .map(|p| failover::Plane::parse(p))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        workload_controllers::check_binaries()?;
+        let sizes = if args.quick {
+            failover::QUICK
+        } else {
+            (failover::DEPLOYMENTS, failover::REPLICAS, failover::NODES)
+        };
+        let (_, failed) = failover::run(sizes, &planes, &plan.out_dir)?;
         if !failed.is_empty() {
             bail!("failed:\n  {}", failed.join("\n  "));
         }

@@ -700,7 +700,7 @@ pub(crate) fn manager_log_tail(cp: &ControlPlane, manager: Manager) -> String {
 /// kwok as `ControlPlane::start_kwok` runs it, plus `config` and warnings-only logs (at info it
 /// logs every lease renewal of every node), managing `nodes` nodes `kwok-node-<i>` created here
 /// like that function's (110 Pods each, no taints but the API server's not-ready one).
-fn start_kwok(cp: &mut ControlPlane, nodes: usize, config: &Path) -> anyhow::Result<()> {
+pub(crate) fn start_kwok(cp: &mut ControlPlane, nodes: usize, config: &Path) -> anyhow::Result<()> {
     let args = vec![
         format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
         format!("--config={}", config.display()),
@@ -749,7 +749,7 @@ fn start_kwok(cp: &mut ControlPlane, nodes: usize, config: &Path) -> anyhow::Res
 /// bound to cluster-admin: a token identity in the same API Priority and Fairness level as
 /// kube-controller-manager's controllers (an admin certificate would be in `system:masters`,
 /// which is exempt from it).
-fn kpr_kubeconfig(cp: &ControlPlane) -> anyhow::Result<PathBuf> {
+pub(crate) fn kpr_kubeconfig(cp: &ControlPlane) -> anyhow::Result<PathBuf> {
     let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "v1", "kind": "ServiceAccount",
          "metadata": {"name": KPR_SERVICE_ACCOUNT, "namespace": "kube-system"}},
@@ -842,7 +842,7 @@ fn deployment(name: &str, replicas: usize) -> Deployment {
 }
 
 /// Waits until `n` Nodes report Ready (kwok initializes them).
-async fn wait_nodes_ready(
+pub(crate) async fn wait_nodes_ready(
     client: &kube::Client,
     n: usize,
     timeout: Duration,

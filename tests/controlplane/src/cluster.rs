@@ -463,6 +463,18 @@ impl ControlPlane {
         }
     }
 
+    /// Kills the named component with SIGKILL (a crash: no Lease released, no request finished)
+    /// and forgets it; false if it was not running.
+    pub fn kill(&mut self, name: &str) -> bool {
+        match self.find(name) {
+            Some(i) => {
+                self.processes.remove(i).kill();
+                true
+            }
+            None => false,
+        }
+    }
+
     fn find(&self, name: &str) -> Option<usize> {
         self.processes.iter().position(|p| p.spec.name == name)
     }

@@ -167,6 +167,14 @@ impl Process {
         }
     }
 
+    /// SIGKILL, as a crash: the process gets no chance to release anything (a leader Lease).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Forgets the child without stopping it (a detached process handed to `cluster down`).
     pub fn release(mut self) -> u32 {
         self.child.take();
