@@ -45,11 +45,15 @@ const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
 
 async fn create<K>(api: &Api<K>, v: Value) -> K
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
 {
     api.create(&PostParams::default(), &serde_json::from_value(v).unwrap())
         .await
-        .unwrap_or_else(|e| panic!("creating {}: {e}", K::kind(&Default::default())))
+        .unwrap_or_else(|e| panic!("creating {}: {e}", K::kind(&())))
 }
 
 /// The mirrored slices of `name`, each as (addressType, ports, endpoints) with endpoints and
