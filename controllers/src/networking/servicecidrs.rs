@@ -434,13 +434,18 @@ mod tests {
         let grace_over = Some(DELETION_GRACE);
         // No IPAddresses: released after the grace period, waited for before.
         assert_eq!(
-            plan(&kubernetes, &[kubernetes.clone()], &[], grace_over),
+            plan(
+                &kubernetes,
+                std::slice::from_ref(&kubernetes),
+                &[],
+                grace_over
+            ),
             Plan::Release
         );
         assert_eq!(
             plan(
                 &kubernetes,
-                &[kubernetes.clone()],
+                std::slice::from_ref(&kubernetes),
                 &[],
                 Some(Duration::from_secs(4))
             ),
@@ -498,7 +503,7 @@ mod tests {
             .unwrap(),
         );
         assert_eq!(
-            plan(&bare, &[bare.clone()], &[], None),
+            plan(&bare, std::slice::from_ref(&bare), &[], None),
             Plan::Live {
                 add_finalizer: true,
                 set_ready: true
@@ -511,7 +516,10 @@ mod tests {
                     "message": READY_MESSAGE, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}))
             .unwrap(),
         );
-        assert_eq!(plan(&ready, &[ready.clone()], &[], None), Plan::Nothing);
+        assert_eq!(
+            plan(&ready, std::slice::from_ref(&ready), &[], None),
+            Plan::Nothing
+        );
         // Held, and already saying so: nothing more to write.
         let mut terminating = (*ready).clone();
         terminating.status = serde_json::from_value(json!({"conditions": [{"type": "Ready",
@@ -521,7 +529,7 @@ mod tests {
         let held = [ip("10.0.0.7", IPALLOCATOR)];
         let t = Arc::new(terminating);
         assert_eq!(
-            plan(&t, &[t.clone()], &held, Some(DELETION_GRACE)),
+            plan(&t, std::slice::from_ref(&t), &held, Some(DELETION_GRACE)),
             Plan::Nothing
         );
     }

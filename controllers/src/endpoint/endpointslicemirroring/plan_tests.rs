@@ -66,26 +66,31 @@ fn unchanged_slices_are_left_alone_and_changes_rewrite_in_place() {
     );
     let first = plan(&ep, &[], 1000);
     let slice = existing(&first, 0, "svc-abc");
-    assert!(plan(&ep, &[slice.clone()], 1000).is_empty());
+    assert!(plan(&ep, std::slice::from_ref(&slice), 1000).is_empty());
     // Address order does not matter.
     let reordered = endpoints(
         json!([{"addresses": [{"ip": "10.0.0.2"}, {"ip": "10.0.0.1"}],
                                       "ports": [{"port": 80}]}]),
     );
-    assert!(plan(&reordered, &[slice.clone()], 1000).is_empty());
+    assert!(plan(&reordered, std::slice::from_ref(&slice), 1000).is_empty());
     // A new address: the same slice rewritten, with the resourceVersion read.
     let more = endpoints(
         json!([{"addresses": [{"ip": "10.0.0.1"}, {"ip": "10.0.0.9"}],
                                  "ports": [{"port": 80}]}]),
     );
-    let p = plan(&more, &[slice.clone()], 1000);
+    let p = plan(&more, std::slice::from_ref(&slice), 1000);
     assert_eq!((p.create.len(), p.update.len(), p.delete.len()), (0, 1, 0));
     assert_eq!(p.update[0].metadata.name.as_deref(), Some("svc-abc"));
     assert_eq!(p.update[0].metadata.resource_version.as_deref(), Some("7"));
     // A label change on the Endpoints: rewritten too.
     let mut relabelled = ep.clone();
     relabelled.labels_mut().insert("team".into(), "b".into());
-    assert_eq!(plan(&relabelled, &[slice.clone()], 1000).update.len(), 1);
+    assert_eq!(
+        plan(&relabelled, std::slice::from_ref(&slice), 1000)
+            .update
+            .len(),
+        1
+    );
     // A second slice of the same key is deleted.
     let dup = existing(&first, 0, "svc-dup");
     let p = plan(&ep, &[slice.clone(), dup], 1000);
@@ -104,7 +109,7 @@ fn a_port_change_recycles_the_slice_and_no_addresses_delete_it() {
     let ep = endpoints(json!([{"addresses": [{"ip": "10.0.0.1"}], "ports": [{"port": 80}]}]));
     let slice = existing(&plan(&ep, &[], 1000), 0, "svc-abc");
     let moved = endpoints(json!([{"addresses": [{"ip": "10.0.0.1"}], "ports": [{"port": 8080}]}]));
-    let p = plan(&moved, &[slice.clone()], 1000);
+    let p = plan(&moved, std::slice::from_ref(&slice), 1000);
     assert_eq!((p.create.len(), p.update.len(), p.delete.len()), (0, 1, 0));
     assert_eq!(p.update[0].ports.as_ref().unwrap()[0].port, Some(8080));
     assert_eq!(p.update[0].metadata.name.as_deref(), Some("svc-abc"));
