@@ -22,6 +22,7 @@
 //! applying it through kube-rs. Layers point downward (controllers -> runtime -> helpers); no
 //! controller imports a sibling; `controllers/tests/layers.rs` keeps it so.
 
+pub mod admission;
 pub mod auth;
 pub mod autoscaling;
 pub mod endpoint;
@@ -29,6 +30,7 @@ pub mod error;
 pub mod helpers;
 pub mod manager;
 pub mod namespace;
+pub mod networking;
 pub mod node;
 pub mod quota;
 pub mod runtime;

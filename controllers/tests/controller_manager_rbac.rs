@@ -5,9 +5,11 @@
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
 //! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
 //! resourcequota, the four volume controllers, clusterrole-aggregation, ttl, csrapproving,
-//! csrsigning, csrcleaner) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! csrsigning, csrcleaner, endpointslicemirroring, service-cidr, validatingadmissionpolicy-status)
+//! and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
-//! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
+//! deleted LoadBalancer Service, mirrors a selectorless Service's Endpoints, puts its finalizer on
+//! the default ServiceCIDR, observes a ValidatingAdmissionPolicy's generation, runs a Deployment's ReplicaSet and Pods and collects them when
 //! it is deleted, holds the Lease, and releases it on SIGTERM; nothing it does is denied (the log
 //! is searched for any refusal), and endpoints carry their Node's zone.
 //!
@@ -22,6 +24,7 @@ use std::time::Duration;
 mod common;
 
 use controllers::endpoint::lbipam;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
@@ -29,6 +32,7 @@ use k8s_openapi::api::core::v1::{
     ResourceQuota, Secret, Service,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -63,7 +67,7 @@ fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, ca_key: &Path, log: &Path)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,clusterrole-aggregation,ttl,csrapproving,csrsigning,csrcleaner",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,clusterrole-aggregation,ttl,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status",
         ])
         .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--cluster-signing-cert-file", ca.to_str().unwrap()])
@@ -290,6 +294,66 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         "controller-manager exited early; its log:\n{}",
         shown_log()
     );
+
+    // endpointslicemirroring: a Service without a selector and its custom Endpoints get a
+    // mirrored slice. service-cidr: the default ServiceCIDR gets its finalizer.
+    // validatingadmissionpolicy-status: a policy's generation is observed.
+    let custom: Service = serde_json::from_value(json!({"metadata": {"name": "custom"},
+        "spec": {"ports": [{"port": 80}]}}))
+    .unwrap();
+    services
+        .create(&PostParams::default(), &custom)
+        .await
+        .unwrap();
+    let ep: Endpoints = serde_json::from_value(json!({"metadata": {"name": "custom"},
+        "subsets": [{"addresses": [{"ip": "10.1.0.1"}], "ports": [{"port": 8080}]}]}))
+    .unwrap();
+    Api::<Endpoints>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &ep)
+        .await
+        .unwrap();
+    eventually("custom's mirrored slice", || async {
+        let lp = ListParams::default().labels(
+            "kubernetes.io/service-name=custom,\
+             endpointslice.kubernetes.io/managed-by=endpointslicemirroring-controller.k8s.io",
+        );
+        let slices = Api::<EndpointSlice>::namespaced(admin.clone(), &ns)
+            .list(&lp)
+            .await
+            .unwrap()
+            .items;
+        (slices.len() == 1).then_some(())
+    })
+    .await;
+    eventually("the default ServiceCIDR's finalizer", || async {
+        let c = Api::<ServiceCIDR>::all(admin.clone())
+            .get_opt("kubernetes")
+            .await
+            .unwrap()?;
+        let finalizers = c.metadata.finalizers.unwrap_or_default();
+        finalizers
+            .iter()
+            .any(|f| f == "networking.k8s.io/service-cidr-finalizer")
+            .then_some(())
+    })
+    .await;
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
+    let policy_name = format!("{ns}-policy");
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": policy_name},
+        "spec": {"matchConstraints": {"resourceRules": [{"apiGroups": ["apps"],
+                    "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["deployments"]}]},
+                 "validations": [{"expression": "object.spec.replicas < 100"}]}}))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    eventually("the policy's generation observed", || async {
+        let p = policies.get(&policy_name).await.unwrap();
+        (p.status?.observed_generation? == 1).then_some(())
+    })
+    .await;
 
     // The workload controllers: a Deployment gets its ReplicaSet and Pods (nothing schedules
     // them here); deleting it, the garbage collector removes both.

@@ -17,12 +17,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The controller groups: each module under one of these is a controller.
-const GROUPS: [&str; 8] = [
+const GROUPS: [&str; 10] = [
+    "admission",
     "endpoint",
     "workload",
     "auth",
     "node",
     "namespace",
+    "networking",
     "autoscaling",
     "quota",
     "volume",

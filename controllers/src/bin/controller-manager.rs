@@ -115,6 +115,21 @@ struct Args {
     /// (kube-controller-manager's `--terminated-pod-gc-threshold`; 0: never).
     #[arg(long, default_value_t = 12500)]
     terminated_pod_gc_threshold: usize,
+    /// Endpoints mirrored at once by endpointslice-mirroring
+    /// (`--mirroring-concurrent-service-endpoint-syncs`).
+    #[arg(long, default_value_t = 5)]
+    mirroring_concurrent_service_endpoint_syncs: usize,
+    /// Endpoints of one subset mirrored at most (`--mirroring-max-endpoints-per-subset`).
+    #[arg(long, default_value_t = 1000)]
+    mirroring_max_endpoints_per_subset: usize,
+    /// How long a mirrored slice's change waits to be synced with the next ones
+    /// (`--mirroring-endpointslice-updates-batch-period`).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    mirroring_endpointslice_updates_batch_period: Duration,
+    /// ValidatingAdmissionPolicies synced at once
+    /// (`--concurrent-validating-admission-policy-status-syncs`).
+    #[arg(long, default_value_t = 5)]
+    concurrent_validating_admission_policy_status_syncs: usize,
     /// Namespaces synced at once (kube-controller-manager's `--concurrent-namespace-syncs`).
     #[arg(long, default_value_t = 10)]
     concurrent_namespace_syncs: usize,
@@ -243,6 +258,13 @@ async fn main() -> anyhow::Result<()> {
             resourcequota: args.concurrent_resource_quota_syncs,
             resource_quota_sync_period: args.resource_quota_sync_period,
             pvclaimbinder_sync_period: args.pvclaimbinder_sync_period,
+            mirroring: controllers::endpoint::endpointslicemirroring::Config {
+                workers: args.mirroring_concurrent_service_endpoint_syncs,
+                max_endpoints_per_subset: args.mirroring_max_endpoints_per_subset,
+                batch_period: args.mirroring_endpointslice_updates_batch_period,
+            },
+            validating_admission_policy_status: args
+                .concurrent_validating_admission_policy_status_syncs,
         },
     };
     if let Some(addr) = args.metrics_bind_address {

@@ -1,18 +1,21 @@
 //! What the endpoint controllers share, as upstream's `pkg/controller/util/endpoint`: selector
 //! matching, which Pods belong in endpoints, endpoint conditions, named target port resolution,
-//! and the work queue's retry policy.
+//! the work queue's retry policy, and the tracker of slices written but not yet seen by the cache.
 //!
-//! No I/O, no caches: every function takes the objects it needs.
+//! No I/O: every function takes the objects (or the cache) it needs.
 
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::helpers::containers::long_running;
+use crate::runtime::cache::{Indexed, Key};
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::queue::{Bucket, ItemBackoff, RateLimiter, WorkQueue};
 use k8s_openapi::api::core::v1::{ObjectReference, Service, ServicePort};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt as _;
 
@@ -166,6 +169,60 @@ pub fn work_queue(name: &str) -> Arc<WorkQueue<String>> {
             Bucket::new(10.0, 100),
         ),
     )
+}
+
+/// How long a written slice may stay unseen by the cache before the tracker gives up on it.
+const EXPECTATION_TTL: Duration = Duration::from_secs(10);
+
+/// What the cache must show of a written slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// The cache shows the slice at this generation or later.
+    Generation(i64),
+    /// The cache no longer shows the slice.
+    Gone,
+}
+
+/// Slices written per Service (or Endpoints) that the cache must reflect before the next plan,
+/// as upstream's `EndpointSliceTracker`: a sync planning from a cache that has not yet seen its own
+/// writes would undo or repeat them.
+#[derive(Default)]
+pub struct Tracker(Mutex<HashMap<Key, Pending>>);
+
+/// Slice name -> what the cache must show, and since when.
+type Pending = HashMap<String, (Expect, Instant)>;
+
+impl Tracker {
+    /// Remembers that the cache must show `e` for `slice` of `svc`.
+    pub fn expect(&self, svc: &Key, slice: String, e: Expect) {
+        let mut m = self.0.lock().expect("tracker lock");
+        m.entry(svc.clone())
+            .or_default()
+            .insert(slice, (e, Instant::now()));
+    }
+
+    /// True while some write of this Service is not yet visible in `slices`.
+    pub fn stale(&self, svc: &Key, slices: &Indexed<EndpointSlice>) -> bool {
+        let mut m = self.0.lock().expect("tracker lock");
+        let Some(pending) = m.get_mut(svc) else {
+            return false;
+        };
+        pending.retain(|name, (e, at)| {
+            let cached = slices.get(&svc.0, name);
+            let seen = match e {
+                Expect::Gone => cached.is_none(),
+                Expect::Generation(g) => {
+                    cached.is_some_and(|c| c.metadata.generation.unwrap_or(0) >= *g)
+                }
+            };
+            !seen && at.elapsed() < EXPECTATION_TTL
+        });
+        let stale = !pending.is_empty();
+        if !stale {
+            m.remove(svc);
+        }
+        stale
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The controllers that feed the proxy: EndpointSlices ([`endpointslice`]) and legacy Endpoints
-//! ([`endpoints`]) from Services and Pods, and LoadBalancer address allocation ([`lbipam`]).
+//! ([`endpoints`]) from Services and Pods, EndpointSlices mirroring custom Endpoints
+//! ([`endpointslicemirroring`]), and LoadBalancer address allocation ([`lbipam`]).
 //!
 //! Each is a pure plan over cached state plus a thin apply layer, run on the shared
 //! [`crate::runtime`] as the workload controllers are: handlers on the process's shared informers
@@ -11,6 +12,7 @@
 
 pub mod endpoints;
 pub mod endpointslice;
+pub mod endpointslicemirroring;
 pub mod endpointutil;
 pub mod lbipam;
 pub mod membership;

@@ -16,7 +16,9 @@ use super::{Concurrency, ManagerConfig};
 use crate::endpoint::lbipam::pool::Pool;
 use crate::error::{Error, Result};
 use crate::runtime::informer::Informers;
-use crate::{auth, autoscaling, endpoint, namespace, node, quota, volume, workload};
+use crate::{
+    admission, auth, autoscaling, endpoint, namespace, networking, node, quota, volume, workload,
+};
 
 /// A running controller: ends only on an error (or never).
 pub type Task = BoxFuture<'static, Result<()>>;
@@ -583,6 +585,54 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         help: "deletion of CertificateSigningRequests an hour after they were issued, denied or failed, a day after they were made, or once their certificate expired",
         new: |cx| {
             let c = auth::csrcleaner::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    // Issue 43: endpointslice-mirroring, service-cidr and validatingadmissionpolicy-status.
+    ControllerDescriptor {
+        name: "endpointslicemirroring",
+        aliases: &["endpointslice-mirroring-controller", "endpointslice-mirroring"],
+        replaces: Some("endpointslice-mirroring-controller"),
+        default_on: true,
+        needs: None,
+        help: "EndpointSlices mirroring the custom Endpoints of Services without a selector",
+        new: |cx| {
+            let c = endpoint::endpointslicemirroring::Controller::new(
+                cx.client.clone(),
+                cx.informers,
+                cx.concurrency.mirroring,
+            );
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "service-cidr",
+        aliases: &["service-cidr-controller"],
+        replaces: Some("service-cidr-controller"),
+        default_on: true,
+        needs: None,
+        help: "the ServiceCIDR finalizer and Ready condition",
+        new: |cx| {
+            let c = networking::servicecidrs::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "validatingadmissionpolicy-status",
+        aliases: &["validatingadmissionpolicy-status-controller"],
+        replaces: Some("validatingadmissionpolicy-status-controller"),
+        default_on: true,
+        needs: None,
+        help: "ValidatingAdmissionPolicy status: observedGeneration and typeChecking (no CEL type check)",
+        new: |cx| {
+            let config = admission::validatingadmissionpolicystatus::Config {
+                workers: cx.concurrency.validating_admission_policy_status,
+            };
+            let c = admission::validatingadmissionpolicystatus::Controller::new(
+                cx.client.clone(),
+                cx.informers,
+                config,
+            );
             Ok(forever(c.run()))
         },
     },

@@ -94,6 +94,10 @@ pub struct Concurrency {
     /// `--pvclaimbinder-sync-period` (upstream default 15 s): how often the
     /// persistentvolume-binder syncs every claim and volume again.
     pub pvclaimbinder_sync_period: std::time::Duration,
+    /// The endpointslice-mirroring controller's `--mirroring-*` settings.
+    pub mirroring: crate::endpoint::endpointslicemirroring::Config,
+    /// `--concurrent-validating-admission-policy-status-syncs` (upstream default 5).
+    pub validating_admission_policy_status: usize,
 }
 
 impl Default for Concurrency {
@@ -116,6 +120,8 @@ impl Default for Concurrency {
             resourcequota: 5,
             resource_quota_sync_period: std::time::Duration::from_secs(300),
             pvclaimbinder_sync_period: std::time::Duration::from_secs(15),
+            mirroring: Default::default(),
+            validating_admission_policy_status: 5,
         }
     }
 }
@@ -258,6 +264,9 @@ mod tests {
                     "ttl",
                     "csrapproving",
                     "csrcleaner",
+                    "endpointslicemirroring",
+                    "service-cidr",
+                    "validatingadmissionpolicy-status",
                 ],
             ),
             (
@@ -292,6 +301,9 @@ mod tests {
                     "ttl",
                     "csrapproving",
                     "csrcleaner",
+                    "endpointslicemirroring",
+                    "service-cidr",
+                    "validatingadmissionpolicy-status",
                     "lb-ipam",
                 ],
             ),
@@ -325,6 +337,9 @@ mod tests {
                     "ttl",
                     "csrapproving",
                     "csrcleaner",
+                    "endpointslicemirroring",
+                    "service-cidr",
+                    "validatingadmissionpolicy-status",
                 ],
             ),
             (
@@ -391,6 +406,9 @@ mod tests {
                     "ttl",
                     "csrapproving",
                     "csrcleaner",
+                    "endpointslicemirroring",
+                    "service-cidr",
+                    "validatingadmissionpolicy-status",
                 ],
             ),
             (
@@ -455,6 +473,9 @@ mod tests {
                     "csrapproving",
                     "csrsigning",
                     "csrcleaner",
+                    "endpointslicemirroring",
+                    "service-cidr",
+                    "validatingadmissionpolicy-status",
                 ],
             ),
             (

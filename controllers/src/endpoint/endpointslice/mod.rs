@@ -25,9 +25,8 @@
 
 pub mod plan;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt as _;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -35,6 +34,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 
+use crate::endpoint::endpointutil::{Expect, Tracker};
 use crate::endpoint::membership;
 use crate::error::{Error, Result};
 use crate::runtime::cache::{Indexed, Key};
@@ -58,9 +58,6 @@ const NODES_WAIT: Duration = Duration::from_secs(2);
 /// How soon a sync whose slice cache has not yet seen its own writes looks again.
 const STALE_RETRY: Duration = Duration::from_millis(50);
 
-/// How long a written slice may stay unseen by the cache before the tracker gives up on it.
-const EXPECTATION_TTL: Duration = Duration::from_secs(10);
-
 /// How often managed slices whose Service is gone are looked for.
 const ORPHAN_SWEEP: Duration = Duration::from_secs(60);
 
@@ -77,51 +74,6 @@ fn service_of(s: &EndpointSlice) -> Option<String> {
     s.labels()
         .get(plan::LABEL_SERVICE_NAME)
         .map(|svc| format!("{}/{svc}", s.namespace().unwrap_or_default()))
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Expect {
-    Generation(i64),
-    Gone,
-}
-
-/// Slices written per Service that the cache must reflect before the next plan.
-#[derive(Default)]
-struct Tracker(Mutex<HashMap<Key, Pending>>);
-
-/// Slice name -> what the cache must show, and since when.
-type Pending = HashMap<String, (Expect, Instant)>;
-
-impl Tracker {
-    fn expect(&self, svc: &Key, slice: String, e: Expect) {
-        let mut m = self.0.lock().expect("tracker lock");
-        m.entry(svc.clone())
-            .or_default()
-            .insert(slice, (e, Instant::now()));
-    }
-
-    /// True while some write of this Service is not yet visible in `slices`.
-    fn stale(&self, svc: &Key, slices: &Indexed<EndpointSlice>) -> bool {
-        let mut m = self.0.lock().expect("tracker lock");
-        let Some(pending) = m.get_mut(svc) else {
-            return false;
-        };
-        pending.retain(|name, (e, at)| {
-            let cached = slices.get(&svc.0, name);
-            let seen = match e {
-                Expect::Gone => cached.is_none(),
-                Expect::Generation(g) => {
-                    cached.is_some_and(|c| c.metadata.generation.unwrap_or(0) >= *g)
-                }
-            };
-            !seen && at.elapsed() < EXPECTATION_TTL
-        });
-        let stale = !pending.is_empty();
-        if !stale {
-            m.remove(svc);
-        }
-        stale
-    }
 }
 
 /// The EndpointSlice controller's settings: concurrent syncs (the controller-manager's
