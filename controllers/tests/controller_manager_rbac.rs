@@ -4,7 +4,7 @@
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
 //! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
-//! resourcequota, the four volume controllers, clusterrole-aggregation, ttl, csrapproving,
+//! resourcequota, the four volume controllers, clusterrole-aggregation, ttl, nodelifecycle, csrapproving,
 //! csrsigning, csrcleaner) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
@@ -63,7 +63,7 @@ fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, ca_key: &Path, log: &Path)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,clusterrole-aggregation,ttl,csrapproving,csrsigning,csrcleaner",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,clusterrole-aggregation,ttl,nodelifecycle,csrapproving,csrsigning,csrcleaner",
         ])
         .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--cluster-signing-cert-file", ca.to_str().unwrap()])

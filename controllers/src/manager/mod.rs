@@ -93,6 +93,12 @@ pub struct Concurrency {
     /// `--pvclaimbinder-sync-period` (upstream default 15 s): how often the
     /// persistentvolume-binder syncs every claim and volume again.
     pub pvclaimbinder_sync_period: std::time::Duration,
+    /// The node lifecycle controller's `--node-monitor-*`, `--node-startup-grace-period` and
+    /// eviction rate settings. Not a worker count: carried with the others.
+    pub node_lifecycle: crate::node::lifecycle::Config,
+    /// The node IPAM controller's settings, `None` without `--allocate-node-cidrs` (then it does
+    /// not run, as upstream's does nothing).
+    pub node_ipam: Option<crate::node::ipam::Config>,
 }
 
 impl Default for Concurrency {
@@ -115,6 +121,8 @@ impl Default for Concurrency {
             resourcequota: 5,
             resource_quota_sync_period: std::time::Duration::from_secs(300),
             pvclaimbinder_sync_period: std::time::Duration::from_secs(15),
+            node_lifecycle: Default::default(),
+            node_ipam: None,
         }
     }
 }
@@ -253,6 +261,7 @@ mod tests {
                     "ephemeral-volume",
                     "clusterrole-aggregation",
                     "ttl",
+                    "nodelifecycle",
                     "csrapproving",
                     "csrcleaner",
                 ],
@@ -285,6 +294,7 @@ mod tests {
                     "ephemeral-volume",
                     "clusterrole-aggregation",
                     "ttl",
+                    "nodelifecycle",
                     "csrapproving",
                     "csrcleaner",
                     "lb-ipam",
@@ -316,6 +326,7 @@ mod tests {
                     "ephemeral-volume",
                     "clusterrole-aggregation",
                     "ttl",
+                    "nodelifecycle",
                     "csrapproving",
                     "csrcleaner",
                 ],
@@ -380,6 +391,7 @@ mod tests {
                     "ephemeral-volume",
                     "clusterrole-aggregation",
                     "ttl",
+                    "nodelifecycle",
                     "csrapproving",
                     "csrcleaner",
                 ],
@@ -441,8 +453,48 @@ mod tests {
                     "ephemeral-volume",
                     "clusterrole-aggregation",
                     "ttl",
+                    "nodelifecycle",
                     "csrapproving",
                     "csrsigning",
+                    "csrcleaner",
+                ],
+            ),
+            (
+                "node-lifecycle-controller,node-ipam-controller",
+                &[Setting::AllocateNodeCidrs],
+                &["nodelifecycle", "nodeipam"],
+            ),
+            (
+                "*,-lb-ipam,-csrsigning",
+                &[Setting::AllocateNodeCidrs],
+                &[
+                    "garbagecollector",
+                    "endpointslice",
+                    "endpoints",
+                    "replicaset",
+                    "replicationcontroller",
+                    "podgc",
+                    "deployment",
+                    "daemonset",
+                    "statefulset",
+                    "job",
+                    "cronjob",
+                    "ttl-after-finished",
+                    "serviceaccount",
+                    "taint-eviction-controller",
+                    "namespace",
+                    "horizontalpodautoscaling",
+                    "disruption",
+                    "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
+                    "clusterrole-aggregation",
+                    "ttl",
+                    "nodelifecycle",
+                    "nodeipam",
+                    "csrapproving",
                     "csrcleaner",
                 ],
             ),
