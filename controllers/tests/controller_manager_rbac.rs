@@ -4,9 +4,10 @@
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
 //! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
-//! resourcequota, the four volume controllers, clusterrole-aggregation, ttl, csrapproving,
-//! csrsigning, csrcleaner, endpointslicemirroring, service-cidr, validatingadmissionpolicy-status)
-//! and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! resourcequota, the six volume controllers, clusterrole-aggregation, ttl, nodelifecycle,
+//! csrapproving, csrsigning, csrcleaner, endpointslicemirroring, service-cidr,
+//! validatingadmissionpolicy-status) and leader election. It writes EndpointSlices and Endpoints,
+//! assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, mirrors a selectorless Service's Endpoints, puts its finalizer on
 //! the default ServiceCIDR, observes a ValidatingAdmissionPolicy's generation, runs a Deployment's ReplicaSet and Pods and collects them when
@@ -67,7 +68,7 @@ fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, ca_key: &Path, log: &Path)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,clusterrole-aggregation,ttl,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,persistentvolume-expander,volumeattributesclass-protection,clusterrole-aggregation,ttl,nodelifecycle,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status",
         ])
         .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--cluster-signing-cert-file", ca.to_str().unwrap()])

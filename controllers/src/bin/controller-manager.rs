@@ -167,6 +167,47 @@ struct Args {
     /// (kube-controller-manager's `--pvclaimbinder-sync-period`).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     pvclaimbinder_sync_period: Duration,
+    /// How often the node lifecycle controller looks at every Node's health
+    /// (kube-controller-manager's `--node-monitor-period`).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    node_monitor_period: Duration,
+    /// How long a Node that never reported may stay quiet before it is marked Unknown.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    node_startup_grace_period: Duration,
+    /// How long a Node's kubelet may stay quiet (no Ready heartbeat, no Lease renewal) before its
+    /// conditions become Unknown.
+    #[arg(long, default_value = "50s", value_parser = humantime::parse_duration)]
+    node_monitor_grace_period: Duration,
+    /// Nodes a second tainted NoExecute (so their Pods evicted) per healthy zone.
+    #[arg(long, default_value_t = 0.1)]
+    node_eviction_rate: f32,
+    /// The same in an unhealthy zone (0 in zones of at most --large-cluster-size-threshold Nodes).
+    #[arg(long, default_value_t = 0.01)]
+    secondary_node_eviction_rate: f32,
+    /// Nodes from which a zone counts as large for --secondary-node-eviction-rate.
+    #[arg(long, default_value_t = 50)]
+    large_cluster_size_threshold: i32,
+    /// The not-Ready fraction (of at least 3 Nodes) from which a zone is unhealthy.
+    #[arg(long, default_value_t = 0.55)]
+    unhealthy_zone_threshold: f32,
+    /// Give Nodes pod CIDRs from --cluster-cidr (nodeipam runs only with it).
+    #[arg(long, num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
+    allocate_node_cidrs: bool,
+    /// The pod CIDRs: one, or one per family, comma-separated.
+    #[arg(long, default_value = "")]
+    cluster_cidr: String,
+    /// The Service CIDRs (one, or one per family), never handed to Nodes.
+    #[arg(long, default_value = "")]
+    service_cluster_ip_range: String,
+    /// Node CIDR prefix length (single-stack; default 24 for IPv4, 64 for IPv6; 0: unset).
+    #[arg(long)]
+    node_cidr_mask_size: Option<u8>,
+    /// IPv4 node CIDR prefix length (default 24; 0: unset).
+    #[arg(long)]
+    node_cidr_mask_size_ipv4: Option<u8>,
+    /// IPv6 node CIDR prefix length (default 64; 0: unset).
+    #[arg(long)]
+    node_cidr_mask_size_ipv6: Option<u8>,
     /// Serve Prometheus metrics (`/metrics`, kube-controller-manager's workqueue metric names)
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
@@ -198,7 +239,19 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let signing = signing_config(&args)?;
+    let set = |m: Option<u8>| m.filter(|m| *m != 0);
+    let node_ipam = controllers::node::ipam::Config::from_flags(&controllers::node::ipam::Flags {
+        allocate_node_cidrs: args.allocate_node_cidrs,
+        cluster_cidr: args.cluster_cidr.clone(),
+        service_cluster_ip_range: args.service_cluster_ip_range.clone(),
+        node_cidr_mask_size: set(args.node_cidr_mask_size),
+        node_cidr_mask_size_ipv4: set(args.node_cidr_mask_size_ipv4),
+        node_cidr_mask_size_ipv6: set(args.node_cidr_mask_size_ipv6),
+    })
+    .map_err(|e| anyhow::anyhow!(e))
+    .context("node IPAM flags")?;
     let given: Vec<Setting> = [
+        (Setting::AllocateNodeCidrs, node_ipam.is_some()),
         (Setting::LbPool, args.lb_pool.is_some()),
         (Setting::RootCaFile, args.root_ca_file.is_some()),
         (Setting::ClusterSigning, signing.any()),
@@ -265,6 +318,18 @@ async fn main() -> anyhow::Result<()> {
             },
             validating_admission_policy_status: args
                 .concurrent_validating_admission_policy_status_syncs,
+            node_lifecycle: controllers::node::lifecycle::Config {
+                node_monitor_period: args.node_monitor_period,
+                node_startup_grace_period: args.node_startup_grace_period,
+                node_monitor_grace_period: args.node_monitor_grace_period,
+                rates: controllers::node::lifecycle::plan::Rates {
+                    eviction: args.node_eviction_rate,
+                    secondary_eviction: args.secondary_node_eviction_rate,
+                    large_cluster_threshold: args.large_cluster_size_threshold,
+                    unhealthy_zone_threshold: args.unhealthy_zone_threshold,
+                },
+            },
+            node_ipam,
         },
     };
     if let Some(addr) = args.metrics_bind_address {

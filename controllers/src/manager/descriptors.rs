@@ -81,6 +81,8 @@ pub enum Setting {
     RootCaFile,
     /// `--cluster-signing-cert-file` and `--cluster-signing-key-file` (or a per-signer pair).
     ClusterSigning,
+    /// `--allocate-node-cidrs` with `--cluster-cidr`.
+    AllocateNodeCidrs,
 }
 
 impl Setting {
@@ -90,6 +92,7 @@ impl Setting {
             Setting::LbPool => cfg.lb_pool.is_some(),
             Setting::RootCaFile => cfg.root_ca_file.is_some(),
             Setting::ClusterSigning => cfg.signing.any(),
+            Setting::AllocateNodeCidrs => cfg.concurrency.node_ipam.is_some(),
         }
     }
 
@@ -99,6 +102,7 @@ impl Setting {
             Setting::LbPool => "--lb-pool",
             Setting::RootCaFile => "--root-ca-file",
             Setting::ClusterSigning => "--cluster-signing-cert-file",
+            Setting::AllocateNodeCidrs => "--allocate-node-cidrs",
         }
     }
 
@@ -114,6 +118,10 @@ impl Setting {
                 "the PEM certificate and PKCS#8 key of the CA that signs approved \
                  CertificateSigningRequests (with --cluster-signing-key-file, or the per-signer \
                  --cluster-signing-<signer>-cert-file and -key-file pairs)"
+            }
+            Setting::AllocateNodeCidrs => {
+                "--allocate-node-cidrs=true with --cluster-cidr: the pod CIDRs (one, or one per \
+                 family) cut into one CIDR per Node"
             }
         }
     }
@@ -545,6 +553,39 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         new: |cx| {
             let c = node::ttl::Controller::new(cx.client.clone(), cx.informers);
             Ok(forever(c.run()))
+        },
+    },
+    // Issue 43: Node health and pod CIDRs.
+    ControllerDescriptor {
+        name: "nodelifecycle",
+        aliases: &["node-lifecycle-controller", "node-lifecycle"],
+        replaces: Some("node-lifecycle-controller"),
+        default_on: true,
+        needs: None,
+        help: "Node health from heartbeats and Leases (Ready=Unknown after --node-monitor-grace-period), the not-ready/unreachable and condition taints, Pods on NotReady Nodes marked not Ready",
+        new: |cx| {
+            let c = node::lifecycle::Controller::new(
+                cx.client.clone(),
+                cx.informers,
+                cx.concurrency.node_lifecycle,
+            );
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "nodeipam",
+        aliases: &["node-ipam-controller", "node-ipam"],
+        replaces: Some("node-ipam-controller"),
+        default_on: true,
+        needs: Some(Setting::AllocateNodeCidrs),
+        help: "spec.podCIDRs for Nodes from --cluster-cidr (--allocate-node-cidrs), both families",
+        new: |cx| {
+            let config = cx
+                .concurrency
+                .node_ipam
+                .ok_or_else(|| Setting::AllocateNodeCidrs.missing("nodeipam"))?;
+            let c = node::ipam::Controller::new(cx.client.clone(), cx.informers, &config)?;
+            Ok(async move { c.run().await }.boxed())
         },
     },
     ControllerDescriptor {

@@ -98,6 +98,12 @@ pub struct Concurrency {
     pub mirroring: crate::endpoint::endpointslicemirroring::Config,
     /// `--concurrent-validating-admission-policy-status-syncs` (upstream default 5).
     pub validating_admission_policy_status: usize,
+    /// The node lifecycle controller's `--node-monitor-*`, `--node-startup-grace-period` and
+    /// eviction rate settings. Not a worker count: carried with the others.
+    pub node_lifecycle: crate::node::lifecycle::Config,
+    /// The node IPAM controller's settings, `None` without `--allocate-node-cidrs` (then it does
+    /// not run, as upstream's does nothing).
+    pub node_ipam: Option<crate::node::ipam::Config>,
 }
 
 impl Default for Concurrency {
@@ -122,6 +128,8 @@ impl Default for Concurrency {
             pvclaimbinder_sync_period: std::time::Duration::from_secs(15),
             mirroring: Default::default(),
             validating_admission_policy_status: 5,
+            node_lifecycle: Default::default(),
+            node_ipam: None,
         }
     }
 }
@@ -262,6 +270,7 @@ mod tests {
                     "volumeattributesclass-protection",
                     "clusterrole-aggregation",
                     "ttl",
+                    "nodelifecycle",
                     "csrapproving",
                     "csrcleaner",
                     "endpointslicemirroring",
@@ -299,6 +308,7 @@ mod tests {
                     "volumeattributesclass-protection",
                     "clusterrole-aggregation",
                     "ttl",
+                    "nodelifecycle",
                     "csrapproving",
                     "csrcleaner",
                     "endpointslicemirroring",
@@ -335,6 +345,7 @@ mod tests {
                     "volumeattributesclass-protection",
                     "clusterrole-aggregation",
                     "ttl",
+                    "nodelifecycle",
                     "csrapproving",
                     "csrcleaner",
                     "endpointslicemirroring",
@@ -404,6 +415,7 @@ mod tests {
                     "volumeattributesclass-protection",
                     "clusterrole-aggregation",
                     "ttl",
+                    "nodelifecycle",
                     "csrapproving",
                     "csrcleaner",
                     "endpointslicemirroring",
@@ -470,8 +482,53 @@ mod tests {
                     "volumeattributesclass-protection",
                     "clusterrole-aggregation",
                     "ttl",
+                    "nodelifecycle",
                     "csrapproving",
                     "csrsigning",
+                    "csrcleaner",
+                    "endpointslicemirroring",
+                    "service-cidr",
+                    "validatingadmissionpolicy-status",
+                ],
+            ),
+            (
+                "node-lifecycle-controller,node-ipam-controller",
+                &[Setting::AllocateNodeCidrs],
+                &["nodelifecycle", "nodeipam"],
+            ),
+            (
+                "*,-lb-ipam,-csrsigning",
+                &[Setting::AllocateNodeCidrs],
+                &[
+                    "garbagecollector",
+                    "endpointslice",
+                    "endpoints",
+                    "replicaset",
+                    "replicationcontroller",
+                    "podgc",
+                    "deployment",
+                    "daemonset",
+                    "statefulset",
+                    "job",
+                    "cronjob",
+                    "ttl-after-finished",
+                    "serviceaccount",
+                    "taint-eviction-controller",
+                    "namespace",
+                    "horizontalpodautoscaling",
+                    "disruption",
+                    "resourcequota",
+                    "persistentvolume-binder",
+                    "persistentvolume-protection",
+                    "persistentvolumeclaim-protection",
+                    "ephemeral-volume",
+                    "persistentvolume-expander",
+                    "volumeattributesclass-protection",
+                    "clusterrole-aggregation",
+                    "ttl",
+                    "nodelifecycle",
+                    "nodeipam",
+                    "csrapproving",
                     "csrcleaner",
                     "endpointslicemirroring",
                     "service-cidr",
