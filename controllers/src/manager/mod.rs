@@ -93,6 +93,11 @@ pub struct Concurrency {
     /// `--pvclaimbinder-sync-period` (upstream default 15 s): how often the
     /// persistentvolume-binder syncs every claim and volume again.
     pub pvclaimbinder_sync_period: std::time::Duration,
+    /// `--concurrent-serviceaccount-token-syncs` (upstream default 5).
+    pub serviceaccount_token: usize,
+    /// `--legacy-service-account-token-clean-up-period` (upstream default 365 days). Not a
+    /// worker count: the legacy token cleaner's one setting, carried with the others.
+    pub legacy_service_account_token_clean_up_period: std::time::Duration,
 }
 
 impl Default for Concurrency {
@@ -115,6 +120,9 @@ impl Default for Concurrency {
             resourcequota: 5,
             resource_quota_sync_period: std::time::Duration::from_secs(300),
             pvclaimbinder_sync_period: std::time::Duration::from_secs(15),
+            serviceaccount_token: 5,
+            legacy_service_account_token_clean_up_period:
+                crate::auth::legacytokencleaner::DEFAULT_CLEAN_UP_PERIOD,
         }
     }
 }
@@ -130,6 +138,8 @@ pub struct ManagerConfig {
     pub root_ca_file: Option<std::path::PathBuf>,
     /// The CAs csrsigning signs with (`--cluster-signing-*`).
     pub signing: crate::auth::csrsigning::SigningConfig,
+    /// The key serviceaccount-token signs tokens with (required when it runs).
+    pub service_account_private_key_file: Option<std::path::PathBuf>,
     /// Run only while holding this Lease.
     pub leader: Option<LeaderConfig>,
     /// Workers per controller.
@@ -169,6 +179,7 @@ async fn run_controllers(client: Client, cfg: ManagerConfig) -> Result<()> {
         lb_pool: cfg.lb_pool.clone(),
         root_ca_file: cfg.root_ca_file.clone(),
         signing: cfg.signing.clone(),
+        service_account_private_key_file: cfg.service_account_private_key_file.clone(),
     };
     let mut built = Vec::new();
     for d in &cfg.controllers {
@@ -255,6 +266,7 @@ mod tests {
                     "ttl",
                     "csrapproving",
                     "csrcleaner",
+                    "legacy-serviceaccount-token-cleaner",
                 ],
             ),
             (
@@ -287,6 +299,7 @@ mod tests {
                     "ttl",
                     "csrapproving",
                     "csrcleaner",
+                    "legacy-serviceaccount-token-cleaner",
                     "lb-ipam",
                 ],
             ),
@@ -318,6 +331,7 @@ mod tests {
                     "ttl",
                     "csrapproving",
                     "csrcleaner",
+                    "legacy-serviceaccount-token-cleaner",
                 ],
             ),
             (
@@ -382,6 +396,7 @@ mod tests {
                     "ttl",
                     "csrapproving",
                     "csrcleaner",
+                    "legacy-serviceaccount-token-cleaner",
                 ],
             ),
             (
@@ -444,6 +459,7 @@ mod tests {
                     "csrapproving",
                     "csrsigning",
                     "csrcleaner",
+                    "legacy-serviceaccount-token-cleaner",
                 ],
             ),
             (
@@ -470,10 +486,10 @@ mod tests {
 
     #[test]
     fn unknown_controller_names_are_errors_listing_the_known_ones() {
-        let err = parse_controllers("endpointslice,bootstrapsigner")
+        let err = parse_controllers("endpointslice,no-such-controller")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("\"bootstrapsigner\""), "{err}");
+        assert!(err.contains("\"no-such-controller\""), "{err}");
         assert!(err.contains("replicaset"), "{err}");
         assert!(parse_controllers("-nope").is_err());
     }
@@ -501,6 +517,7 @@ mod tests {
             controllers: parse_controllers(list).unwrap(),
             lb_pool: pool.map(|p| p.parse().unwrap()),
             root_ca_file: None,
+            service_account_private_key_file: None,
             signing: Default::default(),
             leader: None,
             concurrency: Concurrency::default(),
@@ -522,6 +539,7 @@ mod tests {
             controllers: parse_controllers(list).unwrap(),
             lb_pool: None,
             root_ca_file: file.map(Into::into),
+            service_account_private_key_file: None,
             signing: Default::default(),
             leader: None,
             concurrency: Concurrency::default(),
