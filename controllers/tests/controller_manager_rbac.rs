@@ -61,18 +61,23 @@ async fn lease_holder(client: &Client) -> Option<String> {
     lease.spec?.holder_identity
 }
 
-fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, ca_key: &Path, log: &Path) -> Child {
+fn spawn(binary: &Path, kubeconfig: &Path, pki: &controlplane::pki::Pki, log: &Path) -> Child {
+    let (ca, ca_key) = (&pki.ca_cert, &pki.ca_key);
     let out = std::fs::File::create(log).unwrap();
     let err = out.try_clone().unwrap();
     Command::new(binary)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,persistentvolume-expander,volumeattributesclass-protection,clusterrole-aggregation,ttl,nodelifecycle,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,persistentvolume-expander,volumeattributesclass-protection,clusterrole-aggregation,ttl,nodelifecycle,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status,serviceaccount-token,legacy-serviceaccount-token-cleaner",
         ])
         .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--cluster-signing-cert-file", ca.to_str().unwrap()])
         .args(["--cluster-signing-key-file", ca_key.to_str().unwrap()])
+        .args([
+            "--service-account-private-key-file",
+            pki.sa_key.to_str().unwrap(),
+        ])
         .args(["--lb-pool", POOL])
         .args(["--leader-elect", "--leader-elect-identity", "cm-rbac"])
         .env("RUST_LOG", "info")
@@ -176,7 +181,7 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         .dir
         .join("logs")
         .join(format!("controller-manager-{ns}.log"));
-    let mut cm = spawn(&binary, &kubeconfig, &cp.pki.ca_cert, &cp.pki.ca_key, &log);
+    let mut cm = spawn(&binary, &kubeconfig, &cp.pki, &log);
     let shown_log = || std::fs::read_to_string(&log).unwrap_or_default();
 
     eventually("the Lease held by cm-rbac", || async {

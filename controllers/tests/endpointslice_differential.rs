@@ -677,6 +677,7 @@ async fn endpointslices_match_kube_controller_manager() {
                 controllers: manager::parse_controllers("endpointslice").unwrap(),
                 lb_pool: None,
                 root_ca_file: None,
+                service_account_private_key_file: None,
                 signing: Default::default(),
                 leader: None,
                 concurrency: controllers::manager::Concurrency {

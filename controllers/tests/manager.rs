@@ -115,6 +115,7 @@ fn manager_cfg(names: &str) -> ManagerConfig {
         controllers: manager::parse_controllers(names).unwrap(),
         lb_pool: None,
         root_ca_file: None,
+        service_account_private_key_file: None,
         signing: Default::default(),
         leader: None,
         concurrency: controllers::manager::Concurrency {
@@ -471,6 +472,7 @@ fn lb_cfg(pool: &str) -> ManagerConfig {
     ManagerConfig {
         lb_pool: Some(pool.parse().unwrap()),
         root_ca_file: None,
+        service_account_private_key_file: None,
         signing: Default::default(),
         ..manager_cfg("lb-ipam")
     }

@@ -60,6 +60,20 @@ struct Args {
     /// less).
     #[arg(long, default_value = "8760h", value_parser = humantime::parse_duration)]
     cluster_signing_duration: Duration,
+    /// The PEM private key (RSA, or ECDSA P-256 / P-384) serviceaccount-token signs legacy
+    /// service-account tokens with (kube-controller-manager's flag; the pair of kube-apiserver's
+    /// --service-account-key-file; without it serviceaccount-token does not run).
+    #[arg(long)]
+    service_account_private_key_file: Option<PathBuf>,
+    /// Token Secrets and ServiceAccounts synced at once by serviceaccount-token
+    /// (kube-controller-manager's `--concurrent-serviceaccount-token-syncs`).
+    #[arg(long, default_value_t = 5)]
+    concurrent_serviceaccount_token_syncs: usize,
+    /// How long an auto-generated legacy token Secret must be unused before the
+    /// legacy-serviceaccount-token-cleaner invalidates it, and then invalid before it deletes it
+    /// (kube-controller-manager's flag, a Go-style duration such as 8760h0m0s).
+    #[arg(long, default_value = "8760h", value_parser = humantime::parse_duration)]
+    legacy_service_account_token_clean_up_period: Duration,
     /// Run controllers only while holding the leader Lease.
     #[arg(long)]
     leader_elect: bool,
@@ -255,6 +269,10 @@ async fn main() -> anyhow::Result<()> {
         (Setting::LbPool, args.lb_pool.is_some()),
         (Setting::RootCaFile, args.root_ca_file.is_some()),
         (Setting::ClusterSigning, signing.any()),
+        (
+            Setting::ServiceAccountPrivateKeyFile,
+            args.service_account_private_key_file.is_some(),
+        ),
     ]
     .into_iter()
     .filter_map(|(s, on)| on.then_some(s))
@@ -282,6 +300,7 @@ async fn main() -> anyhow::Result<()> {
         lb_pool: args.lb_pool,
         root_ca_file: args.root_ca_file,
         signing,
+        service_account_private_key_file: args.service_account_private_key_file,
         leader: leader.clone(),
         concurrency: manager::Concurrency {
             endpoints: args.concurrency,
@@ -330,6 +349,9 @@ async fn main() -> anyhow::Result<()> {
                 },
             },
             node_ipam,
+            serviceaccount_token: args.concurrent_serviceaccount_token_syncs,
+            legacy_service_account_token_clean_up_period: args
+                .legacy_service_account_token_clean_up_period,
         },
     };
     if let Some(addr) = args.metrics_bind_address {

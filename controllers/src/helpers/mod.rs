@@ -7,6 +7,7 @@
 //! No I/O, no caches, no controller: every function takes the objects it needs. The runtime and
 //! every controller may import this module; it imports neither (the layers test keeps it so).
 
+pub mod bootstraptoken;
 pub mod clock;
 pub mod containers;
 pub mod csr;

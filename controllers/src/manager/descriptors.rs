@@ -39,6 +39,8 @@ pub struct ControllerContext<'a> {
     pub root_ca_file: Option<std::path::PathBuf>,
     /// The CAs csrsigning signs with (`--cluster-signing-*`).
     pub signing: crate::auth::csrsigning::SigningConfig,
+    /// The key serviceaccount-token signs with (`--service-account-private-key-file`).
+    pub service_account_private_key_file: Option<std::path::PathBuf>,
 }
 
 /// One controller the manager can run.
@@ -83,6 +85,8 @@ pub enum Setting {
     ClusterSigning,
     /// `--allocate-node-cidrs` with `--cluster-cidr`.
     AllocateNodeCidrs,
+    /// `--service-account-private-key-file`: the key legacy service-account tokens are signed with.
+    ServiceAccountPrivateKeyFile,
 }
 
 impl Setting {
@@ -93,6 +97,7 @@ impl Setting {
             Setting::RootCaFile => cfg.root_ca_file.is_some(),
             Setting::ClusterSigning => cfg.signing.any(),
             Setting::AllocateNodeCidrs => cfg.concurrency.node_ipam.is_some(),
+            Setting::ServiceAccountPrivateKeyFile => cfg.service_account_private_key_file.is_some(),
         }
     }
 
@@ -103,6 +108,7 @@ impl Setting {
             Setting::RootCaFile => "--root-ca-file",
             Setting::ClusterSigning => "--cluster-signing-cert-file",
             Setting::AllocateNodeCidrs => "--allocate-node-cidrs",
+            Setting::ServiceAccountPrivateKeyFile => "--service-account-private-key-file",
         }
     }
 
@@ -122,6 +128,10 @@ impl Setting {
             Setting::AllocateNodeCidrs => {
                 "--allocate-node-cidrs=true with --cluster-cidr: the pod CIDRs (one, or one per \
                  family) cut into one CIDR per Node"
+            }
+            Setting::ServiceAccountPrivateKeyFile => {
+                "the PEM private key (RSA, or ECDSA P-256 / P-384) legacy service-account tokens \
+                 are signed with, the pair of kube-apiserver's --service-account-key-file"
             }
         }
     }
@@ -674,6 +684,72 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
                 cx.informers,
                 config,
             );
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "serviceaccount-token",
+        aliases: &["serviceaccount-token-controller"],
+        replaces: Some("serviceaccount-token-controller"),
+        default_on: true,
+        needs: Some(Setting::ServiceAccountPrivateKeyFile),
+        help: "the token, ca.crt and namespace of kubernetes.io/service-account-token Secrets (legacy tokens signed with --service-account-private-key-file), and their deletion with their ServiceAccount",
+        new: |cx| {
+            let path = cx
+                .service_account_private_key_file
+                .as_deref()
+                .ok_or_else(|| Setting::ServiceAccountPrivateKeyFile.missing("serviceaccount-token"))?;
+            let signer = auth::serviceaccounttoken::jwt::Signer::from_file(path)?;
+            let root_ca = match cx.root_ca_file.as_deref() {
+                Some(p) => auth::rootcacertpublisher::Config::from_file(p)?.root_ca.into_bytes(),
+                None => Vec::new(),
+            };
+            let config = auth::serviceaccounttoken::Config {
+                signer: std::sync::Arc::new(signer),
+                root_ca,
+                workers: cx.concurrency.serviceaccount_token,
+            };
+            let c = auth::serviceaccounttoken::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "legacy-serviceaccount-token-cleaner",
+        aliases: &["legacy-serviceaccount-token-cleaner-controller", "legacy-service-account-token-cleaner"],
+        replaces: Some("legacy-serviceaccount-token-cleaner-controller"),
+        default_on: true,
+        needs: None,
+        help: "invalidation, then deletion, of auto-generated legacy service-account token Secrets unused for --legacy-service-account-token-clean-up-period",
+        new: |cx| {
+            let config = auth::legacytokencleaner::Config {
+                clean_up_period: cx.concurrency.legacy_service_account_token_clean_up_period,
+                ..Default::default()
+            };
+            let c = auth::legacytokencleaner::Controller::new(cx.client.clone(), cx.informers, config);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "bootstrapsigner",
+        aliases: &["bootstrap-signer-controller"],
+        replaces: Some("bootstrap-signer-controller"),
+        default_on: false,
+        needs: None,
+        help: "JWS signatures of the kube-public/cluster-info ConfigMap by every bootstrap token for signing",
+        new: |cx| {
+            let c = auth::bootstrapsigner::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "tokencleaner",
+        aliases: &["token-cleaner-controller"],
+        replaces: Some("token-cleaner-controller"),
+        default_on: false,
+        needs: None,
+        help: "deletion of expired bootstrap token Secrets",
+        new: |cx| {
+            let c = auth::tokencleaner::Controller::new(cx.client.clone(), cx.informers);
             Ok(forever(c.run()))
         },
     },

@@ -104,6 +104,11 @@ pub struct Concurrency {
     /// The node IPAM controller's settings, `None` without `--allocate-node-cidrs` (then it does
     /// not run, as upstream's does nothing).
     pub node_ipam: Option<crate::node::ipam::Config>,
+    /// `--concurrent-serviceaccount-token-syncs` (upstream default 5).
+    pub serviceaccount_token: usize,
+    /// `--legacy-service-account-token-clean-up-period` (upstream default 365 days). Not a
+    /// worker count: the legacy token cleaner's one setting, carried with the others.
+    pub legacy_service_account_token_clean_up_period: std::time::Duration,
 }
 
 impl Default for Concurrency {
@@ -130,6 +135,9 @@ impl Default for Concurrency {
             validating_admission_policy_status: 5,
             node_lifecycle: Default::default(),
             node_ipam: None,
+            serviceaccount_token: 5,
+            legacy_service_account_token_clean_up_period:
+                crate::auth::legacytokencleaner::DEFAULT_CLEAN_UP_PERIOD,
         }
     }
 }
@@ -145,6 +153,8 @@ pub struct ManagerConfig {
     pub root_ca_file: Option<std::path::PathBuf>,
     /// The CAs csrsigning signs with (`--cluster-signing-*`).
     pub signing: crate::auth::csrsigning::SigningConfig,
+    /// The key serviceaccount-token signs tokens with (required when it runs).
+    pub service_account_private_key_file: Option<std::path::PathBuf>,
     /// Run only while holding this Lease.
     pub leader: Option<LeaderConfig>,
     /// Workers per controller.
@@ -184,6 +194,7 @@ async fn run_controllers(client: Client, cfg: ManagerConfig) -> Result<()> {
         lb_pool: cfg.lb_pool.clone(),
         root_ca_file: cfg.root_ca_file.clone(),
         signing: cfg.signing.clone(),
+        service_account_private_key_file: cfg.service_account_private_key_file.clone(),
     };
     let mut built = Vec::new();
     for d in &cfg.controllers {
@@ -276,6 +287,7 @@ mod tests {
                     "endpointslicemirroring",
                     "service-cidr",
                     "validatingadmissionpolicy-status",
+                    "legacy-serviceaccount-token-cleaner",
                 ],
             ),
             (
@@ -314,6 +326,7 @@ mod tests {
                     "endpointslicemirroring",
                     "service-cidr",
                     "validatingadmissionpolicy-status",
+                    "legacy-serviceaccount-token-cleaner",
                     "lb-ipam",
                 ],
             ),
@@ -351,6 +364,7 @@ mod tests {
                     "endpointslicemirroring",
                     "service-cidr",
                     "validatingadmissionpolicy-status",
+                    "legacy-serviceaccount-token-cleaner",
                 ],
             ),
             (
@@ -421,6 +435,7 @@ mod tests {
                     "endpointslicemirroring",
                     "service-cidr",
                     "validatingadmissionpolicy-status",
+                    "legacy-serviceaccount-token-cleaner",
                 ],
             ),
             (
@@ -489,6 +504,7 @@ mod tests {
                     "endpointslicemirroring",
                     "service-cidr",
                     "validatingadmissionpolicy-status",
+                    "legacy-serviceaccount-token-cleaner",
                 ],
             ),
             (
@@ -533,6 +549,7 @@ mod tests {
                     "endpointslicemirroring",
                     "service-cidr",
                     "validatingadmissionpolicy-status",
+                    "legacy-serviceaccount-token-cleaner",
                 ],
             ),
             (
@@ -559,10 +576,10 @@ mod tests {
 
     #[test]
     fn unknown_controller_names_are_errors_listing_the_known_ones() {
-        let err = parse_controllers("endpointslice,bootstrapsigner")
+        let err = parse_controllers("endpointslice,no-such-controller")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("\"bootstrapsigner\""), "{err}");
+        assert!(err.contains("\"no-such-controller\""), "{err}");
         assert!(err.contains("replicaset"), "{err}");
         assert!(parse_controllers("-nope").is_err());
     }
@@ -590,6 +607,7 @@ mod tests {
             controllers: parse_controllers(list).unwrap(),
             lb_pool: pool.map(|p| p.parse().unwrap()),
             root_ca_file: None,
+            service_account_private_key_file: None,
             signing: Default::default(),
             leader: None,
             concurrency: Concurrency::default(),
@@ -611,6 +629,7 @@ mod tests {
             controllers: parse_controllers(list).unwrap(),
             lb_pool: None,
             root_ca_file: file.map(Into::into),
+            service_account_private_key_file: None,
             signing: Default::default(),
             leader: None,
             concurrency: Concurrency::default(),

@@ -302,6 +302,13 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
                 // kube-controller-manager gets as --cluster-signing-cert-file / -key-file).
                 format!("--cluster-signing-cert-file={}", cp.pki.ca_cert.display()),
                 format!("--cluster-signing-key-file={}", cp.pki.ca_key.display()),
+                // The key legacy service-account tokens are signed with (serviceaccount-token),
+                // the pair of kube-apiserver's --service-account-key-file, as
+                // kube-controller-manager gets it.
+                format!(
+                    "--service-account-private-key-file={}",
+                    cp.pki.sa_key.display()
+                ),
             ];
             cp.spawn_program("kpr-controller-manager", &binary, args)?;
         }
