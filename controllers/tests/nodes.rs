@@ -7,9 +7,10 @@
 //!
 //! - ipam (`--allocate-node-cidrs`, `--cluster-cidr` of both families): a Node carrying
 //!   10.244.0.0/24 and fd00:10:244::/64 before the manager starts keeps them and they are not
-//!   handed out again; three Nodes created one after the other get index 1, 2 and 3 of both
-//!   families (`spec.podCIDR` the first of `spec.podCIDRs`); the second deleted, a fourth gets
-//!   index 4 (the allocator goes on from the last one it handed out).
+//!   handed out again; three Nodes created one after the other get increasing indexes, the same
+//!   in both families (`spec.podCIDR` the first of `spec.podCIDRs`); the second deleted, a fourth
+//!   gets a higher index still (the allocator goes on from the last one it handed out). kpr's
+//!   are exactly 1, 2, 3 and 4; kube-controller-manager's now and then skip one (see `ipam`).
 //! - lifecycle: a Node whose Lease is renewed stays Ready and untainted and gets the beta OS
 //!   label; one whose Lease stops and whose Ready heartbeat stays old becomes Unknown
 //!   (NodeStatusUnknown; the pressure conditions it never had added as NodeStatusNeverUpdated),
@@ -125,6 +126,10 @@ fn micro_now() -> String {
 }
 
 async fn renew_lease(leases: &Api<Lease>, name: &str) {
+    try_renew_lease(leases, name).await.unwrap();
+}
+
+async fn try_renew_lease(leases: &Api<Lease>, name: &str) -> kube::Result<Lease> {
     let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": name, "namespace": "kube-node-lease"},
         "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": micro_now()}});
@@ -135,7 +140,6 @@ async fn renew_lease(leases: &Api<Lease>, name: &str) {
             &Patch::Apply(lease),
         )
         .await
-        .unwrap();
 }
 
 fn taints(node: &Node) -> BTreeSet<String> {
@@ -201,11 +205,37 @@ async fn ipam(cluster: &Cluster, client: &Client) {
         .eventually("ipam-d's pod CIDRs", WAIT, POLL, cidrs_of("ipam-d"))
         .await;
     got.push(d);
-    let want: Vec<Vec<String>> = [1, 2, 3, 4]
-        .iter()
-        .map(|i| vec![format!("10.244.{i}.0/24"), format!("fd00:10:244:{i}::/64")])
-        .collect();
-    assert_eq!(got, want, "{:?}", cluster.flavour);
+    // The index of each Node's CIDRs: the same in both families, 1 or more (index 0 is pre's,
+    // re-occupied), increasing in creation order (ipam-d's past ipam-c's: ipam-b's freed index
+    // is not handed out again at once). Not exactly 1, 2, 3, 4: kube-controller-manager now and
+    // then skips one (a sync of the Node between its patch and its informer's update allocates a
+    // second CIDR and then releases it; seen in this suite), which kpr's allocator avoids.
+    let mut last = 0;
+    for cidrs in &got {
+        let [v4, v6] = cidrs.as_slice() else {
+            panic!("{:?}: not one CIDR per family: {cidrs:?}", cluster.flavour)
+        };
+        let index: u32 = v4
+            .strip_prefix("10.244.")
+            .and_then(|r| r.strip_suffix(".0/24"))
+            .and_then(|i| i.parse().ok())
+            .unwrap_or_else(|| panic!("{:?}: {v4} is not a /24 of 10.244.0.0/16", cluster.flavour));
+        assert_eq!(
+            *v6,
+            format!("fd00:10:244:{index:x}::/64"),
+            "{:?}",
+            cluster.flavour
+        );
+        assert!(index > last, "{:?}: indexes {got:?}", cluster.flavour);
+        last = index;
+    }
+    if cluster.flavour == Flavour::Kpr {
+        let want: Vec<Vec<String>> = [1, 2, 3, 4]
+            .iter()
+            .map(|i| vec![format!("10.244.{i}.0/24"), format!("fd00:10:244:{i}::/64")])
+            .collect();
+        assert_eq!(got, want, "kpr hands out the next index every time");
+    }
     let pre = nodes.get("pre").await.unwrap();
     assert_eq!(
         pre.spec.unwrap().pod_cidrs.unwrap(),
@@ -396,7 +426,8 @@ async fn scenario(flavour: Flavour) {
     let renewing = tokio::spawn(async move {
         loop {
             for name in ["pre", "notready", "pressure"] {
-                renew_lease(&leases, name).await;
+                // Errors only once the control plane is stopping (a failed check's unwinding).
+                let _ = try_renew_lease(&leases, name).await;
             }
             tokio::time::sleep(Duration::from_millis(1000)).await;
         }
