@@ -15,7 +15,9 @@
 //!
 //! As upstream: the work queue `cidrallocator_node`, 30 workers, allocation in [`cidrset`]'s
 //! order (the next free CIDR after the last one handed out), so both allocators fed the same
-//! Nodes in the same order assign the same CIDRs. Metrics: upstream's
+//! Nodes in the same order assign the same CIDRs. CIDRs patched onto a Node are remembered until
+//! the Node cache shows them: another change of the Node synced in between (the differential
+//! suite saw one) would otherwise allocate a second time, skipping a CIDR. Metrics: upstream's
 //! `node_ipam_controller_cidrset_*` per cluster CIDR.
 
 pub mod cidrset;
@@ -396,6 +398,9 @@ pub struct Controller {
     allocator: Mutex<Allocator>,
     /// Deletions seen before the start-up occupy pass, released after it.
     started: Mutex<bool>,
+    /// CIDRs patched onto a Node that the Node cache does not show yet: a sync of that Node in
+    /// between (another change of it queued it again) must not allocate a second time.
+    written: Mutex<std::collections::HashMap<String, Vec<IpNet>>>,
 }
 
 impl Controller {
@@ -409,6 +414,7 @@ impl Controller {
             queue: WorkQueue::new(QUEUE_NAME),
             allocator: Mutex::new(Allocator::new(config)?),
             started: Mutex::new(false),
+            written: Mutex::default(),
         });
         informer.on_events_of(
             &this,
@@ -433,7 +439,14 @@ impl Controller {
             return;
         }
         let name = node.metadata.name.as_deref().unwrap_or_default();
+        let written = self.written.lock().expect("written lock").remove(name);
         let result = node_cidrs(node).and_then(|cidrs| {
+            // Deleted before the cache showed the CIDRs written to it: those are the ones.
+            let cidrs = if cidrs.is_empty() {
+                written.unwrap_or_default()
+            } else {
+                cidrs
+            };
             self.allocator
                 .lock()
                 .expect("allocator lock")
@@ -525,6 +538,10 @@ impl Controller {
                 .await
             {
                 Ok(_) => {
+                    self.written
+                        .lock()
+                        .expect("written lock")
+                        .insert(name.to_string(), cidrs.clone());
                     tracing::info!(controller = NAME, node = name, pod_cidrs = ?strings, "set node PodCIDR");
                     return Ok(());
                 }
@@ -554,12 +571,22 @@ impl SyncKey for Controller {
         let node = self.nodes.get("", name);
         match plan(node.as_deref())? {
             Step::Nothing => Ok(()),
-            Step::Occupy(cidrs) => self
-                .allocator
-                .lock()
-                .expect("allocator lock")
-                .occupy(name, &cidrs),
+            Step::Occupy(cidrs) => {
+                self.written.lock().expect("written lock").remove(name);
+                self.allocator
+                    .lock()
+                    .expect("allocator lock")
+                    .occupy(name, &cidrs)
+            }
             Step::Allocate => {
+                if self
+                    .written
+                    .lock()
+                    .expect("written lock")
+                    .contains_key(name)
+                {
+                    return Ok(()); // Written already; the cache has not caught up.
+                }
                 let node = node.expect("planned from a Node");
                 let Some(cidrs) = self.allocator.lock().expect("allocator lock").allocate() else {
                     self.status_event(&node, "CIDRNotAvailable");

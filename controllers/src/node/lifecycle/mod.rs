@@ -1,6 +1,6 @@
 //! The node lifecycle controller (kube-controller-manager v1.34's `node-lifecycle-controller`,
 //! `pkg/controller/nodelifecycle`), without the taint eviction it used to carry (that is the
-//! `taint-eviction-controller`, [`super::tainteviction`]'s, as in v1.34).
+//! `taint-eviction-controller`'s, `node/tainteviction`, as in v1.34).
 //!
 //! Owns, on Nodes: the Ready, MemoryPressure, DiskPressure and PIDPressure conditions once the
 //! kubelet went quiet (set to Unknown when neither the Ready condition's heartbeat nor the Lease
