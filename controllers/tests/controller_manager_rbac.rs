@@ -5,7 +5,8 @@
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
 //! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
 //! resourcequota, the four volume controllers, clusterrole-aggregation, ttl, csrapproving,
-//! csrsigning, csrcleaner) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
+//! csrsigning, csrcleaner, serviceaccount-token, legacy-serviceaccount-token-cleaner,
+//! bootstrapsigner, tokencleaner) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, runs a Deployment's ReplicaSet and Pods and collects them when
 //! it is deleted, holds the Lease, and releases it on SIGTERM; nothing it does is denied (the log
@@ -56,15 +57,23 @@ async fn lease_holder(client: &Client) -> Option<String> {
     lease.spec?.holder_identity
 }
 
-fn spawn(binary: &Path, kubeconfig: &Path, ca: &Path, ca_key: &Path, log: &Path) -> Child {
+fn spawn(
+    binary: &Path,
+    kubeconfig: &Path,
+    ca: &Path,
+    ca_key: &Path,
+    sa_key: &Path,
+    log: &Path,
+) -> Child {
     let out = std::fs::File::create(log).unwrap();
     let err = out.try_clone().unwrap();
     Command::new(binary)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,clusterrole-aggregation,ttl,csrapproving,csrsigning,csrcleaner",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,clusterrole-aggregation,ttl,csrapproving,csrsigning,csrcleaner,serviceaccount-token,legacy-serviceaccount-token-cleaner,bootstrapsigner,tokencleaner",
         ])
+        .args(["--service-account-private-key-file", sa_key.to_str().unwrap()])
         .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--cluster-signing-cert-file", ca.to_str().unwrap()])
         .args(["--cluster-signing-key-file", ca_key.to_str().unwrap()])
@@ -171,7 +180,14 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         .dir
         .join("logs")
         .join(format!("controller-manager-{ns}.log"));
-    let mut cm = spawn(&binary, &kubeconfig, &cp.pki.ca_cert, &cp.pki.ca_key, &log);
+    let mut cm = spawn(
+        &binary,
+        &kubeconfig,
+        &cp.pki.ca_cert,
+        &cp.pki.ca_key,
+        &cp.pki.sa_key,
+        &log,
+    );
     let shown_log = || std::fs::read_to_string(&log).unwrap_or_default();
 
     eventually("the Lease held by cm-rbac", || async {
@@ -184,6 +200,53 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
             .get_opt("kube-root-ca.crt")
             .await
             .unwrap()
+    })
+    .await;
+    // serviceaccount-token, under the manifest's RBAC: a token Secret of an account is filled;
+    // tokencleaner: an expired bootstrap token is deleted.
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "robot"}})).unwrap();
+    Api::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    let token_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "robot-token",
+                     "annotations": {"kubernetes.io/service-account.name": "robot"}},
+        "type": "kubernetes.io/service-account-token"}))
+    .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+    secrets
+        .create(&PostParams::default(), &token_secret)
+        .await
+        .unwrap();
+    eventually("the token Secret filled", || async {
+        let s = secrets.get("robot-token").await.unwrap();
+        s.data
+            .as_ref()
+            .and_then(|d| d.get("token"))
+            .filter(|t| !t.0.is_empty())
+            .map(|_| ())
+    })
+    .await;
+    let expired: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "bootstrap-token-rbac01", "namespace": SYSTEM},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {"token-id": "rbac01", "token-secret": "0123456789abcdef",
+                       "expiration": "2020-01-01T00:00:00Z"}}))
+    .unwrap();
+    let system_secrets: Api<Secret> = Api::namespaced(admin.clone(), SYSTEM);
+    system_secrets
+        .create(&PostParams::default(), &expired)
+        .await
+        .unwrap();
+    eventually("the expired bootstrap token deleted", || async {
+        system_secrets
+            .get_opt("bootstrap-token-rbac01")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
     })
     .await;
     let slices = eventually("an EndpointSlice of web with the Pod", || async {
