@@ -6,8 +6,8 @@
 //! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
 //! resourcequota, the six volume controllers, clusterrole-aggregation, ttl, nodelifecycle,
 //! csrapproving, csrsigning, csrcleaner, endpointslicemirroring, service-cidr,
-//! validatingadmissionpolicy-status) and leader election. It writes EndpointSlices and Endpoints,
-//! assigns a LoadBalancer address,
+//! validatingadmissionpolicy-status, serviceaccount-token, legacy-serviceaccount-token-cleaner,
+//! bootstrapsigner, tokencleaner) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
 //! updates both when a Pod turns unready, releases the address and deletes the slices of a
 //! deleted LoadBalancer Service, mirrors a selectorless Service's Endpoints, puts its finalizer on
 //! the default ServiceCIDR, observes a ValidatingAdmissionPolicy's generation, runs a Deployment's ReplicaSet and Pods and collects them when
@@ -25,7 +25,6 @@ use std::time::Duration;
 mod common;
 
 use controllers::endpoint::lbipam;
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
@@ -33,7 +32,6 @@ use k8s_openapi::api::core::v1::{
     ResourceQuota, Secret, Service,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -61,23 +59,26 @@ async fn lease_holder(client: &Client) -> Option<String> {
     lease.spec?.holder_identity
 }
 
-fn spawn(binary: &Path, kubeconfig: &Path, pki: &controlplane::pki::Pki, log: &Path) -> Child {
-    let (ca, ca_key) = (&pki.ca_cert, &pki.ca_key);
+fn spawn(
+    binary: &Path,
+    kubeconfig: &Path,
+    ca: &Path,
+    ca_key: &Path,
+    sa_key: &Path,
+    log: &Path,
+) -> Child {
     let out = std::fs::File::create(log).unwrap();
     let err = out.try_clone().unwrap();
     Command::new(binary)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,persistentvolume-expander,volumeattributesclass-protection,clusterrole-aggregation,ttl,nodelifecycle,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status,serviceaccount-token,legacy-serviceaccount-token-cleaner",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,persistentvolume-expander,volumeattributesclass-protection,clusterrole-aggregation,ttl,nodelifecycle,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status,serviceaccount-token,legacy-serviceaccount-token-cleaner,bootstrapsigner,tokencleaner",
         ])
+        .args(["--service-account-private-key-file", sa_key.to_str().unwrap()])
         .args(["--root-ca-file", ca.to_str().unwrap()])
         .args(["--cluster-signing-cert-file", ca.to_str().unwrap()])
         .args(["--cluster-signing-key-file", ca_key.to_str().unwrap()])
-        .args([
-            "--service-account-private-key-file",
-            pki.sa_key.to_str().unwrap(),
-        ])
         .args(["--lb-pool", POOL])
         .args(["--leader-elect", "--leader-elect-identity", "cm-rbac"])
         .env("RUST_LOG", "info")
@@ -181,7 +182,14 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         .dir
         .join("logs")
         .join(format!("controller-manager-{ns}.log"));
-    let mut cm = spawn(&binary, &kubeconfig, &cp.pki, &log);
+    let mut cm = spawn(
+        &binary,
+        &kubeconfig,
+        &cp.pki.ca_cert,
+        &cp.pki.ca_key,
+        &cp.pki.sa_key,
+        &log,
+    );
     let shown_log = || std::fs::read_to_string(&log).unwrap_or_default();
 
     eventually("the Lease held by cm-rbac", || async {
@@ -194,6 +202,53 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
             .get_opt("kube-root-ca.crt")
             .await
             .unwrap()
+    })
+    .await;
+    // serviceaccount-token, under the manifest's RBAC: a token Secret of an account is filled;
+    // tokencleaner: an expired bootstrap token is deleted.
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "robot"}})).unwrap();
+    Api::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    let token_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "robot-token",
+                     "annotations": {"kubernetes.io/service-account.name": "robot"}},
+        "type": "kubernetes.io/service-account-token"}))
+    .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+    secrets
+        .create(&PostParams::default(), &token_secret)
+        .await
+        .unwrap();
+    eventually("the token Secret filled", || async {
+        let s = secrets.get("robot-token").await.unwrap();
+        s.data
+            .as_ref()
+            .and_then(|d| d.get("token"))
+            .filter(|t| !t.0.is_empty())
+            .map(|_| ())
+    })
+    .await;
+    let expired: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "bootstrap-token-rbac01", "namespace": SYSTEM},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {"token-id": "rbac01", "token-secret": "0123456789abcdef",
+                       "expiration": "2020-01-01T00:00:00Z"}}))
+    .unwrap();
+    let system_secrets: Api<Secret> = Api::namespaced(admin.clone(), SYSTEM);
+    system_secrets
+        .create(&PostParams::default(), &expired)
+        .await
+        .unwrap();
+    eventually("the expired bootstrap token deleted", || async {
+        system_secrets
+            .get_opt("bootstrap-token-rbac01")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
     })
     .await;
     let slices = eventually("an EndpointSlice of web with the Pod", || async {
@@ -300,66 +355,6 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         "controller-manager exited early; its log:\n{}",
         shown_log()
     );
-
-    // endpointslicemirroring: a Service without a selector and its custom Endpoints get a
-    // mirrored slice. service-cidr: the default ServiceCIDR gets its finalizer.
-    // validatingadmissionpolicy-status: a policy's generation is observed.
-    let custom: Service = serde_json::from_value(json!({"metadata": {"name": "custom"},
-        "spec": {"ports": [{"port": 80}]}}))
-    .unwrap();
-    services
-        .create(&PostParams::default(), &custom)
-        .await
-        .unwrap();
-    let ep: Endpoints = serde_json::from_value(json!({"metadata": {"name": "custom"},
-        "subsets": [{"addresses": [{"ip": "10.1.0.1"}], "ports": [{"port": 8080}]}]}))
-    .unwrap();
-    Api::<Endpoints>::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &ep)
-        .await
-        .unwrap();
-    eventually("custom's mirrored slice", || async {
-        let lp = ListParams::default().labels(
-            "kubernetes.io/service-name=custom,\
-             endpointslice.kubernetes.io/managed-by=endpointslicemirroring-controller.k8s.io",
-        );
-        let slices = Api::<EndpointSlice>::namespaced(admin.clone(), &ns)
-            .list(&lp)
-            .await
-            .unwrap()
-            .items;
-        (slices.len() == 1).then_some(())
-    })
-    .await;
-    eventually("the default ServiceCIDR's finalizer", || async {
-        let c = Api::<ServiceCIDR>::all(admin.clone())
-            .get_opt("kubernetes")
-            .await
-            .unwrap()?;
-        let finalizers = c.metadata.finalizers.unwrap_or_default();
-        finalizers
-            .iter()
-            .any(|f| f == "networking.k8s.io/service-cidr-finalizer")
-            .then_some(())
-    })
-    .await;
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
-    let policy_name = format!("{ns}-policy");
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": {"name": policy_name},
-        "spec": {"matchConstraints": {"resourceRules": [{"apiGroups": ["apps"],
-                    "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["deployments"]}]},
-                 "validations": [{"expression": "object.spec.replicas < 100"}]}}))
-    .unwrap();
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    eventually("the policy's generation observed", || async {
-        let p = policies.get(&policy_name).await.unwrap();
-        (p.status?.observed_generation? == 1).then_some(())
-    })
-    .await;
 
     // The workload controllers: a Deployment gets its ReplicaSet and Pods (nothing schedules
     // them here); deleting it, the garbage collector removes both.

@@ -222,6 +222,12 @@ impl Cluster {
                 "--cluster-signing-key-file={}",
                 self.cp().pki.ca_key.display()
             ),
+            // As kube-controller-manager gets it (serviceaccount-token signs with the key whose
+            // public half is kube-apiserver's --service-account-key-file).
+            format!(
+                "--service-account-private-key-file={}",
+                self.cp().pki.sa_key.display()
+            ),
         ];
         let args = args.into_iter().chain(self.flags.iter().cloned()).collect();
         self.cp()

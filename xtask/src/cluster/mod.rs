@@ -302,9 +302,9 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
                 // kube-controller-manager gets as --cluster-signing-cert-file / -key-file).
                 format!("--cluster-signing-cert-file={}", cp.pki.ca_cert.display()),
                 format!("--cluster-signing-key-file={}", cp.pki.ca_key.display()),
-                // The key legacy service-account tokens are signed with (serviceaccount-token),
-                // the pair of kube-apiserver's --service-account-key-file, as
-                // kube-controller-manager gets it.
+                // The key serviceaccount-token signs legacy tokens with (what
+                // kube-controller-manager gets as --service-account-private-key-file; its public
+                // half is kube-apiserver's --service-account-key-file).
                 format!(
                     "--service-account-private-key-file={}",
                     cp.pki.sa_key.display()
