@@ -301,9 +301,7 @@ fn long_lived(target: Target, interval: Duration, tally: Shared, stop: Arc<Atomi
         next += interval;
         if conn.is_none() {
             match connect(target.tcp).and_then(|s| {
-                let reader = s
-                    .try_clone()
-                    .map_err(|e| Failure::Connect(e.to_string()))?;
+                let reader = s.try_clone().map_err(|e| Failure::Connect(e.to_string()))?;
                 Ok((s, BufReader::new(reader)))
             }) {
                 Ok(c) => conn = Some(c),
@@ -430,7 +428,9 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<Value> {
         }
         for _ in 0..args.udp {
             let (t, tally, stop) = (target.clone(), udp.clone(), stop.clone());
-            threads.push(std::thread::spawn(move || udp_flow(t, interval, tally, stop)));
+            threads.push(std::thread::spawn(move || {
+                udp_flow(t, interval, tally, stop)
+            }));
         }
         tallies.push((target.clone(), new, long, udp));
     }

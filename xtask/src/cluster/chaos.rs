@@ -108,11 +108,10 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
         "chaos needs real nodes: `cargo xtask cluster up --nodes 3`"
     );
     let k = || kubectl(&kubeconfig);
-    let run_dir = cluster.dir.join("chaos").join(format!(
-        "{}-{}",
-        args.scenario.name(),
-        unix_ms()
-    ));
+    let run_dir = cluster
+        .dir
+        .join("chaos")
+        .join(format!("{}-{}", args.scenario.name(), unix_ms()));
     fs::create_dir_all(&run_dir)?;
     let nodes = node_ips(&k)?;
     deploy_workload(&k, &run_dir, &nodes, args.replicas)?;
@@ -211,7 +210,10 @@ fn node_ips(k: &dyn Fn() -> Cmd) -> anyhow::Result<Vec<(String, String)>> {
             Some((name.to_string(), ip.to_string()))
         })
         .collect();
-    ensure!(!nodes.is_empty(), "the cluster has no nodes with an IPv4 InternalIP");
+    ensure!(
+        !nodes.is_empty(),
+        "the cluster has no nodes with an IPv4 InternalIP"
+    );
     Ok(nodes)
 }
 
@@ -303,11 +305,23 @@ fn deploy_workload(
 /// the processes' cgroup paths (the kubelet's cgroupfs layout `.../pod<uid>/...`).
 fn pod_pid(k: &dyn Fn() -> Cmd, name: &str) -> anyhow::Result<u32> {
     let uid = k()
-        .args(["get", "pod", name, "-n", NAMESPACE, "-o", "jsonpath={.metadata.uid}"])
+        .args([
+            "get",
+            "pod",
+            name,
+            "-n",
+            NAMESPACE,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
         .read()?;
     let needles = [format!("pod{uid}"), format!("pod{}", uid.replace('-', "_"))];
     for entry in fs::read_dir("/proc")?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
@@ -422,8 +436,15 @@ fn agent_restart(k: &dyn Fn() -> Cmd, proxy: &str, args: &ChaosArgs) -> anyhow::
     let restart_ms = unix_ms();
     k().args(["rollout", "restart", &ds, "-n", "kube-system"])
         .run()?;
-    k().args(["rollout", "status", &ds, "-n", "kube-system", "--timeout=300s"])
-        .run()?;
+    k().args([
+        "rollout",
+        "status",
+        &ds,
+        "-n",
+        "kube-system",
+        "--timeout=300s",
+    ])
+    .run()?;
     let rolled_out_ms = unix_ms();
     println!(
         "==> {ds} rolled out in {:.1} s; {} s more load",
@@ -436,6 +457,7 @@ fn agent_restart(k: &dyn Fn() -> Cmd, proxy: &str, args: &ChaosArgs) -> anyhow::
         "restart_ms": restart_ms,
         "rolled_out_ms": rolled_out_ms,
         "removed": [],
+        "window_ms": [restart_ms, rolled_out_ms],
     }))
 }
 
@@ -472,24 +494,24 @@ fn ready_endpoints(k: &dyn Fn() -> Cmd) -> anyhow::Result<BTreeSet<String>> {
         .collect())
 }
 
+/// One EndpointSlice poll: when it started, and the Pods it found ready.
+type Poll = (u64, BTreeSet<String>);
+
 /// Scenario 3: scale down by half, then delete one remaining Pod; the timeline with, per removed
 /// Pod, when it was removed and when its endpoint stopped being ready.
 fn endpoint_removal(k: &dyn Fn() -> Cmd, args: &ChaosArgs) -> anyhow::Result<Value> {
-    // Polls the EndpointSlices: when each Pod was last listed as ready.
+    // Polls the EndpointSlices: which Pods each poll found ready, and when (the poll's start).
     let stop = Arc::new(AtomicBool::new(false));
-    let last_ready: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let polls: Arc<Mutex<Vec<Poll>>> = Arc::default();
     let poller = {
-        let (stop, last_ready) = (stop.clone(), last_ready.clone());
+        let (stop, polls) = (stop.clone(), polls.clone());
         let k = k().clone();
         std::thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
                 let k = || k.clone();
+                let at = unix_ms();
                 if let Ok(ready) = ready_endpoints(&k) {
-                    let now = unix_ms();
-                    let mut last = last_ready.lock().unwrap();
-                    for name in ready {
-                        last.insert(name, now);
-                    }
+                    polls.lock().unwrap().push((at, ready));
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
@@ -523,7 +545,10 @@ fn endpoint_removal(k: &dyn Fn() -> Cmd, args: &ChaosArgs) -> anyhow::Result<Val
         for pod in &scaled_away {
             removed.push(json!({"pod": pod, "how": "scale down", "removed_ms": scale_ms}));
         }
-        println!("==> scaled down: {scaled_away:?} removed; {} s of load", args.settle);
+        println!(
+            "==> scaled down: {scaled_away:?} removed; {} s of load",
+            args.settle
+        );
         std::thread::sleep(Duration::from_secs(args.settle));
         let victim = backend_pods(k)?
             .into_iter()
@@ -537,19 +562,36 @@ fn endpoint_removal(k: &dyn Fn() -> Cmd, args: &ChaosArgs) -> anyhow::Result<Val
         k().args(["rollout", "status", "deployment/backend", "-n", NAMESPACE])
             .arg("--timeout=120s")
             .run()?;
-        println!("==> {victim} deleted and replaced; {} s of load", args.settle);
+        println!(
+            "==> {victim} deleted and replaced; {} s of load",
+            args.settle
+        );
         std::thread::sleep(Duration::from_secs(args.settle));
         Ok(removed)
     })();
     stop.store(true, Ordering::SeqCst);
     let _ = poller.join();
     let mut removed = result?;
-    let last_ready = last_ready.lock().unwrap();
+    let polls = polls.lock().unwrap();
     for r in &mut removed {
         let pod = r["pod"].as_str().unwrap_or_default().to_string();
-        r["last_ready_ms"] = json!(last_ready.get(&pod));
+        let removed_ms = r["removed_ms"].as_u64().unwrap_or(0);
+        // The first poll started after the removal that no longer found it ready.
+        let not_ready = polls
+            .iter()
+            .find(|(at, ready)| *at >= removed_ms && !ready.contains(&pod))
+            .map(|(at, _)| *at);
+        r["not_ready_ms"] = json!(not_ready);
     }
-    Ok(json!({"removed": removed}))
+    let window = [
+        removed.first().and_then(|r| r["removed_ms"].as_u64()),
+        removed.last().and_then(|r| r["removed_ms"].as_u64()),
+    ];
+    Ok(json!({
+        "removed": removed,
+        // The disruption: from the first removal to the last plus the settle time.
+        "window_ms": [window[0], window[1].map(|t| t + args.settle * 1000)],
+    }))
 }
 
 /// Sums of one row of the table.
@@ -561,6 +603,8 @@ struct Row {
     broken: u64,
     /// Of `broken`: on a connection whose server was a removed endpoint.
     broken_removed: u64,
+    /// Failures of any kind inside the disruption's window (plus the 2 s a request may take).
+    in_window: u64,
     timeouts: u64,
     longest_gap_ms: u64,
 }
@@ -578,6 +622,13 @@ fn summarize(
         .flatten()
         .filter_map(|r| r["pod"].as_str().map(str::to_string))
         .collect();
+    let window = (
+        timeline["window_ms"][0].as_u64().unwrap_or(0),
+        timeline["window_ms"][1]
+            .as_u64()
+            .unwrap_or(u64::MAX)
+            .saturating_add(2000),
+    );
     let mut rows: BTreeMap<(String, String, &str), Row> = BTreeMap::new();
     for (from, report) in reports {
         for target in report["targets"].as_array().into_iter().flatten() {
@@ -598,6 +649,13 @@ fn summarize(
                 row.broken += n("broken");
                 row.timeouts += n("timeouts");
                 row.longest_gap_ms = row.longest_gap_ms.max(n("longest_gap_ms"));
+                row.in_window += t["events"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e["at_ms"].as_u64())
+                    .filter(|at| (window.0..=window.1).contains(at))
+                    .count() as u64;
                 row.broken_removed += t["events"]
                     .as_array()
                     .into_iter()
@@ -612,18 +670,19 @@ fn summarize(
     }
     let mut md = format!("## chaos {} on {proxy}\n\n", scenario.name());
     md.push_str(
-        "| from | target | flows | attempts | answered | failed connects | broken (removed endpoint) | timeouts | longest gap |\n",
+        "| from | target | flows | attempts | answered | failed connects | broken (removed endpoint) | timeouts | failures in the disruption | longest gap |\n",
     );
-    md.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|\n");
+    md.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for ((from, target, kind), r) in &rows {
         md.push_str(&format!(
-            "| {from} | {target} | {kind} | {} | {} | {} | {} ({}) | {} | {} ms |\n",
+            "| {from} | {target} | {kind} | {} | {} | {} | {} ({}) | {} | {} | {} ms |\n",
             r.attempts,
             r.ok,
             r.connect_failed,
             r.broken,
             r.broken_removed,
             r.timeouts,
+            r.in_window,
             r.longest_gap_ms
         ));
     }
@@ -658,9 +717,7 @@ fn summarize(
                         .filter_map(|t| t[key]["answered_by"][pod]["last_ms"].as_u64())
                         .max()
                 };
-                // The first poll that no longer listed it ready: the last ready one plus a
-                // poll period at most.
-                let not_ready = r["last_ready_ms"].as_u64();
+                let not_ready = r["not_ready_ms"].as_u64();
                 md.push_str(&format!(
                     "| {pod} | {} | {} | {} | {} |\n",
                     r["how"].as_str().unwrap_or("?"),
