@@ -324,13 +324,14 @@ fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
     };
     // SAFETY: copied out at once.
     if let Some(ct) = unsafe { KPR_CT.get(pkt.key()).copied() } {
-        if !stale_udp(pkt.proto, &ct) {
+        if !stale_udp(pkt.proto, &ct) && !reused_tcp_tuple(&pkt, &ct) {
             touch(&pkt);
             apply(ctx, &pkt, &ct)?;
             return forward(ctx, &pkt, &ct);
         }
         // A UDP flow towards an endpoint that went away is forgotten and chosen again, so the
-        // client is not black-holed (TCP flows are left alone, as the semantics ask).
+        // client is not black-holed (TCP flows are left alone, as the semantics ask); so is the
+        // entry of an earlier TCP connection whose 4-tuple a new connection's SYN reuses.
         let _ = KPR_CT.remove(pkt.key());
     }
     let is_new = pkt.proto == PROTO_UDP
@@ -456,6 +457,26 @@ fn stale_udp(proto: u8, ct: &CtValue) -> bool {
     proto == PROTO_UDP
         && ct.flags & CT_F_REPLY == 0
         && KPR_BACKENDS.get_ptr(ct.backend_id).is_none()
+}
+
+/// How long after a flow's last packet a SYN on its 4-tuple may still be a retransmission of its
+/// first SYN (Linux retransmits one after 1 s, 3 s and 7 s).
+const SYN_RETRANSMIT_NS: u64 = 10_000_000_000;
+
+/// A TCP SYN (no ACK) on the 4-tuple of an earlier connection: the client's ephemeral ports came
+/// round again (Linux walks them per destination, so a client at a steady connection rate reuses
+/// a port after minutes), and the entry, never removed for a closed TCP connection, would send the
+/// new connection to the old one's backend, even a removed or terminating one (measured by
+/// `cargo xtask cluster chaos endpoint-removal`, docs/RELIABILITY.md). A SYN within the
+/// retransmission window of a flow whose backend still exists keeps the flow.
+#[inline(always)]
+fn reused_tcp_tuple<F: Fam>(pkt: &Packet<F>, ct: &CtValue) -> bool {
+    pkt.proto == PROTO_TCP
+        && ct.flags & CT_F_REPLY == 0
+        && pkt.tcp_flags & TCP_FLAG_SYN != 0
+        && pkt.tcp_flags & TCP_FLAG_ACK == 0
+        && (KPR_BACKENDS.get_ptr(ct.backend_id).is_none()
+            || now_ns().wrapping_sub(ct.last_seen_ns) > SYN_RETRANSMIT_NS)
 }
 
 #[inline(always)]

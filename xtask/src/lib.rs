@@ -18,6 +18,7 @@ pub mod k8s;
 pub mod kind;
 pub mod kind_image;
 pub mod kind_tools;
+pub mod load;
 pub mod local_path;
 pub mod metrics_server;
 pub mod setup;

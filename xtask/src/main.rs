@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use xtask::exec::Cmd;
-use xtask::{bench, cluster, docker, kind, setup, test, vm, workspace_root};
+use xtask::{bench, cluster, docker, kind, load, setup, test, vm, workspace_root};
 
 mod demo;
 
@@ -40,6 +40,10 @@ enum Command {
     Vm(vm::VmArgs),
     /// N Services per backend next to kube-proxy's iptables and nftables layouts (--quick: 1,000).
     Bench(bench::BenchArgs),
+    /// The chaos scenarios' load client (`cluster chaos` starts it in pods' and nodes' network
+    /// namespaces): new TCP connections, long-lived TCP, UDP request/response against agnhost
+    /// netexec targets until a stop file appears; a JSON report on stdout.
+    Load(load::LoadArgs),
 }
 
 /// Errors are printed with their whole context chain (`error: what: why`), without the backtrace
@@ -71,5 +75,6 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Cluster(args) => cluster::run(&args),
         Command::Vm(args) => vm::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Load(args) => load::run(&args),
     }
 }

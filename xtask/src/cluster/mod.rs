@@ -11,6 +11,7 @@
 //! a state file lost), kills the nodes' containers, unmounts and deletes the namespaces; Ctrl-C
 //! during `up` does the same. Owns `<target>/cluster` (`<target>/cluster-<name>` for `--name`).
 
+pub mod chaos;
 pub mod e2e;
 pub mod helm;
 pub mod hpa_demo;
@@ -79,6 +80,11 @@ pub enum ClusterCommand {
     /// List what every Service proxy left on each node (rules, eBPF pins, links) and check that
     /// only the running proxy's own state is there.
     Leftovers,
+    /// A disruption under load (docs/RELIABILITY.md): `agent-restart` restarts the Service
+    /// proxy's DaemonSet, `endpoint-removal` scales the backend down and deletes a Pod, while
+    /// `cargo xtask load` runs from a pod on every node and from outside the nodes; a report and
+    /// a table of failed connects, broken connections, timeouts and the longest gaps.
+    Chaos(chaos::ChaosArgs),
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +181,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Proxy(proxy_args) => switch::run(&cluster, proxy_args),
         ClusterCommand::Leftovers => switch::leftovers(&cluster),
         ClusterCommand::Smoke => smoke::run(&cluster),
+        ClusterCommand::Chaos(chaos_args) => chaos::run(&cluster, chaos_args),
         ClusterCommand::HpaDemo(demo_args) => hpa_demo::run(&cluster, demo_args),
         ClusterCommand::StatefulsetDemo => statefulset_demo::run(&cluster),
         ClusterCommand::Helm(helm_args) => helm::run(&cluster, helm_args),

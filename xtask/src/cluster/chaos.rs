@@ -1,0 +1,732 @@
+//! `cargo xtask cluster chaos <scenario>`: a disruption under load on a cluster with real nodes,
+//! measured from pods on every node and from outside the nodes (issue 42's scenarios; see
+//! docs/RELIABILITY.md).
+//!
+//! The load: a `backend` Deployment of agnhost `netexec` (HTTP on 8080, UDP on 8081) behind a
+//! NodePort Service, and `cargo xtask load` ([`crate::load`]) started as a process of this
+//! machine inside the network namespace of a client Pod on every node (and in that node's cgroup,
+//! where the eBPF backend's socket programs see a node's processes) against the ClusterIP and
+//! another node's NodePort, and inside the cluster network's hub (outside the nodes) against
+//! every node's NodePort.
+//!
+//! Scenarios:
+//! - `agent-restart`: `kubectl rollout restart` of the Service proxy's DaemonSet (kpr's agent,
+//!   or kube-proxy on a `--proxy kube-proxy` cluster), waited for with `rollout status`;
+//! - `endpoint-removal`: the Deployment scaled down by half, then one of the remaining Pods
+//!   deleted: when each removed endpoint left the EndpointSlice (polled), when it last answered a
+//!   new connection or a UDP request, and what failed meanwhile.
+//!
+//! Each run writes `report.json` (every client's report and the timeline) and `report.md` (the
+//! table) under `<cluster dir>/chaos/<scenario>-<unix ms>/` and prints the table.
+//!
+//! Owns: the `kpr-chaos` namespace and the scenario runs; the load client is [`crate::load`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use clap::{Args, ValueEnum};
+use controlplane::network::netns_path;
+use serde_json::{json, Value};
+
+use super::Cluster;
+use crate::deploy;
+use crate::exec::Cmd;
+use crate::load::unix_ms;
+
+const NAMESPACE: &str = "kpr-chaos";
+const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.56";
+const NODE_PORT_TCP: u16 = 30180;
+const NODE_PORT_UDP: u16 = 30181;
+/// This machine's cgroup2 hierarchy; each node's subtree is `<this>/<node>`.
+const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// `kubectl rollout restart` of the Service proxy's DaemonSet under load.
+    AgentRestart,
+    /// Scale the backend Deployment down, then delete a Pod, under load.
+    EndpointRemoval,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::AgentRestart => "agent-restart",
+            Scenario::EndpointRemoval => "endpoint-removal",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ChaosArgs {
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// New TCP connections per second, per client and target.
+    #[arg(long, default_value_t = 25.0)]
+    pub rate: f64,
+    /// Long-lived TCP connections per client and target.
+    #[arg(long, default_value_t = 2)]
+    pub long: usize,
+    /// Seconds of load before the disruption and after it has converged.
+    #[arg(long, default_value_t = 10)]
+    pub settle: u64,
+    /// The backend Deployment's replicas (endpoint-removal scales it to half).
+    #[arg(long, default_value_t = 4)]
+    pub replicas: usize,
+}
+
+/// One load client: where it runs and its process.
+struct Client {
+    label: String,
+    /// `pod` (a client Pod's namespace) or `outside` (the cluster network's hub).
+    from: &'static str,
+    child: Child,
+    out: PathBuf,
+}
+
+fn kubectl(kubeconfig: &str) -> Cmd {
+    Cmd::new(crate::k8s::bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+}
+
+pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
+    let state = super::read_state(cluster)?;
+    let kubeconfig = state["kubeconfig"]
+        .as_str()
+        .context("the cluster's state names no kubeconfig")?
+        .to_string();
+    let proxy = state["proxy"].as_str().unwrap_or("?").to_string();
+    ensure!(
+        state["nodes"].as_u64().unwrap_or(0) > 0,
+        "chaos needs real nodes: `cargo xtask cluster up --nodes 3`"
+    );
+    let k = || kubectl(&kubeconfig);
+    let run_dir = cluster
+        .dir
+        .join("chaos")
+        .join(format!("{}-{}", args.scenario.name(), unix_ms()));
+    fs::create_dir_all(&run_dir)?;
+    let nodes = node_ips(&k)?;
+    deploy_workload(&k, &run_dir, &nodes, args.replicas)?;
+    let cluster_ip = k()
+        .args(["get", "service", "backend", "-n", NAMESPACE])
+        .args(["-o", "jsonpath={.spec.clusterIP}"])
+        .read()?;
+    let stop_file = run_dir.join("stop");
+    let mut clients = Vec::new();
+    let started = (|| -> anyhow::Result<()> {
+        for (i, (node, _)) in nodes.iter().enumerate() {
+            let (_, other_ip) = &nodes[(i + 1) % nodes.len()];
+            let pid = pod_pid(&k, &format!("chaos-client-{node}"))?;
+            let targets = vec![
+                format!("clusterip={cluster_ip}:80,{cluster_ip}:81"),
+                format!("nodeport={other_ip}:{NODE_PORT_TCP},{other_ip}:{NODE_PORT_UDP}"),
+            ];
+            clients.push(start_client(
+                &format!("pod-{node}"),
+                "pod",
+                Some(node),
+                &format!("/proc/{pid}/ns/net"),
+                &targets,
+                args,
+                &stop_file,
+                &run_dir,
+            )?);
+        }
+        let targets: Vec<String> = nodes
+            .iter()
+            .map(|(_, ip)| format!("nodeport={ip}:{NODE_PORT_TCP},{ip}:{NODE_PORT_UDP}"))
+            .collect();
+        let hub = netns_path(&format!("{}-net", cluster.name));
+        clients.push(start_client(
+            "outside",
+            "outside",
+            None,
+            &hub.to_string_lossy(),
+            &targets,
+            args,
+            &stop_file,
+            &run_dir,
+        )?);
+        Ok(())
+    })();
+    let outcome = started.and_then(|()| {
+        println!(
+            "==> load from {} clients; {} s before the disruption",
+            clients.len(),
+            args.settle
+        );
+        std::thread::sleep(Duration::from_secs(args.settle));
+        ensure_running(&mut clients)?;
+        match args.scenario {
+            Scenario::AgentRestart => agent_restart(&k, &proxy, args),
+            Scenario::EndpointRemoval => endpoint_removal(&k, args),
+        }
+    });
+    fs::write(&stop_file, "")?;
+    let mut reports = Vec::new();
+    for client in clients {
+        reports.push((client.from, collect(client)?));
+    }
+    let timeline = outcome?;
+    let report = summarize(args.scenario, &proxy, &timeline, &reports);
+    fs::write(
+        run_dir.join("report.json"),
+        serde_json::to_string_pretty(&json!({
+            "scenario": args.scenario.name(),
+            "proxy": proxy,
+            "timeline": timeline,
+            "clients": reports.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(),
+        }))?,
+    )?;
+    fs::write(run_dir.join("report.md"), &report)?;
+    println!("{report}");
+    println!("report: {}", run_dir.join("report.md").display());
+    Ok(())
+}
+
+/// Every node's name and InternalIP (IPv4).
+fn node_ips(k: &dyn Fn() -> Cmd) -> anyhow::Result<Vec<(String, String)>> {
+    let text = k()
+        .args([
+            "get",
+            "nodes",
+            "-o",
+            r#"jsonpath={range .items[*]}{.metadata.name} {.status.addresses[?(@.type=="InternalIP")].address}{"\n"}{end}"#,
+        ])
+        .read()?;
+    let nodes: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let (name, ips) = l.split_once(' ')?;
+            let ip = crate::kind::of_family(ips, false)?;
+            Some((name.to_string(), ip.to_string()))
+        })
+        .collect();
+    ensure!(
+        !nodes.is_empty(),
+        "the cluster has no nodes with an IPv4 InternalIP"
+    );
+    Ok(nodes)
+}
+
+/// The namespace, the backend Deployment and Service, and a client Pod on every node; waits for
+/// them.
+fn deploy_workload(
+    k: &dyn Fn() -> Cmd,
+    run_dir: &Path,
+    nodes: &[(String, String)],
+    replicas: usize,
+) -> anyhow::Result<()> {
+    let labels = json!({"app": "backend"});
+    let mut items = vec![
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "backend", "namespace": NAMESPACE},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        // A backend that shuts down gracefully: it keeps serving for 5 s after
+                        // SIGTERM (agnhost's --delay-shutdown), while its endpoint is
+                        // terminating, then exits.
+                        "terminationGracePeriodSeconds": 10,
+                        "containers": [{
+                            "name": "netexec", "image": AGNHOST,
+                            "args": ["netexec", "--http-port=8080", "--udp-port=8081",
+                                     "--delay-shutdown=5"],
+                            "ports": [{"containerPort": 8080, "protocol": "TCP"},
+                                      {"containerPort": 8081, "protocol": "UDP"}],
+                            "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                        }],
+                    },
+                },
+            },
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "backend", "namespace": NAMESPACE},
+            "spec": {
+                "type": "NodePort",
+                "selector": labels,
+                "ports": [
+                    {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP",
+                     "nodePort": NODE_PORT_TCP},
+                    {"name": "udp", "port": 81, "targetPort": 8081, "protocol": "UDP",
+                     "nodePort": NODE_PORT_UDP},
+                ],
+            },
+        }),
+    ];
+    for (node, _) in nodes {
+        items.push(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("chaos-client-{node}"), "namespace": NAMESPACE},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "client", "image": AGNHOST, "args": ["pause"]}],
+            },
+        }));
+    }
+    let file = run_dir.join("workload.json");
+    fs::write(
+        &file,
+        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
+    )?;
+    k().args(["apply", "-f"]).arg(&file).run()?;
+    // A run after an endpoint-removal one starts from the full count again.
+    k().args(["scale", "deployment/backend", "-n", NAMESPACE])
+        .arg(format!("--replicas={replicas}"))
+        .run()?;
+    k().args(["rollout", "status", "deployment/backend", "-n", NAMESPACE])
+        .arg("--timeout=180s")
+        .run()?;
+    for (node, _) in nodes {
+        k().args(["wait", "--for=condition=Ready", "-n", NAMESPACE])
+            .arg(format!("pod/chaos-client-{node}"))
+            .arg("--timeout=120s")
+            .run()?;
+    }
+    Ok(())
+}
+
+/// A process of the Pod `name` (any: they share its network namespace), found by the Pod's UID in
+/// the processes' cgroup paths (the kubelet's cgroupfs layout `.../pod<uid>/...`).
+fn pod_pid(k: &dyn Fn() -> Cmd, name: &str) -> anyhow::Result<u32> {
+    let uid = k()
+        .args([
+            "get",
+            "pod",
+            name,
+            "-n",
+            NAMESPACE,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+        .read()?;
+    let needles = [format!("pod{uid}"), format!("pod{}", uid.replace('-', "_"))];
+    for entry in fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        if needles.iter().any(|n| cgroup.contains(n.as_str())) {
+            return Ok(pid);
+        }
+    }
+    bail!("no process of Pod {NAMESPACE}/{name} (uid {uid}) found by its cgroup")
+}
+
+/// Starts one load client in the network namespace `netns` (and the node's cgroup, for a client
+/// on a node), its report going to `<run_dir>/<label>.json`.
+#[allow(clippy::too_many_arguments)]
+fn start_client(
+    label: &str,
+    from: &'static str,
+    node: Option<&str>,
+    netns: &str,
+    targets: &[String],
+    args: &ChaosArgs,
+    stop_file: &Path,
+    run_dir: &Path,
+) -> anyhow::Result<Client> {
+    let exe = std::env::current_exe().context("this program's path")?;
+    let mut load = vec![
+        "nsenter".to_string(),
+        format!("--net={netns}"),
+        "--".into(),
+        exe.to_string_lossy().into_owned(),
+        "load".into(),
+        format!("--rate={}", args.rate),
+        format!("--long={}", args.long),
+        format!("--stop-file={}", stop_file.display()),
+        format!("--label={label}"),
+    ];
+    for t in targets {
+        load.push(format!("--target={t}"));
+    }
+    let script = match node {
+        Some(node) => format!(
+            "echo $$ > {CGROUP2_ROOT}/{node}/cgroup.procs && exec {}",
+            load.join(" ")
+        ),
+        None => format!("exec {}", load.join(" ")),
+    };
+    let out = run_dir.join(format!("{label}.json"));
+    let child = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&out)?)
+        .stderr(fs::File::create(run_dir.join(format!("{label}.log")))?)
+        .spawn()
+        .with_context(|| format!("starting the load client {label}"))?;
+    println!("[load] {label}: {}", targets.join(" "));
+    Ok(Client {
+        label: label.to_string(),
+        from,
+        child,
+        out,
+    })
+}
+
+/// Fails when a client already exited (its log says why).
+fn ensure_running(clients: &mut [Client]) -> anyhow::Result<()> {
+    for c in clients.iter_mut() {
+        if let Some(status) = c.child.try_wait()? {
+            bail!(
+                "the load client {} exited early ({status}); see {}",
+                c.label,
+                c.out.with_extension("log").display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Waits for a stopped client and reads its report.
+fn collect(mut client: Client) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = client.child.try_wait()? {
+            ensure!(
+                status.success(),
+                "the load client {} failed ({status}); see {}",
+                client.label,
+                client.out.with_extension("log").display()
+            );
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = client.child.kill();
+            let _ = client.child.wait();
+            bail!("the load client {} did not stop in 30 s", client.label);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = fs::read_to_string(&client.out)?;
+    serde_json::from_str(text.trim())
+        .with_context(|| format!("the report of {}: {}", client.label, client.out.display()))
+}
+
+/// Scenario 1: the proxy's DaemonSet restarted; the timeline.
+fn agent_restart(k: &dyn Fn() -> Cmd, proxy: &str, args: &ChaosArgs) -> anyhow::Result<Value> {
+    let daemonset = if proxy.starts_with("kube-proxy") {
+        "kube-proxy".to_string()
+    } else if proxy.starts_with("kpr") {
+        deploy::AGENT_DAEMONSET.to_string()
+    } else {
+        bail!("agent-restart needs a Service proxy; this cluster runs {proxy:?}");
+    };
+    let ds = format!("daemonset/{daemonset}");
+    let restart_ms = unix_ms();
+    k().args(["rollout", "restart", &ds, "-n", "kube-system"])
+        .run()?;
+    k().args([
+        "rollout",
+        "status",
+        &ds,
+        "-n",
+        "kube-system",
+        "--timeout=300s",
+    ])
+    .run()?;
+    let rolled_out_ms = unix_ms();
+    println!(
+        "==> {ds} rolled out in {:.1} s; {} s more load",
+        (rolled_out_ms - restart_ms) as f64 / 1000.0,
+        args.settle
+    );
+    std::thread::sleep(Duration::from_secs(args.settle));
+    Ok(json!({
+        "daemonset": daemonset,
+        "restart_ms": restart_ms,
+        "rolled_out_ms": rolled_out_ms,
+        "removed": [],
+        "window_ms": [restart_ms, rolled_out_ms],
+    }))
+}
+
+/// The backend Pods: name -> whether it is being deleted.
+fn backend_pods(k: &dyn Fn() -> Cmd) -> anyhow::Result<BTreeMap<String, bool>> {
+    let text = k()
+        .args(["get", "pods", "-n", NAMESPACE, "-l", "app=backend", "-o"])
+        .arg(r#"jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}"#)
+        .quiet()
+        .read()?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            Some((parts.next()?.to_string(), parts.next().is_some()))
+        })
+        .collect())
+}
+
+/// The Pods the backend Service's EndpointSlices list as ready.
+fn ready_endpoints(k: &dyn Fn() -> Cmd) -> anyhow::Result<BTreeSet<String>> {
+    let text = k()
+        .args(["get", "endpointslices", "-n", NAMESPACE])
+        .args(["-l", "kubernetes.io/service-name=backend", "-o"])
+        .arg(r#"jsonpath={range .items[*].endpoints[*]}{.targetRef.name} {.conditions.ready}{"\n"}{end}"#)
+        .quiet()
+        .read()?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let (name, ready) = l.split_once(' ')?;
+            (ready.trim() == "true").then(|| name.to_string())
+        })
+        .collect())
+}
+
+/// One EndpointSlice poll: when it started, and the Pods it found ready.
+type Poll = (u64, BTreeSet<String>);
+
+/// Scenario 3: scale down by half, then delete one remaining Pod; the timeline with, per removed
+/// Pod, when it was removed and when its endpoint stopped being ready.
+fn endpoint_removal(k: &dyn Fn() -> Cmd, args: &ChaosArgs) -> anyhow::Result<Value> {
+    // Polls the EndpointSlices: which Pods each poll found ready, and when (the poll's start).
+    let stop = Arc::new(AtomicBool::new(false));
+    let polls: Arc<Mutex<Vec<Poll>>> = Arc::default();
+    let poller = {
+        let (stop, polls) = (stop.clone(), polls.clone());
+        let k = k().clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let k = || k.clone();
+                let at = unix_ms();
+                if let Ok(ready) = ready_endpoints(&k) {
+                    polls.lock().unwrap().push((at, ready));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    let result = (|| -> anyhow::Result<Vec<Value>> {
+        let mut removed = Vec::new();
+        let before = backend_pods(k)?;
+        let down_to = (args.replicas / 2).max(1);
+        let scale_ms = unix_ms();
+        k().args(["scale", "deployment/backend", "-n", NAMESPACE])
+            .arg(format!("--replicas={down_to}"))
+            .run()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let scaled_away = loop {
+            let now = backend_pods(k)?;
+            let gone: Vec<String> = before
+                .keys()
+                .filter(|p| now.get(*p).is_none_or(|deleting| *deleting))
+                .cloned()
+                .collect();
+            if gone.len() >= before.len() - down_to {
+                break gone;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "scaled to {down_to}: only {gone:?} are being deleted after 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        for pod in &scaled_away {
+            removed.push(json!({"pod": pod, "how": "scale down", "removed_ms": scale_ms}));
+        }
+        println!(
+            "==> scaled down: {scaled_away:?} removed; {} s of load",
+            args.settle
+        );
+        std::thread::sleep(Duration::from_secs(args.settle));
+        let victim = backend_pods(k)?
+            .into_iter()
+            .find(|(_, deleting)| !deleting)
+            .map(|(name, _)| name)
+            .context("no backend Pod left to delete")?;
+        let delete_ms = unix_ms();
+        k().args(["delete", "pod", &victim, "-n", NAMESPACE, "--wait=false"])
+            .run()?;
+        removed.push(json!({"pod": victim, "how": "pod deleted", "removed_ms": delete_ms}));
+        k().args(["rollout", "status", "deployment/backend", "-n", NAMESPACE])
+            .arg("--timeout=120s")
+            .run()?;
+        println!(
+            "==> {victim} deleted and replaced; {} s of load",
+            args.settle
+        );
+        std::thread::sleep(Duration::from_secs(args.settle));
+        Ok(removed)
+    })();
+    stop.store(true, Ordering::SeqCst);
+    let _ = poller.join();
+    let mut removed = result?;
+    let polls = polls.lock().unwrap();
+    for r in &mut removed {
+        let pod = r["pod"].as_str().unwrap_or_default().to_string();
+        let removed_ms = r["removed_ms"].as_u64().unwrap_or(0);
+        // The first poll started after the removal that no longer found it ready.
+        let not_ready = polls
+            .iter()
+            .find(|(at, ready)| *at >= removed_ms && !ready.contains(&pod))
+            .map(|(at, _)| *at);
+        r["not_ready_ms"] = json!(not_ready);
+    }
+    let window = [
+        removed.first().and_then(|r| r["removed_ms"].as_u64()),
+        removed.last().and_then(|r| r["removed_ms"].as_u64()),
+    ];
+    Ok(json!({
+        "removed": removed,
+        // The disruption: from the first removal to the last plus the settle time.
+        "window_ms": [window[0], window[1].map(|t| t + args.settle * 1000)],
+    }))
+}
+
+/// Sums of one row of the table.
+#[derive(Debug, Default, Clone)]
+struct Row {
+    attempts: u64,
+    ok: u64,
+    connect_failed: u64,
+    broken: u64,
+    /// Of `broken`: on a connection whose server was a removed endpoint.
+    broken_removed: u64,
+    /// Failures of any kind inside the disruption's window (plus the 2 s a request may take).
+    in_window: u64,
+    timeouts: u64,
+    longest_gap_ms: u64,
+}
+
+/// The markdown report: the table per source, target and kind, then the timeline.
+fn summarize(
+    scenario: Scenario,
+    proxy: &str,
+    timeline: &Value,
+    reports: &[(&str, Value)],
+) -> String {
+    let removed: BTreeSet<String> = timeline["removed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["pod"].as_str().map(str::to_string))
+        .collect();
+    let window = (
+        timeline["window_ms"][0].as_u64().unwrap_or(0),
+        timeline["window_ms"][1]
+            .as_u64()
+            .unwrap_or(u64::MAX)
+            .saturating_add(2000),
+    );
+    let mut rows: BTreeMap<(String, String, &str), Row> = BTreeMap::new();
+    for (from, report) in reports {
+        for target in report["targets"].as_array().into_iter().flatten() {
+            let name = target["name"].as_str().unwrap_or("?").to_string();
+            for (key, kind) in [
+                ("new", "new TCP"),
+                ("long", "long-lived TCP"),
+                ("udp_flows", "UDP"),
+            ] {
+                let t = &target[key];
+                let row = rows
+                    .entry((from.to_string(), name.clone(), kind))
+                    .or_default();
+                let n = |f: &str| t[f].as_u64().unwrap_or(0);
+                row.attempts += n("attempts");
+                row.ok += n("ok");
+                row.connect_failed += n("connect_failed");
+                row.broken += n("broken");
+                row.timeouts += n("timeouts");
+                row.longest_gap_ms = row.longest_gap_ms.max(n("longest_gap_ms"));
+                row.in_window += t["events"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e["at_ms"].as_u64())
+                    .filter(|at| (window.0..=window.1).contains(at))
+                    .count() as u64;
+                row.broken_removed += t["events"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| {
+                        e["what"].as_str().unwrap_or("").starts_with("broken")
+                            && removed.contains(e["last_server"].as_str().unwrap_or(""))
+                    })
+                    .count() as u64;
+            }
+        }
+    }
+    let mut md = format!("## chaos {} on {proxy}\n\n", scenario.name());
+    md.push_str(
+        "| from | target | flows | attempts | answered | failed connects | broken (removed endpoint) | timeouts | failures in the disruption | longest gap |\n",
+    );
+    md.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for ((from, target, kind), r) in &rows {
+        md.push_str(&format!(
+            "| {from} | {target} | {kind} | {} | {} | {} | {} ({}) | {} | {} | {} ms |\n",
+            r.attempts,
+            r.ok,
+            r.connect_failed,
+            r.broken,
+            r.broken_removed,
+            r.timeouts,
+            r.in_window,
+            r.longest_gap_ms
+        ));
+    }
+    md.push('\n');
+    match scenario {
+        Scenario::AgentRestart => {
+            let ms = |f: &str| timeline[f].as_u64().unwrap_or(0);
+            md.push_str(&format!(
+                "`kubectl rollout restart daemonset/{}`: rolled out in {:.1} s.\n",
+                timeline["daemonset"].as_str().unwrap_or("?"),
+                ms("rolled_out_ms").saturating_sub(ms("restart_ms")) as f64 / 1000.0
+            ));
+        }
+        Scenario::EndpointRemoval => {
+            md.push_str(
+                "| removed Pod | how | endpoint not ready after | last new connection answered after | last UDP answer after |\n|---|---|---:|---:|---:|\n",
+            );
+            for r in timeline["removed"].as_array().into_iter().flatten() {
+                let pod = r["pod"].as_str().unwrap_or("?");
+                let removed_ms = r["removed_ms"].as_u64().unwrap_or(0);
+                let since = |t: Option<u64>| match t {
+                    Some(t) if t >= removed_ms => {
+                        format!("{:.2} s", (t - removed_ms) as f64 / 1000.0)
+                    }
+                    Some(_) => "before".into(),
+                    None => "never".into(),
+                };
+                let last_answer = |key: &str| {
+                    reports
+                        .iter()
+                        .flat_map(|(_, rep)| rep["targets"].as_array().cloned().unwrap_or_default())
+                        .filter_map(|t| t[key]["answered_by"][pod]["last_ms"].as_u64())
+                        .max()
+                };
+                let not_ready = r["not_ready_ms"].as_u64();
+                md.push_str(&format!(
+                    "| {pod} | {} | {} | {} | {} |\n",
+                    r["how"].as_str().unwrap_or("?"),
+                    since(not_ready),
+                    since(last_answer("new")),
+                    since(last_answer("udp_flows")),
+                ));
+            }
+        }
+    }
+    md
+}
