@@ -26,6 +26,7 @@ mod backend;
 mod baseline;
 mod control_plane;
 mod failover;
+mod lagging;
 mod proxies_bench;
 mod report;
 mod scheduler_bench;
@@ -143,6 +144,15 @@ pub struct BenchArgs {
     /// kube-scheduler), comma separated.
     #[arg(long, value_delimiter = ',', default_value = "kpr,upstream")]
     pub failover_planes: Vec<String>,
+    /// Only the lagging-watch scenario (issue 42, scenario 6): kpr's controller-manager with every
+    /// watch event applied --lagging-watch-delay late, beside itself without the lag and
+    /// kube-controller-manager, while ReplicaSets and StatefulSets scale and Jobs run; overshoot,
+    /// undershoot, extra Job Pods. Outputs target/bench/lagging-watch.{json,md}.
+    #[arg(long, conflicts_with_all = ["only_control_plane", "controllers", "scheduler", "failover"])]
+    pub lagging_watch: bool,
+    /// The watch lag of --lagging-watch, in seconds.
+    #[arg(long, default_value_t = 3)]
+    pub lagging_watch_delay: u64,
     /// Skip the scheduler smoke that --quick runs.
     #[arg(long)]
     pub no_scheduler: bool,
@@ -498,6 +508,15 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let apps = apps.expect("set with --apps");
         let command = apps_bench::command(args, &apps);
         let (_, failed) = apps_bench::run(&apps, &plan.out_dir, command)?;
+        if !failed.is_empty() {
+            bail!("failed:\n  {}", failed.join("\n  "));
+        }
+        return Ok(());
+    }
+    if args.lagging_watch {
+        workload_controllers::check_binaries()?;
+        let delay = std::time::Duration::from_secs(args.lagging_watch_delay);
+        let (_, failed) = lagging::run(&plan.out_dir, delay)?;
         if !failed.is_empty() {
             bail!("failed:\n  {}", failed.join("\n  "));
         }

@@ -230,6 +230,10 @@ struct Args {
     /// by default); `--watch-list=false` lists then watches, for API servers without them.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     watch_list: bool,
+    /// Fault injection, for the lagging-watch scenario (docs/RELIABILITY.md): every watch event
+    /// is applied this long after it was read (e.g. 3s). Not for production.
+    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    fault_watch_delay: Option<std::time::Duration>,
     /// Requests a second to the API server, on average, from every controller together
     /// (kube-controller-manager's flag; its default is 20). 0 or below: no client-side limit,
     /// the default here, leaving the API server's priority and fairness to protect it.
@@ -290,6 +294,10 @@ async fn main() -> anyhow::Result<()> {
         )
     });
     controllers::runtime::informer::set_watch_list(args.watch_list);
+    if let Some(delay) = args.fault_watch_delay {
+        tracing::warn!(?delay, "fault injection: every watch event is applied late");
+        controllers::runtime::informer::set_watch_delay(delay);
+    }
     let limit = controllers::runtime::ratelimit::ClientLimit {
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,

@@ -13,7 +13,7 @@
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use futures::future::BoxFuture;
@@ -40,6 +40,18 @@ static WATCH_LIST: AtomicBool = AtomicBool::new(true);
 /// v1.34 uses them) or list then watch, for API servers without them.
 pub fn set_watch_list(on: bool) {
     WATCH_LIST.store(on, Ordering::Relaxed);
+}
+
+/// Fault injection: how long every watch event waits before the informers apply it, in
+/// milliseconds (0: applied at once). See [`set_watch_delay`].
+static WATCH_DELAY_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Fault injection for the lagging-watch scenario (docs/RELIABILITY.md): every watch event of
+/// this process reaches the caches and the handlers `delay` after it was read, in order, while
+/// the controllers' own requests go through at once. A controller that acts on its cache without
+/// expectations for its own writes makes duplicates under it. Set before the informers start.
+pub fn set_watch_delay(delay: std::time::Duration) {
+    WATCH_DELAY_MS.store(delay.as_millis() as u64, Ordering::Relaxed);
 }
 
 /// Makes a client for one watch thread, on that thread's runtime (see [`set_watch_client`]).
@@ -295,7 +307,8 @@ impl<K: Watched> Informer<K> {
                 };
                 match ev {
                     Some(Ok(ev)) => {
-                        if tx.send(ev.modify(trim_for_cache::<K>)).is_err() {
+                        let read = tokio::time::Instant::now();
+                        if tx.send((read, ev.modify(trim_for_cache::<K>))).is_err() {
                             return;
                         }
                     }
@@ -324,7 +337,11 @@ impl<K: Watched> Informer<K> {
             tracing::error!(kind, "starting the watch thread: {e}");
             return;
         }
-        while let Some(ev) = rx.recv().await {
+        let delay = std::time::Duration::from_millis(WATCH_DELAY_MS.load(Ordering::Relaxed));
+        while let Some((read, ev)) = rx.recv().await {
+            if !delay.is_zero() {
+                tokio::time::sleep_until(read + delay).await;
+            }
             self.dispatch(&ev);
         }
     }
