@@ -30,7 +30,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde::Serialize;
 
 use crate::workload_controllers::{
-    kpr_kubeconfig, start_kwok, wait_nodes_ready, write_config_files, IMAGE,
+    kpr_kubeconfig, start_ready_kwok_nodes, write_config_files, IMAGE,
 };
 
 /// The sizes: 100 Deployments of 10 replicas on 50 kwok nodes.
@@ -273,23 +273,7 @@ fn measure(
     let dir = controlplane::run_dir(&format!("failover-{}", plane.tag()));
     let mut cp =
         ControlPlane::start(Options::minimal(&dir)).context("starting the control plane")?;
-    start_kwok(&mut cp, nodes, kwok_config).context("starting kwok")?;
-    let client = rt.block_on(cp.client())?;
-    rt.block_on(wait_nodes_ready(
-        &client,
-        nodes,
-        Duration::from_secs(60 + nodes as u64 / 5),
-    ))?;
-    // No node-lifecycle controller runs: the API server's not-ready taint is lifted here.
-    cp.kubectl_run(
-        &[
-            "taint",
-            "nodes",
-            "--all",
-            "node.kubernetes.io/not-ready:NoSchedule-",
-        ],
-        None,
-    )?;
+    let client = start_ready_kwok_nodes(rt, &mut cp, nodes, kwok_config)?;
     let kpr_config = match plane {
         Plane::Kpr => Some(kpr_kubeconfig(&cp)?),
         Plane::Upstream => None,

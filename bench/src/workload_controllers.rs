@@ -627,15 +627,26 @@ pub(crate) fn start_control_plane(
     scheduler_args.extend(UNTHROTTLED.iter().map(|s| s.to_string()));
     let scheduler = cp.binaries.path("kube-scheduler");
     cp.spawn_program("kube-scheduler", &scheduler, scheduler_args)?;
-    start_kwok(&mut cp, nodes, files.kwok_config).context("starting kwok")?;
+    let client = start_ready_kwok_nodes(rt, &mut cp, nodes, files.kwok_config)?;
+    Ok((cp, client, audit_log))
+}
+
+/// Starts kwok with `nodes` nodes, waits until they are Ready and lifts the not-ready taint the
+/// API server puts on every new Node (TaintNodesByCondition; the node lifecycle controller that
+/// lifts it runs in no row, so it is lifted here for all alike). Returns an admin client.
+pub(crate) fn start_ready_kwok_nodes(
+    rt: &tokio::runtime::Runtime,
+    cp: &mut ControlPlane,
+    nodes: usize,
+    kwok_config: &Path,
+) -> anyhow::Result<kube::Client> {
+    start_kwok(cp, nodes, kwok_config).context("starting kwok")?;
     let client = rt.block_on(cp.client())?;
     rt.block_on(wait_nodes_ready(
         &client,
         nodes,
         Duration::from_secs(60 + nodes as u64 / 5),
     ))?;
-    // The API server taints every new Node not-ready (TaintNodesByCondition); the
-    // nodelifecycle controller that lifts it runs in no row, so it is lifted here for all alike.
     cp.kubectl_run(
         &[
             "taint",
@@ -646,7 +657,7 @@ pub(crate) fn start_control_plane(
         None,
     )
     .context("lifting the kwok nodes' not-ready taint")?;
-    Ok((cp, client, audit_log))
+    Ok(client)
 }
 
 /// Starts `manager` with `--controllers=<controllers>` (the same names for both managers) and
@@ -700,7 +711,7 @@ pub(crate) fn manager_log_tail(cp: &ControlPlane, manager: Manager) -> String {
 /// kwok as `ControlPlane::start_kwok` runs it, plus `config` and warnings-only logs (at info it
 /// logs every lease renewal of every node), managing `nodes` nodes `kwok-node-<i>` created here
 /// like that function's (110 Pods each, no taints but the API server's not-ready one).
-pub(crate) fn start_kwok(cp: &mut ControlPlane, nodes: usize, config: &Path) -> anyhow::Result<()> {
+fn start_kwok(cp: &mut ControlPlane, nodes: usize, config: &Path) -> anyhow::Result<()> {
     let args = vec![
         format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
         format!("--config={}", config.display()),
@@ -842,7 +853,7 @@ fn deployment(name: &str, replicas: usize) -> Deployment {
 }
 
 /// Waits until `n` Nodes report Ready (kwok initializes them).
-pub(crate) async fn wait_nodes_ready(
+async fn wait_nodes_ready(
     client: &kube::Client,
     n: usize,
     timeout: Duration,
