@@ -220,6 +220,7 @@ async fn api_objects_become_connections_through_controller_and_agent() {
         lb_pool: None,
         root_ca_file: None,
         signing: Default::default(),
+        service_account_private_key_file: None,
         leader: None,
         concurrency: controllers::manager::Concurrency {
             endpoints: 4,
