@@ -30,7 +30,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde::Serialize;
 
 use crate::workload_controllers::{
-    kpr_kubeconfig, start_ready_kwok_nodes, write_config_files, IMAGE,
+    deployment, kpr_kubeconfig, start_ready_kwok_nodes, write_config_files,
 };
 
 /// The sizes: 100 Deployments of 10 replicas on 50 kwok nodes.
@@ -246,21 +246,6 @@ async fn wait_holder(leases: &Api<Lease>, name: &str, timeout: Duration) -> anyh
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-fn deployment(name: &str, replicas: usize) -> Deployment {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "c", "image": IMAGE}]},
-            },
-        },
-    }))
-    .expect("a valid Deployment")
 }
 
 fn measure(

@@ -837,7 +837,7 @@ async fn phase(
 }
 
 /// A Deployment as `kubectl create deployment NAME --image=IMAGE --replicas=R` makes it.
-fn deployment(name: &str, replicas: usize) -> Deployment {
+pub(crate) fn deployment(name: &str, replicas: usize) -> Deployment {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"app": name}},
         "spec": {

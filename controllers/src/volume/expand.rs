@@ -29,7 +29,7 @@ use crate::helpers::quantity::Quantity;
 use crate::runtime::apierrors;
 use crate::runtime::cache::Indexed;
 use crate::runtime::events::Recorder;
-use crate::runtime::informer::{split_key, Informers};
+use crate::runtime::informer::{key_of, split_key, Informers};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::{run_controller, SyncKey};
 
@@ -108,6 +108,21 @@ fn storage(
         .unwrap_or_default()
 }
 
+/// A claim's storage request.
+fn requested(pvc: &PersistentVolumeClaim) -> Quantity {
+    storage(
+        pvc.spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref()),
+    )
+}
+
+/// A claim's storage capacity (its status).
+fn capacity(pvc: &PersistentVolumeClaim) -> Quantity {
+    storage(pvc.status.as_ref().and_then(|s| s.capacity.as_ref()))
+}
+
 /// Whether a claim is queued: Bound (upstream's `enqueuePVC`).
 pub fn bound(pvc: &PersistentVolumeClaim) -> bool {
     pvc.status
@@ -125,13 +140,7 @@ pub fn plan(pvc: &PersistentVolumeClaim, pv: &PersistentVolume) -> Step {
     if !ours {
         return Step::NotBoundToClaim;
     }
-    let requested = storage(
-        pvc.spec
-            .as_ref()
-            .and_then(|s| s.resources.as_ref())
-            .and_then(|r| r.requests.as_ref()),
-    );
-    let capacity = storage(pvc.status.as_ref().and_then(|s| s.capacity.as_ref()));
+    let (requested, capacity) = (requested(pvc), capacity(pvc));
     let resizing = pv
         .metadata
         .annotations
@@ -163,14 +172,6 @@ pub struct Controller {
     queue: Arc<WorkQueue<String>>,
 }
 
-fn key(pvc: &PersistentVolumeClaim) -> String {
-    format!(
-        "{}/{}",
-        pvc.metadata.namespace.as_deref().unwrap_or_default(),
-        pvc.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
 impl Controller {
     /// Registers the controller's handler on the shared claim informer (and reads volumes from
     /// the shared volume cache).
@@ -190,20 +191,9 @@ impl Controller {
                 (Some(o), Some(n)) => get(n) > get(o),
                 _ => true,
             };
-            let requested = |p: &PersistentVolumeClaim| {
-                storage(
-                    p.spec
-                        .as_ref()
-                        .and_then(|s| s.resources.as_ref())
-                        .and_then(|r| r.requests.as_ref()),
-                )
-            };
-            let capacity = |p: &PersistentVolumeClaim| {
-                storage(p.status.as_ref().and_then(|s| s.capacity.as_ref()))
-            };
             let Some(pvc) = new.or(old) else { return };
             if bound(pvc) && (grew(requested) || grew(capacity)) {
-                c.queue.add(key(pvc));
+                c.queue.add(key_of(&**pvc));
             }
         });
         this

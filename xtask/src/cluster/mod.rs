@@ -574,9 +574,7 @@ fn upstream_components(dir: &Path, cp: &ControlPlane) -> anyhow::Result<Vec<Stri
         .into_iter()
         .filter_map(|pid| {
             let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let program = cmdline.split(|&b| b == 0).next()?;
-            let program = String::from_utf8_lossy(program);
-            let base = program.rsplit('/').next()?.to_string();
+            let base = program_name(&cmdline)?;
             UPSTREAM_COMPONENTS
                 .contains(&base.as_str())
                 .then(|| format!("process {base} (pid {pid})"))
@@ -606,6 +604,13 @@ fn upstream_components(dir: &Path, cp: &ControlPlane) -> anyhow::Result<Vec<Stri
         }
     }
     Ok(found)
+}
+
+/// The file name of the program a `/proc/<pid>/cmdline` ran (its first word's last component).
+pub(crate) fn program_name(cmdline: &[u8]) -> Option<String> {
+    let program = cmdline.split(|&b| b == 0).next()?;
+    let program = String::from_utf8_lossy(program);
+    program.rsplit('/').next().map(str::to_string)
 }
 
 fn processes_of(dir: &Path) -> Vec<u32> {

@@ -81,9 +81,7 @@ fn processes(cluster: &Cluster) -> Vec<(u32, &'static str)> {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
             let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let program = cmdline.split(|&b| b == 0).next()?;
-            let program = String::from_utf8_lossy(program);
-            let base = program.rsplit('/').next()?;
+            let base = super::program_name(&cmdline)?;
             let component = COMPONENTS.iter().find(|(p, _)| *p == base)?.1;
             let ours = String::from_utf8_lossy(&cmdline).contains(&needle)
                 || fs::metadata(format!("/proc/{pid}/ns/net"))
