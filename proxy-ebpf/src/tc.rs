@@ -324,14 +324,22 @@ fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
     };
     // SAFETY: copied out at once.
     if let Some(ct) = unsafe { KPR_CT.get(pkt.key()).copied() } {
-        if !stale_udp(pkt.proto, &ct) && !reused_tcp_tuple(&pkt, &ct) {
+        if reused_tcp_tuple(&pkt, &ct) {
+            // The entry of an earlier TCP connection whose 4-tuple this new connection's SYN
+            // reuses: forgotten, and this SYN dropped, so the client's retransmission (1 s later)
+            // is balanced as a new connection. Balancing it here, by falling through to the
+            // new-flow path below, made the verifier walk that path once more and took the
+            // program past 6.1's limit of 1,000,000 processed instructions (docs/VM.md).
+            let _ = KPR_CT.remove(pkt.key());
+            return Ok(TC_ACT_SHOT);
+        }
+        if !stale_udp(pkt.proto, &ct) {
             touch(&pkt);
             apply(ctx, &pkt, &ct)?;
             return forward(ctx, &pkt, &ct);
         }
         // A UDP flow towards an endpoint that went away is forgotten and chosen again, so the
-        // client is not black-holed (TCP flows are left alone, as the semantics ask); so is the
-        // entry of an earlier TCP connection whose 4-tuple a new connection's SYN reuses.
+        // client is not black-holed (TCP flows are left alone, as the semantics ask).
         let _ = KPR_CT.remove(pkt.key());
     }
     let is_new = pkt.proto == PROTO_UDP

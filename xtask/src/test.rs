@@ -121,6 +121,10 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
             failures => e.context(failures.join("\n        ")),
         })
     });
+    // The last two steps need the binaries and the reference Kubernetes, no longer the test
+    // executables or the fuzzer's build; on a small disk those go (CI's machines have had about
+    // 11 GiB free after setup, and the cluster smoke needs 2 GiB for its node images).
+    make_room(MIN_FREE_FOR_CLUSTER);
     // On the debug binaries the build step made and the suites tested: an optimised build only
     // for a smoke would cost CI minutes, and the smoke checks that every part runs, not numbers.
     summary.step("bench quick", || {
@@ -130,6 +134,62 @@ fn lints_and_tests(summary: &mut Summary, args: &TestArgs) {
     // handful of upstream's e2e Services specs (`cargo xtask cluster matrix` runs all of them on
     // every proxy).
     summary.step("cluster e2e smoke", crate::cluster::e2e::smoke);
+}
+
+/// Free space below which [`make_room`] removes what the last steps do not need.
+const MIN_FREE_FOR_CLUSTER: u64 = 10 << 30;
+
+/// When the target directory's disk has less than `min_free` bytes free: removes the outputs no
+/// step after the VM smoke reads, all rebuilt by the next run that needs them: the fuzzer's own
+/// build, the downloaded kernel packages (the extracted kernels stay), and the test executables.
+/// Prints what went and how much it freed.
+fn make_room(min_free: u64) {
+    let target = target_dir();
+    let free = || crate::free_bytes(&target).unwrap_or(u64::MAX);
+    let before = free();
+    if before >= min_free {
+        return;
+    }
+    println!(
+        "\n==> making room ({:.1} GiB free, under {} GiB)",
+        before as f64 / (1u64 << 30) as f64,
+        min_free >> 30
+    );
+    for dir in [target.join("fuzz"), target.join("vm/debs")] {
+        if dir.exists() {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => println!("removed {}", dir.display()),
+                Err(e) => println!("could not remove {}: {e}", dir.display()),
+            }
+        }
+    }
+    let removed = remove_test_executables(&target.join("debug/deps"));
+    println!("removed {removed} test executables from target/debug/deps");
+    println!(
+        "freed {:.1} GiB",
+        free().saturating_sub(before) as f64 / (1u64 << 30) as f64
+    );
+}
+
+/// Removes the test executables in a profile's `deps` directory: the executables there with a
+/// single link. Cargo hard-links every binary target it builds to the profile directory, so a
+/// binary the later steps run (`proxy`, `controller-manager`, `xtask` itself) has two links and
+/// stays; test harnesses are never uplifted.
+fn remove_test_executables(deps: &std::path::Path) -> usize {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(entries) = std::fs::read_dir(deps) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = entry.metadata() else { continue };
+        let executable = meta.is_file() && meta.mode() & 0o111 != 0 && path.extension().is_none();
+        if executable && meta.nlink() == 1 && std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// What failed in `cargo xtask vm` output: the failed tests with their panic messages (the
@@ -286,6 +346,42 @@ impl Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_unlinked_executables_are_removed_as_test_executables() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = env::temp_dir().join(format!("kpr-deps-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("deps")).unwrap();
+        let write = |name: &str, mode: u32| {
+            let path = dir.join("deps").join(name);
+            std::fs::write(&path, b"x").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            path
+        };
+        write("rules_nftables-0123456789abcdef", 0o755);
+        let bin = write("proxy-0123456789abcdef", 0o755);
+        std::fs::hard_link(&bin, dir.join("proxy")).unwrap();
+        write("libproxy-0123456789abcdef.rlib", 0o644);
+        write("libfoo-0123456789abcdef.so", 0o755);
+        write("notes-0123456789abcdef", 0o644);
+        assert_eq!(remove_test_executables(&dir.join("deps")), 1);
+        let mut left: Vec<String> = std::fs::read_dir(dir.join("deps"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            left,
+            [
+                "libfoo-0123456789abcdef.so",
+                "libproxy-0123456789abcdef.rlib",
+                "notes-0123456789abcdef",
+                "proxy-0123456789abcdef"
+            ]
+        );
+    }
 
     #[test]
     fn a_failed_step_fails_the_summary_and_is_named() {

@@ -2,8 +2,8 @@
 //! returned, kept until the informer's cache shows that write (or anything newer). Which of the
 //! runtime's read-your-writes mechanisms fits which write: [`crate::runtime::expectations`].
 //! Used by the Deployment controller (its ReplicaSets and its own status), the Endpoints
-//! controller (its Endpoints) and the ResourceQuota controller (quota status); knows no
-//! controller.
+//! controller (its Endpoints), the ResourceQuota controller (quota status) and the Job controller
+//! (its own status); knows no controller.
 //!
 //! A sync that starts before the cache has caught up with the previous sync's writes would
 //! otherwise plan from the older object: its writes then fail with a conflict (the

@@ -53,6 +53,7 @@ use crate::runtime::pod_control::{Deleted, Owner, PodControl};
 use crate::runtime::pods;
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::{run_key_workers, run_workers_of, wait_for_caches, SyncKey};
+use crate::runtime::written::Written;
 
 use crate::runtime::cached_pod::CachedPod;
 use plan::{Ctx, Manage, SYNC_JOB_BATCH_PERIOD, TRACKING_FINALIZER};
@@ -93,6 +94,11 @@ pub struct Controller {
     backoff: Mutex<plan::BackoffStore>,
     /// Uids of Jobs marked finished whose update the cache has not shown yet.
     finished_jobs: Mutex<HashSet<String>>,
+    /// The Job status this controller wrote, read instead of the cached Job until the cache shows
+    /// the write: a sync planned from an older status would miss the Pods the write counted
+    /// (their finalizers going, they are no longer counted from the Pods) and create
+    /// replacements for them (`kpr-bench --lagging-watch`, docs/RELIABILITY.md).
+    written: Written<Job>,
     events: Recorder,
 }
 
@@ -131,6 +137,7 @@ impl Controller {
             finalizer_expectations: Mutex::default(),
             backoff: Mutex::default(),
             finished_jobs: Mutex::default(),
+            written: Written::new(),
         });
         job_informer.on_change_of(&this, Controller::on_job);
         pod_informer.on_events_of(
@@ -187,6 +194,12 @@ impl Controller {
     }
 
     fn on_job(&self, old: Option<&Arc<Job>>, new: Option<&Arc<Job>>) {
+        if let Some(job) = new.or(old) {
+            self.written.forget(
+                job.metadata.namespace.as_deref().unwrap_or_default(),
+                job.metadata.name.as_deref().unwrap_or_default(),
+            );
+        }
         match (old, new) {
             (None, Some(job)) => self.queue.add(informer::key_of(job.as_ref())),
             (Some(old), Some(cur)) => {
@@ -518,7 +531,7 @@ impl SyncKey for Controller {
     /// One sync of the Job `key` (`syncJob`).
     async fn sync(&self, key: &str) -> Result<()> {
         let (ns, name) = informer::split_key(key);
-        let Some(job) = self.jobs.get(ns, name) else {
+        let Some(job) = self.written.fresh(ns, name, self.jobs.get(ns, name)) else {
             self.pod_control.expectations().delete(key);
             self.finalizer_expectations
                 .lock()
@@ -727,9 +740,13 @@ impl Controller {
             self.client.clone(),
             job.metadata.namespace.as_deref().unwrap_or_default(),
         );
-        api.replace_status(&job.name_any(), &PostParams::default(), job)
+        let written = api
+            .replace_status(&job.name_any(), &PostParams::default(), job)
             .await
-            .map_err(|e| Error::kube("writing status of", job.object_name(), e))
+            .map_err(|e| Error::kube("writing status of", job.object_name(), e))?;
+        self.written
+            .record(job.metadata.resource_version.clone(), written.clone());
+        Ok(written)
     }
 
     /// `trackJobStatusAndRemoveFinalizers` with `flushUncountedAndRemoveFinalizers`.
