@@ -329,7 +329,7 @@ fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
             // reuses: forgotten, and this SYN dropped, so the client's retransmission (1 s later)
             // is balanced as a new connection. Balancing it here, by falling through to the
             // new-flow path below, made the verifier walk that path once more and took the
-            // program past 6.1's limit of 1,000,000 processed instructions (docs/VM.md).
+            // program past 6.1's limit of 1,000,000 processed instructions (docs/RELIABILITY.md).
             let _ = KPR_CT.remove(pkt.key());
             return Ok(TC_ACT_SHOT);
         }

@@ -77,6 +77,11 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
     Some(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
+/// Bytes as GiB, for messages.
+pub fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
 /// `free_bytes` of the target directory (or its nearest existing parent) as "12.3 GiB free".
 pub fn free_disk_summary() -> String {
     let mut dir = target_dir();
@@ -86,7 +91,7 @@ pub fn free_disk_summary() -> String {
         }
     }
     match free_bytes(&dir) {
-        Some(b) => format!("{:.1} GiB free", b as f64 / (1u64 << 30) as f64),
+        Some(b) => format!("{:.1} GiB free", gib(b)),
         None => "free space unknown".into(),
     }
 }

@@ -158,7 +158,7 @@ fn make_room(min_free: u64) {
     }
     println!(
         "\n==> making room ({:.1} GiB free, under {} GiB)",
-        before as f64 / (1u64 << 30) as f64,
+        crate::gib(before),
         min_free >> 30
     );
     for dir in [target.join("fuzz"), target.join("vm/debs")] {
@@ -171,10 +171,7 @@ fn make_room(min_free: u64) {
     }
     let removed = remove_test_executables(&target.join("debug/deps"));
     println!("removed {removed} test executables from target/debug/deps");
-    println!(
-        "freed {:.1} GiB",
-        free().saturating_sub(before) as f64 / (1u64 << 30) as f64
-    );
+    println!("freed {:.1} GiB", crate::gib(free().saturating_sub(before)));
 }
 
 /// Removes the test executables in a profile's `deps` directory: the executables there with a

@@ -18,11 +18,11 @@
 //!   own creations and deletions. Observed in the controllers' Pod handlers.
 //! - **The written overlay** ([`crate::runtime::written`]), for objects the controller writes by
 //!   name and plans from again at once (the Deployment controller's ReplicaSets and its own
-//!   status, the Job controller's status, the Endpoints controller's Endpoints): the object a write returned stands in for the
-//!   cached one until the informer shows
-//!   that write, so the next sync neither conflicts on a stale resourceVersion nor re-creates an
-//!   object it just created. It substitutes rather than waits: it never hides another writer's
-//!   change (it ends on the object's first informer event).
+//!   status, the Job controller's status, the Endpoints controller's Endpoints): the object a
+//!   write returned stands in for the cached one until the informer shows that write, so the
+//!   next sync neither conflicts on a stale resourceVersion nor re-creates an object it just
+//!   created. It substitutes rather than waits: it never hides another writer's change (it ends
+//!   on the object's first informer event).
 //! - **Unseen creations** ([`crate::runtime::unseen_creations`]), the overlay for Pods made with
 //!   `generateName`, which a controller opts into through
 //!   [`crate::runtime::pod_control::PodControl::reading_own_creations`] (the DaemonSet
