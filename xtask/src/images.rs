@@ -227,10 +227,21 @@ pub fn pause(pause_binary: &Path) -> Image {
 }
 
 /// `registry.k8s.io/e2e-test-images/busybox:1.37.0-1`: Debian's static busybox with every applet
-/// in /bin. (Debian's busybox is older than the tag says; e2e tests only use common applets.)
+/// in /bin but `sh`, which is bash (POSIX mode when called as sh). (Debian's busybox is older than
+/// the tag says; e2e tests only use common applets.) Not busybox's sh: Debian reverts upstream
+/// ash's keeping of environment variables whose names are not shell identifiers
+/// (`revert-9c143ce5...` in its patches), so `sh -c env` would drop the `data-1=value-1` that the
+/// ConfigMap and Secret "via the environment" Conformance specs look for; upstream's image (the
+/// official busybox 1.37) keeps them, and so does bash.
 pub fn busybox() -> anyhow::Result<Image> {
-    let mut entries = vec![Entry::file(BUSYBOX, "/bin/busybox")];
-    entries.extend(busybox_applets(&BTreeSet::new())?);
+    let mut entries = with_libraries(&[
+        (PathBuf::from(BUSYBOX), "/bin/busybox".to_string()),
+        (PathBuf::from(BASH), "/bin/bash".to_string()),
+    ])?;
+    let mut taken = basenames(&entries);
+    taken.insert("sh".into());
+    entries.extend(busybox_applets(&taken)?);
+    entries.push(Entry::symlink("/bin/sh", "bash"));
     entries.extend(base_files(PASSWD, GROUP));
     Ok(Image {
         name: "registry.k8s.io/e2e-test-images/busybox:1.37.0-1".into(),
@@ -1292,6 +1303,33 @@ mod tests {
         );
         let err = ldd_paths("\tlibfoo.so.1 => not found\n").unwrap_err();
         assert!(err.to_string().contains("libfoo.so.1 not found"));
+    }
+
+    /// The busybox image's sh passes environment variables that are not shell identifiers on
+    /// to the programs it runs, as upstream's image does (the ConfigMap and Secret "via the
+    /// environment" Conformance specs run `sh -c env` and look for `data-1=value-1`).
+    #[test]
+    fn busybox_image_sh_keeps_variables_with_any_name() {
+        let image = busybox().unwrap();
+        let mut layer = Vec::new();
+        write_layer(&image.entries, &mut layer).unwrap();
+        let root = TempDir::new();
+        tar::Archive::new(&layer[..]).unpack(&root.0).unwrap();
+        let out = std::process::Command::new("/usr/sbin/chroot")
+            .arg(&root.0)
+            .args(["/bin/sh", "-c", "env"])
+            .env_clear()
+            .env("data-1", "value-1")
+            .env("p-data-1", "value-1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(
+            text.lines().any(|l| l == "data-1=value-1")
+                && text.lines().any(|l| l == "p-data-1=value-1"),
+            "the image's sh dropped them: {text}"
+        );
     }
 
     #[test]
