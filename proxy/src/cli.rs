@@ -160,7 +160,8 @@ pub struct RunArgs {
     pub balance: Algorithm,
     /// Slots of every Maglev table (Services balanced with maglev): a prime, the same on every
     /// node so that a flow picks the same endpoint on each; more than 100 x a Service's
-    /// endpoints is recommended.
+    /// endpoints is recommended. The iptables backend takes at most 16381 and writes about one
+    /// rule per slot per Maglev Service port (a smaller prime keeps its rule count down).
     #[arg(long, default_value = "16381", value_parser = parse_table_size)]
     pub maglev_table_size: crate::maglev::TableSize,
     /// This node's name (endpoints with this nodeName are local). Default: the host name.

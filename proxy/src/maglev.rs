@@ -6,8 +6,10 @@
 //! set of one family), [`MaglevTables`] (a selection's tables) and [`flow_hash`]. Uses `model`
 //! only; `selection` keeps the tables with the endpoint sets, `state` builds them once per
 //! change of a Maglev Service port, and every backend renders the same table: the eBPF maps
-//! hold it slot by slot, nftables as a map of slots, the userspace backend looks it up. The flow
-//! hash is `proxy_common::hash` (the kernel's jhash, as nftables' `jhash` computes it).
+//! hold it slot by slot, nftables as a map of slots, iptables as rules on the packet mark, the
+//! userspace backend looks it up. The flow hash is `proxy_common::hash` (the kernel's jhash, as
+//! nftables' `jhash` computes it), except on iptables, whose HMARK target has its own
+//! ([`hmark_hash`]).
 //!
 //! The table is a function of the endpoints' stable identities (`IP:port`) and the size only:
 //! every node with the same endpoints and `--maglev-table-size` builds the same table, so a flow
@@ -19,7 +21,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use proxy_common::hash::{
-    flow_hash_v4, flow_hash_v6, jhash_bytes, slot_of, OFFSET_SEED, SKIP_SEED,
+    flow_hash_v4, flow_hash_v6, jhash_bytes, jhash_words, slot_of, OFFSET_SEED, SKIP_SEED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -207,6 +209,38 @@ pub fn flow_hash(src: SocketAddr, dst: SocketAddr) -> u32 {
         ),
         (s, d) => flow_hash_v6(&v6_words(s), &v6_words(d), sport, dport),
     }
+}
+
+/// The largest table the iptables backend renders: it carries a flow's slot in the low 14 bits
+/// of the packet mark, below the masquerade bit (0x4000), so a slot must stay under 16384.
+pub const IPTABLES_MAX_TABLE_SIZE: u32 = 16381;
+
+/// The seed (`--hmark-rnd`) of the iptables backend's HMARK rules: fixed, so that every node
+/// hashes a flow alike.
+pub const HMARK_RND: u32 = proxy_common::hash::FLOW_SEED;
+
+/// The hash the kernel's `HMARK` target (`net/netfilter/xt_HMARK.c`) computes for a packet from
+/// `src` to `dst` of IP protocol `proto` with `--hmark-tuple src,dst,sport,dport,proto
+/// --hmark-rnd rnd` (the backend's rules use [`HMARK_RND`]), before it scales the hash into `--hmark-mod` slots (as
+/// [`MaglevTable::slot_of`] does). The iptables backend's Maglev slot, so that `proxy trace`
+/// and the tests know which slot a flow takes there. HMARK's hash is symmetric (it orders the
+/// two addresses and the two ports), and differs from [`flow_hash`]: the iptables backend puts
+/// a flow in a different slot than the other backends do, the same on every iptables node.
+pub fn hmark_hash(src: SocketAddr, dst: SocketAddr, proto: u8, rnd: u32) -> u32 {
+    // An IPv6 address is folded into one word (its four words XORed), as HMARK does.
+    let fold = |ip: IpAddr| match ip {
+        IpAddr::V4(a) => u32::from(a),
+        IpAddr::V6(a) => a
+            .octets()
+            .chunks_exact(4)
+            .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
+            .fold(0, |x, w| x ^ w),
+    };
+    let (s, d) = (fold(src.ip()), fold(dst.ip()));
+    let (ps, pd) = (src.port(), dst.port());
+    let ports = (u32::from(ps.max(pd)) << 16) | u32::from(ps.min(pd));
+    // `jhash_3words(a, b, c, rnd)` is lookup3 over three words, which `jhash_words` computes.
+    jhash_words(&[s.min(d), s.max(d), ports], rnd) ^ u32::from(proto)
 }
 
 fn v6_words(ip: IpAddr) -> [u32; 4] {

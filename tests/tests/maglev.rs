@@ -1,5 +1,6 @@
-//! Maglev consistent hashing (`kpr.io/balance: maglev`) with real traffic, per backend that has
-//! it (eBPF, userspace, nftables; iptables refuses `--balance maglev` and warns per Service).
+//! Maglev consistent hashing (`kpr.io/balance: maglev`) with real traffic, on every backend
+//! (eBPF, userspace, nftables, iptables: iptables hashes with the kernel's HMARK, so its oracle
+//! is `proxy::maglev::hmark_hash` rather than the other backends' shared flow hash).
 //!
 //! Two one-node clusters (`Cluster`) with the same addresses stand for two nodes of one cluster:
 //! each node namespace runs its own agent with the same Service (an externalIP) and the same
@@ -18,7 +19,8 @@
 //!   unit tests' and `/state`'s check);
 //! - UDP flows (one datagram each) follow the same table on both nodes;
 //! - `/state` and `proxy inspect` show the table: its size and each endpoint's slots; on eBPF,
-//!   `proxy trace --src-port` names the slot the programs took.
+//!   `proxy trace --src-port` names the slot the programs took; on iptables, the slot HMARK
+//!   gives, and without the source port each endpoint's share of the slots.
 //!
 //! Needs root, the `proxy` and `probe` binaries (`cargo build -p proxy -p kpr-tests --bins`).
 
@@ -31,7 +33,7 @@ use kpr_tests::cluster::{ClusterSpec, CLIENT_IP, ECHO_PORT, PODCLIENT_IP};
 use kpr_tests::{
     run_probe, yaml, Agent, AgentOptions, Cgroup, Cluster, EndpointSlice, ProbeLine, Service,
 };
-use proxy::maglev::{MaglevTable, TableSize};
+use proxy::maglev::{hmark_hash, MaglevTable, TableSize, HMARK_RND};
 
 const PODS: usize = 4;
 /// The Service's externalIP: the client reaches it through the node (its default route).
@@ -140,6 +142,13 @@ fn flows(
                 tcp_request_from(&cluster.client, from, to, TIMEOUT)
             };
             let r = r.unwrap_or_else(|e| panic!("flow {from} -> {to}: {e}\n{}", agent.log()));
+            // External traffic to the externalIP is masqueraded: on iptables, the masquerade
+            // mark survives the HMARK rules that put the slot in the same packet mark.
+            assert_ne!(
+                r.peer.ip(),
+                IpAddr::V4(CLIENT_IP),
+                "flow {from} -> {to}: the endpoint saw the client's own address (no masquerade)"
+            );
             (from, endpoint_of(cluster, &r.pod))
         })
         .collect()
@@ -155,17 +164,37 @@ fn table(cluster: &Cluster, without: Option<usize>) -> MaglevTable {
     MaglevTable::new(eps, TableSize::default())
 }
 
+/// The endpoint the table gives a flow on `backend`: iptables takes the slot of the kernel's
+/// HMARK hash, every other backend that of the shared flow hash.
+fn pick(
+    backend: &str,
+    t: &MaglevTable,
+    from: SocketAddr,
+    dst: SocketAddr,
+    udp: bool,
+) -> SocketAddr {
+    let slot = if backend == "iptables" {
+        let proto = if udp { 17 } else { 6 };
+        t.slot_of(hmark_hash(from, dst, proto, HMARK_RND))
+    } else {
+        t.slot_of(proxy::maglev::flow_hash(from, dst))
+    };
+    t.at(slot).expect("a table with endpoints")
+}
+
 /// Every flow reached the endpoint the table gives it.
 fn assert_follows(
+    backend: &str,
     what: &str,
     flows: &[(SocketAddr, SocketAddr)],
     t: &MaglevTable,
     dst: SocketAddr,
 ) {
+    let udp = what.contains("UDP");
     let wrong: Vec<String> = flows
         .iter()
         .filter_map(|(from, got)| {
-            let want = t.pick(*from, dst).expect("a table with endpoints");
+            let want = pick(backend, t, *from, dst, udp);
             (want != *got).then(|| format!("{from}: reached {got}, table says {want}"))
         })
         .collect();
@@ -260,8 +289,8 @@ fn maglev(backend: &str) {
     // The same flows through both nodes: the same endpoint each, the table's.
     let on_a = external_flows(&a.cluster, &agent_a, 20000);
     let on_b = external_flows(&b.cluster, &agent_b, 20000);
-    assert_follows("node A", &on_a, &full, dst);
-    assert_follows("node B", &on_b, &full, dst);
+    assert_follows(backend, "node A", &on_a, &full, dst);
+    assert_follows(backend, "node B", &on_b, &full, dst);
     assert_eq!(
         on_a, on_b,
         "the same flow picks the same endpoint on both nodes"
@@ -269,10 +298,13 @@ fn maglev(backend: &str) {
     if let Some(bpffs) = agent_a.bpffs_path() {
         assert_trace_gives_the_slot(&agent_a, bpffs, on_a[0], &full, dst);
     }
+    if backend == "iptables" {
+        assert_iptables_trace_gives_the_slot(&a.cluster, &agent_a, on_a[0], &full, dst);
+    }
     // UDP flows too (one datagram each), through both nodes.
     let udp_a = flows(&a.cluster, &agent_a, 25000, 40, true);
     let udp_b = flows(&b.cluster, &agent_b, 25000, 40, true);
-    assert_follows("node A, UDP", &udp_a, &full, dst);
+    assert_follows(backend, "node A, UDP", &udp_a, &full, dst);
     assert_eq!(
         udp_a, udp_b,
         "the same UDP flow picks the same endpoint on both nodes"
@@ -294,12 +326,13 @@ fn maglev(backend: &str) {
     let after_a = external_flows(&a.cluster, &agent_a, 30000);
     let after_b = external_flows(&b.cluster, &agent_b, 30000);
     assert_follows(
+        backend,
         "node A without one endpoint",
         &after_a,
         &table(&a.cluster, Some(1)),
         dst,
     );
-    assert_follows("node B", &after_b, &full, dst);
+    assert_follows(backend, "node B", &after_b, &full, dst);
     let on_gone = after_b.iter().filter(|(_, ep)| *ep == gone).count();
     let moved: Vec<usize> = (0..after_a.len())
         .filter(|i| after_a[*i].1 != after_b[*i].1)
@@ -320,7 +353,7 @@ fn maglev(backend: &str) {
     let predicted_extra = after_b
         .iter()
         .filter(|(from, ep)| {
-            *ep != gone && table(&a.cluster, Some(1)).pick(*from, dst) != Some(*ep)
+            *ep != gone && pick(backend, &table(&a.cluster, Some(1)), *from, dst, false) != *ep
         })
         .count();
     assert_eq!(extra, predicted_extra);
@@ -381,7 +414,7 @@ fn ebpf_maglev_socket_path() {
         })
         .collect();
     let dst = SocketAddr::new(VIP.parse().unwrap(), PORT);
-    assert_follows("socket path", &flows, &table(&n.cluster, None), dst);
+    assert_follows("ebpf", "socket path", &flows, &table(&n.cluster, None), dst);
     let out = run_probe(&n.cluster.podclient, cgroup, &["tcp", &to, "--count", "60"]).unwrap();
     let mut pods: Vec<String> = out.replies().iter().map(|r| r.pod.clone()).collect();
     pods.sort();
@@ -389,32 +422,81 @@ fn ebpf_maglev_socket_path() {
     assert_eq!(pods.len(), PODS, "unbound sockets spread: {pods:?}");
 }
 
-/// iptables has no Maglev: `--balance maglev` is refused at start, naming the flag, and an
-/// annotated Service is balanced round-robin with a warning that names it.
+/// iptables: HMARK hashes the flow into the table's slots (the kernel's hash, not the other
+/// backends' flow hash, so the oracle is `hmark_hash`); both nodes pick alike, a removed
+/// endpoint moves only about its own flows, and `proxy trace --src-port` names the slot.
 #[test]
-fn iptables_says_it_has_no_maglev() {
+fn iptables_maglev() {
+    maglev("iptables");
+}
+
+/// iptables carries the slot in the packet mark below the masquerade bit: a table larger than
+/// 16381 slots is refused at start, naming the flag.
+#[test]
+fn iptables_refuses_a_table_past_the_mark_bits() {
     let n = node("iptables");
     let refused = Agent::start(
         &n.cluster.node,
-        &AgentOptions::backend("iptables").balance("maglev"),
+        &AgentOptions::backend("iptables")
+            .arg("--maglev-table-size")
+            .arg("32749"),
         &[],
     );
-    let e = refused.expect_err("iptables with --balance maglev must not start");
+    let e = refused.expect_err("iptables with a 32749-slot table must not start");
     assert!(
-        e.to_string()
-            .contains("--balance maglev: the iptables backend does not support Maglev"),
+        e.to_string().contains(
+            "--maglev-table-size 32749: the iptables backend takes tables of at most 16381 slots"
+        ),
         "{e}"
     );
-    let agent = Agent::start(
-        &n.cluster.node,
-        &AgentOptions::backend("iptables"),
-        &[("web.yaml", manifests(&n.cluster, None))],
-    )
-    .expect("agent starts");
-    agent
-        .wait_for_log(
-            "Service default/web:http/TCP: kpr.io/balance=maglev (or --balance maglev) is not supported by the iptables backend",
-            Duration::from_secs(15),
+}
+
+/// `proxy trace --backend iptables --src-port` walks the HMARK rules to the flow's slot and
+/// endpoint; without the source port it gives each endpoint its share of the slots.
+fn assert_iptables_trace_gives_the_slot(
+    cluster: &Cluster,
+    agent: &Agent<'_>,
+    (from, reached): (SocketAddr, SocketAddr),
+    t: &MaglevTable,
+    dst: SocketAddr,
+) {
+    let trace = |port: Option<u16>| {
+        let mut cmd = cluster
+            .node
+            .exec(agent.binary())
+            .expect("a command in the node namespace");
+        cmd.args([
+            "trace",
+            "--backend",
+            "iptables",
+            &from.ip().to_string(),
+            &format!("{dst}/tcp"),
+        ]);
+        if let Some(p) = port {
+            cmd.args(["--src-port", &p.to_string()]);
+        }
+        let out = cmd.output().expect("proxy trace runs");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
         )
-        .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    };
+    let text = trace(Some(from.port()));
+    let slot = t.slot_of(hmark_hash(from, dst, 6, HMARK_RND));
+    assert!(
+        text.contains(&format!(
+            "decision: dnat to {reached} (maglev: the flow's maglev table slot {slot} of 16381)"
+        )),
+        "proxy trace for {from}:\n{text}"
+    );
+    let text = trace(None);
+    for (ep, slots) in t.slot_counts() {
+        let share = f64::from(slots) / 16381.0 * 100.0;
+        assert!(
+            text.contains(&format!("{ep} {share:.1}%"))
+                || text.contains(&format!("{ep} {share:.0}%")),
+            "each endpoint's share of the slots ({ep}: {share:.1}%):\n{text}"
+        );
+    }
 }

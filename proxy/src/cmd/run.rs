@@ -7,7 +7,6 @@ use anyhow::{bail, Context};
 use proxy::cli::{RunArgs, SourceArg};
 use proxy::dataplane::{self, BackendConfig};
 use proxy::metrics::Metrics;
-use proxy::model::Algorithm;
 use proxy::selection::NodeContext;
 use proxy::status::Health;
 use proxy::sync::{Runner, SyncTiming};
@@ -227,10 +226,15 @@ fn setup_conntrack(args: &RunArgs) -> anyhow::Result<()> {
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let args = resolve_config(args)?;
-    if args.backend == proxy::cli::Backend::Iptables && args.balance == Algorithm::Maglev {
+    let size = args.maglev_table_size.get();
+    if args.backend == proxy::cli::Backend::Iptables
+        && size > proxy::maglev::IPTABLES_MAX_TABLE_SIZE
+    {
         bail!(
-            "--balance maglev: the iptables backend does not support Maglev yet (no hash-slot \
-             table); use --backend nftables, ebpf or userspace, or another --balance"
+            "--maglev-table-size {size}: the iptables backend takes tables of at most {} slots \
+             (it carries a flow's slot in the packet mark below the masquerade bit 0x4000); \
+             use a smaller prime, or --backend nftables, ebpf or userspace",
+            proxy::maglev::IPTABLES_MAX_TABLE_SIZE
         );
     }
     let cfg = backend_config(&args)?;

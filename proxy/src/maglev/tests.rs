@@ -208,3 +208,30 @@ fn the_flow_hash_hashes_the_wire_bytes() {
         jhash_bytes(&bytes, proxy_common::hash::FLOW_SEED)
     );
 }
+
+/// HMARK's hash is symmetric (a reply hashes like its request) and folds an IPv6 address's
+/// words; the kernel agreement itself is `tests/tests/maglev.rs`'s (`iptables_maglev`).
+#[test]
+fn the_hmark_hash_is_symmetric_and_folds_ipv6() {
+    let (a, b): (SocketAddr, SocketAddr) = (
+        "192.0.2.100:20000".parse().unwrap(),
+        "203.0.113.10:80".parse().unwrap(),
+    );
+    assert_eq!(
+        hmark_hash(a, b, 6, HMARK_RND),
+        hmark_hash(b, a, 6, HMARK_RND)
+    );
+    assert_ne!(
+        hmark_hash(a, b, 6, HMARK_RND),
+        hmark_hash(a, b, 17, HMARK_RND)
+    );
+    assert_ne!(hmark_hash(a, b, 6, HMARK_RND), hmark_hash(a, b, 6, 1));
+    // Two IPv6 addresses whose folded words are equal hash alike.
+    let x: SocketAddr = "[2001:db8:0:1::]:1000".parse().unwrap();
+    let y: SocketAddr = "[2001:db8::1]:1000".parse().unwrap();
+    let z: SocketAddr = "[2001:db8::2]:80".parse().unwrap();
+    assert_eq!(
+        hmark_hash(x, z, 6, HMARK_RND),
+        hmark_hash(y, z, 6, HMARK_RND)
+    );
+}

@@ -23,6 +23,8 @@
 //!   [affinity: recent --rcheck per endpoint -> DNAT]
 //!   round-robin: statistic nth per endpoint [recent --set] -> DNAT
 //!   least-connection: CONNMARK target id, -> KPR-LC-h (one DNAT to the current pick)
+//!   maglev: HMARK (the slot into the mark's low 14 bits, the masquerade bit kept) -> KPR-MGL-h
+//!       (64 block rules) -> KPR-MGB-h-bb (256 slots as ranges) -> KPR-MGE-h (clear, DNAT)
 //!   no endpoint: MARK reject/drop bit, ACCEPT (the filter table acts on the mark)
 //! POSTROUTING -> KPR-POSTROUTING: DNATed -> KPR-HAIRPIN (see `hairpin`); marked -> MASQUERADE
 //! ```
@@ -36,8 +38,9 @@ use std::net::{IpAddr, SocketAddr};
 use crate::dataplane::rules::{
     class_routes, family_addrs, family_endpoints, ClassRoute, Tag, TargetIds,
 };
+use crate::maglev::{MaglevTable, HMARK_RND};
 use crate::model::IpFamily;
-use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName, ALGORITHM_ANNOTATION};
+use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
 use crate::selection::{DestKind, EmptyVerdict, SelectedEndpoints};
 use crate::state::ProxyState;
 
@@ -162,6 +165,60 @@ pub struct Compiled {
     pub lc: Vec<LcTarget>,
 }
 
+/// The packet mark bits that carry a Maglev slot (below [`MARK_MASQ`]).
+pub const MAGLEV_SLOT_MASK: u32 = 0x3fff;
+/// Slots per Maglev block chain, and the mark bits that choose the block.
+const MAGLEV_BLOCK: usize = 256;
+const MAGLEV_BLOCK_MASK: u32 = 0x3f00;
+
+/// The rules of one Maglev block chain: slots `first..first + owner.len()`, each owned by the
+/// endpoint `owner[i]` (an index into `ep_chains`). Every endpoint but the block's most common
+/// one gets a rule per aligned range of slots it owns whole (slots past the table's end match
+/// whatever is convenient, no flow has them); the most common one is the last rule, unmatched.
+fn block_rules(first: usize, owner: &[usize], ep_chains: &[String]) -> Vec<String> {
+    let mut count = vec![0usize; ep_chains.len()];
+    for o in owner {
+        count[*o] += 1;
+    }
+    let common = (0..count.len())
+        .max_by_key(|i| (count[*i], std::cmp::Reverse(*i)))
+        .unwrap_or(0);
+    let mut rules = Vec::new();
+    // Aligned ranges [lo, lo + size) inside the block, halved until one endpoint owns them.
+    fn cover(
+        lo: usize,
+        size: usize,
+        first: usize,
+        owner: &[usize],
+        common: usize,
+        ep_chains: &[String],
+        rules: &mut Vec<String>,
+    ) {
+        let end = (lo + size).min(owner.len());
+        if lo >= end {
+            return;
+        }
+        let o = owner[lo];
+        if owner[lo..end].iter().all(|x| *x == o) {
+            if o != common {
+                let mask = MAGLEV_SLOT_MASK & !(size as u32 - 1);
+                rules.push(format!(
+                    "-m mark --mark {:#x}/{mask:#x} -j {}",
+                    first + lo,
+                    ep_chains[o]
+                ));
+            }
+            return;
+        }
+        let half = size / 2;
+        cover(lo, half, first, owner, common, ep_chains, rules);
+        cover(lo + half, half, first, owner, common, ep_chains, rules);
+    }
+    cover(0, MAGLEV_BLOCK, first, owner, common, ep_chains, &mut rules);
+    rules.push(format!("-j {}", ep_chains[common]));
+    rules
+}
+
 /// Indices into `rules::SOURCE_CLASSES`.
 const CLASS_NODE: usize = 0;
 const CLASS_POD: usize = 1;
@@ -181,15 +238,6 @@ pub fn compile(
     };
     let (svc, sel) = (&*port.service, &port.selected);
     let name = spn.to_string();
-    if svc.algorithm == Algorithm::Maglev && svc.has_family(family) {
-        // Said on every compile of the port (each change of it), never silently.
-        tracing::warn!(
-            service = %spn,
-            "Service {spn}: {ALGORITHM_ANNOTATION}=maglev (or --balance maglev) is not supported \
-             by the iptables backend yet (it has no hash-slot table); its {family} traffic is \
-             balanced round-robin. Use the nftables, ebpf or userspace backend for Maglev."
-        );
-    }
     let mut b = Builder {
         svc,
         sel,
@@ -495,6 +543,15 @@ impl<'a> Builder<'a> {
             ));
             return rules;
         }
+        if let Some(table) = self
+            .sel
+            .maglev_table(endpoints, self.family)
+            .filter(|t| !t.is_empty())
+            .cloned()
+        {
+            rules.extend(self.maglev(m, tag, &table, affinity.is_some()));
+            return rules;
+        }
         let n = eps.len();
         for (i, ep) in eps.iter().enumerate() {
             let nth = if i + 1 < n {
@@ -510,6 +567,80 @@ impl<'a> Builder<'a> {
             rules.push(format!("{m}{nth}{record}-j DNAT --to-destination {ep}"));
         }
         rules
+    }
+
+    /// Maglev: HMARK hashes the flow into the packet mark's low 14 bits (the slot; the
+    /// masquerade bit 0x4000 kept by the offset of whichever of the two HMARK rules matches),
+    /// KPR-MGL-h dispatches on the slot's high 6 bits to a block chain of 256 slots, KPR-MGB-h-bb,
+    /// which matches the slots (as aligned ranges of one endpoint) of every endpoint but the
+    /// block's most common one, which is its last rule; the endpoint's chain KPR-MGE-h clears
+    /// the slot bits and DNATs. At most 64 + 256 rules are evaluated for a new connection; the
+    /// rules grow with the table size (about M x (1 - 1/N) per route), see docs/ARCHITECTURE.md.
+    fn maglev(&mut self, m: &str, tag: Tag, table: &MaglevTable, affinity: bool) -> Vec<String> {
+        let h = hash(&[self.name, &format!("{tag:?}")]);
+        let proto = self.svc.protocol.lower();
+        let hmark = format!(
+            "-j HMARK --hmark-tuple src,dst,sport,dport,proto --hmark-mod {} --hmark-rnd {HMARK_RND:#x}",
+            table.size()
+        );
+        // The endpoints' chains, in the table's endpoint order.
+        let ep_chains: Vec<String> = table
+            .endpoints()
+            .iter()
+            .map(|ep| {
+                let chain = format!(
+                    "KPR-MGE-{}",
+                    hash(&[self.name, &format!("{tag:?}"), &ep.to_string()])
+                );
+                let record = if affinity {
+                    format!("-m recent --name {} --set ", affinity_list(self.name, *ep))
+                } else {
+                    String::new()
+                };
+                let rules = vec![
+                    format!("-j MARK --and-mark {:#x}", !MAGLEV_SLOT_MASK),
+                    format!("-p {proto} {record}-j DNAT --to-destination {ep}"),
+                ];
+                self.out.chains.insert(chain.clone(), rules);
+                chain
+            })
+            .collect();
+        let owner: Vec<usize> = {
+            let index: BTreeMap<SocketAddr, usize> = table
+                .endpoints()
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (*e, i))
+                .collect();
+            table.slots().map(|e| index[&e]).collect()
+        };
+        let dispatch = format!("KPR-MGL-{h}");
+        let blocks = owner.len().div_ceil(MAGLEV_BLOCK);
+        let mut dispatch_rules = Vec::new();
+        for b in 0..blocks {
+            let chain = format!("KPR-MGB-{h}-{b:02X}");
+            let lo = b * MAGLEV_BLOCK;
+            let slots = &owner[lo..owner.len().min(lo + MAGLEV_BLOCK)];
+            self.out
+                .chains
+                .insert(chain.clone(), block_rules(lo, slots, &ep_chains));
+            if b + 1 < blocks {
+                dispatch_rules.push(format!(
+                    "-m mark --mark {:#x}/{MAGLEV_BLOCK_MASK:#x} -j {chain}",
+                    lo
+                ));
+            } else {
+                dispatch_rules.push(format!("-j {chain}"));
+            }
+        }
+        self.out.chains.insert(dispatch.clone(), dispatch_rules);
+        vec![
+            format!(
+                "{m}-m mark --mark {MARK_MASQ:#x}/{MARK_MASQ:#x} {hmark} --hmark-offset {MARK_MASQ:#x}"
+            ),
+            format!("{m}-m mark ! --mark {MARK_MASQ:#x}/{MARK_MASQ:#x} {hmark}"),
+            format!("{m}-j {dispatch}"),
+        ]
     }
 
     /// KPR-LC-h: empty here; its one rule (the pick) is written by the backend from the

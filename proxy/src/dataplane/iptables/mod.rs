@@ -12,9 +12,8 @@
 //! IPv6 is the same layout written with `ip6tables-restore` by a second instance
 //! ([`IptablesFamilies`]). The layout and why it has so few chains: [`compile`].
 //!
-//! Not done: Maglev (`kpr.io/balance: maglev`). HMARK could hash the flow, but dispatching a
-//! prime number of slots takes a rule per slot; `proxy run` refuses `--balance maglev` with this
-//! backend, and `compile` balances an annotated Service round-robin with a warning naming it.
+//! Maglev (`kpr.io/balance: maglev`) hashes the flow with the kernel's HMARK target into the
+//! packet mark and dispatches the slot through block chains (`compile`), about one rule per slot.
 //!
 //! Files: `compile` (the rules of one service port), `plan` (one sync's restore input and how it
 //! renders), `ruleset` (the hooks and the node-wide rules), `steer` (moving a least-connection

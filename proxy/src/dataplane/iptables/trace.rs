@@ -19,7 +19,9 @@
 //! every endpoint a new connection can get, each with its probability (for `--mode nth` the share
 //! of new connections it gets; which one the next connection gets is the kernel's counter, which
 //! `iptables-save` does not print). An affinity entry of the client, or a single endpoint, makes
-//! it one endpoint. The source port does not matter to these rules.
+//! it one endpoint. Only a Maglev port's `HMARK` target hashes the source port: with
+//! `--src-port` the walk takes the flow's slot (`maglev::hmark_hash`, the kernel's hash), without
+//! it one way per slot, merged into each endpoint's share of the table.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -82,9 +84,19 @@ enum Target {
     /// `MARK --set-xmark value/mask`.
     Mark(u32, u32),
     ConnMark(u32),
+    /// `HMARK` over the flow's addresses, ports and protocol (the Maglev slot).
+    Hmark(Hmark),
     Masquerade,
     /// No target (a counting rule) or one that does not change the path (LOG).
     None,
+}
+
+/// An `HMARK` target of the form kpr writes: every field of the flow hashed whole.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Hmark {
+    rnd: u32,
+    modulus: u32,
+    offset: u32,
 }
 
 /// One table of `iptables-save`: chain -> rules.
@@ -308,6 +320,11 @@ fn parse_rule(text: &str, w: &[String]) -> Result<Rule, String> {
                     "DNAT" => Target::Dnat(SocketAddr::from(([0, 0, 0, 0], 0))),
                     "MARK" => Target::Mark(0, 0),
                     "CONNMARK" => Target::ConnMark(0),
+                    "HMARK" => Target::Hmark(Hmark {
+                        rnd: 0,
+                        modulus: 0,
+                        offset: 0,
+                    }),
                     "LOG" => Target::None,
                     t if t.chars().all(|c| c.is_ascii_uppercase()) => {
                         return Err(format!(
@@ -341,6 +358,43 @@ fn parse_rule(text: &str, w: &[String]) -> Result<Rule, String> {
                 let v = parse_u32(arg(i)?)?;
                 target = Target::Mark(v, v);
                 took = 2;
+            }
+            "--and-mark" => {
+                let v = parse_u32(arg(i)?)?;
+                target = Target::Mark(0, !v);
+                took = 2;
+            }
+            w if w.starts_with("--hmark-") => {
+                let Target::Hmark(h) = &mut target else {
+                    return Err(format!("`{w}` outside an HMARK target"));
+                };
+                let v = arg(i)?;
+                took = 2;
+                // Only the whole-flow hash kpr writes is evaluated; other masks are refused.
+                let whole = match w {
+                    "--hmark-tuple" => v == "src,dst,sport,dport,proto",
+                    "--hmark-src-prefix" | "--hmark-dst-prefix" => v == "32" || v == "128",
+                    "--hmark-sport-mask" | "--hmark-dport-mask" => parse_u32(v)? == 0xffff,
+                    "--hmark-proto-mask" => parse_u32(v)? & 0xff == 0xff,
+                    "--hmark-rnd" => {
+                        h.rnd = parse_u32(v)?;
+                        true
+                    }
+                    "--hmark-mod" => {
+                        h.modulus = parse_u32(v)?;
+                        true
+                    }
+                    "--hmark-offset" => {
+                        h.offset = parse_u32(v)?;
+                        true
+                    }
+                    _ => false,
+                };
+                if !whole {
+                    return Err(format!(
+                        "HMARK `{w} {v}`: the trace evaluates the whole-flow hash kpr writes only"
+                    ));
+                }
             }
             "--reject-with" => {
                 target = Target::Reject(arg(i)?.to_string());
@@ -854,6 +908,32 @@ impl Walker<'_> {
                 b.pkt.ctmark = Some(*v);
                 next.push(b);
             }
+            Target::Hmark(h) => {
+                let slots = |b: &Branch| -> Vec<u32> {
+                    let Some(sport) = b.pkt.sport else {
+                        return (0..h.modulus).collect();
+                    };
+                    let hash = crate::maglev::hmark_hash(
+                        SocketAddr::new(b.pkt.src, sport),
+                        SocketAddr::new(b.pkt.dst, b.pkt.dport),
+                        proto_number(b.pkt.proto),
+                        h.rnd,
+                    );
+                    vec![proxy_common::hash::slot_of(hash, h.modulus)]
+                };
+                let all = slots(&b);
+                let share = 1.0 / all.len() as f64;
+                for slot in &all {
+                    let mut t = b.clone();
+                    t.prob *= share;
+                    t.pkt.mark = slot + h.offset;
+                    if b.pkt.sport.is_some() {
+                        t.steps
+                            .push(format!("maglev table slot {slot} of {}", h.modulus));
+                    }
+                    next.push(t);
+                }
+            }
             Target::None => next.push(b),
         }
         Ok(())
@@ -967,7 +1047,39 @@ pub fn trace(snap: &Snapshot, env: &Env, req: &TraceRequest) -> Result<Trace, St
             results.push((f.prob, steps, decision, masquerade));
         }
     }
-    Ok(summarise(results))
+    Ok(summarise(merge_same_ends(results)))
+}
+
+/// Merges the ways through the rules that end alike (the same decision and masquerade): a
+/// Maglev HMARK without the source port forks into one way per slot of the table, and what
+/// matters is each endpoint's share. Each merged way keeps the steps its members share.
+fn merge_same_ends(
+    results: Vec<(f64, Vec<String>, Decision, bool)>,
+) -> Vec<(f64, Vec<String>, Decision, bool)> {
+    let total = results.len();
+    let mut merged: Vec<(f64, Vec<String>, Decision, bool, usize)> = Vec::new();
+    for (p, steps, d, masq) in results {
+        match merged.iter_mut().find(|m| m.2 == d && m.3 == masq) {
+            Some(m) => {
+                m.0 += p;
+                let n = m.1.iter().zip(&steps).take_while(|(a, b)| a == b).count();
+                m.1.truncate(n);
+                m.4 += 1;
+            }
+            None => merged.push((p, steps, d, masq, 1)),
+        }
+    }
+    merged
+        .into_iter()
+        .map(|(p, mut steps, d, masq, n)| {
+            if n > 1 {
+                steps.push(format!(
+                    "({n} of the {total} slots of the Maglev table lead here)"
+                ));
+            }
+            (p, steps, d, masq)
+        })
+        .collect()
 }
 
 /// Common steps, the branches, and one decision over them.
@@ -1004,7 +1116,20 @@ fn summarise(results: Vec<(f64, Vec<String>, Decision, bool)>) -> Trace {
         let affinity = results
             .iter()
             .any(|r| r.1.iter().any(|s| s.contains("session affinity")));
-        let how = if eps.len() > 1 {
+        let slot = common
+            .iter()
+            .chain(results.iter().flat_map(|r| &r.1))
+            .find(|s| s.starts_with("maglev table slot"));
+        let maglev = common
+            .iter()
+            .chain(results.iter().flat_map(|r| &r.1))
+            .any(|s| s.contains("-j HMARK"));
+        let how = if let (Some(slot), 1) = (slot, eps.len()) {
+            format!("maglev: the flow's {slot}")
+        } else if maglev && eps.len() > 1 {
+            "maglev: each endpoint its share of the table's slots; --src-port gives the flow's"
+                .to_string()
+        } else if eps.len() > 1 {
             let nth = common
                 .iter()
                 .chain(results.iter().flat_map(|r| &r.1))
@@ -1067,7 +1192,12 @@ pub fn render(req: &TraceRequest, tool: Tool, t: &Trace) -> String {
     if t.masquerade && t.branches.is_empty() {
         let _ = writeln!(out, "nat postrouting: the source is masqueraded");
     }
-    if req.src_port.is_some() {
+    let hashed = t
+        .steps
+        .iter()
+        .chain(t.branches.iter().flat_map(|b| &b.1))
+        .any(|s| s.contains("-j HMARK"));
+    if req.src_port.is_some() && !hashed {
         let _ = writeln!(
             out,
             "(the source port does not change the path: no kpr iptables rule hashes it)"

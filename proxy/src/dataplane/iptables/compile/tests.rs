@@ -353,3 +353,105 @@ fn each_family_compiles_its_own_addresses_and_endpoints() {
         [&"fd00:10:244:1::2".parse::<IpAddr>().unwrap()]
     );
 }
+
+/// `-m mark --mark V/M` of a rule, if it has one.
+fn mark_match(rule: &str) -> Option<(u32, u32)> {
+    let w: Vec<&str> = rule.split_whitespace().collect();
+    let i = w.iter().position(|x| *x == "--mark")?;
+    let (v, m) = w[i + 1].split_once('/')?;
+    let hex = |s: &str| u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+    Some((hex(v), hex(m)))
+}
+
+/// A rule's mark match and the chain it jumps to.
+type ParsedRule<'a> = (Option<(u32, u32)>, &'a str);
+
+/// The chain a rule jumps to.
+fn jump(rule: &str) -> &str {
+    rule.rsplit("-j ")
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+}
+
+#[test]
+fn maglev_dispatches_every_slot_to_its_tables_endpoint_and_keeps_the_masquerade_bit() {
+    let mut s = svc("web", "10.96.0.10");
+    s.algorithm = Algorithm::Maglev;
+    let eps: Vec<Endpoint> = (1..=5).map(|k| ep(k, NODE)).collect();
+    let state = state(vec![(s, eps)]);
+    let spn = state.names().next().unwrap().clone();
+    let c = compile(&state, &spn, &mut TargetIds::default(), IpFamily::V4);
+    let port = state.get(&spn).unwrap();
+    let table = port
+        .selected
+        .maglev_table(&port.selected.cluster, IpFamily::V4)
+        .unwrap()
+        .clone();
+    let rules = c
+        .bucket
+        .expect("a ClusterIP-only port stays in its bucket")
+        .rules;
+    let hmark =
+        "-j HMARK --hmark-tuple src,dst,sport,dport,proto --hmark-mod 16381 --hmark-rnd 0x6b70726d";
+    assert_eq!(
+        rules[1..],
+        [
+            format!("{M}-m mark --mark 0x4000/0x4000 {hmark} --hmark-offset 0x4000"),
+            format!("{M}-m mark ! --mark 0x4000/0x4000 {hmark}"),
+            format!("{M}-j {}", jump(&rules[3])),
+        ]
+    );
+    let dispatch = &c.chains[jump(&rules[3])];
+    assert_eq!(dispatch.len(), 64, "one block chain per 256 slots");
+    // Each chain's rules as (mark match, jump), parsed once.
+    let parsed: BTreeMap<&str, Vec<ParsedRule>> = c
+        .chains
+        .iter()
+        .map(|(name, rules)| {
+            let rules = rules.iter().map(|r| (mark_match(r), jump(r))).collect();
+            (name.as_str(), rules)
+        })
+        .collect();
+    let mut total = 0;
+    for slot in 0..16381u32 {
+        for masq in [0, MARK_MASQ] {
+            let mark = slot + masq;
+            let first = |chain: &str| -> &str {
+                parsed[chain]
+                    .iter()
+                    .find(|(mm, _)| mm.is_none_or(|(v, m)| mark & m == v))
+                    .map(|(_, j)| *j)
+                    .unwrap_or_else(|| panic!("slot {slot}: no rule of {chain} matches"))
+            };
+            let block = first(jump(&rules[3]));
+            let ep_chain = &c.chains[first(block)];
+            // Clearing the slot bits keeps the masquerade bit (and any bit above it).
+            assert_eq!(ep_chain[0], "-j MARK --and-mark 0xffffc000");
+            assert_eq!(mark & 0xffff_c000, masq);
+            let want = table.at(slot).unwrap();
+            assert_eq!(
+                ep_chain[1],
+                format!("-p tcp -j DNAT --to-destination {want}"),
+                "slot {slot}"
+            );
+        }
+    }
+    for (name, rules) in &c.chains {
+        if name.starts_with("KPR-MGB-") {
+            total += rules.len();
+        }
+    }
+    // Every endpoint but each block's most common one needs rules: about M x (1 - 1/N).
+    println!("5 endpoints, 16381 slots: {total} block rules");
+    assert!(total < 16381 * 4 / 5 + 64, "{total} block rules");
+    assert_eq!(
+        c.chains
+            .keys()
+            .filter(|k| k.starts_with("KPR-MGE-"))
+            .count(),
+        5
+    );
+}

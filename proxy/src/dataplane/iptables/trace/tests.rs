@@ -255,3 +255,102 @@ fn recent_lists_parse_with_their_age() {
     assert_eq!(e[1].age, Some(5.0));
     assert_eq!(parse_recent(text, None)[0].age, None);
 }
+
+/// A Maglev port as `iptables-save` prints what `compile` writes (HMARK expanded into its
+/// masks, `--and-mark` as `--set-xmark`), with a 7-slot table: slots 0-3 to .1, 4-6 to .2.
+const MAGLEV_SAVE: &str = r#"*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KPR-MARK-MASQ - [0:0]
+:KPR-POSTROUTING - [0:0]
+:KPR-SERVICES - [0:0]
+:KPR-MGL-A - [0:0]
+:KPR-MGB-A-00 - [0:0]
+:KPR-MGE-1 - [0:0]
+:KPR-MGE-2 - [0:0]
+-A PREROUTING -m comment --comment kpr-services -j KPR-SERVICES
+-A POSTROUTING -m comment --comment kpr-postrouting -j KPR-POSTROUTING
+-A KPR-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KPR-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KPR-POSTROUTING -j MASQUERADE
+-A KPR-SERVICES -d 203.0.113.10/32 -p tcp -m tcp --dport 80 -j KPR-MARK-MASQ
+-A KPR-SERVICES -d 203.0.113.10/32 -p tcp -m tcp --dport 80 -m mark --mark 0x4000/0x4000 -j HMARK --hmark-src-prefix 32 --hmark-dst-prefix 32 --hmark-sport-mask 0xffff --hmark-dport-mask 0xffff --hmark-proto-mask 0xffff --hmark-rnd 0x6b70726d --hmark-mod 7 --hmark-offset 16384
+-A KPR-SERVICES -d 203.0.113.10/32 -p tcp -m tcp --dport 80 -m mark ! --mark 0x4000/0x4000 -j HMARK --hmark-src-prefix 32 --hmark-dst-prefix 32 --hmark-sport-mask 0xffff --hmark-dport-mask 0xffff --hmark-proto-mask 0xffff --hmark-rnd 0x6b70726d --hmark-mod 7
+-A KPR-SERVICES -d 203.0.113.10/32 -p tcp -m tcp --dport 80 -j KPR-MGL-A
+-A KPR-MGL-A -j KPR-MGB-A-00
+-A KPR-MGB-A-00 -m mark --mark 0x4/0x3ffc -j KPR-MGE-2
+-A KPR-MGB-A-00 -j KPR-MGE-1
+-A KPR-MGE-1 -j MARK --set-xmark 0x0/0x3fff
+-A KPR-MGE-1 -p tcp -j DNAT --to-destination 10.244.1.1:8080
+-A KPR-MGE-2 -j MARK --set-xmark 0x0/0x3fff
+-A KPR-MGE-2 -p tcp -j DNAT --to-destination 10.244.1.2:8080
+COMMIT
+"#;
+
+fn maglev_trace(src_port: Option<u16>) -> Trace {
+    let snap = Snapshot::parse(MAGLEV_SAVE).unwrap();
+    let req = TraceRequest {
+        src: "198.51.100.7".parse().unwrap(),
+        src_port,
+        dst: "203.0.113.10".parse().unwrap(),
+        port: 80,
+        proto: Protocol::Tcp,
+    };
+    trace(&snap, &env(&[]), &req).unwrap()
+}
+
+#[test]
+fn hmark_takes_the_flows_slot_and_keeps_the_masquerade_mark() {
+    for sport in [40000u16, 40001, 40002, 40003, 40004, 40005] {
+        let hash = crate::maglev::hmark_hash(
+            ep(&format!("198.51.100.7:{sport}")),
+            ep("203.0.113.10:80"),
+            6,
+            0x6b70_726d,
+        );
+        let slot = proxy_common::hash::slot_of(hash, 7);
+        let want = if slot >= 4 {
+            "10.244.1.2:8080"
+        } else {
+            "10.244.1.1:8080"
+        };
+        let t = maglev_trace(Some(sport));
+        assert_eq!(
+            t.decision,
+            Decision::Dnat {
+                endpoints: vec![(ep(want), 1.0)],
+                how: format!("maglev: the flow's maglev table slot {slot} of 7"),
+            },
+            "source port {sport}"
+        );
+        assert!(
+            t.masquerade,
+            "the masquerade bit survives the slot in the mark"
+        );
+    }
+}
+
+#[test]
+fn hmark_without_the_source_port_gives_each_endpoint_its_share_of_the_slots() {
+    let t = maglev_trace(None);
+    let Decision::Dnat { endpoints, how } = &t.decision else {
+        panic!("{:?}", t.decision);
+    };
+    assert!(how.starts_with("maglev: each endpoint its share"), "{how}");
+    let share = |e: &str| endpoints.iter().find(|(x, _)| *x == ep(e)).unwrap().1;
+    assert!((share("10.244.1.1:8080") - 4.0 / 7.0).abs() < 1e-9);
+    assert!((share("10.244.1.2:8080") - 3.0 / 7.0).abs() < 1e-9);
+    assert_eq!(t.branches.len(), 2, "one way per endpoint, not per slot");
+    assert!(t.branches[0]
+        .1
+        .iter()
+        .any(|s| s.contains("slots of the Maglev table lead here")));
+}
+
+#[test]
+fn hmark_with_other_masks_is_refused_by_name() {
+    let save = MAGLEV_SAVE.replace("--hmark-src-prefix 32", "--hmark-src-prefix 24");
+    let e = Snapshot::parse(&save).unwrap_err();
+    assert!(e.contains("HMARK `--hmark-src-prefix 24`"), "{e}");
+}
