@@ -5,7 +5,7 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, ProgramArray},
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, NodeConfig, NodeConfig6,
@@ -49,6 +49,12 @@ pub static KPR_UDP_FWD: LruHashMap<RevNatKey, SockBackend> = LruHashMap::pinned(
 /// Connection tracking of the tc path.
 #[map]
 pub static KPR_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(262_144, 0);
+
+/// The tc program itself at index 0 (the agent puts it there): a SYN that reuses an earlier
+/// connection's 4-tuple forgets that connection's entry and runs the program again by a tail
+/// call, which balances it as the new connection it is.
+#[map]
+pub static KPR_TC_AGAIN: ProgramArray = ProgramArray::pinned(1, 0);
 
 /// Node-wide settings of the tc path (index 0).
 #[map]

@@ -36,7 +36,9 @@ use proxy_common::{
 };
 
 use crate::lb;
-use crate::maps::{KPR_BACKENDS, KPR_CONFIG, KPR_CONFIG6, KPR_CT, KPR_SERVICES, KPR_SRC_RANGES};
+use crate::maps::{
+    KPR_BACKENDS, KPR_CONFIG, KPR_CONFIG6, KPR_CT, KPR_SERVICES, KPR_SRC_RANGES, KPR_TC_AGAIN,
+};
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -326,11 +328,15 @@ fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
     if let Some(ct) = unsafe { KPR_CT.get(pkt.key()).copied() } {
         if reused_tcp_tuple(&pkt, &ct) {
             // The entry of an earlier TCP connection whose 4-tuple this new connection's SYN
-            // reuses: forgotten, and this SYN dropped, so the client's retransmission (1 s later)
-            // is balanced as a new connection. Balancing it here, by falling through to the
-            // new-flow path below, made the verifier walk that path once more and took the
-            // program past 6.1's limit of 1,000,000 processed instructions (docs/RELIABILITY.md).
+            // reuses: forgotten, and the program run again on this SYN (a tail call into itself,
+            // KPR_TC_AGAIN), which now finds no entry and balances it as a new connection.
+            // Falling through to the new-flow path here instead made the verifier walk that path
+            // once more, past 6.1's limit of 1,000,000 processed instructions; a tail call costs
+            // the verifier nothing (docs/RELIABILITY.md). Should the tail call fail (the map not
+            // filled yet), the SYN is dropped and the client's retransmission is balanced.
             let _ = KPR_CT.remove(pkt.key());
+            // SAFETY: a tail call with the program's own context; it does not return on success.
+            unsafe { KPR_TC_AGAIN.tail_call(ctx, 0) };
             return Ok(TC_ACT_SHOT);
         }
         if !stale_udp(pkt.proto, &ct) {

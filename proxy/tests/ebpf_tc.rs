@@ -210,6 +210,88 @@ fn udp_flow_to_a_removed_endpoint_is_rebalanced() {
     assert_eq!(ask(&sock), fx.cluster.pods[keep].name);
 }
 
+/// One TCP request from the client's `CLIENT_IP:port` to the node port: the pod that answered
+/// and how many times the client's kernel retransmitted (the SYN included). The socket closes
+/// with a reset (SO_LINGER 0), leaving no TIME_WAIT, so the same 4-tuple can connect again at
+/// once: a client whose ephemeral ports came round.
+fn request_from_port(fx: &Fixture, port: u16) -> (String, u32) {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    fx.cluster
+        .client
+        .run(move || {
+            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                .expect("socket");
+            sock.set_reuse_address(true).expect("SO_REUSEADDR");
+            sock.bind(&SocketAddr::from((CLIENT_IP, port)).into())
+                .expect("bind the fixed source port");
+            sock.connect_timeout(&node_port().into(), Duration::from_secs(5))
+                .expect("connect through the node port");
+            let mut stream: std::net::TcpStream = sock.into();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(3)))
+                .unwrap();
+            stream.write_all(b"hello\n").expect("send");
+            let mut buf = [0u8; 512];
+            let n = stream.read(&mut buf).expect("reply");
+            let pod = String::from_utf8_lossy(&buf[..n])
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            // SAFETY: a tcp_info the kernel fills, of the size passed.
+            let retrans = unsafe {
+                let mut info: libc::tcp_info = std::mem::zeroed();
+                let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+                let rc = libc::getsockopt(
+                    stream.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_INFO,
+                    (&mut info as *mut libc::tcp_info).cast(),
+                    &mut len,
+                );
+                assert_eq!(rc, 0, "TCP_INFO");
+                info.tcpi_total_retrans
+            };
+            socket2::SockRef::from(&stream)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+            (pod, retrans)
+        })
+        .expect("client namespace")
+}
+
+/// A new connection whose SYN reuses the 4-tuple of an earlier one to an endpoint that is gone
+/// since: the tc program forgets the old entry and runs itself again (a tail call), so this very
+/// SYN is balanced to an endpoint that exists; the client never retransmits it (before the tail
+/// call, the SYN was dropped and only its retransmission a second later got through).
+#[test]
+fn a_syn_reusing_the_tuple_of_a_removed_endpoint_is_balanced_at_once() {
+    let mut fx = Fixture::with_tc("tcreuse", 2);
+    let mut state = node_port_service(&fx, Protocol::Tcp, &[0, 1], &[], false);
+    fx.sync(&mut state, &full());
+    let (first, retrans) = request_from_port(&fx, 41000);
+    assert_eq!(retrans, 0, "the first connection needs no retransmission");
+    let keep = fx
+        .cluster
+        .pods
+        .iter()
+        .position(|p| p.name != first)
+        .unwrap();
+    let n = name("web", Protocol::Tcp);
+    set_endpoints(&mut state, &n, fx.endpoints(&[keep]));
+    fx.sync(&mut state, &changed(&[&n]));
+    let (second, retrans) = request_from_port(&fx, 41000);
+    assert_eq!(
+        second, fx.cluster.pods[keep].name,
+        "the endpoint that exists"
+    );
+    assert_eq!(
+        retrans, 0,
+        "the reusing SYN is balanced when it arrives, not dropped for a retransmission"
+    );
+}
+
 #[test]
 fn restart_in_the_node_keeps_the_tc_path_and_reattaches() {
     let mut fx = Fixture::with_tc("tcrestart", 2);

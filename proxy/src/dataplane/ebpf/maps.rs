@@ -41,9 +41,11 @@ pub const CONFIG6: &str = "KPR_CONFIG6";
 pub const SRC_RANGES: &str = "KPR_SRC_RANGES";
 pub const SOCK_TERM: &str = "KPR_SOCK_TERM";
 pub const SOCK_TERM_STATS: &str = "KPR_SOCK_TERM_STATS";
+/// The tc program's own program array (index 0: itself; `tc::fill_again`).
+pub const TC_AGAIN: &str = "KPR_TC_AGAIN";
 
 /// Every map of the object, for pinning, sizing and cleanup.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 16] = [
     SERVICES,
     SLOTS,
     BACKENDS,
@@ -59,6 +61,7 @@ pub const ALL: [&str; 15] = [
     SRC_RANGES,
     SOCK_TERM,
     SOCK_TERM_STATS,
+    TC_AGAIN,
 ];
 
 /// One hash map with its name and capacity.

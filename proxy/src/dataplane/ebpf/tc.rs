@@ -17,6 +17,7 @@ use std::fs::{self, File};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 
+use aya::maps::ProgramArray;
 use aya::programs::links::FdLink;
 use aya::programs::tc::{qdisc_add_clsact, qdisc_detach_program, TcError};
 use aya::programs::{SchedClassifier, TcAttachType};
@@ -25,6 +26,7 @@ use aya::Ebpf;
 use nix::sched::{setns, CloneFlags};
 
 use super::attach::{error_chain, replace_pin};
+use super::maps::TC_AGAIN as AGAIN;
 use crate::error::DataplaneError;
 
 pub const PROGRAM: &str = "kpr_tc_ingress";
@@ -59,6 +61,7 @@ impl TcAttacher {
             .map_err(|e| DataplaneError::io("opening /proc/thread-self/ns/net", e))?;
         if mode != TcInterfaces::Off {
             program(ebpf)?.load().map_err(|e| tc_err("loading", &e))?;
+            fill_again(ebpf)?;
         }
         Ok(TcAttacher {
             netns,
@@ -135,6 +138,28 @@ fn enter(netns: &File) -> Result<(), DataplaneError> {
     }
     setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
         .map_err(|e| DataplaneError::io("entering the dataplane's network namespace", e.into()))
+}
+
+/// Puts the loaded program at index 0 of `KPR_TC_AGAIN`, through which it runs itself again on a
+/// SYN that reuses an earlier connection's 4-tuple (proxy-ebpf's `tc.rs`). A pinned map keeps
+/// the previous agent's program there until this one replaces it.
+fn fill_again(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
+    let fd = program(ebpf)?
+        .fd()
+        .map_err(|e| tc_err("reading the fd of", &e))?
+        .try_clone()
+        .map_err(|e| DataplaneError::io("duplicating the tc program's fd", e))?;
+    let map = ebpf
+        .map_mut(AGAIN)
+        .ok_or_else(|| DataplaneError::Other(format!("the eBPF object has no map {AGAIN}")))?;
+    let mut again = ProgramArray::try_from(map)
+        .map_err(|e| DataplaneError::Other(format!("eBPF map {AGAIN}: {e}{}", error_chain(&e))))?;
+    again.set(0, &fd, 0).map_err(|e| {
+        DataplaneError::Other(format!(
+            "eBPF map {AGAIN}: putting {PROGRAM} at index 0: {e}{}",
+            error_chain(&e)
+        ))
+    })
 }
 
 fn program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, DataplaneError> {
