@@ -501,6 +501,7 @@ fn jessie_dnsutils(name: &str, inputs: &Inputs) -> anyhow::Result<Image> {
         (images::DIG.into(), "/usr/bin/dig".into()),
         (NSLOOKUP.into(), "/usr/bin/nslookup".into()),
         (HOST.into(), "/usr/bin/host".into()),
+        (images::GETENT.into(), "/usr/bin/getent".into()),
         (inputs.k8s_bin.join("coredns"), "/coredns".into()),
     ];
     let entries = tool_image(name, &tools, images::PASSWD, images::GROUP, true)?;

@@ -133,6 +133,10 @@ const WGET: &str = "/usr/bin/wget";
 /// Not /bin/nc: that is an alternatives symlink which may point at another netcat.
 const NC: &str = "/bin/nc.openbsd";
 pub(crate) const DIG: &str = "/usr/bin/dig";
+/// glibc's getent (its `files` and `dns` NSS modules are in libc.so.6 since 2.34): the DNS
+/// Conformance specs check /etc/hosts entries with `getent hosts NAME` in agnhost and
+/// jessie-dnsutils, which upstream's images have (Alpine's musl-utils, Debian's libc-bin).
+pub(crate) const GETENT: &str = "/usr/bin/getent";
 const IP: &str = "/bin/ip";
 const SS: &str = "/bin/ss";
 const NFT: &str = "/usr/sbin/nft";
@@ -268,6 +272,7 @@ pub fn agnhost(agnhost_binary: &Path) -> anyhow::Result<Image> {
         (DIG, "/usr/bin/dig"),
         (IP, "/sbin/ip"),
         (SS, "/usr/sbin/ss"),
+        (GETENT, "/usr/bin/getent"),
     ]
     .into_iter()
     .map(|(src, dest)| (PathBuf::from(src), dest.to_string()))
@@ -1329,6 +1334,33 @@ mod tests {
             text.lines().any(|l| l == "data-1=value-1")
                 && text.lines().any(|l| l == "p-data-1=value-1"),
             "the image's sh dropped them: {text}"
+        );
+    }
+
+    /// agnhost resolves a name of /etc/hosts with `getent hosts`, as the DNS Conformance specs'
+    /// probes do (`test -n "$(getent hosts NAME)" && echo OK > /results/...`).
+    #[test]
+    fn agnhost_image_has_getent_reading_etc_hosts() {
+        let image = agnhost(Path::new("/bin/true")).unwrap();
+        let mut layer = Vec::new();
+        write_layer(&image.entries, &mut layer).unwrap();
+        let root = TempDir::new();
+        tar::Archive::new(&layer[..]).unpack(&root.0).unwrap();
+        fs::write(
+            root.0.join("etc/hosts"),
+            "10.244.1.5\tdns-querier-2.dns-test-service-2.ns.svc.cluster.local\tdns-querier-2\n",
+        )
+        .unwrap();
+        let out = std::process::Command::new("/usr/sbin/chroot")
+            .arg(&root.0)
+            .args(["/bin/sh", "-c", "getent hosts dns-querier-2"])
+            .env_clear()
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.starts_with("10.244.1.5 "),
+            "{out:?}"
         );
     }
 
