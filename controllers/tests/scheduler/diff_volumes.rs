@@ -12,8 +12,10 @@
 //!    the node of its volume;
 //! 2. a Pod whose claim is bound to a volume on a node too small for it, a Pod whose volume is
 //!    in a zone no node has, a Pod whose CSI volumes exceed every node's CSINode count, a claim
-//!    matching no volume, a missing claim, an unbound Immediate claim: the FitError, word for
-//!    word;
+//!    matching no volume, a missing claim, an unbound Immediate claim, a claim naming a class
+//!    that does not exist, a claim bound to a volume whose node affinity names no node, two
+//!    claims bound to volumes on two different nodes: the FitError, word for word; then a Pod
+//!    without volumes is still scheduled (the bad input held nothing up);
 //! 3. a Pod whose claim is to be provisioned (a CSI class, WaitForFirstConsumer) where only one
 //!    node's CSINode has room: the node written to the claim's `volume.kubernetes.io/selected-node`
 //!    (no provisioner runs here, so the Pod itself waits in PreBind and is not compared).
@@ -113,7 +115,9 @@ pub async fn setup(client: &Client) -> anyhow::Result<()> {
 
 /// The volumes: local ones of 1, 2 and 3 GiB on n1, n2, n3 (class `local`); one of class
 /// `immediate` on n1 pre-bound to claim `pinned`; one of class `immediate` labelled with a zone
-/// no node has, pre-bound to claim `zoned`.
+/// no node has, pre-bound to claim `zoned`; of class `immediate`, pre-bound: one whose node
+/// affinity names a node that does not exist (claim `affinity-nowhere`), one on n1 and one on
+/// n2 (claims `split-a`, `split-b`).
 fn volumes(imp: Impl) -> Vec<Value> {
     let local = |n: &str, size: &str, class: &str| {
         json!({"apiVersion": "v1", "kind": "PersistentVolume",
@@ -132,12 +136,21 @@ fn volumes(imp: Impl) -> Vec<Value> {
             "persistentVolumeReclaimPolicy": "Retain", "storageClassName": named(imp, "immediate"),
             "hostPath": {"path": "/tmp/zoned"},
             "claimRef": {"namespace": ns(imp), "name": "zoned"}}});
+    let prebound = |name: &str, node: &str, claim: &str| {
+        let mut v = local(node, "1Gi", "immediate");
+        v["metadata"]["name"] = json!(named(imp, name));
+        v["spec"]["claimRef"] = json!({"namespace": ns(imp), "name": claim});
+        v
+    };
     vec![
         local("n1", "1Gi", "local"),
         local("n2", "2Gi", "local"),
         local("n3", "3Gi", "local"),
         pinned,
         zoned,
+        prebound("nowhere", "n9", "affinity-nowhere"),
+        prebound("split-a", "n1", "split-a"),
+        prebound("split-b", "n2", "split-b"),
     ]
 }
 
@@ -274,6 +287,14 @@ async fn script(client: &Client, imp: Impl) -> anyhow::Result<BTreeMap<String, S
     create_claim(claim(imp, "unbound-immediate", "immediate", "5Gi")).await?;
     create_claim(claim(imp, "csi-a", "csi", "1Gi")).await?;
     create_claim(claim(imp, "csi-b", "csi", "1Gi")).await?;
+    create_claim(claim(imp, "missing-class", "gone", "1Gi")).await?;
+    for c in ["affinity-nowhere", "split-a", "split-b"] {
+        create_claim(claim(imp, c, "immediate", "1Gi")).await?;
+        out.insert(
+            format!("2 {c} volume"),
+            bound_volume(&claims, imp, c).await?,
+        );
+    }
     out.insert(
         "2 pinned volume".into(),
         bound_volume(&claims, imp, "pinned").await?,
@@ -289,6 +310,9 @@ async fn script(client: &Client, imp: Impl) -> anyhow::Result<BTreeMap<String, S
         ("no-matching-volume", vec!["nomatch"], "100m"),
         ("missing-claim", vec!["missing"], "100m"),
         ("unbound-immediate", vec!["unbound-immediate"], "100m"),
+        ("missing-class", vec!["missing-class"], "100m"),
+        ("affinity-nowhere", vec!["affinity-nowhere"], "100m"),
+        ("claims-on-two-nodes", vec!["split-a", "split-b"], "100m"),
     ];
     for (name, cs, cpu) in &nowhere {
         create_pod(pod(imp, name, cs, cpu)).await?;
@@ -296,6 +320,17 @@ async fn script(client: &Client, imp: Impl) -> anyhow::Result<BTreeMap<String, S
     for (name, _, _) in &nowhere {
         out.insert(format!("2 {name}"), settled(&pods, imp, name).await?);
     }
+    // Nothing else is held up: a Pod without volumes is scheduled after them.
+    create_pod(pod(imp, "no-volumes", &[], "100m")).await?;
+    let fate = settled(&pods, imp, "no-volumes").await?;
+    out.insert(
+        "2 no-volumes after the bad input".into(),
+        if fate.starts_with("on ") {
+            "scheduled".into()
+        } else {
+            fate
+        },
+    );
 
     // 3. A claim to provision where one node's CSINode has room.
     create_claim(claim(imp, "csi-one", "csi", "1Gi")).await?;

@@ -14,7 +14,11 @@
 //!   or kube-proxy on a `--proxy kube-proxy` cluster), waited for with `rollout status`;
 //! - `endpoint-removal`: the Deployment scaled down by half, then one of the remaining Pods
 //!   deleted: when each removed endpoint left the EndpointSlice (polled), when it last answered a
-//!   new connection or a UDP request, and what failed meanwhile.
+//!   new connection or a UDP request, and what failed meanwhile;
+//! - `proxy-switch`: the nodes' Service proxy switched, as README's steps do (`cargo xtask
+//!   cluster proxy`'s [`super::switch::switch`]): kpr to another backend (`--to kpr
+//!   --to-backend B`), kube-proxy to kpr, kpr back to kube-proxy (`--to kube-proxy`); the
+//!   leftovers check after it.
 //!
 //! Each run writes `report.json` (every client's report and the timeline) and `report.md` (the
 //! table) under `<cluster dir>/chaos/<scenario>-<unix ms>/` and prints the table.
@@ -52,6 +56,8 @@ pub enum Scenario {
     AgentRestart,
     /// Scale the backend Deployment down, then delete a Pod, under load.
     EndpointRemoval,
+    /// Switch the nodes' Service proxy (`--to`, `--to-backend`, `--to-mode`) under load.
+    ProxySwitch,
 }
 
 impl Scenario {
@@ -59,6 +65,7 @@ impl Scenario {
         match self {
             Scenario::AgentRestart => "agent-restart",
             Scenario::EndpointRemoval => "endpoint-removal",
+            Scenario::ProxySwitch => "proxy-switch",
         }
     }
 }
@@ -79,6 +86,15 @@ pub struct ChaosArgs {
     /// The backend Deployment's replicas (endpoint-removal scales it to half).
     #[arg(long, default_value_t = 4)]
     pub replicas: usize,
+    /// proxy-switch: the Service proxy to switch the nodes to.
+    #[arg(long, value_enum)]
+    pub to: Option<super::nodes::Proxy>,
+    /// proxy-switch: kpr's backend after the switch (with --to kpr).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(deploy::BACKENDS), default_value = deploy::DEFAULT_BACKEND)]
+    pub to_backend: String,
+    /// proxy-switch: kube-proxy's mode after the switch (with --to kube-proxy).
+    #[arg(long, value_enum, default_value_t = super::nodes::Mode::Nftables)]
+    pub to_mode: super::nodes::Mode,
 }
 
 /// One load client: where it runs and its process.
@@ -168,6 +184,7 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
         match args.scenario {
             Scenario::AgentRestart => agent_restart(&k, &proxy, args),
             Scenario::EndpointRemoval => endpoint_removal(&k, args),
+            Scenario::ProxySwitch => proxy_switch(cluster, args),
         }
     });
     fs::write(&stop_file, "")?;
@@ -461,6 +478,42 @@ fn agent_restart(k: &dyn Fn() -> Cmd, proxy: &str, args: &ChaosArgs) -> anyhow::
     }))
 }
 
+/// Scenario 2: the nodes' Service proxy switched as README says; the timeline.
+fn proxy_switch(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<Value> {
+    let Some(proxy) = args.to else {
+        bail!("proxy-switch needs --to kpr|kube-proxy|none (and --to-backend or --to-mode)");
+    };
+    let to = super::nodes::ProxyChoice {
+        proxy,
+        backend: args.to_backend.clone(),
+        mode: args.to_mode,
+    };
+    let live = super::switch::Live::open(cluster)?;
+    let from = live.proxy()?.describe();
+    let switch_ms = unix_ms();
+    super::switch::switch(&live, &to)?;
+    let switched_ms = unix_ms();
+    super::switch::settle(&live)?;
+    let leftovers = super::switch::check(&live)?;
+    println!(
+        "==> {from} -> {} in {:.1} s, {} leftovers; {} s more load",
+        to.describe(),
+        (switched_ms - switch_ms) as f64 / 1000.0,
+        leftovers.len(),
+        args.settle
+    );
+    std::thread::sleep(Duration::from_secs(args.settle));
+    Ok(json!({
+        "from": from,
+        "to": to.describe(),
+        "switch_ms": switch_ms,
+        "switched_ms": switched_ms,
+        "leftovers": leftovers,
+        "removed": [],
+        "window_ms": [switch_ms, switched_ms],
+    }))
+}
+
 /// The backend Pods: name -> whether it is being deleted.
 fn backend_pods(k: &dyn Fn() -> Cmd) -> anyhow::Result<BTreeMap<String, bool>> {
     let text = k()
@@ -694,6 +747,26 @@ fn summarize(
                 "`kubectl rollout restart daemonset/{}`: rolled out in {:.1} s.\n",
                 timeline["daemonset"].as_str().unwrap_or("?"),
                 ms("rolled_out_ms").saturating_sub(ms("restart_ms")) as f64 / 1000.0
+            ));
+        }
+        Scenario::ProxySwitch => {
+            let ms = |f: &str| timeline[f].as_u64().unwrap_or(0);
+            let leftovers: Vec<&str> = timeline["leftovers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            md.push_str(&format!(
+                "{} -> {}: switched in {:.1} s; leftovers of another proxy after it: {}.\n",
+                timeline["from"].as_str().unwrap_or("?"),
+                timeline["to"].as_str().unwrap_or("?"),
+                ms("switched_ms").saturating_sub(ms("switch_ms")) as f64 / 1000.0,
+                if leftovers.is_empty() {
+                    "none".to_string()
+                } else {
+                    leftovers.join("; ")
+                }
             ));
         }
         Scenario::EndpointRemoval => {
