@@ -18,7 +18,11 @@
 //! - `proxy-switch`: the nodes' Service proxy switched, as README's steps do (`cargo xtask
 //!   cluster proxy`'s [`super::switch::switch`]): kpr to another backend (`--to kpr
 //!   --to-backend B`), kube-proxy to kpr, kpr back to kube-proxy (`--to kube-proxy`); the
-//!   leftovers check after it.
+//!   leftovers check after it;
+//! - `apiserver-outage`: kube-apiserver stopped for `--outage` seconds (etcd, the nodes, the
+//!   proxies and the controllers keep running), started again with its own command line, etcd
+//!   compacted at its revision (every watch from before must relist), then the endpoint-removal
+//!   steps: the dataplane must serve through the outage and follow the changes after it.
 //!
 //! Each run writes `report.json` (every client's report and the timeline) and `report.md` (the
 //! table) under `<cluster dir>/chaos/<scenario>-<unix ms>/` and prints the table.
@@ -58,6 +62,8 @@ pub enum Scenario {
     EndpointRemoval,
     /// Switch the nodes' Service proxy (`--to`, `--to-backend`, `--to-mode`) under load.
     ProxySwitch,
+    /// Stop kube-apiserver for `--outage` s, start it, compact etcd, then remove endpoints.
+    ApiserverOutage,
 }
 
 impl Scenario {
@@ -66,6 +72,7 @@ impl Scenario {
             Scenario::AgentRestart => "agent-restart",
             Scenario::EndpointRemoval => "endpoint-removal",
             Scenario::ProxySwitch => "proxy-switch",
+            Scenario::ApiserverOutage => "apiserver-outage",
         }
     }
 }
@@ -95,6 +102,9 @@ pub struct ChaosArgs {
     /// proxy-switch: kube-proxy's mode after the switch (with --to kube-proxy).
     #[arg(long, value_enum, default_value_t = super::nodes::Mode::Nftables)]
     pub to_mode: super::nodes::Mode,
+    /// apiserver-outage: seconds kube-apiserver stays stopped.
+    #[arg(long, default_value_t = 60)]
+    pub outage: u64,
 }
 
 /// One load client: where it runs and its process.
@@ -185,6 +195,7 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
             Scenario::AgentRestart => agent_restart(&k, &proxy, args),
             Scenario::EndpointRemoval => endpoint_removal(&k, args),
             Scenario::ProxySwitch => proxy_switch(cluster, args),
+            Scenario::ApiserverOutage => apiserver_outage(cluster, &k, args),
         }
     });
     fs::write(&stop_file, "")?;
@@ -514,6 +525,194 @@ fn proxy_switch(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<Value> {
     }))
 }
 
+/// What starts a process again as it was: its command line, environment, working directory and
+/// network namespace, read from /proc before it stops.
+struct Relaunch {
+    argv: Vec<std::ffi::OsString>,
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    cwd: PathBuf,
+    netns: fs::File,
+}
+
+impl Relaunch {
+    fn read(pid: u32) -> anyhow::Result<Relaunch> {
+        use std::os::unix::ffi::OsStringExt as _;
+        let words = |what: &str| -> anyhow::Result<Vec<Vec<u8>>> {
+            let raw = fs::read(format!("/proc/{pid}/{what}"))
+                .with_context(|| format!("reading /proc/{pid}/{what}"))?;
+            Ok(raw
+                .split(|b| *b == 0)
+                .filter(|w| !w.is_empty())
+                .map(<[u8]>::to_vec)
+                .collect())
+        };
+        let argv: Vec<_> = words("cmdline")?
+            .into_iter()
+            .map(std::ffi::OsString::from_vec)
+            .collect();
+        ensure!(!argv.is_empty(), "process {pid} has no command line");
+        let env = words("environ")?
+            .into_iter()
+            .filter_map(|w| {
+                let at = w.iter().position(|b| *b == b'=')?;
+                Some((
+                    std::ffi::OsString::from_vec(w[..at].to_vec()),
+                    std::ffi::OsString::from_vec(w[at + 1..].to_vec()),
+                ))
+            })
+            .collect();
+        Ok(Relaunch {
+            argv,
+            env,
+            cwd: fs::read_link(format!("/proc/{pid}/cwd"))?,
+            netns: fs::File::open(format!("/proc/{pid}/ns/net"))?,
+        })
+    }
+
+    /// Starts it again, detached as `up` starts it, its output appended to `log`; the pid.
+    fn start(&self, log: &Path) -> anyhow::Result<u32> {
+        use std::os::fd::AsRawFd as _;
+        use std::os::unix::process::CommandExt as _;
+        let out = fs::OpenOptions::new().append(true).create(true).open(log)?;
+        let netns = self.netns.as_raw_fd();
+        let mut cmd = Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&self.cwd)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        // SAFETY: setns and setsid are async-signal-safe; the fd outlives the spawn.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(netns, libc::CLONE_NEWNET) != 0 || libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {:?} again", self.argv[0]))?;
+        Ok(child.id())
+    }
+}
+
+/// The pid of the process state.json records as `name`, and its index there.
+fn recorded(state: &Value, name: &str) -> anyhow::Result<(usize, u32)> {
+    let processes = state["processes"]
+        .as_array()
+        .context("state.json lists no processes")?;
+    let i = processes
+        .iter()
+        .position(|p| p["name"] == name)
+        .with_context(|| format!("state.json lists no {name}"))?;
+    let pid = processes[i]["pid"]
+        .as_u64()
+        .context("a process without a pid")? as u32;
+    Ok((i, pid))
+}
+
+/// Scenario 4: kube-apiserver stopped and started again, etcd compacted, then endpoints
+/// removed; the timeline.
+fn apiserver_outage(
+    cluster: &Cluster,
+    k: &dyn Fn() -> Cmd,
+    args: &ChaosArgs,
+) -> anyhow::Result<Value> {
+    let mut state = super::read_state(cluster)?;
+    let (entry, pid) = recorded(&state, "kube-apiserver")?;
+    let log = PathBuf::from(
+        state["processes"][entry]["log"]
+            .as_str()
+            .context("kube-apiserver has no log in state.json")?,
+    );
+    let again = Relaunch::read(pid)?;
+    let stop_ms = unix_ms();
+    // SAFETY: a signal to a pid state.json recorded and /proc just showed.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while controlplane::process::alive(pid) {
+        ensure!(
+            Instant::now() < deadline,
+            "kube-apiserver (pid {pid}) did not stop in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("==> kube-apiserver stopped; {} s without it", args.outage);
+    std::thread::sleep(Duration::from_secs(args.outage));
+    let start_ms = unix_ms();
+    let new_pid = again.start(&log)?;
+    // `down` stops what state.json records: the new process from now on.
+    state["processes"][entry]["pid"] = json!(new_pid);
+    fs::write(
+        cluster.dir.join("state.json"),
+        serde_json::to_string_pretty(&state)?,
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while k()
+        .args(["get", "--raw", "/readyz"])
+        .quiet()
+        .read()
+        .is_err()
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "kube-apiserver (pid {new_pid}) not ready 120 s after its start; log: {}",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let ready_ms = unix_ms();
+    // etcd's history compacted at its revision: watches from before the outage get 410 Gone.
+    let (_, etcd) = recorded(&state, "etcd")?;
+    let cmdline = fs::read(format!("/proc/{etcd}/cmdline"))?;
+    let client_url = String::from_utf8_lossy(&cmdline)
+        .split('\0')
+        .find_map(|a| a.strip_prefix("--listen-client-urls=").map(str::to_string))
+        .context("etcd's command line has no --listen-client-urls")?;
+    let etcdctl = crate::k8s::bin_dir().join("etcdctl");
+    let netns = format!("--net=/proc/{etcd}/ns/net");
+    let endpoint = format!("--endpoints={client_url}");
+    let status = Cmd::new("nsenter")
+        .args([netns.as_str(), "--"])
+        .arg(&etcdctl)
+        .args([endpoint.as_str(), "endpoint", "status", "-w", "json"])
+        .quiet()
+        .read()?;
+    let parsed: Value = serde_json::from_str(&status).context("etcdctl endpoint status")?;
+    let revision = parsed[0]["Status"]["header"]["revision"]
+        .as_u64()
+        .context("no revision in etcdctl's status")?;
+    Cmd::new("nsenter")
+        .args([netns.as_str(), "--"])
+        .arg(&etcdctl)
+        .args([
+            endpoint.as_str(),
+            "compact",
+            &revision.to_string(),
+            "--physical",
+        ])
+        .quiet()
+        .run()?;
+    println!(
+        "==> kube-apiserver ready {:.1} s after its start; etcd compacted at revision {revision}; \
+         {} s of load, then the endpoints change",
+        (ready_ms - start_ms) as f64 / 1000.0,
+        args.settle
+    );
+    std::thread::sleep(Duration::from_secs(args.settle));
+    let mut timeline = endpoint_removal(k, args)?;
+    let end = timeline["window_ms"][1].as_u64();
+    timeline["stop_ms"] = json!(stop_ms);
+    timeline["start_ms"] = json!(start_ms);
+    timeline["ready_ms"] = json!(ready_ms);
+    timeline["compacted_revision"] = json!(revision);
+    timeline["window_ms"] = json!([stop_ms, end]);
+    Ok(timeline)
+}
+
 /// The backend Pods: name -> whether it is being deleted.
 fn backend_pods(k: &dyn Fn() -> Cmd) -> anyhow::Result<BTreeMap<String, bool>> {
     let text = k()
@@ -769,7 +968,17 @@ fn summarize(
                 }
             ));
         }
-        Scenario::EndpointRemoval => {
+        Scenario::EndpointRemoval | Scenario::ApiserverOutage => {
+            if scenario == Scenario::ApiserverOutage {
+                let ms = |f: &str| timeline[f].as_u64().unwrap_or(0);
+                md.push_str(&format!(
+                    "kube-apiserver stopped for {:.1} s, ready {:.1} s after its start; etcd \
+                     compacted at revision {}; then the endpoints changed:\n\n",
+                    ms("start_ms").saturating_sub(ms("stop_ms")) as f64 / 1000.0,
+                    ms("ready_ms").saturating_sub(ms("start_ms")) as f64 / 1000.0,
+                    ms("compacted_revision")
+                ));
+            }
             md.push_str(
                 "| removed Pod | how | endpoint not ready after | last new connection answered after | last UDP answer after |\n|---|---|---:|---:|---:|\n",
             );
