@@ -170,6 +170,21 @@ fn tc_links_are_pinned_per_interface_and_removed_by_cleanup() {
     drop(state);
 }
 
+/// The node port's endpoints become the one pod that is not `gone` (of a two-pod fixture),
+/// synced; that pod's index.
+fn keep_only_the_other(
+    fx: &mut Fixture,
+    state: &mut ProxyState,
+    proto: Protocol,
+    gone: &str,
+) -> usize {
+    let keep = fx.cluster.pods.iter().position(|p| p.name != gone).unwrap();
+    let n = name("web", proto);
+    set_endpoints(state, &n, fx.endpoints(&[keep]));
+    fx.sync(state, &changed(&[&n]));
+    keep
+}
+
 #[test]
 fn udp_flow_to_a_removed_endpoint_is_rebalanced() {
     let mut fx = Fixture::with_tc("tcudpgone", 2);
@@ -198,15 +213,7 @@ fn udp_flow_to_a_removed_endpoint_is_rebalanced() {
     let first = ask(&sock);
     assert_eq!(ask(&sock), first, "one flow stays on its endpoint");
     // The endpoint the flow uses goes away; the same socket (same 5-tuple) must get the other.
-    let keep = fx
-        .cluster
-        .pods
-        .iter()
-        .position(|p| p.name != first)
-        .unwrap();
-    let n = name("web", Protocol::Udp);
-    set_endpoints(&mut state, &n, fx.endpoints(&[keep]));
-    fx.sync(&mut state, &changed(&[&n]));
+    let keep = keep_only_the_other(&mut fx, &mut state, Protocol::Udp, &first);
     assert_eq!(ask(&sock), fx.cluster.pods[keep].name);
 }
 
@@ -272,15 +279,7 @@ fn a_syn_reusing_the_tuple_of_a_removed_endpoint_is_balanced_at_once() {
     fx.sync(&mut state, &full());
     let (first, retrans) = request_from_port(&fx, 41000);
     assert_eq!(retrans, 0, "the first connection needs no retransmission");
-    let keep = fx
-        .cluster
-        .pods
-        .iter()
-        .position(|p| p.name != first)
-        .unwrap();
-    let n = name("web", Protocol::Tcp);
-    set_endpoints(&mut state, &n, fx.endpoints(&[keep]));
-    fx.sync(&mut state, &changed(&[&n]));
+    let keep = keep_only_the_other(&mut fx, &mut state, Protocol::Tcp, &first);
     let (second, retrans) = request_from_port(&fx, 41000);
     assert_eq!(
         second, fx.cluster.pods[keep].name,
