@@ -85,8 +85,9 @@ impl Controller {
 
     fn managed_by(self) -> &'static str {
         match self {
-            Controller::Kpr => "endpointslice-controller.kpr.io",
-            Controller::Upstream | Controller::UpstreamUnthrottled => {
+            // kpr's writes upstream's value (it replaces that controller); each runs on a
+            // control plane of its own here.
+            Controller::Kpr | Controller::Upstream | Controller::UpstreamUnthrottled => {
                 "endpointslice-controller.k8s.io"
             }
         }

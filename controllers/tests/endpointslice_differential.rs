@@ -7,8 +7,9 @@
 //! Each controller only reads and writes the slices carrying its own
 //! `endpointslice.kubernetes.io/managed-by` value: upstream lists a Service's slices with the
 //! selector `kubernetes.io/service-name=<svc>,endpointslice.kubernetes.io/managed-by=
-//! endpointslice-controller.k8s.io` (pkg/controller/endpointslice, `syncService`), ours watches
-//! only slices labelled `endpointslice-controller.kpr.io` (`plan::MANAGED_BY`; `plan::is_managed`
+//! endpointslice-controller.k8s.io` (pkg/controller/endpointslice, `syncService`); ours, given
+//! another value for this test (`plan::set_managed_by`: in production it writes upstream's, as it
+//! replaces that controller), watches only slices labelled `endpointslice-controller.kpr.io` (`plan::is_managed`
 //! filters again before planning, the orphan sweep and the cleanup of deleted Services). Neither
 //! touches the other's slices, so both run side by side against the very same objects: one API
 //! server, one set of Pods, and every slice of the namespace is attributed to its controller by
@@ -78,7 +79,9 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
 
 const UPSTREAM: &str = "endpointslice-controller.k8s.io";
-const OURS: &str = controllers::endpoint::endpointslice::plan::MANAGED_BY;
+/// Ours runs with another value (`plan::set_managed_by`, the binary's
+/// `--endpointslice-managed-by`), so that both controllers run side by side.
+const OURS: &str = "endpointslice-controller.kpr.io";
 const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 const SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// How long both controllers get to settle.
@@ -670,6 +673,7 @@ async fn endpointslices_match_kube_controller_manager() {
     .unwrap();
     let ns = cp.test_namespace("differential").unwrap();
     let client = cp.client().await.unwrap();
+    controllers::endpoint::endpointslice::plan::set_managed_by(OURS).unwrap();
     let ours = {
         let client = client.clone();
         tokio::spawn(async move {

@@ -23,6 +23,12 @@ struct Args {
     /// LoadBalancer address pool: a CIDR (10.0.0.0/24) or a range (10.0.0.10-10.0.0.20).
     #[arg(long)]
     lb_pool: Option<Pool>,
+    /// The `endpointslice.kubernetes.io/managed-by` value of the slices the endpointslice
+    /// controller writes and owns (kpr's flag). Default: kube-controller-manager's, as it
+    /// replaces that controller and takes over its slices; another value runs it beside
+    /// kube-controller-manager's own, each with its slices.
+    #[arg(long, default_value = controllers::endpoint::endpointslice::plan::MANAGED_BY)]
+    endpointslice_managed_by: String,
     /// The cluster's root CA (PEM), published in every namespace as the kube-root-ca.crt
     /// ConfigMap by root-ca-cert-publisher (kube-controller-manager's flag; without it that
     /// controller does not run).
@@ -303,6 +309,8 @@ async fn main() -> anyhow::Result<()> {
         burst: args.kube_api_burst,
     };
     let client = client(args.kubeconfig.as_deref(), limit).await?;
+    controllers::endpoint::endpointslice::plan::set_managed_by(&args.endpointslice_managed_by)
+        .map_err(|e| anyhow::anyhow!(e))?;
     let cfg = ManagerConfig {
         controllers,
         lb_pool: args.lb_pool,

@@ -36,8 +36,36 @@ pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// The label naming the controller that manages a slice.
 pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
-/// Our value of `LABEL_MANAGED_BY`.
-pub const MANAGED_BY: &str = "endpointslice-controller.kpr.io";
+/// The value of `LABEL_MANAGED_BY` this controller writes and owns, upstream's: it replaces
+/// kube-controller-manager's endpointslice controller, so it takes over the slices that one made
+/// (a cluster moving to kpr keeps one set of slices per Service, not a stale one beside a new
+/// one), and the Conformance suite checks the value.
+pub const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
+
+/// Another value for this process (`--endpointslice-managed-by`), set once before the
+/// controller starts.
+static MANAGED_BY_OVERRIDE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Makes this process's controller write and own slices labelled `value` instead of
+/// [`MANAGED_BY`]: to run it beside kube-controller-manager's own, each with its slices (as the
+/// differential test does). Once per process; a second, different value is an error.
+pub fn set_managed_by(value: &str) -> Result<(), String> {
+    let set = MANAGED_BY_OVERRIDE.get_or_init(|| value.to_string());
+    if set != value {
+        return Err(format!(
+            "--endpointslice-managed-by {value:?}: this process already uses {set:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// The `LABEL_MANAGED_BY` value of this process's slices.
+pub fn managed_by() -> &'static str {
+    MANAGED_BY_OVERRIDE
+        .get()
+        .map(String::as_str)
+        .unwrap_or(MANAGED_BY)
+}
 
 /// What the apply layer must do.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -87,14 +115,14 @@ fn endpoints_mut(s: &mut EndpointSlice) -> &mut Vec<Endpoint> {
 
 /// Whether a slice is one this controller manages.
 pub fn is_managed(slice: &EndpointSlice) -> bool {
-    slice.labels().get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY)
+    slice.labels().get(LABEL_MANAGED_BY).map(String::as_str) == Some(managed_by())
 }
 
 /// The labels every slice of this Service carries: the Service's own labels plus ours.
 pub fn slice_labels(svc: &Service) -> BTreeMap<String, String> {
     let mut labels = svc.labels().clone();
     labels.insert(LABEL_SERVICE_NAME.into(), svc.name_any());
-    labels.insert(LABEL_MANAGED_BY.into(), MANAGED_BY.into());
+    labels.insert(LABEL_MANAGED_BY.into(), managed_by().into());
     if svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None") {
         labels.insert("service.kubernetes.io/headless".into(), String::new());
     }
