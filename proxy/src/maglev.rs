@@ -176,6 +176,11 @@ impl MaglevTable {
         self.slots.iter().map(|i| self.endpoints[*i as usize])
     }
 
+    /// Every slot's endpoint as an index into [`MaglevTable::endpoints`], in slot order.
+    pub fn slot_indices(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
+        self.slots.iter().map(|i| *i as usize)
+    }
+
     /// The slot a flow hash falls in.
     pub fn slot_of(&self, hash: u32) -> u32 {
         slot_of(hash, self.size)

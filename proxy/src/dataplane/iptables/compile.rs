@@ -605,15 +605,7 @@ impl<'a> Builder<'a> {
                 chain
             })
             .collect();
-        let owner: Vec<usize> = {
-            let index: BTreeMap<SocketAddr, usize> = table
-                .endpoints()
-                .iter()
-                .enumerate()
-                .map(|(i, e)| (*e, i))
-                .collect();
-            table.slots().map(|e| index[&e]).collect()
-        };
+        let owner: Vec<usize> = table.slot_indices().collect();
         let dispatch = format!("KPR-MGL-{h}");
         let blocks = owner.len().div_ceil(MAGLEV_BLOCK);
         let mut dispatch_rules = Vec::new();
