@@ -620,27 +620,9 @@ impl ControlPlane {
     /// Compacts etcd's history at its current revision, so a watch or list from an older
     /// resourceVersion gets 410 Gone (once the API server's watch cache no longer holds it).
     pub fn compact_etcd(&self) -> anyhow::Result<u64> {
-        let endpoint = format!("--endpoints=http://127.0.0.1:{}", self.ports.etcd_client);
+        let endpoint = format!("http://127.0.0.1:{}", self.ports.etcd_client);
         let etcdctl = self.binaries.path("etcdctl");
-        let status = run_with_input(
-            Command::new(&etcdctl).args([&endpoint, "endpoint", "status", "-w", "json"]),
-            None,
-        )?;
-        let parsed: serde_json::Value =
-            serde_json::from_str(&status).context("parsing etcdctl endpoint status")?;
-        let revision = parsed[0]["Status"]["header"]["revision"]
-            .as_u64()
-            .with_context(|| format!("no revision in etcdctl's status: {status}"))?;
-        run_with_input(
-            Command::new(&etcdctl).args([
-                &endpoint,
-                "compact",
-                &revision.to_string(),
-                "--physical",
-            ]),
-            None,
-        )?;
-        Ok(revision)
+        compact_etcd_with(|| Command::new(&etcdctl), &endpoint)
     }
 
     /// The pids of every running process (`cargo xtask cluster` records them).
@@ -803,6 +785,27 @@ pub async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
             .await
             .with_context(|| format!("loading {}", kubeconfig.display()))?;
     Ok(kube::Client::try_from(config)?)
+}
+
+/// Compacts the history of the etcd at `endpoint` (a client URL) at its current revision, with
+/// the `etcdctl` commands `etcdctl()` makes (a plain one, or one entering etcd's network
+/// namespace); the revision.
+pub fn compact_etcd_with(etcdctl: impl Fn() -> Command, endpoint: &str) -> anyhow::Result<u64> {
+    let endpoint = format!("--endpoints={endpoint}");
+    let status = run_with_input(
+        etcdctl().args([&endpoint, "endpoint", "status", "-w", "json"]),
+        None,
+    )?;
+    let parsed: serde_json::Value =
+        serde_json::from_str(&status).context("parsing etcdctl endpoint status")?;
+    let revision = parsed[0]["Status"]["header"]["revision"]
+        .as_u64()
+        .with_context(|| format!("no revision in etcdctl's status: {status}"))?;
+    run_with_input(
+        etcdctl().args([&endpoint, "compact", &revision.to_string(), "--physical"]),
+        None,
+    )?;
+    Ok(revision)
 }
 
 fn run_with_input(cmd: &mut Command, stdin: Option<&str>) -> anyhow::Result<String> {

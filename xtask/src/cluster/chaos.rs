@@ -674,28 +674,14 @@ fn apiserver_outage(
         .context("etcd's command line has no --listen-client-urls")?;
     let etcdctl = crate::k8s::bin_dir().join("etcdctl");
     let netns = format!("--net=/proc/{etcd}/ns/net");
-    let endpoint = format!("--endpoints={client_url}");
-    let status = Cmd::new("nsenter")
-        .args([netns.as_str(), "--"])
-        .arg(&etcdctl)
-        .args([endpoint.as_str(), "endpoint", "status", "-w", "json"])
-        .quiet()
-        .read()?;
-    let parsed: Value = serde_json::from_str(&status).context("etcdctl endpoint status")?;
-    let revision = parsed[0]["Status"]["header"]["revision"]
-        .as_u64()
-        .context("no revision in etcdctl's status")?;
-    Cmd::new("nsenter")
-        .args([netns.as_str(), "--"])
-        .arg(&etcdctl)
-        .args([
-            endpoint.as_str(),
-            "compact",
-            &revision.to_string(),
-            "--physical",
-        ])
-        .quiet()
-        .run()?;
+    let revision = controlplane::cluster::compact_etcd_with(
+        || {
+            let mut cmd = Command::new("nsenter");
+            cmd.args([netns.as_str(), "--"]).arg(&etcdctl);
+            cmd
+        },
+        &client_url,
+    )?;
     println!(
         "==> kube-apiserver ready {:.1} s after its start; etcd compacted at revision {revision}; \
          {} s of load, then the endpoints change",
