@@ -81,9 +81,11 @@ pub enum ClusterCommand {
     /// only the running proxy's own state is there.
     Leftovers,
     /// A disruption under load (docs/RELIABILITY.md): `agent-restart` restarts the Service
-    /// proxy's DaemonSet, `endpoint-removal` scales the backend down and deletes a Pod, while
-    /// `cargo xtask load` runs from a pod on every node and from outside the nodes; a report and
-    /// a table of failed connects, broken connections, timeouts and the longest gaps.
+    /// proxy's DaemonSet, `endpoint-removal` scales the backend down and deletes a Pod,
+    /// `proxy-switch` switches the nodes' Service proxy, `apiserver-outage` stops kube-apiserver
+    /// and compacts etcd, while `cargo xtask load` runs from a pod on every node and from outside
+    /// the nodes; a report and a table of failed connects, broken connections, timeouts and the
+    /// longest gaps.
     Chaos(chaos::ChaosArgs),
 }
 
@@ -113,7 +115,8 @@ pub struct UpArgs {
     /// kube-proxy's mode (with --proxy kube-proxy).
     #[arg(long, value_enum, default_value_t = nodes::Mode::Nftables)]
     pub mode: nodes::Mode,
-    /// Which build of kpr's binaries the nodes' kpr image carries (with --nodes).
+    /// Which build of kpr's binaries the cluster runs: the nodes' kpr image (with --nodes) and
+    /// the control plane's controller-manager and scheduler.
     #[arg(long, value_enum, default_value_t = crate::Profile::Release)]
     pub binaries: crate::Profile,
     /// The cluster's address families: `dual` gives the API server an IPv6 service range too
@@ -261,21 +264,28 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    // The control plane's controller-manager and scheduler are the same build as the nodes'
+    // agent (`--binaries`), so what a cluster measures (docs/CONFORMANCE.md's resources) is
+    // one build throughout.
+    let build_bin = |bin: &str| -> anyhow::Result<PathBuf> {
+        match args.binaries {
+            // The very build the nodes' image came from (the same package set, so the same
+            // features: nothing rebuilt).
+            crate::Profile::Release => crate::bench::build_release()?,
+            crate::Profile::Debug => Cmd::new("cargo")
+                .args(["build", "-p", "controllers", "--bin", bin])
+                .dir(workspace_root())
+                .run()?,
+        }
+        Ok(args.binaries.dir().join(bin))
+    };
     let controller_manager = if args.controllers.kpr() {
-        Cmd::new("cargo")
-            .args(["build", "-p", "controllers", "--bin", "controller-manager"])
-            .dir(workspace_root())
-            .run()?;
-        Some(target_dir().join("debug/controller-manager"))
+        Some(build_bin("controller-manager")?)
     } else {
         None
     };
     let scheduler = if args.scheduler == Who::Kpr {
-        Cmd::new("cargo")
-            .args(["build", "-p", "controllers", "--bin", "scheduler"])
-            .dir(workspace_root())
-            .run()?;
-        Some(target_dir().join("debug/scheduler"))
+        Some(build_bin("scheduler")?)
     } else {
         None
     };
