@@ -4,7 +4,7 @@
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
 //! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
-//! resourcequota, the six volume controllers, clusterrole-aggregation, ttl, nodelifecycle,
+//! resourcequota, the seven volume controllers, clusterrole-aggregation, ttl, nodelifecycle,
 //! csrapproving, csrsigning, csrcleaner, endpointslicemirroring, service-cidr,
 //! validatingadmissionpolicy-status, serviceaccount-token, legacy-serviceaccount-token-cleaner,
 //! bootstrapsigner, tokencleaner) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
@@ -32,7 +32,7 @@ use k8s_openapi::api::core::v1::{
     ResourceQuota, Secret, Service,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::process::{Child, Command};
@@ -73,7 +73,7 @@ fn spawn(
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,persistentvolume-expander,volumeattributesclass-protection,clusterrole-aggregation,ttl,nodelifecycle,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status,serviceaccount-token,legacy-serviceaccount-token-cleaner,bootstrapsigner,tokencleaner",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,persistentvolume-expander,volumeattributesclass-protection,persistentvolume-attach-detach,clusterrole-aggregation,ttl,nodelifecycle,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status,serviceaccount-token,legacy-serviceaccount-token-cleaner,bootstrapsigner,tokencleaner",
         ])
         .args(["--service-account-private-key-file", sa_key.to_str().unwrap()])
         .args(["--root-ca-file", ca.to_str().unwrap()])
@@ -527,6 +527,97 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
             .then_some(())
     })
     .await;
+
+    // persistentvolume-attach-detach: a Pod's CSI volume on a node the controller attaches for
+    // gets its VolumeAttachment (create), the node its volumesAttached once attached
+    // (nodes/status patch), and the attachment goes with the Pod (delete).
+    let attach_node = format!("rbac-attach-{}", std::process::id());
+    let nodes_api: Api<Node> = Api::all(admin.clone());
+    nodes_api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": attach_node, "annotations": {
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true"}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let csi_volume = format!("rbac-csi-{}", std::process::id());
+    pvs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": csi_volume}, "spec": {
+            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"namespace": volume_ns, "name": "attached"},
+            "csi": {"driver": "rbac.example.com", "volumeHandle": "h"}}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    pvcs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "attached"}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+            "resources": {"requests": {"storage": "1Gi"}}}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let volume_pods: Api<Pod> = Api::namespaced(admin.clone(), volume_ns);
+    let user: Pod = serde_json::from_value(json!({"metadata": {"name": "user"}, "spec": {
+        "nodeName": attach_node,
+        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+        "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "attached"}}]}}))
+    .unwrap();
+    // The namespace's default ServiceAccount (which admission wants) comes from the controller.
+    eventually("the Pod using the CSI volume created", || async {
+        volume_pods
+            .create(&PostParams::default(), &user)
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    let vas: Api<k8s_openapi::api::storage::v1::VolumeAttachment> = Api::all(admin.clone());
+    let attachment = eventually("the VolumeAttachment created", || async {
+        vas.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|a| a.spec.node_name == attach_node)
+            .and_then(|a| a.metadata.name)
+    })
+    .await;
+    vas.patch_status(
+        &attachment,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"attached": true}})),
+    )
+    .await
+    .unwrap();
+    eventually("the node reporting the volume attached", || async {
+        let n = nodes_api.get(&attach_node).await.unwrap();
+        let attached = n.status?.volumes_attached.unwrap_or_default();
+        (attached.len() == 1).then_some(())
+    })
+    .await;
+    volume_pods
+        .delete("user", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually("the VolumeAttachment deleted", || async {
+        vas.get_opt(&attachment)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    nodes_api
+        .delete(&attach_node, &Default::default())
+        .await
+        .unwrap();
 
     // clusterrole-aggregation: the bootstrap `view` role gets its rules (a patch with escalate).
     eventually("the view ClusterRole aggregated", || async {

@@ -30,7 +30,16 @@
 //!   ExternalExpanding Event (an external resizer's job), a GCE PD volume's (migrated to CSI) the
 //!   Event naming the migration and the storage-resizer annotation naming the CSI driver;
 //! - VolumeAttributesClass protection: a class gets the `kubernetes.io/vac-protection`
-//!   finalizer; deleted while a claim and a volume name it, it stays until both are gone.
+//!   finalizer; deleted while a claim and a volume name it, it stays until both are gone;
+//! - attach/detach: a Pod on a node whose kubelet leaves attaching to the controller gets a
+//!   VolumeAttachment for its CSI volume (named as the CSI attacher names it; none for a driver
+//!   whose CSIDriver says `attachRequired: false`); the test plays the external-attacher
+//!   (`status.attached`), and the node's `volumesAttached` lists the volume with the
+//!   SuccessfulAttachVolume Event; a Pod on a second node using the same ReadWriteOnce volume
+//!   gets the Multi-Attach Event naming the first Pod and no attachment; the first Pod deleted
+//!   while kubelet (the test) reports the volume in use: it stays attached and reported until
+//!   `volumesInUse` lets go, then leaves `volumesAttached` and is detached, and the second node
+//!   gets its attachment, attached, reported, and detached when its Pod goes.
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
@@ -43,15 +52,17 @@ use common::cluster::create_in;
 use common::events::recorded_by;
 use common::{Cluster, Flavour};
 use k8s_openapi::api::core::v1::{
-    Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
+    Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
 };
-use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
+use k8s_openapi::api::storage::v1::{
+    CSIDriver, StorageClass, VolumeAttachment, VolumeAttributesClass,
+};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
 /// kube-controller-manager's names of the controllers under test; ours takes the same.
-const CONTROLLERS: &str = "persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller,ephemeral-volume-controller,volumeattributesclass-protection-controller,persistentvolume-expander-controller";
+const CONTROLLERS: &str = "persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller,ephemeral-volume-controller,volumeattributesclass-protection-controller,persistentvolume-expander-controller,persistentvolume-attach-detach-controller";
 
 const NS: &str = "volumes";
 const WAIT: Duration = Duration::from_secs(30);
@@ -947,6 +958,220 @@ async fn vac_protection(f: &Fixture<'_>) {
     f.gone(&vacs, "gold").await;
 }
 
+/// The CSI attacher's VolumeAttachment name, computed here from its definition
+/// (`csi-` and the hex SHA-256 of handle, driver and node).
+fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
+    let d = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{handle}{driver}{node}").as_bytes(),
+    );
+    let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("csi-{hex}")
+}
+
+async fn attach_detach(f: &Fixture<'_>) {
+    const SOURCE: &str = "attachdetach-controller";
+    const DRIVER: &str = "attach.example.com";
+    let flavour = f.cluster.flavour;
+    let client = f.pvcs.clone().into_client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    for n in ["attach-a", "attach-b"] {
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": n,
+            "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"}}}))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+    }
+    // attach.example.com has no CSIDriver: attaching is required. This one says it is not.
+    let drivers: Api<CSIDriver> = Api::all(client.clone());
+    let noattach: CSIDriver = serde_json::from_value(json!({
+        "metadata": {"name": "noattach.example.com"}, "spec": {"attachRequired": false}}))
+    .unwrap();
+    drivers
+        .create(&PostParams::default(), &noattach)
+        .await
+        .unwrap();
+    for (volume, claim, driver) in [
+        ("pv-att", "c-att", DRIVER),
+        ("pv-noatt", "c-noatt", "noattach.example.com"),
+    ] {
+        let mut v = pv(volume, "1Gi", "", RWO, json!({}));
+        let spec = v["spec"].as_object_mut().unwrap();
+        spec.remove("hostPath");
+        spec.insert(
+            "csi".into(),
+            json!({"driver": driver, "volumeHandle": format!("h-{volume}")}),
+        );
+        spec.insert("claimRef".into(), json!({"namespace": NS, "name": claim}));
+        f.create_pv(v).await;
+        f.create_pvc(pvc(claim, "1Gi", "", RWO, json!({}))).await;
+        f.claim_in(claim, "Bound").await;
+    }
+    let pod_on = |name: &str, node: &str, claims: &[&str]| {
+        let volumes: Vec<_> = claims
+            .iter()
+            .map(|c| json!({"name": c, "persistentVolumeClaim": {"claimName": c}}))
+            .collect();
+        json!({
+            "metadata": {"name": name},
+            "spec": {"nodeName": node,
+                     "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                     "volumes": volumes}
+        })
+    };
+    create_in::<Pod>(
+        &client,
+        NS,
+        pod_on("att-a", "attach-a", &["c-att", "c-noatt"]),
+    )
+    .await;
+    let name_a = attachment_name("h-pv-att", DRIVER, "attach-a");
+    let va = f
+        .cluster
+        .eventually(
+            &format!("VolumeAttachment {name_a}"),
+            WAIT,
+            POLL,
+            || async { vas.get_opt(&name_a).await.unwrap() },
+        )
+        .await;
+    assert_eq!(va.spec.attacher, DRIVER, "{flavour:?}");
+    assert_eq!(va.spec.node_name, "attach-a", "{flavour:?}");
+    assert_eq!(
+        va.spec.source.persistent_volume_name.as_deref(),
+        Some("pv-att"),
+        "{flavour:?}"
+    );
+    let ours = |list: Vec<VolumeAttachment>| -> Vec<String> {
+        list.into_iter()
+            .filter(|a| a.spec.node_name.starts_with("attach-"))
+            .filter_map(|a| a.metadata.name)
+            .collect()
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        ours(vas.list(&Default::default()).await.unwrap().items),
+        std::slice::from_ref(&name_a),
+        "{flavour:?}: a driver without attach got an attachment"
+    );
+
+    // The external-attacher attaches it: the node reports it, the Pod hears it.
+    let attached = json!({"status": {"attached": true}});
+    vas.patch_status(&name_a, &PatchParams::default(), &Patch::Merge(&attached))
+        .await
+        .unwrap();
+    let unique = format!("kubernetes.io/csi/{DRIVER}^h-pv-att");
+    let reported = |node: &'static str| {
+        let nodes = nodes.clone();
+        async move {
+            let n = nodes.get(node).await.unwrap();
+            n.status
+                .and_then(|s| s.volumes_attached)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|v| (v.name, v.device_path))
+                .collect::<Vec<_>>()
+        }
+    };
+    f.cluster
+        .eventually_showing("attach-a reporting the volume", WAIT, POLL, || async {
+            let r = reported("attach-a").await;
+            if r == [(unique.clone(), String::new())] {
+                Ok(())
+            } else {
+                Err(format!("{r:?}"))
+            }
+        })
+        .await;
+    f.event(
+        "att-a",
+        "SuccessfulAttachVolume",
+        "AttachVolume.Attach succeeded for volume \"pv-att\" ",
+        SOURCE,
+    )
+    .await;
+
+    // A second node wants the ReadWriteOnce volume: refused while the first holds it.
+    create_in::<Pod>(&client, NS, pod_on("att-b", "attach-b", &["c-att"])).await;
+    f.event(
+        "att-b",
+        "FailedAttachVolume",
+        "Multi-Attach error for volume \"pv-att\" Volume is already used by pod(s) att-a",
+        SOURCE,
+    )
+    .await;
+    let name_b = attachment_name("h-pv-att", DRIVER, "attach-b");
+    assert!(vas.get_opt(&name_b).await.unwrap().is_none(), "{flavour:?}");
+
+    // Kubelet has it mounted; the Pod goes: no longer reported, but attached until unmounted.
+    let in_use = json!({"status": {"volumesInUse": [unique]}});
+    nodes
+        .patch_status("attach-a", &PatchParams::default(), &Patch::Merge(&in_use))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    f.pods
+        .delete("att-a", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        vas.get_opt(&name_a).await.unwrap().is_some(),
+        "{flavour:?}: detached while the node still had it in use"
+    );
+    assert_eq!(
+        reported("attach-a").await,
+        [(unique.clone(), String::new())],
+        "{flavour:?}: a volume still mounted is still reported attached"
+    );
+    let unmounted = json!({"status": {"volumesInUse": null}});
+    nodes
+        .patch_status(
+            "attach-a",
+            &PatchParams::default(),
+            &Patch::Merge(&unmounted),
+        )
+        .await
+        .unwrap();
+    f.gone(&vas, &name_a).await;
+    assert!(reported("attach-a").await.is_empty(), "{flavour:?}");
+    f.cluster
+        .eventually(
+            &format!("VolumeAttachment {name_b}"),
+            WAIT,
+            POLL,
+            || async { vas.get_opt(&name_b).await.unwrap() },
+        )
+        .await;
+
+    // The external-attacher attaches it (upstream's attach operation waits for that, up to two
+    // minutes, and nothing detaches meanwhile).
+    vas.patch_status(&name_b, &PatchParams::default(), &Patch::Merge(&attached))
+        .await
+        .unwrap();
+    f.cluster
+        .eventually_showing("attach-b reporting the volume", WAIT, POLL, || async {
+            let r = reported("attach-b").await;
+            if r == [(unique.clone(), String::new())] {
+                Ok(())
+            } else {
+                Err(format!("{r:?}"))
+            }
+        })
+        .await;
+    // Cleaned up: the Pod goes, and with it (not in use) the attachment. A new attachment
+    // counts as mounted only until the node's next change, and the controller's own
+    // volumesAttached write above was one, in both.
+    f.pods
+        .delete("att-b", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    f.gone(&vas, &name_b).await;
+    for n in ["attach-a", "attach-b"] {
+        nodes.delete(n, &DeleteParams::default()).await.unwrap();
+    }
+}
+
 async fn scenario(flavour: Flavour) {
     let cluster = Cluster::start_minimal(flavour, "volume", CONTROLLERS);
     let client: Client = controlplane::client_from(&cluster.kubeconfig)
@@ -981,6 +1206,7 @@ async fn scenario(flavour: Flavour) {
     ephemeral(&f).await;
     expansion(&f).await;
     vac_protection(&f).await;
+    attach_detach(&f).await;
     cluster.check_alive().unwrap();
 }
 

@@ -529,6 +529,18 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         },
     },
     ControllerDescriptor {
+        name: "persistentvolume-attach-detach",
+        aliases: &["persistentvolume-attach-detach-controller", "attachdetach"],
+        replaces: Some("persistentvolume-attach-detach-controller"),
+        default_on: true,
+        needs: None,
+        help: "VolumeAttachments for the CSI volumes of Pods on a node (the external-attacher's work), the node's volumesAttached, detach once unmounted",
+        new: |cx| {
+            let c = volume::attachdetach::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
         name: "volumeattributesclass-protection",
         aliases: &["volumeattributesclass-protection-controller"],
         replaces: Some("volumeattributesclass-protection-controller"),

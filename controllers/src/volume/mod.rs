@@ -10,10 +10,13 @@
 //! - [`ephemeral`]: `ephemeral-volume`, the claims of Pods' generic ephemeral volumes;
 //! - [`expand`]: `persistentvolume-expander`, handing a grown claim to its volume's resizer;
 //! - [`vacprotection`]: the `kubernetes.io/vac-protection` finalizer that keeps a
-//!   VolumeAttributesClass a claim or a volume names from going.
+//!   VolumeAttributesClass a claim or a volume names from going;
+//! - [`attachdetach`]: `persistentvolume-attach-detach`, the VolumeAttachments of the CSI
+//!   volumes Pods use on a node, and the node's `volumesAttached`.
 //!
 //! What they do and how they differ from upstream is in docs/VOLUMES.md.
 
+pub mod attachdetach;
 pub mod ephemeral;
 pub mod expand;
 pub mod persistentvolume;
