@@ -18,6 +18,8 @@
 //! - all four endpoints get flows (the spread in proportion to the slots, M/N rounded, is the
 //!   unit tests' and `/state`'s check);
 //! - UDP flows (one datagram each) follow the same table on both nodes;
+//! - on iptables over IPv6 (an IPv6-only Service's NodePort from outside), TCP and UDP flows
+//!   follow the IPv6 table's HMARK slots (ip6tables folds each address into one word);
 //! - `/state` and `proxy inspect` show the table: its size and each endpoint's slots; on eBPF,
 //!   `proxy trace --src-port` names the slot the programs took; on iptables, the slot HMARK
 //!   gives, and without the source port each endpoint's share of the slots.
@@ -29,7 +31,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use kpr_tests::client::{tcp_request_from, udp_request_from};
-use kpr_tests::cluster::{ClusterSpec, CLIENT_IP, ECHO_PORT, PODCLIENT_IP};
+use kpr_tests::cluster::{ClusterSpec, CLIENT_IP, CLIENT_IP6, ECHO_PORT, NODE_IP6, PODCLIENT_IP};
 use kpr_tests::{
     run_probe, yaml, Agent, AgentOptions, Cgroup, Cluster, EndpointSlice, ProbeLine, Service,
 };
@@ -428,6 +430,85 @@ fn ebpf_maglev_socket_path() {
 #[test]
 fn iptables_maglev() {
     maglev("iptables");
+}
+
+/// IPv6 on iptables (ip6tables' HMARK folds each address into one word, four words XORed): an
+/// IPv6-only Service's NodePort, reached from outside on the node's IPv6 address, sends every
+/// flow (TCP, and UDP datagrams) to the endpoint of the IPv6 table's HMARK slot, masqueraded.
+#[test]
+fn iptables_maglev_ipv6() {
+    let cluster = Cluster::new(ClusterSpec::pods(PODS).dual_stack()).expect("cluster");
+    let svc = Service::new("web6")
+        .cluster_ips(&["fd00:10:96::80"])
+        .tcp(PORT, ECHO_PORT)
+        .named("http")
+        .node_port(30180)
+        .udp(PORT, ECHO_PORT)
+        .named("dns")
+        .node_port(30180)
+        .balance("maglev");
+    let slice = EndpointSlice::for_service(&svc)
+        .ipv6()
+        .ready_all(cluster.pod_ip6s());
+    let agent = Agent::start(
+        &cluster.node,
+        &AgentOptions::backend("iptables").dual_stack(),
+        &[("web6.yaml", yaml(&[&svc, &slice]))],
+    )
+    .expect("agent starts");
+    agent
+        .wait_for("web6 with its endpoints", Duration::from_secs(15), |s| {
+            s.service("default/web6:http/TCP")
+                .is_some_and(|w| w.endpoints.len() == PODS && w.algorithm == "maglev")
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    let echo6 = |pod: &str| {
+        let p = cluster
+            .pod(pod)
+            .unwrap_or_else(|| panic!("unknown pod {pod:?}"));
+        SocketAddr::new(IpAddr::V6(p.ip6.expect("an IPv6 pod")), ECHO_PORT)
+    };
+    let t = MaglevTable::new(
+        cluster
+            .pods
+            .iter()
+            .map(|p| SocketAddr::new(IpAddr::V6(p.ip6.expect("an IPv6 pod")), ECHO_PORT)),
+        TableSize::default(),
+    );
+    let dst = SocketAddr::new(IpAddr::V6(NODE_IP6), 30180);
+    for udp in [false, true] {
+        let what = if udp {
+            "UDP over IPv6"
+        } else {
+            "TCP over IPv6"
+        };
+        let mut reached = BTreeMap::new();
+        let flows: Vec<(SocketAddr, SocketAddr)> = (24000..24000 + FLOWS)
+            .map(|port| {
+                let from = SocketAddr::new(IpAddr::V6(CLIENT_IP6), port);
+                let r = if udp {
+                    udp_request_from(&cluster.client, from, dst, TIMEOUT)
+                } else {
+                    tcp_request_from(&cluster.client, from, dst, TIMEOUT)
+                };
+                let r =
+                    r.unwrap_or_else(|e| panic!("{what} {from} -> {dst}: {e}\n{}", agent.log()));
+                assert_ne!(
+                    r.peer.ip(),
+                    IpAddr::V6(CLIENT_IP6),
+                    "{what} {from}: the endpoint saw the client's own address (no masquerade)"
+                );
+                *reached.entry(r.pod.clone()).or_insert(0) += 1;
+                (from, echo6(&r.pod))
+            })
+            .collect();
+        assert_follows("iptables", what, &flows, &t, dst);
+        assert_eq!(
+            reached.len(),
+            PODS,
+            "{what}: every endpoint gets flows: {reached:?}"
+        );
+    }
 }
 
 /// iptables carries the slot in the packet mark below the masquerade bit: a table larger than
