@@ -14,6 +14,7 @@
 //!   ServiceAccount, the `kube-root-ca.crt` ConfigMap);
 //! - [`node`]: what Nodes decide for the Pods bound to them (NoExecute taint eviction);
 //! - [`quota`]: ResourceQuota usage (the resourcequota controller);
+//! - [`dra`]: dynamic resource allocation (the resourceclaim controller);
 //! - [`manager`]: the descriptor table of controllers and the `controller-manager` that runs the
 //!   selected ones;
 //! - [`scheduler`]: kube-scheduler's framework and default plugins, run by the `scheduler` binary.
@@ -25,6 +26,7 @@
 pub mod admission;
 pub mod auth;
 pub mod autoscaling;
+pub mod dra;
 pub mod endpoint;
 pub mod error;
 pub mod helpers;

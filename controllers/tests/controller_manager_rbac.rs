@@ -4,7 +4,7 @@
 //! requested, and the binary runs with that token, every controller (endpointslice, endpoints,
 //! lb-ipam, replicaset, deployment, garbagecollector, job, cronjob, ttl-after-finished, statefulset,
 //! daemonset, serviceaccount, root-ca-cert-publisher, taint-eviction-controller, namespace,
-//! resourcequota, the seven volume controllers, clusterrole-aggregation, ttl, nodelifecycle,
+//! resourcequota, the seven volume controllers, resourceclaim, clusterrole-aggregation, ttl, nodelifecycle,
 //! csrapproving, csrsigning, csrcleaner, endpointslicemirroring, service-cidr,
 //! validatingadmissionpolicy-status, serviceaccount-token, legacy-serviceaccount-token-cleaner,
 //! bootstrapsigner, tokencleaner) and leader election. It writes EndpointSlices and Endpoints, assigns a LoadBalancer address,
@@ -73,7 +73,7 @@ fn spawn(
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args([
             "--controllers",
-            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,persistentvolume-expander,volumeattributesclass-protection,persistentvolume-attach-detach,clusterrole-aggregation,ttl,nodelifecycle,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status,serviceaccount-token,legacy-serviceaccount-token-cleaner,bootstrapsigner,tokencleaner",
+            "endpointslice,endpoints,lb-ipam,replicaset,deployment,garbagecollector,job,cronjob,ttl-after-finished,statefulset,daemonset,serviceaccount,root-ca-cert-publisher,taint-eviction-controller,namespace,resourcequota,persistentvolume-binder,persistentvolume-protection,persistentvolumeclaim-protection,ephemeral-volume,persistentvolume-expander,volumeattributesclass-protection,persistentvolume-attach-detach,resourceclaim,clusterrole-aggregation,ttl,nodelifecycle,csrapproving,csrsigning,csrcleaner,endpointslicemirroring,service-cidr,validatingadmissionpolicy-status,serviceaccount-token,legacy-serviceaccount-token-cleaner,bootstrapsigner,tokencleaner",
         ])
         .args(["--service-account-private-key-file", sa_key.to_str().unwrap()])
         .args(["--root-ca-file", ca.to_str().unwrap()])
@@ -618,6 +618,44 @@ async fn controller_manager_runs_with_the_manifests_service_account_and_rbac() {
         .delete(&attach_node, &Default::default())
         .await
         .unwrap();
+
+    // resourceclaim: a Pod's claim from a template is made (create) and recorded in the Pod's
+    // status (server-side apply on pods/status).
+    let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(admin.clone(), volume_ns);
+    templates
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "tpl"}, "spec": {"spec": {
+                "devices": {"requests": [{"name": "r",
+                    "exactly": {"deviceClassName": "example.com"}}]}}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let dra_pod: Pod = serde_json::from_value(json!({"metadata": {"name": "dra"}, "spec": {
+        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "tpl"}]}}))
+    .unwrap();
+    volume_pods
+        .create(&PostParams::default(), &dra_pod)
+        .await
+        .unwrap();
+    eventually("the Pod's ResourceClaim made and recorded", || async {
+        let p = volume_pods.get("dra").await.unwrap();
+        let name = p
+            .status?
+            .resource_claim_statuses?
+            .first()?
+            .resource_claim_name
+            .clone()?;
+        Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(admin.clone(), volume_ns)
+            .get_opt(&name)
+            .await
+            .unwrap()
+            .map(|_| ())
+    })
+    .await;
 
     // clusterrole-aggregation: the bootstrap `view` role gets its rules (a patch with escalate).
     eventually("the view ClusterRole aggregated", || async {

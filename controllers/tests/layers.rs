@@ -17,8 +17,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The controller groups: each module under one of these is a controller.
-const GROUPS: [&str; 10] = [
+const GROUPS: [&str; 11] = [
     "admission",
+    "dra",
     "endpoint",
     "workload",
     "auth",

@@ -17,7 +17,8 @@ use crate::endpoint::lbipam::pool::Pool;
 use crate::error::{Error, Result};
 use crate::runtime::informer::Informers;
 use crate::{
-    admission, auth, autoscaling, endpoint, namespace, networking, node, quota, volume, workload,
+    admission, auth, autoscaling, dra, endpoint, namespace, networking, node, quota, volume,
+    workload,
 };
 
 /// A running controller: ends only on an error (or never).
@@ -537,6 +538,18 @@ pub static CONTROLLERS: &[ControllerDescriptor] = &[
         help: "VolumeAttachments for the CSI volumes of Pods on a node (the external-attacher's work), the node's volumesAttached, detach once unmounted",
         new: |cx| {
             let c = volume::attachdetach::Controller::new(cx.client.clone(), cx.informers);
+            Ok(forever(c.run()))
+        },
+    },
+    ControllerDescriptor {
+        name: "resourceclaim",
+        aliases: &["resourceclaim-controller"],
+        replaces: Some("resourceclaim-controller"),
+        default_on: true,
+        needs: None,
+        help: "ResourceClaims from Pods' ResourceClaimTemplates, their reservations for bound Pods, clean-up when the Pods are done",
+        new: |cx| {
+            let c = dra::resourceclaim::Controller::new(cx.client.clone(), cx.informers);
             Ok(forever(c.run()))
         },
     },

@@ -15,7 +15,8 @@
 //! Pod's target node); tolerations (the taint eviction controller; nearly every Pod carries the
 //! two NoExecute ones the API server's DefaultTolerationSeconds admission adds); restartPolicy (Jobs); per container its name, ports (named target ports)
 //! and restartPolicy (sidecars), its requests and the Pod-level ones (the horizontal Pod
-//! autoscaler's utilization); volumes' names, claims and ephemeral claim templates (StatefulSet storage, the volume
+//! autoscaler's utilization); resourceClaims and status.resourceClaimStatuses (the resourceclaim
+//! controller); volumes' names, claims and ephemeral claim templates (StatefulSet storage, the volume
 //! controllers); status phase,
 //! reason, conditions (type, status, reason, lastTransitionTime), Pod IPs, startTime and per container its name, readiness, restart count
 //! and state (ranking, availability, Job failure policies). For quota usage (the resourcequota
@@ -31,7 +32,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, ContainerPort, ContainerState, EphemeralVolumeSource,
-    PersistentVolumeClaimVolumeSource, Pod, PodIP, Toleration,
+    PersistentVolumeClaimVolumeSource, Pod, PodIP, PodResourceClaim, PodResourceClaimStatus,
+    Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -117,6 +119,9 @@ pub struct CachedPodSpec {
     pub init_containers: Option<Vec<CachedContainer>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volumes: Option<Vec<CachedVolume>>,
+    /// The Pod's ResourceClaims (the resourceclaim controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_claims: Option<Vec<PodResourceClaim>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -190,6 +195,9 @@ pub struct CachedPodStatus {
     pub init_container_statuses: Option<Vec<CachedContainerStatus>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos_class: Option<String>,
+    /// The ResourceClaims generated for the Pod's claims (the resourceclaim controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_claim_statuses: Option<Vec<PodResourceClaimStatus>>,
 }
 
 /// The kept part of a `PodCondition` (its message and probe time are read by no controller).
