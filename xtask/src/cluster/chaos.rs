@@ -19,6 +19,11 @@
 //!   cluster proxy`'s [`super::switch::switch`]): kpr to another backend (`--to kpr
 //!   --to-backend B`), kube-proxy to kpr, kpr back to kube-proxy (`--to kube-proxy`); the
 //!   leftovers check after it;
+//! - `soak`: `--duration` seconds of constant churn: every second `--churn` Services (selecting
+//!   the backend) change their port, so the agents reprogram and the EndpointSlices change, and
+//!   every 10 s a Deployment of 3 Pods is scaled up or down (Pods created, scheduled, deleted);
+//!   the agents', controller-managers' and schedulers' resident memory and open descriptors
+//!   sampled every 15 s: flat, or a leak;
 //! - `apiserver-outage`: kube-apiserver stopped for `--outage` seconds (etcd, the nodes, the
 //!   proxies and the controllers keep running), started again with its own command line, etcd
 //!   compacted at its revision (every watch from before must relist), then the endpoint-removal
@@ -64,6 +69,9 @@ pub enum Scenario {
     ProxySwitch,
     /// Stop kube-apiserver for `--outage` s, start it, compact etcd, then remove endpoints.
     ApiserverOutage,
+    /// `--duration` s of constant churn (`--churn` Service changes a second, Pods created and
+    /// deleted) with the components' memory and open files sampled.
+    Soak,
 }
 
 impl Scenario {
@@ -73,6 +81,7 @@ impl Scenario {
             Scenario::EndpointRemoval => "endpoint-removal",
             Scenario::ProxySwitch => "proxy-switch",
             Scenario::ApiserverOutage => "apiserver-outage",
+            Scenario::Soak => "soak",
         }
     }
 }
@@ -105,6 +114,12 @@ pub struct ChaosArgs {
     /// apiserver-outage: seconds kube-apiserver stays stopped.
     #[arg(long, default_value_t = 60)]
     pub outage: u64,
+    /// soak: seconds of churn.
+    #[arg(long, default_value_t = 3600)]
+    pub duration: u64,
+    /// soak: Service changes a second (each a changed port, so its EndpointSlices change too).
+    #[arg(long, default_value_t = 10)]
+    pub churn: u32,
 }
 
 /// One load client: where it runs and its process.
@@ -196,6 +211,7 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
             Scenario::EndpointRemoval => endpoint_removal(&k, args),
             Scenario::ProxySwitch => proxy_switch(cluster, args),
             Scenario::ApiserverOutage => apiserver_outage(cluster, &k, args),
+            Scenario::Soak => soak(cluster, &k, &run_dir, args),
         }
     });
     fs::write(&stop_file, "")?;
@@ -614,6 +630,177 @@ fn recorded(state: &Value, name: &str) -> anyhow::Result<(usize, u32)> {
     Ok((i, pid))
 }
 
+/// Scenario 7: churn for `--duration` s with the components sampled; the timeline carries the
+/// samples.
+fn soak(
+    cluster: &Cluster,
+    k: &dyn Fn() -> Cmd,
+    run_dir: &Path,
+    args: &ChaosArgs,
+) -> anyhow::Result<Value> {
+    let churn_file = run_dir.join("churn.json");
+    let services = |tick: u64| {
+        let items: Vec<Value> = (0..args.churn)
+            .map(|i| {
+                json!({
+                    "apiVersion": "v1", "kind": "Service",
+                    "metadata": {"name": format!("churn-{i}"), "namespace": NAMESPACE},
+                    "spec": {
+                        "selector": {"app": "backend"},
+                        "ports": [{"name": "http", "port": 80 + (tick % 2),
+                                   "targetPort": 8080 + (tick % 2) as u16, "protocol": "TCP"}],
+                    },
+                })
+            })
+            .collect();
+        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    };
+    let pods = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "churn-pods", "namespace": NAMESPACE},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "churn-pods"}},
+            "template": {
+                "metadata": {"labels": {"app": "churn-pods"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "pause", "image": AGNHOST, "args": ["pause"]}],
+                },
+            },
+        },
+    });
+    fs::write(run_dir.join("churn-pods.json"), pods.to_string())?;
+    k().args(["apply", "-f"])
+        .arg(run_dir.join("churn-pods.json"))
+        .quiet()
+        .run()?;
+    let start_ms = unix_ms();
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    let mut next_sample = Instant::now();
+    let mut tick = 0u64;
+    let mut failed_applies = 0u64;
+    println!(
+        "==> soak: {} s, {} Service changes a second, a Deployment scaled 0 <-> 3 every 10 s",
+        args.duration, args.churn
+    );
+    while started.elapsed() < Duration::from_secs(args.duration) {
+        let second = Instant::now();
+        if Instant::now() >= next_sample {
+            samples.push(json!({
+                "at_ms": unix_ms(),
+                "processes": super::usage::snapshot(cluster),
+            }));
+            next_sample += Duration::from_secs(15);
+        }
+        fs::write(&churn_file, services(tick))?;
+        if k()
+            .args(["apply", "-f"])
+            .arg(&churn_file)
+            .quiet()
+            .run()
+            .is_err()
+        {
+            failed_applies += 1;
+        }
+        if tick.is_multiple_of(10) {
+            let replicas = if (tick / 10).is_multiple_of(2) { 3 } else { 0 };
+            if k()
+                .args(["scale", "deployment/churn-pods", "-n", NAMESPACE])
+                .arg(format!("--replicas={replicas}"))
+                .quiet()
+                .run()
+                .is_err()
+            {
+                failed_applies += 1;
+            }
+        }
+        tick += 1;
+        if let Some(rest) = Duration::from_secs(1).checked_sub(second.elapsed()) {
+            std::thread::sleep(rest);
+        }
+    }
+    samples.push(json!({
+        "at_ms": unix_ms(),
+        "processes": super::usage::snapshot(cluster),
+    }));
+    let end_ms = unix_ms();
+    // Leave nothing of the churn for the next run.
+    let names: Vec<String> = (0..args.churn)
+        .map(|i| format!("service/churn-{i}"))
+        .collect();
+    k().args(["delete", "-n", NAMESPACE, "--ignore-not-found"])
+        .args(&names)
+        .arg("deployment/churn-pods")
+        .quiet()
+        .run()?;
+    Ok(json!({
+        "removed": [],
+        "window_ms": [start_ms, end_ms],
+        "ticks": tick,
+        "failed_applies": failed_applies,
+        "samples": samples,
+    }))
+}
+
+/// The soak's table: per component, the resident set and open descriptors over the run (of the
+/// instance that grew most), and the growth between the first and the last quarter.
+fn soak_table(timeline: &Value) -> String {
+    // component -> pid -> [(at_ms, rss_kib, fds)]
+    type Series = BTreeMap<u64, Vec<(u64, u64, u64)>>;
+    let mut series: BTreeMap<String, Series> = BTreeMap::new();
+    for s in timeline["samples"].as_array().into_iter().flatten() {
+        let at = s["at_ms"].as_u64().unwrap_or(0);
+        for p in s["processes"].as_array().into_iter().flatten() {
+            let c = p["component"].as_str().unwrap_or("?").to_string();
+            let pid = p["pid"].as_u64().unwrap_or(0);
+            series.entry(c).or_default().entry(pid).or_default().push((
+                at,
+                p["rss_kib"].as_u64().unwrap_or(0),
+                p["fds"].as_u64().unwrap_or(0),
+            ));
+        }
+    }
+    let mut md = format!(
+        "{} churn ticks ({} failed kubectl calls); samples every 15 s.\n\n",
+        timeline["ticks"], timeline["failed_applies"]
+    );
+    md.push_str(
+        "| component | instances | RSS first (MiB) | RSS last (MiB) | RSS max (MiB) | growth, first to last quarter | fds first | fds last | fds max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mib = |kib: f64| kib / 1024.0;
+    for (component, pids) in &series {
+        // The instance seen longest, then the one that grew most.
+        let worst = pids
+            .values()
+            .filter(|v| v.len() >= 4)
+            .map(|v| {
+                let q = v.len() / 4;
+                let mean = |xs: &[(u64, u64, u64)]| {
+                    xs.iter().map(|x| x.1 as f64).sum::<f64>() / xs.len().max(1) as f64
+                };
+                let growth = mean(&v[v.len() - q..]) / mean(&v[..q]) - 1.0;
+                (growth, v)
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        let Some((growth, v)) = worst else { continue };
+        let (first, last) = (v[0], v[v.len() - 1]);
+        md.push_str(&format!(
+            "| {component} | {} | {:.1} | {:.1} | {:.1} | {:+.1} % | {} | {} | {} |\n",
+            pids.len(),
+            mib(first.1 as f64),
+            mib(last.1 as f64),
+            mib(v.iter().map(|x| x.1).max().unwrap_or(0) as f64),
+            growth * 100.0,
+            first.2,
+            last.2,
+            v.iter().map(|x| x.2).max().unwrap_or(0),
+        ));
+    }
+    md
+}
+
 /// Scenario 4: kube-apiserver stopped and started again, etcd compacted, then endpoints
 /// removed; the timeline.
 fn apiserver_outage(
@@ -954,6 +1141,7 @@ fn summarize(
                 }
             ));
         }
+        Scenario::Soak => md.push_str(&soak_table(timeline)),
         Scenario::EndpointRemoval | Scenario::ApiserverOutage => {
             if scenario == Scenario::ApiserverOutage {
                 let ms = |f: &str| timeline[f].as_u64().unwrap_or(0);

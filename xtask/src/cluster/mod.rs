@@ -83,8 +83,9 @@ pub enum ClusterCommand {
     /// A disruption under load (docs/RELIABILITY.md): `agent-restart` restarts the Service
     /// proxy's DaemonSet, `endpoint-removal` scales the backend down and deletes a Pod,
     /// `proxy-switch` switches the nodes' Service proxy, `apiserver-outage` stops kube-apiserver
-    /// and compacts etcd, while `cargo xtask load` runs from a pod on every node and from outside
-    /// the nodes; a report and a table of failed connects, broken connections, timeouts and the
+    /// and compacts etcd, `soak` churns Services and Pods with the components' memory and open
+    /// files sampled, while `cargo xtask load` runs from a pod on every node and from outside the
+    /// nodes; a report and a table of failed connects, broken connections, timeouts and the
     /// longest gaps.
     Chaos(chaos::ChaosArgs),
 }

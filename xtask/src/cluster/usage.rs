@@ -110,6 +110,36 @@ fn peak_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// One process of a tracked component now: its current resident set and open descriptors.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessNow {
+    pub component: &'static str,
+    pub pid: u32,
+    pub rss_kib: u64,
+    pub fds: u64,
+}
+
+/// Every tracked process of the cluster now (the soak's samples).
+pub fn snapshot(cluster: &Cluster) -> Vec<ProcessNow> {
+    processes(cluster)
+        .into_iter()
+        .filter_map(|(pid, component)| {
+            let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let rss_kib = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())?;
+            let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+            Some(ProcessNow {
+                component,
+                pid,
+                rss_kib,
+                fds,
+            })
+        })
+        .collect()
+}
+
 /// Samples the cluster's components every second until stopped.
 pub struct Sampler {
     stop: Arc<AtomicBool>,
