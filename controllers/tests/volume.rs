@@ -39,7 +39,8 @@
 //!   gets the Multi-Attach Event naming the first Pod and no attachment; the first Pod deleted
 //!   while kubelet (the test) reports the volume in use: it stays attached and reported until
 //!   `volumesInUse` lets go, then leaves `volumesAttached` and is detached, and the second node
-//!   gets its attachment, attached, reported, and detached when its Pod goes.
+//!   gets its attachment, attached, reported, and detached when its Pod goes; an attachment the
+//!   test makes itself on a managed node is left alone throughout.
 //!
 //! Requires the reference binaries (`cargo xtask setup --k8s`).
 
@@ -1019,6 +1020,14 @@ async fn attach_detach(f: &Fixture<'_>) {
                      "volumes": volumes}
         })
     };
+    // An attachment someone else makes on a managed node (upstream's Conformance spec of the
+    // VolumeAttachment API does): neither controller touches it.
+    let foreign: VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": "foreign-va"},
+        "spec": {"attacher": "other.example.com", "nodeName": "attach-a",
+                 "source": {"persistentVolumeName": "pv-noatt"}}}))
+    .unwrap();
+    vas.create(&PostParams::default(), &foreign).await.unwrap();
     create_in::<Pod>(
         &client,
         NS,
@@ -1045,6 +1054,7 @@ async fn attach_detach(f: &Fixture<'_>) {
     let ours = |list: Vec<VolumeAttachment>| -> Vec<String> {
         list.into_iter()
             .filter(|a| a.spec.node_name.starts_with("attach-"))
+            .filter(|a| a.metadata.name.as_deref() != Some("foreign-va"))
             .filter_map(|a| a.metadata.name)
             .collect()
     };
@@ -1167,6 +1177,13 @@ async fn attach_detach(f: &Fixture<'_>) {
         .await
         .unwrap();
     f.gone(&vas, &name_b).await;
+    assert!(
+        vas.get_opt("foreign-va").await.unwrap().is_some(),
+        "{flavour:?}: another's attachment was deleted"
+    );
+    vas.delete("foreign-va", &DeleteParams::default())
+        .await
+        .unwrap();
     for n in ["attach-a", "attach-b"] {
         nodes.delete(n, &DeleteParams::default()).await.unwrap();
     }

@@ -20,9 +20,11 @@
 //! Not built: in-tree volume sources migrated to CSI (a PersistentVolume with
 //! `gcePersistentDisk`, `awsElasticBlockStore`, ...: their attachment needs csi-translation-lib's
 //! translation of the handle; such a volume is not attached, and docs/VOLUMES.md says so), and
-//! inline CSI volumes in a Pod (never attachable). The whole state is derived from the API's
-//! objects on each pass, so a restarted controller picks up where the last one was, which
-//! upstream does from the node's `volumesAttached` and the VolumeAttachments.
+//! inline CSI volumes in a Pod (never attachable). The state is derived from the API's objects
+//! on each pass; the VolumeAttachments it answers for are those there when it started (so a
+//! restarted controller picks up where the last one was, as upstream imports them), those it
+//! made and those its Pods want: one someone else makes later is left alone, as upstream leaves
+//! it (upstream's Conformance spec of the VolumeAttachment API makes such ones).
 //!
 //! The decision is [`plan`], pure; this module owns the informers' wiring, the node queue, the
 //! API writes, the Events and the detach timers. Queue `attachdetach`, one key per node.
@@ -131,6 +133,12 @@ struct Memory {
     assumed_mounted: HashMap<String, BTreeSet<String>>,
     /// When each attachment was first found no longer wanted.
     undesired_since: HashMap<String, Instant>,
+    /// The VolumeAttachments this controller answers for (upstream's actual state): those there
+    /// when it started, those it made, and those it found wanted. One made by someone else
+    /// later (a test's, another tool's) is left alone, as upstream leaves it.
+    owned: HashSet<String>,
+    /// Whether `owned` holds the attachments there at the start.
+    seeded: bool,
     /// The Events already told ([`plan::PodEvent::once_key`]).
     told: HashSet<String>,
 }
@@ -263,6 +271,7 @@ impl Controller {
                 let name = a.metadata.name.clone().unwrap_or_default();
                 let mut memory = c.memory.lock().expect("attachdetach memory");
                 memory.undesired_since.remove(&name);
+                memory.owned.remove(&name);
                 memory.told.retain(|k| !k.starts_with(&format!("{name}/")));
                 let blocked: Vec<String> = memory
                     .blocked
@@ -383,13 +392,40 @@ impl SyncKey for Controller {
             .remove(node)
             .unwrap_or_default();
         let desired = plan::desired(&pods, &CacheLookup(self), &previous);
-        let attachments = self.attachments.index(VA_NODE, node);
+        let owned = {
+            let mut memory = self.memory.lock().expect("attachdetach memory");
+            if !memory.seeded {
+                // The attachments there at the start, of volumes that exist (upstream's
+                // `populateActualStateOfWorld`).
+                memory.seeded = true;
+                for a in self.attachments.all() {
+                    let pv = a.spec.source.persistent_volume_name.as_deref();
+                    if pv.is_some_and(|pv| self.volumes.get("", pv).is_some()) {
+                        memory
+                            .owned
+                            .insert(a.metadata.name.clone().unwrap_or_default());
+                    }
+                }
+            }
+            for w in desired.volumes.values() {
+                memory.owned.insert(w.attachment(node));
+            }
+            memory.owned.clone()
+        };
+        let is_owned =
+            |a: &VolumeAttachment| a.metadata.name.as_ref().is_some_and(|n| owned.contains(n));
+        let attachments: Vec<_> = self
+            .attachments
+            .index(VA_NODE, node)
+            .into_iter()
+            .filter(|a| is_owned(a))
+            .collect();
         let elsewhere = |pv: &str| {
             let others: Vec<String> = self
                 .attachments
                 .index(VA_PV, pv)
                 .iter()
-                .filter(|a| a.spec.node_name != node)
+                .filter(|a| a.spec.node_name != node && is_owned(a))
                 .map(|a| a.spec.node_name.clone())
                 .collect();
             if others.is_empty() {
