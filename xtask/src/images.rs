@@ -107,7 +107,7 @@ impl Entry {
 }
 
 /// The Debian packages the image definitions take their tools from, each with a file it installs.
-/// gcc and libc6-dev build the static pause binary. `cargo xtask setup` installs them (every one is
+/// gcc and libc6-dev build the static pause binary (and, with make and bzip2, upstream's busybox). `cargo xtask setup` installs them (every one is
 /// in [`crate::setup::APT_PACKAGES`], a test checks).
 pub const HOST_PACKAGES: &[(&str, &str)] = &[
     ("busybox-static", BUSYBOX),
@@ -122,6 +122,9 @@ pub const HOST_PACKAGES: &[(&str, &str)] = &[
     ("conntrack", CONNTRACK),
     ("gcc", "/usr/bin/gcc"),
     ("libc6-dev", "/usr/lib/x86_64-linux-gnu/libc.a"),
+    // Upstream's busybox built for the busybox image (crate::busybox_build).
+    ("make", "/usr/bin/make"),
+    ("bzip2", "/usr/bin/bzip2"),
 ];
 
 pub(crate) const BUSYBOX: &str = "/bin/busybox";
@@ -230,22 +233,21 @@ pub fn pause(pause_binary: &Path) -> Image {
     }
 }
 
-/// `registry.k8s.io/e2e-test-images/busybox:1.37.0-1`: Debian's static busybox with every applet
-/// in /bin but `sh`, which is bash (POSIX mode when called as sh). (Debian's busybox is older than
-/// the tag says; e2e tests only use common applets.) Not busybox's sh: Debian reverts upstream
-/// ash's keeping of environment variables whose names are not shell identifiers
-/// (`revert-9c143ce5...` in its patches), so `sh -c env` would drop the `data-1=value-1` that the
-/// ConfigMap and Secret "via the environment" Conformance specs look for; upstream's image (the
-/// official busybox 1.37) keeps them, and so does bash.
+/// `registry.k8s.io/e2e-test-images/busybox:1.37.0-1`: upstream's busybox, built here
+/// ([`crate::busybox_build`], static, every applet in /bin, `sh` its ash), as upstream's image is
+/// the official busybox. Not Debian's: its ash drops environment variables whose names are not
+/// shell identifiers, which four ConfigMap/Secret Conformance specs read through `sh -c env`; and
+/// not bash as sh: a kubelet Conformance spec compares ash's wording of an error. (1.35, older than
+/// the tag says; e2e specs use common applets.)
 pub fn busybox() -> anyhow::Result<Image> {
-    let mut entries = with_libraries(&[
-        (PathBuf::from(BUSYBOX), "/bin/busybox".to_string()),
-        (PathBuf::from(BASH), "/bin/bash".to_string()),
-    ])?;
-    let mut taken = basenames(&entries);
-    taken.insert("sh".into());
-    entries.extend(busybox_applets(&taken)?);
-    entries.push(Entry::symlink("/bin/sh", "bash"));
+    let built = crate::busybox_build::binary()?;
+    let list = Cmd::new(&built).arg("--list").quiet().read()?;
+    let mut entries = vec![Entry::File {
+        src: built,
+        dest: "/bin/busybox".into(),
+        mode: Some(0o755),
+    }];
+    entries.extend(applet_links(&list, &BTreeSet::new()));
     entries.extend(base_files(PASSWD, GROUP));
     Ok(Image {
         name: "registry.k8s.io/e2e-test-images/busybox:1.37.0-1".into(),
@@ -1334,6 +1336,19 @@ mod tests {
             text.lines().any(|l| l == "data-1=value-1")
                 && text.lines().any(|l| l == "p-data-1=value-1"),
             "the image's sh dropped them: {text}"
+        );
+        // And its sh is ash, wording a failed redirection as the kubelet Conformance spec of a
+        // read-only root filesystem expects ("/bin/sh: can't create /file: ...").
+        let out = std::process::Command::new("/usr/sbin/chroot")
+            .arg(&root.0)
+            .args(["/bin/sh", "-c", "echo test > /no/such/dir/file"])
+            .env_clear()
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.starts_with("/bin/sh: can't create /no/such/dir/file: "),
+            "not ash's wording: {err}"
         );
     }
 

@@ -5,6 +5,7 @@ use std::env;
 use std::path::{Path, PathBuf};
 
 pub mod bench;
+pub mod busybox_build;
 pub mod cluster;
 pub mod deploy;
 pub mod docker;

@@ -29,6 +29,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "zlib1g-dev",
     "gcc",
     "libc6-dev",
+    "make",
+    "bzip2",
     "containerd",
     "runc",
     "containernetworking-plugins",
