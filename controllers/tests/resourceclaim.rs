@@ -20,10 +20,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::create_in;
+use common::cluster::{client_with_namespace, create_in};
 use common::events::recorded_by;
 use common::{Cluster, Flavour};
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -40,17 +40,7 @@ fn devices() -> serde_json::Value {
 
 async fn scenario(flavour: Flavour) {
     let cluster = Cluster::start_minimal(flavour, "resourceclaim", "resourceclaim-controller");
-    let client: Client = controlplane::client_from(&cluster.kubeconfig)
-        .await
-        .unwrap();
-    let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap(),
-    )
-    .await
-    .unwrap();
-    create_in::<ServiceAccount>(&client, NS, json!({"metadata": {"name": "default"}})).await;
+    let client: Client = client_with_namespace(&cluster, NS).await;
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let events: Api<Event> = Api::namespaced(client.clone(), NS);

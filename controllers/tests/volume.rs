@@ -49,12 +49,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::cluster::create_in;
+use common::cluster::{client_with_namespace, create_in};
 use common::events::recorded_by;
 use common::{Cluster, Flavour};
-use k8s_openapi::api::core::v1::{
-    Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{
     CSIDriver, StorageClass, VolumeAttachment, VolumeAttributesClass,
 };
@@ -1191,18 +1189,7 @@ async fn attach_detach(f: &Fixture<'_>) {
 
 async fn scenario(flavour: Flavour) {
     let cluster = Cluster::start_minimal(flavour, "volume", CONTROLLERS);
-    let client: Client = controlplane::client_from(&cluster.kubeconfig)
-        .await
-        .unwrap();
-    let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap(),
-    )
-    .await
-    .unwrap();
-    // No serviceaccount controller runs: the account the API server's admission wants.
-    create_in::<ServiceAccount>(&client, NS, json!({"metadata": {"name": "default"}})).await;
+    let client: Client = client_with_namespace(&cluster, NS).await;
     let f = Fixture {
         cluster: &cluster,
         pvs: Api::all(client.clone()),

@@ -322,6 +322,28 @@ pub fn lift_not_ready_taint(cp: &mut ControlPlane) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A client of `cluster` and the namespace `ns` made in it, with the `default` ServiceAccount the
+/// API server's admission wants for Pods (a minimal cluster runs no serviceaccount controller).
+pub async fn client_with_namespace(cluster: &Cluster, ns: &str) -> kube::Client {
+    let client = controlplane::client_from(&cluster.kubeconfig)
+        .await
+        .unwrap();
+    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    nss.create(
+        &kube::api::PostParams::default(),
+        &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("creating namespace {ns}: {e}"));
+    create_in::<k8s_openapi::api::core::v1::ServiceAccount>(
+        &client,
+        ns,
+        serde_json::json!({"metadata": {"name": "default"}}),
+    )
+    .await;
+    client
+}
+
 /// Creates the object `v` (its JSON) in the namespace `ns`; a failure panics naming its kind.
 pub async fn create_in<K>(client: &kube::Client, ns: &str, v: serde_json::Value) -> K
 where

@@ -340,6 +340,17 @@ fn an_unwanted_volume_is_unreported_then_detached_once_unmounted() {
     node.reported = [unique.clone()].into();
     node.in_use = [unique.clone()].into();
     let nothing = BTreeMap::new();
+    // The plan for a node whose one attachment (`done`) nobody wants, waited for `waited`.
+    let unplanned = |node: &NodeState, waited: Duration| {
+        plan(
+            "n1",
+            node,
+            &nothing,
+            std::slice::from_ref(&done),
+            &none,
+            &|_| waited,
+        )
+    };
     // Still mounted: still reported, detached when kubelet lets go or after six minutes.
     let p = plan(
         "n1",
@@ -374,14 +385,7 @@ fn an_unwanted_volume_is_unreported_then_detached_once_unmounted() {
     );
     // Unmounted: unreported and detached in the same pass (the report is written first).
     node.in_use.clear();
-    let p = plan(
-        "n1",
-        &node,
-        &nothing,
-        std::slice::from_ref(&done),
-        &none,
-        &zero,
-    );
+    let p = unplanned(&node, Duration::ZERO);
     assert_eq!(
         p.detach,
         [Detach::Now {
@@ -393,14 +397,7 @@ fn an_unwanted_volume_is_unreported_then_detached_once_unmounted() {
     // Made since the node last changed: taken as mounted until the node says otherwise.
     node.reported.clear();
     node.assumed_mounted = [name.clone()].into();
-    let p = plan(
-        "n1",
-        &node,
-        &nothing,
-        std::slice::from_ref(&done),
-        &none,
-        &zero,
-    );
+    let p = unplanned(&node, Duration::ZERO);
     assert!(matches!(p.detach[..], [Detach::Wait { .. }]));
     node.assumed_mounted.clear();
     // A deleted node's attachments go; an unmanaged node's are left to its kubelet.
