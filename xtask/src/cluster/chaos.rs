@@ -817,18 +817,40 @@ fn apiserver_outage(
     );
     let again = Relaunch::read(pid)?;
     let stop_ms = unix_ms();
-    // SAFETY: a signal to a pid state.json recorded and /proc just showed.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while controlplane::process::alive(pid) {
+    // SIGTERM first; kube-apiserver's graceful shutdown can wait on its open requests (watches
+    // among them) for a minute or more, so after 20 s it is killed, as a crash would end it.
+    let signal = |sig: i32| {
+        // SAFETY: a signal to a pid state.json recorded and /proc just showed.
+        unsafe { libc::kill(pid as i32, sig) };
+    };
+    let wait_gone = |for_: Duration| {
+        let deadline = Instant::now() + for_;
+        while controlplane::process::alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        !controlplane::process::alive(pid)
+    };
+    signal(libc::SIGTERM);
+    let how = if wait_gone(Duration::from_secs(20)) {
+        "SIGTERM"
+    } else {
+        signal(libc::SIGKILL);
         ensure!(
-            Instant::now() < deadline,
-            "kube-apiserver (pid {pid}) did not stop in 30 s"
+            wait_gone(Duration::from_secs(10)),
+            "kube-apiserver (pid {pid}) did not stop, even killed"
         );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    println!("==> kube-apiserver stopped; {} s without it", args.outage);
-    std::thread::sleep(Duration::from_secs(args.outage));
+        "SIGKILL after 20 s of SIGTERM"
+    };
+    let stopped_ms = unix_ms();
+    println!(
+        "==> kube-apiserver stopped ({how}, {:.1} s); {} s without it",
+        (stopped_ms - stop_ms) as f64 / 1000.0,
+        args.outage
+    );
+    std::thread::sleep(
+        Duration::from_secs(args.outage)
+            .saturating_sub(Duration::from_millis(stopped_ms - stop_ms)),
+    );
     let start_ms = unix_ms();
     let new_pid = again.start(&log)?;
     // `down` stops what state.json records: the new process from now on.
@@ -879,6 +901,8 @@ fn apiserver_outage(
     let mut timeline = endpoint_removal(k, args)?;
     let end = timeline["window_ms"][1].as_u64();
     timeline["stop_ms"] = json!(stop_ms);
+    timeline["stopped_ms"] = json!(stopped_ms);
+    timeline["stopped_by"] = json!(how);
     timeline["start_ms"] = json!(start_ms);
     timeline["ready_ms"] = json!(ready_ms);
     timeline["compacted_revision"] = json!(revision);
@@ -1146,8 +1170,9 @@ fn summarize(
             if scenario == Scenario::ApiserverOutage {
                 let ms = |f: &str| timeline[f].as_u64().unwrap_or(0);
                 md.push_str(&format!(
-                    "kube-apiserver stopped for {:.1} s, ready {:.1} s after its start; etcd \
+                    "kube-apiserver stopped ({}) for {:.1} s, ready {:.1} s after its start; etcd \
                      compacted at revision {}; then the endpoints changed:\n\n",
+                    timeline["stopped_by"].as_str().unwrap_or("?"),
                     ms("start_ms").saturating_sub(ms("stop_ms")) as f64 / 1000.0,
                     ms("ready_ms").saturating_sub(ms("start_ms")) as f64 / 1000.0,
                     ms("compacted_revision")
