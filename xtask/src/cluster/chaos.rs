@@ -974,7 +974,9 @@ fn endpoint_removal(k: &dyn Fn() -> Cmd, args: &ChaosArgs) -> anyhow::Result<Val
         k().args(["scale", "deployment/backend", "-n", NAMESPACE])
             .arg(format!("--replicas={down_to}"))
             .run()?;
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // After an API server outage the controllers' caches may take a while to relist (for
+        // kube-controller-manager, over 30 s): the wait is long and its time is reported.
+        let deadline = Instant::now() + Duration::from_secs(180);
         let scaled_away = loop {
             let now = backend_pods(k)?;
             let gone: Vec<String> = before
@@ -987,15 +989,20 @@ fn endpoint_removal(k: &dyn Fn() -> Cmd, args: &ChaosArgs) -> anyhow::Result<Val
             }
             ensure!(
                 Instant::now() < deadline,
-                "scaled to {down_to}: only {gone:?} are being deleted after 30 s"
+                "scaled to {down_to}: only {gone:?} are being deleted after 180 s"
             );
             std::thread::sleep(Duration::from_millis(100));
         };
+        let acted_ms = unix_ms();
         for pod in &scaled_away {
-            removed.push(json!({"pod": pod, "how": "scale down", "removed_ms": scale_ms}));
+            removed.push(
+                json!({"pod": pod, "how": "scale down", "removed_ms": scale_ms,
+                                "deleting_ms": acted_ms}),
+            );
         }
         println!(
-            "==> scaled down: {scaled_away:?} removed; {} s of load",
+            "==> scaled down: {scaled_away:?} being deleted {:.1} s after the scale; {} s of load",
+            (acted_ms - scale_ms) as f64 / 1000.0,
             args.settle
         );
         std::thread::sleep(Duration::from_secs(args.settle));
@@ -1176,6 +1183,17 @@ fn summarize(
                     ms("start_ms").saturating_sub(ms("stop_ms")) as f64 / 1000.0,
                     ms("ready_ms").saturating_sub(ms("start_ms")) as f64 / 1000.0,
                     ms("compacted_revision")
+                ));
+            }
+            if let Some(r) = timeline["removed"]
+                .as_array()
+                .and_then(|r| r.iter().find(|r| r["deleting_ms"].is_u64()))
+            {
+                let ms = |f: &str| r[f].as_u64().unwrap_or(0);
+                md.push_str(&format!(
+                    "The scale-down's Pods were being deleted {:.1} s after `kubectl scale` (the \
+                     controllers' reaction).\n\n",
+                    ms("deleting_ms").saturating_sub(ms("removed_ms")) as f64 / 1000.0
                 ));
             }
             md.push_str(
