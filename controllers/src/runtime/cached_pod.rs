@@ -65,19 +65,32 @@ impl CachedPod {
         matches!(self.phase(), "Succeeded" | "Failed")
     }
 
-    /// The names of the claims the Pod's volumes use, in its namespace: a claim volume's
-    /// `claimName`, a generic ephemeral volume's `<pod>-<volume>` (`ephemeral.VolumeClaimName`).
-    pub fn claim_names(&self) -> Vec<String> {
+    /// The node the Pod is bound to (`spec.nodeName`, when set and not empty).
+    pub fn node_name(&self) -> Option<&str> {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .filter(|n| !n.is_empty())
+    }
+
+    /// Each of the Pod's volumes that uses a claim in its namespace, with that claim's name: a
+    /// claim volume's `claimName`, a generic ephemeral volume's `<pod>-<volume>`
+    /// (`ephemeral.VolumeClaimName`).
+    pub fn volume_claims(&self) -> impl Iterator<Item = (&str, String)> {
         let pod = self.metadata.name.as_deref().unwrap_or_default();
         self.spec
             .iter()
             .flat_map(|s| s.volumes.iter().flatten())
-            .filter_map(|v| match (&v.persistent_volume_claim, &v.ephemeral) {
-                (Some(c), _) => Some(c.claim_name.clone()),
-                (None, Some(_)) => Some(format!("{pod}-{}", v.name)),
+            .filter_map(move |v| match (&v.persistent_volume_claim, &v.ephemeral) {
+                (Some(c), _) => Some((v.name.as_str(), c.claim_name.clone())),
+                (None, Some(_)) => Some((v.name.as_str(), format!("{pod}-{}", v.name))),
                 (None, None) => None,
             })
-            .collect()
+    }
+
+    /// The names of the claims the Pod's volumes use ([`CachedPod::volume_claims`]).
+    pub fn claim_names(&self) -> Vec<String> {
+        self.volume_claims().map(|(_, claim)| claim).collect()
     }
 }
 

@@ -183,11 +183,7 @@ impl Controller {
         // may have let its claims go.
         pod_informer.on_change_of(&this, |c, old, new| {
             let enqueue = |p: &CachedPod, deleted: bool| {
-                let scheduled = p
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_deref())
-                    .is_some_and(|n| !n.is_empty());
+                let scheduled = p.node_name().is_some();
                 if !deleted && !p.is_terminal() && scheduled {
                     return;
                 }

@@ -42,7 +42,7 @@ use crate::runtime::apierrors;
 use crate::runtime::cache::Indexed;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::events::Recorder;
-use crate::runtime::informer::{split_key, Informers};
+use crate::runtime::informer::{key_of, split_key, Informers};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::{run_controller, SyncKey};
 
@@ -163,8 +163,7 @@ impl Controller {
         });
         claim_informer.on_change_of(&this, |c, old, new| {
             let Some(claim) = new.or(old) else { return };
-            let ns = claim.metadata.namespace.clone().unwrap_or_default();
-            let name = claim.metadata.name.clone().unwrap_or_default();
+            let key = key_of(&**claim);
             if let Some(claim) = new {
                 // Seen in the cache: no longer one of the controller's unseen creations.
                 if let Some((_, uid)) = plan::owning_pod(claim) {
@@ -176,9 +175,9 @@ impl Controller {
                         }
                     }
                 }
-                c.queue.add(format!("claim:{ns}/{name}"));
+                c.queue.add(format!("claim:{key}"));
             }
-            for p in c.pods.index(POD_CLAIMS, &format!("{ns}/{name}")) {
+            for p in c.pods.index(POD_CLAIMS, &key) {
                 c.enqueue_pod(&p, false);
             }
         });
@@ -220,11 +219,7 @@ impl Controller {
             return false;
         }
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let scheduled = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .is_some_and(|n| !n.is_empty());
+        let scheduled = pod.node_name().is_some();
         for pc in plan::pod_claims(pod) {
             let (name, check_owner) = match plan::claim_name(pod, pc) {
                 ClaimName::Named { name, check_owner } => (name, check_owner),
@@ -397,12 +392,7 @@ impl Controller {
                 )
             })?;
         }
-        let scheduled = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .is_some_and(|n| !n.is_empty());
-        if !scheduled {
+        if pod.node_name().is_none() {
             // The scheduler reserves the claims of the Pods it binds.
             return Ok(());
         }

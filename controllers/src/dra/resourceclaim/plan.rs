@@ -116,12 +116,7 @@ fn allocated(claim: &ResourceClaim) -> bool {
 
 /// `isPodDone`: terminal, or deleted before it was scheduled.
 pub fn is_pod_done(pod: &CachedPod) -> bool {
-    let scheduled = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .is_some_and(|n| !n.is_empty());
-    pod.is_terminal() || (pod.metadata.deletion_timestamp.is_some() && !scheduled)
+    pod.is_terminal() || (pod.metadata.deletion_timestamp.is_some() && pod.node_name().is_none())
 }
 
 /// The claim a template gives a Pod claim: named after both (`<pod>-<claim>-` and the API

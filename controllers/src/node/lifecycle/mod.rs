@@ -179,12 +179,7 @@ fn zone_label(zone: &str) -> ZoneLabel {
 }
 
 fn pod_node(p: &CachedPod) -> Vec<String> {
-    p.spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .filter(|n| !n.is_empty())
-        .into_iter()
-        .collect()
+    p.node_name().map(str::to_string).into_iter().collect()
 }
 
 fn pod_ready(p: &CachedPod) -> Option<&str> {

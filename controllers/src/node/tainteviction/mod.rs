@@ -72,14 +72,7 @@ const RETRIES: usize = 5;
 pub const POD_NODE: &str = "taint-eviction-pod-node";
 
 fn pod_node(p: &CachedPod) -> Vec<String> {
-    node_of(p).map(str::to_string).into_iter().collect()
-}
-
-fn node_of(p: &CachedPod) -> Option<&str> {
-    p.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .filter(|n| !n.is_empty())
+    p.node_name().map(str::to_string).into_iter().collect()
 }
 
 fn tolerations_of(p: &CachedPod) -> &[Toleration] {
@@ -138,7 +131,7 @@ impl Controller {
     /// `PodUpdated`: a Pod added or deleted, or its tolerations or Node changed.
     fn pod_updated(&self, old: Option<&Arc<CachedPod>>, new: Option<&Arc<CachedPod>>) {
         fn view(p: &Arc<CachedPod>) -> (&str, &[Toleration]) {
-            (node_of(p).unwrap_or_default(), tolerations_of(p))
+            (p.node_name().unwrap_or_default(), tolerations_of(p))
         }
         if !plan::pod_change_matters(old.map(view), new.map(view)) {
             return;
@@ -147,7 +140,7 @@ impl Controller {
         self.pod_queue.add(PodItem {
             namespace: p.metadata.namespace.clone().unwrap_or_default(),
             name: p.metadata.name.clone().unwrap_or_default(),
-            node: node_of(p).unwrap_or_default().to_string(),
+            node: p.node_name().unwrap_or_default().to_string(),
         });
     }
 
@@ -222,7 +215,7 @@ impl Controller {
         };
         // Items are sharded by the Node they were queued with: an item for another Node than
         // the Pod's now is not this shard's to handle (the Pod's newer item is).
-        let node = node_of(&pod).unwrap_or_default();
+        let node = pod.node_name().unwrap_or_default();
         if node != item.node || node.is_empty() {
             return;
         }

@@ -49,7 +49,7 @@ use crate::runtime::apierrors;
 use crate::runtime::cache::Indexed;
 use crate::runtime::cached_pod::CachedPod;
 use crate::runtime::events::Recorder;
-use crate::runtime::informer::Informers;
+use crate::runtime::informer::{key_of, Informers};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::{run_controller, SyncKey};
 
@@ -71,17 +71,10 @@ const VA_NODE: &str = "attachdetach-va-node";
 const VA_PV: &str = "attachdetach-va-pv";
 
 fn pod_node(p: &CachedPod) -> Vec<String> {
-    let uses_claims = p
-        .spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .any(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some());
-    p.spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .filter(|n| uses_claims && !n.is_empty())
-        .into_iter()
-        .collect()
+    if p.volume_claims().next().is_none() {
+        return Vec::new();
+    }
+    p.node_name().map(str::to_string).into_iter().collect()
 }
 
 fn va_node(a: &VolumeAttachment) -> Vec<String> {
@@ -287,12 +280,7 @@ impl Controller {
         });
         pvc_informer.on_change_of(&this, |c, old, new| {
             let Some(pvc) = new.or(old) else { return };
-            let key = format!(
-                "{}/{}",
-                pvc.metadata.namespace.as_deref().unwrap_or_default(),
-                pvc.metadata.name.as_deref().unwrap_or_default()
-            );
-            c.wake(&Waiting::Claim(key));
+            c.wake(&Waiting::Claim(key_of(&**pvc)));
         });
         pv_informer.on_change_of(&this, |c, old, new| {
             let Some(pv) = new.or(old) else { return };

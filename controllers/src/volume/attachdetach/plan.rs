@@ -149,13 +149,8 @@ pub fn desired(
             name: name.to_string(),
             uid: uid.to_string(),
         };
-        for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
-            let claim = match (&v.persistent_volume_claim, &v.ephemeral) {
-                (Some(c), _) => c.claim_name.clone(),
-                (None, Some(_)) => format!("{name}-{}", v.name),
-                (None, None) => continue,
-            };
-            let key = format!("{uid}/{}", v.name);
+        for (volume, claim) in pod.volume_claims() {
+            let key = format!("{uid}/{volume}");
             let resolved = match resolve(ns, &claim, lookup) {
                 Ok(Some(w)) => Some(w),
                 Ok(None) => None,
@@ -369,13 +364,7 @@ pub fn plan(
         .in_use
         .iter()
         .chain(&state.reported)
-        .filter_map(|u| {
-            let (driver, handle) = u
-                .strip_prefix(CSI_PLUGIN)?
-                .strip_prefix('/')?
-                .split_once('^')?;
-            Some((attachment_name(handle, driver, node), u.clone()))
-        })
+        .filter_map(|u| Some((attachment_of(node, u)?, u.clone())))
         .collect();
     let in_use = attachment_names(node, &state.in_use);
     for a in attachments {
@@ -451,11 +440,15 @@ fn multi_attach_message(pv: &str, pod: &PodUse, others: &[PodUse]) -> String {
 pub fn attachment_names(node: &str, unique_names: &BTreeSet<String>) -> BTreeSet<String> {
     unique_names
         .iter()
-        .filter_map(|u| {
-            u.strip_prefix(CSI_PLUGIN)?
-                .strip_prefix('/')?
-                .split_once('^')
-        })
-        .map(|(driver, handle)| attachment_name(handle, driver, node))
+        .filter_map(|u| attachment_of(node, u))
         .collect()
+}
+
+/// The attachment name on `node` of one CSI unique volume name (none for another plugin's).
+fn attachment_of(node: &str, unique_name: &str) -> Option<String> {
+    let (driver, handle) = unique_name
+        .strip_prefix(CSI_PLUGIN)?
+        .strip_prefix('/')?
+        .split_once('^')?;
+    Some(attachment_name(handle, driver, node))
 }

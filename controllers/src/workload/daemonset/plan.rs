@@ -447,12 +447,7 @@ pub fn nodes_to_daemon_pods(pods: &[Arc<CachedPod>], include_deleted_terminal: b
 
 /// `podByCreationTimestampAndPhase`: bound Pods first, then older first, then by name.
 pub fn by_creation_and_phase(a: &Arc<CachedPod>, b: &Arc<CachedPod>) -> Ordering {
-    let bound = |p: &CachedPod| {
-        p.spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .is_some_and(|n| !n.is_empty())
-    };
+    let bound = |p: &CachedPod| p.node_name().is_some();
     match (bound(a), bound(b)) {
         (true, false) => return Ordering::Less,
         (false, true) => return Ordering::Greater,
