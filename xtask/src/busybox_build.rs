@@ -13,7 +13,6 @@
 //! Owns the download and the build; the image is [`crate::images::busybox`]'s.
 
 use std::fs;
-use std::io::Read as _;
 use std::os::fd::AsRawFd as _;
 use std::path::PathBuf;
 
@@ -57,20 +56,8 @@ pub fn binary() -> anyhow::Result<PathBuf> {
             .run()
             .with_context(|| format!("downloading {URL}"))?;
         let mut hasher = sha2::Sha256::new();
-        let mut file = fs::File::open(&partial)?;
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = file.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        let got: String = hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        std::io::copy(&mut fs::File::open(&partial)?, &mut hasher)?;
+        let got = format!("{:x}", hasher.finalize());
         ensure!(
             got == SHA256,
             "{URL}: SHA-256 {got}, Debian's .dsc says {SHA256}"

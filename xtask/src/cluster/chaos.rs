@@ -21,7 +21,8 @@
 //!   leftovers check after it;
 //! - `soak`: `--duration` seconds of constant churn: every second `--churn` Services (selecting
 //!   the backend) change their port, so the agents reprogram and the EndpointSlices change, and
-//!   every 10 s a Deployment of 3 Pods is scaled up or down (Pods created, scheduled, deleted);
+//!   every 10th round a Deployment of 3 Pods is scaled up or down (Pods created, scheduled,
+//!   deleted); a round lasts a second, or as long as its kubectl calls take;
 //!   the agents', controller-managers' and schedulers' resident memory and open descriptors
 //!   sampled every 15 s: flat, or a leak;
 //! - `apiserver-outage`: kube-apiserver stopped for `--outage` seconds (etcd, the nodes, the
@@ -675,6 +676,12 @@ fn soak(
         .arg(run_dir.join("churn-pods.json"))
         .quiet()
         .run()?;
+    let sample = || {
+        json!({
+            "at_ms": unix_ms(),
+            "processes": super::usage::snapshot(cluster),
+        })
+    };
     let start_ms = unix_ms();
     let started = Instant::now();
     let mut samples = Vec::new();
@@ -682,16 +689,13 @@ fn soak(
     let mut tick = 0u64;
     let mut failed_applies = 0u64;
     println!(
-        "==> soak: {} s, {} Service changes a second, a Deployment scaled 0 <-> 3 every 10 s",
+        "==> soak: {} s, {} Service changes a second, a Deployment scaled 0 <-> 3 every 10th round",
         args.duration, args.churn
     );
     while started.elapsed() < Duration::from_secs(args.duration) {
         let second = Instant::now();
         if Instant::now() >= next_sample {
-            samples.push(json!({
-                "at_ms": unix_ms(),
-                "processes": super::usage::snapshot(cluster),
-            }));
+            samples.push(sample());
             next_sample += Duration::from_secs(15);
         }
         fs::write(&churn_file, services(tick))?;
@@ -721,10 +725,7 @@ fn soak(
             std::thread::sleep(rest);
         }
     }
-    samples.push(json!({
-        "at_ms": unix_ms(),
-        "processes": super::usage::snapshot(cluster),
-    }));
+    samples.push(sample());
     let end_ms = unix_ms();
     // Leave nothing of the churn for the next run.
     let names: Vec<String> = (0..args.churn)

@@ -103,10 +103,15 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
 
 /// Peak resident set (`VmHWM`) of a process, KiB.
 fn peak_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+/// A `/proc/<pid>/status` line of KiB (`VmHWM:`, `VmRSS:`).
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
@@ -124,11 +129,7 @@ pub fn snapshot(cluster: &Cluster) -> Vec<ProcessNow> {
     processes(cluster)
         .into_iter()
         .filter_map(|(pid, component)| {
-            let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            let rss_kib = status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())?;
+            let rss_kib = status_kib(pid, "VmRSS:")?;
             let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
             Some(ProcessNow {
                 component,
