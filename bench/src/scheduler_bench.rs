@@ -29,6 +29,16 @@
 //! - `preemption` (PreemptionBasic): 4N init Pods of 900m CPU and priority 0 (3.6 of each
 //!   node's 4 CPU), then M (at most N) Pods of 3 CPU with a PriorityClass of value 10: each
 //!   preempts three init Pods; the placement reports the victims.
+//! - `csi-pvs` (SchedulingCSIPVs): every node with a CSINode allowing 39 volumes of the driver
+//!   `ebs.csi.aws.com` (and the old `attachable-volumes-csi-ebs.csi.aws.com: 39` allocatable, as
+//!   scheduler_perf's nodeAllocatableStrategy sets both); N init and M measured Pods, each with
+//!   its own claim (ReadOnlyMany, 1Gi) bound to its own CSI volume (pv-csi.yaml, pvc.yaml:
+//!   claimRef, volumeName, `pv.kubernetes.io/bind-completed` and both phases Bound, as
+//!   scheduler_perf's CreatePodWithPersistentVolume writes them). VolumeBinding, VolumeZone,
+//!   VolumeRestrictions and NodeVolumeLimits (the CSINode's count against the volumes already on
+//!   each node) run for every Pod. The volumes and claims are created before the scheduler
+//!   starts, so the clock runs over the Pods alone (scheduler_perf creates each Pod's volume,
+//!   claim and Pod in turn inside its measured op).
 //!
 //! scheduler_perf puts its init and measured Pods in two namespaces and lists both in the
 //! affinity terms; here both are in the one bench namespace and the terms name none (the Pod's
@@ -126,12 +136,25 @@ const POD_CPU_MILLIS: usize = 100;
 const POD_MEMORY: &str = "500Mi";
 const IMAGE: &str = "registry.k8s.io/pause:3.10";
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// SchedulingCSIPVs: the CSI driver of pv-csi.yaml and the volumes each node allows of it.
+const CSI_DRIVER: &str = "ebs.csi.aws.com";
+const CSI_VOLUMES_PER_NODE: usize = 39;
+/// The claim of Pod `name`, and its volume (cluster-wide: the namespace prefixed, as upstream).
+fn claim_name(pod: &str) -> String {
+    format!("pvc-{pod}")
+}
+fn volume_name(ns: &str, pod: &str) -> String {
+    format!("{ns}-pv-{pod}")
+}
 /// The Pods' annotation kwok is told to leave alone.
 const KWOK_DISREGARD: (&str, &str) = ("kwok.x-k8s.io/status", "custom");
 /// kwok's node lease duration (renewed every quarter of it).
 const KWOK_LEASE_SECONDS: u32 = 3_600;
 /// The measured Pods' label (init Pods carry `role: init`).
 const MEASURED: &str = "measured";
+/// The Pods' names: `i-N` (init) and `m-N` (measured).
+const INIT_PREFIX: &str = "i";
+const MEASURED_PREFIX: &str = "m";
 /// The scheduler's identity, for both.
 const SCHEDULER_USER: &str = "system:kube-scheduler";
 /// The output files, under `out_dir`.
@@ -207,6 +230,7 @@ pub enum Workload {
     NodeAffinity,
     PreferredTopologySpreading,
     Preemption,
+    CsiPvs,
 }
 
 /// The workloads a run measures unless `--sched-workloads` says otherwise (`cargo xtask test`'s
@@ -222,6 +246,7 @@ impl Workload {
         "node-affinity",
         "preferred-topology-spreading",
         "preemption",
+        "csi-pvs",
     ];
 
     pub fn parse(name: &str) -> anyhow::Result<Workload> {
@@ -235,6 +260,7 @@ impl Workload {
                 Ok(Workload::PreferredTopologySpreading)
             }
             "preemption" | "PreemptionBasic" => Ok(Workload::Preemption),
+            "csi-pvs" | "SchedulingCSIPVs" => Ok(Workload::CsiPvs),
             other => bail!(
                 "--sched-workloads: unknown workload {other:?} (known: {}, or all)",
                 Workload::NAMES.join(", ")
@@ -272,6 +298,7 @@ impl Workload {
             Workload::NodeAffinity => "SchedulingNodeAffinity",
             Workload::PreferredTopologySpreading => "PreferredTopologySpreading",
             Workload::Preemption => "PreemptionBasic",
+            Workload::CsiPvs => "SchedulingCSIPVs",
         }
     }
 
@@ -284,6 +311,7 @@ impl Workload {
             Workload::NodeAffinity => "nodeaff",
             Workload::PreferredTopologySpreading => "pspread",
             Workload::Preemption => "preempt",
+            Workload::CsiPvs => "csipv",
         }
     }
 
@@ -296,7 +324,7 @@ impl Workload {
             // 100 on 500 nodes: one Pod per node at most, and room for the measured ones.
             Workload::PodAntiAffinity => n.div_ceil(5),
             // 500 on 500 (5,000 on 5,000).
-            Workload::PodAffinity | Workload::NodeAffinity => n,
+            Workload::PodAffinity | Workload::NodeAffinity | Workload::CsiPvs => n,
             // 1,000 on 500, 5,000 on 5,000.
             Workload::PreferredTopologySpreading => (2 * n).min(n.max(5_000)),
             // PreemptionBasic: 4 low-priority Pods of 900m per node (3.6 of its 4 CPU).
@@ -312,6 +340,9 @@ impl Workload {
                 .pods
                 .min(size.nodes.saturating_sub(self.init_pods(size))),
             Workload::Preemption => size.pods.min(size.nodes),
+            Workload::CsiPvs => size
+                .pods
+                .min((size.nodes * CSI_VOLUMES_PER_NODE).saturating_sub(self.init_pods(size))),
             _ => size.pods,
         }
     }
@@ -1021,7 +1052,13 @@ fn measure(
     let zone_of = workload.spreads().then_some(&node_zones);
     let setup = Duration::from_secs(120 + size.nodes as u64 / 10);
     rt.block_on(guarded(&mut cp, setup, async {
-        create_nodes(&client, &nodes, Some(&node_zones)).await?;
+        create_nodes(
+            &client,
+            &nodes,
+            Some(&node_zones),
+            workload == Workload::CsiPvs,
+        )
+        .await?;
         if workload == Workload::Preemption {
             create_priority_class(&client).await?;
         }
@@ -1029,6 +1066,18 @@ fn measure(
     }))
     .context("creating the nodes")?;
     let ns = cp.test_namespace("sched")?;
+    if workload == Workload::CsiPvs {
+        let (init, measured) = (workload.init_pods(size), workload.measured_pods(size));
+        rt.block_on(guarded(
+            &mut cp,
+            Duration::from_secs(120 + (init + measured) as u64 / 10),
+            async {
+                create_claims(&client, &ns, INIT_PREFIX, init).await?;
+                create_claims(&client, &ns, MEASURED_PREFIX, measured).await
+            },
+        ))
+        .context("creating the Pods' volumes and claims")?;
+    }
 
     // The tracker's watch is listed before anything is created.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -1121,7 +1170,7 @@ fn measure(
         Duration::from_secs(120 + init as u64 / 10),
         async {
             let (_, _) = tokio::try_join!(
-                create_pods(&pods, "i", init, spec),
+                create_pods(&pods, INIT_PREFIX, init, spec),
                 wait_counts(counts_rx.clone(), |c| c.init >= init)
             )?;
             anyhow::Ok(())
@@ -1152,7 +1201,7 @@ fn measure(
         let created = created.clone();
         let pods = pods.clone();
         async move {
-            let sent = create_pods(&pods, "m", measured_pods, spec).await?;
+            let sent = create_pods(&pods, MEASURED_PREFIX, measured_pods, spec).await?;
             // When the last create was answered, and both processes' CPU then.
             let at = (Instant::now(), cpu_seconds(pid)?, cpu_seconds(apiserver)?);
             *created.lock().expect("lock") = Some(at);
@@ -1312,15 +1361,20 @@ fn start_kwok(cp: &mut ControlPlane) -> anyhow::Result<()> {
         .context("starting kwok")
 }
 
-/// A kwok node of scheduler_perf's node-default size, in `zone` if given.
-fn node(name: &str, zone: Option<&str>) -> Node {
+/// A kwok node of scheduler_perf's node-default size, in `zone` if given, with the CSI
+/// allocatable of SchedulingCSIPVs if `csi`.
+fn node(name: &str, zone: Option<&str>, csi: bool) -> Node {
     let mut labels = json!({"kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
                             "kubernetes.io/os": "linux", "type": "kwok"});
     if let Some(zone) = zone {
         labels[ZONE_LABEL] = json!(zone);
     }
-    let resources = json!({"cpu": format!("{NODE_CPU_MILLIS}m"), "memory": NODE_MEMORY,
-                           "pods": PODS_PER_NODE.to_string()});
+    let mut resources = json!({"cpu": format!("{NODE_CPU_MILLIS}m"), "memory": NODE_MEMORY,
+                               "pods": PODS_PER_NODE.to_string()});
+    if csi {
+        resources[format!("attachable-volumes-csi-{CSI_DRIVER}")] =
+            json!(CSI_VOLUMES_PER_NODE.to_string());
+    }
     serde_json::from_value(json!({
         "metadata": {
             "name": name,
@@ -1332,21 +1386,130 @@ fn node(name: &str, zone: Option<&str>) -> Node {
     .expect("a valid Node")
 }
 
+/// The Nodes, and with `csi` each one's CSINode (what a kubelet's CSI plugin registration would
+/// write: the driver, its node ID and its volume limit).
 async fn create_nodes(
     client: &kube::Client,
     names: &[String],
     zone_of: Option<&HashMap<String, String>>,
+    csi: bool,
 ) -> anyhow::Result<()> {
+    use k8s_openapi::api::storage::v1::CSINode;
     let api: Api<Node> = Api::all(client.clone());
+    let csinodes: Api<CSINode> = Api::all(client.clone());
     futures::stream::iter(names)
         .map(|name| {
-            let api = api.clone();
-            let node = node(name, zone_of.and_then(|z| z.get(name)).map(String::as_str));
+            let (api, csinodes) = (api.clone(), csinodes.clone());
+            let node = node(
+                name,
+                zone_of.and_then(|z| z.get(name)).map(String::as_str),
+                csi,
+            );
             async move {
                 api.create(&PostParams::default(), &node)
                     .await
                     .with_context(|| format!("creating Node {name}"))?;
+                if csi {
+                    let csinode: CSINode = serde_json::from_value(json!({
+                        "metadata": {"name": name},
+                        "spec": {"drivers": [{
+                            "name": CSI_DRIVER,
+                            "nodeID": name,
+                            "allocatable": {"count": CSI_VOLUMES_PER_NODE},
+                        }]},
+                    }))?;
+                    csinodes
+                        .create(&PostParams::default(), &csinode)
+                        .await
+                        .with_context(|| format!("creating CSINode {name}"))?;
+                }
                 anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .try_collect::<()>()
+        .await
+}
+
+/// Creates `object` (JSON of a `K`) through `api`, then writes its `status`, which a create
+/// ignores.
+async fn create_with_status<K>(api: &Api<K>, object: serde_json::Value) -> anyhow::Result<()>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Serialize,
+{
+    let status = object["status"].clone();
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let what = format!("{} {name}", K::kind(&()));
+    let created = api
+        .create(&PostParams::default(), &serde_json::from_value(object)?)
+        .await
+        .with_context(|| format!("creating {what}"))?;
+    let mut with_status = serde_json::to_value(&created)?;
+    with_status["status"] = status;
+    api.replace_status(
+        &name,
+        &PostParams::default(),
+        &serde_json::from_value(with_status)?,
+    )
+    .await
+    .with_context(|| format!("{what}'s status"))?;
+    Ok(())
+}
+
+/// SchedulingCSIPVs: Pod `<prefix>-i`'s claim and its CSI volume, bound to each other (both
+/// phases Bound, written by a status update after the create, as upstream's
+/// CreatePodWithPersistentVolume does: a create resets the status).
+async fn create_claims(
+    client: &kube::Client,
+    ns: &str,
+    prefix: &str,
+    n: usize,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let (claims, volumes) = (claims.clone(), volumes.clone());
+            let pod = format!("{prefix}-{i}");
+            let (claim, volume) = (claim_name(&pod), volume_name(ns, &pod));
+            async move {
+                // pvc.yaml.
+                create_with_status(
+                    &claims,
+                    json!({
+                        "metadata": {"name": claim,
+                                     "annotations": {"pv.kubernetes.io/bind-completed": "true"}},
+                        "spec": {"accessModes": ["ReadOnlyMany"],
+                                 "resources": {"requests": {"storage": "1Gi"}},
+                                 "volumeName": volume},
+                        "status": {"phase": "Bound"},
+                    }),
+                )
+                .await?;
+                // pv-csi.yaml, the handle unique per volume.
+                create_with_status(
+                    &volumes,
+                    json!({
+                        "metadata": {"name": volume},
+                        "spec": {"accessModes": ["ReadOnlyMany"],
+                                 "capacity": {"storage": "1Gi"},
+                                 "csi": {"driver": CSI_DRIVER,
+                                         "volumeHandle": format!("vol-{volume}")},
+                                 "persistentVolumeReclaimPolicy": "Retain",
+                                 "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                                              "namespace": ns, "name": claim}},
+                        "status": {"phase": "Bound"},
+                    }),
+                )
+                .await
             }
         })
         .buffer_unordered(WRITE_CONCURRENCY)
@@ -1460,6 +1623,13 @@ fn pod(name: &str, spec: PodSpec) -> Pod {
         // Priority admission refuses a bare priority).
         (Workload::Preemption, true) => {
             pod["spec"]["priorityClassName"] = json!(HIGH_PRIORITY_CLASS);
+        }
+        // CreatePodWithPersistentVolume: the claim as the Pod's one volume.
+        (Workload::CsiPvs, _) => {
+            pod["spec"]["volumes"] = json!([{
+                "name": "vol",
+                "persistentVolumeClaim": {"claimName": claim_name(name)},
+            }]);
         }
         _ => {}
     }

@@ -367,6 +367,7 @@ fn the_scheduler_perf_workloads_scale_and_shape_their_pods_as_upstream() {
         (Workload::NodeAffinity, 500, 1000),
         (Workload::PreferredTopologySpreading, 1000, 1000),
         (Workload::Preemption, 2000, 500),
+        (Workload::CsiPvs, 500, 1000),
     ];
     for (w, init, measured) in cases {
         assert_eq!(
@@ -501,4 +502,32 @@ fn the_scheduler_perf_workloads_scale_and_shape_their_pods_as_upstream() {
     );
     assert_eq!(Workload::NodeAffinity.zone(4).as_deref(), Some("zone1"));
     assert_eq!(Workload::Preemption.zone(4), None);
+    // CSI volumes: each Pod its own claim, the other workloads none.
+    for (p, claim) in [
+        (init(Workload::CsiPvs), "pvc-i-0"),
+        (measured(Workload::CsiPvs), "pvc-m-0"),
+    ] {
+        let volumes = p.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+        assert_eq!(volumes.len(), 1);
+        assert_eq!(
+            volumes[0]
+                .persistent_volume_claim
+                .as_ref()
+                .unwrap()
+                .claim_name,
+            claim
+        );
+    }
+    assert!(measured(Workload::Basic).spec.unwrap().volumes.is_none());
+    // More volumes than the nodes allow are not asked for: 39 per node, 10 nodes.
+    let small = Size {
+        nodes: 10,
+        pods: 1000,
+    };
+    assert_eq!(Workload::CsiPvs.measured_pods(small), 390 - 10);
+    let nodes = node("n", None, true);
+    assert_eq!(
+        nodes.status.unwrap().allocatable.unwrap()["attachable-volumes-csi-ebs.csi.aws.com"].0,
+        "39"
+    );
 }

@@ -51,6 +51,15 @@ pub struct CachedPod {
     pub status: Option<CachedPodStatus>,
 }
 
+/// The Pod cache's index of Pods by the node they are bound to, one for every controller that
+/// looks up a node's Pods (each registers it: registering it again rebuilds the same index).
+pub const NODE_INDEX: &str = "pod-node";
+
+/// [`NODE_INDEX`] of a Pod: its node, when it is bound.
+pub fn node_index(p: &CachedPod) -> Vec<String> {
+    p.node_name().map(str::to_string).into_iter().collect()
+}
+
 impl CachedPod {
     /// `status.phase` ("" when the API server has not set one yet).
     pub fn phase(&self) -> &str {
@@ -65,7 +74,8 @@ impl CachedPod {
         matches!(self.phase(), "Succeeded" | "Failed")
     }
 
-    /// The node the Pod is bound to (`spec.nodeName`, when set and not empty).
+    /// The node the Pod is bound to (`spec.nodeName`, when set and not empty): the key of
+    /// [`NODE_INDEX`].
     pub fn node_name(&self) -> Option<&str> {
         self.spec
             .as_ref()

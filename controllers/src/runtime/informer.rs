@@ -179,6 +179,44 @@ pub struct Informer<K> {
     handlers: RwLock<Vec<Handler<K>>>,
     /// A field selector the watch is restricted to ([`Informer::restrict_fields`]).
     fields: Mutex<Option<&'static str>>,
+    watch: Arc<WatchHealth>,
+}
+
+/// Whether an informer's watch is reading, and when it last came back after failing: while it
+/// fails (the API server unreachable) the cache is as old as the failure, and a controller that
+/// judges liveness by what the cache shows (the node lifecycle controller's Lease renewals) must
+/// not count that time against anyone.
+#[derive(Debug, Default)]
+pub struct WatchHealth {
+    broken: std::sync::atomic::AtomicBool,
+    /// Unix milliseconds of the first event after the last failure (0: never failed).
+    recovered_ms: std::sync::atomic::AtomicI64,
+}
+
+impl WatchHealth {
+    /// Whether the watch reads (false from a failed watch request until the next event).
+    pub fn healthy(&self) -> bool {
+        !self.broken.load(Ordering::Relaxed)
+    }
+
+    /// When the watch last came back after failing.
+    pub fn recovered_at(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        match self.recovered_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => k8s_openapi::jiff::Timestamp::from_millisecond(ms).ok(),
+        }
+    }
+
+    fn failed(&self) {
+        self.broken.store(true, Ordering::Relaxed);
+    }
+
+    fn read(&self) {
+        if self.broken.swap(false, Ordering::Relaxed) {
+            let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+            self.recovered_ms.store(now, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<K: Watched> Informer<K> {
@@ -190,7 +228,13 @@ impl<K: Watched> Informer<K> {
             cache,
             handlers: RwLock::new(Vec::new()),
             fields: Mutex::new(None),
+            watch: Arc::default(),
         })
+    }
+
+    /// The state of this informer's watch.
+    pub fn watch_health(&self) -> Arc<WatchHealth> {
+        self.watch.clone()
     }
 
     /// Watches only the objects `selector` (a field selector, `metadata.name=kube-root-ca.crt`)
@@ -296,6 +340,7 @@ impl<K: Watched> Informer<K> {
         if let Some(selector) = *self.fields.lock().expect("fields lock") {
             config = config.fields(selector);
         }
+        let watch = self.watch.clone();
         let reader = move |client: Client| async move {
             let api: Api<K> = Api::all(client);
             let mut stream = watcher::watcher(api, config).default_backoff().boxed();
@@ -307,12 +352,16 @@ impl<K: Watched> Informer<K> {
                 };
                 match ev {
                     Some(Ok(ev)) => {
+                        watch.read();
                         let read = tokio::time::Instant::now();
                         if tx.send((read, ev.modify(trim_for_cache::<K>))).is_err() {
                             return;
                         }
                     }
-                    Some(Err(e)) => tracing::warn!(kind = %K::kind(&()), "watch: {e}"),
+                    Some(Err(e)) => {
+                        watch.failed();
+                        tracing::warn!(kind = %K::kind(&()), "watch: {e}");
+                    }
                     None => return,
                 }
             }

@@ -47,9 +47,9 @@ use crate::error::{Error, Result};
 use crate::helpers::taints::{node_taints, TAINT_EFFECT_NO_EXECUTE};
 use crate::runtime::apierrors;
 use crate::runtime::cache::Indexed;
-use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::cached_pod::{node_index, CachedPod, NODE_INDEX};
 use crate::runtime::events::Recorder;
-use crate::runtime::informer::Informers;
+use crate::runtime::informer::{Informers, WatchHealth};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::workers::{run_workers_of, wait_for_caches};
 
@@ -77,9 +77,6 @@ pub const EVICTION_PERIOD: Duration = Duration::from_millis(100);
 
 /// Tries of a Node's health write, 20 ms apart (`NodeHealthUpdateRetry`, `retrySleepTime`).
 const HEALTH_TRIES: usize = 5;
-
-/// The Pod cache's index of Pods by `spec.nodeName`.
-pub const POD_NODE: &str = "node-lifecycle-pod-node";
 
 /// The controller's settings (kube-controller-manager's flags and defaults).
 #[derive(Debug, Clone, Copy)]
@@ -178,10 +175,6 @@ fn zone_label(zone: &str) -> ZoneLabel {
     }
 }
 
-fn pod_node(p: &CachedPod) -> Vec<String> {
-    p.node_name().map(str::to_string).into_iter().collect()
-}
-
 fn pod_ready(p: &CachedPod) -> Option<&str> {
     p.status
         .as_ref()
@@ -215,6 +208,9 @@ pub struct Controller {
     nodes: Arc<Indexed<Node>>,
     pods: Arc<Indexed<CachedPod>>,
     leases: Arc<Indexed<Lease>>,
+    /// The Lease informer's watch: no node is judged while it fails (see
+    /// [`plan::probe_after_blindness`]).
+    lease_watch: Arc<WatchHealth>,
     node_queue: Arc<WorkQueue<String>>,
     pod_queue: Arc<WorkQueue<PodItem>>,
     /// `nodeHealthMap`.
@@ -229,7 +225,7 @@ impl Controller {
     pub fn new(client: Client, informers: &Informers, config: Config) -> Arc<Controller> {
         let node_informer = informers.get::<Node>();
         let pod_informer = informers.get::<CachedPod>();
-        pod_informer.add_index(POD_NODE, pod_node);
+        pod_informer.add_index(NODE_INDEX, node_index);
         let lease_informer = informers.get::<Lease>();
         let this = Arc::new(Controller {
             recorder: Recorder::new(client.clone(), EVENT_SOURCE),
@@ -238,6 +234,7 @@ impl Controller {
             nodes: node_informer.cache(),
             pods: pod_informer.cache(),
             leases: lease_informer.cache(),
+            lease_watch: lease_informer.watch_health(),
             node_queue: WorkQueue::new(NODE_QUEUE),
             pod_queue: WorkQueue::new(POD_QUEUE),
             health: Mutex::default(),
@@ -252,8 +249,8 @@ impl Controller {
         pod_informer.on_change_of(&this, |c, old, new| {
             // `podUpdated`: a Pod bound to a Node, or moved to another.
             let Some(new) = new else { return };
-            let node = pod_node(new);
-            if node.is_empty() || old.is_some_and(|o| pod_node(o) == node) {
+            let Some(node) = new.node_name() else { return };
+            if old.is_some_and(|o| o.node_name() == Some(node)) {
                 return;
             }
             c.pod_queue.add(PodItem {
@@ -565,6 +562,10 @@ impl Controller {
     ) -> (String, Option<Option<String>>, bool) {
         let started = Instant::now();
         let name = node.metadata.name.clone().unwrap_or_default();
+        // Blind (the Lease watch failing: the API server unreachable): judged when it reads again.
+        if !self.lease_watch.healthy() {
+            return (name, None, needs_retry);
+        }
         let grace = Grace {
             startup: self.config.node_startup_grace_period,
             monitor: self.config.node_monitor_grace_period,
@@ -574,7 +575,10 @@ impl Controller {
         for attempt in 0..HEALTH_TRIES {
             let now = Timestamp::now();
             let lease = self.lease_of(&name);
-            let saved = self.health.lock().expect("health lock").get(&name).cloned();
+            let saved = plan::probe_after_blindness(
+                self.health.lock().expect("health lock").get(&name),
+                self.lease_watch.recovered_at(),
+            );
             let check = plan::check_health(saved.as_ref(), &current_node, lease, now, grace);
             self.health
                 .lock()
@@ -698,7 +702,7 @@ impl Controller {
     /// `MarkPodsNotReady` over the Node's Pods.
     async fn mark_pods_not_ready(&self, node: &str) -> Result<()> {
         let mut last = Ok(());
-        for pod in self.pods.index(POD_NODE, node) {
+        for pod in self.pods.index(NODE_INDEX, node) {
             if let Err(e) = self.mark_pod_not_ready(&pod).await {
                 tracing::info!(controller = NAME, "failed to update status for pod: {e}");
                 last = Err(e);
@@ -753,15 +757,15 @@ impl Controller {
         let Some(pod) = self.pods.get(&item.namespace, &item.name) else {
             return Ok(());
         };
-        let node = pod_node(&pod).into_iter().next().unwrap_or_default();
+        let node = pod.node_name().unwrap_or_default();
         let ready = {
             let health = self.health.lock().expect("health lock");
-            let Some(h) = health.get(&node) else {
+            let Some(h) = health.get(node) else {
                 return Ok(()); // Not looked at yet, or gone.
             };
             h.ready.as_ref().map(|c| c.status.clone())
         };
-        if self.nodes.get("", &node).is_none() {
+        if self.nodes.get("", node).is_none() {
             return Err(Error::Invalid {
                 object: format!("Pod {}/{}", item.namespace, item.name),
                 reason: format!("spec.nodeName {node}: the Node is not in the cache yet"),

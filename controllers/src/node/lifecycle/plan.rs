@@ -104,6 +104,24 @@ fn same_time(a: &Option<Time>, b: &Option<Time>) -> bool {
     a.as_ref().map(|t| t.0) == b.as_ref().map(|t| t.0)
 }
 
+/// The saved health as the controller may judge it after its Lease watch failed and came back
+/// at `recovered_at`: no renewal could be seen meanwhile, so the node's last heartbeat counts
+/// from then. A node that stays quiet is still marked Unknown, one grace period after the
+/// watch came back. (kube-controller-manager counts the blind time against every node: after
+/// an API server outage longer than the grace period, every node goes NotReady and its Pods
+/// leave the endpoints before the kubelets' next renewal is seen; it resets the probe times only
+/// when it leaves full-disruption mode.)
+pub fn probe_after_blindness(
+    saved: Option<&Health>,
+    recovered_at: Option<Timestamp>,
+) -> Option<Health> {
+    let mut h = saved?.clone();
+    if let Some(t) = recovered_at.filter(|t| h.probe < *t) {
+        h.probe = t;
+    }
+    Some(h)
+}
+
 /// `tryUpdateNodeHealth`: `lease` is the Node's Lease in kube-node-lease (`Some(renewTime)`)
 /// when there is one.
 pub fn check_health(

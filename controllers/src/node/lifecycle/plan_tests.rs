@@ -419,3 +419,34 @@ fn pods_are_marked_not_ready_once() {
         "no Ready condition"
     );
 }
+
+/// The time the Lease watch was blind does not count against a node: its probe moves to when the
+/// watch came back, and a probe seen after that stays.
+#[test]
+fn a_blind_lease_watch_moves_the_probe_to_its_recovery() {
+    let at = |s: i64| Timestamp::from_second(s).unwrap();
+    let saved = Health {
+        probe: at(1_000),
+        ready_transition: at(900),
+        ready: None,
+        lease: None,
+    };
+    assert_eq!(
+        probe_after_blindness(Some(&saved), Some(at(1_070)))
+            .unwrap()
+            .probe,
+        at(1_070)
+    );
+    assert_eq!(
+        probe_after_blindness(Some(&saved), Some(at(990)))
+            .unwrap()
+            .probe,
+        at(1_000),
+        "a recovery before the last probe changes nothing"
+    );
+    assert_eq!(
+        probe_after_blindness(Some(&saved), None).unwrap().probe,
+        at(1_000)
+    );
+    assert!(probe_after_blindness(None, Some(at(1_070))).is_none());
+}

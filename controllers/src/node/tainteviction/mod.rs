@@ -36,7 +36,7 @@ use serde_json::json;
 use crate::error::{Error, Result};
 use crate::runtime::apierrors;
 use crate::runtime::cache::Indexed;
-use crate::runtime::cached_pod::CachedPod;
+use crate::runtime::cached_pod::{node_index, CachedPod, NODE_INDEX};
 use crate::runtime::events::Recorder;
 use crate::runtime::informer::Informers;
 use crate::runtime::queue::WorkQueue;
@@ -67,13 +67,6 @@ pub const DISRUPTION_MESSAGE: &str = "Taint manager: deleting due to NoExecute t
 
 /// Tries of an eviction (upstream's `retries`), 10 ms apart.
 const RETRIES: usize = 5;
-
-/// The Pod cache's index of Pods by `spec.nodeName`.
-pub const POD_NODE: &str = "taint-eviction-pod-node";
-
-fn pod_node(p: &CachedPod) -> Vec<String> {
-    p.node_name().map(str::to_string).into_iter().collect()
-}
 
 fn tolerations_of(p: &CachedPod) -> &[Toleration] {
     p.spec
@@ -111,7 +104,7 @@ impl Controller {
     /// Registers the controller's handlers on the shared Pod and Node informers.
     pub fn new(client: Client, informers: &Informers, _config: Config) -> Arc<Controller> {
         let pod_informer = informers.get::<CachedPod>();
-        pod_informer.add_index(POD_NODE, pod_node);
+        pod_informer.add_index(NODE_INDEX, node_index);
         let node_informer = informers.get::<Node>();
         let this = Arc::new(Controller {
             recorder: Recorder::new(client.clone(), NAME),
@@ -238,7 +231,7 @@ impl Controller {
     fn handle_node(self: &Arc<Self>, node: &str) {
         let _shard = self.shard(node);
         let taints = self.taints_of(node);
-        let pods = self.pods.index(POD_NODE, node);
+        let pods = self.pods.index(NODE_INDEX, node);
         if pods.is_empty() {
             return;
         }
