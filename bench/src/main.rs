@@ -27,6 +27,7 @@ mod baseline;
 mod control_plane;
 mod failover;
 mod lagging;
+mod nodeport_bench;
 mod proxies_bench;
 mod report;
 mod scheduler_bench;
@@ -150,6 +151,14 @@ pub struct BenchArgs {
     /// undershoot, extra Job Pods. Outputs target/bench/lagging-watch.{json,md}.
     #[arg(long, conflicts_with_all = ["only_control_plane", "controllers", "scheduler", "failover"])]
     pub lagging_watch: bool,
+    /// Only the NodePort path benchmark: new TCP connections and UDP requests from outside the
+    /// node to a NodePort whose backend is on another node, through the eBPF tc program, the eBPF
+    /// XDP program and the nftables backend. Outputs target/bench/nodeport.{json,md}.
+    #[arg(long, conflicts_with_all = ["only_control_plane", "controllers", "scheduler", "failover", "lagging_watch"])]
+    pub nodeport: bool,
+    /// Seconds of each kind of request per path with --nodeport.
+    #[arg(long, default_value_t = 10)]
+    pub nodeport_seconds: u64,
     /// The watch lag of --lagging-watch, in seconds.
     #[arg(long, default_value_t = 3)]
     pub lagging_watch_delay: u64,
@@ -162,7 +171,7 @@ pub struct BenchArgs {
     pub sched_sizes: Vec<String>,
     /// Scheduler benchmark workloads: basic (SchedulingBasic), topology-spreading,
     /// pod-anti-affinity, pod-affinity, node-affinity, preferred-topology-spreading, preemption
-    /// (PreemptionBasic), or all.
+    /// (PreemptionBasic), csi-pvs (SchedulingCSIPVs: a bound CSI claim per Pod), or all.
     #[arg(
         long,
         value_delimiter = ',',
@@ -377,6 +386,19 @@ pub fn site(pods: usize) -> anyhow::Result<Site> {
     site_of(pods, false)
 }
 
+/// Lets a namespace that opens connections at the benchmark's rates reuse its ports: without
+/// these, tens of thousands of closed connections in TIME_WAIT exhaust the default port range
+/// within seconds, and what is measured is the wait for a free port.
+pub fn tune_client(ns: &kpr_tests::Netns) -> anyhow::Result<()> {
+    for (key, value) in [
+        ("net.ipv4.tcp_tw_reuse", "1"),
+        ("net.ipv4.ip_local_port_range", "1024 65000"),
+    ] {
+        ns.sysctl(key, value)?;
+    }
+    Ok(())
+}
+
 /// [`site`], dual-stack when `ipv6`: every pod also has an IPv6 address, served as well.
 pub fn site_of(pods: usize, ipv6: bool) -> anyhow::Result<Site> {
     let mut spec = ClusterSpec {
@@ -387,12 +409,7 @@ pub fn site_of(pods: usize, ipv6: bool) -> anyhow::Result<Site> {
         spec = spec.dual_stack();
     }
     let cluster = Cluster::new(spec)?;
-    for (key, value) in [
-        ("net.ipv4.tcp_tw_reuse", "1"),
-        ("net.ipv4.ip_local_port_range", "1024 65000"),
-    ] {
-        cluster.podclient.sysctl(key, value)?;
-    }
+    tune_client(&cluster.podclient)?;
     let mut servers = cluster
         .pods
         .iter()
@@ -511,6 +528,14 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         if !failed.is_empty() {
             bail!("failed:\n  {}", failed.join("\n  "));
         }
+        return Ok(());
+    }
+    if args.nodeport {
+        let command = format!(
+            "cargo xtask bench {}",
+            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+        );
+        nodeport_bench::run(args.nodeport_seconds, &plan.out_dir, command)?;
         return Ok(());
     }
     if args.lagging_watch {

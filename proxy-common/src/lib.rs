@@ -29,6 +29,7 @@
 //! | `KPR_SRC_RANGES` | LPM trie | prefix length + [`SrcRangeKey`] | `u8` (1: allowed) |
 //! | `KPR_SOCK_TERM` | hash | backend id `u32` (removed) | [`Backend`] (its address) |
 //! | `KPR_SOCK_TERM_STATS` | array ([`TERM_STATS`]) | [`TERM_TCP_DESTROYED`].. | `u64` count |
+//! | `KPR_XDP_STATS` | per-CPU array ([`XDP_STATS`]) | [`XDP_STAT_TX`].. | `u64` count |
 #![no_std]
 
 pub mod hash;
@@ -278,6 +279,17 @@ pub const TERM_TCP_FAILED: u32 = 2;
 pub const TERM_UDP_FAILED: u32 = 3;
 /// Entries of `KPR_SOCK_TERM_STATS`.
 pub const TERM_STATS: u32 = 4;
+
+/// `KPR_XDP_STATS` indices: packets the XDP program translated and sent back out of their
+/// interface; packets of a flow it passed to tc because their translation goes elsewhere (a pod
+/// of this node, a neighbour not resolved yet); first packets of flows (a SYN reusing an earlier
+/// flow's 4-tuple, a UDP flow whose endpoint left, included) passed to tc, which balances them.
+/// Everything else (not a service flow) passes uncounted.
+pub const XDP_STAT_TX: u32 = 0;
+pub const XDP_STAT_PASS_ROUTE: u32 = 1;
+pub const XDP_STAT_PASS_NEW: u32 = 2;
+/// Entries of `KPR_XDP_STATS`.
+pub const XDP_STATS: u32 = 3;
 
 /// The instruction the socket iterators carry where they call the `bpf_sock_destroy` kfunc: a
 /// `call` with `src_reg` 2 (`BPF_PSEUDO_KFUNC_CALL`) whose immediate is a placeholder. The loader

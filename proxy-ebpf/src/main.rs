@@ -4,6 +4,8 @@
 //! Programs: `kpr_connect4`, `kpr_sendmsg4`, `kpr_recvmsg4`, `kpr_getpeername4` and their IPv6
 //! twins `kpr_connect6`, `kpr_sendmsg6`, `kpr_recvmsg6`, `kpr_getpeername6` (cgroup sock_addr),
 //! `kpr_sock_release` (cgroup sock); `kpr_tc_ingress` (tc clsact ingress, both families);
+//! `kpr_xdp` (XDP on the node's external interfaces: the same path as tc for the flows it can send
+//! straight back out);
 //! `kpr_term_tcp`, `kpr_term_udp` (socket iterators that destroy the sockets of removed backends).
 #![no_std]
 #![no_main]
@@ -17,13 +19,14 @@
 mod atomic;
 mod lb;
 mod maps;
+mod nodeport;
+mod pkt;
 mod sock;
 mod sockterm;
-mod tc;
 
 use aya_ebpf::{
-    macros::{cgroup_sock, cgroup_sock_addr, classifier},
-    programs::{SockAddrContext, SockContext, TcContext},
+    macros::{cgroup_sock, cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, SockContext, TcContext, XdpContext},
 };
 
 #[cgroup_sock_addr(connect4)]
@@ -73,7 +76,12 @@ pub fn kpr_sock_release(ctx: SockContext) -> i32 {
 
 #[classifier]
 pub fn kpr_tc_ingress(ctx: TcContext) -> i32 {
-    tc::ingress(&ctx)
+    nodeport::ingress(&ctx)
+}
+
+#[xdp]
+pub fn kpr_xdp(ctx: XdpContext) -> u32 {
+    nodeport::ingress(&ctx) as u32
 }
 
 // aya-ebpf 0.2 has no macro for iterator programs: the section name is what the loader reads

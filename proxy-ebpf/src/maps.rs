@@ -5,12 +5,12 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, ProgramArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, NodeConfig, NodeConfig6,
     RevNatKey, RevNatValue, ServiceKey, ServiceValue, SlotKey, SockBackend, SrcRangeKey,
-    TERM_STATS,
+    TERM_STATS, XDP_STATS,
 };
 
 #[map]
@@ -76,3 +76,7 @@ pub static KPR_SOCK_TERM: HashMap<u32, Backend> = HashMap::pinned(65_536, BPF_F_
 /// Sockets the iterators destroyed (and destroys refused), by protocol (`proxy_common::TERM_*`).
 #[map]
 pub static KPR_SOCK_TERM_STATS: Array<u64> = Array::pinned(TERM_STATS, 0);
+
+/// What the XDP program did with the packets it saw, by verdict (`proxy_common::XDP_STAT_*`).
+#[map]
+pub static KPR_XDP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(XDP_STATS, 0);

@@ -232,6 +232,13 @@ pub struct RunArgs {
     /// eBPF: loadBalancerSourceRanges entries (KPR_SRC_RANGES).
     #[arg(long, default_value_t = 65_536, value_parser = parse_map_size)]
     pub bpf_source_ranges_max: u32,
+    /// eBPF: the node's external interfaces (comma-separated) that get the XDP program, in native
+    /// mode: NodePort / externalIP / LoadBalancer flows whose packets go straight back out (to a
+    /// backend on another node, or the reply to an outside client) are translated there, before
+    /// the kernel builds an skb. An interface where XDP cannot attach keeps the tc path (said at
+    /// start). Empty: tc only.
+    #[arg(long, value_delimiter = ',')]
+    pub xdp_interfaces: Vec<String>,
     /// iptables flavour: legacy or nft (default: detected).
     #[arg(long, value_parser = ["legacy", "nft"])]
     pub iptables_mode: Option<String>,
@@ -243,6 +250,12 @@ pub struct RunArgs {
     /// Minimum nf_conntrack_max, whatever --conntrack-max-per-core gives.
     #[arg(long, default_value_t = 128 * 1024)]
     pub conntrack_min: u32,
+    /// Where the node network namespace's `net` sysctls are (`/proc/sys/net`). A container that
+    /// is not privileged has /proc/sys read-only: deploy/proxy.yaml mounts the node's
+    /// /proc/sys/net writable elsewhere (a procfs file reads and writes the namespace of the
+    /// process using it, so through the mount the agent sets its own, the node's) and names it here.
+    #[arg(long, default_value = "/proc/sys/net")]
+    pub sysctl_net_path: PathBuf,
     /// nf_conntrack_tcp_timeout_established of the node's network namespace (0 leaves it as is).
     #[arg(long, value_parser = parse_duration, default_value = "24h")]
     pub conntrack_tcp_timeout_established: Duration,

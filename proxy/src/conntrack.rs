@@ -1,4 +1,5 @@
-//! Conntrack housekeeping shared by the rule backends (iptables, nftables).
+//! Conntrack housekeeping shared by the rule backends (iptables, nftables) and the userspace
+//! backend (its UDP redirects).
 //!
 //! Owns: removal of stale UDP/SCTP conntrack entries (docs/SERVICE-SEMANTICS.md: entries pointing
 //! at an endpoint that went away, and entries of a Service that went from no endpoint to some,
@@ -34,6 +35,12 @@ pub struct CtFilter {
     pub reply_sport: Option<u16>,
     /// Only entries whose destination was translated.
     pub dst_nat: bool,
+    /// Entries answered from one of these (the Service's serving endpoints) are kept: they are
+    /// live flows, translated by the rules as they are, not stale ones.
+    pub keep_reply_srcs: Vec<IpAddr>,
+    /// Entries answered from one of these ports are kept (the userspace backend's live
+    /// listeners).
+    pub keep_reply_sports: Vec<u16>,
 }
 
 impl CtFilter {
@@ -61,6 +68,8 @@ impl CtFilter {
             && self.reply_src.is_none_or(|ip| ip == reply.src)
             && self.reply_sport.is_none_or(|p| p == reply.sport)
             && (!self.dst_nat || e.dst_nat())
+            && !self.keep_reply_srcs.contains(&reply.src)
+            && !self.keep_reply_sports.contains(&reply.sport)
     }
 }
 
@@ -92,13 +101,28 @@ pub fn stale_filters(state: &ProxyState, changes: &ChangeSet) -> Vec<CtFilter> {
             out.extend(removed_endpoint_filters(state.service(spn), spn, eps));
         }
     }
+    // A port that became reachable: its addresses' entries not answered by a serving endpoint
+    // (cached rejects, or flows to endpoints gone meanwhile), as kube-proxy's
+    // CleanStaleEntries. Entries that a serving endpoint answers stay: at an agent's start
+    // every port "becomes reachable", and deleting a live flow's entry between its request and
+    // its reply loses the reply (it comes back from the endpoint's address, no longer
+    // translated, and the client's connected socket drops it).
     for spn in &changes.became_reachable {
-        let Some(svc) = state.service(spn) else {
+        let Some(port) = state.get(spn) else {
             continue;
         };
+        let svc = &port.service;
         if !cleaned(svc.protocol) {
             continue;
         }
+        let mut serving: Vec<IpAddr> = port
+            .endpoints
+            .iter()
+            .filter(|e| e.serving)
+            .map(|e| e.addr)
+            .collect();
+        serving.sort();
+        serving.dedup();
         for (ip, port) in frontends(svc) {
             out.push(CtFilter {
                 protocol: svc.protocol,
@@ -107,9 +131,42 @@ pub fn stale_filters(state: &ProxyState, changes: &ChangeSet) -> Vec<CtFilter> {
                 reply_src: None,
                 reply_sport: None,
                 dst_nat: false,
+                keep_reply_srcs: serving.clone(),
+                keep_reply_sports: Vec::new(),
             });
         }
     }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The userspace backend's: UDP entries of every UDP Service address not answered from a port
+/// one of `listeners` holds. A client that keeps its socket across an agent restart keeps its
+/// entry: one redirected to the old process's port, now closed, or, when it sent while no
+/// agent ran, one not translated at all; either way its datagrams miss the new sockets until
+/// the entry expires, which it never does while the client keeps sending (measured: a UDP flow
+/// unanswered for 21 s after a restart).
+pub fn redirected_elsewhere(state: &ProxyState, listeners: &[u16]) -> Vec<CtFilter> {
+    let mut keep = listeners.to_vec();
+    keep.sort();
+    keep.dedup();
+    let mut out: Vec<CtFilter> = state
+        .iter()
+        .map(|(_, p)| &*p.service)
+        .filter(|svc| svc.protocol == Protocol::Udp)
+        .flat_map(frontends)
+        .map(|(ip, port)| CtFilter {
+            protocol: Protocol::Udp,
+            orig_dst: ip,
+            orig_dport: Some(port),
+            reply_src: None,
+            reply_sport: None,
+            dst_nat: false,
+            keep_reply_srcs: Vec::new(),
+            keep_reply_sports: keep.clone(),
+        })
+        .collect();
     out.sort();
     out.dedup();
     out
@@ -129,6 +186,8 @@ fn removed_endpoint_filters(
             reply_src: Some(ep.addr),
             reply_sport: Some(ep.port),
             dst_nat: true,
+            keep_reply_srcs: Vec::new(),
+            keep_reply_sports: Vec::new(),
         };
         match svc {
             // The Service is still there: only its own flows towards the endpoint.
@@ -215,6 +274,28 @@ mod tests {
         }
     }
 
+    /// A UDP entry from a client at 10.244.9.9:40000 to `dst:dport`, answered by
+    /// `reply_src:5353`.
+    fn udp_entry(dst: &str, dport: u16, reply_src: &str, status: u32) -> CtEntry {
+        CtEntry {
+            protocol: 17,
+            orig: Some(Flow {
+                src: "10.244.9.9".parse().unwrap(),
+                dst: dst.parse().unwrap(),
+                sport: 40000,
+                dport,
+            }),
+            reply: Some(Flow {
+                src: reply_src.parse().unwrap(),
+                dst: "10.244.9.9".parse().unwrap(),
+                sport: 5353,
+                dport: 40000,
+            }),
+            status,
+            ..CtEntry::default()
+        }
+    }
+
     #[test]
     fn removed_udp_endpoint_is_cleaned_per_frontend_and_tcp_never() {
         let mut state = ProxyState::default();
@@ -232,23 +313,7 @@ mod tests {
         assert_eq!(f.len(), 2, "clusterIP and nodePort: {f:?}");
         assert!(f.iter().all(|f| f.protocol == Protocol::Udp));
         let to_vip = f.iter().find(|f| f.orig_dst.is_some()).unwrap();
-        let entry = |dst: &str, dport: u16, ep: &str, status: u32| CtEntry {
-            protocol: 17,
-            orig: Some(Flow {
-                src: "10.244.9.9".parse().unwrap(),
-                dst: dst.parse().unwrap(),
-                sport: 40000,
-                dport,
-            }),
-            reply: Some(Flow {
-                src: ep.parse().unwrap(),
-                dst: "10.244.9.9".parse().unwrap(),
-                sport: 5353,
-                dport: 40000,
-            }),
-            status,
-            ..CtEntry::default()
-        };
+        let entry = udp_entry;
         let nat = CtEntry::DST_NAT;
         assert!(to_vip.matches(&entry("10.96.0.10", 53, "10.244.1.5", nat)));
         assert!(
@@ -294,5 +359,34 @@ mod tests {
         let f = stale_filters(&state, &changes);
         assert_eq!(f.len(), 2);
         assert!(f.iter().all(|f| f.reply_src.is_none()));
+    }
+
+    /// An agent's start makes every port "become reachable": the live flows its serving
+    /// endpoints answer must survive it (a reply in flight would be lost), while cached rejects
+    /// (answered by the Service address itself) and flows to a gone endpoint go.
+    #[test]
+    fn became_reachable_keeps_flows_answered_by_a_serving_endpoint() {
+        let mut state = ProxyState::default();
+        let terminating = Endpoint {
+            serving: false,
+            ..fixtures::endpoint([10, 244, 1, 6].into(), "")
+        };
+        state.set_port(svc(Protocol::Udp), vec![ep(), terminating]);
+        let changes = ChangeSet {
+            became_reachable: BTreeSet::from([spn(Protocol::Udp)]),
+            ..Default::default()
+        };
+        let f = stale_filters(&state, &changes);
+        let to_vip = f.iter().find(|f| f.orig_dst.is_some()).unwrap();
+        let entry = |reply_src: &str, status: u32| udp_entry("10.96.0.10", 53, reply_src, status);
+        assert!(
+            !to_vip.matches(&entry("10.244.1.5", CtEntry::DST_NAT)),
+            "live flow"
+        );
+        assert!(to_vip.matches(&entry("10.96.0.10", 0)), "cached reject");
+        assert!(
+            to_vip.matches(&entry("10.244.1.6", CtEntry::DST_NAT)),
+            "towards an endpoint that is not serving"
+        );
     }
 }

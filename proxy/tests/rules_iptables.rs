@@ -66,6 +66,7 @@ macro_rules! scenario_tests {
 
 scenario_tests!(
     udp_conntrack_cleanup,
+    udp_flow_survives_an_agent_start,
     cleanup_and_leftovers,
     interleaved_services_each_round_robin,
     round_robin_over_many_then_few_endpoints,

@@ -35,6 +35,7 @@ pub mod echo;
 pub mod manifest;
 pub mod netns;
 pub mod probe;
+pub mod remote;
 
 pub use agent::{Agent, AgentOptions, EndpointState, ServiceState, State};
 pub use cgroup::Cgroup;

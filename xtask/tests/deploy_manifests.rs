@@ -592,6 +592,7 @@ fn agent_mounts_bpffs_cgroup2_xtables_lock_and_modules_from_the_host() {
         ("cgroup", "/sys/fs/cgroup", false),
         ("xtables-lock", "/run/xtables.lock", false),
         ("lib-modules", "/lib/modules", true),
+        ("proc-sys-net", "/proc/sys/net", false),
     ];
     for (name, host_path, read_only) in expect {
         assert_eq!(
@@ -625,6 +626,11 @@ fn agent_mounts_bpffs_cgroup2_xtables_lock_and_modules_from_the_host() {
         args.bpffs_path.starts_with(mounts["bpffs"].0),
         "--bpffs-path {:?} is inside the bpffs mount",
         args.bpffs_path
+    );
+    assert_eq!(
+        args.sysctl_net_path,
+        Path::new(mounts["proc-sys-net"].0),
+        "--sysctl-net-path is the node's writable /proc/sys/net"
     );
 }
 
@@ -1202,6 +1208,7 @@ fn kubeadms_kube_proxy_configmap_resolves_like_the_daemonsets_flags() {
         "--udp-idle-timeout=",
         "--cgroup-path=",
         "--bpffs-path=",
+        "--sysctl-net-path=",
         "--hostname-override=",
         "--nodeport-addresses=",
     ];

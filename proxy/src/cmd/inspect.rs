@@ -6,6 +6,7 @@ use proxy::cli::InspectArgs;
 use proxy::dataplane::ebpf::inspect::{AffinityClient, FrontendView, MapSnapshot, SlotView};
 use proxy::dataplane::ebpf::resize::{footprints, total_mib, Footprint};
 use proxy::dataplane::ebpf::sockterm::TermCounts;
+use proxy::dataplane::ebpf::xdp::XdpCounts;
 use proxy::status::{ServiceView, StateView};
 
 fn addrs(ips: &[std::net::IpAddr], port: u16) -> String {
@@ -234,6 +235,7 @@ fn frontend_json(f: &FrontendView) -> serde_json::Value {
 fn maps_json(
     snap: &MapSnapshot,
     destroyed: Option<TermCounts>,
+    xdp: &Xdp,
     footprints: &[Footprint],
 ) -> serde_json::Value {
     serde_json::json!({
@@ -250,7 +252,39 @@ fn maps_json(
             "tcp_refused": d.tcp_failed,
             "udp_refused": d.udp_failed,
         })),
+        "xdp": {
+            "interfaces": xdp.interfaces,
+            "counts": xdp.counts,
+        },
     })
+}
+
+/// The XDP program as the pins show it: the interfaces with a pinned link, and its counts.
+struct Xdp {
+    interfaces: Vec<String>,
+    counts: Option<XdpCounts>,
+}
+
+impl Xdp {
+    fn read(bpffs: &std::path::Path, maps_dir: &std::path::Path) -> Xdp {
+        let mut interfaces: Vec<String> = std::fs::read_dir(bpffs.join("links"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("xdp-"))
+                    .map(str::to_string)
+            })
+            .collect();
+        interfaces.sort();
+        Xdp {
+            interfaces,
+            // Absent from the pins of an agent older than XDP.
+            counts: XdpCounts::from_pin(maps_dir).ok(),
+        }
+    }
 }
 
 fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
@@ -258,9 +292,10 @@ fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
     // Absent from the pins of an agent older than socket destruction.
     let maps_dir = proxy::dataplane::ebpf::inspect::maps_dir(&args.bpffs_path);
     let destroyed = TermCounts::from_pin(&maps_dir).ok();
+    let xdp = Xdp::read(&args.bpffs_path, &maps_dir);
     let footprints = footprints(&maps_dir);
     if args.json {
-        println!("{}", maps_json(&snap, destroyed, &footprints));
+        println!("{}", maps_json(&snap, destroyed, &xdp, &footprints));
         return Ok(());
     }
     let (maps, links) = proxy::dataplane::ebpf::inspect::pinned(&args.bpffs_path);
@@ -285,6 +320,20 @@ fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
                 String::new()
             }
         );
+    }
+    match (&xdp.interfaces[..], xdp.counts) {
+        ([], _) => println!("XDP: attached nowhere (--xdp-interfaces)"),
+        (ifaces, counts) => {
+            let c = counts.unwrap_or_default();
+            println!(
+                "XDP on {}: {} packets translated and sent back out, {} of service flows passed \
+                 to tc (their route goes elsewhere), {} first packets of flows passed to tc",
+                ifaces.join(", "),
+                c.sent,
+                c.passed_route,
+                c.passed_new
+            );
+        }
     }
     println!(
         "map sizes (--bpf-*-max), {:.1} MiB of kernel memory in all:",

@@ -69,6 +69,7 @@ fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
             conntrack: args.bpf_ct_max,
             source_ranges: args.bpf_source_ranges_max,
         },
+        xdp_interfaces: args.xdp_interfaces.clone(),
     })
 }
 
@@ -204,7 +205,11 @@ fn setup_conntrack(args: &RunArgs) -> anyhow::Result<()> {
     ] {
         proxy::kube_proxy_config::check_whole_seconds(flag, d)?;
     }
-    let applied = sysctls::apply(&settings, sysctls::cpu_count(), &Paths::default())
+    let paths = Paths {
+        netfilter: args.sysctl_net_path.join("netfilter"),
+        ..Paths::default()
+    };
+    let applied = sysctls::apply(&settings, sysctls::cpu_count(), &paths)
         .context("setting the conntrack sysctls (--conntrack-*)")?;
     for a in applied {
         let path = a.path.display();
@@ -216,7 +221,7 @@ fn setup_conntrack(args: &RunArgs) -> anyhow::Result<()> {
             Outcome::Skipped { reason } => tracing::warn!(
                 "conntrack: could not set {path} to {}: {reason}; it is left as it is (host-wide \
                  settings can only be changed from the host's network namespace, and a \
-                 container needs a writable /proc/sys)",
+                 container needs a writable /proc/sys/net: --sysctl-net-path)",
                 a.value
             ),
         }

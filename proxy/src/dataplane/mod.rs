@@ -57,6 +57,8 @@ pub struct BackendConfig {
     pub iptables_mode: Option<String>,
     /// `--bpf-*-max` (ebpf): the maps' sizes; pinned maps of other sizes are resized.
     pub ebpf_map_sizes: ebpf::MapSizes,
+    /// `--xdp-interfaces` (ebpf): where the XDP program attaches.
+    pub xdp_interfaces: Vec<String>,
 }
 
 impl BackendConfig {
@@ -87,6 +89,7 @@ impl Default for BackendConfig {
             bpffs_path: PathBuf::from("/sys/fs/bpf/kpr"),
             iptables_mode: None,
             ebpf_map_sizes: ebpf::MapSizes::default(),
+            xdp_interfaces: Vec::new(),
         }
     }
 }

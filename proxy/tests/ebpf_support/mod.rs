@@ -129,7 +129,13 @@ impl Fixture {
     /// Like [`Fixture::new`], but the dataplane is built on a thread inside the node namespace with
     /// the tc program on all of the node's interfaces (as the agent runs on a node).
     pub fn with_tc(tag: &str, pods: usize) -> Fixture {
+        Self::with_xdp(tag, pods, &[])
+    }
+
+    /// Like [`Fixture::with_tc`], with the XDP program on the node's `interfaces` too.
+    pub fn with_xdp(tag: &str, pods: usize, interfaces: &[&str]) -> Fixture {
         let mut fx = Self::bare(tag, pods);
+        fx.cfg.xdp_interfaces = interfaces.iter().map(|i| i.to_string()).collect();
         let cfg = fx.cfg.clone();
         let dp = fx
             .cluster
@@ -260,6 +266,7 @@ pub fn socket_only(map_sizes: MapSizes) -> EbpfOptions {
     EbpfOptions {
         map_sizes,
         tc: TcInterfaces::Off,
+        xdp: Vec::new(),
     }
 }
 

@@ -16,6 +16,11 @@ pub type Scenario = (&'static str, usize, fn(&mut Rig));
 
 pub const SCENARIOS: &[Scenario] = &[
     ("udp_conntrack_cleanup", 2, udp_conntrack_cleanup),
+    (
+        "udp_flow_survives_an_agent_start",
+        3,
+        udp_flow_survives_an_agent_start,
+    ),
     ("cleanup_and_leftovers", 1, cleanup_removes_translation),
     (
         "interleaved_services_each_round_robin",
@@ -50,12 +55,8 @@ fn wait_active(rig: &Rig, n: u64) {
     }
 }
 
-/// A UDP flow whose endpoint goes away moves to the new endpoint on its next datagram (the stale
-/// conntrack entry was removed), with the same client socket.
-pub fn udp_conntrack_cleanup(rig: &mut Rig) {
-    let svc = service("dns", "10.96.0.70", 53, Protocol::Udp);
-    let eps = rig.endpoints(&[0], false);
-    rig.set(svc.clone(), Some(eps));
+/// An unconnected UDP socket in the pod-client namespace, with the replies' timeout.
+fn pod_udp_socket(rig: &Rig) -> UdpSocket {
     let sock = rig
         .cluster
         .podclient
@@ -63,6 +64,16 @@ pub fn udp_conntrack_cleanup(rig: &mut Rig) {
         .unwrap()
         .unwrap();
     sock.set_read_timeout(Some(TIMEOUT)).unwrap();
+    sock
+}
+
+/// A UDP flow whose endpoint goes away moves to the new endpoint on its next datagram (the stale
+/// conntrack entry was removed), with the same client socket.
+pub fn udp_conntrack_cleanup(rig: &mut Rig) {
+    let svc = service("dns", "10.96.0.70", 53, Protocol::Udp);
+    let eps = rig.endpoints(&[0], false);
+    rig.set(svc.clone(), Some(eps));
+    let sock = pod_udp_socket(rig);
     let ask = |sock: &UdpSocket| -> String {
         sock.send_to(b"hi", addr("10.96.0.70", 53)).unwrap();
         let mut buf = [0u8; 256];
@@ -78,6 +89,45 @@ pub fn udp_conntrack_cleanup(rig: &mut Rig) {
     let eps = rig.endpoints(&[1], false);
     rig.set(svc, Some(eps));
     assert_eq!(ask(&sock), "pod1", "stale conntrack entry to pod0 was kept");
+}
+
+/// An agent that starts over rules already in place sees every Service port "become
+/// reachable" (its state starts empty); the conntrack cleanup that follows must leave the live
+/// flows its serving endpoints answer. Deleting one loses a reply in flight: it comes back from
+/// the endpoint's address, no longer translated, and the client's connected socket drops it
+/// (`cluster chaos agent-restart` saw one UDP request in ~140 time out per restart before).
+pub fn udp_flow_survives_an_agent_start(rig: &mut Rig) {
+    use proxy::conntrack::netlink::CtSocket;
+    use proxy::model::IpFamily;
+    let svc = service("dns", "10.96.0.71", 53, Protocol::Udp);
+    let eps = rig.endpoints(&[0, 1, 2], false);
+    rig.set(svc.clone(), Some(eps.clone()));
+    let sock = pod_udp_socket(rig);
+    sock.send_to(b"hi", addr("10.96.0.71", 53)).unwrap();
+    let mut buf = [0u8; 256];
+    sock.recv_from(&mut buf).expect("udp reply");
+    let port = sock.local_addr().unwrap().port();
+    let vip: std::net::IpAddr = "10.96.0.71".parse().unwrap();
+    // The flow's entry: its endpoint, as the table holds it now.
+    let flow = |rig: &mut Rig| {
+        rig.in_node(|_| CtSocket::open().and_then(|mut s| s.dump(IpFamily::V4)))
+            .expect("conntrack dump")
+            .into_iter()
+            .filter(|e| e.protocol == 17)
+            .find(|e| e.orig.is_some_and(|o| o.dst == vip && o.sport == port))
+            .and_then(|e| e.reply.map(|r| r.src))
+    };
+    let endpoint = flow(rig).expect("the flow's conntrack entry");
+    // The agent starts again: an empty state, every port set anew, one sync.
+    rig.state = proxy::state::ProxyState::new(super::node_context());
+    let changes = rig.update_state(&svc.name, Some((svc.clone(), eps)));
+    assert!(changes.became_reachable.contains(&svc.name));
+    rig.sync(&changes).expect("sync");
+    assert_eq!(
+        flow(rig),
+        Some(endpoint),
+        "the live flow's conntrack entry was deleted by the start's cleanup"
+    );
 }
 
 /// After `cleanup` nothing is translated; a new backend instance over a crashed one's leftovers

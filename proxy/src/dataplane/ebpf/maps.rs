@@ -41,11 +41,12 @@ pub const CONFIG6: &str = "KPR_CONFIG6";
 pub const SRC_RANGES: &str = "KPR_SRC_RANGES";
 pub const SOCK_TERM: &str = "KPR_SOCK_TERM";
 pub const SOCK_TERM_STATS: &str = "KPR_SOCK_TERM_STATS";
+pub const XDP_STATS: &str = "KPR_XDP_STATS";
 /// The tc program's own program array (index 0: itself; `tc::fill_again`).
 pub const TC_AGAIN: &str = "KPR_TC_AGAIN";
 
 /// Every map of the object, for pinning, sizing and cleanup.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 17] = [
     SERVICES,
     SLOTS,
     BACKENDS,
@@ -61,6 +62,7 @@ pub const ALL: [&str; 16] = [
     SRC_RANGES,
     SOCK_TERM,
     SOCK_TERM_STATS,
+    XDP_STATS,
     TC_AGAIN,
 ];
 

@@ -63,6 +63,7 @@ pub mod resize;
 pub mod sockterm;
 pub mod tc;
 pub mod trace;
+pub mod xdp;
 
 pub use attach::MapSizes;
 pub use live::EbpfLive;
@@ -80,6 +81,8 @@ pub struct EbpfOptions {
     /// dataplane. Default: every non-loopback interface (what a node agent needs). Tests that
     /// construct the dataplane outside a namespace of their own must pass `Off`.
     pub tc: TcInterfaces,
+    /// Interfaces of that namespace that get the XDP program (`--xdp-interfaces`).
+    pub xdp: Vec<String>,
 }
 
 impl Default for EbpfOptions {
@@ -87,6 +90,7 @@ impl Default for EbpfOptions {
         EbpfOptions {
             map_sizes: MapSizes::default(),
             tc: TcInterfaces::All,
+            xdp: Vec::new(),
         }
     }
 }
@@ -117,6 +121,7 @@ pub struct EbpfDataplane {
     pins: Pins,
     compile_ctx: compile::CompileContext,
     tc: tc::TcAttacher,
+    xdp: xdp::XdpAttacher,
     maps: Maps,
     programmed: Programmed,
     last_batch: BatchStats,
@@ -141,6 +146,7 @@ impl EbpfDataplane {
             cfg,
             EbpfOptions {
                 map_sizes: cfg.ebpf_map_sizes,
+                xdp: cfg.xdp_interfaces.clone(),
                 ..EbpfOptions::default()
             },
         )
@@ -188,6 +194,8 @@ impl EbpfDataplane {
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
         let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
         tc.refresh(&mut ebpf)?;
+        let mut xdp = xdp::XdpAttacher::new(&mut ebpf, opts.xdp, pins.links())?;
+        xdp.refresh(&mut ebpf)?;
         resize::finish(&pins, resized)?;
         let term = sockterm::SockTerminator::new(&mut ebpf, &support, btf.as_ref().ok());
         drop(btf);
@@ -202,6 +210,7 @@ impl EbpfDataplane {
                 node_ips: cfg.node.node_ips.clone(),
             },
             tc,
+            xdp,
             maps,
             programmed,
             last_batch: BatchStats::default(),
@@ -231,6 +240,30 @@ impl EbpfDataplane {
     /// Interfaces the tc program is attached to.
     pub fn tc_interfaces(&self) -> Vec<String> {
         self.tc.attached().iter().cloned().collect()
+    }
+
+    /// Interfaces the XDP program is attached to.
+    pub fn xdp_interfaces(&self) -> Vec<String> {
+        self.xdp.attached().iter().cloned().collect()
+    }
+
+    /// What the XDP program did since the maps were created.
+    pub fn xdp_counts(&self) -> Result<xdp::XdpCounts, DataplaneError> {
+        xdp::XdpCounts::from_pin(&self.pins.maps())
+    }
+
+    /// Interfaces named for XDP that did not take it, with the reason.
+    pub fn xdp_refused(&self) -> Vec<(String, String)> {
+        let mut refused: Vec<(String, String)> = self
+            .xdp
+            .refused()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if let Some(why) = self.xdp.unloaded() {
+            refused.push(("(every interface)".into(), why.to_string()));
+        }
+        refused
     }
 
     /// Whether sockets connected to removed endpoints are destroyed (the kernel can, and the
@@ -363,6 +396,9 @@ impl EbpfDataplane {
         let due = self.tc_refreshed.is_none_or(|t| t.elapsed() >= TC_REFRESH);
         if self.tc.enabled() && (full || due) {
             self.tc.refresh(&mut self._ebpf)?;
+            // An external interface named for XDP that appears later (a bond brought up after
+            // the agent) is attached by the same refresh.
+            self.xdp.refresh(&mut self._ebpf)?;
             self.tc_refreshed = Some(Instant::now());
         }
         Ok(())

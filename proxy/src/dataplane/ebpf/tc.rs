@@ -126,7 +126,7 @@ impl TcAttacher {
 /// Moves the calling (short-lived) thread into `netns`, unless it is there already: setns needs
 /// CAP_SYS_ADMIN, which the agent of deploy/proxy.yaml does not have, and the agent's threads are
 /// in the namespace it captured (the node's) anyway; only tests construct the dataplane elsewhere.
-fn enter(netns: &File) -> Result<(), DataplaneError> {
+pub(super) fn enter(netns: &File) -> Result<(), DataplaneError> {
     use std::os::unix::fs::MetadataExt as _;
     let target = netns
         .metadata()

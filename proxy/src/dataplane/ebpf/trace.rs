@@ -1,5 +1,5 @@
 //! `proxy trace`: the decision the eBPF programs would make for a NEW connection, worked out from
-//! a [`MapSnapshot`] the way `proxy-ebpf` decides (`sock.rs` for the socket path, `tc.rs` for
+//! a [`MapSnapshot`] the way `proxy-ebpf` decides (`sock.rs` for the socket path, `nodeport.rs` for
 //! traffic from outside the node, `lb.rs` for the pick). Reads only; the real cursor is not moved.
 
 use std::fmt;

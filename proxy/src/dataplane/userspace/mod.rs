@@ -202,6 +202,12 @@ impl UserspaceDataplane {
         self.programmed = all;
         self.cluster_ip_refs = refs;
         self.installed = true;
+        // Flows an earlier process's sockets served (a restart, or a switch from this backend
+        // and back) go to the sockets that serve them now on their next datagram.
+        let stale = crate::conntrack::redirected_elsewhere(state, &self.udp.ports());
+        if let Err(e) = crate::conntrack::delete_matching(&stale) {
+            tracing::warn!("conntrack cleanup of the previous listeners' UDP flows: {e}");
+        }
         Ok(SyncStats {
             full: true,
             service_ports: state.len(),

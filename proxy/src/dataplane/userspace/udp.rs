@@ -193,6 +193,11 @@ impl UdpListeners {
         Ok(port)
     }
 
+    /// The ports of the open sockets.
+    pub fn ports(&self) -> Vec<u16> {
+        self.sockets.values().map(|(port, _)| *port).collect()
+    }
+
     /// Closes the sockets of keys not kept.
     pub fn retain(&mut self, keep: impl Fn(&ListenerKey) -> bool) {
         self.sockets.retain(|k, (_, task)| {

@@ -1,13 +1,17 @@
-//! The tc (clsact ingress) program: NodePort, externalIP and LoadBalancer IP traffic that arrives
-//! from outside the node (where no socket program ran), translated per flow with connection
-//! tracking in `KPR_CT`.
+//! NodePort, externalIP and LoadBalancer IP traffic that arrives from outside the node (where no
+//! socket program ran), translated per flow with connection tracking in `KPR_CT`, by the tc
+//! program (`kpr_tc_ingress`, every interface) and, where the agent attaches it, the XDP program
+//! (`kpr_xdp`, the node's external interfaces), one body for both (`pkt::Pkt` is the difference).
 //!
 //! A new flow (TCP SYN, or any UDP datagram) to a `SCOPE_EXTERNAL` frontend picks a backend like
 //! the socket path (Maglev by the hash of the packet's 5-tuple, as nftables' `jhash` computes
 //! it); its forward entry rewrites the destination to the backend (and, with
 //! masquerade, the source to the node), its reply entry undoes both on the way back. Translated
 //! packets are forwarded with a FIB lookup and a redirect, because a masqueraded packet carries a
-//! node address as source and the stack would drop it as martian. A frontend without backends is
+//! node address as source and the stack would drop it as martian. XDP leaves a flow's first
+//! packet to tc, which balances it, and sends a later packet only back out of the interface it
+//! came in by (a backend on another node, or the reply to an outside client): anything else it
+//! passes on untouched, and tc, finding the flow's entry, translates it. A frontend without backends is
 //! dropped (Local policy) or left untranslated, so the node's own stack answers a nodePort with a
 //! reset / port unreachable. A LoadBalancer frontend with loadBalancerSourceRanges drops new flows
 //! from sources outside them (`KPR_SRC_RANGES`); pods' connections to it arrive here too, as the
@@ -19,26 +23,20 @@
 //! `bpf_csum_diff`.
 
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT},
-    helpers::{
-        bpf_csum_diff, bpf_fib_lookup as fib_lookup, bpf_ktime_get_ns, bpf_redirect,
-        bpf_redirect_neigh,
-    },
+    bindings::{bpf_fib_lookup, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    helpers::{bpf_csum_diff, bpf_ktime_get_ns},
     maps::lpm_trie::Key,
-    programs::TcContext,
-    EbpfContext,
 };
 use proxy_common::{
     hash::{flow_hash_v4, flow_hash_v6},
     AffinityKey, CtKey, CtValue, ServiceKey, SrcRangeKey, CLIENT_ADDR, CT_F_REPLY, CT_F_SNAT,
     FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SCOPE_V6, SRC_RANGE_FRONTEND_BITS,
-    SVC_F_DROP_EMPTY, SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES,
+    SVC_F_DROP_EMPTY, SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES, XDP_STAT_PASS_NEW,
 };
 
 use crate::lb;
-use crate::maps::{
-    KPR_BACKENDS, KPR_CONFIG, KPR_CONFIG6, KPR_CT, KPR_SERVICES, KPR_SRC_RANGES, KPR_TC_AGAIN,
-};
+use crate::maps::{KPR_BACKENDS, KPR_CONFIG, KPR_CONFIG6, KPR_CT, KPR_SERVICES, KPR_SRC_RANGES};
+use crate::pkt::{route, Pkt};
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -54,8 +52,6 @@ const TCP_FLAG_SYN: u8 = 0x02;
 const TCP_FLAG_ACK: u8 = 0x10;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
-const FIB_SUCCESS: i64 = 0;
-const FIB_NO_NEIGH: i64 = 7;
 
 /// What differs between the families, so that the IPv4 path works on a `u32` address as it
 /// always did (its verification cost is the least-connection loop's, once) and IPv6 on four
@@ -77,10 +73,10 @@ trait Fam {
     fn same(a: Self::Addr, b: Self::Addr) -> bool;
     fn is_zero(a: Self::Addr) -> bool;
     /// The protocol, L4 offset and addresses of a TCP/UDP packet of the family.
-    fn parse(ctx: &TcContext) -> Result<Option<Header<Self::Addr>>, i64>;
+    fn parse<C: Pkt>(ctx: &C) -> Result<Option<Header<Self::Addr>>, i64>;
     /// Rewrites one address with the checksums it is part of.
-    fn set_addr(
-        ctx: &TcContext,
+    fn set_addr<C: Pkt>(
+        ctx: &C,
         pkt: &Packet<Self>,
         off: usize,
         old: Self::Addr,
@@ -129,7 +125,7 @@ impl Fam for V4 {
     }
 
     #[inline(always)]
-    fn parse(ctx: &TcContext) -> Result<Option<Header<u32>>, i64> {
+    fn parse<C: Pkt>(ctx: &C) -> Result<Option<Header<u32>>, i64> {
         let vihl: u8 = ctx.load(ETH_HLEN)?;
         if vihl >> 4 != 4 {
             return Ok(None);
@@ -153,8 +149,8 @@ impl Fam for V4 {
     }
 
     #[inline(always)]
-    fn set_addr(
-        ctx: &TcContext,
+    fn set_addr<C: Pkt>(
+        ctx: &C,
         pkt: &Packet<V4>,
         off: usize,
         old: u32,
@@ -166,7 +162,7 @@ impl Fam for V4 {
         let flags = BPF_F_PSEUDO_HDR as u64 | l4_flags(pkt.proto) | 4;
         ctx.l4_csum_replace(pkt.csum_off(), old as u64, new as u64, flags)?;
         ctx.l3_csum_replace(IP_CSUM_OFF, old as u64, new as u64, 4)?;
-        ctx.store(off, &new, 0)?;
+        ctx.store(off, &new)?;
         Ok(())
     }
 
@@ -215,7 +211,7 @@ impl Fam for V6 {
     }
 
     #[inline(always)]
-    fn parse(ctx: &TcContext) -> Result<Option<Header<[u32; 4]>>, i64> {
+    fn parse<C: Pkt>(ctx: &C) -> Result<Option<Header<[u32; 4]>>, i64> {
         let vtc: u8 = ctx.load(ETH_HLEN)?;
         if vtc >> 4 != 6 {
             return Ok(None);
@@ -232,8 +228,8 @@ impl Fam for V6 {
     }
 
     #[inline(always)]
-    fn set_addr(
-        ctx: &TcContext,
+    fn set_addr<C: Pkt>(
+        ctx: &C,
         pkt: &Packet<V6>,
         off: usize,
         old: [u32; 4],
@@ -253,7 +249,7 @@ impl Fam for V6 {
         // into the transport checksum's pseudo-header part.
         let flags = BPF_F_PSEUDO_HDR as u64 | l4_flags(pkt.proto);
         ctx.l4_csum_replace(pkt.csum_off(), 0, diff as u64, flags)?;
-        ctx.store(off, &new, 0)?;
+        ctx.store(off, &new)?;
         Ok(())
     }
 
@@ -307,42 +303,38 @@ impl<F: Fam> Packet<F> {
     }
 }
 
+/// The program's body for one hook: the packet's verdict.
 #[inline(always)]
-pub fn ingress(ctx: &TcContext) -> i32 {
+pub fn ingress<C: Pkt>(ctx: &C) -> i32 {
     let Ok(eth_proto) = ctx.load::<u16>(12) else {
-        return TC_ACT_OK;
+        return C::PASS;
     };
     let r = match u16::from_be(eth_proto) {
-        ETH_P_IP => try_ingress::<V4>(ctx),
-        ETH_P_IPV6 => try_ingress::<V6>(ctx),
-        _ => return TC_ACT_OK,
+        ETH_P_IP => try_ingress::<C, V4>(ctx),
+        ETH_P_IPV6 => try_ingress::<C, V6>(ctx),
+        _ => return C::PASS,
     };
-    r.unwrap_or(TC_ACT_OK)
+    r.unwrap_or(C::PASS)
 }
 
-fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
-    let Some(pkt) = parse::<F>(ctx)? else {
-        return Ok(TC_ACT_OK);
+fn try_ingress<C: Pkt, F: Fam>(ctx: &C) -> Result<i32, i64> {
+    let Some(pkt) = parse::<C, F>(ctx)? else {
+        return Ok(C::PASS);
     };
     // SAFETY: copied out at once.
     if let Some(ct) = unsafe { KPR_CT.get(pkt.key()).copied() } {
         if reused_tcp_tuple(&pkt, &ct) {
             // The entry of an earlier TCP connection whose 4-tuple this new connection's SYN
-            // reuses: forgotten, and the program run again on this SYN (a tail call into itself,
-            // KPR_TC_AGAIN), which now finds no entry and balances it as a new connection.
-            // Falling through to the new-flow path here instead made the verifier walk that path
-            // once more, past 6.1's limit of 1,000,000 processed instructions; a tail call costs
-            // the verifier nothing (docs/RELIABILITY.md). Should the tail call fail (the map not
-            // filled yet), the SYN is dropped and the client's retransmission is balanced.
-            let _ = KPR_CT.remove(pkt.key());
-            // SAFETY: a tail call with the program's own context; it does not return on success.
-            unsafe { KPR_TC_AGAIN.tail_call(ctx, 0) };
-            return Ok(TC_ACT_SHOT);
+            // reuses: tc forgets it and balances the SYN as a new connection (`Pkt::again`).
+            return Ok(ctx.again(&pkt.key()));
         }
         if !stale_udp(pkt.proto, &ct) {
             touch(&pkt);
-            apply(ctx, &pkt, &ct)?;
-            return forward(ctx, &pkt, &ct);
+            return deliver(ctx, &pkt, &ct);
+        }
+        if !C::BALANCES {
+            ctx.count(XDP_STAT_PASS_NEW);
+            return Ok(C::PASS);
         }
         // A UDP flow towards an endpoint that went away is forgotten and chosen again, so the
         // client is not black-holed (TCP flows are left alone, as the semantics ask).
@@ -351,7 +343,11 @@ fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
     let is_new = pkt.proto == PROTO_UDP
         || (pkt.tcp_flags & TCP_FLAG_SYN != 0 && pkt.tcp_flags & TCP_FLAG_ACK == 0);
     if !is_new {
-        return Ok(TC_ACT_OK);
+        return Ok(C::PASS);
+    }
+    if !C::BALANCES {
+        ctx.count(XDP_STAT_PASS_NEW);
+        return Ok(C::PASS);
     }
     let key = ServiceKey {
         addr: F::words(pkt.daddr),
@@ -361,14 +357,14 @@ fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
     };
     // SAFETY: copied out at once.
     let Some(svc) = (unsafe { KPR_SERVICES.get(key).copied() }) else {
-        return Ok(TC_ACT_OK);
+        return Ok(C::PASS);
     };
     // Looked up whether the frontend is guarded or not: a lookup on one path only leaves the
     // verifier two stack layouts that it cannot merge, and it then walks everything after this
     // (the least-connection loop) twice, past its 1M instruction limit.
     let allowed = source_allowed::<F>(&key, pkt.saddr);
     if svc.flags & SVC_F_SOURCE_RANGES != 0 && !allowed {
-        return Ok(TC_ACT_SHOT);
+        return Ok(C::DROP);
     }
     let client = AffinityKey {
         client: F::words(pkt.saddr),
@@ -386,13 +382,13 @@ fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
     };
     let Some(id) = lb::pick(&svc, &client, flow_hash) else {
         if svc.flags & SVC_F_DROP_EMPTY != 0 {
-            return Ok(TC_ACT_SHOT);
+            return Ok(C::DROP);
         }
-        return Ok(TC_ACT_OK);
+        return Ok(C::PASS);
     };
     // SAFETY: copied out at once.
     let Some(backend) = (unsafe { KPR_BACKENDS.get(id).copied() }) else {
-        return Ok(TC_ACT_OK);
+        return Ok(C::PASS);
     };
     lb::count_connection(id, false);
     let masq = if svc.flags & SVC_F_MASQUERADE != 0 {
@@ -401,8 +397,7 @@ fn try_ingress<F: Fam>(ctx: &TcContext) -> Result<i32, i64> {
         F::from_words([0; 4])
     };
     let fwd = open_flow(&pkt, F::from_words(backend.addr), backend.port, masq, id);
-    apply(ctx, &pkt, &fwd)?;
-    forward(ctx, &pkt, &fwd)
+    deliver(ctx, &pkt, &fwd)
 }
 
 /// Whether loadBalancerSourceRanges admit `saddr` to `frontend`.
@@ -504,7 +499,7 @@ fn touch<F: Fam>(pkt: &Packet<F>) {
 /// Rewrites the packet as `ct` says (forward: dst to backend, src to node; reply: src to the
 /// frontend, dst back to the client).
 #[inline(always)]
-fn apply<F: Fam>(ctx: &TcContext, pkt: &Packet<F>, ct: &CtValue) -> Result<(), i64> {
+fn apply<C: Pkt, F: Fam>(ctx: &C, pkt: &Packet<F>, ct: &CtValue) -> Result<(), i64> {
     let snat = ct.flags & CT_F_SNAT != 0;
     if ct.flags & CT_F_REPLY != 0 {
         F::set_addr(ctx, pkt, F::SRC_OFF, pkt.saddr, F::from_words(ct.nat_addr))?;
@@ -532,8 +527,8 @@ fn l4_flags(proto: u8) -> u64 {
 }
 
 #[inline(always)]
-fn set_port<F: Fam>(
-    ctx: &TcContext,
+fn set_port<C: Pkt, F: Fam>(
+    ctx: &C,
     pkt: &Packet<F>,
     off: usize,
     old: u16,
@@ -548,14 +543,32 @@ fn set_port<F: Fam>(
         new as u64,
         l4_flags(pkt.proto) | 2,
     )?;
-    ctx.store(off, &new, 0)?;
+    ctx.store(off, &new)?;
     Ok(())
 }
 
-/// Sends the translated packet out of the interface the FIB picks (bypassing the input route
-/// check, which would drop a masqueraded packet whose source is a node address).
+/// Translates the packet and sends it where the FIB routes it. A hook that sends only some
+/// routes (`Pkt::ROUTES_FIRST`: XDP) routes first and passes the packet on untouched when it
+/// does not send it; tc translates first, as it always did: routing first keeps the route's
+/// state alive across the rewrite, which on 6.1 took the verifier past its 1M instructions.
 #[inline(always)]
-fn forward<F: Fam>(ctx: &TcContext, pkt: &Packet<F>, ct: &CtValue) -> Result<i32, i64> {
+fn deliver<C: Pkt, F: Fam>(ctx: &C, pkt: &Packet<F>, ct: &CtValue) -> Result<i32, i64> {
+    if C::ROUTES_FIRST {
+        let (rc, p) = route_of(ctx, pkt, ct);
+        if !ctx.sends(rc, &p) {
+            return Ok(C::PASS);
+        }
+        apply(ctx, pkt, ct)?;
+        return ctx.send(rc, &p);
+    }
+    apply(ctx, pkt, ct)?;
+    let (rc, p) = route_of(ctx, pkt, ct);
+    ctx.send(rc, &p)
+}
+
+/// The FIB lookup of the flow's translated packet.
+#[inline(always)]
+fn route_of<C: Pkt, F: Fam>(ctx: &C, pkt: &Packet<F>, ct: &CtValue) -> (i64, bpf_fib_lookup) {
     let (src, dst, sport, dport) = if ct.flags & CT_F_REPLY != 0 {
         let dst = if ct.flags & CT_F_SNAT != 0 {
             F::from_words(ct.snat_addr)
@@ -578,32 +591,12 @@ fn forward<F: Fam>(ctx: &TcContext, pkt: &Packet<F>, ct: &CtValue) -> Result<i32
     p.dport = dport;
     p.__bindgen_anon_1.tot_len = 0;
     F::fib(&mut p, src, dst);
-    // SAFETY: reading the ingress ifindex from the context.
-    p.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
-    // SAFETY: params point to a live, correctly sized struct.
-    let rc = unsafe {
-        fib_lookup(
-            ctx.as_ptr(),
-            &mut p,
-            core::mem::size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
-    if rc == FIB_SUCCESS {
-        ctx.store(0, &p.dmac, 0)?;
-        ctx.store(6, &p.smac, 0)?;
-        // SAFETY: helper with plain arguments.
-        return Ok(unsafe { bpf_redirect(p.ifindex, 0) } as i32);
-    }
-    if rc == FIB_NO_NEIGH {
-        // SAFETY: no neighbour parameters; the kernel resolves the next hop itself.
-        return Ok(unsafe { bpf_redirect_neigh(p.ifindex, core::ptr::null_mut(), 0, 0) } as i32);
-    }
-    Ok(TC_ACT_OK)
+    let rc = route(ctx, &mut p);
+    (rc, p)
 }
 
 #[inline(always)]
-fn parse<F: Fam>(ctx: &TcContext) -> Result<Option<Packet<F>>, i64> {
+fn parse<C: Pkt, F: Fam>(ctx: &C) -> Result<Option<Packet<F>>, i64> {
     let Some((proto, l4, saddr, daddr)) = F::parse(ctx)? else {
         return Ok(None);
     };
