@@ -701,7 +701,11 @@ fn etcd(name: &str, inputs: &Inputs) -> anyhow::Result<Image> {
 /// upstream's distroless-iptables: the iptables family, nft and conntrack (the node agents' own
 /// tool set).
 fn distroless_iptables(name: &str, _: &Inputs) -> anyhow::Result<Image> {
-    images::node_agent(name, &[])
+    let mut image = images::node_agent(name, &[])?;
+    // `[sig-network] KubeProxy should set TCP CLOSE_WAIT timeout` keeps its privileged Pod of this
+    // image alive with `sleep 600`: upstream's image carries coreutils' sleep.
+    image.entries.push(Entry::symlink("/bin/sleep", "busybox"));
+    Ok(image)
 }
 
 /// The registries the listed images name (the nodes' containerd sends each to a closed port).

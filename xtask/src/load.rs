@@ -344,14 +344,21 @@ fn udp_flow(target: Target, interval: Duration, tally: Shared, stop: Arc<AtomicB
     } else {
         "[::]:0".parse().expect("an address")
     };
-    let socket = match UdpSocket::bind(bind).and_then(|s| s.connect(target.udp).map(|()| s)) {
-        Ok(s) => s,
-        Err(e) => {
-            tally
-                .lock()
-                .unwrap()
-                .failed(&Failure::Connect(e.to_string()), "");
-            return;
+    // A refused connect is tried again every interval, each try counted: one refusal must not
+    // leave the flow empty for the rest of the run.
+    let socket = loop {
+        match UdpSocket::bind(bind).and_then(|s| s.connect(target.udp).map(|()| s)) {
+            Ok(s) => break s,
+            Err(e) => {
+                tally
+                    .lock()
+                    .unwrap()
+                    .failed(&Failure::Connect(e.to_string()), "");
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(interval);
+            }
         }
     };
     let _ = socket.set_read_timeout(Some(TIMEOUT.min(interval * 10)));

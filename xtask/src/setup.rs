@@ -19,6 +19,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "nftables",
     "iptables",
     "iproute2",
+    // The XDP tests turn GRO on for the veth peer an XDP_TX sends to (the kernel delivers to a
+    // veth only with NAPI on, which an XDP program or GRO enables on it).
+    "ethtool",
     "conntrack",
     "kmod",
     "qemu-system-x86",

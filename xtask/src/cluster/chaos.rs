@@ -3,11 +3,13 @@
 //! docs/RELIABILITY.md).
 //!
 //! The load: a `backend` Deployment of agnhost `netexec` (HTTP on 8080, UDP on 8081) behind a
-//! NodePort Service, and `cargo xtask load` ([`crate::load`]) started as a process of this
-//! machine inside the network namespace of a client Pod on every node (and in that node's cgroup,
-//! where the eBPF backend's socket programs see a node's processes) against the ClusterIP and
-//! another node's NodePort, and inside the cluster network's hub (outside the nodes) against
-//! every node's NodePort.
+//! LoadBalancer Service (its address, 198.51.100.10, published in its status by the harness as a
+//! cloud's controller would, and routed by the hub to the first node), and `cargo xtask load`
+//! ([`crate::load`]) started as a process of this machine inside the network namespace of a
+//! client Pod on every node (and in that node's cgroup, where the eBPF backend's socket programs
+//! see a node's processes) against the ClusterIP, another node's NodePort and the LoadBalancer
+//! address, and inside the cluster network's hub (outside the nodes) against every node's
+//! NodePort and the LoadBalancer address.
 //!
 //! Scenarios:
 //! - `agent-restart`: `kubectl rollout restart` of the Service proxy's DaemonSet (kpr's agent,
@@ -22,7 +24,9 @@
 //! - `soak`: `--duration` seconds of constant churn: every second `--churn` Services (selecting
 //!   the backend) change their port, so the agents reprogram and the EndpointSlices change, and
 //!   every 10th round a Deployment of 3 Pods is scaled up or down (Pods created, scheduled,
-//!   deleted); a round lasts a second, or as long as its kubectl calls take;
+//!   deleted); the changes are the harness's own API requests (a kube client, all of a round's
+//!   at once), so a round lasts a second unless the API server is slower than that (a kubectl
+//!   process per round took about 2 s: half the rate asked for);
 //!   the agents', controller-managers' and schedulers' resident memory and open descriptors
 //!   sampled every 15 s: flat, or a leak;
 //! - `apiserver-outage`: kube-apiserver stopped for `--outage` seconds (etcd, the nodes, the
@@ -57,6 +61,9 @@ const NAMESPACE: &str = "kpr-chaos";
 const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.56";
 const NODE_PORT_TCP: u16 = 30180;
 const NODE_PORT_UDP: u16 = 30181;
+/// The backend Service's LoadBalancer address (TEST-NET-2), published by the harness and routed
+/// by the hub to the first node.
+const LB_IP: &str = "198.51.100.10";
 /// This machine's cgroup2 hierarchy; each node's subtree is `<this>/<node>`.
 const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
 
@@ -121,6 +128,10 @@ pub struct ChaosArgs {
     /// soak: Service changes a second (each a changed port, so its EndpointSlices change too).
     #[arg(long, default_value_t = 10)]
     pub churn: u32,
+    /// endpoint-removal: backend Pods deleted one after another (each replaced before the next),
+    /// after the scale-down; many give the lag's distribution (p50 / p99).
+    #[arg(long, default_value_t = 1)]
+    pub deletions: usize,
 }
 
 /// One load client: where it runs and its process.
@@ -138,7 +149,7 @@ fn kubectl(kubeconfig: &str) -> Cmd {
         .arg(kubeconfig)
 }
 
-pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
+pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<Outcome> {
     let state = super::read_state(cluster)?;
     let kubeconfig = state["kubeconfig"]
         .as_str()
@@ -156,7 +167,8 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
         .join(format!("{}-{}", args.scenario.name(), unix_ms()));
     fs::create_dir_all(&run_dir)?;
     let nodes = node_ips(&k)?;
-    deploy_workload(&k, &run_dir, &nodes, args.replicas)?;
+    let hub_name = format!("{}-net", cluster.name);
+    deploy_workload(&k, &run_dir, &hub_name, &nodes, args.replicas)?;
     let cluster_ip = k()
         .args(["get", "service", "backend", "-n", NAMESPACE])
         .args(["-o", "jsonpath={.spec.clusterIP}"])
@@ -170,6 +182,7 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
             let targets = vec![
                 format!("clusterip={cluster_ip}:80,{cluster_ip}:81"),
                 format!("nodeport={other_ip}:{NODE_PORT_TCP},{other_ip}:{NODE_PORT_UDP}"),
+                format!("loadbalancer={LB_IP}:80,{LB_IP}:81"),
             ];
             clients.push(start_client(
                 &format!("pod-{node}"),
@@ -182,11 +195,12 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
                 &run_dir,
             )?);
         }
-        let targets: Vec<String> = nodes
+        let mut targets: Vec<String> = nodes
             .iter()
             .map(|(_, ip)| format!("nodeport={ip}:{NODE_PORT_TCP},{ip}:{NODE_PORT_UDP}"))
             .collect();
-        let hub = netns_path(&format!("{}-net", cluster.name));
+        targets.push(format!("loadbalancer={LB_IP}:80,{LB_IP}:81"));
+        let hub = netns_path(&hub_name);
         clients.push(start_client(
             "outside",
             "outside",
@@ -212,16 +226,28 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
             Scenario::EndpointRemoval => endpoint_removal(&k, args),
             Scenario::ProxySwitch => proxy_switch(cluster, args),
             Scenario::ApiserverOutage => apiserver_outage(cluster, &k, args),
-            Scenario::Soak => soak(cluster, &k, &run_dir, args),
+            Scenario::Soak => soak(cluster, &kubeconfig, &run_dir, args),
         }
     });
     fs::write(&stop_file, "")?;
     let mut reports = Vec::new();
+    let mut failed = None;
     for client in clients {
-        reports.push((client.from, collect(client)?));
+        let from = client.from;
+        match collect(client) {
+            Ok(report) => reports.push((from, report)),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
     }
+    // The scenario's own error first: a client that failed because of it says less.
     let timeline = outcome?;
-    let report = summarize(args.scenario, &proxy, &timeline, &reports);
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let rows = rows(&timeline, &reports);
+    let report = summarize(args.scenario, &proxy, &timeline, &reports, &rows);
     fs::write(
         run_dir.join("report.json"),
         serde_json::to_string_pretty(&json!({
@@ -234,7 +260,65 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<()> {
     fs::write(run_dir.join("report.md"), &report)?;
     println!("{report}");
     println!("report: {}", run_dir.join("report.md").display());
-    Ok(())
+    Ok(Outcome {
+        report: run_dir.join("report.md"),
+        rows,
+    })
+}
+
+/// What a run measured, by source, target and kind of flow.
+pub struct Outcome {
+    pub report: PathBuf,
+    rows: Rows,
+}
+
+impl Outcome {
+    /// The issue's goal for a kernel backend's restart, on TCP: no failed new connection, no
+    /// broken long-lived one, and every flow answered. UDP is reported, not judged: a datagram
+    /// has no connection to break, and its timeouts are the report's to show (the restart's
+    /// lost UDP replies this smoke found are fixed: docs/RELIABILITY.md, scenario 1).
+    pub fn check_tcp_unbroken(&self) -> anyhow::Result<()> {
+        let mut problems = Vec::new();
+        for ((from, target, kind), r) in &self.rows {
+            if r.ok == 0 {
+                problems.push(format!("{from} -> {target} {kind}: nothing answered"));
+            }
+            if *kind != "UDP" && (r.connect_failed > 0 || r.broken > 0) {
+                problems.push(format!(
+                    "{from} -> {target} {kind}: {} failed connects, {} broken connections",
+                    r.connect_failed, r.broken
+                ));
+            }
+        }
+        ensure!(
+            problems.is_empty(),
+            "{} (report: {})",
+            problems.join("; "),
+            self.report.display()
+        );
+        Ok(())
+    }
+}
+
+impl ChaosArgs {
+    /// `cargo xtask test`'s smoke of scenario 1: the agent restarted under a lighter load, 5 s of
+    /// it before and after.
+    pub fn restart_smoke() -> ChaosArgs {
+        ChaosArgs {
+            scenario: Scenario::AgentRestart,
+            rate: 10.0,
+            long: 2,
+            settle: 5,
+            replicas: 2,
+            to: None,
+            to_backend: deploy::DEFAULT_BACKEND.to_string(),
+            to_mode: super::nodes::Mode::Nftables,
+            outage: 60,
+            duration: 0,
+            churn: 0,
+            deletions: 1,
+        }
+    }
 }
 
 /// Every node's name and InternalIP (IPv4).
@@ -267,6 +351,7 @@ fn node_ips(k: &dyn Fn() -> Cmd) -> anyhow::Result<Vec<(String, String)>> {
 fn deploy_workload(
     k: &dyn Fn() -> Cmd,
     run_dir: &Path,
+    hub: &str,
     nodes: &[(String, String)],
     replicas: usize,
 ) -> anyhow::Result<()> {
@@ -302,7 +387,7 @@ fn deploy_workload(
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "backend", "namespace": NAMESPACE},
             "spec": {
-                "type": "NodePort",
+                "type": "LoadBalancer",
                 "selector": labels,
                 "ports": [
                     {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP",
@@ -330,6 +415,30 @@ fn deploy_workload(
         json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
     )?;
     k().args(["apply", "-f"]).arg(&file).run()?;
+    // The LoadBalancer address as a cloud's load balancer controller would publish it (the
+    // clusters run none); the hub routes it to the first node, as an L2 or BGP announcement would.
+    k().args([
+        "patch",
+        "service",
+        "backend",
+        "-n",
+        NAMESPACE,
+        "--subresource=status",
+    ])
+    .args(["--type=merge", "-p"])
+    .arg(json!({"status": {"loadBalancer": {"ingress": [{"ip": LB_IP}]}}}).to_string())
+    .run()?;
+    Cmd::new("ip")
+        .args([
+            "-n",
+            hub,
+            "route",
+            "replace",
+            &format!("{LB_IP}/32"),
+            "via",
+            &nodes[0].1,
+        ])
+        .run()?;
     // A run after an endpoint-removal one starts from the full count again.
     k().args(["scale", "deployment/backend", "-n", NAMESPACE])
         .arg(format!("--replicas={replicas}"))
@@ -390,12 +499,15 @@ fn start_client(
     stop_file: &Path,
     run_dir: &Path,
 ) -> anyhow::Result<Client> {
-    let exe = std::env::current_exe().context("this program's path")?;
+    // This very program, by the link that stays valid while it runs: `cargo xtask test` rebuilds
+    // target/debug/xtask before its cluster steps, and the path `current_exe` then returns ends in
+    // " (deleted)", which no shell can run.
+    let exe = format!("/proc/{}/exe", std::process::id());
     let mut load = vec![
         "nsenter".to_string(),
         format!("--net={netns}"),
         "--".into(),
-        exe.to_string_lossy().into_owned(),
+        exe,
         "load".into(),
         format!("--rate={}", args.rate),
         format!("--long={}", args.long),
@@ -635,27 +747,32 @@ fn recorded(state: &Value, name: &str) -> anyhow::Result<(usize, u32)> {
 /// samples.
 fn soak(
     cluster: &Cluster,
-    k: &dyn Fn() -> Cmd,
+    kubeconfig: &str,
     run_dir: &Path,
     args: &ChaosArgs,
 ) -> anyhow::Result<Value> {
-    let churn_file = run_dir.join("churn.json");
-    let services = |tick: u64| {
-        let items: Vec<Value> = (0..args.churn)
-            .map(|i| {
-                json!({
-                    "apiVersion": "v1", "kind": "Service",
-                    "metadata": {"name": format!("churn-{i}"), "namespace": NAMESPACE},
-                    "spec": {
-                        "selector": {"app": "backend"},
-                        "ports": [{"name": "http", "port": 80 + (tick % 2),
-                                   "targetPort": 8080 + (tick % 2) as u16, "protocol": "TCP"}],
-                    },
-                })
-            })
-            .collect();
-        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    let k = || kubectl(kubeconfig);
+    let ports = |tick: u64| {
+        json!([{"name": "http", "port": 80 + (tick % 2),
+                "targetPort": 8080 + (tick % 2) as u16, "protocol": "TCP"}])
     };
+    let names: Vec<String> = (0..args.churn).map(|i| format!("churn-{i}")).collect();
+    let items: Vec<Value> = names
+        .iter()
+        .map(|name| {
+            json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": {"selector": {"app": "backend"}, "ports": ports(0)},
+            })
+        })
+        .collect();
+    let churn_file = run_dir.join("churn.json");
+    fs::write(
+        &churn_file,
+        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
+    )?;
+    k().args(["apply", "-f"]).arg(&churn_file).quiet().run()?;
     let pods = json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "churn-pods", "namespace": NAMESPACE},
@@ -682,12 +799,32 @@ fn soak(
             "processes": super::usage::snapshot(cluster),
         })
     };
+    // The churn's own client: a round's changes sent at once, each a merge patch.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let client = rt.block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(kubeconfig)?,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await?;
+        anyhow::Ok(kube::Client::try_from(config)?)
+    })?;
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(client.clone(), NAMESPACE);
+    let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+        kube::Api::namespaced(client, NAMESPACE);
+    let patch = kube::api::PatchParams::default();
     let start_ms = unix_ms();
     let started = Instant::now();
     let mut samples = Vec::new();
     let mut next_sample = Instant::now();
     let mut tick = 0u64;
-    let mut failed_applies = 0u64;
+    let (mut changes, mut failed) = (0u64, 0u64);
+    let mut first_error = None;
+    // Rounds that took longer than their second (the API server slower than the churn).
+    let mut late_rounds = 0u64;
     println!(
         "==> soak: {} s, {} Service changes a second, a Deployment scaled 0 <-> 3 every 10th round",
         args.duration, args.churn
@@ -698,41 +835,45 @@ fn soak(
             samples.push(sample());
             next_sample += Duration::from_secs(15);
         }
-        fs::write(&churn_file, services(tick))?;
-        if k()
-            .args(["apply", "-f"])
-            .arg(&churn_file)
-            .quiet()
-            .run()
-            .is_err()
-        {
-            failed_applies += 1;
-        }
-        if tick.is_multiple_of(10) {
+        let body = kube::api::Patch::Merge(json!({"spec": {"ports": ports(tick)}}));
+        // Every 10th round the Pods' Deployment too, up and down in turn.
+        let scale = tick.is_multiple_of(10).then(|| {
             let replicas = if (tick / 10).is_multiple_of(2) { 3 } else { 0 };
-            if k()
-                .args(["scale", "deployment/churn-pods", "-n", NAMESPACE])
-                .arg(format!("--replicas={replicas}"))
-                .quiet()
-                .run()
-                .is_err()
-            {
-                failed_applies += 1;
+            kube::api::Patch::Merge(json!({"spec": {"replicas": replicas}}))
+        });
+        let (patched, scaled) = rt.block_on(async {
+            futures::join!(
+                futures::future::join_all(names.iter().map(|n| services.patch(n, &patch, &body))),
+                async {
+                    match &scale {
+                        Some(body) => Some(deployments.patch("churn-pods", &patch, body).await),
+                        None => None,
+                    }
+                }
+            )
+        });
+        let results = (patched.into_iter().map(|r| r.map(drop))).chain(scaled.map(|r| r.map(drop)));
+        for result in results {
+            match result {
+                Ok(()) => changes += 1,
+                Err(e) => {
+                    failed += 1;
+                    first_error.get_or_insert_with(|| format!("{e}"));
+                }
             }
         }
         tick += 1;
-        if let Some(rest) = Duration::from_secs(1).checked_sub(second.elapsed()) {
-            std::thread::sleep(rest);
+        match Duration::from_secs(1).checked_sub(second.elapsed()) {
+            Some(rest) => std::thread::sleep(rest),
+            None => late_rounds += 1,
         }
     }
     samples.push(sample());
     let end_ms = unix_ms();
+    let seconds = started.elapsed().as_secs_f64();
     // Leave nothing of the churn for the next run.
-    let names: Vec<String> = (0..args.churn)
-        .map(|i| format!("service/churn-{i}"))
-        .collect();
     k().args(["delete", "-n", NAMESPACE, "--ignore-not-found"])
-        .args(&names)
+        .args(names.iter().map(|n| format!("service/{n}")))
         .arg("deployment/churn-pods")
         .quiet()
         .run()?;
@@ -740,7 +881,11 @@ fn soak(
         "removed": [],
         "window_ms": [start_ms, end_ms],
         "ticks": tick,
-        "failed_applies": failed_applies,
+        "changes": changes,
+        "changes_per_second": changes as f64 / seconds.max(1.0),
+        "late_rounds": late_rounds,
+        "failed_changes": failed,
+        "first_error": first_error,
         "samples": samples,
     }))
 }
@@ -764,8 +909,17 @@ fn soak_table(timeline: &Value) -> String {
         }
     }
     let mut md = format!(
-        "{} churn ticks ({} failed kubectl calls); samples every 15 s.\n\n",
-        timeline["ticks"], timeline["failed_applies"]
+        "{} churn rounds, {} changes ({:.1} a second; {} failed{}; {} rounds over their \
+         second); samples every 15 s.\n\n",
+        timeline["ticks"],
+        timeline["changes"],
+        timeline["changes_per_second"].as_f64().unwrap_or(0.0),
+        timeline["failed_changes"],
+        timeline["first_error"]
+            .as_str()
+            .map(|e| format!(", the first: {e}"))
+            .unwrap_or_default(),
+        timeline["late_rounds"],
     );
     md.push_str(
         "| component | instances | RSS first (MiB) | RSS last (MiB) | RSS max (MiB) | growth, first to last quarter | fds first | fds last | fds max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
@@ -1007,23 +1161,28 @@ fn endpoint_removal(k: &dyn Fn() -> Cmd, args: &ChaosArgs) -> anyhow::Result<Val
             args.settle
         );
         std::thread::sleep(Duration::from_secs(args.settle));
-        let victim = backend_pods(k)?
-            .into_iter()
-            .find(|(_, deleting)| !deleting)
-            .map(|(name, _)| name)
-            .context("no backend Pod left to delete")?;
-        let delete_ms = unix_ms();
-        k().args(["delete", "pod", &victim, "-n", NAMESPACE, "--wait=false"])
-            .run()?;
-        removed.push(json!({"pod": victim, "how": "pod deleted", "removed_ms": delete_ms}));
-        k().args(["rollout", "status", "deployment/backend", "-n", NAMESPACE])
-            .arg("--timeout=120s")
-            .run()?;
-        println!(
-            "==> {victim} deleted and replaced; {} s of load",
-            args.settle
-        );
-        std::thread::sleep(Duration::from_secs(args.settle));
+        for i in 1..=args.deletions {
+            let victim = backend_pods(k)?
+                .into_iter()
+                .find(|(_, deleting)| !deleting)
+                .map(|(name, _)| name)
+                .context("no backend Pod left to delete")?;
+            let delete_ms = unix_ms();
+            k().args(["delete", "pod", &victim, "-n", NAMESPACE, "--wait=false"])
+                .run()?;
+            removed.push(json!({"pod": victim, "how": "pod deleted", "removed_ms": delete_ms}));
+            k().args(["rollout", "status", "deployment/backend", "-n", NAMESPACE])
+                .arg("--timeout=120s")
+                .run()?;
+            // Between deletions the replacement gets load for a while before the next goes, so
+            // each removal is measured against a settled set of endpoints.
+            let pause = if i == args.deletions { args.settle } else { 3 };
+            println!(
+                "==> deletion {i}/{}: {victim} deleted and replaced; {pause} s of load",
+                args.deletions
+            );
+            std::thread::sleep(Duration::from_secs(pause));
+        }
         Ok(removed)
     })();
     stop.store(true, Ordering::SeqCst);
@@ -1066,13 +1225,11 @@ struct Row {
     longest_gap_ms: u64,
 }
 
-/// The markdown report: the table per source, target and kind, then the timeline.
-fn summarize(
-    scenario: Scenario,
-    proxy: &str,
-    timeline: &Value,
-    reports: &[(&str, Value)],
-) -> String {
+/// The table's rows: per source, target and kind of flow.
+type Rows = BTreeMap<(String, String, &'static str), Row>;
+
+/// Every client's counts summed per source, target and kind of flow.
+fn rows(timeline: &Value, reports: &[(&str, Value)]) -> Rows {
     let removed: BTreeSet<String> = timeline["removed"]
         .as_array()
         .into_iter()
@@ -1086,7 +1243,7 @@ fn summarize(
             .unwrap_or(u64::MAX)
             .saturating_add(2000),
     );
-    let mut rows: BTreeMap<(String, String, &str), Row> = BTreeMap::new();
+    let mut rows = Rows::new();
     for (from, report) in reports {
         for target in report["targets"].as_array().into_iter().flatten() {
             let name = target["name"].as_str().unwrap_or("?").to_string();
@@ -1125,12 +1282,23 @@ fn summarize(
             }
         }
     }
+    rows
+}
+
+/// The markdown report: the table per source, target and kind, then the timeline.
+fn summarize(
+    scenario: Scenario,
+    proxy: &str,
+    timeline: &Value,
+    reports: &[(&str, Value)],
+    rows: &Rows,
+) -> String {
     let mut md = format!("## chaos {} on {proxy}\n\n", scenario.name());
     md.push_str(
         "| from | target | flows | attempts | answered | failed connects | broken (removed endpoint) | timeouts | failures in the disruption | longest gap |\n",
     );
     md.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
-    for ((from, target, kind), r) in &rows {
+    for ((from, target, kind), r) in rows {
         md.push_str(&format!(
             "| {from} | {target} | {kind} | {} | {} | {} | {} ({}) | {} | {} | {} ms |\n",
             r.attempts,
@@ -1210,23 +1378,66 @@ fn summarize(
                     Some(_) => "before".into(),
                     None => "never".into(),
                 };
-                let last_answer = |key: &str| {
-                    reports
-                        .iter()
-                        .flat_map(|(_, rep)| rep["targets"].as_array().cloned().unwrap_or_default())
-                        .filter_map(|t| t[key]["answered_by"][pod]["last_ms"].as_u64())
-                        .max()
-                };
                 let not_ready = r["not_ready_ms"].as_u64();
                 md.push_str(&format!(
                     "| {pod} | {} | {} | {} | {} |\n",
                     r["how"].as_str().unwrap_or("?"),
                     since(not_ready),
-                    since(last_answer("new")),
-                    since(last_answer("udp_flows")),
+                    since(last_answer(reports, "new", pod)),
+                    since(last_answer(reports, "udp_flows", pod)),
                 ));
             }
+            md.push_str(&lag_summary(&removal_lags(timeline, reports)));
         }
     }
     md
+}
+
+/// Per removed Pod whose endpoint was seen to leave: how long after that its last new TCP
+/// connection was answered (0 when none was answered after it left).
+fn removal_lags(timeline: &Value, reports: &[(&str, Value)]) -> Vec<u64> {
+    timeline["removed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let pod = r["pod"].as_str()?;
+            let left = r["not_ready_ms"].as_u64()?;
+            let last = last_answer(reports, "new", pod).unwrap_or(0);
+            Some(last.saturating_sub(left))
+        })
+        .collect()
+}
+
+/// When `pod` last answered a flow of kind `key` (`new`, `udp_flows`) of any client and target.
+fn last_answer(reports: &[(&str, Value)], key: &str, pod: &str) -> Option<u64> {
+    reports
+        .iter()
+        .flat_map(|(_, rep)| rep["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t[key]["answered_by"][pod]["last_ms"].as_u64())
+        .max()
+}
+
+/// The lags' distribution: the endpoint-removal goal is that no new connection reaches a
+/// removed endpoint once the change is visible, so every lag above the poll's 200 ms and the
+/// agent's programming time is a finding.
+fn lag_summary(lags: &[u64]) -> String {
+    if lags.is_empty() {
+        return String::new();
+    }
+    let mut sorted = lags.to_vec();
+    sorted.sort_unstable();
+    let rank =
+        |q: f64| sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
+    format!(
+        "\nOver {} removals, the last new TCP connection a removed Pod answered, after its endpoint \
+         left the EndpointSlice (polled every 200 ms): p50 {} ms, p99 {} ms, max {} ms; {} of {} \
+         removals had none answered after it left.\n",
+        sorted.len(),
+        rank(0.50),
+        rank(0.99),
+        sorted[sorted.len() - 1],
+        sorted.iter().filter(|l| **l == 0).count(),
+        sorted.len()
+    )
 }

@@ -230,6 +230,16 @@ pub struct MatrixArgs {
     /// Which build of kpr's binaries the clusters run.
     #[arg(long, value_enum, default_value_t = crate::Profile::Release)]
     pub binaries: crate::Profile,
+    /// Deploy kind's default storage on every cluster (`cluster up --local-path`: the
+    /// local-path-provisioner and its default WaitForFirstConsumer StorageClass `standard`), so
+    /// the storage and StatefulSet specs that need a default class run instead of skipping.
+    #[arg(long)]
+    pub local_path: bool,
+    /// Keep this run's outcomes and table in `<target>/e2e/<RESULTS>` instead of
+    /// `<target>/e2e`, so a focused run (the storage specs, say) does not replace the files of a
+    /// full one.
+    #[arg(long)]
+    pub results: Option<String>,
     #[command(flatten)]
     pub e2e: E2eArgs,
 }
@@ -242,11 +252,17 @@ const MATRIX_CLUSTER: &str = "e2e";
 pub fn matrix(name: &str, args: &MatrixArgs) -> anyhow::Result<()> {
     // Never the user's default cluster.
     let cluster = Cluster::named(if name == "kpr" { MATRIX_CLUSTER } else { name })?;
-    let dir = results_dir();
+    let dir = match &args.results {
+        Some(sub) => results_dir().join(sub),
+        None => results_dir(),
+    };
     fs::create_dir_all(&dir)?;
     let mut columns = Vec::new();
     for proxy in args.proxies.iter().filter(|_| !args.table_only) {
-        let up_args = up_args_for(proxy, args.nodes, args.binaries)?;
+        let up_args = super::UpArgs {
+            local_path: args.local_path,
+            ..up_args_for(proxy, args.nodes, args.binaries)?
+        };
         let started = Instant::now();
         super::teardown(&cluster);
         let result = super::up(&cluster, &up_args).and_then(|()| {
@@ -441,8 +457,9 @@ fn table(columns: &[(String, u64, Vec<Outcome>)]) -> String {
 }
 
 /// The e2e smoke of `cargo xtask test`: a one-node dual-stack cluster with kpr (nftables), a
-/// handful of the Services specs, then `cluster smoke` (both families, client addresses), the
-/// cluster down whatever happened.
+/// handful of the Services specs, then `cluster smoke` (both families, client addresses), then
+/// scenario 1 of `cluster chaos` (the agent's DaemonSet restarted under load: no failed or
+/// broken TCP connection), the cluster down whatever happened.
 pub fn smoke() -> anyhow::Result<()> {
     let cluster = Cluster::named("smoke")?;
     super::teardown(&cluster);
@@ -459,7 +476,13 @@ pub fn smoke() -> anyhow::Result<()> {
     };
     let result = super::up(&cluster, &up_args)
         .and_then(|()| run(&cluster, &e2e_args))
-        .and_then(|outcomes| super::smoke::run(&cluster).map(|()| outcomes));
+        .and_then(|outcomes| super::smoke::run(&cluster).map(|()| outcomes))
+        .and_then(|outcomes| {
+            super::chaos::run(&cluster, &super::chaos::ChaosArgs::restart_smoke())?
+                .check_tcp_unbroken()
+                .context("`cluster chaos agent-restart` on the smoke cluster")?;
+            Ok(outcomes)
+        });
     let passed = matches!(&result, Ok(outcomes) if !outcomes.iter().any(failed));
     if !passed {
         // A failed smoke on a CI machine is only explainable from what the cluster's processes

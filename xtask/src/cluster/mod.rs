@@ -88,6 +88,10 @@ pub enum ClusterCommand {
     /// nodes; a report and a table of failed connects, broken connections, timeouts and the
     /// longest gaps.
     Chaos(chaos::ChaosArgs),
+    /// `cargo xtask test`'s last step alone (on the debug binaries it expects built): the
+    /// one-node cluster `smoke`, a few Services specs, `cluster smoke`, an agent restart under
+    /// load, the cluster down.
+    E2eSmoke,
 }
 
 #[derive(Debug, Args)]
@@ -185,7 +189,8 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Proxy(proxy_args) => switch::run(&cluster, proxy_args),
         ClusterCommand::Leftovers => switch::leftovers(&cluster),
         ClusterCommand::Smoke => smoke::run(&cluster),
-        ClusterCommand::Chaos(chaos_args) => chaos::run(&cluster, chaos_args),
+        ClusterCommand::Chaos(chaos_args) => chaos::run(&cluster, chaos_args).map(drop),
+        ClusterCommand::E2eSmoke => e2e::smoke(),
         ClusterCommand::HpaDemo(demo_args) => hpa_demo::run(&cluster, demo_args),
         ClusterCommand::StatefulsetDemo => statefulset_demo::run(&cluster),
         ClusterCommand::Helm(helm_args) => helm::run(&cluster, helm_args),

@@ -29,6 +29,13 @@ struct Row {
 
 /// Runs the matrix on `base` (the engine and node image set up); fails at the end if a step did.
 pub(super) fn run(base: &Kind) -> anyhow::Result<()> {
+    // Checked before the first cluster, not at the chart's step 20 minutes in.
+    anyhow::ensure!(
+        crate::helm::binary().is_file(),
+        "the matrix installs the chart with helm, and {} is missing: `cargo xtask setup --helm` \
+         builds it",
+        crate::helm::binary().display()
+    );
     let started = Instant::now();
     let mut rows = Vec::new();
     let path = crate::target_dir().join("kind/MATRIX.md");

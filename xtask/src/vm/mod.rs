@@ -48,6 +48,10 @@ pub const SMOKE: &[(&str, &[&str])] = &[
         &["session_affinity_sticks_to_one_endpoint"],
     ),
     (
+        "ebpf_xdp",
+        &["a_flow_to_a_backend_behind_the_external_interface_is_sent_back_out_by_xdp"],
+    ),
+    (
         "userspace",
         &["a_service_without_endpoints_rejects_at_once"],
     ),
