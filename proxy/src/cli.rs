@@ -362,6 +362,10 @@ pub struct TraceArgs {
     /// port (on the socket path, the port the socket bound before connect()).
     #[arg(long)]
     pub src_port: Option<u16>,
+    /// With --from-outside: the interface the client's packets arrive on (default: the one the
+    /// node routes the client's address by). Says which hook, XDP or tc, carries the flow.
+    #[arg(long, requires = "from_outside")]
+    pub in_interface: Option<String>,
     /// The client's network namespace (e.g. /run/netns/NAME, /proc/PID/ns/net): socket-path
     /// session affinity is keyed by it.
     #[arg(long)]

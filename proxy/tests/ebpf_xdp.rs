@@ -73,6 +73,34 @@ fn requests(fx: &Fixture, proto: Protocol, n: usize) -> Vec<kpr_tests::Reply> {
         .collect()
 }
 
+/// `proxy trace --from-outside` of the client's connection to the node port, run in the node's
+/// namespace on the fixture's pins (as a user runs it on the node).
+fn trace(fx: &Fixture, proto: Protocol) -> String {
+    let pins = fx.cfg.bpffs_path.to_string_lossy().into_owned();
+    let dst = format!("{}/{}", node_port(), proto.as_str().to_lowercase());
+    let out = fx
+        .cluster
+        .node
+        .exec(env!("CARGO_BIN_EXE_proxy"))
+        .expect("a command in the node namespace")
+        .args(["trace", "--bpffs-path", &pins, "--from-outside"])
+        .arg(kpr_tests::cluster::CLIENT_IP.to_string())
+        .arg(&dst)
+        .output()
+        .expect("running proxy trace");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "proxy trace: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "$ proxy trace --from-outside {} {dst}\n{stdout}",
+        kpr_tests::cluster::CLIENT_IP
+    );
+    stdout
+}
+
 fn counts(fx: &mut Fixture) -> XdpCounts {
     fx.dp().xdp_counts().expect("reading KPR_XDP_STATS")
 }
@@ -114,6 +142,15 @@ fn a_flow_to_a_backend_behind_the_external_interface_is_sent_back_out_by_xdp() {
             delta.passed_route, 0,
             "{proto:?}: nothing of these flows is left to tc: {before:?} -> {after:?}"
         );
+        // `proxy trace` says what the counters show.
+        let t = trace(&fx, proto);
+        for want in [
+            "XDP on cl: the first packet is passed to tc",
+            "later packets to the backend: sent back out of cl by XDP",
+            "the backend's replies: sent back out of cl by XDP",
+        ] {
+            assert!(t.contains(want), "{proto:?}: {want:?} missing:\n{t}");
+        }
     }
 }
 
@@ -135,6 +172,15 @@ fn a_flow_to_a_pod_of_the_node_is_left_to_tc() {
         c.passed_route >= replies.len() as u64,
         "every flow's packets passed to tc: {c:?}"
     );
+    // `proxy trace` says the same: the route to the picked pod leaves by its veth.
+    let t = trace(&fx, Protocol::Tcp);
+    for want in [
+        "XDP on cl: the first packet is passed to tc",
+        "later packets to the backend: passed to tc (the route to 10.244.",
+        "no XDP there: tc",
+    ] {
+        assert!(t.contains(want), "{want:?} missing:\n{t}");
+    }
 }
 
 #[test]

@@ -18,7 +18,9 @@
 //!    without volumes is still scheduled (the bad input held nothing up);
 //! 3. a Pod whose claim is to be provisioned (a CSI class, WaitForFirstConsumer) where only one
 //!    node's CSINode has room: the node written to the claim's `volume.kubernetes.io/selected-node`
-//!    (no provisioner runs here, so the Pod itself waits in PreBind and is not compared).
+//!    (no provisioner runs here, so the Pod itself waits in PreBind and is not compared); a claim
+//!    of a provisioner whose class's `allowedTopologies` names zone zb: the node selected (the
+//!    only one in zb); one whose class allows only a zone no node has: the FitError.
 //!
 //! Owns those objects; never sleeps to assert: it waits on the Pods' and claims' state.
 
@@ -37,6 +39,8 @@ use super::diff_cluster::{create_nodes, namespace, node_of, scheduled_condition,
 const SET: &str = "kpr.test/vol-set";
 const ZONE: &str = "topology.kubernetes.io/zone";
 const CSI_DRIVER: &str = "csi.kpr.test";
+/// A provisioner that is no CSI driver of any CSINode: no attach limit applies to its claims.
+const TOPOLOGY_PROVISIONER: &str = "topology.kpr.test/provisioner";
 
 fn ns(imp: Impl) -> String {
     format!("vol-{}", imp.tag())
@@ -83,10 +87,17 @@ pub async fn setup(client: &Client) -> anyhow::Result<()> {
             ),
             ("immediate", "kubernetes.io/no-provisioner", "Immediate"),
             ("csi", CSI_DRIVER, "WaitForFirstConsumer"),
+            ("topology-zb", TOPOLOGY_PROVISIONER, "WaitForFirstConsumer"),
+            ("topology-zc", TOPOLOGY_PROVISIONER, "WaitForFirstConsumer"),
         ] {
-            let sc = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            let mut sc = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
                 "metadata": {"name": named(imp, what)},
                 "provisioner": provisioner, "volumeBindingMode": mode});
+            // The provisioner may create volumes only in the zone the class's name ends with.
+            if let Some(zone) = what.strip_prefix("topology-") {
+                sc["allowedTopologies"] =
+                    json!([{"matchLabelExpressions": [{"key": ZONE, "values": [zone]}]}]);
+            }
             classes
                 .create(&PostParams::default(), &serde_json::from_value(sc)?)
                 .await
@@ -230,6 +241,22 @@ async fn bound_volume(
     .await
 }
 
+/// The node the scheduler wrote to the claim's `volume.kubernetes.io/selected-node`, once it has.
+async fn selected_node(
+    claims: &Api<PersistentVolumeClaim>,
+    imp: Impl,
+    name: &str,
+) -> anyhow::Result<String> {
+    wait_for(&format!("claim {name}'s selected node"), || async {
+        let c = claims.get(name).await?;
+        Ok(c.metadata
+            .annotations
+            .and_then(|a| a.get("volume.kubernetes.io/selected-node").cloned())
+            .map(|n| generic(imp, &n)))
+    })
+    .await
+}
+
 /// Runs the script against one scheduler; the outcomes by step.
 async fn script(client: &Client, imp: Impl) -> anyhow::Result<BTreeMap<String, String>> {
     let ns = ns(imp);
@@ -335,15 +362,24 @@ async fn script(client: &Client, imp: Impl) -> anyhow::Result<BTreeMap<String, S
     // 3. A claim to provision where one node's CSINode has room.
     create_claim(claim(imp, "csi-one", "csi", "1Gi")).await?;
     create_pod(pod(imp, "csi-one", &["csi-one"], "100m")).await?;
-    let selected = wait_for("csi-one's selected node", || async {
-        let c = claims.get("csi-one").await?;
-        Ok(c.metadata
-            .annotations
-            .and_then(|a| a.get("volume.kubernetes.io/selected-node").cloned())
-            .map(|n| generic(imp, &n)))
-    })
-    .await?;
-    out.insert("3 csi-one selected node".into(), selected);
+    out.insert(
+        "3 csi-one selected node".into(),
+        selected_node(&claims, imp, "csi-one").await?,
+    );
+    // A provisioner limited by its class's allowedTopologies: to zone zb (n3 only), then to zone
+    // zc, which no node has.
+    create_claim(claim(imp, "topology-zb", "topology-zb", "1Gi")).await?;
+    create_pod(pod(imp, "topology-zb", &["topology-zb"], "100m")).await?;
+    out.insert(
+        "3 topology-zb selected node".into(),
+        selected_node(&claims, imp, "topology-zb").await?,
+    );
+    create_claim(claim(imp, "topology-zc", "topology-zc", "1Gi")).await?;
+    create_pod(pod(imp, "topology-zc", &["topology-zc"], "100m")).await?;
+    out.insert(
+        "3 topology-zc".into(),
+        settled(&pods, imp, "topology-zc").await?,
+    );
     Ok(out)
 }
 

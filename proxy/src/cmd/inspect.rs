@@ -267,18 +267,7 @@ struct Xdp {
 
 impl Xdp {
     fn read(bpffs: &std::path::Path, maps_dir: &std::path::Path) -> Xdp {
-        let mut interfaces: Vec<String> = std::fs::read_dir(bpffs.join("links"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("xdp-"))
-                    .map(str::to_string)
-            })
-            .collect();
-        interfaces.sort();
+        let interfaces = proxy::dataplane::ebpf::xdp::pinned_interfaces(bpffs);
         Xdp {
             interfaces,
             // Absent from the pins of an agent older than XDP.

@@ -185,5 +185,44 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
             println!("maglev table slot {slot} of {}", f.value.count);
         }
     }
+    if let (true, Some(backend)) = (req.external, t.decision.backend()) {
+        for line in xdp_path(args, backend.socket_addr().ip())? {
+            println!("{line}");
+        }
+    }
     Ok(())
+}
+
+/// Which hooks carry a flow from outside to `backend`: the pinned XDP links and the node's
+/// routes (`--in-interface`, or the route back to the client, for the interface it arrives on).
+fn xdp_path(args: &TraceArgs, backend: std::net::IpAddr) -> anyhow::Result<Vec<String>> {
+    use proxy::dataplane::ebpf::route::interface_to;
+    let xdp = proxy::dataplane::ebpf::xdp::pinned_interfaces(&args.bpffs_path);
+    let route = |addr: std::net::IpAddr| {
+        interface_to(addr).with_context(|| {
+            format!(
+                "proxy trace: the node's route to {addr} (run it in the node's network namespace)"
+            )
+        })
+    };
+    let path = if xdp.is_empty() {
+        trace::XdpPath {
+            xdp,
+            ingress: String::new(),
+            to_backend: String::new(),
+            to_client: String::new(),
+        }
+    } else {
+        let to_client = route(args.src)?;
+        trace::XdpPath {
+            xdp,
+            ingress: args
+                .in_interface
+                .clone()
+                .unwrap_or_else(|| to_client.clone()),
+            to_backend: route(backend)?,
+            to_client,
+        }
+    };
+    Ok(path.describe(backend))
 }

@@ -60,6 +60,7 @@ pub mod maps;
 pub mod object;
 pub mod programmed;
 pub mod resize;
+pub mod route;
 pub mod sockterm;
 pub mod tc;
 pub mod trace;

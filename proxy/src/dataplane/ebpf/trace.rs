@@ -203,6 +203,16 @@ fn sticky(f: &FrontendView, req: &TraceRequest) -> Option<BackendAddr> {
         .and_then(|s| s.addr)
 }
 
+impl Decision {
+    /// The backend the connection goes to, when the decision names one.
+    pub fn backend(&self) -> Option<&BackendAddr> {
+        match self {
+            Decision::AffinityHit(b) | Decision::Picked { backend: b, .. } => Some(b),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -245,6 +255,89 @@ impl fmt::Display for Decision {
             ),
             Decision::Broken(why) => write!(f, "inconsistent maps: {why}"),
         }
+    }
+}
+
+/// The hooks that carry a flow from outside the node where the agent runs XDP
+/// (`--xdp-interfaces`). XDP passes a flow's first packet to tc, which balances it; it sends a
+/// later packet itself only when the route of the translated packet leaves by the interface the
+/// packet arrived on (`XDP_TX`), and passes it to tc otherwise (proxy-ebpf's `nodeport.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdpPath {
+    /// The interfaces with the XDP program attached.
+    pub xdp: Vec<String>,
+    /// The interface the client's packets arrive on.
+    pub ingress: String,
+    /// The interface the node routes the backend's address by: the forward packets leave, and
+    /// the backend's replies arrive, there.
+    pub to_backend: String,
+    /// The interface the node routes the client's address by: the replies leave there.
+    pub to_client: String,
+}
+
+impl XdpPath {
+    fn attached(&self, interface: &str) -> bool {
+        self.xdp.iter().any(|i| i == interface)
+    }
+
+    /// Whether XDP sends the client's packets after the first.
+    pub fn forward_by_xdp(&self) -> bool {
+        self.attached(&self.ingress) && self.to_backend == self.ingress
+    }
+
+    /// Whether XDP sends the backend's replies.
+    pub fn replies_by_xdp(&self) -> bool {
+        self.attached(&self.to_backend) && self.to_client == self.to_backend
+    }
+
+    /// The lines `proxy trace` prints for the flow to `backend`.
+    pub fn describe(&self, backend: IpAddr) -> Vec<String> {
+        if self.xdp.is_empty() {
+            return vec!["XDP: attached nowhere (--xdp-interfaces): tc carries the flow".into()];
+        }
+        let mut out = Vec::new();
+        if self.attached(&self.ingress) {
+            out.push(format!(
+                "XDP on {}: the first packet is passed to tc, which decides as below",
+                self.ingress
+            ));
+        } else {
+            out.push(format!(
+                "no XDP on {} (XDP on {}): tc carries the client's packets",
+                self.ingress,
+                self.xdp.join(", ")
+            ));
+        }
+        if self.forward_by_xdp() {
+            out.push(format!(
+                "later packets to the backend: sent back out of {} by XDP (XDP_TX)",
+                self.ingress
+            ));
+        } else if self.attached(&self.ingress) {
+            out.push(format!(
+                "later packets to the backend: passed to tc (the route to {backend} leaves by {}, \
+                 not {})",
+                self.to_backend, self.ingress
+            ));
+        }
+        if self.replies_by_xdp() {
+            out.push(format!(
+                "the backend's replies: sent back out of {} by XDP (XDP_TX)",
+                self.to_backend
+            ));
+        } else if self.attached(&self.to_backend) {
+            out.push(format!(
+                "the backend's replies: arrive on {} and are passed to tc (the route to the \
+                 client leaves by {})",
+                self.to_backend, self.to_client
+            ));
+        } else {
+            out.push(format!(
+                "the backend's replies: arrive on {}, no XDP there: tc",
+                self.to_backend
+            ));
+        }
+        out
     }
 }
 
@@ -462,6 +555,39 @@ mod tests {
         let pod = from([10, 244, 9, 9], false, 2);
         assert!(pod.via_tc);
         assert_eq!(pod.decision, Decision::DroppedSourceRange);
+    }
+
+    fn path(xdp: &[&str], ingress: &str, to_backend: &str, to_client: &str) -> XdpPath {
+        XdpPath {
+            xdp: xdp.iter().map(|s| s.to_string()).collect(),
+            ingress: ingress.into(),
+            to_backend: to_backend.into(),
+            to_client: to_client.into(),
+        }
+    }
+
+    #[test]
+    fn xdp_sends_only_what_its_route_sends_back_out_of_the_same_interface() {
+        // A backend on another node behind the external interface: both ways by XDP.
+        let hairpin = path(&["eth0"], "eth0", "eth0", "eth0");
+        assert!(hairpin.forward_by_xdp() && hairpin.replies_by_xdp());
+        // A pod of this node: the forward packets leave by its veth, the replies arrive there.
+        let local = path(&["eth0"], "eth0", "veth1", "eth0");
+        assert!(!local.forward_by_xdp() && !local.replies_by_xdp());
+        let lines = local.describe("10.244.0.5".parse().unwrap()).join("\n");
+        assert!(lines.contains("passed to tc (the route to 10.244.0.5 leaves by veth1, not eth0)"));
+        assert!(lines.contains("arrive on veth1, no XDP there: tc"));
+        // Arriving on an interface without XDP: tc, whatever the backend's route.
+        let other = path(&["eth0"], "eth1", "eth0", "eth1");
+        assert!(!other.forward_by_xdp());
+        assert!(
+            !other.replies_by_xdp(),
+            "the replies leave by eth1, not eth0"
+        );
+        assert_eq!(
+            path(&[], "eth0", "eth0", "eth0").describe("10.0.0.1".parse().unwrap()),
+            vec!["XDP: attached nowhere (--xdp-interfaces): tc carries the flow".to_string()]
+        );
     }
 
     #[test]

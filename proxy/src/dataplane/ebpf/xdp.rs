@@ -150,6 +150,24 @@ fn pin_name(interface: &str) -> String {
     format!("xdp-{interface}")
 }
 
+/// The interfaces with a pinned XDP link under `bpffs` (the agent's pins: `links/xdp-<name>`),
+/// sorted: where the XDP program runs, as `proxy inspect` and `proxy trace` read it.
+pub fn pinned_interfaces(bpffs: &Path) -> Vec<String> {
+    let mut interfaces: Vec<String> = fs::read_dir(bpffs.join("links"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix(&pin_name("")))
+                .map(str::to_string)
+        })
+        .collect();
+    interfaces.sort();
+    interfaces
+}
+
 /// Which of `wanted` exist in the current thread's namespace.
 fn present(wanted: &[String]) -> Result<BTreeSet<String>, DataplaneError> {
     let all = nix::net::if_::if_nameindex()
