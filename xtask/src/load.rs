@@ -59,6 +59,16 @@ pub struct LoadArgs {
     /// Who runs this client (copied into the report).
     #[arg(long, default_value = "client")]
     pub label: String,
+    /// Before counting, wait up to this many seconds until every target answers once over TCP
+    /// and UDP (0: count from the first attempt). A Deployment's `rollout status` returns when
+    /// its Pods are available, before the EndpointSlice change has reached every node's proxy:
+    /// a load started then measures that propagation (refusals for "no endpoints"), not the
+    /// disruption under test.
+    #[arg(long, default_value_t = 30)]
+    pub warmup_seconds: u64,
+    /// Created once the warm-up is over and counting starts (for a runner that waits on it).
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
 }
 
 /// Milliseconds since the epoch: the clients and the scenario runner share this machine's clock.
@@ -396,6 +406,50 @@ fn udp_flow(target: Target, interval: Duration, tally: Shared, stop: Arc<AtomicB
     tally.lock().unwrap().gap(last_ok.elapsed());
 }
 
+/// One UDP request to `addr` and its answer.
+fn udp_request(addr: SocketAddr) -> std::io::Result<String> {
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse().expect("an address")
+    } else {
+        "[::]:0".parse().expect("an address")
+    };
+    let socket = UdpSocket::bind(bind)?;
+    socket.connect(addr)?;
+    socket.set_read_timeout(Some(Duration::from_millis(200)))?;
+    socket.send(b"hostname")?;
+    let mut buf = [0u8; 512];
+    let n = socket.recv(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+}
+
+/// Waits until every target has answered once over TCP and over UDP, for at most `limit`; the
+/// milliseconds it took. Fails naming the first target that never answered.
+fn warm_up(targets: &[Target], limit: Duration) -> anyhow::Result<u64> {
+    let start = Instant::now();
+    if limit.is_zero() {
+        return Ok(0);
+    }
+    for t in targets {
+        loop {
+            let tcp = new_connection(t.tcp).map_err(|f| format!("TCP {}: {}", t.tcp, f.describe()));
+            let Err(last) =
+                tcp.and_then(|_| udp_request(t.udp).map_err(|e| format!("UDP {}: {e}", t.udp)))
+            else {
+                break;
+            };
+            if start.elapsed() > limit {
+                bail!(
+                    "target {} did not answer within {} s before the load (last: {last})",
+                    t.name,
+                    limit.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(start.elapsed().as_millis() as u64)
+}
+
 pub fn run(args: &LoadArgs) -> anyhow::Result<()> {
     let report = run_load(args)?;
     println!("{}", serde_json::to_string(&report)?);
@@ -413,6 +467,10 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<Value> {
         bail!("--interval-ms must be positive");
     }
     let interval = Duration::from_millis(args.interval_ms);
+    let warmup_ms = warm_up(&targets, Duration::from_secs(args.warmup_seconds))?;
+    if let Some(ready) = &args.ready_file {
+        std::fs::write(ready, "").with_context(|| format!("creating {}", ready.display()))?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let started_ms = unix_ms();
     let mut threads = Vec::new();
@@ -465,6 +523,7 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<Value> {
         .collect();
     Ok(json!({
         "label": args.label,
+        "warmup_ms": warmup_ms,
         "started_ms": started_ms,
         "stopped_ms": stopped_ms,
         "rate": args.rate,
@@ -548,8 +607,14 @@ mod tests {
             stop_file: stop_file.clone(),
             max_seconds: 1,
             label: "test".into(),
+            warmup_seconds: 5,
+            ready_file: Some(dir.join("ready")),
         };
         let report = run_load(&args).unwrap();
+        assert!(
+            dir.join("ready").exists(),
+            "the ready file after the warm-up"
+        );
         let _ = std::fs::remove_dir_all(&dir);
         let target = &report["targets"][0];
         for kind in ["new", "long", "udp_flows"] {

@@ -64,6 +64,8 @@ const NODE_PORT_UDP: u16 = 30181;
 /// The backend Service's LoadBalancer address (TEST-NET-2), published by the harness and routed
 /// by the hub to the first node.
 const LB_IP: &str = "198.51.100.10";
+/// How long a load client may wait for every target to answer before it counts.
+const WARMUP_SECONDS: u64 = 30;
 /// This machine's cgroup2 hierarchy; each node's subtree is `<this>/<node>`.
 const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
 
@@ -214,6 +216,7 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<Outcome> {
         Ok(())
     })();
     let outcome = started.and_then(|()| {
+        wait_counting(&mut clients, &run_dir)?;
         println!(
             "==> load from {} clients; {} s before the disruption",
             clients.len(),
@@ -513,6 +516,8 @@ fn start_client(
         format!("--long={}", args.long),
         format!("--stop-file={}", stop_file.display()),
         format!("--label={label}"),
+        format!("--ready-file={}", ready_file(run_dir, label).display()),
+        format!("--warmup-seconds={WARMUP_SECONDS}"),
     ];
     for t in targets {
         load.push(format!("--target={t}"));
@@ -539,6 +544,36 @@ fn start_client(
         child,
         out,
     })
+}
+
+/// The file a client creates once every target has answered and it counts (`load --ready-file`).
+fn ready_file(run_dir: &Path, label: &str) -> PathBuf {
+    run_dir.join(format!("{label}.ready"))
+}
+
+/// Waits until every client counts: each has had every target answer once (the Services
+/// programmed on every node), so what the scenario measures starts from a converged cluster.
+fn wait_counting(clients: &mut [Client], run_dir: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(WARMUP_SECONDS + 10);
+    for c in clients.iter_mut() {
+        while !ready_file(run_dir, &c.label).exists() {
+            if let Some(status) = c.child.try_wait()? {
+                bail!(
+                    "the load client {} exited during its warm-up ({status}); see {}",
+                    c.label,
+                    run_dir.join(format!("{}.log", c.label)).display()
+                );
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the load client {} is still warming up after {} s",
+                c.label,
+                WARMUP_SECONDS + 10
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
 }
 
 /// Fails when a client already exited (its log says why).
@@ -1312,6 +1347,20 @@ fn summarize(
         ));
     }
     md.push('\n');
+    let warmups: Vec<String> = reports
+        .iter()
+        .map(|(_, r)| {
+            format!(
+                "{} {} ms",
+                r["label"].as_str().unwrap_or("?"),
+                r["warmup_ms"].as_u64().unwrap_or(0)
+            )
+        })
+        .collect();
+    md.push_str(&format!(
+        "Counted from the moment every target had answered each client once (warm-up: {}).\n\n",
+        warmups.join(", ")
+    ));
     match scenario {
         Scenario::AgentRestart => {
             let ms = |f: &str| timeline[f].as_u64().unwrap_or(0);

@@ -184,8 +184,11 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     let kvm = !args.tcg && probe_kvm(&images[0]);
     // Under KVM a guest runs the agent as fast as the host does: the plain `cargo build` binaries
     // (which `cargo xtask test` has already built) serve. Under TCG an unoptimised agent takes
-    // seconds to start and to sync, and every conformance test starts one.
-    let agent = if kvm {
+    // seconds to start and to sync, and every conformance test of the full matrix starts one: an
+    // optimised build pays for itself there. The smoke starts a handful of agents, each well
+    // inside the guest's 180 s ready timeout, so it takes the debug binaries too rather than a
+    // release build of the whole tree (about 5 of CI's minutes on 2 cores).
+    let agent = if kvm || args.smoke {
         crate::Profile::Debug
     } else {
         crate::Profile::Release
