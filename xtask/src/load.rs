@@ -349,15 +349,10 @@ fn long_lived(target: Target, interval: Duration, tally: Shared, stop: Arc<Atomi
 
 /// One UDP flow: one socket, a `hostname` request every `interval`, the answer awaited.
 fn udp_flow(target: Target, interval: Duration, tally: Shared, stop: Arc<AtomicBool>) {
-    let bind: SocketAddr = if target.udp.is_ipv4() {
-        "0.0.0.0:0".parse().expect("an address")
-    } else {
-        "[::]:0".parse().expect("an address")
-    };
     // A refused connect is tried again every interval, each try counted: one refusal must not
     // leave the flow empty for the rest of the run.
     let socket = loop {
-        match UdpSocket::bind(bind).and_then(|s| s.connect(target.udp).map(|()| s)) {
+        match connected_udp(target.udp) {
             Ok(s) => break s,
             Err(e) => {
                 tally
@@ -406,8 +401,8 @@ fn udp_flow(target: Target, interval: Duration, tally: Shared, stop: Arc<AtomicB
     tally.lock().unwrap().gap(last_ok.elapsed());
 }
 
-/// One UDP request to `addr` and its answer.
-fn udp_request(addr: SocketAddr) -> std::io::Result<String> {
+/// A UDP socket of `addr`'s family on an ephemeral port, connected to `addr`.
+fn connected_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     let bind: SocketAddr = if addr.is_ipv4() {
         "0.0.0.0:0".parse().expect("an address")
     } else {
@@ -415,6 +410,12 @@ fn udp_request(addr: SocketAddr) -> std::io::Result<String> {
     };
     let socket = UdpSocket::bind(bind)?;
     socket.connect(addr)?;
+    Ok(socket)
+}
+
+/// One UDP request to `addr` and its answer.
+fn udp_request(addr: SocketAddr) -> std::io::Result<String> {
+    let socket = connected_udp(addr)?;
     socket.set_read_timeout(Some(Duration::from_millis(200)))?;
     socket.send(b"hostname")?;
     let mut buf = [0u8; 512];
