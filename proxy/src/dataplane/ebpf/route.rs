@@ -7,7 +7,7 @@ use std::io;
 use std::net::IpAddr;
 
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
-use netlink_packet_route::route::{RouteAttribute, RouteFlags, RouteHeader, RouteMessage};
+use netlink_packet_route::route::{RouteAttribute, RouteMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
@@ -23,8 +23,6 @@ pub fn interface_to(dst: IpAddr) -> io::Result<String> {
         IpAddr::V6(_) => AddressFamily::Inet6,
     };
     msg.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
-    msg.header.table = RouteHeader::RT_TABLE_UNSPEC;
-    msg.header.flags = RouteFlags::empty();
     msg.attributes.push(RouteAttribute::Destination(dst.into()));
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST;
