@@ -211,7 +211,10 @@ fn trace_predicts_each_decision_and_inspect_shows_the_maps() {
     // No endpoints: rejected, and a real connect is refused.
     assert_eq!(
         decide(&bpffs, "10.96.0.13:80", None),
-        Decision::NoEndpoints { dropped: false }
+        Decision::NoEndpoints {
+            dropped: false,
+            external: false
+        }
     );
     let got = client_lines(pc, &cgroup, "tcp 10.96.0.13:80 1");
     assert!(got[0].starts_with("err"), "{got:?}");

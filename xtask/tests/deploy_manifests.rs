@@ -352,7 +352,7 @@ fn agent_runs_on_every_node_with_host_network_and_high_priority() {
 #[test]
 fn agent_has_only_the_capabilities_it_needs_and_is_not_privileged() {
     let objects = objects(&Render::default());
-    assert_agent_privileges("the agent", &agent_container(&objects));
+    assert_agent_privileges("the agent", &agent_container(&objects), true);
     let spec = pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET));
     let names: Vec<&str> = spec
         .init_containers
@@ -368,9 +368,14 @@ fn agent_has_only_the_capabilities_it_needs_and_is_not_privileged() {
     assert_agent_privileges(
         "cleanup-other-backends",
         init_container(spec, "cleanup-other-backends"),
+        false,
     );
     let cleanup = pod_spec(objects.daemon_set("kpr-cleanup"));
-    assert_agent_privileges("kpr-cleanup's cleanup", init_container(cleanup, "cleanup"));
+    assert_agent_privileges(
+        "kpr-cleanup's cleanup",
+        init_container(cleanup, "cleanup"),
+        false,
+    );
 }
 
 /// Of kpr's own manifests: kube-proxy-cleanup.yaml runs upstream's `kube-proxy --cleanup` as
@@ -593,6 +598,7 @@ fn agent_mounts_bpffs_cgroup2_xtables_lock_and_modules_from_the_host() {
         ("xtables-lock", "/run/xtables.lock", false),
         ("lib-modules", "/lib/modules", true),
         ("proc-sys-net", "/proc/sys/net", false),
+        ("netns", "/run/netns", true),
     ];
     for (name, host_path, read_only) in expect {
         assert_eq!(
@@ -615,6 +621,11 @@ fn agent_mounts_bpffs_cgroup2_xtables_lock_and_modules_from_the_host() {
         "iptables looks for its lock there"
     );
     assert_eq!(mounts["lib-modules"].0, "/lib/modules");
+    assert_eq!(
+        mounts["netns"].0,
+        proxy::dataplane::ebpf::sockterm::NETNS_DIR,
+        "the Pods' namespaces where the agent looks for them"
+    );
     // The agent's pin and attach paths point into those mounts.
     let args = run_args(&agent_argv(&container));
     assert_eq!(

@@ -76,7 +76,10 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
             "apiServer.port=34567",
         ],
     ),
-    ("kube-system", &["agent.backend=iptables"]),
+    (
+        "kube-system",
+        &["agent.backend=iptables", "agent.podSockets=false"],
+    ),
     (
         "kube-system",
         &["agent.backend=userspace", "agent.balance=least-conn"],
@@ -135,7 +138,8 @@ fn every_value_set_renders_objects_and_an_agent_command_line_that_parse() {
         let ds = objects.daemon_set(deploy::AGENT_DAEMONSET);
         assert_eq!(ds.metadata.namespace.as_deref(), Some(*namespace));
         let container = pod_spec(ds).containers[0].clone();
-        assert_agent_privileges(&format!("{sets:?}"), &container);
+        let pod_sockets = !sets.contains(&"agent.podSockets=false");
+        assert_agent_privileges(&format!("{sets:?}"), &container, pod_sockets);
         let run = run_args(&agent_argv(&container));
         let set = |key: &str| sets.iter().find_map(|s| s.strip_prefix(&format!("{key}=")));
         let backend = match set("agent.backend").unwrap_or(deploy::DEFAULT_BACKEND) {

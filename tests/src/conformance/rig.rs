@@ -2,14 +2,15 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use super::family::{is_node_address, Family};
+use super::trace;
 use super::{Backend, Expect, From, Probe, Scenario, Src, Step, UdpFlow};
-use crate::cluster::{ClusterSpec, CLIENT_IP, NODE_IP, PODCLIENT_IP};
+use crate::cluster::{ClusterSpec, CLIENT_IP, ECHO_PORT, NODE_IP, PODCLIENT_IP};
 use crate::probe::{parse_probe_output, probe_command, run_probe, ProbeLine};
 use crate::{Agent, AgentOptions, Cgroup, Cluster, HarnessError, Netns};
 
@@ -219,10 +220,57 @@ impl<'c> Rig<'c> {
         }
     }
 
+    /// Traces the probe's connections (the rule and userspace backends, see [`trace`]), runs
+    /// them, checks them against the scenario's expectation and then against the trace.
     fn probe(&self, p: &Probe, f: Family) -> Result<(), String> {
+        let src = self.source_addr(p.from, f);
+        let to = format!("{}/{}", f.text(p.to), p.proto.as_str());
+        let extra = self.trace_source_args(p.from);
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let text = self.trace(src, &to, &extra)?;
         let (lines, args) = self.probe_lines(p, f)?;
         let client = self.source(p.from, f).2;
-        check(&p.expect, &lines, client).map_err(|e| format!("{e}; probe {args:?}"))
+        check(&p.expect, &lines, client).map_err(|e| format!("{e}; probe {args:?}"))?;
+        let disagree = |e: String, text: &str| {
+            format!(
+                "proxy trace {src} {to} disagrees with the traffic: {e}; probe {args:?}: \
+                 {lines:?}\n--- proxy trace ---\n{text}"
+            )
+        };
+        let pod_addr = |name: &str| {
+            self.cluster
+                .pod(name)
+                .map(|pod| SocketAddr::new(f.addr(pod.ip), ECHO_PORT))
+        };
+        let sticky = p.expect == Expect::Sticky;
+        trace::parse(&text)
+            .and_then(|t| trace::agree(&t, &pod_addr, &lines, sticky))
+            .map_err(|e| disagree(e, &text))?;
+        if sticky {
+            // The connections made the client's affinity entry: the trace now names it.
+            let after = self.trace(src, &to, &extra)?;
+            trace::names_affinity(&after, &pod_addr, &lines).map_err(|e| disagree(e, &after))?;
+        }
+        Ok(())
+    }
+
+    /// `proxy trace` arguments naming where a connection from `from` starts: for eBPF the
+    /// agent's pins and the client's network namespace (the socket path; its affinity entries
+    /// are per namespace), or `--from-outside` (the tc path); nothing for the other backends,
+    /// whose trace takes the source address alone.
+    fn trace_source_args(&self, from: From) -> Vec<String> {
+        let Some(pins) = self.agent.bpffs_path() else {
+            return Vec::new();
+        };
+        let mut args = vec!["--bpffs-path".to_string(), pins.display().to_string()];
+        match from {
+            From::External => args.push("--from-outside".into()),
+            _ => {
+                let ns = self.source(from, Family::V4).0;
+                args.extend(["--netns".into(), format!("/run/netns/{}", ns.name())]);
+            }
+        }
+        args
     }
 
     /// Runs the probe's connections over `f` and returns what each got (and the probe's

@@ -1,8 +1,8 @@
-//! `proxy trace` against the traffic, on the conformance table: for each scenario of [`SCENARIOS`]
-//! (round robin, NodePort, a single endpoint, session affinity, no endpoints, an unexposed port,
-//! an unallocated address, loadBalancerSourceRanges, externalTrafficPolicy Local), each connection
-//! step is traced first (`proxy trace` of the backend, in the node's namespace, for the step's
-//! source and destination) and then run, and what the trace said is what the connections got:
+//! `proxy trace` against the traffic: every connection step ([`super::Step::Probe`]) of every
+//! conformance scenario, on every backend, is traced first (`proxy trace` of
+//! the backend, in the node's namespace, for the step's source and destination), then run and
+//! checked against the scenario's expectation, and then against what the trace said
+//! (`Rig::probe`):
 //!
 //! - `dnat to X (...)`: the first connection is answered by X; when the trace says X is the only
 //!   endpoint or the client's affinity entry, every connection is; every connection is answered
@@ -11,7 +11,15 @@
 //!   answers when the step makes at least two connections per candidate (unless the Service has
 //!   session affinity, where all stick to one);
 //! - `reject (...)`: every connection is refused or reset; `drop (...)`: every one times out;
-//!   `close (...)` (the userspace listener accepts, then closes): every one sees EOF.
+//!   `close (...)` (the userspace listener accepts, then closes): every one sees EOF;
+//!   `untouched`: no endpoint answers.
+//!
+//! The eBPF backend's trace is read from its pins, for the client's network namespace (the
+//! socket path, where session affinity is per namespace) or `--from-outside` (the tc path):
+//! `<algorithm>: next connection -> X`: the first connection is X's; `affinity hit: -> X`: every
+//! one is X's; `rejected`: refused; `dropped (... EPERM)`: connect() fails with EPERM (the socket
+//! program refuses the call); `dropped` on the tc path: every one times out; `not a service`: no
+//! endpoint answers.
 //!
 //! A step whose connections stick to one endpoint (session affinity) is traced again after it:
 //! the trace must then name that endpoint, from the client's affinity entry.
@@ -19,24 +27,7 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
-use super::family::Family;
-use super::{scenario, Backend, Expect, Rig, Step};
-use crate::cluster::ECHO_PORT;
 use crate::probe::ProbeLine;
-
-/// The scenarios whose connection steps are traced.
-pub const SCENARIOS: &[&str] = &[
-    "cluster_ip_from_pod",
-    "node_port_from_external",
-    "ready_preferred_over_terminating",
-    "session_affinity",
-    "reject_without_endpoints",
-    "port_not_exposed_is_rejected",
-    "drop_unallocated_service_address",
-    "load_balancer_source_range_denies",
-    "external_traffic_local",
-    "external_traffic_local_none_here_drops",
-];
 
 /// What the `decision:` line says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +40,12 @@ pub enum Traced {
     },
     /// `dnat to one of ...`.
     OneOf(Vec<SocketAddr>),
+    /// The eBPF backend's `<algorithm>: next connection -> X`: the first connection is X's (the
+    /// later ones are the algorithm's next picks, which the trace does not name).
+    First(SocketAddr),
+    /// Every connection fails with this probe error (the eBPF socket program refusing connect()
+    /// with EPERM where a rule backend drops).
+    Error(&'static str),
     Reject,
     Drop,
     Close,
@@ -74,12 +71,18 @@ fn addresses(text: &str) -> Vec<SocketAddr> {
     out
 }
 
+/// The probe's error for a connect() the socket program refused.
+const EPERM: &str = "other: Operation not permitted";
+
 /// Parses the `decision:` line of `proxy trace` output.
 pub fn parse(text: &str) -> Result<Traced, String> {
     let line = text
         .lines()
         .find_map(|l| l.strip_prefix("decision: "))
         .ok_or_else(|| format!("no decision in:\n{text}"))?;
+    if let Some(traced) = parse_ebpf(line)? {
+        return Ok(traced);
+    }
     // The rule backends translate (`dnat to`); the userspace listener opens its own connection
     // (`proxied to`).
     let line = line
@@ -116,6 +119,46 @@ pub fn parse(text: &str) -> Result<Traced, String> {
         }
     }
     Err(format!("a decision this test does not know: `{line}`"))
+}
+
+/// The eBPF backend's decisions (`dataplane::ebpf::trace::Decision`'s wording); `None` for
+/// another backend's.
+fn parse_ebpf(line: &str) -> Result<Option<Traced>, String> {
+    let one = |rest: &str| {
+        addresses(rest)
+            .first()
+            .copied()
+            .ok_or_else(|| format!("no endpoint in `{line}`"))
+    };
+    if let Some(rest) = line.strip_prefix("affinity hit: -> ") {
+        let pick = one(rest)?;
+        return Ok(Some(Traced::One {
+            pick,
+            named: vec![pick],
+            sticky: true,
+        }));
+    }
+    if let Some((_, rest)) = line.split_once(": next connection -> ") {
+        return Ok(Some(Traced::First(one(rest)?)));
+    }
+    if line.starts_with("rejected: ") {
+        return Ok(Some(Traced::Reject));
+    }
+    if line.starts_with("dropped: ") {
+        // The socket path refuses connect() (the decision says EPERM); the tc path drops.
+        return Ok(Some(if line.contains("EPERM") {
+            Traced::Error(EPERM)
+        } else {
+            Traced::Drop
+        }));
+    }
+    if line.starts_with("not a service: ") {
+        return Ok(Some(Traced::Untouched));
+    }
+    if line.starts_with("maglev: ") || line.starts_with("inconsistent maps: ") {
+        return Err(format!("a decision this test cannot check: `{line}`"));
+    }
+    Ok(None)
 }
 
 /// A pod's endpoint address by its name (what the echo servers answer with).
@@ -164,7 +207,7 @@ pub fn agree(
         }
     };
     let served: Vec<SocketAddr> = match traced {
-        Traced::One { .. } | Traced::OneOf(_) => got
+        Traced::One { .. } | Traced::OneOf(_) | Traced::First(_) => got
             .iter()
             .map(|g| {
                 g.clone()
@@ -174,6 +217,18 @@ pub fn agree(
         Traced::Reject => return errors_all(&["refused", "reset", "unreachable"]),
         Traced::Drop => return errors_all(&["timeout"]),
         Traced::Close => return errors_all(&["closed"]),
+        Traced::Error(kind) => {
+            // The probe's text goes on with the OS error's number (`... (os error 1)`).
+            return match got
+                .iter()
+                .find(|g| !matches!(g, Err(e) if e.starts_with(kind)))
+            {
+                None => Ok(()),
+                Some(g) => Err(format!(
+                    "expected every connection to fail with {kind:?}, one got {g:?}"
+                )),
+            };
+        }
         Traced::Untouched => {
             return match got.iter().find(|g| g.is_ok()) {
                 None => Ok(()),
@@ -204,6 +259,12 @@ pub fn agree(
                 }
             }
         }
+        Traced::First(pick) if served[0] != *pick => {
+            return Err(format!(
+                "the first connection went to {}, the trace said {pick}",
+                served[0]
+            ));
+        }
         Traced::OneOf(set) => {
             if let Some(e) = served.iter().find(|e| !set.contains(e)) {
                 return Err(format!("{e} answered, not one of the traced {set:?}"));
@@ -221,61 +282,24 @@ pub fn agree(
     Ok(())
 }
 
-/// Runs every scenario of [`SCENARIOS`] on `backend` in one cluster (an agent per scenario),
-/// checking each connection step against its trace; panics naming the scenario and the step.
-pub fn run(backend: Backend) {
-    let cluster = super::rig::cluster(Family::V4).unwrap_or_else(|e| panic!("cluster: {e}"));
-    let pod_addr = |name: &str| {
-        cluster
-            .pod(name)
-            .map(|p| SocketAddr::new(p.ip.into(), ECHO_PORT))
-    };
-    for name in SCENARIOS {
-        let sc = scenario(name).unwrap_or_else(|| panic!("no scenario {name}"));
-        let rig = Rig::start(&cluster, backend, Family::V4, &sc)
-            .unwrap_or_else(|e| panic!("{backend}::{name}: {e}"));
-        for (i, step) in sc.steps.iter().enumerate() {
-            let Step::Probe(p) = step else {
-                panic!("{name}: step {i} is no connection step: the trace table takes probes only");
-            };
-            let src = rig.source_addr(p.from, Family::V4);
-            let to = format!("{}/{}", p.to, p.proto.as_str());
-            let fail = |what: String, trace: &str| -> ! {
-                panic!(
-                    "{backend}::{name} step {i} ({src} -> {to}): {what}\n--- proxy trace ---\n{trace}--- agent log (tail) ---\n{}",
-                    rig.log_tail()
-                )
-            };
-            let text = rig.trace(src, &to, &[]).unwrap_or_else(|e| fail(e, ""));
-            let traced = parse(&text).unwrap_or_else(|e| fail(e, &text));
-            let (lines, args) = rig
-                .probe_lines(p, Family::V4)
-                .unwrap_or_else(|e| fail(e, &text));
-            let sticky = p.expect == Expect::Sticky;
-            agree(&traced, &pod_addr, &lines, sticky)
-                .unwrap_or_else(|e| fail(format!("{e}; probe {args}: {lines:?}"), &text));
-            if sticky {
-                // The connections made the client's affinity entry: the trace now names it.
-                let after = rig.trace(src, &to, &[]).unwrap_or_else(|e| fail(e, ""));
-                let traced = parse(&after).unwrap_or_else(|e| fail(e, &after));
-                let first = answers(&pod_addr, &lines)
-                    .ok()
-                    .and_then(|a| a.first().cloned())
-                    .and_then(Result::ok);
-                match traced {
-                    Traced::One {
-                        pick, sticky: true, ..
-                    } if Some(pick) == first => {}
-                    other => fail(
-                        format!(
-                            "after the connections stuck to {first:?}, the trace says {other:?}"
-                        ),
-                        &after,
-                    ),
-                }
-            }
-            eprintln!("{backend}::{name} step {i}: {src} -> {to}: trace and traffic agree\n{text}");
-        }
+/// After connections that stuck to one endpoint (session affinity), the trace `after` names
+/// that endpoint, from the client's affinity entry.
+pub fn names_affinity(
+    after: &str,
+    pod_addr: PodAddr<'_>,
+    lines: &[ProbeLine],
+) -> Result<(), String> {
+    let first = answers(pod_addr, lines)?
+        .first()
+        .cloned()
+        .and_then(Result::ok);
+    match parse(after)? {
+        Traced::One {
+            pick, sticky: true, ..
+        } if Some(pick) == first => Ok(()),
+        other => Err(format!(
+            "after the connections stuck to {first:?}, the trace says {other:?}"
+        )),
     }
 }
 
@@ -306,6 +330,47 @@ mod tests {
             Traced::Drop
         );
         assert!(parse("no decision").is_err());
+    }
+
+    /// The eBPF backend's wording (`dataplane::ebpf::trace::Decision`).
+    #[test]
+    fn ebpf_decisions_parse() {
+        let ep: SocketAddr = "10.244.1.2:8080".parse().unwrap();
+        assert_eq!(
+            parse("decision: round-robin: next connection -> 10.244.1.2:8080 (slot 3)").unwrap(),
+            Traced::First(ep)
+        );
+        assert_eq!(
+            parse("decision: affinity hit: -> 10.244.1.2:8080").unwrap(),
+            Traced::One {
+                pick: ep,
+                named: vec![ep],
+                sticky: true
+            }
+        );
+        assert_eq!(
+            parse("decision: rejected: no endpoints (ECONNREFUSED)").unwrap(),
+            Traced::Reject
+        );
+        assert_eq!(
+            parse("decision: dropped: no endpoints usable here (Local traffic policy; connect() fails with EPERM)").unwrap(),
+            Traced::Error(EPERM)
+        );
+        assert_eq!(
+            parse("decision: dropped: no endpoints usable here (Local traffic policy; the packet is dropped)").unwrap(),
+            Traced::Drop
+        );
+        assert_eq!(
+            parse("decision: not a service: passed through unchanged").unwrap(),
+            Traced::Untouched
+        );
+        assert!(parse("decision: maglev: the slot is the hash of the flow's 5-tuple").is_err());
+        let eperm = [ProbeLine::Error(
+            "other: Operation not permitted (os error 1)".into(),
+        )];
+        let none = |_: &str| None;
+        assert!(agree(&Traced::Error(EPERM), &none, &eperm, false).is_ok());
+        assert!(agree(&Traced::Drop, &none, &eperm, false).is_err());
     }
 
     fn reply(pod: &str) -> ProbeLine {

@@ -27,8 +27,14 @@ use xtask::deploy::{self, Render};
 /// sync period.
 pub const AGENT_FLAGS: &[&str] = &["--min-sync-period"];
 
-/// What the agent container may add; anything else (SYS_ADMIN, ALL, ...) fails the check.
+/// What the agent's cleanup containers may add; anything else (SYS_ADMIN, ALL, ...) fails the
+/// check.
 pub const AGENT_CAPABILITIES: &[&str] = &["NET_ADMIN", "NET_RAW", "BPF", "PERFMON"];
+
+/// What the agent container itself adds beyond [`AGENT_CAPABILITIES`]: SYS_ADMIN, to enter the
+/// Pods' network namespaces and destroy sockets connected to removed endpoints (the chart's
+/// `agent.podSockets`, on by default).
+pub const POD_SOCKETS_CAPABILITY: &str = "SYS_ADMIN";
 
 /// Sample values the downward API would give on a kind worker.
 pub const NODE_NAME: &str = "kpr-worker";
@@ -254,7 +260,9 @@ pub fn env_values(container: &Container) -> BTreeMap<&str, &str> {
 }
 
 /// Not privileged, no privilege escalation, every capability dropped but the agent's.
-pub fn assert_agent_privileges(what: &str, container: &Container) {
+/// `container` is not privileged, drops everything and adds [`AGENT_CAPABILITIES`], plus
+/// [`POD_SOCKETS_CAPABILITY`] when `pod_sockets`.
+pub fn assert_agent_privileges(what: &str, container: &Container, pod_sockets: bool) {
     let security = container
         .security_context
         .clone()
@@ -270,11 +278,11 @@ pub fn assert_agent_privileges(what: &str, container: &Container) {
         "{what}: everything else is dropped"
     );
     let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
-    assert_eq!(
-        added,
-        AGENT_CAPABILITIES.iter().copied().collect(),
-        "{what}: capabilities added"
-    );
+    let mut expect: BTreeSet<&str> = AGENT_CAPABILITIES.iter().copied().collect();
+    if pod_sockets {
+        expect.insert(POD_SOCKETS_CAPABILITY);
+    }
+    assert_eq!(added, expect, "{what}: capabilities added");
 }
 
 pub fn init_container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {

@@ -41,8 +41,10 @@ pub enum Decision {
     DroppedUnallocated,
     /// A clusterIP, but not this port or protocol: refused.
     RejectedPort,
-    /// A Service without usable endpoints: refused (ECONNREFUSED), or dropped for a Local policy.
-    NoEndpoints { dropped: bool },
+    /// A Service without usable endpoints: refused (ECONNREFUSED), or dropped for a Local policy
+    /// (by the socket program refusing connect() with EPERM, or on the tc path, `external`, by
+    /// dropping the packet).
+    NoEndpoints { dropped: bool, external: bool },
     /// A LoadBalancer IP whose loadBalancerSourceRanges do not admit the source: dropped.
     DroppedSourceRange,
     /// The client's affinity entry (within the timeout) names this backend.
@@ -115,6 +117,7 @@ fn decide(f: &FrontendView, req: &TraceRequest) -> Decision {
     if f.value.count == 0 {
         return Decision::NoEndpoints {
             dropped: f.value.flags & SVC_F_DROP_EMPTY != 0,
+            external: req.external,
         };
     }
     if f.value.flags & SVC_F_AFFINITY != 0 {
@@ -225,16 +228,27 @@ impl fmt::Display for Decision {
                 f,
                 "rejected: a clusterIP without this port/protocol (ECONNREFUSED)"
             ),
-            Decision::NoEndpoints { dropped: false } => {
+            Decision::NoEndpoints { dropped: false, .. } => {
                 write!(f, "rejected: no endpoints (ECONNREFUSED)")
             }
             Decision::DroppedSourceRange => write!(
                 f,
                 "dropped: the source is outside the LoadBalancer's loadBalancerSourceRanges"
             ),
-            Decision::NoEndpoints { dropped: true } => write!(
+            Decision::NoEndpoints {
+                dropped: true,
+                external: false,
+            } => write!(
                 f,
-                "dropped: no endpoints usable here (Local traffic policy; EPERM)"
+                "dropped: no endpoints usable here (Local traffic policy; connect() fails with \
+                 EPERM)"
+            ),
+            Decision::NoEndpoints {
+                dropped: true,
+                external: true,
+            } => write!(
+                f,
+                "dropped: no endpoints usable here (Local traffic policy; the packet is dropped)"
             ),
             Decision::AffinityHit(b) => {
                 write!(f, "affinity hit: -> {}", b.socket_addr())

@@ -62,6 +62,19 @@ pub struct Fam {
     pub affinity_types: (&'static str, &'static str),
 }
 
+/// The seed of the IPv6 affinity key (`jhash ip6 saddr ... seed 0x6b7072`, [`V6`]).
+pub const AFFINITY_V6_SEED: u32 = 0x6b7072;
+
+/// The IPv6 affinity key nftables computes for `client` (`jhash ip6 saddr mod 4294967295 seed
+/// 0x6b7072`): the kernel's jhash of the address's 16 bytes, scaled as `nft_jhash_eval` does.
+/// `proxy trace` looks a client's entry up with it.
+pub fn affinity_v6_key(client: std::net::Ipv6Addr) -> u32 {
+    proxy_common::hash::slot_of(
+        proxy_common::hash::jhash_bytes(&client.octets(), AFFINITY_V6_SEED),
+        u32::MAX,
+    )
+}
+
 /// The name of both families' tables.
 pub const TABLE_NAME: &str = "kpr";
 
@@ -721,6 +734,25 @@ pub fn affinity_chains(secs: u64, f: &Fam) -> (String, Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The key `proxy trace` computes is the rule's: same seed, same modulus (the conformance
+    /// suite's IPv6 session-affinity scenario finds the kernel's entry with it).
+    #[test]
+    fn the_ipv6_affinity_key_is_the_rules_hash() {
+        let seed = format!("seed {AFFINITY_V6_SEED:#x}");
+        assert!(
+            V6.affinity_client.ends_with(&seed),
+            "{}",
+            V6.affinity_client
+        );
+        assert!(V6.affinity_client.contains(&format!("mod {}", u32::MAX)));
+        for types in [V6.affinity_types.0, V6.affinity_types.1] {
+            assert!(types.contains(V6.affinity_client), "{types}");
+        }
+        let a: std::net::Ipv6Addr = "fd00:10:244:c8::2".parse().unwrap();
+        let b: std::net::Ipv6Addr = "fd00:10:244:c8::3".parse().unwrap();
+        assert_ne!(affinity_v6_key(a), affinity_v6_key(b));
+    }
 
     /// Every bucket chain has one rule per protocol and endpoint count, over its own bucket's
     /// slot map, and dispatch reaches every bucket through one static verdict map.

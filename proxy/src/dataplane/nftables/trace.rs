@@ -20,7 +20,7 @@ use serde_json::Value;
 pub use crate::nft::snapshot::TableSnapshot;
 
 use super::compile::RR_BUCKETS;
-use super::ruleset::{self, Fam, CLASSES, LC_SLOTS, RR_COUNTS};
+use super::ruleset::{self, CLASSES, LC_SLOTS, RR_COUNTS};
 use crate::error::DataplaneError;
 use crate::model::{IpFamily, Protocol};
 
@@ -137,7 +137,6 @@ fn dnat(mut endpoints: Vec<SocketAddr>, how: String) -> Decision {
 
 /// Evaluates a new connection against one family's table.
 pub fn trace(t: &TableSnapshot, req: &TraceRequest) -> Trace {
-    let f: Fam = ruleset::fam(t.family.unwrap_or(IpFamily::of(&req.dst)));
     let mut steps = Vec::new();
     let proto = proto_name(req.proto);
     let (src, dst) = (req.src.to_string(), req.dst.to_string());
@@ -265,40 +264,41 @@ pub fn trace(t: &TableSnapshot, req: &TraceRequest) -> Trace {
         steps.push(format!(
             "dispatch: ct mark {mark} in @aff_lookup -> jump {target}"
         ));
-        if f.family == IpFamily::V4 {
-            let client = [Value::from(mark), src.clone().into()];
-            let ports = target.replacen("aff_", "affp_", 1);
-            let hit = t
-                .lookup(&target, &client)
-                .and_then(|v| v.as_str()?.parse::<IpAddr>().ok())
-                .zip(
-                    t.lookup(&ports, &client)
-                        .and_then(|v| u16::try_from(v.as_u64()?).ok()),
-                );
-            match hit {
-                Some((addr, port)) => {
-                    let ep = SocketAddr::new(addr, port);
-                    steps.push(format!(
-                        "{target}: [{mark} . {src}] -> {ep} (this client's affinity entry)"
-                    ));
-                    return Trace {
-                        steps,
-                        decision: Decision::Dnat {
-                            endpoints: vec![ep],
-                            how: "session affinity".into(),
-                        },
-                        masquerade,
-                    };
-                }
-                None => steps.push(format!(
-                    "{target}: no entry for [{mark} . {src}]: balanced as below"
-                )),
+        // IPv6 entries are keyed by a hash of the client's address (ruleset::V6).
+        let (client_key, shown) = match req.src {
+            IpAddr::V4(_) => (Value::from(src.clone()), src.clone()),
+            IpAddr::V6(a) => {
+                let h = ruleset::affinity_v6_key(a);
+                (Value::from(h), format!("{h} (jhash of {src})"))
             }
-        } else {
-            steps.push(format!(
-                "{target}: IPv6 clients are keyed by a hash of the address, not looked up here: \
-                 balanced as below unless the client has an entry"
-            ));
+        };
+        let client = [Value::from(mark), client_key];
+        let ports = target.replacen("aff_", "affp_", 1);
+        let hit = t
+            .lookup(&target, &client)
+            .and_then(|v| v.as_str()?.parse::<IpAddr>().ok())
+            .zip(
+                t.lookup(&ports, &client)
+                    .and_then(|v| u16::try_from(v.as_u64()?).ok()),
+            );
+        match hit {
+            Some((addr, port)) => {
+                let ep = SocketAddr::new(addr, port);
+                steps.push(format!(
+                    "{target}: [{mark} . {shown}] -> {ep} (this client's affinity entry)"
+                ));
+                return Trace {
+                    steps,
+                    decision: Decision::Dnat {
+                        endpoints: vec![ep],
+                        how: "session affinity".into(),
+                    },
+                    masquerade,
+                };
+            }
+            None => steps.push(format!(
+                "{target}: no entry for [{mark} . {shown}]: balanced as below"
+            )),
         }
     }
     if let Some(verdict) = t.lookup("targets", &key) {
