@@ -104,6 +104,32 @@ fn parse_source(s: &str) -> Result<SourceArg, String> {
     }
 }
 
+/// One `--nodeport-addresses` entry: a CIDR, or kube-proxy's `primary` (the Node's primary
+/// addresses, one per family: resolved at start, see `cmd::run`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePortAddress {
+    Cidr(IpNet),
+    Primary,
+}
+
+impl std::fmt::Display for NodePortAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodePortAddress::Cidr(n) => n.fmt(f),
+            NodePortAddress::Primary => f.write_str("primary"),
+        }
+    }
+}
+
+fn parse_nodeport_address(s: &str) -> Result<NodePortAddress, String> {
+    match s {
+        "primary" => Ok(NodePortAddress::Primary),
+        _ => parse_cidr(s)
+            .map(NodePortAddress::Cidr)
+            .map_err(|e| format!("{e}, or `primary`")),
+    }
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
         .map_err(|e| format!("{s:?} is not a duration like 100ms, 30s or 1m: {e}"))
@@ -173,9 +199,11 @@ pub struct RunArgs {
     /// Service CIDRs: traffic to an unallocated address inside is dropped (comma-separated).
     #[arg(long, value_parser = parse_cidr, value_delimiter = ',')]
     pub service_cluster_ip_range: Vec<IpNet>,
-    /// Node addresses that accept nodePort traffic (comma-separated CIDRs). Default: all node IPs.
-    #[arg(long, value_parser = parse_cidr, value_delimiter = ',')]
-    pub nodeport_addresses: Vec<IpNet>,
+    /// Node addresses that accept nodePort traffic (comma-separated CIDRs; `primary`: the Node's
+    /// primary address of each family, as kube-proxy's, from the Node object with `--source
+    /// kube`, else from the interface of the default route). Default: all node IPs.
+    #[arg(long, value_parser = parse_nodeport_address, value_delimiter = ',')]
+    pub nodeport_addresses: Vec<NodePortAddress>,
     /// Masquerade (SNAT) all Service traffic.
     #[arg(long)]
     pub masquerade_all: bool,

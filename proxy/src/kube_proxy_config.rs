@@ -22,7 +22,7 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::cli::{Backend, RunArgs};
+use crate::cli::{Backend, NodePortAddress, RunArgs};
 
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 pub const KIND: &str = "KubeProxyConfiguration";
@@ -658,42 +658,39 @@ impl Apply {
         Ok(())
     }
 
-    /// nodePortAddresses -> --nodeport-addresses ("all" is kpr's default, every node address).
+    /// nodePortAddresses -> --nodeport-addresses ("all" is kpr's default, every node address;
+    /// "primary", and an unset list in nftables mode as kube-proxy has it, the Node's primary
+    /// addresses).
     fn node_ports(&mut self, cfg: &KubeProxyConfiguration, mode: Mode) -> Result<(), ConfigError> {
         let list = cfg.node_port_addresses.clone().unwrap_or_default();
-        let mut cidrs = Vec::new();
+        let mut addrs = Vec::new();
         let mut all = false;
         for (i, entry) in list.iter().enumerate() {
             let field = format!("nodePortAddresses[{i}]");
             match entry.trim() {
                 "all" => all = true,
-                k @ ("primary" | "localhost") => {
+                "primary" => addrs.push(NodePortAddress::Primary),
+                "localhost" => {
                     if !self.given("nodeport_addresses") {
-                        let why = if k == "primary" {
-                            "kpr does not read the Node's primary addresses: give them as CIDRs \
-                             (the DaemonSet passes --nodeport-addresses=$(NODE_IP)/32)"
-                        } else {
-                            "kpr never accepts NodePort connections on loopback addresses"
-                        };
-                        self.report(&field, Severity::Error, format!("{k:?}: {why}"));
+                        self.report(
+                            &field,
+                            Severity::Error,
+                            "\"localhost\": kpr never accepts NodePort connections on loopback \
+                             addresses",
+                        );
                     }
                 }
-                s => cidrs.push(cidr(&field, s)?),
+                s => addrs.push(NodePortAddress::Cidr(cidr(&field, s)?)),
             }
         }
         if all {
-            cidrs.clear();
+            addrs.clear();
         }
-        if list.is_empty() && mode == Mode::Nftables && !self.given("nodeport_addresses") {
-            self.report(
-                "nodePortAddresses",
-                Severity::Warning,
-                "unset: kube-proxy's nftables mode then accepts NodePort connections on the \
-                 Node's primary addresses only, kpr on every node address; list the CIDRs to \
-                 narrow it (or pass --nodeport-addresses)",
-            );
+        // kube-proxy's nftables mode defaults an unset list to the Node's primary addresses.
+        if list.is_empty() && mode == Mode::Nftables {
+            addrs.push(NodePortAddress::Primary);
         }
-        self.set("nodeport_addresses", "nodePortAddresses", cidrs, |a| {
+        self.set("nodeport_addresses", "nodePortAddresses", addrs, |a| {
             &mut a.nodeport_addresses
         });
         Ok(())

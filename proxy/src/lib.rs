@@ -17,6 +17,7 @@ pub mod maglev;
 pub mod metrics;
 pub mod model;
 pub mod nft;
+pub mod node_ips;
 pub mod selection;
 pub mod server;
 pub mod source;

@@ -347,7 +347,8 @@ fn long_lived(target: Target, interval: Duration, tally: Shared, stop: Arc<Atomi
     tally.lock().unwrap().gap(last_ok.elapsed());
 }
 
-/// One UDP flow: one socket, a `hostname` request every `interval`, the answer awaited.
+/// One UDP flow: one socket, a `hostname` request every `interval`, the answer awaited; the
+/// socket is connected again after an error that is not a timeout.
 fn udp_flow(target: Target, interval: Duration, tally: Shared, stop: Arc<AtomicBool>) {
     // A refused connect is tried again every interval, each try counted: one refusal must not
     // leave the flow empty for the rest of the run.
@@ -392,7 +393,18 @@ fn udp_flow(target: Target, interval: Duration, tally: Shared, stop: Arc<AtomicB
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 tally.failed(&Failure::Connect("refused".into()), &server)
             }
-            Err(e) => tally.failed(&io_failure(&e), &server),
+            Err(e) => {
+                tally.failed(&io_failure(&e), &server);
+                // As an application does when its socket fails (not on a mere timeout): connect
+                // again, which the eBPF socket program balances anew. A socket kpr destroyed
+                // because its endpoint left (ECONNABORTED, then EDESTADDRREQ) needs it.
+                if !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) {
+                    let _ = socket.connect(target.udp);
+                }
+            }
         }
         if next < Instant::now() {
             next = Instant::now();

@@ -64,8 +64,13 @@ fn daemonset_argv(backend: &str, dir: &Path) -> Vec<String> {
         backend: backend.into(),
         ..Render::default()
     };
-    let container = agent_container(&objects(&render));
-    let argv = agent_argv(&container);
+    harness_argv(&agent_container(&objects(&render)), dir)
+}
+
+/// `container`'s agent argv as [`daemonset_argv`] has it; a `--config` points at
+/// `dir/config.conf`.
+fn harness_argv(container: &k8s_openapi::api::core::v1::Container, dir: &Path) -> Vec<String> {
+    let argv = agent_argv(container);
     let node_ip = HARNESS_NODE_IP.to_string();
     argv.into_iter()
         .skip(1)
@@ -83,6 +88,7 @@ fn daemonset_argv(backend: &str, dir: &Path) -> Vec<String> {
             Some(("--bpffs-path", _)) => {
                 format!("--bpffs-path={}", dir.join("bpffs").display())
             }
+            Some(("--config", _)) => format!("--config={}", dir.join("config.conf").display()),
             _ => a,
         })
         .collect()
@@ -90,6 +96,14 @@ fn daemonset_argv(backend: &str, dir: &Path) -> Vec<String> {
 
 fn start(cluster: &Cluster, backend: &str) -> Running {
     let dir = std::env::temp_dir().join(format!("{}-daemonset-args", unique_prefix()));
+    let args = daemonset_argv(backend, &dir);
+    assert!(args.contains(&format!("--backend={backend}")), "{args:?}");
+    start_with(cluster, dir, &args)
+}
+
+/// The agent in `cluster`'s node with `args` (their file source is `dir/manifests`, written
+/// here: a NodePort Service with every pod as its endpoint).
+fn start_with(cluster: &Cluster, dir: PathBuf, args: &[String]) -> Running {
     fs::create_dir_all(dir.join("manifests")).unwrap();
     let svc = Service::new("web")
         .cluster_ip("10.96.0.10")
@@ -98,14 +112,12 @@ fn start(cluster: &Cluster, backend: &str) -> Running {
         .node_port(30080);
     let slice = EndpointSlice::for_service(&svc).ready_all(cluster.pod_ips());
     fs::write(dir.join("manifests/web.yaml"), yaml(&[&svc, &slice])).unwrap();
-    let args = daemonset_argv(backend, &dir);
-    assert!(args.contains(&format!("--backend={backend}")), "{args:?}");
     let log = fs::File::create(dir.join("agent.log")).unwrap();
     let child = cluster
         .node
         .exec(kpr_tests::agent::proxy_binary().unwrap())
         .unwrap()
-        .args(&args)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -396,5 +408,107 @@ fn daemonset_cleans_up_then_runs_an_agent_that_passes_its_probes_and_serves() {
             "{backend}: nodePort from outside"
         );
         drop(running);
+    }
+}
+
+/// What an agent serves, as a user reads it: `proxy inspect` without its first line (the sync's
+/// timing) and the nftables table it programmed.
+fn served(cluster: &Cluster, what: &str) -> (String, String) {
+    let container = agent_container(&objects(&Render::default()));
+    kubelet_probe(
+        cluster,
+        &format!("{what}: readiness"),
+        container.readiness_probe.as_ref().unwrap(),
+        Duration::from_secs(20),
+    );
+    let inspect = cluster
+        .node
+        .exec(kpr_tests::agent::proxy_binary().unwrap())
+        .unwrap()
+        .arg("inspect")
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{what}: proxy inspect: {inspect:?}"
+    );
+    let inspect = String::from_utf8_lossy(&inspect.stdout);
+    let table = nft(cluster, "list table ip kpr");
+    assert!(
+        table.status.success(),
+        "{what}: nft list table ip kpr: {table:?}"
+    );
+    (
+        inspect.lines().skip(1).collect::<Vec<_>>().join("\n"),
+        String::from_utf8_lossy(&table.stdout).into_owned(),
+    )
+}
+
+/// kube-proxy's own configuration, the `kube-proxy` ConfigMap of the real-node cluster
+/// (xtask/k8s/manifests/kube-proxy.yaml, what kubeadm makes), fed to the agent as the chart
+/// passes it (`agent.kubeProxyConfig.enabled`: `--config` and only the flags the file has no
+/// field for), gives the same `proxy inspect` and the same nftables table as deploy/proxy.yaml's
+/// flags; a field kpr does not know is named in the log, and nothing else changes.
+#[test]
+fn kube_proxys_configmap_gives_what_the_daemonsets_flags_give() {
+    let flags = {
+        let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+        let running = start(&cluster, deploy::DEFAULT_BACKEND);
+        let got = served(&cluster, "deploy/proxy.yaml's flags");
+        drop(running);
+        got
+    };
+    let chart = std::process::Command::new(xtask::helm::binary())
+        .envs(xtask::helm::home_env())
+        .args(["template", "kpr"])
+        .arg(xtask::helm::chart_dir())
+        .args(["--namespace", deploy::SYSTEM_NAMESPACE])
+        .args(["--set", "agent.kubeProxyConfig.enabled=true"])
+        .output()
+        .unwrap_or_else(|e| panic!("helm ({e}): `cargo xtask setup --helm` builds it"));
+    assert!(chart.status.success(), "helm template: {chart:?}");
+    let chart = objects_of("deploy/helm/kpr", &String::from_utf8_lossy(&chart.stdout));
+    let configmap = xtask::cluster::nodes::kube_proxy_manifest_for(
+        6443,
+        xtask::cluster::nodes::Mode::Nftables,
+        deploy::IpFamilies::Ipv4,
+    )
+    .unwrap();
+    let config = configmap
+        .split("\n---\n")
+        .find(|d| d.contains("kind: ConfigMap") && d.contains("name: kube-proxy"))
+        .expect("the kube-proxy ConfigMap");
+    let config: k8s_openapi::api::core::v1::ConfigMap = serde_saphyr::from_str(config).unwrap();
+    let config = config.data.unwrap()["config.conf"].clone();
+    for (what, text) in [
+        ("the cluster's kube-proxy ConfigMap", config.clone()),
+        (
+            "that ConfigMap with a field kpr does not know",
+            format!("{config}notAKubeProxyField: 1\n"),
+        ),
+    ] {
+        let cluster = Cluster::new(ClusterSpec::pods(2)).unwrap();
+        let dir = std::env::temp_dir().join(format!("{}-kube-proxy-config", unique_prefix()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("config.conf"), &text).unwrap();
+        let args = harness_argv(&agent_container(&chart), &dir);
+        for dropped in ["--cluster-cidr", "--nodeport-addresses", "--sync-period"] {
+            assert!(
+                !args.iter().any(|a| a.starts_with(dropped)),
+                "{what}: the chart passes {dropped} beside --config: {args:?}"
+            );
+        }
+        assert!(args.iter().any(|a| a.starts_with("--config=")), "{args:?}");
+        let running = start_with(&cluster, dir, &args);
+        let got = served(&cluster, what);
+        let log = running.log();
+        drop(running);
+        assert_eq!(got.0, flags.0, "{what}: proxy inspect differs\n{log}");
+        assert_eq!(got.1, flags.1, "{what}: the nftables table differs\n{log}");
+        assert_eq!(
+            log.contains("notAKubeProxyField"),
+            text.contains("notAKubeProxyField"),
+            "{what}: the unknown field is named, and only then:\n{log}"
+        );
     }
 }

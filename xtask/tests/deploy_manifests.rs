@@ -775,7 +775,9 @@ fn agent_arguments_parse_with_the_agent_cli_for_every_backend() {
         let args = run_args(&agent_argv(&container));
         assert_eq!(args.backend, backend, "rendered for {name}");
         assert_eq!(args.hostname_override.as_deref(), Some(NODE_NAME));
-        let cidrs = |v: &[ipnet::IpNet]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+        fn cidrs<T: ToString>(v: &[T]) -> Vec<String> {
+            v.iter().map(ToString::to_string).collect()
+        }
         assert_eq!(
             cidrs(&args.cluster_cidr),
             [pod_subnet],

@@ -48,14 +48,6 @@ fn rendered(namespace: &str, sets: &[&str]) -> String {
     template(namespace, sets).unwrap_or_else(|e| panic!("helm template {sets:?}: {e}"))
 }
 
-fn objects_of(what: &str, text: &str) -> Objects {
-    let mut objects = Objects::default();
-    for doc in documents(what, text) {
-        objects.add(what, &doc);
-    }
-    objects
-}
-
 /// The value sets every check below renders: the defaults (kind, nftables), every backend with
 /// dual-stack ranges, the kube-proxy ConfigMap, and the controller-manager and scheduler in each
 /// of their modes, in kube-system and in a namespace of its own.

@@ -4,7 +4,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use proxy::cli::{RunArgs, SourceArg};
+use ipnet::IpNet;
+use proxy::cli::{NodePortAddress, RunArgs, SourceArg};
 use proxy::dataplane::{self, BackendConfig};
 use proxy::metrics::Metrics;
 use proxy::selection::NodeContext;
@@ -34,7 +35,64 @@ fn node_addresses() -> anyhow::Result<Vec<IpAddr>> {
     Ok(ips)
 }
 
-fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
+/// `--nodeport-addresses` as CIDRs: `primary` is the Node's primary address of each family,
+/// as kube-proxy reads it (the Node object, with `--source kube`), else the addresses of the
+/// default routes' interfaces (node_ips).
+async fn nodeport_addresses(args: &RunArgs, node_name: &str) -> anyhow::Result<Vec<IpNet>> {
+    let mut out: Vec<IpNet> = Vec::new();
+    for a in &args.nodeport_addresses {
+        let primary = match a {
+            NodePortAddress::Cidr(n) => {
+                out.push(*n);
+                continue;
+            }
+            NodePortAddress::Primary => primary_addresses(args, node_name).await?,
+        };
+        out.extend(primary.into_iter().map(IpNet::from));
+    }
+    out.dedup();
+    Ok(out)
+}
+
+async fn primary_addresses(args: &RunArgs, node_name: &str) -> anyhow::Result<Vec<IpAddr>> {
+    if args.source == SourceArg::Kube {
+        let read = match source::kube::client(args.kubeconfig.as_deref()).await {
+            Ok(client) => source::kube::primary_node_ips(client, node_name).await,
+            Err(e) => Err(e.to_string()),
+        };
+        match read {
+            Ok(ips) if !ips.is_empty() => {
+                tracing::info!(
+                    ?ips,
+                    "--nodeport-addresses primary: the Node {node_name}'s addresses"
+                );
+                return Ok(ips);
+            }
+            Ok(_) => tracing::warn!(
+                "--nodeport-addresses primary: the Node {node_name} lists no InternalIP or \
+                 ExternalIP; using the default routes' interfaces"
+            ),
+            Err(e) => tracing::warn!(
+                "--nodeport-addresses primary: cannot read the Node {node_name} ({e}); using the \
+                 default routes' interfaces"
+            ),
+        }
+    }
+    let ips = proxy::node_ips::of_default_routes().context("listing interface addresses")?;
+    if ips.is_empty() {
+        bail!(
+            "--nodeport-addresses primary: no Node object and no default route to take the \
+             node's primary address from; give the CIDRs"
+        );
+    }
+    tracing::info!(
+        ?ips,
+        "--nodeport-addresses primary: the default routes' interfaces"
+    );
+    Ok(ips)
+}
+
+async fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
     let node_name = match &args.hostname_override {
         Some(n) => n.clone(),
         None => nix::unistd::gethostname()
@@ -42,6 +100,7 @@ fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
             .to_string_lossy()
             .into_owned(),
     };
+    let nodeport_addresses = nodeport_addresses(args, &node_name).await?;
     let node = NodeContext {
         node_name,
         cluster_cidrs: args.cluster_cidr.clone(),
@@ -52,7 +111,7 @@ fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
     };
     Ok(BackendConfig {
         node,
-        nodeport_addresses: args.nodeport_addresses.clone(),
+        nodeport_addresses,
         service_cidrs: args.service_cluster_ip_range.clone(),
         default_algorithm: args.balance,
         udp_idle_timeout: args.udp_idle_timeout,
@@ -242,7 +301,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             proxy::maglev::IPTABLES_MAX_TABLE_SIZE
         );
     }
-    let cfg = backend_config(&args)?;
+    let cfg = backend_config(&args).await?;
     tracing::info!(backend = args.backend.as_str(), node = %cfg.node.node_name, node_ips = ?cfg.node.node_ips, "starting");
     if args.backend == proxy::cli::Backend::Ebpf {
         log_pins(&cfg.bpffs_path);

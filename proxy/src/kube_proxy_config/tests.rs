@@ -203,8 +203,8 @@ fn kinds_patches_and_the_nftables_section() {
     assert_eq!(
         a.nodeport_addresses,
         [
-            "172.18.0.3/32".parse::<IpNet>().unwrap(),
-            "fd00::/64".parse().unwrap()
+            NodePortAddress::Cidr("172.18.0.3/32".parse().unwrap()),
+            NodePortAddress::Cidr("fd00::/64".parse().unwrap())
         ]
     );
     assert_eq!(a.hostname_override.as_deref(), Some("kpr-worker"));
@@ -239,7 +239,7 @@ fn given_flags_win_and_are_noted() {
     assert_eq!(a.hostname_override.as_deref(), Some("from-flag"));
     assert_eq!(
         a.nodeport_addresses,
-        ["192.0.2.0/24".parse::<IpNet>().unwrap()]
+        [NodePortAddress::Cidr("192.0.2.0/24".parse().unwrap())]
     );
     assert_eq!(a.conntrack_min, 7);
     assert_eq!(
@@ -476,7 +476,40 @@ fn json_reads_like_yaml() {
     assert_eq!(a.min_sync_period, Duration::from_secs(2));
     assert_eq!(a.sync_period, Duration::from_secs(30));
     assert_eq!(a.conntrack_max_per_core, 0);
-    assert_eq!(fields(&findings, Severity::Warning), ["nodePortAddresses"]);
+    assert_eq!(
+        a.nodeport_addresses,
+        [NodePortAddress::Primary],
+        "nftables mode: an unset list is the Node's primary addresses, as kube-proxy has it"
+    );
+    assert!(findings.is_empty(), "{findings:?}");
+}
+
+#[test]
+fn primary_node_port_addresses_are_taken_as_kube_proxy_takes_them() {
+    let text = kubeadm_with(&[("nodePortAddresses", "nodePortAddresses: [primary]")]);
+    let (a, findings) = resolve(&text, &[]);
+    assert_eq!(a.nodeport_addresses, [NodePortAddress::Primary]);
+    assert!(
+        !findings
+            .iter()
+            .any(|f| f.field.starts_with("nodePortAddresses")),
+        "{findings:?}"
+    );
+    // iptables mode (kubeadm's "") leaves an unset list to every node address.
+    let (a, _) = resolve(KUBEADM_CONFIG_CONF, &[]);
+    assert!(a.nodeport_addresses.is_empty());
+    // The flag takes it too.
+    let (a, _) = resolve(
+        KUBEADM_CONFIG_CONF,
+        &["--nodeport-addresses", "primary,10.0.0.0/8"],
+    );
+    assert_eq!(
+        a.nodeport_addresses,
+        [
+            NodePortAddress::Primary,
+            NodePortAddress::Cidr("10.0.0.0/8".parse().unwrap())
+        ]
+    );
 }
 
 #[test]

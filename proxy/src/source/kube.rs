@@ -135,6 +135,44 @@ async fn forward<K, S>(
     }
 }
 
+/// kube-proxy's primary node IPs of `node`: per family, the first InternalIP, else the first
+/// ExternalIP (`utilnode.GetNodeHostIPs`), the Node's first address's family first.
+pub fn primary_of(node: &Node) -> Vec<std::net::IpAddr> {
+    let addrs = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_deref())
+        .unwrap_or_default();
+    let of = |kind: &str| -> Vec<std::net::IpAddr> {
+        addrs
+            .iter()
+            .filter(|a| a.type_ == kind)
+            .filter_map(|a| a.address.parse().ok())
+            .collect()
+    };
+    let (internal, external) = (of("InternalIP"), of("ExternalIP"));
+    let mut out: Vec<std::net::IpAddr> = Vec::new();
+    for ip in internal.iter().chain(&external) {
+        if !out.iter().any(|o| o.is_ipv6() == ip.is_ipv6()) {
+            out.push(*ip);
+        }
+    }
+    out
+}
+
+/// [`primary_of`] the Node called `node_name`, read once (within 10 s).
+pub async fn primary_node_ips(
+    client: Client,
+    node_name: &str,
+) -> Result<Vec<std::net::IpAddr>, String> {
+    let nodes = Api::<Node>::all(client);
+    match tokio::time::timeout(std::time::Duration::from_secs(10), nodes.get(node_name)).await {
+        Ok(Ok(node)) => Ok(primary_of(&node)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 10 s".into()),
+    }
+}
+
 /// The label topology hints are matched against.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 

@@ -135,6 +135,15 @@ impl Objects {
     }
 }
 
+/// The objects of a rendered text (`what` names it in errors).
+pub fn objects_of(what: &str, text: &str) -> Objects {
+    let mut objects = Objects::default();
+    for doc in documents(what, text) {
+        objects.add(what, &doc);
+    }
+    objects
+}
+
 pub fn objects(render: &Render) -> Objects {
     let mut objects = Objects::default();
     for file in deploy::MANIFESTS {
