@@ -6,10 +6,11 @@
 //! Switches ([`switch`]):
 //! - kpr to kpr with another backend: README "Switch backends" (re-apply deploy/proxy.yaml; the
 //!   new pod's `cleanup-other-backends` init container removes the previous backend's state);
-//! - kpr to kube-proxy: README "Roll back to kube-proxy" (delete the agent's DaemonSet and wait
-//!   for its pods, deploy/cleanup.yaml, then kube-proxy's manifest);
-//! - kube-proxy to kpr: README "Replace kube-proxy on a running cluster" (delete kube-proxy's
-//!   DaemonSet and wait for its pods, deploy/kube-proxy-cleanup.yaml, then deploy/proxy.yaml);
+//! - kpr to kube-proxy: README "Roll back to kube-proxy" (kube-proxy's manifest and its rollout,
+//!   then delete the agent's DaemonSet and wait for its pods, then deploy/cleanup.yaml);
+//! - kube-proxy to kpr: README "Replace kube-proxy on a running cluster" (deploy/proxy.yaml and
+//!   its rollout, then delete kube-proxy's DaemonSet and wait for its pods, then
+//!   deploy/kube-proxy-cleanup.yaml);
 //! - kube-proxy to kube-proxy in the other mode: its ConfigMap and a restart of the DaemonSet;
 //!   kube-proxy removes the other mode's rules itself when it starts (`platformCleanup` in
 //!   cmd/kube-proxy/app/server_linux.go: nftables mode removes the iptables and IPVS rules,
@@ -366,19 +367,22 @@ pub fn switch(live: &Live, to: &ProxyChoice) -> anyhow::Result<()> {
         println!("[ok] the nodes already run {}", to.describe());
         return Ok(());
     }
+    // Make before break: the new proxy serves every node before the old one goes, so no new
+    // connection finds the Service unserved. Meanwhile both program the same Services (their
+    // NAT chains both match a new connection; the first to translate it decides, and the
+    // connection keeps that translation in conntrack after the other's rules go).
     match (from.proxy, to.proxy) {
-        (Proxy::KubeProxy, Proxy::KubeProxy) => return kube_proxy_mode(live, to),
-        (Proxy::Kpr, Proxy::Kpr) | (Proxy::None, _) => {}
+        (Proxy::KubeProxy, Proxy::KubeProxy) => kube_proxy_mode(live, to),
+        (Proxy::Kpr, Proxy::Kpr) | (Proxy::None, _) => deploy_proxy(live, to),
         (Proxy::Kpr, _) => {
-            remove_kpr(live)?;
-            live.set_proxy(&none())?;
+            deploy_proxy(live, to)?;
+            remove_kpr(live)
         }
         (Proxy::KubeProxy, _) => {
-            remove_kube_proxy(live)?;
-            live.set_proxy(&none())?;
+            deploy_proxy(live, to)?;
+            remove_kube_proxy(live)
         }
     }
-    deploy_proxy(live, to)
 }
 
 pub(super) fn none() -> ProxyChoice {
@@ -389,7 +393,7 @@ pub(super) fn none() -> ProxyChoice {
     }
 }
 
-/// README "Roll back to kube-proxy", up to the reinstallation.
+/// README "Roll back to kube-proxy", after kube-proxy's reinstallation.
 fn remove_kpr(live: &Live) -> anyhow::Result<()> {
     live.delete_daemonset(deploy::AGENT_DAEMONSET)?;
     let text = deploy::render_file(deploy::CLEANUP_MANIFEST, &deploy::Render::default())?;
@@ -398,7 +402,7 @@ fn remove_kpr(live: &Live) -> anyhow::Result<()> {
     live.run_once(deploy::CLEANUP_MANIFEST, &text, deploy::CLEANUP_DAEMONSET)
 }
 
-/// README "Replace kube-proxy on a running cluster", up to the deployment of kpr.
+/// README "Replace kube-proxy on a running cluster", after kpr's deployment.
 fn remove_kube_proxy(live: &Live) -> anyhow::Result<()> {
     live.delete_daemonset("kube-proxy")?;
     let text = deploy::render_file(

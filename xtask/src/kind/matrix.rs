@@ -223,19 +223,10 @@ pub(super) fn run_once_cleanup(kind: &Kind) -> anyhow::Result<()> {
     )
 }
 
-/// README's "Roll back to kube-proxy", word for word, then the smoke test through kube-proxy.
+/// README's "Roll back to kube-proxy", word for word (kube-proxy first, then kpr removed: make
+/// before break), then the smoke test through kube-proxy.
 fn rollback(kind: &Kind) -> anyhow::Result<Vec<String>> {
     step("roll back to kube-proxy");
-    kind.kubectl()
-        .args([
-            "delete",
-            "daemonset",
-            deploy::AGENT_DAEMONSET,
-            "--cascade=foreground",
-        ])
-        .args(["-n", deploy::SYSTEM_NAMESPACE])
-        .run()?;
-    run_once_cleanup(kind)?;
     let node = kind.render.api_server_host();
     let cidr = match kind.render.ip_families {
         IpFamilies::Ipv4 => "10.244.0.0/16",
@@ -282,6 +273,16 @@ fn rollback(kind: &Kind) -> anyhow::Result<Vec<String>> {
         .args(["-n", deploy::SYSTEM_NAMESPACE])
         .run()?;
     rollout(kind, "daemonset/kube-proxy")?;
+    kind.kubectl()
+        .args([
+            "delete",
+            "daemonset",
+            deploy::AGENT_DAEMONSET,
+            "--cascade=foreground",
+        ])
+        .args(["-n", deploy::SYSTEM_NAMESPACE])
+        .run()?;
+    run_once_cleanup(kind)?;
     let dir = crate::target_dir().join("kind").join(&kind.render.cluster);
     let settle = settled(kind, "kube-proxy iptables");
     if settle.is_err() {
@@ -303,10 +304,17 @@ fn rollback(kind: &Kind) -> anyhow::Result<Vec<String>> {
     Ok(lines)
 }
 
-/// README's "Replace kube-proxy on a running cluster", then the smoke test through kpr.
+/// README's "Replace kube-proxy on a running cluster" (kpr first, then kube-proxy removed: make
+/// before break), then the smoke test through kpr.
 fn forward(kind: &Kind) -> anyhow::Result<Vec<String>> {
     step("replace kube-proxy with kpr");
     kind.check_cgroup_scope()?;
+    let dir = kind.render_manifests()?;
+    kind.kubectl()
+        .args(["apply", "-f"])
+        .arg(dir.join(deploy::AGENT_MANIFEST))
+        .run()?;
+    rollout(kind, &format!("daemonset/{}", deploy::AGENT_DAEMONSET))?;
     kind.kubectl()
         .args(["delete", "daemonset", "kube-proxy", "--cascade=foreground"])
         .args(["-n", deploy::SYSTEM_NAMESPACE])
@@ -319,12 +327,6 @@ fn forward(kind: &Kind) -> anyhow::Result<Vec<String>> {
         &text,
         deploy::KUBE_PROXY_CLEANUP_DAEMONSET,
     )?;
-    let dir = kind.render_manifests()?;
-    kind.kubectl()
-        .args(["apply", "-f"])
-        .arg(dir.join(deploy::AGENT_MANIFEST))
-        .run()?;
-    rollout(kind, &format!("daemonset/{}", deploy::AGENT_DAEMONSET))?;
     let mut lines = settled(kind, &format!("kpr {}", kind.render.backend))?;
     lines.extend(kind.smoke_test(&dir, true)?);
     Ok(lines)
