@@ -133,6 +133,11 @@ pub struct EbpfDataplane {
     /// TCP backends deleted from the maps whose endpoint a Service port still lists
     /// (terminating, not ready): their connections drain until it is listed no more.
     draining: Vec<Draining>,
+    /// The node configuration with the service ranges, held back on a fresh start until the
+    /// first sync has written the Services: the socket program refuses a connect() to an address
+    /// of the range it finds no Service for, which before that sync would be every ClusterIP
+    /// (while another proxy still serves them, e.g. kube-proxy before it is removed).
+    pending_config: Option<(NodeConfig, NodeConfig6)>,
     _logs: Option<logs::LogDrain>,
     /// Keeps the loaded programs' file descriptors; the links are pinned.
     _ebpf: Ebpf,
@@ -185,13 +190,31 @@ impl EbpfDataplane {
         let programmed = Programmed::recover(&maps)?;
         let nodeport_ips = cfg.nodeport_ips();
         let (svc_net, svc_mask) = service_range(cfg);
-        maps.set_config(NodeConfig {
+        let config = NodeConfig {
             masq_addr: [masquerade_addr(cfg, &nodeport_ips), 0, 0, 0],
             svc_net,
             svc_mask,
             host_netns: own_netns_cookie(),
-        })?;
-        maps.set_config6(config6(cfg, &nodeport_ips))?;
+        };
+        let config6 = config6(cfg, &nodeport_ips);
+        // Pins of an earlier agent hold its Services: the ranges may apply at once.
+        let pending_config = if programmed.is_empty() {
+            maps.set_config(NodeConfig {
+                svc_net: 0,
+                svc_mask: 0,
+                ..config
+            })?;
+            maps.set_config6(NodeConfig6 {
+                svc_net: [0; 4],
+                svc_mask: [0; 4],
+                ..config6
+            })?;
+            Some((config, config6))
+        } else {
+            maps.set_config(config)?;
+            maps.set_config6(config6)?;
+            None
+        };
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
         let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
         tc.refresh(&mut ebpf)?;
@@ -218,6 +241,7 @@ impl EbpfDataplane {
             tc_refreshed: Some(Instant::now()),
             term,
             draining: Vec::new(),
+            pending_config,
             _logs: logs,
             _ebpf: ebpf,
         })
@@ -495,6 +519,16 @@ impl Dataplane for EbpfDataplane {
             changes.changed.iter().collect()
         };
         let sockets_destroyed = self.destroy_released(state, &touched_names, changes.full);
+        if first_err.is_none() {
+            if let Some((config, config6)) = self.pending_config.take() {
+                self.maps.set_config(config)?;
+                self.maps.set_config6(config6)?;
+                tracing::info!(
+                    "ebpf: the Services are written: connections to unallocated service \
+                     addresses are refused from now on"
+                );
+            }
+        }
         match first_err {
             Some(e) => Err(e),
             None => Ok(SyncStats {
