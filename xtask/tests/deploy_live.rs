@@ -376,13 +376,7 @@ fn daemonset_cleans_up_then_runs_an_agent_that_passes_its_probes_and_serves() {
             container.liveness_probe.as_ref().unwrap(),
             T,
         );
-        let inspect = cluster
-            .node
-            .exec(kpr_tests::agent::proxy_binary().unwrap())
-            .unwrap()
-            .arg("inspect")
-            .output()
-            .unwrap();
+        let inspect = proxy_inspect(&cluster);
         let printed = String::from_utf8_lossy(&inspect.stdout);
         assert!(
             inspect.status.success(),
@@ -411,6 +405,17 @@ fn daemonset_cleans_up_then_runs_an_agent_that_passes_its_probes_and_serves() {
     }
 }
 
+/// `proxy inspect` in the node's namespace (its default address, as `kubectl exec` runs it).
+fn proxy_inspect(cluster: &Cluster) -> std::process::Output {
+    cluster
+        .node
+        .exec(kpr_tests::agent::proxy_binary().unwrap())
+        .unwrap()
+        .arg("inspect")
+        .output()
+        .unwrap()
+}
+
 /// What an agent serves, as a user reads it: `proxy inspect` without its first line (the sync's
 /// timing) and the nftables table it programmed.
 fn served(cluster: &Cluster, what: &str) -> (String, String) {
@@ -421,13 +426,7 @@ fn served(cluster: &Cluster, what: &str) -> (String, String) {
         container.readiness_probe.as_ref().unwrap(),
         Duration::from_secs(20),
     );
-    let inspect = cluster
-        .node
-        .exec(kpr_tests::agent::proxy_binary().unwrap())
-        .unwrap()
-        .arg("inspect")
-        .output()
-        .unwrap();
+    let inspect = proxy_inspect(cluster);
     assert!(
         inspect.status.success(),
         "{what}: proxy inspect: {inspect:?}"

@@ -148,17 +148,23 @@ fn with(base: &Kind, backend: &str, families: IpFamilies) -> Kind {
     }
 }
 
-/// README's "Switch backends": the agent re-rendered with another backend and applied; the
-/// DaemonSet rolls node by node (its init container cleans the other backends up).
-fn switch(kind: &Kind) -> anyhow::Result<Vec<String>> {
-    step(&format!("switch to {}", kind.render.backend));
-    kind.check_cgroup_scope()?;
+/// deploy/proxy.yaml rendered for `kind`, applied and rolled out; the rendered manifests' directory.
+fn deploy_agent(kind: &Kind) -> anyhow::Result<std::path::PathBuf> {
     let dir = kind.render_manifests()?;
     kind.kubectl()
         .args(["apply", "-f"])
         .arg(dir.join(deploy::AGENT_MANIFEST))
         .run()?;
     rollout(kind, &format!("daemonset/{}", deploy::AGENT_DAEMONSET))?;
+    Ok(dir)
+}
+
+/// README's "Switch backends": the agent re-rendered with another backend and applied; the
+/// DaemonSet rolls node by node (its init container cleans the other backends up).
+fn switch(kind: &Kind) -> anyhow::Result<Vec<String>> {
+    step(&format!("switch to {}", kind.render.backend));
+    kind.check_cgroup_scope()?;
+    let dir = deploy_agent(kind)?;
     let mut lines = settled(kind, &format!("kpr {}", kind.render.backend))?;
     lines.extend(kind.smoke_test(&dir, true)?);
     Ok(lines)
@@ -309,12 +315,7 @@ fn rollback(kind: &Kind) -> anyhow::Result<Vec<String>> {
 fn forward(kind: &Kind) -> anyhow::Result<Vec<String>> {
     step("replace kube-proxy with kpr");
     kind.check_cgroup_scope()?;
-    let dir = kind.render_manifests()?;
-    kind.kubectl()
-        .args(["apply", "-f"])
-        .arg(dir.join(deploy::AGENT_MANIFEST))
-        .run()?;
-    rollout(kind, &format!("daemonset/{}", deploy::AGENT_DAEMONSET))?;
+    let dir = deploy_agent(kind)?;
     kind.kubectl()
         .args(["delete", "daemonset", "kube-proxy", "--cascade=foreground"])
         .args(["-n", deploy::SYSTEM_NAMESPACE])
