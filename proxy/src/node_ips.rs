@@ -1,8 +1,9 @@
-//! The node's primary address of each family without an API server: the first global address
-//! of the interface that holds the default route (`/proc/net/route`, `/proc/net/ipv6_route`),
-//! as kubelet chooses a node IP when given none. `--nodeport-addresses primary` falls back to it
-//! when the Node object cannot be read (`source::kube::primary_node_ips` is the first choice).
-//! Reads only; owns no state.
+//! The node's own addresses ([`interface_addresses`]: every address of its interfaces but
+//! loopback and IPv6 link-local ones), and its primary address of each family without an API
+//! server: the first address of the interface that holds the default route (`/proc/net/route`,
+//! `/proc/net/ipv6_route`), as kubelet chooses a node IP when given none.
+//! `--nodeport-addresses primary` falls back to it when the Node object cannot be read
+//! (`source::kube::primary_node_ips` is the first choice). Reads only; owns no state.
 
 use std::net::IpAddr;
 
@@ -43,16 +44,10 @@ pub fn v6_default_interface(route: &str) -> Option<String> {
         .map(|(_, iface)| iface)
 }
 
-/// The first address of each family on the interface of that family's default route, in this
-/// network namespace (link-local IPv6 addresses are not node addresses).
-pub fn of_default_routes() -> std::io::Result<Vec<IpAddr>> {
-    let v4 = std::fs::read_to_string("/proc/net/route")
-        .ok()
-        .and_then(|t| v4_default_interface(&t));
-    let v6 = std::fs::read_to_string("/proc/net/ipv6_route")
-        .ok()
-        .and_then(|t| v6_default_interface(&t));
-    let addrs: Vec<(String, IpAddr)> = nix::ifaddrs::getifaddrs()?
+/// Every address of this network namespace's interfaces, with its interface, in the kernel's
+/// order, but loopback and IPv6 link-local ones (no node address).
+pub fn interface_addresses() -> std::io::Result<Vec<(String, IpAddr)>> {
+    Ok(nix::ifaddrs::getifaddrs()?
         .filter_map(|ifa| {
             let a = ifa.address?;
             let ip = match (a.as_sockaddr_in(), a.as_sockaddr_in6()) {
@@ -60,15 +55,27 @@ pub fn of_default_routes() -> std::io::Result<Vec<IpAddr>> {
                 (_, Some(v6)) => IpAddr::V6(v6.ip()),
                 _ => return None,
             };
-            Some((ifa.interface_name, ip))
+            let link_local = matches!(ip, IpAddr::V6(a) if (a.segments()[0] & 0xffc0) == 0xfe80);
+            (!ip.is_loopback() && !link_local).then_some((ifa.interface_name, ip))
         })
-        .collect();
+        .collect())
+}
+
+/// The first address of each family on the interface of that family's default route, in this
+/// network namespace.
+pub fn of_default_routes() -> std::io::Result<Vec<IpAddr>> {
+    let v4 = std::fs::read_to_string("/proc/net/route")
+        .ok()
+        .and_then(|t| v4_default_interface(&t));
+    let v6 = std::fs::read_to_string("/proc/net/ipv6_route")
+        .ok()
+        .and_then(|t| v6_default_interface(&t));
+    let addrs = interface_addresses()?;
     let first = |iface: &Option<String>, v6: bool| {
         let iface = iface.as_deref()?;
-        addrs.iter().find_map(|(name, ip)| {
-            let link_local = matches!(ip, IpAddr::V6(a) if (a.segments()[0] & 0xffc0) == 0xfe80);
-            (name == iface && ip.is_ipv6() == v6 && !link_local && !ip.is_loopback()).then_some(*ip)
-        })
+        addrs
+            .iter()
+            .find_map(|(name, ip)| (name == iface && ip.is_ipv6() == v6).then_some(*ip))
     };
     Ok([first(&v4, false), first(&v6, true)]
         .into_iter()

@@ -467,17 +467,9 @@ fn kube_proxys_configmap_gives_what_the_daemonsets_flags_give() {
         .unwrap_or_else(|e| panic!("helm ({e}): `cargo xtask setup --helm` builds it"));
     assert!(chart.status.success(), "helm template: {chart:?}");
     let chart = objects_of("deploy/helm/kpr", &String::from_utf8_lossy(&chart.stdout));
-    let configmap = xtask::cluster::nodes::kube_proxy_manifest_for(
-        6443,
-        xtask::cluster::nodes::Mode::Nftables,
-        deploy::IpFamilies::Ipv4,
-    )
-    .unwrap();
-    let config = configmap
-        .split("\n---\n")
-        .find(|d| d.contains("kind: ConfigMap") && d.contains("name: kube-proxy"))
-        .expect("the kube-proxy ConfigMap");
-    let config: k8s_openapi::api::core::v1::ConfigMap = serde_saphyr::from_str(config).unwrap();
+    let configmap =
+        xtask::cluster::nodes::kube_proxy_configmap_for(6443, deploy::IpFamilies::Ipv4).unwrap();
+    let config: k8s_openapi::api::core::v1::ConfigMap = serde_saphyr::from_str(&configmap).unwrap();
     let config = config.data.unwrap()["config.conf"].clone();
     for (what, text) in [
         ("the cluster's kube-proxy ConfigMap", config.clone()),

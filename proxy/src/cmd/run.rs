@@ -15,20 +15,11 @@ use proxy::tracker::Tracker;
 use proxy::{server, source};
 use tokio::sync::mpsc;
 
-/// The node's own addresses: every non-loopback address in this network namespace.
+/// The node's own addresses: every non-loopback address in this network namespace, once.
 fn node_addresses() -> anyhow::Result<Vec<IpAddr>> {
     let mut ips = Vec::new();
-    for ifa in nix::ifaddrs::getifaddrs().context("listing interface addresses")? {
-        let Some(addr) = ifa.address else { continue };
-        let ip = if let Some(v4) = addr.as_sockaddr_in() {
-            IpAddr::V4(v4.ip())
-        } else if let Some(v6) = addr.as_sockaddr_in6() {
-            IpAddr::V6(v6.ip())
-        } else {
-            continue;
-        };
-        let link_local_v6 = matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80);
-        if !ip.is_loopback() && !link_local_v6 && !ips.contains(&ip) {
+    for (_, ip) in proxy::node_ips::interface_addresses().context("listing interface addresses")? {
+        if !ips.contains(&ip) {
             ips.push(ip);
         }
     }

@@ -220,8 +220,8 @@ impl<'c> Rig<'c> {
         }
     }
 
-    /// Traces the probe's connections (the rule and userspace backends, see [`trace`]), runs
-    /// them, checks them against the scenario's expectation and then against the trace.
+    /// Traces the probe's connections (every backend, see [`trace`]), runs them, checks them
+    /// against the scenario's expectation and then against the trace.
     fn probe(&self, p: &Probe, f: Family) -> Result<(), String> {
         let src = self.source_addr(p.from, f);
         let to = format!("{}/{}", f.text(p.to), p.proto.as_str());

@@ -195,17 +195,17 @@ pub fn agree(
     if got.is_empty() {
         return Err("the probe made no connection".into());
     }
-    let errors_all = |kinds: &[&str]| -> Result<(), String> {
-        match got
-            .iter()
-            .find(|g| !matches!(g, Err(e) if kinds.contains(&e.as_str())))
-        {
+    // Every connection failed, each with an error `matches` accepts (`expected` names them).
+    let fails_all = |matches: &dyn Fn(&str) -> bool, expected: String| -> Result<(), String> {
+        match got.iter().find(|g| !matches!(g, Err(e) if matches(e))) {
             None => Ok(()),
             Some(g) => Err(format!(
-                "expected every connection to end in {kinds:?}, one got {g:?}"
+                "expected every connection to end in {expected}, one got {g:?}"
             )),
         }
     };
+    let errors_all =
+        |kinds: &[&str]| fails_all(&|e: &str| kinds.contains(&e), format!("{kinds:?}"));
     let served: Vec<SocketAddr> = match traced {
         Traced::One { .. } | Traced::OneOf(_) | Traced::First(_) => got
             .iter()
@@ -217,17 +217,9 @@ pub fn agree(
         Traced::Reject => return errors_all(&["refused", "reset", "unreachable"]),
         Traced::Drop => return errors_all(&["timeout"]),
         Traced::Close => return errors_all(&["closed"]),
+        // The probe's text goes on with the OS error's number (`... (os error 1)`).
         Traced::Error(kind) => {
-            // The probe's text goes on with the OS error's number (`... (os error 1)`).
-            return match got
-                .iter()
-                .find(|g| !matches!(g, Err(e) if e.starts_with(kind)))
-            {
-                None => Ok(()),
-                Some(g) => Err(format!(
-                    "expected every connection to fail with {kind:?}, one got {g:?}"
-                )),
-            };
+            return fails_all(&|e: &str| e.starts_with(kind), format!("{kind:?}..."))
         }
         Traced::Untouched => {
             return match got.iter().find(|g| g.is_ok()) {

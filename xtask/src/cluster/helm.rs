@@ -223,15 +223,7 @@ fn upgrade(live: &Live, backend: &str) -> anyhow::Result<()> {
 /// The `kube-proxy` ConfigMap of xtask/k8s/manifests/kube-proxy.yaml (what kubeadm makes), for
 /// this cluster's API server.
 fn kube_proxy_configmap(live: &Live) -> anyhow::Result<String> {
-    let text = super::nodes::kube_proxy_manifest_for(
-        live.apiserver_port,
-        super::nodes::Mode::Nftables,
-        live.ip_families,
-    )?;
-    text.split("\n---\n")
-        .find(|doc| doc.contains("kind: ConfigMap") && doc.contains("name: kube-proxy"))
-        .map(str::to_string)
-        .context("xtask/k8s/manifests/kube-proxy.yaml has no kube-proxy ConfigMap")
+    super::nodes::kube_proxy_configmap_for(live.apiserver_port, live.ip_families)
 }
 
 /// After each install and upgrade: every node programmed by the new backend, nothing of

@@ -245,6 +245,19 @@ pub fn kube_proxy_manifest_for(
         .replace("KUBERNETES_VERSION", controlplane::kubernetes_version()))
 }
 
+/// The `kube-proxy` ConfigMap of [`kube_proxy_manifest_for`] (what kubeadm makes: its
+/// `config.conf` is the KubeProxyConfiguration), nftables mode.
+pub fn kube_proxy_configmap_for(
+    apiserver_port: u16,
+    families: IpFamilies,
+) -> anyhow::Result<String> {
+    let text = kube_proxy_manifest_for(apiserver_port, Mode::Nftables, families)?;
+    text.split("\n---\n")
+        .find(|doc| doc.contains("kind: ConfigMap") && doc.contains("name: kube-proxy"))
+        .map(str::to_string)
+        .context("xtask/k8s/manifests/kube-proxy.yaml has no kube-proxy ConfigMap")
+}
+
 fn manifest(file: &str) -> PathBuf {
     workspace_root().join("xtask/k8s/manifests").join(file)
 }

@@ -520,9 +520,10 @@ impl Dataplane for EbpfDataplane {
         };
         let sockets_destroyed = self.destroy_released(state, &touched_names, changes.full);
         if first_err.is_none() {
-            if let Some((config, config6)) = self.pending_config.take() {
+            if let Some((config, config6)) = self.pending_config {
                 self.maps.set_config(config)?;
                 self.maps.set_config6(config6)?;
+                self.pending_config = None;
                 tracing::info!(
                     "ebpf: the Services are written: connections to unallocated service \
                      addresses are refused from now on"
