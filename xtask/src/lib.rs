@@ -47,10 +47,15 @@ pub enum Profile {
 impl Profile {
     /// `<target>/release` or `<target>/debug`.
     pub fn dir(self) -> PathBuf {
-        target_dir().join(match self {
+        target_dir().join(self.name())
+    }
+
+    /// `release` or `debug`, as the flag and the target directory spell it.
+    pub fn name(self) -> &'static str {
+        match self {
             Profile::Release => "release",
             Profile::Debug => "debug",
-        })
+        }
     }
 }
 

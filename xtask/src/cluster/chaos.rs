@@ -14,6 +14,9 @@
 //! Scenarios:
 //! - `agent-restart`: `kubectl rollout restart` of the Service proxy's DaemonSet (kpr's agent,
 //!   or kube-proxy on a `--proxy kube-proxy` cluster), waited for with `rollout status`;
+//! - `agent-upgrade`: the same DaemonSet moved to a new image with `kubectl set image` (a new tag
+//!   and digest of kpr's image, from `--upgrade-binaries`, or of kube-proxy's, imported into the
+//!   nodes first, as a pull would), waited for the same way;
 //! - `endpoint-removal`: the Deployment scaled down by half, then one of the remaining Pods
 //!   deleted: when each removed endpoint left the EndpointSlice (polled), when it last answered a
 //!   new connection or a UDP request, and what failed meanwhile;
@@ -73,6 +76,9 @@ const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
 pub enum Scenario {
     /// `kubectl rollout restart` of the Service proxy's DaemonSet under load.
     AgentRestart,
+    /// The Service proxy's DaemonSet moved to a new image (a new tag and digest, imported into
+    /// every node first) with `kubectl set image` under load.
+    AgentUpgrade,
     /// Scale the backend Deployment down, then delete a Pod, under load.
     EndpointRemoval,
     /// Switch the nodes' Service proxy (`--to`, `--to-backend`, `--to-mode`) under load.
@@ -88,6 +94,7 @@ impl Scenario {
     fn name(self) -> &'static str {
         match self {
             Scenario::AgentRestart => "agent-restart",
+            Scenario::AgentUpgrade => "agent-upgrade",
             Scenario::EndpointRemoval => "endpoint-removal",
             Scenario::ProxySwitch => "proxy-switch",
             Scenario::ApiserverOutage => "apiserver-outage",
@@ -134,6 +141,10 @@ pub struct ChaosArgs {
     /// after the scale-down; many give the lag's distribution (p50 / p99).
     #[arg(long, default_value_t = 1)]
     pub deletions: usize,
+    /// agent-upgrade on kpr: the build the new image carries (default: the cluster's
+    /// `--binaries`).
+    #[arg(long, value_enum)]
+    pub upgrade_binaries: Option<crate::Profile>,
 }
 
 /// One load client: where it runs and its process.
@@ -169,6 +180,13 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<Outcome> {
         .join(format!("{}-{}", args.scenario.name(), unix_ms()));
     fs::create_dir_all(&run_dir)?;
     let nodes = node_ips(&k)?;
+    // Built and imported before the load starts: the build would load the machine the clients
+    // share.
+    let upgrade = if args.scenario == Scenario::AgentUpgrade {
+        Some(prepare_upgrade(cluster, &state, &k, &run_dir, args)?)
+    } else {
+        None
+    };
     let hub_name = format!("{}-net", cluster.name);
     deploy_workload(&k, &run_dir, &hub_name, &nodes, args.replicas)?;
     let cluster_ip = k()
@@ -226,6 +244,11 @@ pub fn run(cluster: &Cluster, args: &ChaosArgs) -> anyhow::Result<Outcome> {
         ensure_running(&mut clients)?;
         match args.scenario {
             Scenario::AgentRestart => agent_restart(&k, &proxy, args),
+            Scenario::AgentUpgrade => agent_upgrade(
+                &k,
+                upgrade.as_ref().context("the upgrade was not prepared")?,
+                args,
+            ),
             Scenario::EndpointRemoval => endpoint_removal(&k, args),
             Scenario::ProxySwitch => proxy_switch(cluster, args),
             Scenario::ApiserverOutage => apiserver_outage(cluster, &k, args),
@@ -320,6 +343,7 @@ impl ChaosArgs {
             duration: 0,
             churn: 0,
             deletions: 1,
+            upgrade_binaries: None,
         }
     }
 }
@@ -615,19 +639,39 @@ fn collect(mut client: Client) -> anyhow::Result<Value> {
         .with_context(|| format!("the report of {}: {}", client.label, client.out.display()))
 }
 
+/// The Service proxy's DaemonSet on a cluster whose state says `proxy`.
+fn proxy_daemonset(proxy: &str, scenario: Scenario) -> anyhow::Result<&'static str> {
+    if proxy.starts_with("kube-proxy") {
+        Ok("kube-proxy")
+    } else if proxy.starts_with("kpr") {
+        Ok(deploy::AGENT_DAEMONSET)
+    } else {
+        bail!(
+            "{} needs a Service proxy; this cluster runs {proxy:?}",
+            scenario.name()
+        )
+    }
+}
+
 /// Scenario 1: the proxy's DaemonSet restarted; the timeline.
 fn agent_restart(k: &dyn Fn() -> Cmd, proxy: &str, args: &ChaosArgs) -> anyhow::Result<Value> {
-    let daemonset = if proxy.starts_with("kube-proxy") {
-        "kube-proxy".to_string()
-    } else if proxy.starts_with("kpr") {
-        deploy::AGENT_DAEMONSET.to_string()
-    } else {
-        bail!("agent-restart needs a Service proxy; this cluster runs {proxy:?}");
-    };
+    let daemonset = proxy_daemonset(proxy, Scenario::AgentRestart)?;
     let ds = format!("daemonset/{daemonset}");
     let restart_ms = unix_ms();
     k().args(["rollout", "restart", &ds, "-n", "kube-system"])
         .run()?;
+    roll_out(k, daemonset, restart_ms, args)
+}
+
+/// Waits for the DaemonSet's rollout begun at `began_ms`, then `--settle` s of load; the timeline.
+fn roll_out(
+    k: &dyn Fn() -> Cmd,
+    daemonset: &str,
+    began_ms: u64,
+    args: &ChaosArgs,
+) -> anyhow::Result<Value> {
+    let ds = format!("daemonset/{daemonset}");
+    let restart_ms = began_ms;
     k().args([
         "rollout",
         "status",
@@ -651,6 +695,180 @@ fn agent_restart(k: &dyn Fn() -> Cmd, proxy: &str, args: &ChaosArgs) -> anyhow::
         "removed": [],
         "window_ms": [restart_ms, rolled_out_ms],
     }))
+}
+
+/// Scenario 1's upgrade, made ready before the load starts: a new image of the Service proxy
+/// (kpr's from `--upgrade-binaries`, or kube-proxy's), with its own tag and a marker file so its
+/// digest differs from the running one, imported into every node's containerd (the nodes pull
+/// nothing: this is the pull).
+struct Upgrade {
+    daemonset: &'static str,
+    /// The DaemonSet's `spec.selector.matchLabels` as a label selector.
+    selector: String,
+    /// The image the DaemonSet's first container runs.
+    running: String,
+    /// The new image as the DaemonSet names it.
+    new: String,
+    /// `container=image` for every container (init containers too) that ran `running`.
+    set: Vec<String>,
+}
+
+fn prepare_upgrade(
+    cluster: &Cluster,
+    state: &Value,
+    k: &dyn Fn() -> Cmd,
+    run_dir: &Path,
+    args: &ChaosArgs,
+) -> anyhow::Result<Upgrade> {
+    let proxy = state["proxy"].as_str().unwrap_or("?");
+    let daemonset = proxy_daemonset(proxy, Scenario::AgentUpgrade)?;
+    let spec: Value = serde_json::from_str(
+        &k().args([
+            "get",
+            "daemonset",
+            daemonset,
+            "-n",
+            "kube-system",
+            "-o",
+            "json",
+        ])
+        .read()?,
+    )?;
+    let pod_spec = &spec["spec"]["template"]["spec"];
+    let running = pod_spec["containers"][0]["image"]
+        .as_str()
+        .context("the DaemonSet's first container names no image")?
+        .to_string();
+    let tag = format!("upgrade-{}", unix_ms());
+    let (mut image, short) = if daemonset == "kube-proxy" {
+        let image = crate::images::kube_proxy(&crate::k8s::bin_dir().join("kube-proxy"))?;
+        let name = format!("{}-{tag}", image.name);
+        (
+            crate::images::Image {
+                name: name.clone(),
+                ..image
+            },
+            name,
+        )
+    } else {
+        let profile = match args.upgrade_binaries {
+            Some(profile) => profile,
+            None => match state["binaries"].as_str() {
+                Some("debug") => crate::Profile::Debug,
+                _ => crate::Profile::Release,
+            },
+        };
+        crate::bench::build(profile)?;
+        let out = crate::target_dir().join("cluster-images");
+        fs::create_dir_all(&out)?;
+        let image = super::nodes::kpr_image(profile, &out)?;
+        let short = format!("kpr:{tag}");
+        (
+            crate::images::Image {
+                name: format!("docker.io/library/{short}"),
+                ..image
+            },
+            short,
+        )
+    };
+    image.entries.push(crate::images::Entry::text(
+        "/etc/kpr-upgrade",
+        &format!("{}\n", image.name),
+        0o644,
+    ));
+    let archive = run_dir.join("upgrade-image.tar");
+    crate::images::write_archive(&image, &archive)?;
+    let imported = Instant::now();
+    let ctr = controlplane::cluster::find_program("ctr")?;
+    let mut nodes = 0;
+    for entry in fs::read_dir(cluster.dir.join("nodes"))? {
+        let socket = entry?.path().join("containerd.sock");
+        if !socket.exists() {
+            continue;
+        }
+        Cmd::new(&ctr)
+            .arg("--address")
+            .arg(&socket)
+            .args(["--namespace", "k8s.io", "images", "import", "--no-unpack"])
+            .arg(&archive)
+            .run()
+            .with_context(|| format!("importing {} through {}", image.name, socket.display()))?;
+        nodes += 1;
+    }
+    ensure!(
+        nodes > 0,
+        "no node's containerd under {}",
+        cluster.dir.join("nodes").display()
+    );
+    println!(
+        "==> {} imported into {nodes} nodes in {:.1} s; {daemonset}: {running} -> {short}",
+        image.name,
+        imported.elapsed().as_secs_f64()
+    );
+    let mut set = Vec::new();
+    for list in ["initContainers", "containers"] {
+        for c in pod_spec[list].as_array().into_iter().flatten() {
+            if c["image"].as_str() == Some(running.as_str()) {
+                set.push(format!(
+                    "{}={short}",
+                    c["name"].as_str().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    let selector = spec["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .context("the DaemonSet has no matchLabels")?
+        .iter()
+        .map(|(key, v)| format!("{key}={}", v.as_str().unwrap_or_default()))
+        .collect::<Vec<_>>()
+        .join(",");
+    Ok(Upgrade {
+        daemonset,
+        selector,
+        running,
+        new: short,
+        set,
+    })
+}
+
+/// Scenario 1's upgrade: the DaemonSet's containers that ran the old image set to the new one;
+/// the timeline, with both images, once every Pod of the DaemonSet runs the new one.
+fn agent_upgrade(k: &dyn Fn() -> Cmd, up: &Upgrade, args: &ChaosArgs) -> anyhow::Result<Value> {
+    let Upgrade {
+        daemonset,
+        selector,
+        running,
+        new: short,
+        set,
+    } = up;
+    let began_ms = unix_ms();
+    k().args([
+        "set",
+        "image",
+        &format!("daemonset/{daemonset}"),
+        "-n",
+        "kube-system",
+    ])
+    .args(set)
+    .run()?;
+    let mut timeline = roll_out(k, daemonset, began_ms, args)?;
+    let images = k()
+        .args(["get", "pods", "-n", "kube-system", "-l", selector])
+        .args([
+            "-o",
+            "jsonpath={range .items[*]}{.spec.containers[0].image}{\"\\n\"}{end}",
+        ])
+        .read()?;
+    let pods: Vec<&str> = images.lines().filter(|l| !l.is_empty()).collect();
+    ensure!(
+        !pods.is_empty() && pods.iter().all(|i| *i == short),
+        "after the rollout the {daemonset} Pods run {pods:?}, not {short}"
+    );
+    timeline["image_from"] = json!(running);
+    timeline["image_to"] = json!(short);
+    timeline["containers_set"] = json!(set);
+    Ok(timeline)
 }
 
 /// Scenario 2: the nodes' Service proxy switched as README says; the timeline.
@@ -1367,6 +1585,23 @@ fn summarize(
             md.push_str(&format!(
                 "`kubectl rollout restart daemonset/{}`: rolled out in {:.1} s.\n",
                 timeline["daemonset"].as_str().unwrap_or("?"),
+                ms("rolled_out_ms").saturating_sub(ms("restart_ms")) as f64 / 1000.0
+            ));
+        }
+        Scenario::AgentUpgrade => {
+            let ms = |f: &str| timeline[f].as_u64().unwrap_or(0);
+            md.push_str(&format!(
+                "`kubectl set image daemonset/{}` {} -> {} ({}): rolled out in {:.1} s.\n",
+                timeline["daemonset"].as_str().unwrap_or("?"),
+                timeline["image_from"].as_str().unwrap_or("?"),
+                timeline["image_to"].as_str().unwrap_or("?"),
+                timeline["containers_set"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.as_str()?.split('=').next())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 ms("rolled_out_ms").saturating_sub(ms("restart_ms")) as f64 / 1000.0
             ));
         }

@@ -81,7 +81,7 @@ pub enum ClusterCommand {
     /// only the running proxy's own state is there.
     Leftovers,
     /// A disruption under load (docs/RELIABILITY.md): `agent-restart` restarts the Service
-    /// proxy's DaemonSet, `endpoint-removal` scales the backend down and deletes a Pod,
+    /// proxy's DaemonSet, `agent-upgrade` moves it to a new image, `endpoint-removal` scales the backend down and deletes a Pod,
     /// `proxy-switch` switches the nodes' Service proxy, `apiserver-outage` stops kube-apiserver
     /// and compacts etcd, `soak` churns Services and Pods with the components' memory and open
     /// files sampled, while `cargo xtask load` runs from a pod on every node and from outside the
@@ -388,6 +388,7 @@ pub(crate) fn up(cluster: &Cluster, args: &UpArgs) -> anyhow::Result<()> {
         "server": server, "kubeconfig": kubeconfig,
         "kubernetes": controlplane::kubernetes_version(), "processes": processes,
         "nodes": args.nodes,
+        "binaries": args.binaries.name(),
         "ip_family": ip_family_name(args.ip_family),
         "proxy": nodes::ProxyChoice::from_args(args).describe(),
         "metrics_server": args.metrics_server,

@@ -303,18 +303,6 @@ pub fn build_images(binaries: crate::Profile) -> anyhow::Result<Vec<PathBuf>> {
     let out = target_dir().join("cluster-images");
     fs::create_dir_all(&out)?;
     let bin = crate::k8s::bin_dir();
-    let release = binaries.dir();
-    // Both profiles keep debug info (release for profiling); the image does without (241 MiB
-    // to a fraction of it), as a shipped image would.
-    let stripped = ["proxy", "controller-manager"].map(|name| out.join(format!("{name}.stripped")));
-    for (name, dest) in ["proxy", "controller-manager"].iter().zip(&stripped) {
-        Cmd::new("objcopy")
-            .arg("--strip-debug")
-            .arg(release.join(name))
-            .arg(dest)
-            .run()
-            .with_context(|| format!("stripping {name} for the image"))?;
-    }
     let pause = images::pause_binary();
     images::build_pause(&pause)?;
     let list = vec![
@@ -322,7 +310,7 @@ pub fn build_images(binaries: crate::Profile) -> anyhow::Result<Vec<PathBuf>> {
         ("busybox".into(), images::busybox()),
         ("agnhost".into(), images::agnhost(&bin.join("agnhost"))),
         ("coredns".into(), Ok(coredns_image(&bin.join("coredns")))),
-        ("kpr".into(), images::kpr_agent(&stripped[0], &stripped[1])),
+        ("kpr".into(), kpr_image(binaries, &out)),
         (
             "kube-proxy".into(),
             images::kube_proxy(&bin.join("kube-proxy")),
@@ -351,6 +339,22 @@ pub fn build_images(binaries: crate::Profile) -> anyhow::Result<Vec<PathBuf>> {
         out.display()
     );
     Ok(archives)
+}
+
+/// kpr's image ([`images::kpr_agent`]) from the `binaries` build, stripped into `out` first.
+pub fn kpr_image(binaries: crate::Profile, out: &Path) -> anyhow::Result<images::Image> {
+    // Both profiles keep debug info (release for profiling); the image does without (241 MiB
+    // to a fraction of it), as a shipped image would.
+    let stripped = ["proxy", "controller-manager"].map(|name| out.join(format!("{name}.stripped")));
+    for (name, dest) in ["proxy", "controller-manager"].iter().zip(&stripped) {
+        Cmd::new("objcopy")
+            .arg("--strip-debug")
+            .arg(binaries.dir().join(name))
+            .arg(dest)
+            .run()
+            .with_context(|| format!("stripping {name} for the image"))?;
+    }
+    images::kpr_agent(&stripped[0], &stripped[1])
 }
 
 /// metrics-server's image in `<target>/cluster-images` (built first if the pinned module changed).
