@@ -225,6 +225,15 @@ pub struct RunArgs {
     /// /healthz address.
     #[arg(long, default_value = "0.0.0.0:10256")]
     pub healthz_bind_address: SocketAddr,
+    /// Exit when the metrics or healthz address is taken, instead of serving without it and
+    /// binding it once free (kube-proxy's flag and default).
+    #[arg(long)]
+    pub bind_address_hard_fail: bool,
+    /// kpr's own /healthz and /readyz address, for the DaemonSet's probes (deploy/proxy.yaml:
+    /// 0.0.0.0:10266): unlike the healthz address, no kube-proxy on the node answers it. A
+    /// taken address fails the start.
+    #[arg(long)]
+    pub readiness_bind_address: Option<SocketAddr>,
     /// cgroup v2 directory the eBPF socket programs attach to (default: the cgroup2 mount root).
     #[arg(long)]
     pub cgroup_path: Option<PathBuf>,

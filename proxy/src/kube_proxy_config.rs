@@ -818,7 +818,13 @@ impl Apply {
                 "unused (kube-proxy ignores it too)",
             );
         }
-        // bindAddressHardFail: kpr always exits when it cannot bind its ports. detectLocal,
+        self.set(
+            "bind_address_hard_fail",
+            "bindAddressHardFail",
+            cfg.bind_address_hard_fail.unwrap_or(false),
+            |a| &mut a.bind_address_hard_fail,
+        );
+        // detectLocal,
         // ipvs (with another mode) and winkernel are not read by kube-proxy either in those
         // configurations; contentType only picks the wire encoding.
         Ok(())

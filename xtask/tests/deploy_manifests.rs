@@ -646,30 +646,43 @@ fn agent_mounts_bpffs_cgroup2_xtables_lock_and_modules_from_the_host() {
 }
 
 #[test]
-fn agent_liveness_probe_is_healthz_on_the_healthz_port() {
+fn agent_probes_are_kprs_own_readiness_address() {
     let objects = objects(&Render::default());
     let container = agent_container(&objects);
     let args = run_args(&agent_argv(&container));
-    for (what, probe) in [
-        ("liveness", &container.liveness_probe),
-        ("readiness", &container.readiness_probe),
+    let readiness = args
+        .readiness_bind_address
+        .expect("--readiness-bind-address: the probes' port, which kube-proxy does not hold");
+    assert!(
+        readiness.ip().is_unspecified(),
+        "the kubelet probes the node address"
+    );
+    assert_ne!(
+        readiness.port(),
+        args.healthz_bind_address.port(),
+        "a probe of the healthz port is answered by kube-proxy while it still runs"
+    );
+    for (what, probe, path) in [
+        ("liveness", &container.liveness_probe, "/healthz"),
+        ("readiness", &container.readiness_probe, "/readyz"),
     ] {
         let get = probe
             .as_ref()
             .and_then(|p| p.http_get.as_ref())
             .unwrap_or_else(|| panic!("an HTTP {what} probe"));
-        assert_eq!(get.path.as_deref(), Some("/healthz"), "{what} probe path");
+        assert_eq!(get.path.as_deref(), Some(path), "{what} probe path");
         let port = match &get.port {
             k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => *p,
             other => panic!("{what} probe port {other:?} should be a number"),
         };
-        assert_eq!(port, 10256);
+        assert_eq!(port, 10266);
         assert_eq!(
             u16::try_from(port).ok(),
-            Some(args.healthz_bind_address.port()),
-            "{what} probe port = --healthz-bind-address port"
+            Some(readiness.port()),
+            "{what} probe port = --readiness-bind-address port"
         );
     }
+    assert_eq!(args.healthz_bind_address.port(), 10256, "kube-proxy's port");
     assert!(
         args.healthz_bind_address.ip().is_unspecified(),
         "the kubelet probes the node address"
@@ -1224,6 +1237,7 @@ fn kubeadms_kube_proxy_configmap_resolves_like_the_daemonsets_flags() {
         "--sysctl-net-path=",
         "--hostname-override=",
         "--nodeport-addresses=",
+        "--readiness-bind-address=",
     ];
     let mut file_argv: Vec<String> = vec![
         "proxy".into(),

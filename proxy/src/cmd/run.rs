@@ -308,20 +308,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (q_tx, q_rx) = mpsc::channel(16);
     let health_timeout = (args.sync_period * 2).max(std::time::Duration::from_secs(60));
     server::start(
-        args.metrics_bind_address,
-        args.healthz_bind_address,
+        server::Listeners {
+            metrics: args.metrics_bind_address,
+            healthz: args.healthz_bind_address,
+            readiness: args.readiness_bind_address,
+            hard_fail: args.bind_address_hard_fail,
+        },
         metrics.clone(),
         health.clone(),
         health_timeout,
         q_tx,
     )
-    .await
-    .with_context(|| {
-        format!(
-            "binding {} and {}",
-            args.metrics_bind_address, args.healthz_bind_address
-        )
-    })?;
+    .await?;
     start_source(&args, &cfg.node.node_name, ev_tx).await?;
     let timing = SyncTiming {
         min_sync_period: args.min_sync_period,

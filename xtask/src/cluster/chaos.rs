@@ -137,6 +137,10 @@ pub struct ChaosArgs {
     /// soak: Service changes a second (each a changed port, so its EndpointSlices change too).
     #[arg(long, default_value_t = 10)]
     pub churn: u32,
+    /// soak: the Pods the churn Deployment is scaled up to every 20th round (and down to 0 ten
+    /// rounds later): Pods created and deleted, each with its Events.
+    #[arg(long, default_value_t = 3)]
+    pub churn_pods: u32,
     /// endpoint-removal: backend Pods deleted one after another (each replaced before the next),
     /// after the scale-down; many give the lag's distribution (p50 / p99).
     #[arg(long, default_value_t = 1)]
@@ -342,6 +346,7 @@ impl ChaosArgs {
             outage: 60,
             duration: 0,
             churn: 0,
+            churn_pods: 3,
             deletions: 1,
             upgrade_binaries: None,
         }
@@ -1079,8 +1084,8 @@ fn soak(
     // Rounds that took longer than their second (the API server slower than the churn).
     let mut late_rounds = 0u64;
     println!(
-        "==> soak: {} s, {} Service changes a second, a Deployment scaled 0 <-> 3 every 10th round",
-        args.duration, args.churn
+        "==> soak: {} s, {} Service changes a second, a Deployment scaled 0 <-> {} every 10th round",
+        args.duration, args.churn, args.churn_pods
     );
     while started.elapsed() < Duration::from_secs(args.duration) {
         let second = Instant::now();
@@ -1091,7 +1096,11 @@ fn soak(
         let body = kube::api::Patch::Merge(json!({"spec": {"ports": ports(tick)}}));
         // Every 10th round the Pods' Deployment too, up and down in turn.
         let scale = tick.is_multiple_of(10).then(|| {
-            let replicas = if (tick / 10).is_multiple_of(2) { 3 } else { 0 };
+            let replicas = if (tick / 10).is_multiple_of(2) {
+                args.churn_pods
+            } else {
+                0
+            };
             kube::api::Patch::Merge(json!({"spec": {"replicas": replicas}}))
         });
         let (patched, scaled) = rt.block_on(async {
