@@ -229,6 +229,11 @@ pub struct RunArgs {
     /// binding it once free (kube-proxy's flag and default).
     #[arg(long)]
     pub bind_address_hard_fail: bool,
+    /// After the first sync has programmed this backend, remove what the other backends left
+    /// on the node (as `proxy cleanup --backend B` for each), so switching backends is make
+    /// before break: the previous backend's rules serve until this one's do.
+    #[arg(long)]
+    pub cleanup_other_backends: bool,
     /// kpr's own /healthz and /readyz address, for the DaemonSet's probes (deploy/proxy.yaml:
     /// 0.0.0.0:10266): unlike the healthz address, no kube-proxy on the node answers it. A
     /// taken address fails the start.

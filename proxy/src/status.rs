@@ -47,6 +47,11 @@ impl Health {
         self.last_ok_ms.store(now_ms(), Ordering::Relaxed);
     }
 
+    /// Whether a sync has succeeded yet (the first one programs the initial listing).
+    pub fn programmed_once(&self) -> bool {
+        self.last_ok_ms.load(Ordering::Relaxed) != 0
+    }
+
     /// Healthy once the first sync succeeded, as long as no change waits longer than `timeout`.
     pub fn healthy(&self, timeout: Duration) -> Result<(), String> {
         if self.last_ok_ms.load(Ordering::Relaxed) == 0 {

@@ -3,11 +3,11 @@
 //! values filled in as the kubelet would), except `--source=kube` (no API server here: the file
 //! source gets the same objects) and the host paths (a temp directory instead of the node's
 //! /run/kpr mounts). Its liveness and readiness probes must pass as the kubelet runs them
-//! (GET http://<node IP>:10256/healthz), `proxy inspect` with its default address (what
+//! (GET http://<node IP>:10266, kpr's readiness address), `proxy inspect` with its default address (what
 //! `kubectl exec ds/kpr-proxy -- proxy inspect` runs) must show the Service, and the ClusterIP and
-//! the NodePort on `--nodeport-addresses=$(NODE_IP)/32` must reach the endpoint. Before the agent
-//! starts, the `cleanup-other-backends` init container's script runs as rendered and must remove a
-//! table that another backend left behind.
+//! the NodePort on `--nodeport-addresses=$(NODE_IP)/32` must reach the endpoint. A table another
+//! backend left behind before the agent started must be gone after its first sync
+//! (`--cleanup-other-backends`).
 
 use std::fs;
 use std::net::{SocketAddr, SocketAddrV4};
@@ -161,47 +161,36 @@ fn nft(cluster: &Cluster, args: &str) -> std::process::Output {
         .unwrap()
 }
 
-/// Runs the rendered `cleanup-other-backends` init container's script in the node namespace
-/// (with the agent binary and temp paths in place of the image's): it must succeed, and it must
-/// remove a table another backend left behind.
-fn cleanup_other_backends(cluster: &Cluster, backend: &str) {
-    let render = Render {
-        backend: backend.into(),
-        ..Render::default()
-    };
-    let objects = objects(&render);
-    let init = init_container(
-        pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET)),
-        "cleanup-other-backends",
-    );
-    let dir = std::env::temp_dir().join(format!("{}-cleanup", unique_prefix()));
-    let binary = kpr_tests::agent::proxy_binary().unwrap();
-    let script = init.command.as_ref().unwrap()[2]
-        .replace("/usr/local/bin/proxy", &binary.display().to_string())
-        .replace("/run/kpr/", &format!("{}/", dir.display()));
-    let (other, table) = LEFTOVERS.iter().find(|(b, _)| *b != backend).unwrap();
+/// Plants a table another backend leaves behind, before the agent starts; returns it.
+fn plant_other_backends_table(cluster: &Cluster, backend: &str) -> &'static str {
+    let (_, table) = LEFTOVERS.iter().find(|(b, _)| *b != backend).unwrap();
     let planted = nft(cluster, &format!("add table {table}"));
     assert!(planted.status.success(), "planting {table}: {planted:?}");
-    let out = cluster
-        .node
-        .exec("sh")
-        .unwrap()
-        .args(["-c", &script])
-        .env("KPR_BACKEND", env_values(init)["KPR_BACKEND"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let _ = fs::remove_dir_all(&dir);
+    table
+}
+
+/// The agent (`--cleanup-other-backends`, as the DaemonSet runs it) removes the planted table
+/// once its first sync is done, and says so.
+fn other_backends_cleaned_up(cluster: &Cluster, running: &Running, backend: &str, table: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nft(cluster, &format!("list table {table}"))
+        .status
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{backend}: the other backend's table {table} is still there 10 s after the first \
+             sync:\n{}",
+            running.log()
+        );
+        sleep(Duration::from_millis(100));
+    }
+    let log = running.log();
+    let programmed = log.find("initial listing programmed");
+    let cleaned = log.find("backend's state is cleaned up");
     assert!(
-        out.status.success(),
-        "{backend}: cleanup-other-backends failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let left = nft(cluster, &format!("list table {table}"));
-    assert!(
-        !left.status.success(),
-        "{backend}: the {other} backend's table {table} is still there"
+        matches!((programmed, cleaned), (Some(p), Some(c)) if p < c),
+        "{backend}: the cleanup is logged after the first sync:\n{log}"
     );
 }
 
@@ -358,10 +347,10 @@ fn kube_proxy_cleanup_removes_kube_proxys_rules() {
 }
 
 #[test]
-fn daemonset_cleans_up_then_runs_an_agent_that_passes_its_probes_and_serves() {
+fn daemonset_runs_an_agent_that_passes_its_probes_serves_and_cleans_up_the_other_backends() {
     for backend in BACKENDS {
         let cluster = Cluster::new(ClusterSpec::pods(1)).unwrap();
-        cleanup_other_backends(&cluster, backend);
+        let table = plant_other_backends_table(&cluster, backend);
         let running = start(&cluster, backend);
         let container = agent_container(&objects(&Render::default()));
         kubelet_probe(
@@ -370,6 +359,7 @@ fn daemonset_cleans_up_then_runs_an_agent_that_passes_its_probes_and_serves() {
             container.readiness_probe.as_ref().unwrap(),
             Duration::from_secs(20),
         );
+        other_backends_cleaned_up(&cluster, &running, backend, table);
         kubelet_probe(
             &cluster,
             "liveness",

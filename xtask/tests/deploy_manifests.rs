@@ -360,16 +360,8 @@ fn agent_has_only_the_capabilities_it_needs_and_is_not_privileged() {
         .flatten()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(
-        names,
-        ["mount-bpffs", "cleanup-other-backends"],
-        "init containers"
-    );
-    assert_agent_privileges(
-        "cleanup-other-backends",
-        init_container(spec, "cleanup-other-backends"),
-        false,
-    );
+    // The other backends' cleanup is the agent's own, after its first sync (make before break).
+    assert_eq!(names, ["mount-bpffs"], "init containers");
     let cleanup = pod_spec(objects.daemon_set("kpr-cleanup"));
     assert_agent_privileges(
         "kpr-cleanup's cleanup",
@@ -429,48 +421,31 @@ fn the_only_privileged_container_mounts_bpffs_and_nothing_else() {
 }
 
 #[test]
-fn switching_backends_cleans_up_every_other_backend_first() {
+fn switching_backends_cleans_up_every_other_backend_after_the_first_sync() {
     for backend in deploy::BACKENDS {
         let render = Render {
             backend: backend.to_string(),
             ..Render::default()
         };
         let objects = objects(&render);
-        let spec = pod_spec(objects.daemon_set(deploy::AGENT_DAEMONSET));
-        let init = init_container(spec, "cleanup-other-backends");
-        assert_eq!(
-            env_values(init).get("KPR_BACKEND"),
-            Some(backend),
-            "init container's backend"
-        );
         assert_eq!(
             env_values(&agent_container(&objects)).get("KPR_BACKEND"),
             Some(backend),
             "agent's backend"
         );
-        let command = init.command.clone().unwrap_or_default();
-        assert_eq!(command[..2], ["/bin/sh", "-c"], "a shell script");
-        let script = &command[2];
-        let loop_over = format!("for b in {};", deploy::BACKENDS.join(" "));
-        assert!(script.contains(&loop_over), "{script}");
-        assert!(
-            script.contains(
-                r#"[ "$b" = "$KPR_BACKEND" ] || /usr/local/bin/proxy cleanup --backend "$b""#
-            ),
-            "{script}"
-        );
-        assert!(
-            script.starts_with("set -e;"),
-            "a failed cleanup stops the pod: {script}"
-        );
-        // The cleanup uses the same pin and cgroup paths the agent runs with.
+        // The agent removes the other backends' state itself once its first sync is done
+        // (`--cleanup-other-backends`, with the pin and cgroup paths it runs with); an init
+        // container doing it before the agent started left the node unserved meanwhile.
         let args = run_args(&agent_argv(&agent_container(&objects)));
-        let paths = format!(
-            "--bpffs-path {} --cgroup-path {}",
-            args.bpffs_path.display(),
-            args.cgroup_path.as_ref().unwrap().display()
+        assert!(
+            args.cleanup_other_backends,
+            "{backend}: --cleanup-other-backends"
         );
-        assert!(script.contains(&paths), "{script} should use {paths}");
+        assert_eq!(args.backend.as_str(), *backend);
+        assert!(
+            args.cgroup_path.is_some(),
+            "the eBPF cleanup needs the cgroup"
+        );
     }
 }
 
@@ -726,8 +701,8 @@ fn every_kpr_container_runs_the_image_xtask_builds() {
         }
     }
     assert_eq!(
-        kpr_containers, 7,
-        "agent and its 2 init containers, controller-manager, scheduler, rollback cleanup and its \
+        kpr_containers, 6,
+        "agent and its init container, controller-manager, scheduler, rollback cleanup and its \
          init container"
     );
 }
@@ -1238,6 +1213,7 @@ fn kubeadms_kube_proxy_configmap_resolves_like_the_daemonsets_flags() {
         "--hostname-override=",
         "--nodeport-addresses=",
         "--readiness-bind-address=",
+        "--cleanup-other-backends",
     ];
     let mut file_argv: Vec<String> = vec![
         "proxy".into(),

@@ -50,30 +50,46 @@ fn wait_detached(cgroup: &Path, target: &[(&'static str, u32)]) -> Result<(), Da
 }
 
 pub fn run(args: &CleanupArgs) -> anyhow::Result<()> {
+    let failed: Vec<&str> = clean(&args.backend.backends(), args)
+        .into_iter()
+        .filter_map(|(b, done)| match done {
+            Ok(()) => {
+                println!("{b}: cleaned up");
+                None
+            }
+            Err(e) => {
+                eprintln!("{b}: {e}");
+                Some(b.as_str())
+            }
+        })
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow::anyhow!("cleanup failed for {}", failed.join(", "))).context("proxy cleanup")
+    }
+}
+
+/// Removes what each of `backends` installed; each one's outcome, in order.
+pub fn clean(
+    backends: &[Backend],
+    args: &CleanupArgs,
+) -> Vec<(Backend, Result<(), DataplaneError>)> {
     let cfg = BackendConfig {
         cgroup_path: args.cgroup_path.clone(),
         bpffs_path: args.bpffs_path.clone(),
         iptables_mode: args.iptables_mode.clone(),
         ..BackendConfig::default()
     };
-    let mut failed = Vec::new();
-    for b in args.backend.backends() {
-        let target = (b == Backend::Ebpf).then(|| detach_target(args)).flatten();
-        let done = dataplane::cleanup(b, &cfg).and_then(|()| match &target {
-            Some((cgroup, target)) => wait_detached(cgroup, target),
-            None => Ok(()),
-        });
-        match done {
-            Ok(()) => println!("{b}: cleaned up"),
-            Err(e) => {
-                eprintln!("{b}: {e}");
-                failed.push(b.as_str());
-            }
-        }
-    }
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(anyhow::anyhow!("cleanup failed for {}", failed.join(", "))).context("proxy cleanup")
-    }
+    backends
+        .iter()
+        .map(|&b| {
+            let target = (b == Backend::Ebpf).then(|| detach_target(args)).flatten();
+            let done = dataplane::cleanup(b, &cfg).and_then(|()| match &target {
+                Some((cgroup, target)) => wait_detached(cgroup, target),
+                None => Ok(()),
+            });
+            (b, done)
+        })
+        .collect()
 }

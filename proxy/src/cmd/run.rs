@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use ipnet::IpNet;
 use proxy::cli::{NodePortAddress, RunArgs, SourceArg};
-use proxy::dataplane::{self, BackendConfig};
+use proxy::dataplane::{self, Backend, BackendConfig};
 use proxy::metrics::Metrics;
 use proxy::selection::NodeContext;
 use proxy::status::Health;
@@ -279,6 +279,36 @@ fn setup_conntrack(args: &RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--cleanup-other-backends`: once the first sync has programmed this backend, removes the other
+/// backends' state from the node (in the background; each outcome logged). Before, the
+/// previous backend (an agent of the same DaemonSet that just exited) goes on serving.
+fn cleanup_other_backends_once_programmed(args: &RunArgs, health: Arc<Health>) {
+    let others: Vec<Backend> = Backend::ALL
+        .iter()
+        .copied()
+        .filter(|&b| b != args.backend)
+        .collect();
+    let cleanup = proxy::cli::CleanupArgs {
+        backend: proxy::cli::CleanupTarget::All,
+        bpffs_path: args.bpffs_path.clone(),
+        cgroup_path: args.cgroup_path.clone(),
+        iptables_mode: None,
+    };
+    tokio::spawn(async move {
+        while !health.programmed_once() {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let done =
+            tokio::task::spawn_blocking(move || super::cleanup::clean(&others, &cleanup)).await;
+        for (b, outcome) in done.unwrap_or_default() {
+            match outcome {
+                Ok(()) => tracing::info!("first sync done: the {b} backend's state is cleaned up"),
+                Err(e) => tracing::error!("cleaning up the {b} backend's state: {e}"),
+            }
+        }
+    });
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let args = resolve_config(args)?;
     let size = args.maglev_table_size.get();
@@ -320,6 +350,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         q_tx,
     )
     .await?;
+    if args.cleanup_other_backends {
+        cleanup_other_backends_once_programmed(&args, health.clone());
+    }
     start_source(&args, &cfg.node.node_name, ev_tx).await?;
     let timing = SyncTiming {
         min_sync_period: args.min_sync_period,

@@ -5,7 +5,8 @@
 //!
 //! Switches ([`switch`]):
 //! - kpr to kpr with another backend: README "Switch backends" (re-apply deploy/proxy.yaml; the
-//!   new pod's `cleanup-other-backends` init container removes the previous backend's state);
+//!   new agent's `--cleanup-other-backends` removes the previous backend's state after its
+//!   first sync);
 //! - kpr to kube-proxy: README "Roll back to kube-proxy" (kube-proxy's manifest and its rollout,
 //!   then delete the agent's DaemonSet and wait for its pods, then deploy/cleanup.yaml);
 //! - kube-proxy to kpr: README "Replace kube-proxy on a running cluster" (deploy/proxy.yaml and
