@@ -44,6 +44,9 @@ const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 100);
 const NODE_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 const NODE_B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
 const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+/// The Service's LoadBalancer IP, which the client routes through node A (as a load balancer
+/// would send to it).
+const LB_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
 const TCP_NODE_PORT: u16 = 30080;
 const UDP_NODE_PORT: u16 = 30081;
 const REQUESTS: usize = 4;
@@ -78,6 +81,7 @@ impl Lab {
                 "link set cb master br0".into(),
                 "link set ca up".into(),
                 "link set cb up".into(),
+                format!("route add {LB_IP}/32 via {NODE_A}"),
             ])
             .expect("the client's LAN");
         a.ip_batch(&[
@@ -118,10 +122,11 @@ impl Lab {
     }
 }
 
-/// A NodePort Service (eTP Cluster) with a TCP and a UDP port; its one endpoint is the pod
-/// behind node B.
+/// A LoadBalancer Service (eTP Cluster) with a TCP and a UDP port and their nodePorts; its one
+/// endpoint is the pod behind node B.
 fn manifests() -> Vec<(&'static str, String)> {
     let svc = Service::new("web")
+        .load_balancer(&LB_IP.to_string())
         .cluster_ip("10.96.0.10")
         .tcp(80, 8080)
         .named("tcp")
@@ -392,6 +397,26 @@ fn dsr_answers_the_client_from_the_backends_node_with_its_address_kept() {
          {frames_b:#?}"
     );
     assert_eq!(answered(UDP_NODE_PORT), REQUESTS, "{frames_b:#?}");
+    // The LoadBalancer IP the same way: answered from LB_IP:80 by node B.
+    let lb = SocketAddr::from((LB_IP, 80));
+    let t = Duration::from_secs(3);
+    let r = kpr_tests::tcp_request(&lab.client, lb, t)
+        .unwrap_or_else(|e| panic!("TCP to the LoadBalancer IP: {e:?}"));
+    assert_eq!(r.peer.ip(), IpAddr::V4(CLIENT), "{r:?}");
+    let r = kpr_tests::udp_request(&lab.client, lb, t)
+        .unwrap_or_else(|e| panic!("UDP to the LoadBalancer IP: {e:?}"));
+    assert_eq!(r.peer.ip(), IpAddr::V4(CLIENT), "{r:?}");
+    let lb_frames = cap_b.frames();
+    assert!(
+        lb_frames
+            .iter()
+            .any(|f| f.outgoing && f.src == lb && f.dst.ip() == IpAddr::V4(CLIENT)),
+        "node B answers from the LoadBalancer IP: {lb_frames:#?}"
+    );
+    assert!(
+        !cap_a.frames().iter().any(is_from_pod),
+        "no answer passes node A"
+    );
     // The counters say the same.
     assert!(
         a.options_added >= 2 * REQUESTS as u64 && a.options_failed == 0,
@@ -411,7 +436,16 @@ fn dsr_answers_the_client_from_the_backends_node_with_its_address_kept() {
     assert_eq!(b.options_added, 0, "{b:?}");
     // What the tools say.
     let inspect = proxy_cmd(&lab.a, &agent_a, &["inspect", "--maps"]);
-    assert!(inspect.contains("DSR (--nodeport-mode dsr|hybrid), egress program on eth0"));
+    // Pinned TCX links from 6.6; netlink filters, which have no pin, before.
+    let egress = if proxy::dataplane::ebpf::tc::tcx_supported() {
+        "egress program on eth0"
+    } else {
+        "egress program not pinned"
+    };
+    assert!(
+        inspect.contains(&format!("DSR (--nodeport-mode dsr|hybrid), {egress}")),
+        "{inspect}"
+    );
     assert!(inspect.contains("[round-robin, dsr]"), "{inspect}");
     let trace = proxy_cmd(
         &lab.a,

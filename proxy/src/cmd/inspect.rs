@@ -356,13 +356,13 @@ fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
         println!("DSR: off (--nodeport-mode snat)");
     } else {
         println!(
-            "DSR (--nodeport-mode dsr|hybrid), egress program on {}: {} packets sent to a \
+            "DSR (--nodeport-mode dsr|hybrid), egress program {}: {} packets sent to a \
              backend with the option, {} dropped (option not added), {} arrived with it \
              (backend here), {} replies answered from the frontend",
             if dsr.interfaces.is_empty() {
-                "(no pinned link)".to_string()
+                "not pinned (netlink tc filters before Linux 6.6, or none)".to_string()
             } else {
-                dsr.interfaces.join(", ")
+                format!("on {}", dsr.interfaces.join(", "))
             },
             c.options_added,
             c.options_failed,
