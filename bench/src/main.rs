@@ -153,7 +153,8 @@ pub struct BenchArgs {
     pub lagging_watch: bool,
     /// Only the NodePort path benchmark: new TCP connections and UDP requests from outside the
     /// node to a NodePort whose backend is on another node, through the eBPF tc program, the eBPF
-    /// XDP program and the nftables backend. Outputs target/bench/nodeport.{json,md}.
+    /// XDP program, the eBPF tc program with direct server return and the nftables backend.
+    /// Outputs target/bench/nodeport.{json,md}.
     #[arg(long, conflicts_with_all = ["only_control_plane", "controllers", "scheduler", "failover", "lagging_watch"])]
     pub nodeport: bool,
     /// Seconds of each kind of request per path with --nodeport.

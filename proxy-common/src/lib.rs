@@ -30,6 +30,8 @@
 //! | `KPR_SOCK_TERM` | hash | backend id `u32` (removed) | [`Backend`] (its address) |
 //! | `KPR_SOCK_TERM_STATS` | array ([`TERM_STATS`]) | [`TERM_TCP_DESTROYED`].. | `u64` count |
 //! | `KPR_XDP_STATS` | per-CPU array ([`XDP_STATS`]) | [`XDP_STAT_TX`].. | `u64` count |
+//! | `KPR_DSR` | LRU hash | [`CtKey`] (a DSR flow's reply: backend -> client) | [`DsrFrontend`] |
+//! | `KPR_DSR_STATS` | per-CPU array ([`DSR_STATS`]) | [`DSR_STAT_OPT_ADDED`].. | `u64` count |
 #![no_std]
 
 pub mod hash;
@@ -75,6 +77,12 @@ pub const SVC_F_VIP: u16 = 1 << 3;
 /// connection untranslated, to the tc path on the node's side of the pod's interface, which sees
 /// the pod's address.
 pub const SVC_F_SOURCE_RANGES: u16 = 1 << 4;
+
+/// [`ServiceValue::flags`]: direct server return (`--nodeport-mode dsr|hybrid`) for this tc
+/// frontend: a new flow is not masqueraded; the frontend travels to the backend's node in an IPv4
+/// option ([`DSR_OPT_TYPE`]) and that node's tc egress program answers the client from the
+/// frontend itself.
+pub const SVC_F_DSR: u16 = 1 << 5;
 
 /// Bits of a [`SrcRangeKey`] taken by its frontend: an LPM trie entry's prefix length is this
 /// plus the source prefix length, so the frontend always matches exactly.
@@ -271,6 +279,39 @@ pub const CT_F_REPLY: u32 = 1 << 0;
 /// [`CtValue::flags`]: the flow was masqueraded.
 pub const CT_F_SNAT: u32 = 1 << 1;
 
+/// [`CtValue::flags`]: a forward entry of a DSR flow: its packets that carry the frontend to the
+/// backend's node (a TCP SYN, every UDP datagram) go through the DSR program (`KPR_TC_DSR`).
+pub const CT_F_DSR: u32 = 1 << 2;
+
+/// The IPv4 option that carries a DSR flow's frontend to the backend's node: type (copied flag,
+/// class 0, number 30: RFC 4727's experimental value), length 8, then the frontend's port and
+/// address as the client sent them (network byte order).
+pub const DSR_OPT_TYPE: u8 = 0x9e;
+pub const DSR_OPT_LEN: u8 = 8;
+
+/// The frontend a DSR flow's replies are answered from (`KPR_DSR` value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DsrFrontend {
+    /// Network byte order; IPv4 in word 0.
+    pub addr: [u32; 4],
+    /// Network byte order.
+    pub port: u16,
+    pub _pad: [u8; 2],
+}
+
+/// `KPR_DSR_STATS` indices. On the node a client's flow enters by: packets sent on towards the
+/// backend with the DSR option added; packets dropped because the option could not be added
+/// (the client's packet carries IP options already, or the skb could not grow). On the backend's
+/// node: packets whose option was read and recorded in `KPR_DSR`; replies rewritten on egress to
+/// the frontend's address and port.
+pub const DSR_STAT_OPT_ADDED: u32 = 0;
+pub const DSR_STAT_OPT_FAILED: u32 = 1;
+pub const DSR_STAT_RECORDED: u32 = 2;
+pub const DSR_STAT_REPLY_REWRITTEN: u32 = 3;
+/// Entries of `KPR_DSR_STATS`.
+pub const DSR_STATS: u32 = 4;
+
 /// `KPR_SOCK_TERM_STATS` indices: sockets the iterators destroyed, and destroys the kernel
 /// refused, by protocol.
 pub const TERM_TCP_DESTROYED: u32 = 0;
@@ -321,6 +362,7 @@ mod pod {
     unsafe impl aya::Pod for NodeConfig {}
     unsafe impl aya::Pod for NodeConfig6 {}
     unsafe impl aya::Pod for SrcRangeKey {}
+    unsafe impl aya::Pod for DsrFrontend {}
 }
 
 #[cfg(test)]
@@ -346,6 +388,7 @@ mod tests {
         assert_eq!(size_of::<NodeConfig>(), 16 + 4 + 4 + 8);
         assert_eq!(size_of::<NodeConfig6>(), 16 * 3);
         assert_eq!(size_of::<SrcRangeKey>(), 20 + 16);
+        assert_eq!(size_of::<DsrFrontend>(), 16 + 2 + 2);
         assert_eq!(
             SRC_RANGE_FRONTEND_BITS as usize,
             size_of::<ServiceKey>() * 8

@@ -4,6 +4,8 @@
 //! Programs: `kpr_connect4`, `kpr_sendmsg4`, `kpr_recvmsg4`, `kpr_getpeername4` and their IPv6
 //! twins `kpr_connect6`, `kpr_sendmsg6`, `kpr_recvmsg6`, `kpr_getpeername6` (cgroup sock_addr),
 //! `kpr_sock_release` (cgroup sock); `kpr_tc_ingress` (tc clsact ingress, both families);
+//! `kpr_tc_dsr` (the tc program's tail call for direct server return) and `kpr_tc_egress` (tc
+//! egress: DSR replies answered from the frontend), both only in `--nodeport-mode dsr|hybrid`;
 //! `kpr_xdp` (XDP on the node's external interfaces: the same path as tc for the flows it can send
 //! straight back out);
 //! `kpr_term_tcp`, `kpr_term_udp` (socket iterators that destroy the sockets of removed backends).
@@ -17,6 +19,7 @@
 )]
 
 mod atomic;
+mod dsr;
 mod lb;
 mod maps;
 mod nodeport;
@@ -77,6 +80,16 @@ pub fn kpr_sock_release(ctx: SockContext) -> i32 {
 #[classifier]
 pub fn kpr_tc_ingress(ctx: TcContext) -> i32 {
     nodeport::ingress(&ctx)
+}
+
+#[classifier]
+pub fn kpr_tc_dsr(ctx: TcContext) -> i32 {
+    dsr::handoff(&ctx)
+}
+
+#[classifier]
+pub fn kpr_tc_egress(ctx: TcContext) -> i32 {
+    dsr::egress(&ctx)
 }
 
 #[xdp]

@@ -8,9 +8,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, NodeConfig, NodeConfig6,
-    RevNatKey, RevNatValue, ServiceKey, ServiceValue, SlotKey, SockBackend, SrcRangeKey,
-    TERM_STATS, XDP_STATS,
+    AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, DsrFrontend, NodeConfig,
+    NodeConfig6, RevNatKey, RevNatValue, ServiceKey, ServiceValue, SlotKey, SockBackend,
+    SrcRangeKey, DSR_STATS, TERM_STATS, XDP_STATS,
 };
 
 #[map]
@@ -80,3 +80,19 @@ pub static KPR_SOCK_TERM_STATS: Array<u64> = Array::pinned(TERM_STATS, 0);
 /// What the XDP program did with the packets it saw, by verdict (`proxy_common::XDP_STAT_*`).
 #[map]
 pub static KPR_XDP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(XDP_STATS, 0);
+
+/// The DSR program (`kpr_tc_dsr`) at index 0, where the agent runs in `--nodeport-mode dsr` or
+/// `hybrid` (empty otherwise: the tail call fails and the tc program goes on without DSR). The
+/// tc program hands it a DSR flow's packets that carry the frontend (adding the option) and
+/// packets that arrive with the option (recording it), keeping that work off its own verification.
+#[map]
+pub static KPR_TC_DSR: ProgramArray = ProgramArray::pinned(1, 0);
+
+/// DSR flows whose backend is on this node: (backend -> client, as the replies are addressed)
+/// -> the frontend the client sent to, which the egress program writes back as their source.
+#[map]
+pub static KPR_DSR: LruHashMap<CtKey, DsrFrontend> = LruHashMap::pinned(262_144, 0);
+
+/// What the DSR programs did, by `proxy_common::DSR_STAT_*`.
+#[map]
+pub static KPR_DSR_STATS: PerCpuArray<u64> = PerCpuArray::pinned(DSR_STATS, 0);

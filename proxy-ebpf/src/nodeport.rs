@@ -29,19 +29,22 @@ use aya_ebpf::{
 };
 use proxy_common::{
     hash::{flow_hash_v4, flow_hash_v6},
-    AffinityKey, CtKey, CtValue, ServiceKey, SrcRangeKey, CLIENT_ADDR, CT_F_REPLY, CT_F_SNAT,
-    FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SCOPE_V6, SRC_RANGE_FRONTEND_BITS,
-    SVC_F_DROP_EMPTY, SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES, XDP_STAT_PASS_NEW,
+    AffinityKey, CtKey, CtValue, ServiceKey, ServiceValue, SrcRangeKey, CLIENT_ADDR, CT_F_DSR,
+    CT_F_REPLY, CT_F_SNAT, DSR_OPT_TYPE, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP,
+    SCOPE_EXTERNAL, SCOPE_V6, SRC_RANGE_FRONTEND_BITS, SVC_F_DROP_EMPTY, SVC_F_DSR,
+    SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES, XDP_STAT_PASS_NEW,
 };
 
 use crate::lb;
 use crate::maps::{KPR_BACKENDS, KPR_CONFIG, KPR_CONFIG6, KPR_CT, KPR_SERVICES, KPR_SRC_RANGES};
 use crate::pkt::{route, Pkt};
 
-const ETH_HLEN: usize = 14;
-const ETH_P_IP: u16 = 0x0800;
+pub(crate) const ETH_HLEN: usize = 14;
+pub(crate) const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
-const IP_CSUM_OFF: usize = ETH_HLEN + 10;
+/// An IPv4 header without options.
+pub(crate) const IP_HLEN: usize = 20;
+pub(crate) const IP_CSUM_OFF: usize = ETH_HLEN + 10;
 const IP_SRC_OFF: usize = ETH_HLEN + 12;
 const IP_DST_OFF: usize = ETH_HLEN + 16;
 const IP6_NEXTHDR_OFF: usize = ETH_HLEN + 6;
@@ -56,7 +59,7 @@ const AF_INET6: u8 = 10;
 /// What differs between the families, so that the IPv4 path works on a `u32` address as it
 /// always did (its verification cost is the least-connection loop's, once) and IPv6 on four
 /// words: each family is its own instantiation of the code below.
-trait Fam {
+pub(crate) trait Fam {
     type Addr: Copy;
     const FAMILY: u8;
     /// The frontend scope of traffic from outside, with the family's bit.
@@ -90,7 +93,7 @@ trait Fam {
     fn masquerade_addr() -> Self::Addr;
 }
 
-struct V4;
+pub(crate) struct V4;
 struct V6;
 
 /// What a family's header says: (protocol, L4 offset, source, destination).
@@ -270,19 +273,19 @@ impl Fam for V6 {
 }
 
 /// The 5-tuple of a TCP/UDP packet and where its L4 header is.
-struct Packet<F: Fam> {
-    saddr: F::Addr,
-    daddr: F::Addr,
-    sport: u16,
-    dport: u16,
-    proto: u8,
-    l4: usize,
-    tcp_flags: u8,
+pub(crate) struct Packet<F: Fam> {
+    pub(crate) saddr: F::Addr,
+    pub(crate) daddr: F::Addr,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    pub(crate) proto: u8,
+    pub(crate) l4: usize,
+    pub(crate) tcp_flags: u8,
 }
 
 impl<F: Fam> Packet<F> {
     #[inline(always)]
-    fn key(&self) -> CtKey {
+    pub(crate) fn key(&self) -> CtKey {
         CtKey {
             saddr: F::words(self.saddr),
             daddr: F::words(self.daddr),
@@ -321,6 +324,18 @@ fn try_ingress<C: Pkt, F: Fam>(ctx: &C) -> Result<i32, i64> {
     let Some(pkt) = parse::<C, F>(ctx)? else {
         return Ok(C::PASS);
     };
+    // A packet carrying a DSR flow's frontend in its first IPv4 option: the flow's backend is on
+    // this node, and the DSR program records the frontend for its replies (`dsr.rs`). Such a
+    // packet is addressed to the backend, never to a frontend: without DSR here it goes on
+    // untranslated. XDP leaves it to tc as any packet it has no flow of (and the verifier could
+    // not follow the bounds of this read there).
+    if C::BALANCES
+        && F::FAMILY == FAMILY_V4
+        && pkt.l4 > ETH_HLEN + IP_HLEN
+        && ctx.load::<u8>(ETH_HLEN + IP_HLEN)? == DSR_OPT_TYPE
+    {
+        return Ok(ctx.dsr().unwrap_or(C::PASS));
+    }
     // SAFETY: copied out at once.
     if let Some(ct) = unsafe { KPR_CT.get(pkt.key()).copied() } {
         if reused_tcp_tuple(&pkt, &ct) {
@@ -330,6 +345,11 @@ fn try_ingress<C: Pkt, F: Fam>(ctx: &C) -> Result<i32, i64> {
         }
         if !stale_udp(pkt.proto, &ct) {
             touch(&pkt);
+            if ct.flags & CT_F_DSR != 0 && (pkt.proto == PROTO_UDP || is_syn(pkt.tcp_flags)) {
+                // A DSR flow's packet that must carry the frontend: a UDP datagram, a
+                // retransmitted SYN.
+                return Ok(dsr_or_forget(ctx, &pkt));
+            }
             return deliver(ctx, &pkt, &ct);
         }
         if !C::BALANCES {
@@ -340,8 +360,7 @@ fn try_ingress<C: Pkt, F: Fam>(ctx: &C) -> Result<i32, i64> {
         // client is not black-holed (TCP flows are left alone, as the semantics ask).
         let _ = KPR_CT.remove(pkt.key());
     }
-    let is_new = pkt.proto == PROTO_UDP
-        || (pkt.tcp_flags & TCP_FLAG_SYN != 0 && pkt.tcp_flags & TCP_FLAG_ACK == 0);
+    let is_new = pkt.proto == PROTO_UDP || is_syn(pkt.tcp_flags);
     if !is_new {
         return Ok(C::PASS);
     }
@@ -359,12 +378,33 @@ fn try_ingress<C: Pkt, F: Fam>(ctx: &C) -> Result<i32, i64> {
     let Some(svc) = (unsafe { KPR_SERVICES.get(key).copied() }) else {
         return Ok(C::PASS);
     };
+    if svc.flags & SVC_F_DSR != 0 {
+        // Direct server return: the DSR program balances the flow and adds the option to the
+        // packet it sends on, so none of that enters this program's verification.
+        return Ok(ctx.dsr().unwrap_or(C::DROP));
+    }
+    match balance::<C, F>(&pkt, &key, &svc, 0) {
+        Ok(fwd) => deliver(ctx, &pkt, &fwd),
+        Err(verdict) => Ok(verdict),
+    }
+}
+
+/// Picks a backend for a new flow to the frontend `key` (its entry `svc`) and records the flow
+/// (`dsr`: [`CT_F_DSR`] or 0, for its forward entry): the forward entry, or the verdict for the
+/// packet when no backend is picked.
+#[inline(always)]
+pub(crate) fn balance<C: Pkt, F: Fam>(
+    pkt: &Packet<F>,
+    key: &ServiceKey,
+    svc: &ServiceValue,
+    dsr: u32,
+) -> Result<CtValue, i32> {
     // Looked up whether the frontend is guarded or not: a lookup on one path only leaves the
     // verifier two stack layouts that it cannot merge, and it then walks everything after this
     // (the least-connection loop) twice, past its 1M instruction limit.
-    let allowed = source_allowed::<F>(&key, pkt.saddr);
+    let allowed = source_allowed::<F>(key, pkt.saddr);
     if svc.flags & SVC_F_SOURCE_RANGES != 0 && !allowed {
-        return Ok(C::DROP);
+        return Err(C::DROP);
     }
     let client = AffinityKey {
         client: F::words(pkt.saddr),
@@ -380,15 +420,15 @@ fn try_ingress<C: Pkt, F: Fam>(ctx: &C) -> Result<i32, i64> {
     } else {
         flow_hash_v6(&s, &d, pkt.sport, pkt.dport)
     };
-    let Some(id) = lb::pick(&svc, &client, flow_hash) else {
+    let Some(id) = lb::pick(svc, &client, flow_hash) else {
         if svc.flags & SVC_F_DROP_EMPTY != 0 {
-            return Ok(C::DROP);
+            return Err(C::DROP);
         }
-        return Ok(C::PASS);
+        return Err(C::PASS);
     };
     // SAFETY: copied out at once.
     let Some(backend) = (unsafe { KPR_BACKENDS.get(id).copied() }) else {
-        return Ok(C::PASS);
+        return Err(C::PASS);
     };
     lb::count_connection(id, false);
     let masq = if svc.flags & SVC_F_MASQUERADE != 0 {
@@ -396,8 +436,34 @@ fn try_ingress<C: Pkt, F: Fam>(ctx: &C) -> Result<i32, i64> {
     } else {
         F::from_words([0; 4])
     };
-    let fwd = open_flow(&pkt, F::from_words(backend.addr), backend.port, masq, id);
-    deliver(ctx, &pkt, &fwd)
+    Ok(open_flow(
+        pkt,
+        F::from_words(backend.addr),
+        backend.port,
+        masq,
+        id,
+        dsr,
+    ))
+}
+
+/// A TCP SYN without ACK: a connection's first packet.
+#[inline(always)]
+fn is_syn(tcp_flags: u8) -> bool {
+    tcp_flags & TCP_FLAG_SYN != 0 && tcp_flags & TCP_FLAG_ACK == 0
+}
+
+/// Hands a DSR flow's packet to the DSR program, which adds the option and sends it on. Where
+/// that program is not there (the node left DSR since the flow began), the flow is forgotten and
+/// the packet dropped: the client's next packet is balanced anew.
+#[inline(always)]
+fn dsr_or_forget<C: Pkt, F: Fam>(ctx: &C, pkt: &Packet<F>) -> i32 {
+    match ctx.dsr() {
+        Some(verdict) => verdict,
+        None => {
+            let _ = KPR_CT.remove(pkt.key());
+            C::DROP
+        }
+    }
 }
 
 /// Whether loadBalancerSourceRanges admit `saddr` to `frontend`.
@@ -414,7 +480,7 @@ fn source_allowed<F: Fam>(frontend: &ServiceKey, saddr: F::Addr) -> bool {
 }
 
 /// Records both directions of a new flow and returns the forward entry (`masq` zero: not
-/// masqueraded).
+/// masqueraded; `dsr`: [`CT_F_DSR`] or 0, for the forward entry).
 #[inline(always)]
 fn open_flow<F: Fam>(
     pkt: &Packet<F>,
@@ -422,6 +488,7 @@ fn open_flow<F: Fam>(
     bport: u16,
     masq: F::Addr,
     id: u32,
+    dsr: u32,
 ) -> CtValue {
     let now = now_ns();
     let masqueraded = !F::is_zero(masq);
@@ -433,7 +500,7 @@ fn open_flow<F: Fam>(
         snat_port: pkt.sport,
         backend_id: id,
         last_seen_ns: now,
-        flags: snat,
+        flags: snat | dsr,
         _pad: 0,
     };
     let reply_key = CtKey {
@@ -527,7 +594,7 @@ fn l4_flags(proto: u8) -> u64 {
 }
 
 #[inline(always)]
-fn set_port<C: Pkt, F: Fam>(
+pub(crate) fn set_port<C: Pkt, F: Fam>(
     ctx: &C,
     pkt: &Packet<F>,
     off: usize,
@@ -552,7 +619,7 @@ fn set_port<C: Pkt, F: Fam>(
 /// does not send it; tc translates first, as it always did: routing first keeps the route's
 /// state alive across the rewrite, which on 6.1 took the verifier past its 1M instructions.
 #[inline(always)]
-fn deliver<C: Pkt, F: Fam>(ctx: &C, pkt: &Packet<F>, ct: &CtValue) -> Result<i32, i64> {
+pub(crate) fn deliver<C: Pkt, F: Fam>(ctx: &C, pkt: &Packet<F>, ct: &CtValue) -> Result<i32, i64> {
     if C::ROUTES_FIRST {
         let (rc, p) = route_of(ctx, pkt, ct);
         if !ctx.sends(rc, &p) {
@@ -596,7 +663,7 @@ fn route_of<C: Pkt, F: Fam>(ctx: &C, pkt: &Packet<F>, ct: &CtValue) -> (i64, bpf
 }
 
 #[inline(always)]
-fn parse<C: Pkt, F: Fam>(ctx: &C) -> Result<Option<Packet<F>>, i64> {
+pub(crate) fn parse<C: Pkt, F: Fam>(ctx: &C) -> Result<Option<Packet<F>>, i64> {
     let Some((proto, l4, saddr, daddr)) = F::parse(ctx)? else {
         return Ok(None);
     };

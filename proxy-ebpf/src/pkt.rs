@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use proxy_common::{CtKey, XDP_STAT_PASS_NEW, XDP_STAT_PASS_ROUTE, XDP_STAT_TX};
 
-use crate::maps::{KPR_CT, KPR_TC_AGAIN, KPR_XDP_STATS};
+use crate::maps::{KPR_CT, KPR_TC_AGAIN, KPR_TC_DSR, KPR_XDP_STATS};
 
 pub const FIB_SUCCESS: i64 = 0;
 const FIB_NO_NEIGH: i64 = 7;
@@ -46,6 +46,11 @@ pub trait Pkt: EbpfContext {
     fn send(&self, rc: i64, p: &bpf_fib_lookup) -> Result<i32, i64>;
     /// A SYN on the 4-tuple of an earlier connection (`nodeport::reused_tcp_tuple`).
     fn again(&self, key: &CtKey) -> i32;
+    /// Hands the packet to the DSR program (`KPR_TC_DSR`, proxy-ebpf's `dsr.rs`): a DSR flow's
+    /// packet that must carry the frontend, or one that arrives carrying it. Returns only when the
+    /// packet stays here: `None` when tc's tail call failed (this node runs no DSR), the verdict
+    /// when XDP leaves the packet to tc (it cannot grow a packet by an IP option).
+    fn dsr(&self) -> Option<i32>;
     /// Counts a verdict of the XDP program (tc counts nothing).
     fn count(&self, _stat: u32) {}
 }
@@ -135,6 +140,14 @@ impl Pkt for TcContext {
         unsafe { KPR_TC_AGAIN.tail_call(self, 0) };
         TC_ACT_SHOT
     }
+
+    /// A tail call: the DSR program's own verification, not this program's.
+    #[inline(always)]
+    fn dsr(&self) -> Option<i32> {
+        // SAFETY: a tail call with the program's own context; it does not return on success.
+        unsafe { KPR_TC_DSR.tail_call(self, 0) };
+        None
+    }
 }
 
 impl Pkt for XdpContext {
@@ -208,6 +221,12 @@ impl Pkt for XdpContext {
     fn again(&self, _key: &CtKey) -> i32 {
         self.count(XDP_STAT_PASS_NEW);
         Self::PASS
+    }
+
+    #[inline(always)]
+    fn dsr(&self) -> Option<i32> {
+        self.count(XDP_STAT_PASS_ROUTE);
+        Some(Self::PASS)
     }
 
     #[inline(always)]

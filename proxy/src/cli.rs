@@ -281,6 +281,13 @@ pub struct RunArgs {
     /// start). Empty: tc only.
     #[arg(long, value_delimiter = ',')]
     pub xdp_interfaces: Vec<String>,
+    /// eBPF: how NodePort / externalIP / LoadBalancer traffic (externalTrafficPolicy Cluster) from
+    /// outside goes to a backend: `snat` masquerades it to the node (replies come back through
+    /// it); `dsr` keeps the client's address and carries the Service address to the backend's
+    /// node in an IPv4 option, whose agent (dsr or hybrid too) answers the client directly
+    /// (IPv4 only; docs/ARCHITECTURE.md lists the limits); `hybrid`: dsr for TCP, snat for UDP.
+    #[arg(long, value_enum, default_value = "snat")]
+    pub nodeport_mode: crate::dataplane::NodePortMode,
     /// iptables flavour: legacy or nft (default: detected).
     #[arg(long, value_parser = ["legacy", "nft"])]
     pub iptables_mode: Option<String>,

@@ -347,6 +347,8 @@ fn restart_with_other_map_sizes_resizes_them_keeping_every_entry() {
         flows: 2048,
         conntrack: 8192,
         source_ranges: 1024,
+        // An agent in snat mode sizes KPR_DSR 1.
+        dsr_flows: 1,
     };
     fx.restart_with(sizes);
     let after = footprints(&dir);

@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use proxy::cli::InspectArgs;
+use proxy::dataplane::ebpf::dsr::DsrCounts;
 use proxy::dataplane::ebpf::inspect::{AffinityClient, FrontendView, MapSnapshot, SlotView};
 use proxy::dataplane::ebpf::resize::{footprints, total_mib, Footprint};
 use proxy::dataplane::ebpf::sockterm::TermCounts;
@@ -129,6 +130,9 @@ fn print_frontend(f: &FrontendView) {
     if f.value.flags & proxy_common::SVC_F_MASQUERADE != 0 {
         flags.push("masquerade".into());
     }
+    if f.value.flags & proxy_common::SVC_F_DSR != 0 {
+        flags.push("dsr".into());
+    }
     if f.value.flags & proxy_common::SVC_F_SOURCE_RANGES != 0 {
         flags.push("source ranges".into());
     }
@@ -236,6 +240,7 @@ fn maps_json(
     snap: &MapSnapshot,
     destroyed: Option<TermCounts>,
     xdp: &Xdp,
+    dsr: &Dsr,
     footprints: &[Footprint],
 ) -> serde_json::Value {
     serde_json::json!({
@@ -256,7 +261,28 @@ fn maps_json(
             "interfaces": xdp.interfaces,
             "counts": xdp.counts,
         },
+        "dsr": {
+            "egress_interfaces": dsr.interfaces,
+            "counts": dsr.counts,
+        },
     })
+}
+
+/// Direct server return as the pins show it: the interfaces with a pinned egress link (TCX),
+/// and the DSR programs' counts.
+struct Dsr {
+    interfaces: Vec<String>,
+    counts: Option<DsrCounts>,
+}
+
+impl Dsr {
+    fn read(bpffs: &std::path::Path, maps_dir: &std::path::Path) -> Dsr {
+        Dsr {
+            interfaces: proxy::dataplane::ebpf::dsr::pinned_egress_interfaces(bpffs),
+            // Absent from the pins of an agent older than DSR.
+            counts: DsrCounts::from_pin(maps_dir).ok(),
+        }
+    }
 }
 
 /// The XDP program as the pins show it: the interfaces with a pinned link, and its counts.
@@ -282,9 +308,10 @@ fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
     let maps_dir = proxy::dataplane::ebpf::inspect::maps_dir(&args.bpffs_path);
     let destroyed = TermCounts::from_pin(&maps_dir).ok();
     let xdp = Xdp::read(&args.bpffs_path, &maps_dir);
+    let dsr = Dsr::read(&args.bpffs_path, &maps_dir);
     let footprints = footprints(&maps_dir);
     if args.json {
-        println!("{}", maps_json(&snap, destroyed, &xdp, &footprints));
+        println!("{}", maps_json(&snap, destroyed, &xdp, &dsr, &footprints));
         return Ok(());
     }
     let (maps, links) = proxy::dataplane::ebpf::inspect::pinned(&args.bpffs_path);
@@ -323,6 +350,25 @@ fn run_maps(args: &InspectArgs) -> anyhow::Result<()> {
                 c.passed_new
             );
         }
+    }
+    let c = dsr.counts.unwrap_or_default();
+    if dsr.interfaces.is_empty() && c == DsrCounts::default() {
+        println!("DSR: off (--nodeport-mode snat)");
+    } else {
+        println!(
+            "DSR (--nodeport-mode dsr|hybrid), egress program {}: {} packets sent to a \
+             backend with the option, {} dropped (option not added), {} arrived with it \
+             (backend here), {} replies answered from the frontend",
+            if dsr.interfaces.is_empty() {
+                "not pinned (netlink tc filters before Linux 6.6, or none)".to_string()
+            } else {
+                format!("on {}", dsr.interfaces.join(", "))
+            },
+            c.options_added,
+            c.options_failed,
+            c.recorded,
+            c.replies_rewritten
+        );
     }
     println!(
         "map sizes (--bpf-*-max), {:.1} MiB of kernel memory in all:",

@@ -117,9 +117,11 @@ async fn backend_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
             sockets: args.bpf_sockets_max,
             flows: args.bpf_flows_max,
             conntrack: args.bpf_ct_max,
+            dsr_flows: args.bpf_ct_max,
             source_ranges: args.bpf_source_ranges_max,
         },
         xdp_interfaces: args.xdp_interfaces.clone(),
+        nodeport_mode: args.nodeport_mode,
     })
 }
 

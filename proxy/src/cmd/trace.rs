@@ -180,6 +180,18 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         );
     }
     println!("decision: {}", t.decision);
+    if let (true, Some(f), Some(_)) = (req.external, &t.frontend, t.decision.backend()) {
+        if f.value.flags & proxy_common::SVC_F_DSR != 0 {
+            println!(
+                "dsr: not masqueraded (the backend sees the client's address); the frontend goes \
+                 to the backend's node in an IPv4 option, whose agent answers the client from {} \
+                 directly (--nodeport-mode dsr|hybrid)",
+                f.frontend()
+            );
+        } else if f.value.flags & proxy_common::SVC_F_MASQUERADE != 0 {
+            println!("snat: masqueraded to the node; replies come back through it");
+        }
+    }
     if let (trace::Decision::Picked { slot, .. }, Some(f)) = (&t.decision, &t.frontend) {
         if f.is_maglev() {
             println!("maglev table slot {slot} of {}", f.value.count);

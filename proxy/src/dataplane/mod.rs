@@ -59,6 +59,39 @@ pub struct BackendConfig {
     pub ebpf_map_sizes: ebpf::MapSizes,
     /// `--xdp-interfaces` (ebpf): where the XDP program attaches.
     pub xdp_interfaces: Vec<String>,
+    /// `--nodeport-mode` (ebpf): how external traffic to a backend is sent on.
+    pub nodeport_mode: NodePortMode,
+}
+
+/// `--nodeport-mode`: how the eBPF backend's tc path sends NodePort / externalIP / LB IP traffic
+/// (externalTrafficPolicy Cluster) on to its backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum NodePortMode {
+    /// Masquerade to the node address: replies come back through this node (kube-proxy's way).
+    #[default]
+    Snat,
+    /// Direct server return: the client's address is kept, the Service address travels to the
+    /// backend's node in an IPv4 option, and that node answers the client directly. Every node
+    /// that has backends must run the eBPF backend in dsr or hybrid mode too. IPv4 only.
+    Dsr,
+    /// DSR for TCP, masquerade for UDP.
+    Hybrid,
+}
+
+impl NodePortMode {
+    /// Whether flows of `proto` are sent by DSR.
+    pub fn dsr_for(self, proto: crate::model::Protocol) -> bool {
+        match self {
+            NodePortMode::Snat => false,
+            NodePortMode::Dsr => true,
+            NodePortMode::Hybrid => proto == crate::model::Protocol::Tcp,
+        }
+    }
+
+    /// Whether this node takes part in DSR (its programs record and answer DSR flows).
+    pub fn is_dsr(self) -> bool {
+        self != NodePortMode::Snat
+    }
 }
 
 impl BackendConfig {
@@ -90,6 +123,7 @@ impl Default for BackendConfig {
             iptables_mode: None,
             ebpf_map_sizes: ebpf::MapSizes::default(),
             xdp_interfaces: Vec::new(),
+            nodeport_mode: NodePortMode::Snat,
         }
     }
 }

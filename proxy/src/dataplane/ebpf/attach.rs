@@ -52,6 +52,9 @@ pub struct MapSizes {
     pub flows: u32,
     /// tc connection tracking (LRU): `KPR_CT`.
     pub conntrack: u32,
+    /// DSR flows whose backend is on this node (LRU): `KPR_DSR`. The agent makes it 1 entry
+    /// unless `--nodeport-mode` is dsr or hybrid (an LRU map is allocated whole).
+    pub dsr_flows: u32,
     /// loadBalancerSourceRanges entries (one per range, LB IP and node address, per LB IP
     /// frontend): `KPR_SRC_RANGES`.
     pub source_ranges: u32,
@@ -67,6 +70,7 @@ impl Default for MapSizes {
             sockets: 262_144,
             flows: 262_144,
             conntrack: 262_144,
+            dsr_flows: 262_144,
             source_ranges: 65_536,
         }
     }
@@ -83,6 +87,7 @@ impl MapSizes {
             maps::SOCKS => self.sockets,
             maps::REVNAT | maps::UDP_FWD => self.flows,
             maps::CT => self.conntrack,
+            maps::DSR => self.dsr_flows,
             maps::SRC_RANGES => self.source_ranges,
             _ => return None,
         })

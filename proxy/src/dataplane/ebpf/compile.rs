@@ -9,7 +9,9 @@
 //!
 //! With the tc path attached, every external frontend also gets a `SCOPE_EXTERNAL` entry for
 //! traffic from outside the node: the external endpoints (eTP), masqueraded unless eTP is Local
-//! (or always with `--masquerade-all`). SCTP frontends are written (the socket programs would
+//! (or always with `--masquerade-all`). With `--nodeport-mode dsr` (`hybrid`: TCP only) an IPv4
+//! tc frontend that would be masqueraded because eTP is Cluster is marked [`SVC_F_DSR`] instead:
+//! direct server return (proxy-ebpf's `dsr.rs`); `--masquerade-all` keeps masquerading. SCTP frontends are written (the socket programs would
 //! translate them) but no kernel runs them for SCTP sockets, and the tc path skips SCTP.
 //!
 //! loadBalancerSourceRanges flag both entries of each LB IP ([`SVC_F_SOURCE_RANGES`]) and list,
@@ -34,7 +36,7 @@ use ipnet::IpNet;
 use proxy_common::{
     ServiceKey, SrcRangeKey, ALG_LEAST_CONN, ALG_MAGLEV, ALG_ROUND_ROBIN, FAMILY_V4, FAMILY_V6,
     SCOPE_EXTERNAL, SCOPE_SOCKET, SCOPE_V6, SRC_RANGE_FRONTEND_BITS, SVC_F_AFFINITY,
-    SVC_F_DROP_EMPTY, SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES,
+    SVC_F_DROP_EMPTY, SVC_F_DSR, SVC_F_MASQUERADE, SVC_F_SOURCE_RANGES,
 };
 
 use crate::maglev::MaglevTable;
@@ -191,6 +193,8 @@ pub struct CompileContext {
     pub masquerade_all: bool,
     /// The node's addresses (always allowed by loadBalancerSourceRanges).
     pub node_ips: Vec<IpAddr>,
+    /// `--nodeport-mode`.
+    pub nodeport_mode: crate::dataplane::NodePortMode,
 }
 
 /// Compiles `svc` with its selected endpoints.
@@ -225,10 +229,16 @@ pub fn compile(svc: &ServicePort, sel: &SelectedEndpoints, ctx: &CompileContext)
     } else {
         0
     };
+    // Direct server return where it would masquerade because eTP is Cluster (IPv4 only).
+    let dsr = !ctx.masquerade_all && !svc.external_local && ctx.nodeport_mode.dsr_for(svc.protocol);
     let tc_frontend = |ip: IpAddr, port: u16| {
         let mut f = frontend(ip, port, true, svc.external_local);
         f.key.scope |= SCOPE_EXTERNAL;
-        f.flags |= masquerade;
+        if dsr && ip.is_ipv4() {
+            f.flags |= SVC_F_DSR;
+        } else {
+            f.flags |= masquerade;
+        }
         f
     };
     let (ext_set, ext_local) = if svc.external_local {

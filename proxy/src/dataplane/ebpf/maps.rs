@@ -44,9 +44,14 @@ pub const SOCK_TERM_STATS: &str = "KPR_SOCK_TERM_STATS";
 pub const XDP_STATS: &str = "KPR_XDP_STATS";
 /// The tc program's own program array (index 0: itself; `tc::fill_again`).
 pub const TC_AGAIN: &str = "KPR_TC_AGAIN";
+/// The DSR program's program array (index 0: `kpr_tc_dsr` in dsr/hybrid mode, else empty).
+pub const TC_DSR: &str = "KPR_TC_DSR";
+/// DSR flows whose backend is on this node: reply key -> frontend (LRU).
+pub const DSR: &str = "KPR_DSR";
+pub const DSR_STATS: &str = "KPR_DSR_STATS";
 
 /// Every map of the object, for pinning, sizing and cleanup.
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 20] = [
     SERVICES,
     SLOTS,
     BACKENDS,
@@ -64,6 +69,9 @@ pub const ALL: [&str; 17] = [
     SOCK_TERM_STATS,
     XDP_STATS,
     TC_AGAIN,
+    TC_DSR,
+    DSR,
+    DSR_STATS,
 ];
 
 /// One hash map with its name and capacity.

@@ -52,6 +52,7 @@ use crate::state::{ChangeSet, LiveView, ProxyState, SocketsDestroyed, SyncStats}
 pub mod attach;
 mod batch;
 pub mod compile;
+pub mod dsr;
 pub mod features;
 pub mod inspect;
 pub mod live;
@@ -161,7 +162,12 @@ impl EbpfDataplane {
     /// As [`EbpfDataplane::new`], with explicit options. A pinned map of another size than
     /// asked for is resized, its entries carried over (see [`resize`]).
     pub fn with_options(cfg: &BackendConfig, opts: EbpfOptions) -> Result<Self, DataplaneError> {
-        let sizes = opts.map_sizes;
+        let dsr = cfg.nodeport_mode.is_dsr();
+        let mut sizes = opts.map_sizes;
+        if !dsr || opts.tc == TcInterfaces::Off {
+            // KPR_DSR is an LRU map, allocated whole: no room for flows that never come.
+            sizes.dsr_flows = 1;
+        }
         object::embedded()?;
         let cgroup_path = cfg
             .cgroup_path
@@ -216,7 +222,20 @@ impl EbpfDataplane {
             None
         };
         attach::attach_all(&mut ebpf, &cgroup, &pins)?;
-        let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links())?;
+        if dsr && nodeport_ips.iter().any(IpAddr::is_ipv6) {
+            tracing::warn!(
+                "ebpf: --nodeport-mode {:?} is IPv4 only: IPv6 NodePort / external traffic stays \
+                 masqueraded",
+                cfg.nodeport_mode
+            );
+        }
+        if dsr && opts.tc == TcInterfaces::Off {
+            tracing::warn!(
+                "ebpf: --nodeport-mode {:?} needs the tc path, which is off: no DSR",
+                cfg.nodeport_mode
+            );
+        }
+        let mut tc = tc::TcAttacher::new(&mut ebpf, opts.tc, pins.links(), dsr)?;
         tc.refresh(&mut ebpf)?;
         let mut xdp = xdp::XdpAttacher::new(&mut ebpf, opts.xdp, pins.links())?;
         xdp.refresh(&mut ebpf)?;
@@ -232,6 +251,7 @@ impl EbpfDataplane {
                 nodeport_ips,
                 masquerade_all: cfg.node.masquerade_all,
                 node_ips: cfg.node.node_ips.clone(),
+                nodeport_mode: cfg.nodeport_mode,
             },
             tc,
             xdp,
@@ -275,6 +295,16 @@ impl EbpfDataplane {
     /// What the XDP program did since the maps were created.
     pub fn xdp_counts(&self) -> Result<xdp::XdpCounts, DataplaneError> {
         xdp::XdpCounts::from_pin(&self.pins.maps())
+    }
+
+    /// Whether the DSR programs are in place (`--nodeport-mode dsr|hybrid` with the tc path).
+    pub fn dsr(&self) -> bool {
+        self.tc.dsr()
+    }
+
+    /// What the DSR programs did since the maps were created.
+    pub fn dsr_counts(&self) -> Result<dsr::DsrCounts, DataplaneError> {
+        dsr::DsrCounts::from_pin(&self.pins.maps())
     }
 
     /// Interfaces named for XDP that did not take it, with the reason.

@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use aya::maps::MapData;
 use aya::Pod;
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, RevNatKey, RevNatValue,
-    ServiceKey, ServiceValue, SlotKey, SockBackend,
+    AffinityKey, AffinityValue, Backend, BackendCounters, CtKey, CtValue, DsrFrontend, RevNatKey,
+    RevNatValue, ServiceKey, ServiceValue, SlotKey, SockBackend,
 };
 
 use super::attach::{MapSizes, Pins};
@@ -37,13 +37,14 @@ use crate::error::DataplaneError;
 const ASIDE: &str = "_RESIZING";
 
 /// Maps the programs write: copied again after the new programs are attached.
-const PROGRAM_WRITTEN: [&str; 6] = [
+const PROGRAM_WRITTEN: [&str; 7] = [
     maps::AFFINITY,
     maps::SOCKS,
     maps::REVNAT,
     maps::UDP_FWD,
     maps::CT,
     maps::COUNTERS,
+    maps::DSR,
 ];
 
 /// A pinned map being resized: its old pin set aside until its entries are carried over.
@@ -193,6 +194,7 @@ fn copy_one(
         maps::REVNAT => copy::<RevNatKey, RevNatValue>(name, from, to, keep_existing),
         maps::UDP_FWD => copy::<RevNatKey, SockBackend>(name, from, to, keep_existing),
         maps::CT => copy::<CtKey, CtValue>(name, from, to, keep_existing),
+        maps::DSR => copy::<CtKey, DsrFrontend>(name, from, to, keep_existing),
         maps::SOCK_TERM => copy::<u32, Backend>(name, from, to, keep_existing),
         maps::SRC_RANGES => {
             let old = Ranges::from_pin_path(from)?;

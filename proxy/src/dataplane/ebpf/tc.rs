@@ -11,6 +11,12 @@
 //! on a short-lived thread that entered it, so later syncs from any thread never touch another
 //! namespace. Links are pinned as `links/tc-<interface>`; interfaces that disappeared lose their
 //! pin on the next refresh.
+//!
+//! With `--nodeport-mode dsr|hybrid` (direct server return, proxy-ebpf's `dsr.rs`) the DSR
+//! program goes into `KPR_TC_DSR` (the tc program's tail call) and the egress program
+//! (`kpr_tc_egress`) onto the same interfaces' egress, pinned as `links/tc-egress-<interface>`.
+//! In snat mode both are taken away again: `KPR_TC_DSR` emptied, egress links unpinned (and
+//! before 6.6 their netlink filters removed), so a node leaves DSR with a restart.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
@@ -26,10 +32,14 @@ use aya::Ebpf;
 use nix::sched::{setns, CloneFlags};
 
 use super::attach::{error_chain, replace_pin};
-use super::maps::TC_AGAIN as AGAIN;
+use super::maps::{TC_AGAIN as AGAIN, TC_DSR};
 use crate::error::DataplaneError;
 
 pub const PROGRAM: &str = "kpr_tc_ingress";
+/// The DSR program (a tail call of [`PROGRAM`], never attached).
+pub const DSR_PROGRAM: &str = "kpr_tc_dsr";
+/// The egress program of DSR.
+pub const EGRESS_PROGRAM: &str = "kpr_tc_egress";
 
 /// Which interfaces get the tc program.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +58,8 @@ pub struct TcAttacher {
     mode: TcInterfaces,
     links_dir: PathBuf,
     attached: BTreeSet<String>,
+    /// Direct server return: the egress program attached next to the ingress one.
+    dsr: bool,
 }
 
 impl TcAttacher {
@@ -56,19 +68,39 @@ impl TcAttacher {
         ebpf: &mut Ebpf,
         mode: TcInterfaces,
         links_dir: PathBuf,
+        dsr: bool,
     ) -> Result<Self, DataplaneError> {
         let netns = File::open("/proc/thread-self/ns/net")
             .map_err(|e| DataplaneError::io("opening /proc/thread-self/ns/net", e))?;
+        let dsr = dsr && mode != TcInterfaces::Off;
         if mode != TcInterfaces::Off {
             program(ebpf)?.load().map_err(|e| tc_err("loading", &e))?;
             fill_again(ebpf)?;
+        }
+        if dsr {
+            named(ebpf, DSR_PROGRAM)?
+                .load()
+                .map_err(|e| named_err(DSR_PROGRAM, "loading", &e))?;
+            named(ebpf, EGRESS_PROGRAM)?
+                .load()
+                .map_err(|e| named_err(EGRESS_PROGRAM, "loading", &e))?;
+        }
+        fill_dsr(ebpf, dsr)?;
+        if !dsr {
+            unpin_egress(&links_dir);
         }
         Ok(TcAttacher {
             netns,
             mode,
             links_dir,
             attached: BTreeSet::new(),
+            dsr,
         })
+    }
+
+    /// Whether the DSR programs are in place (dsr or hybrid mode with the tc path).
+    pub fn dsr(&self) -> bool {
+        self.dsr
     }
 
     pub fn enabled(&self) -> bool {
@@ -80,7 +112,7 @@ impl TcAttacher {
         if !self.enabled() {
             return Ok(());
         }
-        let prog = program(ebpf)?;
+        let dsr = self.dsr;
         let netns = &self.netns;
         let mode = &self.mode;
         let links_dir = &self.links_dir;
@@ -90,7 +122,17 @@ impl TcAttacher {
                 enter(netns)?;
                 let present = interfaces(mode)?;
                 for name in present.difference(attached) {
-                    attach_one(prog, name, links_dir)?;
+                    attach_one(program(ebpf)?, name, links_dir)?;
+                    if dsr {
+                        attach_egress(named(ebpf, EGRESS_PROGRAM)?, name, links_dir)?;
+                    } else if !tcx_supported() {
+                        detach_netlink_egress(name).map_err(|e| {
+                            tc_err(
+                                &format!("removing the DSR egress filter on interface {name}"),
+                                &e,
+                            )
+                        })?;
+                    }
                 }
                 Ok(present)
             })
@@ -99,6 +141,7 @@ impl TcAttacher {
         })?;
         for gone in self.attached.difference(&result) {
             let _ = fs::remove_file(self.links_dir.join(pin_name(gone)));
+            let _ = fs::remove_file(self.links_dir.join(egress_pin_name(gone)));
         }
         self.attached = result;
         Ok(())
@@ -162,22 +205,83 @@ fn fill_again(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
     })
 }
 
+/// Puts the DSR program at index 0 of `KPR_TC_DSR` (`dsr`), or empties it: the tc program's
+/// tail call then fails, and it goes on without DSR. A pinned map keeps what the previous
+/// agent put there until this one decides.
+fn fill_dsr(ebpf: &mut Ebpf, dsr: bool) -> Result<(), DataplaneError> {
+    let fd = if dsr {
+        Some(
+            named(ebpf, DSR_PROGRAM)?
+                .fd()
+                .map_err(|e| named_err(DSR_PROGRAM, "reading the fd of", &e))?
+                .try_clone()
+                .map_err(|e| DataplaneError::io("duplicating the DSR program's fd", e))?,
+        )
+    } else {
+        None
+    };
+    let map = ebpf
+        .map_mut(TC_DSR)
+        .ok_or_else(|| DataplaneError::Other(format!("the eBPF object has no map {TC_DSR}")))?;
+    let mut array = ProgramArray::try_from(map)
+        .map_err(|e| DataplaneError::Other(format!("eBPF map {TC_DSR}: {e}{}", error_chain(&e))))?;
+    match fd {
+        Some(fd) => array.set(0, &fd, 0).map_err(|e| {
+            DataplaneError::Other(format!(
+                "eBPF map {TC_DSR}: putting {DSR_PROGRAM} at index 0: {e}{}",
+                error_chain(&e)
+            ))
+        }),
+        // Empty already is not an error.
+        None => {
+            let _ = array.clear_index(&0);
+            Ok(())
+        }
+    }
+}
+
+/// Unpins every DSR egress link under `links_dir` (detaching the program; a node left DSR).
+fn unpin_egress(links_dir: &std::path::Path) {
+    let prefix = egress_pin_name("");
+    for entry in fs::read_dir(links_dir).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
 fn program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, DataplaneError> {
-    let p = ebpf.program_mut(PROGRAM).ok_or_else(|| {
-        DataplaneError::Other(format!("the eBPF object has no program {PROGRAM}"))
-    })?;
-    p.try_into().map_err(|e| tc_err("typing", &e))
+    named(ebpf, PROGRAM)
+}
+
+/// The classifier `name` of the object.
+fn named<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, DataplaneError> {
+    let p = ebpf
+        .program_mut(name)
+        .ok_or_else(|| DataplaneError::Other(format!("the eBPF object has no program {name}")))?;
+    p.try_into().map_err(|e| named_err(name, "typing", &e))
 }
 
 fn tc_err(what: &str, e: &dyn std::error::Error) -> DataplaneError {
+    named_err(PROGRAM, what, e)
+}
+
+fn named_err(program: &str, what: &str, e: &dyn std::error::Error) -> DataplaneError {
     DataplaneError::Other(format!(
-        "eBPF program {PROGRAM}: {what}: {e}{}",
+        "eBPF program {program}: {what}: {e}{}",
         error_chain(e)
     ))
 }
 
 fn pin_name(interface: &str) -> String {
     format!("tc-{interface}")
+}
+
+/// The pin name prefix of the DSR egress links (`links/tc-egress-<interface>`).
+pub const EGRESS_PIN_PREFIX: &str = "tc-egress-";
+
+fn egress_pin_name(interface: &str) -> String {
+    format!("{EGRESS_PIN_PREFIX}{interface}")
 }
 
 /// The interfaces of the current thread's namespace that `mode` selects.
@@ -225,6 +329,45 @@ fn attach_one(
     replace_pin(link, &links_dir.join(pin_name(interface)))
 }
 
+/// Attaches the DSR egress program to `interface` (TCX egress, pinned; before 6.6 a netlink
+/// filter on clsact egress, as [`attach_netlink`] does for ingress).
+fn attach_egress(
+    prog: &mut SchedClassifier,
+    interface: &str,
+    links_dir: &std::path::Path,
+) -> Result<(), DataplaneError> {
+    let what = |step: &str| format!("{step} on interface {interface}");
+    let err = |step: &str, e: &dyn std::error::Error| named_err(EGRESS_PROGRAM, &what(step), e);
+    if !tcx_supported() {
+        match qdisc_add_clsact(interface) {
+            Ok(()) => {}
+            Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(err("adding the clsact qdisc (no TCX before 6.6)", &e)),
+        }
+        detach_netlink_egress(interface).map_err(|e| err("removing an earlier filter", &e))?;
+        let id = prog
+            .attach(interface, TcAttachType::Egress)
+            .map_err(|e| err("attaching (netlink tc filter, clsact egress)", &e))?;
+        let link = prog.take_link(id).map_err(|e| err("taking the link", &e))?;
+        std::mem::forget(link);
+        return Ok(());
+    }
+    let id = prog
+        .attach(interface, TcAttachType::Egress)
+        .map_err(|e| err("attaching (TCX egress)", &e))?;
+    let link = prog.take_link(id).map_err(|e| err("taking the link", &e))?;
+    let link = FdLink::try_from(link).map_err(|e| err("converting the link", &e))?;
+    replace_pin(link, &links_dir.join(egress_pin_name(interface)))
+}
+
+/// Removes the DSR egress program's netlink tc filters from an interface; none is not an error.
+fn detach_netlink_egress(interface: &str) -> Result<(), TcError> {
+    match qdisc_detach_program(interface, TcAttachType::Egress, EGRESS_PROGRAM) {
+        Err(TcError::IoError(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
 /// The pre-6.6 path: a clsact qdisc (created when missing) and a netlink tc filter replacing the
 /// ones an earlier agent left. The link is forgotten, not dropped: dropping it would detach the
 /// filter, and the filter must outlive this agent like a pinned TCX link does.
@@ -268,6 +411,13 @@ pub fn detach_netlink_filters() -> Result<(), DataplaneError> {
     for interface in interfaces(&TcInterfaces::All)? {
         detach_netlink(&interface)
             .map_err(|e| tc_err(&format!("removing the filter on interface {interface}"), &e))?;
+        detach_netlink_egress(&interface).map_err(|e| {
+            named_err(
+                EGRESS_PROGRAM,
+                &format!("removing the filter on interface {interface}"),
+                &e,
+            )
+        })?;
     }
     Ok(())
 }

@@ -32,6 +32,7 @@ fn ctx(tc: bool) -> CompileContext {
         tc,
         masquerade_all: false,
         node_ips: vec!["192.168.1.10".parse().unwrap()],
+        nodeport_mode: Default::default(),
     }
 }
 
@@ -214,6 +215,65 @@ fn tc_frontends_use_the_external_set_and_masquerade_under_etp_cluster() {
         SetKind::Cluster,
         "same endpoints: the set is shared"
     );
+}
+
+/// The tc frontend's (masquerade, dsr) flags of `s` under `mode`.
+fn tc_flags(s: &ServicePort, mode: crate::dataplane::NodePortMode, masquerade_all: bool) -> u16 {
+    let sel = select(s, &[ep(1, NODE), ep(2, "other")], NODE);
+    let mut c = ctx(true);
+    c.nodeport_mode = mode;
+    c.masquerade_all = masquerade_all;
+    let d = compile(s, &sel, &c);
+    let tc = d
+        .frontends
+        .iter()
+        .find(|f| f.key.scope == SCOPE_EXTERNAL)
+        .unwrap();
+    tc.flags & (SVC_F_MASQUERADE | SVC_F_DSR)
+}
+
+#[test]
+fn nodeport_mode_dsr_replaces_the_masquerade_of_etp_cluster() {
+    use crate::dataplane::NodePortMode::{Dsr, Hybrid, Snat};
+    let mut tcp = svc();
+    tcp.node_port = 30080;
+    let mut udp = tcp.clone();
+    udp.protocol = Protocol::Udp;
+    assert_eq!(tc_flags(&tcp, Snat, false), SVC_F_MASQUERADE);
+    assert_eq!(tc_flags(&tcp, Dsr, false), SVC_F_DSR);
+    assert_eq!(tc_flags(&udp, Dsr, false), SVC_F_DSR);
+    assert_eq!(tc_flags(&tcp, Hybrid, false), SVC_F_DSR);
+    assert_eq!(
+        tc_flags(&udp, Hybrid, false),
+        SVC_F_MASQUERADE,
+        "hybrid: UDP SNAT"
+    );
+    assert_eq!(
+        tc_flags(&tcp, Dsr, true),
+        SVC_F_MASQUERADE,
+        "--masquerade-all keeps masquerading"
+    );
+    let mut local = tcp.clone();
+    local.external_local = true;
+    assert_eq!(tc_flags(&local, Dsr, false), 0, "eTP Local: unchanged");
+}
+
+#[test]
+fn nodeport_mode_dsr_leaves_ipv6_frontends_masqueraded() {
+    let mut s = svc();
+    s.cluster_ips = vec![ip("fd00:10:96::10")];
+    s.node_port = 30080;
+    let sel = select(&s, &[], NODE);
+    let mut c = ctx(true);
+    c.nodeport_ips = vec![ip("2001:db8::10")];
+    c.nodeport_mode = crate::dataplane::NodePortMode::Dsr;
+    let d = compile(&s, &sel, &c);
+    let tc = d
+        .frontends
+        .iter()
+        .find(|f| f.key.scope & SCOPE_EXTERNAL != 0)
+        .unwrap();
+    assert_eq!(tc.flags & (SVC_F_MASQUERADE | SVC_F_DSR), SVC_F_MASQUERADE);
 }
 
 #[test]
