@@ -17,6 +17,10 @@
 //! from sources outside them (`KPR_SRC_RANGES`); pods' connections to it arrive here too, as the
 //! socket path leaves them untranslated.
 //!
+//! Direct server return (`SVC_F_DSR` frontends, `CT_F_DSR` flows, packets carrying the DSR
+//! option) is the DSR program's (`dsr.rs`), reached by a tail call (`Pkt::dsr`): a new flow to
+//! such a frontend, a DSR flow's SYN or UDP datagram, and a packet carrying the option.
+//!
 //! One body serves both families, instantiated per family (`V6`) at the top: IPv4, and IPv6 whose
 //! transport header follows the fixed header (a packet with extension headers is left to the
 //! stack). IPv6 has no header checksum; its addresses enter the transport checksum through
