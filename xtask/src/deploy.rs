@@ -64,7 +64,7 @@ pub const SMOKE_NODE_PORT: u16 = 30080;
 pub const SMOKE_LOCAL_NODE_PORT: u16 = 30081;
 
 /// How the committed agent manifest sets the backend (`KPR_BACKEND`, read by the agent's
-/// `--backend=$(KPR_BACKEND)` and by the init container that cleans up the other backends).
+/// `--backend=$(KPR_BACKEND)`).
 const BACKEND_VALUE: &str = "value: nftables # backend";
 
 pub fn deploy_dir() -> PathBuf {
@@ -271,8 +271,8 @@ mod tests {
             let value = format!("value: {backend} # backend");
             assert_eq!(
                 text.matches(&value).count(),
-                2,
-                "{backend}: agent and cleanup init container"
+                1,
+                "{backend}: the agent's KPR_BACKEND (no cleanup init container: the agent cleans up)"
             );
             assert!(text.contains("dev-control-plane"));
             assert!(!text.contains("kpr-control-plane"));

@@ -824,7 +824,7 @@ mod tests {
         let agent = fs::read_to_string(dir.join(deploy::AGENT_MANIFEST)).unwrap();
         let smoke = fs::read_to_string(dir.join(deploy::SMOKE_MANIFEST)).unwrap();
         fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(agent.matches("value: ebpf # backend").count(), 2, "{agent}");
+        assert_eq!(agent.matches("value: ebpf # backend").count(), 1, "{agent}");
         assert!(agent.contains(&format!("value: {cluster}-control-plane")));
         assert!(smoke.contains("nodePort: 30080"));
     }

@@ -5,8 +5,8 @@
 //!    becomes ready through it; the leftovers check; `cluster smoke`.
 //! 2. `helm upgrade --reuse-values` to `--upgrade-to` with the cluster's `kube-proxy` ConfigMap
 //!    mounted (`agent.kubeProxyConfig.enabled`: the ConfigMap kubeadm would have made, from
-//!    xtask/k8s/manifests/kube-proxy.yaml); the new Pods' init container removes the previous
-//!    backend's state; the leftovers check; `cluster smoke`.
+//!    xtask/k8s/manifests/kube-proxy.yaml); each new agent removes the previous backend's
+//!    state after its first sync; the leftovers check; `cluster smoke`.
 //! 3. `helm uninstall`, waited for; no object of the release is left in the API (by its
 //!    `app.kubernetes.io/instance` label, and Helm's release Secrets); then deploy/cleanup.yaml,
 //!    as after removing any Service proxy (the chart's README, "Uninstall"), and the nodes hold

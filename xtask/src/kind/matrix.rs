@@ -160,7 +160,8 @@ fn deploy_agent(kind: &Kind) -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// README's "Switch backends": the agent re-rendered with another backend and applied; the
-/// DaemonSet rolls node by node (its init container cleans the other backends up).
+/// DaemonSet rolls node by node (each new agent cleans the other backends up after its first
+/// sync).
 fn switch(kind: &Kind) -> anyhow::Result<Vec<String>> {
     step(&format!("switch to {}", kind.render.backend));
     kind.check_cgroup_scope()?;

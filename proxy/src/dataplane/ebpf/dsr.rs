@@ -4,12 +4,11 @@
 
 use std::path::Path;
 
-use aya::maps::{Map, MapData, PerCpuArray};
 use proxy_common::{
     DSR_STAT_OPT_ADDED, DSR_STAT_OPT_FAILED, DSR_STAT_RECORDED, DSR_STAT_REPLY_REWRITTEN,
 };
 
-use super::maps::DSR_STATS;
+use super::maps::{PinnedCounters, DSR_STATS};
 use crate::error::DataplaneError;
 
 /// What the DSR programs did, summed over the CPUs, since the maps were created.
@@ -29,25 +28,12 @@ pub struct DsrCounts {
 impl DsrCounts {
     /// Reads the pinned `KPR_DSR_STATS`.
     pub fn from_pin(maps_dir: &Path) -> Result<Self, DataplaneError> {
-        let err = |what: &str, e: &dyn std::fmt::Display| {
-            DataplaneError::Other(format!("eBPF map {DSR_STATS}: {what}: {e}"))
-        };
-        let data =
-            MapData::from_pin(maps_dir.join(DSR_STATS)).map_err(|e| err("opening the pin", &e))?;
-        let stats: PerCpuArray<MapData, u64> =
-            PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|e| err("opening", &e))?;
-        let sum = |i: u32| -> Result<u64, DataplaneError> {
-            Ok(stats
-                .get(&i, 0)
-                .map_err(|e| err("reading", &e))?
-                .iter()
-                .sum())
-        };
+        let stats = PinnedCounters::open(maps_dir, DSR_STATS)?;
         Ok(DsrCounts {
-            options_added: sum(DSR_STAT_OPT_ADDED)?,
-            options_failed: sum(DSR_STAT_OPT_FAILED)?,
-            recorded: sum(DSR_STAT_RECORDED)?,
-            replies_rewritten: sum(DSR_STAT_REPLY_REWRITTEN)?,
+            options_added: stats.sum(DSR_STAT_OPT_ADDED)?,
+            options_failed: stats.sum(DSR_STAT_OPT_FAILED)?,
+            recorded: stats.sum(DSR_STAT_RECORDED)?,
+            replies_rewritten: stats.sum(DSR_STAT_REPLY_REWRITTEN)?,
         })
     }
 

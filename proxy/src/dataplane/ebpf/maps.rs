@@ -635,3 +635,35 @@ impl Maps {
             .map_err(|e| map_err(CONFIG6, "writing index 0", e))
     }
 }
+
+/// A pinned per-CPU array of `u64` counters (the programs' statistics maps), read as sums over
+/// the CPUs; errors name the map.
+pub struct PinnedCounters {
+    name: &'static str,
+    map: aya::maps::PerCpuArray<MapData, u64>,
+}
+
+impl PinnedCounters {
+    /// Opens `<maps_dir>/<name>`.
+    pub fn open(maps_dir: &Path, name: &'static str) -> Result<Self, DataplaneError> {
+        let data = MapData::from_pin(maps_dir.join(name))
+            .map_err(|e| Self::error(name, "opening the pin", &e))?;
+        let map = aya::maps::PerCpuArray::try_from(Map::PerCpuArray(data))
+            .map_err(|e| Self::error(name, "opening", &e))?;
+        Ok(PinnedCounters { name, map })
+    }
+
+    /// Counter `index` summed over the CPUs.
+    pub fn sum(&self, index: u32) -> Result<u64, DataplaneError> {
+        Ok(self
+            .map
+            .get(&index, 0)
+            .map_err(|e| Self::error(self.name, "reading", &e))?
+            .iter()
+            .sum())
+    }
+
+    fn error(name: &str, what: &str, e: &dyn fmt::Display) -> DataplaneError {
+        DataplaneError::Other(format!("eBPF map {name}: {what}: {e}"))
+    }
+}

@@ -18,14 +18,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Map, MapData, PerCpuArray};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{Xdp, XdpMode};
 use aya::Ebpf;
 use proxy_common::{XDP_STAT_PASS_NEW, XDP_STAT_PASS_ROUTE, XDP_STAT_TX};
 
 use super::attach::{error_chain, replace_pin};
-use super::maps::XDP_STATS;
+use super::maps::{PinnedCounters, XDP_STATS};
 use crate::error::DataplaneError;
 
 pub const PROGRAM: &str = "kpr_xdp";
@@ -238,24 +237,11 @@ pub struct XdpCounts {
 impl XdpCounts {
     /// Reads the pinned `KPR_XDP_STATS`.
     pub fn from_pin(maps_dir: &Path) -> Result<Self, DataplaneError> {
-        let err = |what: &str, e: &dyn std::fmt::Display| {
-            DataplaneError::Other(format!("eBPF map {XDP_STATS}: {what}: {e}"))
-        };
-        let data =
-            MapData::from_pin(maps_dir.join(XDP_STATS)).map_err(|e| err("opening the pin", &e))?;
-        let stats: PerCpuArray<MapData, u64> =
-            PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|e| err("opening", &e))?;
-        let sum = |i: u32| -> Result<u64, DataplaneError> {
-            Ok(stats
-                .get(&i, 0)
-                .map_err(|e| err("reading", &e))?
-                .iter()
-                .sum())
-        };
+        let stats = PinnedCounters::open(maps_dir, XDP_STATS)?;
         Ok(XdpCounts {
-            sent: sum(XDP_STAT_TX)?,
-            passed_route: sum(XDP_STAT_PASS_ROUTE)?,
-            passed_new: sum(XDP_STAT_PASS_NEW)?,
+            sent: stats.sum(XDP_STAT_TX)?,
+            passed_route: stats.sum(XDP_STAT_PASS_ROUTE)?,
+            passed_new: stats.sum(XDP_STAT_PASS_NEW)?,
         })
     }
 
