@@ -26,6 +26,8 @@ pub struct Health {
     /// Unix ms of the oldest change not yet programmed; 0 when none is pending.
     pending_since_ms: AtomicU64,
     last_ok_ms: AtomicU64,
+    /// Wakes [`Health::first_programmed`]'s waiters on every successful sync.
+    programmed_notify: tokio::sync::Notify,
 }
 
 impl Health {
@@ -45,6 +47,21 @@ impl Health {
     pub fn programmed(&self) {
         self.pending_since_ms.store(0, Ordering::Relaxed);
         self.last_ok_ms.store(now_ms(), Ordering::Relaxed);
+        self.programmed_notify.notify_waiters();
+    }
+
+    /// Returns once a sync has succeeded (at once if one already has).
+    pub async fn first_programmed(&self) {
+        loop {
+            // Registered before the check, so a sync finishing in between still wakes it.
+            let notified = self.programmed_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.programmed_once() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Whether a sync has succeeded yet (the first one programs the initial listing).
@@ -321,5 +338,30 @@ mod tests {
         assert_eq!(unserved_of(&sp, &unserved).count(), 0);
         sp.external_ips.push("2001:db8::10".parse().unwrap());
         assert_eq!(unserved_of(&sp, &unserved).count(), 1);
+    }
+
+    #[tokio::test]
+    async fn first_programmed_waits_for_a_successful_sync_only() {
+        let health = std::sync::Arc::new(Health::default());
+        let waiter = tokio::spawn({
+            let health = health.clone();
+            async move { health.first_programmed().await }
+        });
+        health.queued();
+        health.set_synced();
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "returned before any sync was programmed"
+        );
+        health.programmed();
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("still waiting after the first sync was programmed")
+            .unwrap();
+        // Once programmed, later callers return at once.
+        tokio::time::timeout(Duration::from_secs(10), health.first_programmed())
+            .await
+            .unwrap();
     }
 }

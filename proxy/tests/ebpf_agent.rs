@@ -128,17 +128,7 @@ fn picked(d: &Decision, algorithm: &str) -> IpAddr {
 
 /// Runs the proxy binary (reads pins only; no networking) and returns stdout, asserting success.
 fn proxy_out(args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_proxy"))
-        .args(args)
-        .output()
-        .expect("running proxy");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "proxy {args:?}: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    kpr_tests::proxy_stdout(std::process::Command::new(env!("CARGO_BIN_EXE_proxy")).args(args))
 }
 
 #[test]

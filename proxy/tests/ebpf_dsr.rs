@@ -150,6 +150,28 @@ fn agent<'n>(node: &'n Netns, cgroup: &Cgroup, ip: Ipv4Addr, mode: &str) -> Agen
     Agent::start(node, &opts, &manifests()).unwrap_or_else(|e| panic!("agent on {ip}: {e}"))
 }
 
+/// Both nodes' agents in one `--nodeport-mode`, each on a cgroup of its own (the agents are
+/// dropped first, as the fields are declared).
+struct Agents<'l> {
+    a: Agent<'l>,
+    b: Agent<'l>,
+    _cgroups: (Cgroup, Cgroup),
+}
+
+impl<'l> Agents<'l> {
+    fn start(lab: &'l Lab, mode: &str) -> Self {
+        let cgroups = (
+            Cgroup::new(&format!("{mode}a")).unwrap(),
+            Cgroup::new(&format!("{mode}b")).unwrap(),
+        );
+        Agents {
+            a: agent(&lab.a, &cgroups.0, NODE_A, mode),
+            b: agent(&lab.b, &cgroups.1, NODE_B, mode),
+            _cgroups: cgroups,
+        }
+    }
+}
+
 fn maps_of(agent: &Agent) -> PathBuf {
     agent.bpffs_path().expect("an ebpf agent").join("maps")
 }
@@ -304,21 +326,12 @@ fn proxy_cmd(node: &Netns, agent: &Agent, args: &[&str]) -> String {
         .expect("pins")
         .to_string_lossy()
         .into_owned();
-    let out = node
-        .exec(agent.binary())
-        .expect("a command in the node namespace")
-        .args(args)
-        .args(["--bpffs-path", &pins])
-        .output()
-        .expect("running proxy");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "proxy {args:?}: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("$ proxy {} (in {})\n{stdout}", args.join(" "), node.name());
-    stdout
+    kpr_tests::proxy_stdout(
+        node.exec(agent.binary())
+            .expect("a command in the node namespace")
+            .args(args)
+            .args(["--bpffs-path", &pins]),
+    )
 }
 
 fn is_from_pod(f: &Frame) -> bool {
@@ -329,17 +342,16 @@ fn is_from_pod(f: &Frame) -> bool {
 fn dsr_answers_the_client_from_the_backends_node_with_its_address_kept() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let lab = Lab::new();
-    let (cga, cgb) = (Cgroup::new("dsra").unwrap(), Cgroup::new("dsrb").unwrap());
-    let agent_a = agent(&lab.a, &cga, NODE_A, "dsr");
-    let agent_b = agent(&lab.b, &cgb, NODE_B, "dsr");
+    let agents = Agents::start(&lab, "dsr");
+    let (agent_a, agent_b) = (&agents.a, &agents.b);
     let (cap_a, cap_b) = (Capture::open(&lab.a, "eth0"), Capture::open(&lab.b, "eth0"));
-    let (before_a, before_b) = (dsr_counts(&agent_a), dsr_counts(&agent_b));
+    let (before_a, before_b) = (dsr_counts(agent_a), dsr_counts(agent_b));
 
     let (tcp, udp) = requests(&lab);
 
     let (frames_a, frames_b) = (cap_a.frames(), cap_b.frames());
-    let a = dsr_counts(&agent_a).since(before_a);
-    let b = dsr_counts(&agent_b).since(before_b);
+    let a = dsr_counts(agent_a).since(before_a);
+    let b = dsr_counts(agent_b).since(before_b);
     eprintln!("node A (entry): {a:?}\nnode B (backend): {b:?}");
     for r in tcp.iter().chain(&udp) {
         assert_eq!(r.pod, "pod", "{r:?}");
@@ -435,7 +447,7 @@ fn dsr_answers_the_client_from_the_backends_node_with_its_address_kept() {
     );
     assert_eq!(b.options_added, 0, "{b:?}");
     // What the tools say.
-    let inspect = proxy_cmd(&lab.a, &agent_a, &["inspect", "--maps"]);
+    let inspect = proxy_cmd(&lab.a, agent_a, &["inspect", "--maps"]);
     // Pinned TCX links from 6.6; netlink filters, which have no pin, before.
     let egress = if proxy::dataplane::ebpf::tc::tcx_supported() {
         "egress program on eth0"
@@ -449,7 +461,7 @@ fn dsr_answers_the_client_from_the_backends_node_with_its_address_kept() {
     assert!(inspect.contains("[round-robin, dsr]"), "{inspect}");
     let trace = proxy_cmd(
         &lab.a,
-        &agent_a,
+        agent_a,
         &[
             "trace",
             "--from-outside",
@@ -458,7 +470,7 @@ fn dsr_answers_the_client_from_the_backends_node_with_its_address_kept() {
         ],
     );
     assert!(trace.contains("dsr: not masqueraded"), "{trace}");
-    let inspect_b = proxy_cmd(&lab.b, &agent_b, &["inspect", "--maps"]);
+    let inspect_b = proxy_cmd(&lab.b, agent_b, &["inspect", "--maps"]);
     assert!(inspect_b.contains("replies answered from the frontend"));
 }
 
@@ -466,9 +478,7 @@ fn dsr_answers_the_client_from_the_backends_node_with_its_address_kept() {
 fn snat_sends_the_answers_back_through_the_node_the_client_sent_to() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let lab = Lab::new();
-    let (cga, cgb) = (Cgroup::new("snata").unwrap(), Cgroup::new("snatb").unwrap());
-    let agent_a = agent(&lab.a, &cga, NODE_A, "snat");
-    let agent_b = agent(&lab.b, &cgb, NODE_B, "snat");
+    let agents = Agents::start(&lab, "snat");
     let cap_a = Capture::open(&lab.a, "eth0");
 
     let (tcp, udp) = requests(&lab);
@@ -491,7 +501,7 @@ fn snat_sends_the_answers_back_through_the_node_the_client_sent_to() {
         frames_a.iter().all(|f| f.option.is_none()),
         "no DSR option in snat mode: {frames_a:#?}"
     );
-    for agent in [&agent_a, &agent_b] {
+    for agent in [&agents.a, &agents.b] {
         assert_eq!(dsr_counts(agent), DsrCounts::default());
     }
 }
@@ -500,9 +510,7 @@ fn snat_sends_the_answers_back_through_the_node_the_client_sent_to() {
 fn hybrid_returns_tcp_directly_and_masquerades_udp() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let lab = Lab::new();
-    let (cga, cgb) = (Cgroup::new("hyba").unwrap(), Cgroup::new("hybb").unwrap());
-    let agent_a = agent(&lab.a, &cga, NODE_A, "hybrid");
-    let _agent_b = agent(&lab.b, &cgb, NODE_B, "hybrid");
+    let agents = Agents::start(&lab, "hybrid");
     let cap_a = Capture::open(&lab.a, "eth0");
 
     let (tcp, udp) = requests(&lab);
@@ -519,7 +527,7 @@ fn hybrid_returns_tcp_directly_and_masquerades_udp() {
         back.iter().all(|f| f.proto == 17) && back.len() >= REQUESTS,
         "only UDP answers pass node A: {back:#?}"
     );
-    let a = dsr_counts(&agent_a);
+    let a = dsr_counts(&agents.a);
     assert!(
         a.options_added >= REQUESTS as u64,
         "an option on each TCP flow's SYN: {a:?}"

@@ -78,27 +78,15 @@ fn requests(fx: &Fixture, proto: Protocol, n: usize) -> Vec<kpr_tests::Reply> {
 fn trace(fx: &Fixture, proto: Protocol) -> String {
     let pins = fx.cfg.bpffs_path.to_string_lossy().into_owned();
     let dst = format!("{}/{}", node_port(), proto.as_str().to_lowercase());
-    let out = fx
-        .cluster
-        .node
-        .exec(env!("CARGO_BIN_EXE_proxy"))
-        .expect("a command in the node namespace")
-        .args(["trace", "--bpffs-path", &pins, "--from-outside"])
-        .arg(kpr_tests::cluster::CLIENT_IP.to_string())
-        .arg(&dst)
-        .output()
-        .expect("running proxy trace");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "proxy trace: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!(
-        "$ proxy trace --from-outside {} {dst}\n{stdout}",
-        kpr_tests::cluster::CLIENT_IP
-    );
-    stdout
+    kpr_tests::proxy_stdout(
+        fx.cluster
+            .node
+            .exec(env!("CARGO_BIN_EXE_proxy"))
+            .expect("a command in the node namespace")
+            .args(["trace", "--bpffs-path", &pins, "--from-outside"])
+            .arg(kpr_tests::cluster::CLIENT_IP.to_string())
+            .arg(&dst),
+    )
 }
 
 fn counts(fx: &mut Fixture) -> XdpCounts {

@@ -164,6 +164,24 @@ pub fn proxy_binary() -> Result<PathBuf, HarnessError> {
     Ok(path)
 }
 
+/// Runs a one-shot `proxy` command (`inspect`, `trace`, `cleanup`), panics with its stdout and
+/// stderr when it fails, echoes it to the test's log and returns its stdout.
+pub fn proxy_stdout(cmd: &mut std::process::Command) -> String {
+    let shown = format!("{cmd:?}");
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {shown}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{shown}: {}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("$ {shown}\n{stdout}");
+    stdout
+}
+
 /// A running agent. Borrow of the node namespace keeps the namespace alive longer than the agent.
 #[derive(Debug)]
 pub struct Agent<'n> {

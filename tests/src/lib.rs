@@ -37,7 +37,7 @@ pub mod netns;
 pub mod probe;
 pub mod remote;
 
-pub use agent::{Agent, AgentOptions, EndpointState, ServiceState, State};
+pub use agent::{proxy_stdout, Agent, AgentOptions, EndpointState, ServiceState, State};
 pub use cgroup::Cgroup;
 pub use client::{
     http_get, tcp_hold, tcp_request, udp_request, udp_session, ClientError, HeldConn, Reply,

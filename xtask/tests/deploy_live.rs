@@ -170,28 +170,34 @@ fn plant_other_backends_table(cluster: &Cluster, backend: &str) -> &'static str 
 }
 
 /// The agent (`--cleanup-other-backends`, as the DaemonSet runs it) removes the planted table
-/// once its first sync is done, and says so.
+/// once its first sync is done, and says so. The line is logged once every other backend is
+/// cleaned, which can be after the planted table is gone: both are waited for.
 fn other_backends_cleaned_up(cluster: &Cluster, running: &Running, backend: &str, table: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while nft(cluster, &format!("list table {table}"))
-        .status
-        .success()
-    {
+    loop {
+        let gone = !nft(cluster, &format!("list table {table}"))
+            .status
+            .success();
+        let log = running.log();
+        let logged = log.contains("backend's state is cleaned up");
+        if gone && logged {
+            let programmed = log.find("initial listing programmed");
+            let cleaned = log.find("backend's state is cleaned up");
+            assert!(
+                matches!((programmed, cleaned), (Some(p), Some(c)) if p < c),
+                "{backend}: the cleanup is logged after the first sync:\n{log}"
+            );
+            return;
+        }
         assert!(
             Instant::now() < deadline,
-            "{backend}: the other backend's table {table} is still there 10 s after the first \
-             sync:\n{}",
-            running.log()
+            "{backend}: 10 s after start, the other backend's table {table} is {} and the \
+             cleanup is {}logged:\n{log}",
+            if gone { "gone" } else { "still there" },
+            if logged { "" } else { "not " },
         );
         sleep(Duration::from_millis(100));
     }
-    let log = running.log();
-    let programmed = log.find("initial listing programmed");
-    let cleaned = log.find("backend's state is cleaned up");
-    assert!(
-        matches!((programmed, cleaned), (Some(p), Some(c)) if p < c),
-        "{backend}: the cleanup is logged after the first sync:\n{log}"
-    );
 }
 
 /// The privileged `mount-bpffs` init container's script, run twice in a private mount namespace

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 /// Per cgroup attach point, how many programs may stay after cleanup: today's count, less one
 /// where kpr pinned a link (`links/<attach point>`); other programs on the cgroup are not ours.
-fn detach_target(args: &CleanupArgs) -> Option<(PathBuf, Vec<(&'static str, u32)>)> {
-    let cgroup = args.cgroup_path.as_ref()?;
-    let links = args.bpffs_path.join("links");
+fn detach_target(cfg: &BackendConfig) -> Option<(PathBuf, Vec<(&'static str, u32)>)> {
+    let cgroup = cfg.cgroup_path.as_ref()?;
+    let links = cfg.bpffs_path.join("links");
     let now = cgroup_programs(cgroup).ok()?;
     let target = now
         .into_iter()
@@ -50,7 +50,7 @@ fn wait_detached(cgroup: &Path, target: &[(&'static str, u32)]) -> Result<(), Da
 }
 
 pub fn run(args: &CleanupArgs) -> anyhow::Result<()> {
-    let failed: Vec<&str> = clean(&args.backend.backends(), args)
+    let failed: Vec<&str> = clean(&args.backend.backends(), &config(args))
         .into_iter()
         .filter_map(|(b, done)| match done {
             Ok(()) => {
@@ -70,22 +70,27 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Removes what each of `backends` installed; each one's outcome, in order.
-pub fn clean(
-    backends: &[Backend],
-    args: &CleanupArgs,
-) -> Vec<(Backend, Result<(), DataplaneError>)> {
-    let cfg = BackendConfig {
+/// What cleaning up needs of a backend's configuration: where its pins and cgroup are, and
+/// which iptables binaries it used.
+pub fn config(args: &CleanupArgs) -> BackendConfig {
+    BackendConfig {
         cgroup_path: args.cgroup_path.clone(),
         bpffs_path: args.bpffs_path.clone(),
         iptables_mode: args.iptables_mode.clone(),
         ..BackendConfig::default()
-    };
+    }
+}
+
+/// Removes what each of `backends` installed; each one's outcome, in order.
+pub fn clean(
+    backends: &[Backend],
+    cfg: &BackendConfig,
+) -> Vec<(Backend, Result<(), DataplaneError>)> {
     backends
         .iter()
         .map(|&b| {
-            let target = (b == Backend::Ebpf).then(|| detach_target(args)).flatten();
-            let done = dataplane::cleanup(b, &cfg).and_then(|()| match &target {
+            let target = (b == Backend::Ebpf).then(|| detach_target(cfg)).flatten();
+            let done = dataplane::cleanup(b, cfg).and_then(|()| match &target {
                 Some((cgroup, target)) => wait_detached(cgroup, target),
                 None => Ok(()),
             });

@@ -290,22 +290,27 @@ fn cleanup_other_backends_once_programmed(args: &RunArgs, health: Arc<Health>) {
         .copied()
         .filter(|&b| b != args.backend)
         .collect();
-    let cleanup = proxy::cli::CleanupArgs {
-        backend: proxy::cli::CleanupTarget::All,
+    let cfg = BackendConfig {
         bpffs_path: args.bpffs_path.clone(),
         cgroup_path: args.cgroup_path.clone(),
-        iptables_mode: None,
+        ..BackendConfig::default()
     };
     tokio::spawn(async move {
-        while !health.programmed_once() {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-        let done =
-            tokio::task::spawn_blocking(move || super::cleanup::clean(&others, &cleanup)).await;
-        for (b, outcome) in done.unwrap_or_default() {
-            match outcome {
-                Ok(()) => tracing::info!("first sync done: the {b} backend's state is cleaned up"),
-                Err(e) => tracing::error!("cleaning up the {b} backend's state: {e}"),
+        health.first_programmed().await;
+        let done = tokio::task::spawn_blocking(move || super::cleanup::clean(&others, &cfg)).await;
+        match done {
+            Ok(done) => {
+                for (b, outcome) in done {
+                    match outcome {
+                        Ok(()) => {
+                            tracing::info!("first sync done: the {b} backend's state is cleaned up")
+                        }
+                        Err(e) => tracing::error!("cleaning up the {b} backend's state: {e}"),
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!("cleaning up the other backends' state: the task failed: {e}")
             }
         }
     });
