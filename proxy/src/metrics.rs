@@ -59,6 +59,15 @@ fn seconds_histogram() -> Histogram {
 
 impl Default for Metrics {
     fn default() -> Self {
+        Metrics::with_collectors(Vec::new())
+    }
+}
+
+impl Metrics {
+    /// The agent's metrics, plus `collectors` (a backend's, read at each scrape) under `kpr_`.
+    pub fn with_collectors(
+        collectors: Vec<Box<dyn prometheus_client::collector::Collector>>,
+    ) -> Self {
         let mut m = Metrics {
             registry: Registry::default(),
             sync_duration: seconds_histogram(),
@@ -79,11 +88,13 @@ impl Default for Metrics {
             endpoints: Gauge::default(),
         };
         m.register();
+        let kpr = m.registry.sub_registry_with_prefix("kpr");
+        for c in collectors {
+            kpr.register_collector(c);
+        }
         m
     }
-}
 
-impl Metrics {
     /// Counts the sockets one sync destroyed.
     pub fn count_destroyed(&self, d: &crate::state::SocketsDestroyed) {
         for (protocol, n) in [("tcp", d.tcp), ("udp", d.udp)] {

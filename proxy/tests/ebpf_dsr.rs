@@ -472,6 +472,20 @@ fn dsr_answers_the_client_from_the_backends_node_with_its_address_kept() {
     assert!(trace.contains("dsr: not masqueraded"), "{trace}");
     let inspect_b = proxy_cmd(&lab.b, agent_b, &["inspect", "--maps"]);
     assert!(inspect_b.contains("replies answered from the frontend"));
+    // `/metrics` on each node shows what its maps hold.
+    for agent in [agent_a, agent_b] {
+        let c = dsr_counts(agent);
+        let text = agent.metrics().expect("GET /metrics");
+        for (event, n) in [
+            ("option_added", c.options_added),
+            ("option_failed", c.options_failed),
+            ("recorded", c.recorded),
+            ("reply_rewritten", c.replies_rewritten),
+        ] {
+            let line = format!("kpr_dsr_packets_total{{event=\"{event}\"}} {n}\n");
+            assert!(text.contains(&line), "{line:?} missing:\n{text}");
+        }
+    }
 }
 
 #[test]

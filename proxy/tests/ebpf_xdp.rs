@@ -19,6 +19,7 @@ use ebpf_support::*;
 use kpr_tests::cluster::NODE_IP;
 use kpr_tests::remote::{Remote, REMOTE_IP, REMOTE_NAME as REMOTE};
 use proxy::dataplane::ebpf::xdp::XdpCounts;
+use proxy::dataplane::Dataplane;
 use proxy::model::Protocol;
 use proxy::state::ProxyState;
 
@@ -160,6 +161,17 @@ fn a_flow_to_a_pod_of_the_node_is_left_to_tc() {
         c.passed_route >= replies.len() as u64,
         "every flow's packets passed to tc: {c:?}"
     );
+    // `/metrics` reads the same maps at each scrape.
+    let collectors = fx.dp().collector().into_iter().collect();
+    let text = proxy::metrics::Metrics::with_collectors(collectors).encode();
+    for (outcome, n) in [
+        ("sent", c.sent),
+        ("passed_route", c.passed_route),
+        ("passed_new", c.passed_new),
+    ] {
+        let line = format!("kpr_xdp_packets_total{{outcome=\"{outcome}\"}} {n}\n");
+        assert!(text.contains(&line), "{line:?} missing:\n{text}");
+    }
     // `proxy trace` says the same: the route to the picked pod leaves by its veth.
     let t = trace(&fx, Protocol::Tcp);
     for want in [

@@ -339,7 +339,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_context(|| format!("starting the {} backend", args.backend.as_str()))?;
     // After the backend: its rules load nf_conntrack, whose sysctls only exist once it is loaded.
     setup_conntrack(&args)?;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::with_collectors(
+        dp.collector().into_iter().collect(),
+    ));
     let health = Arc::new(Health::default());
     let (ev_tx, ev_rx) = mpsc::channel(4096);
     let (q_tx, q_rx) = mpsc::channel(16);

@@ -148,6 +148,11 @@ pub trait Dataplane: Send {
         None
     }
 
+    /// Metrics the backend reads at each scrape (counters kept in the kernel), if it has any.
+    fn collector(&self) -> Option<Box<dyn prometheus_client::collector::Collector>> {
+        None
+    }
+
     /// The address families the backend programs; a Service's addresses of another family
     /// are reported as not served (`proxy inspect`, `kpr_service_ports_unserved`).
     fn families(&self) -> &'static [crate::model::IpFamily] {

@@ -52,6 +52,7 @@ use crate::state::{ChangeSet, LiveView, ProxyState, SocketsDestroyed, SyncStats}
 pub mod attach;
 mod batch;
 pub mod compile;
+pub mod counters;
 pub mod dsr;
 pub mod features;
 pub mod inspect;
@@ -581,6 +582,12 @@ impl Dataplane for EbpfDataplane {
 
     fn live_view(&self) -> Option<Arc<dyn LiveView>> {
         Some(Arc::new(self.live()))
+    }
+
+    fn collector(&self) -> Option<Box<dyn prometheus_client::collector::Collector>> {
+        Some(Box::new(counters::KernelCounters::new(inspect::maps_dir(
+            &self.pins.root,
+        ))))
     }
 
     fn families(&self) -> &'static [IpFamily] {
