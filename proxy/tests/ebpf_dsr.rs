@@ -16,7 +16,8 @@
 //! (AF_PACKET, which sees a frame before tc ingress and after tc egress) on node A's and node
 //! B's LAN interfaces, and the DSR programs' counters (`KPR_DSR_STATS`), show it. snat mode is
 //! the contrast (masqueraded, the answers come back through node A), hybrid the mix (DSR for
-//! TCP, masquerade for UDP).
+//! TCP, masquerade for UDP). With XDP on node A's LAN interface, XDP sends a TCP flow's later
+//! packets on itself (`KPR_XDP_STATS`) and leaves what must carry the option to tc.
 //!
 //! Run as root: `cargo test -p proxy --features kpr-tests/root --test ebpf_dsr`.
 
@@ -30,6 +31,7 @@ use std::time::Duration;
 use ebpf_support::*;
 use kpr_tests::{yaml, Agent, Cgroup, EchoServer, Endpoint, EndpointSlice, Netns, Service};
 use proxy::dataplane::ebpf::dsr::DsrCounts;
+use proxy::dataplane::ebpf::xdp::XdpCounts;
 use proxy_common::DSR_OPT_TYPE;
 
 /// Not a test: the body of the client processes the shared fixture can spawn.
@@ -138,15 +140,25 @@ fn manifests() -> Vec<(&'static str, String)> {
     vec![("web.yaml", yaml(&[&svc, &slice]))]
 }
 
-/// Starts the agent of `node` (address `ip`) in `mode`, its socket programs on `cgroup`.
-fn agent<'n>(node: &'n Netns, cgroup: &Cgroup, ip: Ipv4Addr, mode: &str) -> Agent<'n> {
+/// Starts the agent of `node` (address `ip`) in `mode`, its socket programs on `cgroup`, with
+/// the XDP program on `xdp` (its `--xdp-interfaces`) if any.
+fn agent<'n>(
+    node: &'n Netns,
+    cgroup: &Cgroup,
+    ip: Ipv4Addr,
+    mode: &str,
+    xdp: Option<&str>,
+) -> Agent<'n> {
     // The harness opens nodePorts on node A's address (its `--nodeport-addresses`); node B
     // opens them on its own too, as every node of a cluster does.
-    let opts = agent_options(cgroup)
+    let mut opts = agent_options(cgroup)
         .arg("--nodeport-addresses")
         .arg(format!("{ip}/32"))
         .arg("--nodeport-mode")
         .arg(mode);
+    if let Some(interface) = xdp {
+        opts = opts.arg("--xdp-interfaces").arg(interface);
+    }
     Agent::start(node, &opts, &manifests()).unwrap_or_else(|e| panic!("agent on {ip}: {e}"))
 }
 
@@ -160,13 +172,19 @@ struct Agents<'l> {
 
 impl<'l> Agents<'l> {
     fn start(lab: &'l Lab, mode: &str) -> Self {
+        Self::start_with_xdp(lab, mode, None)
+    }
+
+    /// With the XDP program on node A's `xdp` interface.
+    fn start_with_xdp(lab: &'l Lab, mode: &str, xdp: Option<&str>) -> Self {
+        let tag = if xdp.is_some() { "x" } else { "" };
         let cgroups = (
-            Cgroup::new(&format!("{mode}a")).unwrap(),
-            Cgroup::new(&format!("{mode}b")).unwrap(),
+            Cgroup::new(&format!("{mode}{tag}a")).unwrap(),
+            Cgroup::new(&format!("{mode}{tag}b")).unwrap(),
         );
         Agents {
-            a: agent(&lab.a, &cgroups.0, NODE_A, mode),
-            b: agent(&lab.b, &cgroups.1, NODE_B, mode),
+            a: agent(&lab.a, &cgroups.0, NODE_A, mode, xdp),
+            b: agent(&lab.b, &cgroups.1, NODE_B, mode, None),
             _cgroups: cgroups,
         }
     }
@@ -553,4 +571,93 @@ fn hybrid_returns_tcp_directly_and_masquerades_udp() {
             .all(|f| f.option.is_none()),
         "no option on masqueraded UDP: {frames_a:#?}"
     );
+}
+
+/// XDP on node A's LAN interface in dsr mode: XDP cannot grow a packet by the option, so it
+/// leaves each flow's first packet (and every UDP datagram, which carries the option) to tc,
+/// and sends a TCP flow's later packets on to node B itself; the answers still go from node B
+/// straight to the client, with the client's address kept.
+#[test]
+fn dsr_with_xdp_sends_a_tcp_flows_later_packets_by_xdp_and_the_rest_by_tc() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let lab = Lab::new();
+    // What XDP sends out of node A's eth0 arrives on the LAN's port `ca` as a NIC's frames
+    // would, with what `kpr_tests::remote` sets up for the same reason: a pass-all XDP program
+    // on the veth peer, and whole checksums from the client's sockets.
+    let _pass = lab
+        .client
+        .run(|| kpr_tests::remote::xdp_pass("ca"))
+        .expect("entering the client namespace")
+        .expect("a pass-all XDP program on ca");
+    for dev in ["br0", "ca"] {
+        kpr_tests::netns::run_cmd(std::process::Command::new("ip").args([
+            "netns",
+            "exec",
+            lab.client.name(),
+            "ethtool",
+            "-K",
+            dev,
+            "tx",
+            "off",
+        ]))
+        .expect("ethtool -K tx off (cargo xtask setup installs ethtool)");
+    }
+    let agents = Agents::start_with_xdp(&lab, "dsr", Some("eth0"));
+    let cap_a = Capture::open(&lab.a, "eth0");
+    let xdp = || XdpCounts::from_pin(&maps_of(&agents.a)).expect("reading KPR_XDP_STATS");
+    let (xdp_before, dsr_before) = (xdp(), dsr_counts(&agents.a));
+
+    let (tcp, udp) = requests(&lab);
+
+    let x = xdp().since(xdp_before);
+    let d = dsr_counts(&agents.a).since(dsr_before);
+    eprintln!("node A: XDP {x:?}, DSR {d:?}");
+    for r in tcp.iter().chain(&udp) {
+        assert_eq!(r.pod, "pod", "{r:?}");
+        assert_eq!(
+            r.peer.ip(),
+            IpAddr::V4(CLIENT),
+            "the client's address kept: {r:?}"
+        );
+    }
+    // Each TCP flow: its SYN passed to tc (which adds the option), then at least its ACK,
+    // request and FIN sent by XDP. Each UDP datagram carries the option: passed to tc.
+    assert!(
+        x.passed_new >= 2 * REQUESTS as u64,
+        "each TCP flow's SYN and each UDP flow's first datagram left to tc: {x:?}"
+    );
+    assert!(
+        x.sent >= 3 * REQUESTS as u64,
+        "a TCP flow's later packets sent on by XDP: {x:?}"
+    );
+    assert!(
+        d.options_added >= 2 * REQUESTS as u64 && d.options_failed == 0,
+        "tc added the option to each SYN and datagram: {d:?}"
+    );
+    let replies_at_a: Vec<Frame> = cap_a
+        .frames()
+        .into_iter()
+        .filter(|f| is_from_pod(f))
+        .collect();
+    assert!(
+        replies_at_a.is_empty(),
+        "no answer of the pod passes node A: {replies_at_a:#?}"
+    );
+    let trace = proxy_cmd(
+        &lab.a,
+        &agents.a,
+        &[
+            "trace",
+            "--from-outside",
+            &CLIENT.to_string(),
+            &format!("{NODE_A}:{TCP_NODE_PORT}/tcp"),
+        ],
+    );
+    for want in [
+        "XDP on eth0: the first packet is passed to tc",
+        "later packets to the backend: sent back out of eth0 by XDP",
+        "dsr: not masqueraded",
+    ] {
+        assert!(trace.contains(want), "{want:?} missing:\n{trace}");
+    }
 }
