@@ -634,11 +634,7 @@ fn dsr_with_xdp_sends_a_tcp_flows_later_packets_by_xdp_and_the_rest_by_tc() {
         d.options_added >= 2 * REQUESTS as u64 && d.options_failed == 0,
         "tc added the option to each SYN and datagram: {d:?}"
     );
-    let replies_at_a: Vec<Frame> = cap_a
-        .frames()
-        .into_iter()
-        .filter(|f| is_from_pod(f))
-        .collect();
+    let replies_at_a: Vec<Frame> = cap_a.frames().into_iter().filter(is_from_pod).collect();
     assert!(
         replies_at_a.is_empty(),
         "no answer of the pod passes node A: {replies_at_a:#?}"

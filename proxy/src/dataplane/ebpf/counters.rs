@@ -25,58 +25,62 @@ impl KernelCounters {
         KernelCounters { maps_dir }
     }
 
-    /// `(metric, help, label name, [(label value, count)])`, as the maps hold them now.
-    fn read(
-        &self,
-    ) -> Vec<(
-        &'static str,
-        &'static str,
-        &'static str,
-        Vec<(&'static str, u64)>,
-    )> {
+    /// The counters as the maps hold them now.
+    fn read(&self) -> Vec<CounterFamily> {
         let mut out = Vec::new();
         if let Ok(x) = XdpCounts::from_pin(&self.maps_dir) {
-            out.push((
-                "xdp_packets",
-                "Packets the XDP program on the external interfaces handled, by outcome: sent \
+            out.push(CounterFamily {
+                name: "xdp_packets",
+                help:
+                    "Packets the XDP program on the external interfaces handled, by outcome: sent \
                  (translated and sent back out by XDP), passed_route (a service flow whose route \
                  leaves by another interface, left to tc), passed_new (a flow's first packet, \
                  balanced by tc)",
-                "outcome",
-                vec![
+                label: "outcome",
+                values: vec![
                     ("sent", x.sent),
                     ("passed_route", x.passed_route),
                     ("passed_new", x.passed_new),
                 ],
-            ));
+            });
         }
         if let Ok(d) = DsrCounts::from_pin(&self.maps_dir) {
-            out.push((
-                "dsr_packets",
-                "Packets of direct-server-return flows (--nodeport-mode dsr|hybrid), by event: \
+            out.push(CounterFamily {
+                name: "dsr_packets",
+                help:
+                    "Packets of direct-server-return flows (--nodeport-mode dsr|hybrid), by event: \
                  option_added (sent on to the backend's node with the service address), \
                  option_failed (dropped: the option did not fit), recorded (arrived with the \
                  option for a backend of this node), reply_rewritten (a backend's reply sent \
                  straight to the client from the service address)",
-                "event",
-                vec![
+                label: "event",
+                values: vec![
                     ("option_added", d.options_added),
                     ("option_failed", d.options_failed),
                     ("recorded", d.recorded),
                     ("reply_rewritten", d.replies_rewritten),
                 ],
-            ));
+            });
         }
         out
     }
 }
 
+/// One counter metric with one label: its values as (label value, count).
+struct CounterFamily {
+    name: &'static str,
+    help: &'static str,
+    label: &'static str,
+    values: Vec<(&'static str, u64)>,
+}
+
 impl Collector for KernelCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for (name, help, label, values) in self.read() {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (value, n) in values {
-                let labels = [(label, value)];
+        for f in self.read() {
+            let mut family =
+                encoder.encode_descriptor(f.name, f.help, None, MetricType::Counter)?;
+            for (value, n) in f.values {
+                let labels = [(f.label, value)];
                 ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
             }
         }
