@@ -187,7 +187,14 @@ pub enum Expect {
 /// as upstream's `EndpointSliceTracker`: a sync planning from a cache that has not yet seen its own
 /// writes would undo or repeat them.
 #[derive(Default)]
-pub struct Tracker(Mutex<HashMap<Key, Pending>>);
+pub struct Tracker(Mutex<Tracked>);
+
+#[derive(Default)]
+struct Tracked {
+    services: HashMap<Key, Pending>,
+    /// When expired expectations were last dropped from every Service's entry.
+    last_sweep: Option<Instant>,
+}
 
 /// Slice name -> what the cache must show, and since when.
 type Pending = HashMap<String, (Expect, Instant)>;
@@ -195,16 +202,40 @@ type Pending = HashMap<String, (Expect, Instant)>;
 impl Tracker {
     /// Remembers that the cache must show `e` for `slice` of `svc`.
     pub fn expect(&self, svc: &Key, slice: String, e: Expect) {
-        let mut m = self.0.lock().expect("tracker lock");
-        m.entry(svc.clone())
+        self.expect_at(svc, slice, e, Instant::now());
+    }
+
+    /// [`Tracker::expect`] at `now`. An entry is otherwise dropped only by [`Tracker::stale`],
+    /// which runs for Services still in the cache: the slices of a deleted Service are expected
+    /// gone and nothing asks again. So, at most once per [`EXPECTATION_TTL`], expired
+    /// expectations are dropped from every entry, and the map holds what was written in the
+    /// last two TTLs at most, whatever the churn of Service names.
+    fn expect_at(&self, svc: &Key, slice: String, e: Expect, now: Instant) {
+        let mut t = self.0.lock().expect("tracker lock");
+        t.services
+            .entry(svc.clone())
             .or_default()
-            .insert(slice, (e, Instant::now()));
+            .insert(slice, (e, now));
+        if t.last_sweep
+            .is_none_or(|last| now.saturating_duration_since(last) >= EXPECTATION_TTL)
+        {
+            t.services.retain(|_, pending| {
+                pending.retain(|_, (_, at)| now.saturating_duration_since(*at) < EXPECTATION_TTL);
+                !pending.is_empty()
+            });
+            t.last_sweep = Some(now);
+        }
+    }
+
+    /// How many Services have writes the cache may not show yet.
+    pub fn tracked(&self) -> usize {
+        self.0.lock().expect("tracker lock").services.len()
     }
 
     /// True while some write of this Service is not yet visible in `slices`.
     pub fn stale(&self, svc: &Key, slices: &Indexed<EndpointSlice>) -> bool {
-        let mut m = self.0.lock().expect("tracker lock");
-        let Some(pending) = m.get_mut(svc) else {
+        let mut t = self.0.lock().expect("tracker lock");
+        let Some(pending) = t.services.get_mut(svc) else {
             return false;
         };
         pending.retain(|name, (e, at)| {
@@ -219,7 +250,7 @@ impl Tracker {
         });
         let stale = !pending.is_empty();
         if !stale {
-            m.remove(svc);
+            t.services.remove(svc);
         }
         stale
     }
@@ -229,6 +260,28 @@ impl Tracker {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_tracker_drops_expired_expectations_of_services_nobody_syncs_again() {
+        let tracker = Tracker::default();
+        let now = Instant::now();
+        let Some(then) = now.checked_sub(EXPECTATION_TTL + Duration::from_secs(1)) else {
+            panic!("the monotonic clock started less than {EXPECTATION_TTL:?} ago");
+        };
+        // A deleted Service's slices, expected gone long ago: nothing calls `stale` for it.
+        for i in 0..100 {
+            let gone: Key = ("ns".into(), format!("deleted-{i}"));
+            tracker.expect_at(&gone, format!("deleted-{i}-x"), Expect::Gone, then);
+        }
+        assert_eq!(tracker.tracked(), 100, "kept within the TTL");
+        let fresh: Key = ("ns".into(), "web".into());
+        tracker.expect_at(&fresh, "web-x".into(), Expect::Generation(2), now);
+        assert_eq!(
+            tracker.tracked(),
+            1,
+            "the expired entries dropped, the fresh one kept"
+        );
+    }
 
     fn pod(v: serde_json::Value) -> CachedPod {
         serde_json::from_value(v).unwrap()
