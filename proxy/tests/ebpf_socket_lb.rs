@@ -463,10 +463,7 @@ fn bulk_ip(i: usize) -> std::net::Ipv4Addr {
 fn a_full_sync_of_thousands_of_services_uses_batch_operations() {
     const N: usize = 3000;
     let mut fx = Fixture::new("batch", 3);
-    let mut state = bulk_state(&fx, N);
-    let stats = fx.sync(&mut state, &full());
-    assert_eq!(stats.service_ports, N);
-    let batch = fx.dp().last_batch();
+    let (stats, batch) = full_sync_programs_every_service(&mut fx, N);
     // Thousands of entries went in a handful of batch syscalls (one per map written), none alone.
     assert_eq!(batch.singles, 0, "{batch:?}");
     assert!(
@@ -474,7 +471,39 @@ fn a_full_sync_of_thousands_of_services_uses_batch_operations() {
         "{batch:?} for {} writes",
         stats.operations
     );
-    assert!(stats.operations > 2 * N, "{stats:?}");
+}
+
+/// More writes than one chunk (`BATCH_CHUNK`): flushed in several batches as the sync goes,
+/// with the same outcome.
+#[test]
+fn a_full_sync_larger_than_a_batch_chunk_is_flushed_in_chunks() {
+    let n = proxy::dataplane::ebpf::BATCH_CHUNK / 4;
+    let mut fx = Fixture::new("chunks", 3);
+    let (stats, batch) = full_sync_programs_every_service(&mut fx, n);
+    assert!(
+        stats.operations > proxy::dataplane::ebpf::BATCH_CHUNK,
+        "{stats:?}"
+    );
+    assert_eq!(batch.singles, 0, "{batch:?}");
+    // At least two chunks, each a batch per map written (frontends, slots, backends...).
+    assert!(
+        batch.batches > 5,
+        "{batch:?} for {} writes",
+        stats.operations
+    );
+}
+
+/// A full sync of `n` bulk Services, checked entry by entry in the maps and by traffic to the
+/// first and the last; its stats and how it reached the kernel.
+fn full_sync_programs_every_service(
+    fx: &mut Fixture,
+    n: usize,
+) -> (proxy::state::SyncStats, proxy::dataplane::ebpf::BatchStats) {
+    let mut state = bulk_state(fx, n);
+    let stats = fx.sync(&mut state, &full());
+    assert_eq!(stats.service_ports, n);
+    let batch = fx.dp().last_batch();
+    assert!(stats.operations > 2 * n, "{stats:?}");
     // Every Service is in the maps: frontend -> set with its count -> slots -> known backends.
     let maps = maps_dir(fx.dp().bpffs_path());
     let services: Table<ServiceKey, ServiceValue> = Table::from_pin(&maps, SERVICES).unwrap();
@@ -494,14 +523,14 @@ fn a_full_sync_of_thousands_of_services_uses_batch_operations() {
     let frontends = services.entries().unwrap();
     assert_eq!(
         frontends.len(),
-        2 * N,
-        "N frontends and N clusterIP markers"
+        2 * n,
+        "n frontends and n clusterIP markers"
     );
     let distinct: BTreeSet<_> = frontends.iter().map(|(k, _)| (k.addr, k.port)).collect();
-    assert_eq!(distinct.len(), 2 * N);
-    let slot_count: usize = (0..N).map(|i| if i % 7 == 0 { 3 } else { 2 }).sum();
+    assert_eq!(distinct.len(), 2 * n);
+    let slot_count: usize = (0..n).map(|i| if i % 7 == 0 { 3 } else { 2 }).sum();
     assert_eq!(slot_map.len(), slot_count);
-    for i in 0..N {
+    for i in 0..n {
         let key =
             proxy::dataplane::ebpf::compile::service_key(bulk_ip(i).into(), 80, Protocol::Tcp);
         let value = services
@@ -522,11 +551,12 @@ fn a_full_sync_of_thousands_of_services_uses_batch_operations() {
         }
     }
     // And traffic through the first and the last Service reaches the endpoints.
-    for i in [0, N - 1] {
+    for i in [0, n - 1] {
         let lines = fx.client_lines(&format!("tcp {}:80 6", bulk_ip(i)));
         let counts = pod_counts(&lines);
         assert_eq!(counts.values().sum::<usize>(), 6, "bulk-{i}: {lines:?}");
     }
+    (stats, batch)
 }
 
 #[test]

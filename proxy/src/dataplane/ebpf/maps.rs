@@ -302,6 +302,11 @@ impl<K: Pod + fmt::Debug + Eq + Hash, V: Pod> Table<K, V> {
         Ok(out)
     }
 
+    /// Writes recorded and not yet flushed.
+    fn pending_len(&self) -> usize {
+        self.pending.as_ref().map_or(0, Vec::len)
+    }
+
     /// Starts recording writes instead of making them.
     fn begin_batch(&mut self) {
         self.pending.get_or_insert_with(Vec::new);
@@ -563,6 +568,15 @@ impl Maps {
             config: Array::try_from(take(CONFIG)?).map_err(|e| map_err(CONFIG, "opening", e))?,
             config6: Array::try_from(take(CONFIG6)?).map_err(|e| map_err(CONFIG6, "opening", e))?,
         })
+    }
+
+    /// Writes recorded since [`Maps::begin_batch`], not yet flushed.
+    pub fn pending_len(&self) -> usize {
+        self.services.pending_len()
+            + self.slots.pending_len()
+            + self.backends.pending_len()
+            + self.counters.pending_len()
+            + self.rr.pending_len()
     }
 
     /// Records writes from now on instead of making them, until [`Maps::flush`].

@@ -101,6 +101,10 @@ impl Default for EbpfOptions {
 /// The longest an incremental sync goes without looking for new interfaces for the tc program.
 const TC_REFRESH: Duration = Duration::from_secs(1);
 
+/// Recorded writes after which a full sync flushes them (about 10,000 service ports of one
+/// clusterIP and a few endpoints).
+pub const BATCH_CHUNK: usize = 65_536;
+
 /// How the last full sync reached the kernel (for tests and the benchmark).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BatchStats {
@@ -460,6 +464,20 @@ impl EbpfDataplane {
         Ok(())
     }
 
+    /// Applies the writes recorded since [`Maps::begin_batch`] (adding to `last_batch`); the
+    /// first error is kept.
+    fn flush_batch(&mut self, ops: &mut usize, first_err: &mut Option<DataplaneError>) {
+        match self.programmed.flush(&mut self.maps, ops) {
+            Ok(report) => {
+                self.last_batch.batches += report.batches;
+                self.last_batch.singles += report.singles;
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+
     fn sync_one(
         &mut self,
         state: &ProxyState,
@@ -514,29 +532,29 @@ impl Dataplane for EbpfDataplane {
         self.refresh_tc(changes.full)?;
         let mut ops = 0;
         let mut first_err = None;
-        // A full sync records its writes and applies them with batch operations at the end;
-        // incremental syncs write the changed service ports' entries one by one.
+        // A full sync records its writes and applies them with batch operations, a chunk of
+        // service ports at a time: each chunk is flushed as one batch was (puts in datapath
+        // order, then deletes), a port's writes never span two chunks, and what is recorded
+        // never outgrows a chunk (one batch of every port's writes was a large part of the
+        // agent's peak at 100,000 Services: docs/BENCHMARKS.md). Incremental syncs write the
+        // changed service ports' entries one by one.
         if changes.full {
+            self.programmed.reserve(present.len());
             self.maps.begin_batch();
+            self.last_batch = BatchStats::default();
         }
         for name in removed.iter().chain(present) {
             if let Err(e) = self.sync_one(state, name, &mut ops) {
                 tracing::error!("ebpf: {e}");
                 first_err.get_or_insert(e);
             }
+            if changes.full && self.maps.pending_len() >= BATCH_CHUNK {
+                self.flush_batch(&mut ops, &mut first_err);
+                self.maps.begin_batch();
+            }
         }
         if changes.full {
-            match self.programmed.flush(&mut self.maps, &mut ops) {
-                Ok(report) => {
-                    self.last_batch = BatchStats {
-                        batches: report.batches,
-                        singles: report.singles,
-                    }
-                }
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
+            self.flush_batch(&mut ops, &mut first_err);
         }
         if changes.full && self.programmed.needs_sweep {
             if let Err(e) = self.programmed.sweep(&mut self.maps, &mut ops) {

@@ -40,46 +40,75 @@ impl SetState {
     }
 }
 
-/// A service port's backend sets by kind, inline: there are four kinds (two per family), and an
-/// ordered map would allocate a whole tree node per service port for one or two entries.
+/// A service port's backend sets, in kind order. Most ports use one or two of the four kinds
+/// (two per family), so they are kept in a vector sized to what is used: at 100,000 service
+/// ports, an inline slot per kind (or a map) cost more than the sets themselves.
 #[derive(Debug, Clone, Default)]
-struct Sets([Option<SetState>; 4]);
+struct Sets(Vec<(SetKind, SetState)>);
 
 impl Sets {
     fn get(&self, kind: &SetKind) -> Option<&SetState> {
-        self.0[kind.index()].as_ref()
+        self.0.iter().find(|(k, _)| k == kind).map(|(_, s)| s)
     }
 
     fn get_mut(&mut self, kind: &SetKind) -> Option<&mut SetState> {
-        self.0[kind.index()].as_mut()
+        self.0.iter_mut().find(|(k, _)| k == kind).map(|(_, s)| s)
     }
 
     fn insert(&mut self, kind: SetKind, set: SetState) {
-        self.0[kind.index()] = Some(set);
+        match self
+            .0
+            .binary_search_by_key(&kind.index(), |(k, _)| k.index())
+        {
+            Ok(at) => self.0[at].1 = set,
+            Err(at) => self.0.insert(at, (kind, set)),
+        }
     }
 
     /// The sets in kind order (IPv4 cluster, external, then IPv6's).
     fn iter(&self) -> impl Iterator<Item = (SetKind, &SetState)> {
-        SetKind::ALL
-            .into_iter()
-            .zip(&self.0)
-            .filter_map(|(k, s)| s.as_ref().map(|s| (k, s)))
+        self.0.iter().map(|(k, s)| (*k, s))
     }
 
     fn values(&self) -> impl Iterator<Item = &SetState> {
-        self.0.iter().flatten()
+        self.0.iter().map(|(_, s)| s)
     }
 }
 
-/// One service port as programmed.
+/// One service port as programmed. Its few frontends are a vector, not a map: a hash map's
+/// smallest table holds four entries and its own header, for the one or two most ports have.
 #[derive(Debug, Clone, Default)]
 struct SvcState {
-    frontends: HashMap<ServiceKey, ServiceValue>,
+    frontends: Vec<(ServiceKey, ServiceValue)>,
     sets: Sets,
     /// clusterIP marker keys this service port holds a reference on.
     vips: Vec<ServiceKey>,
     /// Allowed sources of its guarded LB IP frontends.
     ranges: Vec<SrcRange>,
+}
+
+impl SvcState {
+    fn frontend(&self, key: &ServiceKey) -> Option<&ServiceValue> {
+        self.frontends
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+
+    /// Frees what building the state reserved beyond its entries (it is kept until the next
+    /// change of the port).
+    fn shrink(&mut self) {
+        self.frontends.shrink_to_fit();
+        self.sets.0.shrink_to_fit();
+        for (_, set) in &mut self.sets.0 {
+            set.addrs.shrink_to_fit();
+            if let Some(b) = &mut set.backends {
+                b.shrink_to_fit();
+            }
+        }
+        self.vips.shrink_to_fit();
+        self.ranges.shrink_to_fit();
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -147,6 +176,12 @@ impl Programmed {
         Ok(p)
     }
 
+    /// Makes room for `n` service ports at once (a full sync), instead of the map growing
+    /// by doubling, which holds the old and the new table together for a moment.
+    pub fn reserve(&mut self, n: usize) {
+        self.services.reserve(n.saturating_sub(self.services.len()));
+    }
+
     /// Number of programmed service ports.
     pub fn len(&self) -> usize {
         self.services.len()
@@ -184,6 +219,7 @@ impl Programmed {
                 self.finish(maps, &object, &old, &new, ops)?;
                 self.claimed_sets
                     .extend(new.sets.values().map(|set| set.id));
+                new.shrink();
                 self.services.insert(name.clone(), new);
                 Ok(())
             }
@@ -230,10 +266,13 @@ impl Programmed {
                 algorithm: f.algorithm,
                 family: key_family(&f.key),
             };
-            if old.frontends.get(&f.key) != Some(&value) {
+            if old.frontend(&f.key) != Some(&value) {
                 maps.services.put(f.key, value, object, ops)?;
             }
-            new.frontends.insert(f.key, value);
+            match new.frontends.iter_mut().find(|(k, _)| *k == f.key) {
+                Some((_, v)) => *v = value,
+                None => new.frontends.push((f.key, value)),
+            }
         }
         for key in &desired.vips {
             // Registered first, so that an error releases exactly what was acquired.
@@ -335,8 +374,8 @@ impl Programmed {
         new: &SvcState,
         ops: &mut usize,
     ) -> Result<(), DataplaneError> {
-        for key in old.frontends.keys() {
-            if !new.frontends.contains_key(key) {
+        for (key, _) in &old.frontends {
+            if new.frontend(key).is_none() {
                 maps.services.del(key, object, ops)?;
             }
         }
@@ -438,7 +477,7 @@ impl Programmed {
         let frontends: HashSet<ServiceKey> = self
             .services
             .values()
-            .flat_map(|s| s.frontends.keys().copied())
+            .flat_map(|s| s.frontends.iter().map(|(k, _)| *k))
             .chain(self.vip_refs.keys().copied())
             .collect();
         let sets: HashMap<u32, usize> = self
