@@ -86,6 +86,23 @@ impl ProxyState {
         self.ports.keys()
     }
 
+    /// The names of the ports of the Service `namespace/name`, in order: a range of the map,
+    /// whose names sort by namespace, then Service.
+    pub fn ports_of(&self, namespace: &Arc<str>, name: &Arc<str>) -> Vec<ServicePortName> {
+        let first = ServicePortName {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            port_name: Arc::from(""),
+            protocol: crate::model::Protocol::Tcp,
+        };
+        self.ports
+            .range(first..)
+            .map(|(n, _)| n)
+            .take_while(|n| n.namespace == *namespace && n.name == *name)
+            .cloned()
+            .collect()
+    }
+
     /// The number of service ports.
     pub fn len(&self) -> usize {
         self.ports.len()
@@ -164,4 +181,43 @@ pub struct SocketsDestroyed {
 pub trait LiveView: Send + Sync {
     /// Active connections per endpoint address, as this node's dataplane counts them.
     fn active_connections(&self) -> BTreeMap<SocketAddr, u64>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures::service_port;
+    use crate::model::Protocol;
+
+    #[test]
+    fn ports_of_lists_one_services_ports_only() {
+        let mut state = ProxyState::default();
+        let port = |svc: &str, ns: &str, port_name: &str, protocol| {
+            let mut sp = service_port(svc, "10.96.0.10");
+            sp.name.namespace = ns.into();
+            sp.name.port_name = port_name.into();
+            sp.name.protocol = protocol;
+            sp
+        };
+        for sp in [
+            port("web", "default", "", Protocol::Udp),
+            port("web", "default", "http", Protocol::Tcp),
+            port("web", "default", "dns", Protocol::Udp),
+            port("web2", "default", "", Protocol::Tcp),
+            port("we", "default", "x", Protocol::Tcp),
+            port("web", "other", "", Protocol::Tcp),
+        ] {
+            state.set_port(sp, Vec::new());
+        }
+        let names: Vec<String> = state
+            .ports_of(&"default".into(), &"web".into())
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            names,
+            ["default/web/UDP", "default/web:dns/UDP", "default/web:http/TCP"]
+        );
+        assert!(state.ports_of(&"default".into(), &"nope".into()).is_empty());
+    }
 }

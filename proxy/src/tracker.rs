@@ -34,7 +34,6 @@ pub struct Tracker {
     /// Problems per object (`Service ns/name`, `EndpointSlice ns/name`, or a source's own key).
     errors: BTreeMap<String, Vec<InvalidObject>>,
     dirty: BTreeSet<ObjectKey>,
-    ports_by_service: HashMap<ObjectKey, Vec<ServicePortName>>,
     state: ProxyState,
     needs_full: bool,
     /// The node's zone changed: every port's selection is made again at the next sync.
@@ -50,7 +49,6 @@ impl Tracker {
             slices_by_service: HashMap::new(),
             errors: BTreeMap::new(),
             dirty: BTreeSet::new(),
-            ports_by_service: HashMap::new(),
             state: ProxyState::new(node),
             needs_full: true,
             node_changed: false,
@@ -287,7 +285,8 @@ impl Tracker {
             .get(svc_key)
             .map(|p| p.to_vec())
             .unwrap_or_default();
-        let old_names = self.ports_by_service.remove(svc_key).unwrap_or_default();
+        // The state holds exactly the ports the last refresh of this Service gave it.
+        let old_names = self.state.ports_of(&svc_key.0, &svc_key.1);
         let new_names: Vec<ServicePortName> = new_ports.iter().map(|p| p.name.clone()).collect();
         for name in old_names.iter().filter(|n| !new_names.contains(n)) {
             if let Some(old) = self.state.remove(name) {
@@ -305,9 +304,6 @@ impl Tracker {
         for sp in new_ports {
             let eps = self.endpoints_for(svc_key, &sp);
             self.update_port(sp, eps, changes, reselect);
-        }
-        if !new_names.is_empty() {
-            self.ports_by_service.insert(svc_key.clone(), new_names);
         }
     }
 
