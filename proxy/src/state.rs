@@ -216,7 +216,11 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["default/web/UDP", "default/web:dns/UDP", "default/web:http/TCP"]
+            [
+                "default/web/UDP",
+                "default/web:dns/UDP",
+                "default/web:http/TCP"
+            ]
         );
         assert!(state.ports_of(&"default".into(), &"nope".into()).is_empty());
     }

@@ -352,6 +352,18 @@ fn proxy_cmd(node: &Netns, agent: &Agent, args: &[&str]) -> String {
     )
 }
 
+/// Every request was answered by the pod, which saw the client's own address (dsr).
+fn answered_with_the_clients_address(tcp: &[kpr_tests::Reply], udp: &[kpr_tests::Reply]) {
+    for r in tcp.iter().chain(udp) {
+        assert_eq!(r.pod, "pod", "{r:?}");
+        assert_eq!(
+            r.peer.ip(),
+            IpAddr::V4(CLIENT),
+            "dsr keeps the client's address: the pod saw {r:?}"
+        );
+    }
+}
+
 fn is_from_pod(f: &Frame) -> bool {
     f.src.ip() == IpAddr::V4(POD)
 }
@@ -371,14 +383,7 @@ fn dsr_answers_the_client_from_the_backends_node_with_its_address_kept() {
     let a = dsr_counts(agent_a).since(before_a);
     let b = dsr_counts(agent_b).since(before_b);
     eprintln!("node A (entry): {a:?}\nnode B (backend): {b:?}");
-    for r in tcp.iter().chain(&udp) {
-        assert_eq!(r.pod, "pod", "{r:?}");
-        assert_eq!(
-            r.peer.ip(),
-            IpAddr::V4(CLIENT),
-            "dsr keeps the client's address: the pod saw {r:?}"
-        );
-    }
+    answered_with_the_clients_address(&tcp, &udp);
     // Node A: the client's packets go on to the pod (the first of a TCP flow and every UDP
     // datagram with the option), and nothing of the pod's comes back.
     let to_pod: Vec<&Frame> = frames_a
@@ -612,14 +617,7 @@ fn dsr_with_xdp_sends_a_tcp_flows_later_packets_by_xdp_and_the_rest_by_tc() {
     let x = xdp().since(xdp_before);
     let d = dsr_counts(&agents.a).since(dsr_before);
     eprintln!("node A: XDP {x:?}, DSR {d:?}");
-    for r in tcp.iter().chain(&udp) {
-        assert_eq!(r.pod, "pod", "{r:?}");
-        assert_eq!(
-            r.peer.ip(),
-            IpAddr::V4(CLIENT),
-            "the client's address kept: {r:?}"
-        );
-    }
+    answered_with_the_clients_address(&tcp, &udp);
     // Each TCP flow: its SYN passed to tc (which adds the option), then at least its ACK,
     // request and FIN sent by XDP. Each UDP datagram carries the option: passed to tc.
     assert!(
