@@ -595,17 +595,8 @@ fn dsr_with_xdp_sends_a_tcp_flows_later_packets_by_xdp_and_the_rest_by_tc() {
         .expect("entering the client namespace")
         .expect("a pass-all XDP program on ca");
     for dev in ["br0", "ca"] {
-        kpr_tests::netns::run_cmd(std::process::Command::new("ip").args([
-            "netns",
-            "exec",
-            lab.client.name(),
-            "ethtool",
-            "-K",
-            dev,
-            "tx",
-            "off",
-        ]))
-        .expect("ethtool -K tx off (cargo xtask setup installs ethtool)");
+        kpr_tests::remote::tx_checksum_offload_off(&lab.client, dev)
+            .expect("ethtool -K tx off (cargo xtask setup installs ethtool)");
     }
     let agents = Agents::start_with_xdp(&lab, "dsr", Some("eth0"));
     let cap_a = Capture::open(&lab.a, "eth0");

@@ -68,16 +68,7 @@ impl Remote {
                 source: e,
             })?;
         for netns in [client, &ns] {
-            run_cmd(Command::new("ip").args([
-                "netns",
-                "exec",
-                netns.name(),
-                "ethtool",
-                "-K",
-                "eth0",
-                "tx",
-                "off",
-            ]))?;
+            tx_checksum_offload_off(netns, "eth0")?;
         }
         let echo = EchoServer::start(&ns, REMOTE_NAME, ECHO_PORT)?;
         Ok(Remote {
@@ -96,6 +87,23 @@ impl Remote {
     pub fn netns(&self) -> &Netns {
         &self.ns
     }
+}
+
+/// Turns transmit checksum offload off on `dev` of `netns` (`ethtool -K DEV tx off`): its local
+/// sockets' packets then leave with their whole checksum, which a frame XDP sends on must carry
+/// (see the module doc).
+pub fn tx_checksum_offload_off(netns: &Netns, dev: &str) -> Result<(), HarnessError> {
+    run_cmd(Command::new("ip").args([
+        "netns",
+        "exec",
+        netns.name(),
+        "ethtool",
+        "-K",
+        dev,
+        "tx",
+        "off",
+    ]))
+    .map(drop)
 }
 
 /// Loads `r0 = XDP_PASS; exit` and attaches it to `interface` of the calling thread's namespace

@@ -228,7 +228,8 @@ impl Tracker {
     }
 
     /// How many Services have writes the cache may not show yet.
-    pub fn tracked(&self) -> usize {
+    #[cfg(test)]
+    fn tracked(&self) -> usize {
         self.0.lock().expect("tracker lock").services.len()
     }
 

@@ -95,6 +95,14 @@ impl SvcState {
             .map(|(_, v)| v)
     }
 
+    /// Sets `key`'s value, adding the frontend if it is new.
+    fn set_frontend(&mut self, key: ServiceKey, value: ServiceValue) {
+        match self.frontends.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => *v = value,
+            None => self.frontends.push((key, value)),
+        }
+    }
+
     /// Frees what building the state reserved beyond its entries (it is kept until the next
     /// change of the port).
     fn shrink(&mut self) {
@@ -269,10 +277,7 @@ impl Programmed {
             if old.frontend(&f.key) != Some(&value) {
                 maps.services.put(f.key, value, object, ops)?;
             }
-            match new.frontends.iter_mut().find(|(k, _)| *k == f.key) {
-                Some((_, v)) => *v = value,
-                None => new.frontends.push((f.key, value)),
-            }
+            new.set_frontend(f.key, value);
         }
         for key in &desired.vips {
             // Registered first, so that an error releases exactly what was acquired.
