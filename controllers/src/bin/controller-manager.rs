@@ -232,6 +232,10 @@ struct Args {
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
     metrics_bind_address: Option<std::net::SocketAddr>,
+    /// How often the C allocator hands freed memory back to the kernel (`malloc_trim`, as Go's
+    /// scavenger does under kube-controller-manager); 0: never.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    allocator_trim_interval: Duration,
     /// Start watches with streaming lists (`sendInitialEvents`, kube-apiserver v1.32 and later
     /// by default); `--watch-list=false` lists then watches, for API servers without them.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -252,8 +256,17 @@ struct Args {
 
 use controllers::runtime::process::{client, identity, run_until_signalled, serve_metrics};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Before the runtime starts its threads: each keeps the arena it is first given.
+    controllers::runtime::allocator::bound_arenas();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -262,6 +275,9 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let args = Args::parse();
+    tokio::spawn(controllers::runtime::allocator::trim_every(
+        args.allocator_trim_interval,
+    ));
     let signing = signing_config(&args)?;
     let set = |m: Option<u8>| m.filter(|m| *m != 0);
     let node_ipam = controllers::node::ipam::Config::from_flags(&controllers::node::ipam::Flags {

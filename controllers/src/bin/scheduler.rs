@@ -41,6 +41,10 @@ struct Args {
     /// this address, e.g. 127.0.0.1:10259 (default: not served).
     #[arg(long)]
     metrics_bind_address: Option<std::net::SocketAddr>,
+    /// How often the C allocator hands freed memory back to the kernel (`malloc_trim`, as Go's
+    /// scavenger does under kube-scheduler); 0: never.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    allocator_trim_interval: Duration,
     /// Log verbosity as kube-scheduler's -v: 0-3 info, 4-5 debug, 6 and more trace (RUST_LOG,
     /// when set, wins).
     #[arg(short = 'v', long = "v", default_value_t = 0)]
@@ -56,8 +60,17 @@ fn duration(field: &str, v: Option<&str>, default: Duration) -> anyhow::Result<D
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Before the runtime starts its threads: each keeps the arena it is first given.
+    controllers::runtime::allocator::bound_arenas();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     let level = match args.verbosity {
         0..=3 => "info",
@@ -71,6 +84,9 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
+    tokio::spawn(controllers::runtime::allocator::trim_every(
+        args.allocator_trim_interval,
+    ));
     let file: KubeSchedulerConfiguration = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)

@@ -26,6 +26,7 @@
 //! - [`history`]: ControllerRevision history (StatefulSet and DaemonSet);
 //! - [`leader`]: Lease-based leader election;
 //! - [`ratelimit`]: the client-side request limit (`--kube-api-qps` / `--kube-api-burst`);
+//! - [`allocator`]: the C allocator's arenas, periodic trims and heap metrics;
 //! - [`process`]: what the binaries share around their work (client, identity, `/metrics`,
 //!   running until a signal);
 //! - `testing` (test builds only): what the controllers' handler tests share.
@@ -34,6 +35,7 @@
 //! `controllers/tests/layers.rs`, keeps it so); controllers never talk to each other through it
 //! except by watching the objects they write.
 
+pub mod allocator;
 pub mod apierrors;
 pub mod batch;
 pub mod cache;
