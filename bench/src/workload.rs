@@ -180,7 +180,7 @@ impl Workload {
     pub fn state(&self) -> ProxyState {
         let mut state = ProxyState::new(node_context());
         for i in 0..self.services {
-            let eps = self
+            let eps: Vec<_> = self
                 .endpoint_addrs(i)
                 .into_iter()
                 .map(|ip| Self::endpoint(ip, true))

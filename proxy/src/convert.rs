@@ -16,7 +16,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::error::InvalidObject;
 use crate::model::{
-    Algorithm, Endpoint, Hints, Protocol, ServicePort, ServicePortName, ALGORITHM_ANNOTATION,
+    merge_endpoints, Algorithm, Endpoint, Hints, Protocol, ServicePort, ServicePortName,
+    ALGORITHM_ANNOTATION,
 };
 
 /// Services carrying this label belong to another proxy.
@@ -46,8 +47,11 @@ pub struct SliceInfo {
     pub service: Arc<str>,
     /// (port name, protocol, port number) as the slice lists them.
     pub ports: Vec<(String, Protocol, u16)>,
-    /// Endpoints without a port: the port comes from `ports`.
-    pub endpoints: Vec<Endpoint>,
+    /// The endpoints. When `ports` lists exactly one port (nearly every slice), they carry it and
+    /// are that port's list as the tracker would build it ([`merge_endpoints`]: sorted by
+    /// address, duplicates merged), so a Service with this one slice programs this very list
+    /// instead of a copy. Otherwise their port is 0 and comes from `ports`.
+    pub endpoints: Arc<[Endpoint]>,
 }
 
 /// (namespace, name) of an object; a missing namespace is `default`, as the API server defaults it.
@@ -573,6 +577,16 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
             hints: hints_of(e.hints.as_ref()),
         });
     }
+    let endpoints: Arc<[Endpoint]> = match ports.as_slice() {
+        [(_, _, port)] => merge_endpoints(
+            endpoints
+                .into_iter()
+                .map(|e| Endpoint { port: *port, ..e })
+                .collect(),
+        )
+        .into(),
+        _ => endpoints.into(),
+    };
     let namespace = shared_name(slice.metadata.namespace.as_deref().unwrap_or("default"));
     (
         Some(SliceInfo {

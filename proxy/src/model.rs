@@ -261,6 +261,27 @@ impl Endpoint {
     }
 }
 
+/// One Service port's endpoint list from the endpoints its slices give it (each with the port's
+/// number): sorted by address and port, and an address listed twice (in two slices, while the
+/// EndpointSlice controller moves it) kept once, ready if any of its listings is ready, else as
+/// first listed.
+pub fn merge_endpoints(mut endpoints: Vec<Endpoint>) -> Vec<Endpoint> {
+    // Stable: among equal addresses the first listed comes first.
+    endpoints.sort_by_key(Endpoint::socket_addr);
+    let mut out: Vec<Endpoint> = Vec::with_capacity(endpoints.len());
+    for e in endpoints {
+        match out.last_mut() {
+            Some(last) if last.socket_addr() == e.socket_addr() => {
+                if e.ready && !last.ready {
+                    *last = e;
+                }
+            }
+            _ => out.push(e),
+        }
+    }
+    out
+}
+
 /// The whole desired state the core hands to a dataplane.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceMap {
@@ -312,5 +333,49 @@ pub mod fixtures {
             terminating: false,
             hints: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::fixtures::endpoint;
+    use super::*;
+
+    #[test]
+    fn merged_endpoints_are_sorted_and_a_twice_listed_address_is_ready_if_either_listing_is() {
+        let a = endpoint(Ipv4Addr::new(10, 0, 0, 2), "n1");
+        let b_unready = Endpoint {
+            ready: false,
+            node: Some("first".into()),
+            ..endpoint(Ipv4Addr::new(10, 0, 0, 1), "n1")
+        };
+        let b_ready = Endpoint {
+            ready: true,
+            node: Some("second".into()),
+            ..b_unready.clone()
+        };
+        let other_port = Endpoint {
+            port: 9090,
+            ..a.clone()
+        };
+        let merged = merge_endpoints(vec![
+            other_port.clone(),
+            a.clone(),
+            b_unready.clone(),
+            b_ready.clone(),
+            a.clone(),
+        ]);
+        assert_eq!(merged, [b_ready.clone(), a.clone(), other_port]);
+        // Neither ready: the first listed stays.
+        let b_unready2 = Endpoint {
+            ready: false,
+            ..b_ready
+        };
+        assert_eq!(
+            merge_endpoints(vec![b_unready.clone(), b_unready2]),
+            [b_unready]
+        );
     }
 }

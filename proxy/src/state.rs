@@ -21,7 +21,9 @@ pub struct PortState {
     /// The port as its Service defines it; shared with the tracker's per-Service view.
     pub service: Arc<ServicePort>,
     /// Every endpoint of the port, as the slices list them (deduplicated, sorted). Shared with
-    /// `selected.cluster` when the selection keeps them all, the common case.
+    /// the slice it came from when the Service has one slice of this one port, and with
+    /// `selected.cluster` and `selected.external` when the selection keeps them all: the common
+    /// case keeps one list of a port's endpoints, not one per holder.
     pub endpoints: Arc<[Endpoint]>,
     /// The endpoints each kind of traffic may use, computed once by `selection::select` (with
     /// a Maglev Service port's tables).
@@ -30,14 +32,19 @@ pub struct PortState {
 
 impl PortState {
     /// The port with its endpoints, selected for `node`.
-    pub fn new(service: Arc<ServicePort>, endpoints: Vec<Endpoint>, node: &NodeContext) -> Self {
-        let selected = select_in(&service, &endpoints, &node.node_name, node.zone.as_deref());
+    pub fn new(
+        service: Arc<ServicePort>,
+        endpoints: impl Into<Arc<[Endpoint]>>,
+        node: &NodeContext,
+    ) -> Self {
+        let endpoints: Arc<[Endpoint]> = endpoints.into();
+        let mut selected = select_in(&service, &endpoints, &node.node_name, node.zone.as_deref());
+        for set in [&mut selected.cluster, &mut selected.external] {
+            if !Arc::ptr_eq(set, &endpoints) && **set == *endpoints {
+                *set = endpoints.clone();
+            }
+        }
         let selected = with_maglev(&service, selected, node.maglev_table_size);
-        let endpoints = if *selected.cluster == *endpoints {
-            selected.cluster.clone()
-        } else {
-            endpoints.into()
-        };
         PortState {
             service,
             endpoints,
@@ -121,7 +128,7 @@ impl ProxyState {
     pub fn set_port(
         &mut self,
         service: impl Into<Arc<ServicePort>>,
-        endpoints: Vec<Endpoint>,
+        endpoints: impl Into<Arc<[Endpoint]>>,
     ) -> Option<PortState> {
         let port = PortState::new(service.into(), endpoints, &self.node);
         self.insert(port)

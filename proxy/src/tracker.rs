@@ -17,7 +17,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 pub use crate::convert::ObjectKey;
 use crate::convert::{ServiceEntry, SliceEntry, SliceInfo};
 use crate::error::InvalidObject;
-use crate::model::{Algorithm, Endpoint, ServicePort, ServicePortName};
+use crate::model::{merge_endpoints, Algorithm, Endpoint, Protocol, ServicePort, ServicePortName};
 use crate::selection::NodeContext;
 use crate::state::{ChangeSet, PortState, ProxyState};
 
@@ -232,31 +232,45 @@ impl Tracker {
         }
     }
 
-    /// The endpoints of one service port, merged over the Service's slices, deduplicated, sorted.
-    fn endpoints_for(&self, svc_key: &ObjectKey, sp: &ServicePort) -> Vec<Endpoint> {
-        let mut by_addr: BTreeMap<(std::net::IpAddr, u16), Endpoint> = BTreeMap::new();
-        for slice_name in self.slices_by_service.get(svc_key).into_iter().flatten() {
-            let Some(slice) = self.slices.get(&(svc_key.0.clone(), slice_name.clone())) else {
-                continue;
-            };
-            for &(ref pname, proto, port) in &slice.ports {
-                if pname.as_str() != &*sp.name.port_name || proto != sp.protocol {
-                    continue;
-                }
-                for e in slice.endpoints.iter().filter(|e| {
-                    sp.cluster_ips
-                        .iter()
-                        .any(|ip| ip.is_ipv4() == e.addr.is_ipv4())
-                }) {
-                    let ep = Endpoint { port, ..e.clone() };
-                    let slot = by_addr.entry((ep.addr, port)).or_insert_with(|| ep.clone());
-                    if ep.ready && !slot.ready {
-                        *slot = ep;
-                    }
+    /// The endpoints of one service port, merged over the Service's slices ([`merge_endpoints`]).
+    /// A Service with one slice of this one port (the common case) gets the slice's own list.
+    fn endpoints_for(&self, svc_key: &ObjectKey, sp: &ServicePort) -> Arc<[Endpoint]> {
+        let slices: Vec<&SliceInfo> = self
+            .slices_by_service
+            .get(svc_key)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| self.slices.get(&(svc_key.0.clone(), name.clone())))
+            .collect();
+        let of_port =
+            |pname: &str, proto: Protocol| pname == &*sp.name.port_name && proto == sp.protocol;
+        let of_family = |e: &Endpoint| {
+            sp.cluster_ips
+                .iter()
+                .any(|ip| ip.is_ipv4() == e.addr.is_ipv4())
+        };
+        if let [slice] = slices.as_slice() {
+            if let [(pname, proto, _)] = slice.ports.as_slice() {
+                if of_port(pname, *proto) && slice.endpoints.iter().all(of_family) {
+                    return slice.endpoints.clone();
                 }
             }
         }
-        by_addr.into_values().collect()
+        let mut eps = Vec::new();
+        for slice in slices {
+            for &(ref pname, proto, port) in &slice.ports {
+                if of_port(pname, proto) {
+                    eps.extend(
+                        slice
+                            .endpoints
+                            .iter()
+                            .filter(|e| of_family(e))
+                            .map(|e| Endpoint { port, ..e.clone() }),
+                    );
+                }
+            }
+        }
+        merge_endpoints(eps).into()
     }
 
     /// Brings the state up to date with everything applied since the last call and says what
@@ -310,13 +324,17 @@ impl Tracker {
     fn update_port(
         &mut self,
         sp: Arc<ServicePort>,
-        eps: Vec<Endpoint>,
+        eps: Arc<[Endpoint]>,
         changes: &mut ChangeSet,
         reselect: bool,
     ) {
         let name = sp.name.clone();
         let old = self.state.get(&name);
-        if !reselect && old.is_some_and(|o| o.service == sp && *o.endpoints == *eps) {
+        if !reselect
+            && old.is_some_and(|o| {
+                o.service == sp && (Arc::ptr_eq(&o.endpoints, &eps) || *o.endpoints == *eps)
+            })
+        {
             return;
         }
         let port = PortState::new(sp, eps, &self.state.node);

@@ -299,7 +299,7 @@ fn varied_state() -> ProxyState {
     lc.algorithm = Algorithm::LeastConn;
     state.set_port(lc, vec![ep("10.244.1.9", false), ep("10.244.1.10", false)]);
     let wide = service("wide", "10.96.1.7", 80, Protocol::Tcp);
-    let many = (0..20)
+    let many: Vec<_> = (0..20)
         .map(|i| ep(&format!("10.244.2.{i}"), false))
         .collect();
     state.set_port(wide, many);

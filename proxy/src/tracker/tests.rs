@@ -124,6 +124,56 @@ fn replace_all_deletes_what_the_listing_lacks() {
 }
 
 #[test]
+fn a_service_with_one_slice_of_one_port_programs_the_slices_own_list() {
+    let mut t = Tracker::new(Algorithm::RoundRobin, node());
+    t.apply_service(&service("a", "10.96.0.1", "[{name: http, port: 80}]"));
+    // Listed out of order and with a duplicate: the slice keeps the merged, sorted list.
+    t.apply_slice(&slice(
+        "a-1",
+        "a",
+        &["10.244.2.2", "10.244.1.2", "10.244.2.2"],
+    ));
+    t.take_changes();
+    let port = t.state().iter().next().unwrap().1;
+    let listed = &t.slices[&("default".into(), "a-1".into())];
+    assert!(
+        Arc::ptr_eq(&port.endpoints, &listed.endpoints),
+        "one list, not a copy per holder"
+    );
+    assert!(Arc::ptr_eq(&port.selected.cluster, &port.endpoints));
+    assert!(Arc::ptr_eq(&port.selected.external, &port.endpoints));
+    let addrs: Vec<String> = port
+        .endpoints
+        .iter()
+        .map(|e| e.socket_addr().to_string())
+        .collect();
+    assert_eq!(addrs, ["10.244.1.2:8080", "10.244.2.2:8080"]);
+
+    // A second slice: the port's list is merged from both, the first slice's list untouched.
+    t.apply_slice(&slice("a-2", "a", &["10.244.3.2"]));
+    t.take_changes();
+    let port = t.state().iter().next().unwrap().1;
+    assert_eq!(port.endpoints.len(), 3);
+    assert_eq!(
+        t.slices[&("default".into(), "a-1".into())].endpoints.len(),
+        2
+    );
+}
+
+#[test]
+fn a_slice_of_another_family_or_port_gives_the_port_no_endpoints() {
+    let mut t = Tracker::new(Algorithm::RoundRobin, node());
+    t.apply_service(&service("a", "fd00::1", "[{name: http, port: 80}]"));
+    t.apply_service(&service("b", "10.96.0.2", "[{name: web, port: 80}]"));
+    t.apply_slice(&slice("a-1", "a", &["10.244.1.2"]));
+    t.apply_slice(&slice("b-1", "b", &["10.244.1.2"]));
+    t.take_changes();
+    for (name, port) in t.state().iter() {
+        assert!(port.endpoints.is_empty(), "{name}: {:?}", port.endpoints);
+    }
+}
+
+#[test]
 fn slices_of_one_service_merge_and_deduplicate() {
     let mut t = Tracker::new(Algorithm::RoundRobin, node());
     t.apply_service(&service("a", "10.96.0.1", "[{name: http, port: 80}]"));
