@@ -137,6 +137,14 @@ impl ProxyState {
     pub fn remove(&mut self, name: &ServicePortName) -> Option<PortState> {
         self.ports.remove(name)
     }
+
+    /// Rebuilds the map with its nodes full. Ports inserted in name order (as the tracker
+    /// refreshes Services) leave each node a little over half full: a B-tree node splits with 6
+    /// of its 11 slots on the left and the right side filled next. Built at once from the sorted
+    /// entries, nodes are full: about 40 % less memory for the map after a first listing.
+    pub fn compact(&mut self) {
+        self.ports = std::mem::take(&mut self.ports).into_iter().collect();
+    }
 }
 
 /// What changed since the previous sync.
@@ -195,6 +203,19 @@ mod tests {
     use super::*;
     use crate::model::fixtures::service_port;
     use crate::model::Protocol;
+
+    #[test]
+    fn compact_keeps_every_port_in_order() {
+        let mut state = ProxyState::default();
+        for i in 0..2000 {
+            state.set_port(service_port(&format!("s{i:04}"), "10.96.0.10"), Vec::new());
+        }
+        let before: Vec<PortState> = state.iter().map(|(_, p)| p.clone()).collect();
+        state.compact();
+        let after: Vec<PortState> = state.iter().map(|(_, p)| p.clone()).collect();
+        assert_eq!(before, after);
+        assert!(state.contains(&before[1234].service.name));
+    }
 
     #[test]
     fn ports_of_lists_one_services_ports_only() {

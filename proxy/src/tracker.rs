@@ -21,6 +21,22 @@ use crate::model::{merge_endpoints, Algorithm, Endpoint, Protocol, ServicePort, 
 use crate::selection::NodeContext;
 use crate::state::{ChangeSet, PortState, ProxyState};
 
+/// A pass that wrote at least this many service ports, and at least half the state, rebuilds
+/// the state's map full ([`ProxyState::compact`]); below it the saving is not worth the copy.
+const COMPACT_AFTER: usize = 1024;
+
+/// What a [`Tracker::take_changes`] pass collects before it becomes a [`ChangeSet`]: names in
+/// vectors, made ordered sets once at the end. A B-tree filled one name at a time in order is a
+/// little over half full (each split leaves 6 of a node's 11 slots in the left node), while one
+/// built from all its names at once is full: at the first sync of 100,000 service ports the two
+/// sets took nearly twice the memory they need (docs/BENCHMARKS.md).
+#[derive(Default)]
+struct Collected {
+    changed: Vec<ServicePortName>,
+    became_reachable: Vec<ServicePortName>,
+    removed_endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
+}
+
 /// Tracks Services and EndpointSlices and computes what changed between syncs.
 #[derive(Debug)]
 pub struct Tracker {
@@ -276,24 +292,33 @@ impl Tracker {
     /// Brings the state up to date with everything applied since the last call and says what
     /// changed. A full change set is returned the first time and after [`Tracker::request_full`].
     pub fn take_changes(&mut self) -> ChangeSet {
-        let mut changes = ChangeSet {
-            full: std::mem::take(&mut self.needs_full),
-            ..ChangeSet::default()
-        };
+        let full = std::mem::take(&mut self.needs_full);
         let mut dirty = std::mem::take(&mut self.dirty);
         let reselect = std::mem::take(&mut self.node_changed);
         if reselect {
             dirty.extend(self.services.keys().cloned());
         }
+        let mut collected = Collected::default();
         for svc_key in dirty {
-            self.refresh_service(&svc_key, &mut changes, reselect);
+            self.refresh_service(&svc_key, &mut collected, reselect);
         }
-        changes
+        // Most of the state written in this pass (the first listing, a relist after an
+        // outage): written in name order, so rebuilt full (see `ProxyState::compact`).
+        let written = collected.changed.len();
+        if written >= COMPACT_AFTER && written * 2 >= self.state.len() {
+            self.state.compact();
+        }
+        ChangeSet {
+            full,
+            changed: collected.changed.into_iter().collect(),
+            removed_endpoints: collected.removed_endpoints,
+            became_reachable: collected.became_reachable.into_iter().collect(),
+        }
     }
 
     /// With `reselect`, ports whose Service and endpoints are unchanged are selected again too
     /// (the node changed).
-    fn refresh_service(&mut self, svc_key: &ObjectKey, changes: &mut ChangeSet, reselect: bool) {
+    fn refresh_service(&mut self, svc_key: &ObjectKey, changes: &mut Collected, reselect: bool) {
         let new_ports: Vec<Arc<ServicePort>> = self
             .services
             .get(svc_key)
@@ -313,7 +338,7 @@ impl Tracker {
                     .collect();
                 record_removed(changes, name, gone);
             }
-            changes.changed.insert(name.clone());
+            changes.changed.push(name.clone());
         }
         for sp in new_ports {
             let eps = self.endpoints_for(svc_key, &sp);
@@ -325,7 +350,7 @@ impl Tracker {
         &mut self,
         sp: Arc<ServicePort>,
         eps: Arc<[Endpoint]>,
-        changes: &mut ChangeSet,
+        changes: &mut Collected,
         reselect: bool,
     ) {
         let name = sp.name.clone();
@@ -361,14 +386,14 @@ impl Tracker {
             record_removed(changes, &name, gone);
         }
         if !was_reachable && port.selected.any_usable {
-            changes.became_reachable.insert(name.clone());
+            changes.became_reachable.push(name.clone());
         }
         self.state.insert(port);
-        changes.changed.insert(name);
+        changes.changed.push(name);
     }
 }
 
-fn record_removed(changes: &mut ChangeSet, name: &ServicePortName, mut gone: Vec<Endpoint>) {
+fn record_removed(changes: &mut Collected, name: &ServicePortName, mut gone: Vec<Endpoint>) {
     gone.sort();
     gone.dedup_by_key(|e| e.socket_addr());
     if !gone.is_empty() {
