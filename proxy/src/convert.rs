@@ -45,8 +45,9 @@ pub struct SliceInfo {
     pub namespace: Arc<str>,
     /// The Service this slice belongs to (`kubernetes.io/service-name`).
     pub service: Arc<str>,
-    /// (port name, protocol, port number) as the slice lists them.
-    pub ports: Vec<(String, Protocol, u16)>,
+    /// (port name, protocol, port number) as the slice lists them; names pooled (a cluster has
+    /// few: `http`, `dns`, ...).
+    pub ports: Box<[(Arc<str>, Protocol, u16)]>,
     /// The endpoints. When `ports` lists exactly one port (nearly every slice), they carry it and
     /// are that port's list as the tracker would build it ([`merge_endpoints`]: sorted by
     /// address, duplicates merged), so a Service with this one slice programs this very list
@@ -519,7 +520,9 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
             continue;
         };
         match p.port.and_then(port_u16) {
-            Some(port) => ports.push((p.name.clone().unwrap_or_default(), protocol, port)),
+            Some(port) => {
+                ports.push((shared_name(p.name.as_deref().unwrap_or("")), protocol, port))
+            }
             None => errors.push(invalid(
                 "EndpointSlice",
                 &obj,
@@ -592,7 +595,7 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
         Some(SliceInfo {
             namespace,
             service: service.into(),
-            ports,
+            ports: ports.into(),
             endpoints,
         }),
         errors,

@@ -266,7 +266,7 @@ impl Tracker {
                 .any(|ip| ip.is_ipv4() == e.addr.is_ipv4())
         };
         if let [slice] = slices.as_slice() {
-            if let [(pname, proto, _)] = slice.ports.as_slice() {
+            if let [(pname, proto, _)] = &*slice.ports {
                 if of_port(pname, *proto) && slice.endpoints.iter().all(of_family) {
                     return slice.endpoints.clone();
                 }
@@ -274,7 +274,7 @@ impl Tracker {
         }
         let mut eps = Vec::new();
         for slice in slices {
-            for &(ref pname, proto, port) in &slice.ports {
+            for &(ref pname, proto, port) in slice.ports.iter() {
                 if of_port(pname, proto) {
                     eps.extend(
                         slice

@@ -161,7 +161,7 @@ endpoints:
     let (info, errs) = convert_slice(&slice);
     let info = info.unwrap();
     assert_eq!(&*info.service, "web");
-    assert_eq!(info.ports, vec![("http".to_string(), Protocol::Tcp, 8080)]);
+    assert_eq!(&*info.ports, [(Arc::from("http"), Protocol::Tcp, 8080)]);
     assert_eq!(info.endpoints.len(), 2);
     assert!(info.endpoints[0].ready && info.endpoints[0].serving && !info.endpoints[0].terminating);
     assert!(!info.endpoints[1].ready && info.endpoints[1].serving && info.endpoints[1].terminating);
