@@ -16,7 +16,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::error::InvalidObject;
 use crate::model::{
-    merge_endpoints, Algorithm, Endpoint, Hints, Protocol, ServicePort, ServicePortName,
+    merge_endpoints, Algorithm, Endpoint, Hints, Name, Protocol, ServicePort, ServicePortName,
     ALGORITHM_ANNOTATION,
 };
 
@@ -159,30 +159,49 @@ pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
     Some(IpAddr::V4(Ipv4Addr::from(octets)))
 }
 
-/// One shared copy of each namespace, node and zone name. A cluster has few of each, while every
-/// object names its namespace and every endpoint (kept in several sets) its node and zone;
-/// without this each would hold its own string. Names nothing holds any more are dropped whenever
-/// the pool has doubled since it was last pruned, so names that come and go do not accumulate.
+/// A pool of shared strings: one copy of each distinct name, handed out to every holder. Names
+/// nothing else holds any more are dropped whenever the pool has doubled since it was last
+/// pruned, so names that come and go do not accumulate.
+struct Pool<T> {
+    names: BTreeSet<T>,
+    prune_at: usize,
+}
+
+impl<T: Ord + Clone + std::borrow::Borrow<str>> Pool<T> {
+    const fn new() -> Self {
+        Pool {
+            names: BTreeSet::new(),
+            prune_at: 0,
+        }
+    }
+
+    fn get(&mut self, s: &str, make: impl FnOnce(&str) -> T, holders: impl Fn(&T) -> usize) -> T {
+        if let Some(name) = self.names.get(s) {
+            return name.clone();
+        }
+        if self.names.len() >= self.prune_at {
+            self.names.retain(|n| holders(n) > 1);
+            self.prune_at = (self.names.len() * 2).max(1024);
+        }
+        let name = make(s);
+        self.names.insert(name.clone());
+        name
+    }
+}
+
+/// One shared copy of each namespace and port name. A cluster has few of each, while every
+/// object names its namespace; without this each would hold its own string.
 fn shared_name(s: &str) -> Arc<str> {
-    struct Pool {
-        names: BTreeSet<Arc<str>>,
-        prune_at: usize,
-    }
-    static POOL: Mutex<Pool> = Mutex::new(Pool {
-        names: BTreeSet::new(),
-        prune_at: 0,
-    });
+    static POOL: Mutex<Pool<Arc<str>>> = Mutex::new(Pool::new());
     let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(name) = pool.names.get(s) {
-        return name.clone();
-    }
-    if pool.names.len() >= pool.prune_at {
-        pool.names.retain(|n| Arc::strong_count(n) > 1);
-        pool.prune_at = (pool.names.len() * 2).max(1024);
-    }
-    let name: Arc<str> = s.into();
-    pool.names.insert(name.clone());
-    name
+    pool.get(s, |s| Arc::from(s), Arc::strong_count)
+}
+
+/// One shared copy of each node and zone name, as endpoints and their hints hold them.
+fn shared_label(s: &str) -> Name {
+    static POOL: Mutex<Pool<Name>> = Mutex::new(Pool::new());
+    let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    pool.get(s, Name::new, Name::holders)
 }
 
 fn port_u16(value: i32) -> Option<u16> {
@@ -572,8 +591,8 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
         endpoints.push(Endpoint {
             addr,
             port: 0,
-            node: e.node_name.as_deref().map(shared_name),
-            zone: e.zone.as_deref().map(shared_name),
+            node: e.node_name.as_deref().map(shared_label),
+            zone: e.zone.as_deref().map(shared_label),
             ready,
             serving,
             terminating,
@@ -605,17 +624,17 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
 /// An endpoint's topology hints, `None` when it has neither zone nor node hints.
 fn hints_of(h: Option<&k8s_openapi::api::discovery::v1::EndpointHints>) -> Option<Arc<Hints>> {
     let h = h?;
-    let zones: Box<[Arc<str>]> = h
+    let zones: Box<[Name]> = h
         .for_zones
         .iter()
         .flatten()
-        .map(|z| shared_name(&z.name))
+        .map(|z| shared_label(&z.name))
         .collect();
-    let nodes: Box<[Arc<str>]> = h
+    let nodes: Box<[Name]> = h
         .for_nodes
         .iter()
         .flatten()
-        .map(|n| shared_name(&n.name))
+        .map(|n| shared_label(&n.name))
         .collect();
     (!zones.is_empty() || !nodes.is_empty()).then(|| Arc::new(Hints { zones, nodes }))
 }

@@ -212,15 +212,81 @@ impl ServicePort {
     }
 }
 
+/// A node or zone name as endpoints hold it: one pointer (an `Arc<str>` is two) to one shared
+/// copy of each distinct name (`convert` pools them). Endpoints are the most numerous thing the
+/// agent keeps, and each names its node and zone: at 100,000 Services of 4 endpoints, the
+/// pointers' second words alone were 6 MB (docs/BENCHMARKS.md).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Name(Arc<Box<str>>);
+
+impl Name {
+    pub fn new(s: &str) -> Name {
+        Name(Arc::new(s.into()))
+    }
+
+    /// How many holders share this copy (the pool prunes names only it holds).
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+
+    /// Whether two names are the same shared copy.
+    pub fn ptr_eq(a: &Name, b: &Name) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for Name {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Name {
+    fn from(s: &str) -> Name {
+        Name::new(s)
+    }
+}
+
+impl fmt::Debug for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self.0, f)
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for Name {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Name, D::Error> {
+        String::deserialize(d).map(|s| Name::new(&s))
+    }
+}
+
 /// One endpoint of one Service port, as an EndpointSlice describes it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Endpoint {
     pub addr: IpAddr,
     pub port: u16,
-    /// `nodeName` of the endpoint, if set. Shared: an endpoint is kept in several sets (as listed,
-    /// per kind of traffic), and one node's endpoints share one name (see `convert`).
-    pub node: Option<Arc<str>>,
-    pub zone: Option<Arc<str>>,
+    /// `nodeName` of the endpoint, if set. Shared: one node's endpoints share one name (see
+    /// [`Name`]).
+    pub node: Option<Name>,
+    pub zone: Option<Name>,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
@@ -233,18 +299,18 @@ pub struct Endpoint {
 /// (`hints.forZones`, `hints.forNodes`). Names are shared like node and zone names.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Hints {
-    pub zones: Box<[Arc<str>]>,
-    pub nodes: Box<[Arc<str>]>,
+    pub zones: Box<[Name]>,
+    pub nodes: Box<[Name]>,
 }
 
 impl Endpoint {
     /// The zones this endpoint is hinted for (empty: no zone hint).
-    pub fn zone_hints(&self) -> &[Arc<str>] {
+    pub fn zone_hints(&self) -> &[Name] {
         self.hints.as_deref().map_or(&[], |h| &h.zones)
     }
 
     /// The nodes this endpoint is hinted for (empty: no node hint).
-    pub fn node_hints(&self) -> &[Arc<str>] {
+    pub fn node_hints(&self) -> &[Name] {
         self.hints.as_deref().map_or(&[], |h| &h.nodes)
     }
 }
@@ -342,6 +408,14 @@ mod tests {
 
     use super::fixtures::endpoint;
     use super::*;
+
+    #[test]
+    fn an_endpoint_is_48_bytes() {
+        // The agent keeps one per endpoint and port (docs/BENCHMARKS.md): node, zone and hints
+        // are one pointer each.
+        assert_eq!(std::mem::size_of::<Endpoint>(), 48);
+        assert_eq!(std::mem::size_of::<Option<Name>>(), 8);
+    }
 
     #[test]
     fn merged_endpoints_are_sorted_and_a_twice_listed_address_is_ready_if_either_listing_is() {

@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::maglev::{MaglevTable, MaglevTables, TableSize};
-use crate::model::{Algorithm, Endpoint, IpFamily, ServicePort};
+use crate::model::{Algorithm, Endpoint, IpFamily, Name, ServicePort};
 
 /// What the node knows about itself, needed to classify sources and endpoints.
 #[derive(Debug, Clone, Default)]
@@ -166,7 +166,7 @@ enum Topology {
 
 impl Topology {
     /// The hints of this kind an endpoint carries.
-    fn hints(self, e: &Endpoint) -> &[Arc<str>] {
+    fn hints(self, e: &Endpoint) -> &[Name] {
         match self {
             Topology::SameNode => e.node_hints(),
             Topology::SameZone => e.zone_hints(),
@@ -195,7 +195,7 @@ fn topology<'a>(
     })
 }
 
-fn hinted_for(hints: &[Arc<str>], here: &str) -> bool {
+fn hinted_for(hints: &[Name], here: &str) -> bool {
     hints.iter().any(|h| &**h == here)
 }
 

@@ -210,10 +210,10 @@ endpoints:
     let (info, errs) = convert_slice(&slice);
     assert!(errs.is_empty(), "{errs:?}");
     let eps = info.unwrap().endpoints;
-    assert_eq!(eps[0].zone_hints(), [Arc::from("z1")]);
-    assert_eq!(eps[0].node_hints(), [Arc::from("node-a")]);
+    assert_eq!(eps[0].zone_hints(), [Name::from("z1")]);
+    assert_eq!(eps[0].node_hints(), [Name::from("node-a")]);
     assert!(
-        Arc::ptr_eq(&eps[0].zone_hints()[0], eps[0].zone.as_ref().unwrap()),
+        Name::ptr_eq(&eps[0].zone_hints()[0], eps[0].zone.as_ref().unwrap()),
         "the hint and the zone share one name"
     );
     assert!(eps[1].hints.is_none(), "empty hints are no hints");

@@ -370,8 +370,8 @@ fn source_classification() {
 fn hinted(last_octet: u8, node: &str, state: &str, zones: &[&str], nodes: &[&str]) -> Endpoint {
     Endpoint {
         hints: Some(Arc::new(crate::model::Hints {
-            zones: zones.iter().map(|z| Arc::from(*z)).collect(),
-            nodes: nodes.iter().map(|n| Arc::from(*n)).collect(),
+            zones: zones.iter().map(|z| Name::from(*z)).collect(),
+            nodes: nodes.iter().map(|n| Name::from(*n)).collect(),
         })),
         ..ep(last_octet, node, state)
     }
