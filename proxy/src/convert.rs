@@ -484,7 +484,7 @@ fn convert_port(
         name: ServicePortName {
             namespace: c.namespace.clone(),
             name: c.name.clone(),
-            port_name: p.name.as_deref().unwrap_or_default().into(),
+            port_name: shared_name(p.name.as_deref().unwrap_or_default()),
             protocol,
         },
         cluster_ips: cluster_ips.to_vec(),
