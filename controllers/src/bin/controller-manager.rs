@@ -257,13 +257,7 @@ struct Args {
 use controllers::runtime::process::{client, identity, run_until_signalled, serve_metrics};
 
 fn main() -> anyhow::Result<()> {
-    // Before the runtime starts its threads: each keeps the arena it is first given.
-    controllers::runtime::allocator::bound_arenas();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?
-        .block_on(run())
+    controllers::runtime::process::main(run())
 }
 
 async fn run() -> anyhow::Result<()> {

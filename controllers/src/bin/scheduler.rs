@@ -61,13 +61,7 @@ fn duration(field: &str, v: Option<&str>, default: Duration) -> anyhow::Result<D
 }
 
 fn main() -> anyhow::Result<()> {
-    // Before the runtime starts its threads: each keeps the arena it is first given.
-    controllers::runtime::allocator::bound_arenas();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?
-        .block_on(run())
+    controllers::runtime::process::main(run())
 }
 
 async fn run() -> anyhow::Result<()> {

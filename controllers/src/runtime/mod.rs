@@ -27,7 +27,7 @@
 //! - [`leader`]: Lease-based leader election;
 //! - [`ratelimit`]: the client-side request limit (`--kube-api-qps` / `--kube-api-burst`);
 //! - [`allocator`]: the C allocator's arenas, periodic trims and heap metrics;
-//! - [`process`]: what the binaries share around their work (client, identity, `/metrics`,
+//! - [`process`]: what the binaries share around their work (start, client, identity, `/metrics`,
 //!   running until a signal);
 //! - `testing` (test builds only): what the controllers' handler tests share.
 //!

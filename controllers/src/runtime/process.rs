@@ -1,12 +1,24 @@
 //! What the process binaries (`controller-manager`, `scheduler`) share around their work: the
-//! Kubernetes client from a kubeconfig, the leader election identity, the `/metrics` and
-//! `/healthz` endpoint, and running until a signal. Owns no controller and no scheduling.
+//! process's start (the allocator, the runtime), the Kubernetes client from a kubeconfig, the
+//! leader election identity, the `/metrics` and `/healthz` endpoint, and running until a signal.
+//! Owns no controller and no scheduling.
 
 use std::future::Future;
 
 use anyhow::Context as _;
 
 use super::leader::{self, LeaderConfig};
+
+/// A binary's `main`: the allocator's arenas bounded first (before any thread exists: a thread
+/// keeps the arena it is first given), then `work` on a multi-threaded tokio runtime.
+pub fn main(work: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    super::allocator::bound_arenas();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(work)
+}
 
 /// Runs `work` until it ends or the process is interrupted (SIGINT) or terminated (SIGTERM), then
 /// gives up the leader Lease when there is one (so a successor need not wait for it to expire).
