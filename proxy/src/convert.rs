@@ -550,6 +550,11 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
             )),
         }
     }
+    // A slice of one port (nearly all) keeps its endpoints with that port (see `SliceInfo`).
+    let single_port = match ports.as_slice() {
+        [(_, _, port)] => Some(*port),
+        _ => None,
+    };
     let mut endpoints = Vec::new();
     for (i, e) in slice.endpoints.iter().enumerate() {
         let Some(first) = e.addresses.first() else {
@@ -590,7 +595,7 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
         let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
         endpoints.push(Endpoint {
             addr,
-            port: 0,
+            port: single_port.unwrap_or(0),
             node: e.node_name.as_deref().map(shared_label),
             zone: e.zone.as_deref().map(shared_label),
             ready,
@@ -599,15 +604,9 @@ pub fn convert_slice(slice: &EndpointSlice) -> (Option<SliceInfo>, Vec<InvalidOb
             hints: hints_of(e.hints.as_ref()),
         });
     }
-    let endpoints: Arc<[Endpoint]> = match ports.as_slice() {
-        [(_, _, port)] => merge_endpoints(
-            endpoints
-                .into_iter()
-                .map(|e| Endpoint { port: *port, ..e })
-                .collect(),
-        )
-        .into(),
-        _ => endpoints.into(),
+    let endpoints: Arc<[Endpoint]> = match single_port {
+        Some(_) => merge_endpoints(endpoints).into(),
+        None => endpoints.into(),
     };
     let namespace = shared_name(slice.metadata.namespace.as_deref().unwrap_or("default"));
     (
