@@ -212,12 +212,7 @@ fn measure(
 fn service(ports: &[(Protocol, u16)]) -> ProxyState {
     let mut state = ProxyState::new(crate::workload::node_context());
     for &(protocol, backend_port) in ports {
-        let name = ServicePortName {
-            namespace: "bench".into(),
-            name: "nodeport".into(),
-            port_name: "".into(),
-            protocol,
-        };
+        let name = ServicePortName::new("bench", "nodeport", "", protocol);
         let svc = ServicePort {
             name,
             cluster_ips: vec![IpAddr::from([10, 96, 0, 100])],

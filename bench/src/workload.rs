@@ -130,12 +130,7 @@ impl Workload {
     }
 
     pub fn port_name(i: usize) -> ServicePortName {
-        ServicePortName {
-            namespace: "bench".into(),
-            name: Self::name(i).into(),
-            port_name: "http".into(),
-            protocol: Protocol::Tcp,
-        }
+        ServicePortName::new("bench", Self::name(i), "http", Protocol::Tcp)
     }
 
     /// The pod addresses Service `i`'s endpoints are on.

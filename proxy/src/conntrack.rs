@@ -75,7 +75,7 @@ impl CtFilter {
 
 /// Whether conntrack entries of this protocol are cleaned (TCP never is).
 fn cleaned(p: Protocol) -> bool {
-    matches!(p, Protocol::Udp | Protocol::Sctp)
+    p.conntrack_cleaned()
 }
 
 /// Every (address, port) a Service port can be reached at; nodePorts have no fixed address.

@@ -481,12 +481,12 @@ fn convert_port(
         })?,
     };
     Ok(ServicePort {
-        name: ServicePortName {
-            namespace: c.namespace.clone(),
-            name: c.name.clone(),
-            port_name: shared_name(p.name.as_deref().unwrap_or_default()),
+        name: ServicePortName::new(
+            c.namespace.clone(),
+            c.name.clone(),
+            shared_name(p.name.as_deref().unwrap_or_default()),
             protocol,
-        },
+        ),
         cluster_ips: cluster_ips.to_vec(),
         port,
         protocol,

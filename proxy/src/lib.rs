@@ -5,6 +5,7 @@
 //! result to a [`dataplane::Dataplane`]. Metrics, health and the state `proxy inspect` reads are
 //! served by `server`.
 
+pub mod allocator;
 pub mod balance;
 pub mod cli;
 pub mod conntrack;

@@ -5,6 +5,8 @@ use proxy::cli::Command;
 mod cmd;
 
 fn main() -> anyhow::Result<()> {
+    // Before any thread exists (see the module).
+    proxy::allocator::bound_arenas();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

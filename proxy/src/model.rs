@@ -81,6 +81,13 @@ impl Protocol {
         }
     }
 
+    /// Whether stale conntrack entries of this protocol are cleaned when endpoints change or a
+    /// port becomes reachable, as kube-proxy does: UDP and SCTP; never TCP, whose entries end
+    /// with their connections.
+    pub fn conntrack_cleaned(self) -> bool {
+        matches!(self, Protocol::Udp | Protocol::Sctp)
+    }
+
     /// Parses the Kubernetes spelling; `None` (absent) means TCP as in the API defaults.
     pub fn parse(s: Option<&str>) -> Option<Protocol> {
         match s {
@@ -100,14 +107,71 @@ impl fmt::Display for Protocol {
 
 /// Identifies one port of one Service: the unit the change tracker and the dataplanes work in.
 ///
-/// It keys the tracker's state, the change sets and every backend's bookkeeping, so it is cloned
-/// many times per Service port: its names are shared (`Arc<str>`), a clone allocates nothing.
+/// It keys the tracker's state, the change sets and every backend's bookkeeping, so each Service
+/// port's name is held four or five times: it is one pointer to one shared [`PortNameParts`]
+/// (a clone allocates nothing), not the 56 bytes of its parts per holder, which at 100,000
+/// Services were 20 MB of copies (docs/BENCHMARKS.md). Compared, ordered and hashed by its parts;
+/// its fields read through `Deref`, and writing one (tests do) copies the parts first if they are
+/// shared.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePortName(Arc<PortNameParts>);
+
+/// What a [`ServicePortName`] names. Its own names are shared too (`Arc<str>`): a Service's name
+/// is the one string of its key and of each of its ports.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct ServicePortName {
+pub struct PortNameParts {
     pub namespace: Arc<str>,
     pub name: Arc<str>,
     pub port_name: Arc<str>,
     pub protocol: Protocol,
+}
+
+impl ServicePortName {
+    pub fn new(
+        namespace: impl Into<Arc<str>>,
+        name: impl Into<Arc<str>>,
+        port_name: impl Into<Arc<str>>,
+        protocol: Protocol,
+    ) -> Self {
+        ServicePortName(Arc::new(PortNameParts {
+            namespace: namespace.into(),
+            name: name.into(),
+            port_name: port_name.into(),
+            protocol,
+        }))
+    }
+}
+
+impl std::ops::Deref for ServicePortName {
+    type Target = PortNameParts;
+
+    fn deref(&self) -> &PortNameParts {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ServicePortName {
+    fn deref_mut(&mut self) -> &mut PortNameParts {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl fmt::Debug for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl Serialize for ServicePortName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ServicePortName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        PortNameParts::deserialize(d).map(|parts| ServicePortName(Arc::new(parts)))
+    }
 }
 
 impl fmt::Display for ServicePortName {
@@ -366,12 +430,7 @@ pub mod fixtures {
     /// `default/<name>`, an unnamed TCP port 80 on clusterIP `vip`, round-robin, nothing else.
     pub fn service_port(name: &str, vip: &str) -> ServicePort {
         ServicePort {
-            name: ServicePortName {
-                namespace: "default".into(),
-                name: name.into(),
-                port_name: "".into(),
-                protocol: Protocol::Tcp,
-            },
+            name: ServicePortName::new("default", name, "", Protocol::Tcp),
             cluster_ips: vec![vip.parse().expect("a clusterIP")],
             port: 80,
             protocol: Protocol::Tcp,
@@ -415,6 +474,27 @@ mod tests {
         // are one pointer each.
         assert_eq!(std::mem::size_of::<Endpoint>(), 48);
         assert_eq!(std::mem::size_of::<Option<Name>>(), 8);
+    }
+
+    #[test]
+    fn a_service_port_name_is_one_shared_pointer() {
+        // Held four or five times per Service port (docs/BENCHMARKS.md).
+        assert_eq!(std::mem::size_of::<ServicePortName>(), 8);
+        let a = ServicePortName::new("default", "web", "http", Protocol::Tcp);
+        let b = a.clone();
+        assert!(std::ptr::eq(&*a, &*b), "a clone shares the parts");
+        let other = ServicePortName::new("default", "web", "http", Protocol::Tcp);
+        assert_eq!(a, other, "names compare by their parts");
+        let mut c = a.clone();
+        c.protocol = Protocol::Udp;
+        assert_eq!(
+            a.protocol,
+            Protocol::Tcp,
+            "writing a shared name copies it first"
+        );
+        assert!(a < c);
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<ServicePortName>(&json).unwrap(), c);
     }
 
     #[test]

@@ -96,12 +96,12 @@ impl ProxyState {
     /// The names of the ports of the Service `namespace/name`, in order: a range of the map,
     /// whose names sort by namespace, then Service.
     pub fn ports_of(&self, namespace: &Arc<str>, name: &Arc<str>) -> Vec<ServicePortName> {
-        let first = ServicePortName {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            port_name: Arc::from(""),
-            protocol: crate::model::Protocol::Tcp,
-        };
+        let first = ServicePortName::new(
+            namespace.clone(),
+            name.clone(),
+            "",
+            crate::model::Protocol::Tcp,
+        );
         self.ports
             .range(first..)
             .map(|(n, _)| n)
@@ -158,8 +158,10 @@ pub struct ChangeSet {
     /// Endpoints that were usable in the previous sync and are not any more, per service port.
     /// UDP/SCTP conntrack entries towards them must be removed.
     pub removed_endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
-    /// Service ports that went from no usable endpoint to some: stale UDP conntrack entries towards
-    /// their service addresses (cached rejects) must be removed.
+    /// UDP and SCTP service ports that went from no usable endpoint to some: stale conntrack
+    /// entries towards their service addresses (cached rejects) must be removed. Only those
+    /// protocols ([`Protocol::conntrack_cleaned`]): at an agent's start every port becomes
+    /// reachable, and a set of every TCP port too was 6 MB at 100,000 Services for nothing.
     pub became_reachable: BTreeSet<ServicePortName>,
 }
 

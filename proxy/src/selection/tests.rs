@@ -13,12 +13,7 @@ fn ip(s: &str) -> IpAddr {
 
 fn svc(internal_local: bool, external_local: bool) -> ServicePort {
     ServicePort {
-        name: ServicePortName {
-            namespace: "default".into(),
-            name: "web".into(),
-            port_name: "".into(),
-            protocol: Protocol::Tcp,
-        },
+        name: ServicePortName::new("default", "web", "", Protocol::Tcp),
         cluster_ips: vec![ip("10.96.0.10")],
         port: 80,
         protocol: Protocol::Tcp,

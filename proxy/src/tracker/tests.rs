@@ -29,7 +29,11 @@ fn slice(name: &str, svc: &str, addrs: &[&str]) -> EndpointSlice {
 }
 
 fn names(c: &ChangeSet) -> Vec<String> {
-    c.changed.iter().map(|n| n.to_string()).collect()
+    names_of(&c.changed)
+}
+
+fn names_of(set: &BTreeSet<ServicePortName>) -> Vec<String> {
+    set.iter().map(|n| n.to_string()).collect()
 }
 
 #[test]
@@ -41,7 +45,10 @@ fn first_sync_is_full_then_only_touched_services() {
     let c = t.take_changes();
     assert!(c.full);
     assert_eq!(names(&c), vec!["default/a:http/TCP", "default/b:http/TCP"]);
-    assert_eq!(c.became_reachable.len(), 1);
+    assert!(
+        c.became_reachable.is_empty(),
+        "TCP ports keep no conntrack state to clean"
+    );
     assert_eq!(
         t.state()
             .get(c.changed.iter().next().unwrap())
@@ -97,10 +104,31 @@ fn removed_endpoints_and_deleted_services_are_reported() {
 #[test]
 fn zero_to_some_endpoints_is_flagged() {
     let mut t = Tracker::new(Algorithm::RoundRobin, node());
-    t.apply_service(&service("a", "10.96.0.1", "[{name: http, port: 80}]"));
+    t.apply_service(&service(
+        "a",
+        "10.96.0.1",
+        "[{name: http, port: 80, protocol: UDP}]",
+    ));
     assert!(t.take_changes().became_reachable.is_empty());
+    let mut s = slice("a-1", "a", &["10.244.1.2"]);
+    s.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
+    t.apply_slice(&s);
+    assert_eq!(
+        names_of(&t.take_changes().became_reachable),
+        vec!["default/a:http/UDP"]
+    );
+}
+
+#[test]
+fn a_tcp_port_that_becomes_reachable_is_not_flagged() {
+    // Its conntrack entries are not cleaned, so nobody needs its name.
+    let mut t = Tracker::new(Algorithm::RoundRobin, node());
+    t.apply_service(&service("a", "10.96.0.1", "[{name: http, port: 80}]"));
+    t.take_changes();
     t.apply_slice(&slice("a-1", "a", &["10.244.1.2"]));
-    assert_eq!(t.take_changes().became_reachable.len(), 1);
+    let c = t.take_changes();
+    assert_eq!(names(&c), vec!["default/a:http/TCP"]);
+    assert!(c.became_reachable.is_empty());
 }
 
 #[test]
@@ -185,4 +213,23 @@ fn slices_of_one_service_merge_and_deduplicate() {
     t.delete_slice("default", "a-2");
     t.take_changes();
     assert_eq!(t.state().iter().next().unwrap().1.endpoints.len(), 2);
+}
+
+#[test]
+fn slice_names_stay_sorted_and_inline_when_one() {
+    let name = |s: &str| -> Arc<str> { s.into() };
+    let mut names = SliceNames::default();
+    names.insert(&name("a-2"));
+    assert!(matches!(names, SliceNames::One(_)));
+    names.insert(&name("a-1"));
+    names.insert(&name("a-3"));
+    names.insert(&name("a-1"));
+    let listed: Vec<&str> = names.as_slice().iter().map(|n| &**n).collect();
+    assert_eq!(listed, ["a-1", "a-2", "a-3"]);
+    assert!(!names.remove("a-2"));
+    assert!(!names.remove("a-9"), "an unknown name removes nothing");
+    assert!(!names.remove("a-1"));
+    assert!(matches!(&names, SliceNames::One(n) if &**n == "a-3"));
+    assert!(names.remove("a-3"), "the last name leaves none");
+    assert!(names.as_slice().is_empty());
 }

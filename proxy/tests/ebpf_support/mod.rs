@@ -351,12 +351,7 @@ pub fn pod_counts(lines: &[String]) -> BTreeMap<String, usize> {
 }
 
 pub fn name(svc: &str, proto: Protocol) -> ServicePortName {
-    ServicePortName {
-        namespace: "default".into(),
-        name: svc.into(),
-        port_name: "".into(),
-        protocol: proto,
-    }
+    ServicePortName::new("default", svc, "", proto)
 }
 
 pub fn service(n: &ServicePortName, ip: Ipv4Addr, port: u16) -> ServicePort {

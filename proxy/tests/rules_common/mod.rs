@@ -132,7 +132,7 @@ impl Rig {
         if !gone.is_empty() {
             changes.removed_endpoints.insert(spn.clone(), gone);
         }
-        if !before.any_usable && after.any_usable {
+        if !before.any_usable && after.any_usable && spn.protocol.conntrack_cleaned() {
             changes.became_reachable.insert(spn.clone());
         }
         changes
@@ -175,12 +175,7 @@ pub fn endpoint(ip: Ipv4Addr, remote: bool) -> Endpoint {
 /// A ClusterIP service port `name` on `ip:port`.
 pub fn service(name: &str, ip: &str, port: u16, protocol: Protocol) -> ServicePort {
     ServicePort {
-        name: ServicePortName {
-            namespace: "default".into(),
-            name: name.into(),
-            port_name: "".into(),
-            protocol,
-        },
+        name: ServicePortName::new("default", name, "", protocol),
         cluster_ips: vec![ip.parse().unwrap()],
         port,
         protocol,

@@ -8,7 +8,10 @@
 //! full sync sweeps whatever no desired service claimed.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
+
+use hashbrown::HashTable;
 
 use proxy_common::{
     Backend, BackendCounters, ServiceKey, ServiceValue, SlotKey, FAMILY_V4, FAMILY_V6, SVC_F_VIP,
@@ -22,21 +25,95 @@ use super::maps::{FlushReport, Maps};
 use crate::error::DataplaneError;
 use crate::model::{Protocol, ServicePortName};
 
-/// One backend set as programmed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One backend set as programmed: backend ids only. Their addresses are in [`Backends`], once
+/// per backend however many sets hold it; at 100,000 service ports a copy of the addresses per
+/// set was a tenth of the agent's heap (docs/BENCHMARKS.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct SetState {
     id: u32,
-    /// Backend ids by slot (one slot per backend, or a Maglev table's slots); `None` for a set
-    /// recovered from pinned maps (slots unknown).
-    backends: Option<Vec<u32>>,
-    /// The set's distinct backends (each holds one reference).
-    addrs: Vec<BackendAddr>,
+    /// Backend ids by slot: one slot per backend, or a Maglev table's slots.
+    slots: Box<[u32]>,
+    /// The backends the set holds a reference on, one per desired endpoint, when they are not
+    /// the slots themselves (a Maglev table repeats each many times; a set whose writing failed
+    /// has no slots yet); empty otherwise.
+    members: Box<[u32]>,
 }
 
 impl SetState {
     /// How many slots the set has in `KPR_SLOTS`.
     fn slot_count(&self) -> usize {
-        self.backends.as_ref().map_or(self.addrs.len(), Vec::len)
+        self.slots.len()
+    }
+
+    /// The backend ids the set holds a reference on (each once per endpoint).
+    fn members(&self) -> &[u32] {
+        if self.members.is_empty() {
+            &self.slots
+        } else {
+            &self.members
+        }
+    }
+}
+
+/// The backends in the maps: by id, with the number of set memberships holding each, and
+/// found by address through a table of ids hashed by their address (so an address is kept once,
+/// not as a key beside the id map).
+#[derive(Debug, Default)]
+struct Backends {
+    by_id: HashMap<u32, BackendEntry>,
+    by_addr: HashTable<u32>,
+    hasher: RandomState,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BackendEntry {
+    addr: BackendAddr,
+    refs: u32,
+}
+
+impl Backends {
+    fn find(&self, addr: &BackendAddr) -> Option<u32> {
+        let hash = self.hasher.hash_one(addr);
+        self.by_addr
+            .find(hash, |id| self.by_id[id].addr == *addr)
+            .copied()
+    }
+
+    /// Takes one more reference on the backend `id`, known to exist.
+    fn hold(&mut self, id: u32) {
+        if let Some(e) = self.by_id.get_mut(&id) {
+            e.refs += 1;
+        }
+    }
+
+    /// Registers a new backend with one reference.
+    fn insert(&mut self, id: u32, addr: BackendAddr) {
+        let hash = self.hasher.hash_one(addr);
+        self.by_id.insert(id, BackendEntry { addr, refs: 1 });
+        let (by_id, hasher) = (&self.by_id, &self.hasher);
+        self.by_addr
+            .insert_unique(hash, id, |id| hasher.hash_one(by_id[id].addr));
+    }
+
+    /// Drops one reference on `id`; returns its address when that was the last one (the
+    /// backend is then forgotten).
+    fn release(&mut self, id: u32) -> Option<BackendAddr> {
+        let e = self.by_id.get_mut(&id)?;
+        e.refs -= 1;
+        if e.refs > 0 {
+            return None;
+        }
+        let addr = e.addr;
+        self.by_id.remove(&id);
+        let hash = self.hasher.hash_one(addr);
+        if let Ok(entry) = self.by_addr.find_entry(hash, |x| *x == id) {
+            entry.remove();
+        }
+        Some(addr)
+    }
+
+    fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.by_id.keys().copied()
     }
 }
 
@@ -108,21 +185,9 @@ impl SvcState {
     fn shrink(&mut self) {
         self.frontends.shrink_to_fit();
         self.sets.0.shrink_to_fit();
-        for (_, set) in &mut self.sets.0 {
-            set.addrs.shrink_to_fit();
-            if let Some(b) = &mut set.backends {
-                b.shrink_to_fit();
-            }
-        }
         self.vips.shrink_to_fit();
         self.ranges.shrink_to_fit();
     }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct BackendRef {
-    id: u32,
-    refs: usize,
 }
 
 /// What a previous agent left in the pinned maps.
@@ -139,7 +204,7 @@ pub struct Programmed {
     /// The set ids `services` hold, kept with it so that claiming a recovered set id is O(1)
     /// (a scan of every service per new set made a 20,000-Service full sync quadratic).
     claimed_sets: HashSet<u32>,
-    backends: HashMap<BackendAddr, BackendRef>,
+    backends: Backends,
     /// clusterIP markers, shared by the ports of one Service.
     vip_refs: HashMap<ServiceKey, usize>,
     recovered: Recovered,
@@ -313,14 +378,15 @@ impl Programmed {
         ops: &mut usize,
     ) -> Result<(), DataplaneError> {
         let previous = old.sets.get(&kind);
+        // The old slots (none for a recovered or new set: every slot is written).
         let (id, old_slots, fresh) = match previous {
-            Some(s) => (s.id, s.backends.clone(), false),
+            Some(s) => (s.id, &*s.slots, false),
             None => match self.recover_set(desired, kind) {
-                Some(id) => (id, None, false),
+                Some(id) => (id, &[][..], false),
                 None => {
                     let id = self.next_set;
                     self.next_set += 1;
-                    (id, Some(Vec::new()), true)
+                    (id, &[][..], true)
                 }
             },
         };
@@ -328,30 +394,38 @@ impl Programmed {
             kind,
             SetState {
                 id,
-                backends: Some(Vec::new()),
-                addrs: Vec::new(),
+                ..SetState::default()
             },
         );
         if fresh || (previous.is_none() && maps.rr.get(&id)?.is_none()) {
             maps.rr.put(id, 0, object, ops)?;
         }
-        let mut ids = Vec::with_capacity(desired.set(kind).len());
-        for addr in desired.set(kind) {
-            let bid = self.acquire_backend(maps, object, addr, ops)?;
-            let set = new.sets.get_mut(&kind).expect("registered above");
-            set.addrs.push(*addr);
-            ids.push(bid);
+        let addrs = desired.set(kind);
+        let mut ids = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            match self.acquire_backend(maps, object, addr, ops) {
+                Ok(bid) => ids.push(bid),
+                Err(e) => {
+                    // The references taken so far are the set's (no slot is written yet),
+                    // for the caller's clean-up.
+                    new.sets.get_mut(&kind).expect("registered above").members = ids.into();
+                    return Err(e);
+                }
+            }
         }
-        let slots = match desired.maglev_table(kind) {
-            Some(table) if !ids.is_empty() => maglev_slots(table, desired.set(kind), &ids)?,
-            _ => ids,
-        };
-        // Registered before the writes, so that an error deletes exactly the slots written.
         let set = new.sets.get_mut(&kind).expect("registered above");
-        let slots = &*set.backends.insert(slots);
-        for (slot, bid) in slots.iter().enumerate() {
+        match desired.maglev_table(kind) {
+            Some(table) if !ids.is_empty() => {
+                // Registered before the slots are computed, so that an error releases them.
+                set.members = ids.into();
+                set.slots = maglev_slots(table, addrs, &set.members)?.into();
+            }
+            _ => set.slots = ids.into(),
+        }
+        // Registered before the writes, so that an error deletes exactly the slots written.
+        for (slot, bid) in set.slots.iter().enumerate() {
             // Only slots that changed are written: a Maglev table moves few slots per change.
-            let unchanged = old_slots.as_ref().and_then(|o| o.get(slot)) == Some(bid);
+            let unchanged = old_slots.get(slot) == Some(bid);
             if !unchanged {
                 maps.slots.put(slot_key(id, slot), *bid, object, ops)?;
             }
@@ -429,9 +503,9 @@ impl Programmed {
         addr: &BackendAddr,
         ops: &mut usize,
     ) -> Result<u32, DataplaneError> {
-        if let Some(r) = self.backends.get_mut(addr) {
-            r.refs += 1;
-            return Ok(r.id);
+        if let Some(id) = self.backends.find(addr) {
+            self.backends.hold(id);
+            return Ok(id);
         }
         let id = match self.recovered.backends.remove(addr) {
             Some(id) => {
@@ -450,7 +524,7 @@ impl Programmed {
                 id
             }
         };
-        self.backends.insert(*addr, BackendRef { id, refs: 1 });
+        self.backends.insert(id, *addr);
         Ok(id)
     }
 
@@ -461,15 +535,9 @@ impl Programmed {
         set: &SetState,
         ops: &mut usize,
     ) -> Result<(), DataplaneError> {
-        for addr in &set.addrs {
-            let Some(r) = self.backends.get_mut(addr) else {
-                continue;
-            };
-            r.refs -= 1;
-            if r.refs == 0 {
-                let id = r.id;
-                self.backends.remove(addr);
-                self.released.push((id, backend_value(addr)));
+        for &id in set.members() {
+            if let Some(addr) = self.backends.release(id) {
+                self.released.push((id, backend_value(&addr)));
                 maps.backends.del(&id, object, ops)?;
                 maps.counters.del(&id, object, ops)?;
             }
@@ -490,7 +558,7 @@ impl Programmed {
             .values()
             .flat_map(|s| s.sets.values().map(|set| (set.id, set.slot_count())))
             .collect();
-        let backends: HashSet<u32> = self.backends.values().map(|r| r.id).collect();
+        let backends: HashSet<u32> = self.backends.ids().collect();
         let object: Arc<str> = Arc::from("the sweep of unclaimed entries");
         let object = &object;
         for (key, _) in maps.services.entries()? {

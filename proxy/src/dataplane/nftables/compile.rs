@@ -374,12 +374,7 @@ mod tests {
     use crate::model::Endpoint;
 
     fn spn(name: &str) -> ServicePortName {
-        ServicePortName {
-            namespace: "ns".into(),
-            name: name.into(),
-            port_name: "".into(),
-            protocol: Protocol::Tcp,
-        }
+        ServicePortName::new("ns", name, "", Protocol::Tcp)
     }
 
     fn svc(name: &str) -> ServicePort {
