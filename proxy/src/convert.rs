@@ -33,7 +33,7 @@ pub const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(10800);
 /// The result of converting one Service: the ports that are usable and the problems found.
 #[derive(Debug, Default)]
 pub struct ConvertedService {
-    pub ports: Vec<ServicePort>,
+    pub ports: Vec<Arc<ServicePort>>,
     pub errors: Vec<InvalidObject>,
     /// Why the proxy does not handle it ([`skip_reason`]), if it does not.
     pub skipped: Option<&'static str>,
@@ -74,8 +74,10 @@ pub fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta)
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceEntry {
     pub key: ObjectKey,
-    /// The proxied ports; empty for a Service the proxy does not handle.
-    pub ports: Vec<ServicePort>,
+    /// The proxied ports; empty for a Service the proxy does not handle. Made shared here, as
+    /// the tracker and the state keep them, so that applying the entry moves them instead of
+    /// copying each 184-byte port into a new allocation (and leaving the old one a hole).
+    pub ports: Box<[Arc<ServicePort>]>,
     pub errors: Vec<InvalidObject>,
     /// Why the proxy does not handle it ([`skip_reason`]), for the log.
     pub skipped: Option<&'static str>,
@@ -88,7 +90,7 @@ impl ServiceEntry {
         let converted = convert_keyed(svc, &key, default_algorithm);
         ServiceEntry {
             key,
-            ports: converted.ports,
+            ports: converted.ports.into_boxed_slice(),
             errors: converted.errors,
             skipped: converted.skipped,
         }
@@ -266,13 +268,13 @@ fn convert_keyed(svc: &Service, key: &ObjectKey, default_algorithm: Algorithm) -
         return out;
     }
     let common = CommonFields::from_service(&obj, svc, key, default_algorithm, &mut out.errors);
-    // Kept for the Service's lifetime: exactly as many as it has (a growing Vec of one
-    // 184-byte port reserves four).
+    // Kept for the Service's lifetime: exactly as many as it has, so the entry's boxed slice is
+    // this very allocation.
     out.ports
         .reserve_exact(spec.ports.as_ref().map_or(0, Vec::len));
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         match convert_port(&obj, i, p, &cluster_ips, &common) {
-            Ok(sp) => out.ports.push(sp),
+            Ok(sp) => out.ports.push(Arc::new(sp)),
             Err(e) => out.errors.push(e),
         }
     }

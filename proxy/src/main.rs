@@ -2,11 +2,14 @@
 
 use proxy::cli::Command;
 
+/// See `proxy::allocator` for why.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod cmd;
 
 fn main() -> anyhow::Result<()> {
-    // Before any thread exists (see the module).
-    proxy::allocator::bound_arenas();
+    proxy::allocator::configure();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -212,9 +212,8 @@ impl Runner {
             // What the pass and the listing before it freed goes back (see `allocator`).
             drop(changes);
             let start = Instant::now();
-            let released = tokio::task::block_in_place(crate::allocator::trim);
+            tokio::task::block_in_place(crate::allocator::trim);
             tracing::debug!(
-                released,
                 ms = start.elapsed().as_secs_f64() * 1e3,
                 "allocator trimmed"
             );

@@ -193,11 +193,10 @@ impl Tracker {
             tracing::debug!(service = %format!("{}/{}", key.0, key.1), "not proxied: {why}");
         }
         let same = self.services.get(&key).is_some_and(|old| {
-            old.len() == ports.len() && old.iter().zip(&ports).all(|(a, b)| **a == *b)
+            old.len() == ports.len() && old.iter().zip(&ports).all(|(a, b)| **a == **b)
         });
         if !same {
-            self.services
-                .insert(key.clone(), ports.into_iter().map(Arc::new).collect());
+            self.services.insert(key.clone(), ports);
             self.dirty.insert(key);
         }
     }

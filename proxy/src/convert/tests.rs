@@ -177,8 +177,7 @@ fn a_services_key_and_its_port_names_share_their_strings() {
     let svc: Service = serde_saphyr::from_str(yaml).unwrap();
     let entry = ServiceEntry::new(&svc, Algorithm::RoundRobin);
     assert_eq!(entry.ports.len(), 2);
-    assert_eq!(entry.ports.capacity(), 2, "no spare capacity is kept");
-    for p in &entry.ports {
+    for p in &*entry.ports {
         assert!(std::sync::Arc::ptr_eq(&p.name.namespace, &entry.key.0));
         assert!(std::sync::Arc::ptr_eq(&p.name.name, &entry.key.1));
     }
@@ -188,6 +187,25 @@ fn a_services_key_and_its_port_names_share_their_strings() {
         Algorithm::RoundRobin,
     );
     assert!(std::sync::Arc::ptr_eq(&other.key.0, &entry.key.0));
+}
+
+#[test]
+fn the_tracker_keeps_an_entrys_own_ports() {
+    // Applying an entry moves its shared ports: no copy per port.
+    let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 10.96.0.7\n  ports: [{name: http, port: 80}]\n";
+    let entry = ServiceEntry::new(
+        &serde_saphyr::from_str(yaml).unwrap(),
+        Algorithm::RoundRobin,
+    );
+    let port = entry.ports[0].clone();
+    let mut t = crate::tracker::Tracker::new(
+        Algorithm::RoundRobin,
+        crate::selection::NodeContext::default(),
+    );
+    t.apply_service_entry(entry);
+    t.take_changes();
+    let (_, state) = t.state().iter().next().expect("the port is in the state");
+    assert!(std::sync::Arc::ptr_eq(&state.service, &port));
 }
 
 #[test]
