@@ -8,10 +8,10 @@
 //! puts an 8-byte header on each and leaves the holes the transient objects free between them;
 //! the agent's resident memory was a third above its live heap (heaptrack). mimalloc keeps each
 //! size in pages of its own, without headers, and with its purge delay at zero returns a page to
-//! the kernel as soon as it is empty. Measured against the API server (docs/BENCHMARKS.md, "where
-//! the peak goes"): glibc with two arenas about 2.4 KiB per Service at the peak, mimalloc v2 with
-//! its default 10 ms delay about the same, mimalloc v2 purging at once about 2.0 KiB, and the
-//! first programming no slower. (mimalloc v3, the crate's default, peaked higher than glibc.)
+//! the kernel as soon as it is empty. The allocators and options compared, through the API server,
+//! are in docs/BENCHMARKS.md ("the allocator and the last copies"): mimalloc v2 purging at once
+//! gave the lowest peak and a first programming no slower; v3, the crate's default, peaked
+//! higher than glibc.
 
 /// mimalloc's `mi_option_purge_delay` (`include/mimalloc.h` of v2.3: the enum's sixteenth
 /// entry; the Rust bindings name no constant for it).

@@ -73,11 +73,6 @@ impl CtFilter {
     }
 }
 
-/// Whether conntrack entries of this protocol are cleaned (TCP never is).
-fn cleaned(p: Protocol) -> bool {
-    p.conntrack_cleaned()
-}
-
 /// Every (address, port) a Service port can be reached at; nodePorts have no fixed address.
 fn frontends(svc: &ServicePort) -> Vec<(Option<IpAddr>, u16)> {
     let mut out: Vec<(Option<IpAddr>, u16)> = svc
@@ -97,7 +92,7 @@ fn frontends(svc: &ServicePort) -> Vec<(Option<IpAddr>, u16)> {
 pub fn stale_filters(state: &ProxyState, changes: &ChangeSet) -> Vec<CtFilter> {
     let mut out = Vec::new();
     for (spn, eps) in &changes.removed_endpoints {
-        if cleaned(spn.protocol) {
+        if spn.protocol.conntrack_cleaned() {
             out.extend(removed_endpoint_filters(state.service(spn), spn, eps));
         }
     }
@@ -112,7 +107,7 @@ pub fn stale_filters(state: &ProxyState, changes: &ChangeSet) -> Vec<CtFilter> {
             continue;
         };
         let svc = &port.service;
-        if !cleaned(svc.protocol) {
+        if !svc.protocol.conntrack_cleaned() {
             continue;
         }
         let mut serving: Vec<IpAddr> = port

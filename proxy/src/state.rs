@@ -160,7 +160,7 @@ pub struct ChangeSet {
     pub removed_endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
     /// UDP and SCTP service ports that went from no usable endpoint to some: stale conntrack
     /// entries towards their service addresses (cached rejects) must be removed. Only those
-    /// protocols ([`Protocol::conntrack_cleaned`]): at an agent's start every port becomes
+    /// protocols ([`crate::model::Protocol::conntrack_cleaned`]): at an agent's start every port becomes
     /// reachable, and a set of every TCP port too was 6 MB at 100,000 Services for nothing.
     pub became_reachable: BTreeSet<ServicePortName>,
 }

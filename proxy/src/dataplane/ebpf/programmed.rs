@@ -72,18 +72,14 @@ struct BackendEntry {
 }
 
 impl Backends {
-    fn find(&self, addr: &BackendAddr) -> Option<u32> {
+    /// Takes one more reference on the backend at `addr`, if there is one; its id.
+    fn hold(&mut self, addr: &BackendAddr) -> Option<u32> {
         let hash = self.hasher.hash_one(addr);
-        self.by_addr
-            .find(hash, |id| self.by_id[id].addr == *addr)
-            .copied()
-    }
-
-    /// Takes one more reference on the backend `id`, known to exist.
-    fn hold(&mut self, id: u32) {
+        let id = *self.by_addr.find(hash, |id| self.by_id[id].addr == *addr)?;
         if let Some(e) = self.by_id.get_mut(&id) {
             e.refs += 1;
         }
+        Some(id)
     }
 
     /// Registers a new backend with one reference.
@@ -533,8 +529,7 @@ impl Programmed {
         addr: &BackendAddr,
         ops: &mut usize,
     ) -> Result<u32, DataplaneError> {
-        if let Some(id) = self.backends.find(addr) {
-            self.backends.hold(id);
+        if let Some(id) = self.backends.hold(addr) {
             return Ok(id);
         }
         let id = match self.recovered.backends.remove(addr) {
