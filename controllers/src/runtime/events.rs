@@ -53,6 +53,11 @@ const SPAM_PER_SECOND: f64 = 1.0 / 300.0;
 /// Events waiting for the writer; more are dropped (client-go's `maxQueuedEvents`).
 const MAX_QUEUED: usize = 1000;
 
+/// How long a [`Recorder::concurrent`] remembers an event it has not seen again: client-go's
+/// `tools/events` (kube-scheduler's recorder) drops an event from its cache once it is this old,
+/// checking every this often (its `finishTime`), so an entry lives between one and two of these.
+pub const SERIES_FINISH: Duration = Duration::from_secs(6 * 60);
+
 /// The `Event.type` of a normal event.
 pub const NORMAL: &str = "Normal";
 
@@ -66,6 +71,7 @@ pub struct Recorder {
     client: Client,
     component: &'static str,
     writers: usize,
+    forget_after: Option<Duration>,
     sender: Arc<OnceLock<mpsc::Sender<Event>>>,
 }
 
@@ -80,15 +86,22 @@ impl Recorder {
             client,
             component,
             writers: 1,
+            forget_after: None,
             sender: Arc::default(),
         }
     }
 
     /// A recorder writing the Events of up to [`WRITERS`] objects at once, as kube-scheduler's
-    /// `tools/events` writes each event in a goroutine of its own.
+    /// `tools/events` writes each event in a goroutine of its own, and forgetting an event not
+    /// seen for [`SERIES_FINISH`], as that cache does. The scheduler's events are about Pods, a
+    /// new object each time: with only `tools/record`'s bound (4,096 entries per cache) its
+    /// memory rose for the better part of an hour under a steady Pod churn before the caches
+    /// were full (docs/RELIABILITY.md, scenario 7); with the time bound they hold what the last
+    /// minutes recorded.
     pub fn concurrent(client: Client, component: &'static str) -> Self {
         Self {
             writers: WRITERS,
+            forget_after: Some(SERIES_FINISH),
             ..Self::new(client, component)
         }
     }
@@ -114,7 +127,11 @@ impl Recorder {
             let (tx, rx) = mpsc::channel(MAX_QUEUED);
             let client = self.client.clone();
             let writers = self.writers;
-            tokio::spawn(write_all(rx, writers, move |w| {
+            let correlator = match self.forget_after {
+                Some(age) => Correlator::forgetting_after(age),
+                None => Correlator::default(),
+            };
+            tokio::spawn(write_all(rx, writers, correlator, move |w| {
                 write_one(client.clone(), w)
             }));
             tx
@@ -182,14 +199,18 @@ pub fn make_event(
 pub const WRITERS: usize = 64;
 
 /// The writer: hands each queued event to the writer of its object (started when the object has
-/// none, at most `writers` at once), which correlates it, then creates or patches it through
-/// `sink`, then the next event of the same object, until none is left.
-pub(crate) async fn write_all<S, F>(mut rx: mpsc::Receiver<Event>, writers: usize, sink: S)
-where
+/// none, at most `writers` at once), which correlates it with `correlator`, then creates or
+/// patches it through `sink`, then the next event of the same object, until none is left.
+pub(crate) async fn write_all<S, F>(
+    mut rx: mpsc::Receiver<Event>,
+    writers: usize,
+    correlator: Correlator,
+    sink: S,
+) where
     S: Fn(Write) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Event, kube::Error>> + Send + 'static,
 {
-    let correlator = Arc::new(Mutex::new(Correlator::default()));
+    let correlator = Arc::new(Mutex::new(correlator));
     // The objects with a writer, and their events waiting for it.
     let pending: Arc<Mutex<HashMap<String, VecDeque<Event>>>> = Arc::default();
     let writers = Arc::new(Semaphore::new(writers.max(1)));
@@ -247,7 +268,7 @@ where
         Ok(written) => correlator
             .lock()
             .expect("event correlator lock")
-            .update_state(&written),
+            .update_state(&written, Instant::now()),
         Err(e) => tracing::debug!(reason, "recording event: {e}"),
     }
 }
@@ -292,12 +313,17 @@ pub enum Write {
 }
 
 /// client-go's `EventCorrelator` with its default options: aggregation, counting and the spam
-/// filter, each over an LRU cache of [`CACHE_ENTRIES`]. Pure: the caller supplies the time.
+/// filter, each over an LRU cache of [`CACHE_ENTRIES`]; optionally also forgetting what it has
+/// not seen for a while ([`Correlator::forgetting_after`]). Pure: the caller supplies the time.
 #[derive(Default)]
 pub struct Correlator {
     aggregates: Lru<Aggregate>,
     logs: Lru<Log>,
     spam: Lru<Bucket>,
+    /// Entries unused for longer are dropped, at most once per this long.
+    forget_after: Option<Duration>,
+    /// When the next sweep of old entries is due (set by the first event).
+    next_sweep: Option<Instant>,
 }
 
 struct Aggregate {
@@ -367,10 +393,48 @@ fn aggregate_key(e: &Event) -> String {
 }
 
 impl Correlator {
+    /// A correlator that also forgets, every `age`, the entries it has not used for `age`: an
+    /// event then lives in it between one and two of `age` after its last use (client-go's
+    /// `tools/events` with `age` = [`SERIES_FINISH`]).
+    pub fn forgetting_after(age: Duration) -> Self {
+        Self {
+            forget_after: Some(age),
+            ..Self::default()
+        }
+    }
+
+    /// The entries held, over the three caches.
+    pub fn len(&self) -> usize {
+        self.aggregates.entries.len() + self.logs.entries.len() + self.spam.entries.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops what has not been used for `forget_after`, when a sweep is due at `now`.
+    fn sweep(&mut self, now: Instant) {
+        let Some(age) = self.forget_after else {
+            return;
+        };
+        match self.next_sweep {
+            Some(due) if now < due => return,
+            Some(_) => {
+                self.aggregates.forget_older(now, age);
+                self.logs.forget_older(now, age);
+                self.spam.forget_older(now, age);
+            }
+            None => {}
+        }
+        self.next_sweep = Some(now + age);
+    }
+
     /// Correlates `event` (as made by [`make_event`]) observed at `now`.
     pub fn correlate(&mut self, event: Event, now: Instant) -> Write {
+        self.sweep(now);
         let (mut event, key) = self.aggregate(event, now);
-        let previous = self.logs.get(&key).cloned();
+        let previous = self.logs.get(&key, now).cloned();
         if let Some(log) = previous {
             event.metadata.name = Some(log.name);
             event.metadata.resource_version = log.resource_version;
@@ -379,6 +443,7 @@ impl Correlator {
         }
         self.logs.put(
             key,
+            now,
             Log {
                 count: event.count.unwrap_or(1),
                 first: event.first_timestamp.clone(),
@@ -398,9 +463,10 @@ impl Correlator {
     }
 
     /// Records the Event as the API server returned it (its name, resourceVersion and count).
-    pub fn update_state(&mut self, written: &Event) {
+    pub fn update_state(&mut self, written: &Event, now: Instant) {
         self.logs.put(
             event_key(written),
+            now,
             Log {
                 count: written.count.unwrap_or(1),
                 first: written.first_timestamp.clone(),
@@ -418,7 +484,7 @@ impl Correlator {
             messages: HashSet::new(),
             last: now,
         };
-        let record = self.aggregates.get_or_insert_with(key.clone(), fresh);
+        let record = self.aggregates.get_or_insert_with(key.clone(), now, fresh);
         if now.saturating_duration_since(record.last) > AGGREGATE_WINDOW {
             *record = fresh();
         }
@@ -458,7 +524,7 @@ impl Correlator {
     fn accept(&mut self, event: &Event, now: Instant) -> bool {
         let bucket = self
             .spam
-            .get_or_insert_with(join(object_key(event)), || Bucket {
+            .get_or_insert_with(join(object_key(event)), now, || Bucket {
                 tokens: SPAM_BURST,
                 at: now,
             });
@@ -474,9 +540,11 @@ impl Correlator {
     }
 }
 
-/// A map that forgets its least recently used entry beyond [`CACHE_ENTRIES`].
+/// A map that forgets its least recently used entry beyond [`CACHE_ENTRIES`], and on request
+/// the entries unused since some time.
 struct Lru<V> {
-    entries: HashMap<String, (u64, V)>,
+    /// Each value with its last use: a tick (for the least recently used) and the time.
+    entries: HashMap<String, (u64, Instant, V)>,
     tick: u64,
 }
 
@@ -495,30 +563,30 @@ impl<V> Lru<V> {
         self.tick
     }
 
-    fn get(&mut self, key: &str) -> Option<&V> {
+    fn get(&mut self, key: &str, now: Instant) -> Option<&V> {
         let t = self.touch();
-        self.entries.get_mut(key).map(|(used, v)| {
-            *used = t;
+        self.entries.get_mut(key).map(|(used, at, v)| {
+            (*used, *at) = (t, now);
             &*v
         })
     }
 
-    fn get_or_insert_with(&mut self, key: String, f: impl FnOnce() -> V) -> &mut V {
+    fn get_or_insert_with(&mut self, key: String, now: Instant, f: impl FnOnce() -> V) -> &mut V {
         if !self.entries.contains_key(&key) {
             self.evict();
         }
         let t = self.touch();
-        let (used, v) = self.entries.entry(key).or_insert_with(|| (t, f()));
-        *used = t;
+        let (used, at, v) = self.entries.entry(key).or_insert_with(|| (t, now, f()));
+        (*used, *at) = (t, now);
         v
     }
 
-    fn put(&mut self, key: String, v: V) {
+    fn put(&mut self, key: String, now: Instant, v: V) {
         if !self.entries.contains_key(&key) {
             self.evict();
         }
         let t = self.touch();
-        self.entries.insert(key, (t, v));
+        self.entries.insert(key, (t, now, v));
     }
 
     fn evict(&mut self) {
@@ -528,10 +596,20 @@ impl<V> Lru<V> {
         let oldest = self
             .entries
             .iter()
-            .min_by_key(|(_, (used, _))| *used)
+            .min_by_key(|(_, (used, _, _))| *used)
             .map(|(k, _)| k.clone());
         if let Some(k) = oldest {
             self.entries.remove(&k);
+        }
+    }
+
+    /// Drops the entries last used more than `age` before `now`, and the table's room when it
+    /// is mostly empty (a burst's table is not kept for the quiet that follows).
+    fn forget_older(&mut self, now: Instant, age: Duration) {
+        self.entries
+            .retain(|_, (_, at, _)| now.saturating_duration_since(*at) <= age);
+        if self.entries.len() * 4 < self.entries.capacity() {
+            self.entries.shrink_to_fit();
         }
     }
 }

@@ -173,7 +173,7 @@ fn update_state_takes_the_servers_name_and_count() {
     written.metadata.name = Some("server-name".into());
     written.metadata.resource_version = Some("42".into());
     written.count = Some(5);
-    c.update_state(&written);
+    c.update_state(&written, start);
     let Write::Patch(p) = c.correlate(e, start) else {
         panic!("repeat not patched");
     };
@@ -262,7 +262,7 @@ async fn writes_objects_concurrently_and_each_objects_events_in_order() {
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let sink = recording_sink(&seen, LATENCY);
     let (tx, rx) = mpsc::channel(MAX_QUEUED);
-    let writer = tokio::spawn(write_all(rx, WRITERS, sink));
+    let writer = tokio::spawn(write_all(rx, WRITERS, Correlator::default(), sink));
     let start = Instant::now();
     let at = Timestamp::now();
     for round in 0..2 {
@@ -327,7 +327,7 @@ async fn a_controllers_recorder_writes_one_event_at_a_time_in_the_order_publishe
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let sink = recording_sink(&seen, Duration::from_millis(2));
     let (tx, rx) = mpsc::channel(MAX_QUEUED);
-    let writer = tokio::spawn(write_all(rx, 1, sink));
+    let writer = tokio::spawn(write_all(rx, 1, Correlator::default(), sink));
     let at = Timestamp::now();
     for i in 0..OBJECTS {
         let name = format!("rs-{i}");
@@ -352,4 +352,73 @@ async fn a_controllers_recorder_writes_one_event_at_a_time_in_the_order_publishe
     let order: Vec<_> = s.writes.iter().map(|w| w.0.clone()).collect();
     let want: Vec<_> = (0..OBJECTS).map(|i| format!("rs-{i}")).collect();
     assert_eq!(order, want, "written in the order published");
+}
+
+/// The scheduler's correlator (`tools/events`' time bound): an event not seen for
+/// [`SERIES_FINISH`] is forgotten at the next sweep, so a repeat after that is a new Event and
+/// the caches hold only the last minutes' objects; `tools/record`'s keeps both until evicted.
+#[test]
+fn a_forgetting_correlator_drops_what_it_has_not_seen_for_its_age() {
+    let start = Instant::now();
+    let at = |secs: u64| Timestamp::from_second(1_000 + secs as i64).unwrap();
+    let event = |pod: &str, secs: u64| {
+        make_event(
+            "default-scheduler",
+            &rs_ref(pod, pod),
+            NORMAL,
+            "Scheduled",
+            format!("Successfully assigned ns/{pod} to node-1"),
+            at(secs),
+        )
+    };
+    let mut forgetting = Correlator::forgetting_after(SERIES_FINISH);
+    let mut keeping = Correlator::default();
+    let six = SERIES_FINISH.as_secs();
+    for c in [&mut forgetting, &mut keeping] {
+        // A thousand Pods' Events in the first minute, one Pod's again now and then.
+        for i in 0..1_000 {
+            let secs = i * 60 / 1_000;
+            assert!(matches!(
+                c.correlate(
+                    event(&format!("p{i}"), secs),
+                    start + Duration::from_secs(secs)
+                ),
+                Write::Create(_)
+            ));
+        }
+        for secs in (60..=2 * six + 60).step_by(60) {
+            c.correlate(event("p0", secs), start + Duration::from_secs(secs));
+        }
+    }
+    // Three caches, one entry each per Pod.
+    assert_eq!(keeping.len(), 3_000);
+    assert_eq!(forgetting.len(), 3, "only p0, seen every minute, is left");
+    let late = 2 * six + 120;
+    let again =
+        |c: &mut Correlator| c.correlate(event("p1", late), start + Duration::from_secs(late));
+    assert!(matches!(again(&mut keeping), Write::Patch(e) if e.count == Some(2)));
+    assert!(matches!(again(&mut forgetting), Write::Create(e) if e.count == Some(1)));
+}
+
+/// Before its age an entry is kept, whatever the sweeps: a sweep drops only what is older.
+#[test]
+fn a_forgetting_correlator_keeps_what_it_saw_within_its_age() {
+    let start = Instant::now();
+    let mut c = Correlator::forgetting_after(Duration::from_secs(60));
+    let at = Timestamp::from_second(1_000).unwrap();
+    let e = |name: &str| make_event("s", &rs_ref(name, name), NORMAL, "R", "m".into(), at);
+    c.correlate(e("a"), start);
+    c.correlate(e("b"), start + Duration::from_secs(50));
+    // The sweep due at 60 s drops nothing (a is 60 s old, not more); the next is due at 120 s.
+    c.correlate(e("c"), start + Duration::from_secs(60));
+    assert_eq!(c.len(), 9);
+    c.correlate(e("d"), start + Duration::from_secs(115));
+    assert_eq!(c.len(), 12);
+    // At 120 s a and b (70 s) go; c (60 s) and d stay.
+    c.correlate(e("d"), start + Duration::from_secs(120));
+    assert_eq!(c.len(), 6);
+    assert!(matches!(
+        c.correlate(e("c"), start + Duration::from_secs(121)),
+        Write::Patch(_)
+    ));
 }

@@ -2,8 +2,10 @@
 //! kube-controller-manager uses (`workqueue_depth{name="replicaset"}`, `workqueue_adds_total`,
 //! `workqueue_queue_duration_seconds`, `workqueue_work_duration_seconds`, `workqueue_retries_total`,
 //! `workqueue_unfinished_work_seconds`, `workqueue_longest_running_processor_seconds`), so the
-//! dashboards and alerts written for it work unchanged. One process-wide registry; [`encode`]
-//! renders it in the text exposition format.
+//! dashboards and alerts written for it work unchanged; and the tasks alive in the process's async
+//! runtime (`kpr_runtime_alive_tasks`: a task per timer or request that is never finished shows
+//! as a rise over a soak). One process-wide registry; [`encode`] renders it in the text
+//! exposition format.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -54,6 +56,7 @@ pub trait Refresh: Send + Sync {
 struct Global {
     registry: Mutex<Registry>,
     queues: QueueMetrics,
+    tasks: Gauge,
     refreshers: Mutex<Vec<Weak<dyn Refresh>>>,
 }
 
@@ -106,9 +109,16 @@ fn global() -> &'static Global {
             "How many seconds has the longest running processor for workqueue been running",
             queues.longest_running.clone(),
         );
+        let tasks = Gauge::default();
+        r.register(
+            "kpr_runtime_alive_tasks",
+            "Tasks alive in the process's async runtime (spawned and not finished)",
+            tasks.clone(),
+        );
         Global {
             registry: Mutex::new(registry),
             queues,
+            tasks,
             refreshers: Mutex::new(Vec::new()),
         }
     })
@@ -140,8 +150,45 @@ pub fn encode() -> String {
     for r in live {
         r.refresh();
     }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let alive = runtime.metrics().num_alive_tasks();
+        g.tasks.set(i64::try_from(alive).unwrap_or(i64::MAX));
+    }
     let mut out = String::new();
     let registry = g.registry.lock().expect("metrics lock");
     prometheus_client::encoding::text::encode(&mut out, &registry).expect("encoding metrics");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alive_tasks() -> i64 {
+        let text = encode();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("kpr_runtime_alive_tasks "))
+            .expect("kpr_runtime_alive_tasks in the exposition");
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    /// The gauge counts the scraping runtime's unfinished tasks: up while they wait, down once
+    /// they end.
+    #[tokio::test]
+    async fn alive_tasks_follow_the_runtime() {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let tasks: Vec<_> = (0..5)
+            .map(|_| {
+                let mut rx = rx.clone();
+                tokio::spawn(async move { rx.wait_for(|done| *done).await.map(drop) })
+            })
+            .collect();
+        assert_eq!(alive_tasks(), 5);
+        tx.send(true).unwrap();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        assert_eq!(alive_tasks(), 0);
+    }
 }
