@@ -1152,8 +1152,31 @@ fn soak(
     }))
 }
 
+/// The least-squares slope of resident memory over the second half of a series, in MiB an hour.
+/// The first half holds the warm-up (informers listing, caches filling, bounded queues reaching
+/// their working size), which the quarter-to-quarter growth counts as growth; a leak keeps
+/// rising after it, a bounded process levels off, so the second half's slope tells them apart.
+fn late_slope_mib_per_hour(v: &[(u64, u64, u64)]) -> Option<f64> {
+    let half = &v[v.len() / 2..];
+    if half.len() < 2 {
+        return None;
+    }
+    let n = half.len() as f64;
+    let t0 = half[0].0;
+    let xs: Vec<f64> = half
+        .iter()
+        .map(|s| (s.0 - t0) as f64 / 3_600_000.0)
+        .collect();
+    let ys: Vec<f64> = half.iter().map(|s| s.1 as f64 / 1024.0).collect();
+    let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
+    let sxx: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
+    let sxy: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+    (sxx > 0.0).then(|| sxy / sxx)
+}
+
 /// The soak's table: per component, the resident set and open descriptors over the run (of the
-/// instance that grew most), and the growth between the first and the last quarter.
+/// instance that grew most), the growth between the first and the last quarter, and the slope
+/// over the second half ([`late_slope_mib_per_hour`]).
 fn soak_table(timeline: &Value) -> String {
     // component -> pid -> [(at_ms, rss_kib, fds)]
     type Series = BTreeMap<u64, Vec<(u64, u64, u64)>>;
@@ -1184,7 +1207,7 @@ fn soak_table(timeline: &Value) -> String {
         timeline["late_rounds"],
     );
     md.push_str(
-        "| component | instances | RSS first (MiB) | RSS last (MiB) | RSS max (MiB) | growth, first to last quarter | fds first | fds last | fds max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| component | instances | RSS first (MiB) | RSS last (MiB) | RSS max (MiB) | growth, first to last quarter | slope, second half (MiB/h) | fds first | fds last | fds max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mib = |kib: f64| kib / 1024.0;
     for (component, pids) in &series {
@@ -1204,12 +1227,13 @@ fn soak_table(timeline: &Value) -> String {
         let Some((growth, v)) = worst else { continue };
         let (first, last) = (v[0], v[v.len() - 1]);
         md.push_str(&format!(
-            "| {component} | {} | {:.1} | {:.1} | {:.1} | {:+.1} % | {} | {} | {} |\n",
+            "| {component} | {} | {:.1} | {:.1} | {:.1} | {:+.1} % | {} | {} | {} | {} |\n",
             pids.len(),
             mib(first.1 as f64),
             mib(last.1 as f64),
             mib(v.iter().map(|x| x.1).max().unwrap_or(0) as f64),
             growth * 100.0,
+            late_slope_mib_per_hour(v).map_or("-".to_string(), |s| format!("{s:+.2}")),
             first.2,
             last.2,
             v.iter().map(|x| x.2).max().unwrap_or(0),
@@ -1733,4 +1757,42 @@ fn lag_summary(lags: &[u64]) -> String {
         sorted.iter().filter(|l| **l == 0).count(),
         sorted.len()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A soak's timeline of one component: RSS (KiB) by minute, from `rss`.
+    fn timeline(rss: impl Fn(u64) -> u64) -> Value {
+        let samples: Vec<Value> = (0..=60)
+            .map(|min| {
+                json!({
+                    "at_ms": min * 60_000,
+                    "processes": [{"component": "c", "pid": 1, "rss_kib": rss(min), "fds": 9}],
+                })
+            })
+            .collect();
+        json!({"ticks": 1, "changes": 1, "changes_per_second": 1.0, "late_rounds": 0,
+               "failed_changes": 0, "samples": samples})
+    }
+
+    fn row(md: &str) -> Vec<String> {
+        let line = md
+            .lines()
+            .find(|l| l.starts_with("| c |"))
+            .expect("the row");
+        line.split('|').map(|c| c.trim().to_string()).collect()
+    }
+
+    #[test]
+    fn a_leak_keeps_its_slope_and_a_warm_up_does_not() {
+        // 1 MiB an hour from start to end: the second half rises at the same rate.
+        let leak = row(&soak_table(&timeline(|min| 40 * 1024 + min * 1024 / 60)));
+        assert_eq!(leak[7], "+1.00", "{leak:?}");
+        // 8 MiB in the first 10 minutes, then level: the quarters differ, the second half is flat.
+        let warm = row(&soak_table(&timeline(|min| 40 * 1024 + min.min(10) * 820)));
+        assert_ne!(warm[6], "+0.0 %", "{warm:?}");
+        assert_eq!(warm[7], "+0.00", "{warm:?}");
+    }
 }
