@@ -9,9 +9,6 @@ use controllers::endpoint::lbipam::pool::Pool;
 use controllers::manager::{self, ManagerConfig, Setting};
 use controllers::runtime::leader::LeaderConfig;
 
-// jemalloc, its options and why: controllers/src/runtime/allocator.rs.
-controllers::jemalloc_allocator!();
-
 /// Runs kpr's controllers (the list is in `--help` under `--controllers`) against a Kubernetes
 /// API server.
 #[derive(Debug, Parser)]
@@ -235,9 +232,8 @@ struct Args {
     /// and `/healthz` on this address, e.g. 127.0.0.1:10267 (default: not served).
     #[arg(long)]
     metrics_bind_address: Option<std::net::SocketAddr>,
-    /// How often the allocator (jemalloc) purges its freed pages at once, besides its
-    /// background thread's purges after their decay time (as Go's scavenger does under
-    /// kube-controller-manager); 0: never.
+    /// How often the C allocator hands freed memory back to the kernel (`malloc_trim`, as Go's
+    /// scavenger does under kube-controller-manager); 0: never.
     #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
     allocator_trim_interval: Duration,
     /// Start watches with streaming lists (`sendInitialEvents`, kube-apiserver v1.32 and later

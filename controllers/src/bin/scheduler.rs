@@ -13,9 +13,6 @@ use controllers::scheduler::config::{self, KubeSchedulerConfiguration};
 use controllers::scheduler::registry::{BuildContext, Registry};
 use controllers::scheduler::scheduler::{self, InformerObjects, Scheduler, Settings};
 
-// jemalloc, its options and why: controllers/src/runtime/allocator.rs.
-controllers::jemalloc_allocator!();
-
 /// Schedules Pods whose schedulerName is one of the configured profiles onto nodes.
 #[derive(Debug, Parser)]
 #[command(name = "scheduler", version)]
@@ -44,9 +41,8 @@ struct Args {
     /// this address, e.g. 127.0.0.1:10259 (default: not served).
     #[arg(long)]
     metrics_bind_address: Option<std::net::SocketAddr>,
-    /// How often the allocator (jemalloc) purges its freed pages at once, besides its
-    /// background thread's purges after their decay time (as Go's scavenger does under
-    /// kube-scheduler); 0: never.
+    /// How often the C allocator hands freed memory back to the kernel (`malloc_trim`, as Go's
+    /// scavenger does under kube-scheduler); 0: never.
     #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
     allocator_trim_interval: Duration,
     /// Log verbosity as kube-scheduler's -v: 0-3 info, 4-5 debug, 6 and more trace (RUST_LOG,

@@ -1,20 +1,17 @@
-//! The allocator under the `controller-manager` and `scheduler` binaries: jemalloc, its options
-//! (few arenas, a background thread that hands freed pages back to the kernel), purging it now
-//! and then, and its own account of the heap on `/metrics`. Owns nothing else: no controller, no
-//! scheduling.
+//! The C allocator (glibc's malloc) under the `controller-manager` and `scheduler` binaries:
+//! how many arenas it may keep, handing freed pages back to the kernel now and then, and its own
+//! account of the heap on `/metrics`. Owns nothing else: no controller, no scheduling.
 //!
-//! Why jemalloc and not glibc's malloc: under the soak the controller-manager's live heap stays
-//! flat while glibc's heap kept growing by a few tens of KiB a minute for the whole hour, even
-//! capped at two arenas and trimmed every minute (docs/RELIABILITY.md, scenario 7): the informer
-//! threads decode objects of every size, workers free them in another order, and glibc's
-//! best-fit heap grew its top past the holes. jemalloc keeps each size class in slabs of its
-//! own, so a freed object's place is taken by the next object of its size, and its background
-//! thread purges freed pages after a few seconds (what Go's scavenger does under
-//! kube-controller-manager). The agent (`proxy`) has its own allocator (mimalloc,
-//! `proxy/src/allocator.rs`), chosen on its own measurements.
+//! Why: under a soak the controller-manager's live heap stays flat (heaptrack) while its resident
+//! memory rises by tens of KiB a minute (docs/RELIABILITY.md, scenario 7). glibc gives each new
+//! thread that allocates under contention an arena of its own (up to eight per core) and returns
+//! a freed chunk to the kernel only from the top of its heap, so memory that informer threads
+//! decoded into and workers freed stays resident. Go's runtime, under kube-controller-manager,
+//! returns freed pages in the background (its scavenger); [`trim_every`] does the same here with
+//! `malloc_trim`, which on glibc releases the free pages inside every arena, and [`bound_arenas`]
+//! keeps the arenas few so freed memory is reused instead of spread.
 //!
-//! A binary opts in with [`jemalloc_allocator!`]: the global allocator and its options are
-//! items of the binary, so the crates that only link this library (xtask) keep theirs.
+//! Only glibc targets have these knobs; elsewhere the functions do nothing and say so once.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -26,41 +23,21 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use super::metrics::{add_refresher, with_registry, Refresh};
 
-pub use tikv_jemallocator::Jemalloc;
+/// The arenas the allocator may keep. Two, not glibc's eight per core: the binaries' threads
+/// (informers, workers, the runtime's) allocate briefly and seldom at once, so a second arena is
+/// enough to keep them from waiting on each other, and fewer arenas means freed memory is found
+/// again by the next allocation instead of sitting in an arena no thread uses.
+pub const ARENAS: i32 = 2;
 
-/// The arenas jemalloc may keep, as its option string says them ([`MALLOC_CONF`]). Two, not
-/// jemalloc's four per core: the binaries' threads (informers, workers, the runtime's) allocate
-/// briefly and seldom at once, so a second arena keeps them from waiting on each other, and
-/// fewer arenas means freed memory is found again by the next allocation instead of sitting in
-/// an arena no thread uses. The count does not grow with the node's cores.
-pub const ARENAS: usize = 2;
-
-/// jemalloc's options, read once at its start (`_rjem_malloc_conf`, NUL-terminated):
-/// [`ARENAS`] arenas, and the background thread that purges freed pages after the decay time
-/// (10 s by default) instead of the allocating threads doing it or nobody.
-pub const MALLOC_CONF: &[u8] = b"narenas:2,background_thread:true\0";
-
-/// Makes jemalloc the binary's global allocator, with [`MALLOC_CONF`]. Invoke it once, at the
-/// top level of a binary's root module.
-#[macro_export]
-macro_rules! jemalloc_allocator {
-    () => {
-        #[global_allocator]
-        static GLOBAL_ALLOCATOR: $crate::runtime::allocator::Jemalloc =
-            $crate::runtime::allocator::Jemalloc;
-
-        /// jemalloc reads its options from this symbol (its `malloc_conf`, with the prefix
-        /// tikv-jemalloc-sys gives its symbols) when it starts.
-        #[allow(non_upper_case_globals)]
-        #[unsafe(export_name = "_rjem_malloc_conf")]
-        pub static malloc_conf: Option<&'static u8> =
-            Some(&$crate::runtime::allocator::MALLOC_CONF[0]);
-    };
+/// Caps the allocator's arenas at [`ARENAS`]. Call it first in `main`, before any thread exists:
+/// a thread keeps the arena it was given.
+pub fn bound_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets a tunable of the allocator; called before other threads exist.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, ARENAS);
+    }
 }
-
-// The library's own tests run on it too, so they check what the binaries get.
-#[cfg(test)]
-jemalloc_allocator!();
 
 /// The `state` label of `kpr_allocator_heap_bytes`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -68,14 +45,14 @@ struct StateLabel {
     state: &'static str,
 }
 
-/// The allocator's metrics: its heap by state (refreshed at each scrape from jemalloc's
-/// statistics) and the purges that released memory.
+/// The allocator's metrics: its heap by state (refreshed at each scrape from `mallinfo2`) and
+/// the trims that released memory.
 struct AllocatorMetrics {
     heap: Family<StateLabel, Gauge>,
     trims: Family<ReleasedLabel, Counter>,
 }
 
-/// The `released` label of `kpr_allocator_trims_total`: whether a purge gave pages back.
+/// The `released` label of `kpr_allocator_trims_total`: whether a trim gave pages back.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReleasedLabel {
     released: &'static str,
@@ -103,14 +80,13 @@ fn metrics() -> &'static Arc<AllocatorMetrics> {
         with_registry(|r| {
             r.register(
                 "kpr_allocator_heap_bytes",
-                "The allocator's heap: bytes in use by the program, and bytes resident but not \
-                 in use (freed pages not purged yet, partly used slabs, the allocator's own)",
+                "The C allocator's heap: bytes in use by the program, and bytes freed but kept \
+                 by the allocator (resident until reused or trimmed)",
                 m.heap.clone(),
             );
             r.register(
                 "kpr_allocator_trims",
-                "Periodic purges of the allocator's freed pages, by whether they gave pages back \
-                 to the kernel",
+                "Periodic malloc_trim calls, by whether they gave pages back to the kernel",
                 m.trims.clone(),
             );
         });
@@ -123,60 +99,45 @@ fn metrics() -> &'static Arc<AllocatorMetrics> {
 /// The allocator's heap as it accounts it, every arena summed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heap {
-    /// Bytes handed out and not yet freed (`stats.allocated`).
+    /// Bytes handed out and not yet freed (ordinary chunks plus mmapped ones).
     pub in_use: u64,
-    /// Bytes resident in the allocator's pages but not handed out (`stats.resident` less
-    /// `stats.allocated`): freed pages not purged yet, the unused part of slabs, its metadata.
+    /// Bytes freed and kept by the allocator.
     pub free: u64,
 }
 
-/// The allocator's heap now, or `None` when jemalloc is not the one allocating (a binary that
-/// did not invoke [`jemalloc_allocator!`]: its statistics then count nothing).
+/// The allocator's heap now (`mallinfo2`), or `None` where the allocator is not glibc's.
 pub fn heap() -> Option<Heap> {
-    use tikv_jemalloc_ctl::{epoch, stats};
-    // The statistics are a snapshot taken at the last epoch: take a new one.
-    epoch::advance().ok()?;
-    let in_use = stats::allocated::read().ok()? as u64;
-    let resident = stats::resident::read().ok()? as u64;
-    (in_use > 0).then_some(Heap {
-        in_use,
-        free: resident.saturating_sub(in_use),
-    })
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics (it takes each arena's lock).
+        let m = unsafe { libc::mallinfo2() };
+        Some(Heap {
+            in_use: (m.uordblks + m.hblkhd) as u64,
+            free: m.fordblks as u64,
+        })
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    None
 }
 
-/// Purges every arena's freed pages at once (what the background thread does after the decay
-/// time); true when the resident memory fell.
+/// Hands the allocator's free pages back to the kernel once; true when some were released.
 pub fn trim() -> bool {
-    let before = resident();
-    // `arena.<MALLCTL_ARENAS_ALL>.purge` (4096 is jemalloc's MALLCTL_ARENAS_ALL): a void
-    // control, no value in or out.
-    let name = b"arena.4096.purge\0";
-    // SAFETY: a NUL-terminated name and no buffers, as jemalloc's mallctl documents for a void
-    // control.
-    let rc = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            name.as_ptr().cast(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    rc == 0 && resident() < before
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim only releases free memory; it is safe to call from any thread.
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    false
 }
 
-fn resident() -> usize {
-    let _ = tikv_jemalloc_ctl::epoch::advance();
-    tikv_jemalloc_ctl::stats::resident::read().unwrap_or(0)
-}
-
-/// Registers the allocator's metrics, then purges every `period` (never when it is zero) until
-/// the process ends. The background thread purges too, after the decay time; this bounds what
-/// a process keeps when that thread could not be started.
+/// Registers the allocator's metrics, then trims every `period` (never when it is zero) until
+/// the process ends. A trim walks each arena's free chunks under its lock: well under a
+/// millisecond at these binaries' heap sizes, once a minute by default.
 pub async fn trim_every(period: Duration) {
     let m = metrics();
     if heap().is_none() {
-        tracing::info!("jemalloc is not this binary's allocator: no allocator metrics, no purges");
+        tracing::info!("the allocator is not glibc's: no allocator metrics and no trimming");
         return;
     }
     if period.is_zero() {
@@ -197,38 +158,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_allocator_runs_with_its_options() {
-        assert_eq!(
-            tikv_jemalloc_ctl::opt::narenas::read().unwrap() as usize,
-            ARENAS
-        );
-        assert!(tikv_jemalloc_ctl::opt::background_thread::read().unwrap());
-        assert_eq!(
-            std::str::from_utf8(MALLOC_CONF).unwrap(),
-            format!("narenas:{ARENAS},background_thread:true\0"),
-            "MALLOC_CONF says ARENAS"
-        );
-    }
-
-    #[test]
-    fn freed_memory_shows_as_free_and_a_purge_gives_it_back() {
-        // 16 MB in blocks of one size class, all freed but the last: their slabs are free
-        // pages the allocator keeps until a purge (or its decay time, 10 s, well after this).
-        // Other tests run beside this one and allocate too, so the bounds leave room for them.
+    fn freed_memory_shows_as_free_and_a_trim_gives_it_back() {
+        // 16 MB in small blocks (below the mmap threshold, so they come from an arena), all
+        // freed but the last: the freed ones lie below a live block, not at the top of the
+        // arena's heap, so the allocator keeps them until a trim. Other tests run beside this
+        // one and allocate too, so the bounds leave room for them.
         let mut blocks: Vec<Vec<u8>> = (0..4096).map(|i| vec![i as u8; 4000]).collect();
         let last = blocks.pop();
         drop(blocks);
-        let freed = heap().expect("jemalloc allocates in this test binary");
+        let freed = heap().expect("glibc's allocator on this target");
         assert!(
             freed.free >= 8 << 20,
-            "16 MB freed stays with the allocator until purged: {freed:?}"
+            "16 MB freed below a live block stays with the allocator: {freed:?}"
         );
-        assert!(trim(), "a purge releases the freed pages: {freed:?}");
-        let after = heap().expect("jemalloc allocates in this test binary");
-        assert!(
-            after.free + (8 << 20) <= freed.free,
-            "a purge gives back what was freed: {freed:?} then {after:?}"
-        );
+        assert!(trim(), "a trim releases the freed pages: {freed:?}");
         drop(last);
     }
 

@@ -1,5 +1,5 @@
 //! What the process binaries (`controller-manager`, `scheduler`) share around their work: the
-//! process's start (the runtime), the Kubernetes client from a kubeconfig, the
+//! process's start (the allocator, the runtime), the Kubernetes client from a kubeconfig, the
 //! leader election identity, the `/metrics` and `/healthz` endpoint, and running until a signal.
 //! Owns no controller and no scheduling.
 
@@ -9,8 +9,10 @@ use anyhow::Context as _;
 
 use super::leader::{self, LeaderConfig};
 
-/// A binary's `main`: `work` on a multi-threaded tokio runtime.
+/// A binary's `main`: the allocator's arenas bounded first (before any thread exists: a thread
+/// keeps the arena it is first given), then `work` on a multi-threaded tokio runtime.
 pub fn main(work: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    super::allocator::bound_arenas();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
