@@ -1152,11 +1152,15 @@ fn soak(
     }))
 }
 
-/// The least-squares slope of resident memory over the second half of a series, in MiB an hour.
+/// One sample of a process in the soak: (at_ms, rss_kib, fds, anon_kib).
+type Sample = (u64, u64, u64, u64);
+
+/// The least-squares slope of a memory measure (`kib` of each sample) over the second half of a
+/// series, in MiB an hour.
 /// The first half holds the warm-up (informers listing, caches filling, bounded queues reaching
 /// their working size), which the quarter-to-quarter growth counts as growth; a leak keeps
 /// rising after it, a bounded process levels off, so the second half's slope tells them apart.
-fn late_slope_mib_per_hour(v: &[(u64, u64, u64)]) -> Option<f64> {
+fn late_slope_mib_per_hour(v: &[Sample], kib: impl Fn(&Sample) -> u64) -> Option<f64> {
     let half = &v[v.len() / 2..];
     if half.len() < 2 {
         return None;
@@ -1167,7 +1171,7 @@ fn late_slope_mib_per_hour(v: &[(u64, u64, u64)]) -> Option<f64> {
         .iter()
         .map(|s| (s.0 - t0) as f64 / 3_600_000.0)
         .collect();
-    let ys: Vec<f64> = half.iter().map(|s| s.1 as f64 / 1024.0).collect();
+    let ys: Vec<f64> = half.iter().map(|s| kib(s) as f64 / 1024.0).collect();
     let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
     let sxx: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
     let sxy: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
@@ -1176,10 +1180,12 @@ fn late_slope_mib_per_hour(v: &[(u64, u64, u64)]) -> Option<f64> {
 
 /// The soak's table: per component, the resident set and open descriptors over the run (of the
 /// instance that grew most), the growth between the first and the last quarter, and the slope
-/// over the second half ([`late_slope_mib_per_hour`]).
+/// over the second half ([`late_slope_mib_per_hour`]) of the resident set and of its anonymous
+/// part (`RssAnon`: the resident set also counts the binary's file pages, which the kernel drops
+/// and reads again under memory pressure, so it can look flat while the heap rises).
 fn soak_table(timeline: &Value) -> String {
-    // component -> pid -> [(at_ms, rss_kib, fds)]
-    type Series = BTreeMap<u64, Vec<(u64, u64, u64)>>;
+    // component -> pid -> samples
+    type Series = BTreeMap<u64, Vec<Sample>>;
     let mut series: BTreeMap<String, Series> = BTreeMap::new();
     for s in timeline["samples"].as_array().into_iter().flatten() {
         let at = s["at_ms"].as_u64().unwrap_or(0);
@@ -1190,6 +1196,7 @@ fn soak_table(timeline: &Value) -> String {
                 at,
                 p["rss_kib"].as_u64().unwrap_or(0),
                 p["fds"].as_u64().unwrap_or(0),
+                p["anon_kib"].as_u64().unwrap_or(0),
             ));
         }
     }
@@ -1207,9 +1214,10 @@ fn soak_table(timeline: &Value) -> String {
         timeline["late_rounds"],
     );
     md.push_str(
-        "| component | instances | RSS first (MiB) | RSS last (MiB) | RSS max (MiB) | growth, first to last quarter | slope, second half (MiB/h) | fds first | fds last | fds max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| component | instances | RSS first (MiB) | RSS last (MiB) | RSS max (MiB) | growth, first to last quarter | slope, second half (MiB/h) | anonymous slope, second half (MiB/h) | fds first | fds last | fds max |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mib = |kib: f64| kib / 1024.0;
+    let slope = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{s:+.2}"));
     for (component, pids) in &series {
         // The instance seen longest, then the one that grew most.
         let worst = pids
@@ -1217,7 +1225,7 @@ fn soak_table(timeline: &Value) -> String {
             .filter(|v| v.len() >= 4)
             .map(|v| {
                 let q = v.len() / 4;
-                let mean = |xs: &[(u64, u64, u64)]| {
+                let mean = |xs: &[Sample]| {
                     xs.iter().map(|x| x.1 as f64).sum::<f64>() / xs.len().max(1) as f64
                 };
                 let growth = mean(&v[v.len() - q..]) / mean(&v[..q]) - 1.0;
@@ -1227,13 +1235,14 @@ fn soak_table(timeline: &Value) -> String {
         let Some((growth, v)) = worst else { continue };
         let (first, last) = (v[0], v[v.len() - 1]);
         md.push_str(&format!(
-            "| {component} | {} | {:.1} | {:.1} | {:.1} | {:+.1} % | {} | {} | {} | {} |\n",
+            "| {component} | {} | {:.1} | {:.1} | {:.1} | {:+.1} % | {} | {} | {} | {} | {} |\n",
             pids.len(),
             mib(first.1 as f64),
             mib(last.1 as f64),
             mib(v.iter().map(|x| x.1).max().unwrap_or(0) as f64),
             growth * 100.0,
-            late_slope_mib_per_hour(v).map_or("-".to_string(), |s| format!("{s:+.2}")),
+            slope(late_slope_mib_per_hour(v, |s| s.1)),
+            slope(late_slope_mib_per_hour(v, |s| s.3)),
             first.2,
             last.2,
             v.iter().map(|x| x.2).max().unwrap_or(0),
@@ -1769,7 +1778,8 @@ mod tests {
             .map(|min| {
                 json!({
                     "at_ms": min * 60_000,
-                    "processes": [{"component": "c", "pid": 1, "rss_kib": rss(min), "fds": 9}],
+                    "processes": [{"component": "c", "pid": 1, "rss_kib": rss(min) + 30 * 1024,
+                                   "anon_kib": rss(min), "fds": 9}],
                 })
             })
             .collect();
@@ -1790,9 +1800,14 @@ mod tests {
         // 1 MiB an hour from start to end: the second half rises at the same rate.
         let leak = row(&soak_table(&timeline(|min| 40 * 1024 + min * 1024 / 60)));
         assert_eq!(leak[7], "+1.00", "{leak:?}");
+        assert_eq!(
+            leak[8], "+1.00",
+            "the anonymous part rises as much: {leak:?}"
+        );
         // 8 MiB in the first 10 minutes, then level: the quarters differ, the second half is flat.
         let warm = row(&soak_table(&timeline(|min| 40 * 1024 + min.min(10) * 820)));
         assert_ne!(warm[6], "+0.0 %", "{warm:?}");
         assert_eq!(warm[7], "+0.00", "{warm:?}");
+        assert_eq!(warm[8], "+0.00", "{warm:?}");
     }
 }

@@ -106,7 +106,7 @@ fn peak_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmHWM:")
 }
 
-/// A `/proc/<pid>/status` line of KiB (`VmHWM:`, `VmRSS:`).
+/// A `/proc/<pid>/status` line of KiB (`VmHWM:`, `VmRSS:`, `RssAnon:`).
 fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
@@ -115,12 +115,14 @@ fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
-/// One process of a tracked component now: its current resident set and open descriptors.
+/// One process of a tracked component now: its current resident set, the anonymous part of it
+/// (heap and stacks, without the binary's file pages) and its open descriptors.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProcessNow {
     pub component: &'static str,
     pub pid: u32,
     pub rss_kib: u64,
+    pub anon_kib: u64,
     pub fds: u64,
 }
 
@@ -130,11 +132,13 @@ pub fn snapshot(cluster: &Cluster) -> Vec<ProcessNow> {
         .into_iter()
         .filter_map(|(pid, component)| {
             let rss_kib = status_kib(pid, "VmRSS:")?;
+            let anon_kib = status_kib(pid, "RssAnon:")?;
             let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
             Some(ProcessNow {
                 component,
                 pid,
                 rss_kib,
+                anon_kib,
                 fds,
             })
         })
