@@ -108,7 +108,14 @@ fn peak_kib(pid: u32) -> Option<u64> {
 
 /// A `/proc/<pid>/status` line of KiB (`VmHWM:`, `VmRSS:`, `RssAnon:`).
 fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    kib_in(
+        &fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        field,
+    )
+}
+
+/// A line of KiB in a `/proc/<pid>/status` already read.
+fn kib_in(status: &str, field: &str) -> Option<u64> {
     status
         .lines()
         .find_map(|l| l.strip_prefix(field))
@@ -131,8 +138,10 @@ pub fn snapshot(cluster: &Cluster) -> Vec<ProcessNow> {
     processes(cluster)
         .into_iter()
         .filter_map(|(pid, component)| {
-            let rss_kib = status_kib(pid, "VmRSS:")?;
-            let anon_kib = status_kib(pid, "RssAnon:")?;
+            // One read, so the resident set and its anonymous part are of the same moment.
+            let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let rss_kib = kib_in(&status, "VmRSS:")?;
+            let anon_kib = kib_in(&status, "RssAnon:")?;
             let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
             Some(ProcessNow {
                 component,
